@@ -1,0 +1,106 @@
+"""overlapcfg: declarative bucketing and overlap of FSDP collectives over torch.fx graphs.
+
+The pipeline a config flows through, one sub-package or module per stage:
+``schema`` (what users write) → ``patterns`` / ``resolve`` (patterns matched against a model's modules) →
+``registry`` / ``strategies`` (bucketer + scheduler) → ``passes`` / ``verify`` (rewrite the graph, then prove it)
+→ ``report`` (what happened and what it will cost).
+
+Names are exported lazily so ``import overlapcfg`` stays cheap and imports no torch until a graph is touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "OverlapConfigError": "overlapcfg.errors",
+    "OverlapVerificationError": "overlapcfg.errors",
+    "Fault": "overlapcfg.errors",
+    "OverlapConfig": "overlapcfg.schema",
+    "BucketPlan": "overlapcfg.schema",
+    "Bucket": "overlapcfg.schema",
+    "OverlapPolicy": "overlapcfg.schema",
+    "TorchManualPolicy": "overlapcfg.schema",
+    "AutoPolicy": "overlapcfg.schema",
+    "PolicyBase": "overlapcfg.schema",
+    "ModuleOverride": "overlapcfg.schema",
+    "load_config": "overlapcfg.schema",
+    "from_hydra": "overlapcfg.schema",
+    "preset_names": "overlapcfg.schema",
+    "resolve_plan": "overlapcfg.resolve",
+    "ResolvedPlan": "overlapcfg.resolve",
+    "ResolvedBucket": "overlapcfg.resolve",
+    "register_strategy": "overlapcfg.registry",
+    "get_strategy": "overlapcfg.registry",
+    "available_strategies": "overlapcfg.registry",
+    "apply": "overlapcfg.passes",
+    "PassRecord": "overlapcfg.passes",
+    "verify": "overlapcfg.verify",
+    "trace_train_step": "overlapcfg.tracing",
+}
+
+__all__ = [
+    "__version__",
+    "AutoPolicy",
+    "Bucket",
+    "BucketPlan",
+    "Fault",
+    "ModuleOverride",
+    "OverlapConfig",
+    "OverlapConfigError",
+    "OverlapPolicy",
+    "OverlapVerificationError",
+    "PassRecord",
+    "PolicyBase",
+    "ResolvedBucket",
+    "ResolvedPlan",
+    "TorchManualPolicy",
+    "apply",
+    "available_strategies",
+    "from_hydra",
+    "get_strategy",
+    "load_config",
+    "preset_names",
+    "register_strategy",
+    "resolve_plan",
+    "trace_train_step",
+    "verify",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'overlapcfg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
+    from overlapcfg.passes import PassRecord, apply
+    from overlapcfg.tracing import trace_train_step
+    from overlapcfg.verify import verify
+    from overlapcfg.registry import available_strategies, get_strategy, register_strategy
+    from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
+    from overlapcfg.schema import (
+        AutoPolicy,
+        Bucket,
+        BucketPlan,
+        ModuleOverride,
+        OverlapConfig,
+        OverlapPolicy,
+        PolicyBase,
+        TorchManualPolicy,
+        from_hydra,
+        load_config,
+        preset_names,
+    )

@@ -1,0 +1,214 @@
+"""The one place that imports private torch pieces (``torch._dynamo``, ``torch._functorch``, ``torch._inductor``,
+``torch.testing._internal``).
+
+Everything else in overlapcfg imports them from here, so a torch upgrade that moves one of them breaks exactly one
+module, and each probe for a changed API runs once at import instead of ``hasattr`` checks at call sites.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Iterator
+
+import torch.distributed as dist
+
+# --- dynamo ------------------------------------------------------------------------------------------------------
+from torch._dynamo import reset as dynamo_reset
+
+# --- aot_autograd and the partitioner ------------------------------------------------------------------------
+# The min-cut partitioner is required: the default partitioner saves the all-gathered (full) weights for backward,
+# so a reshard-after-forward backward would lose its all-gathers.
+from torch._dynamo.backends.common import aot_autograd
+
+# Descriptors on aot graph placeholders / outputs (``node.meta["desc"]``): which flat input a primal is, and which
+# input a backward output is the gradient of. They make attribution independent of node names.
+from torch._functorch._aot_autograd.descriptors import GradAOTOutput, PlainAOTInput
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch._guards import Source
+
+# --- fake process group (testing._internal) -------------------------------------------------------------------
+# Importing fake_pg registers the "fake" backend with torch.distributed as a side effect.
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+__all__ = [
+    "FakeStore",
+    "GradAOTOutput",
+    "PlainAOTInput",
+    "aot_autograd",
+    "dynamo_input_source",
+    "dynamo_reset",
+    "fake_process_group",
+    "make_boxed_func",
+    "min_cut_rematerialization_partition",
+]
+
+# ``Source.name`` became a cached property in torch 2.13 (a method before): probe once here.
+_SOURCE_NAME_IS_PROPERTY = isinstance(
+    inspect.getattr_static(Source, "name"), (property, functools.cached_property)
+)
+
+
+def dynamo_input_source(placeholder: object) -> str | None:
+    """The dynamo source of a dynamo-graph placeholder, e.g. ``L['self']._modules['norm']._parameters['weight']``.
+
+    ``None`` when dynamo recorded no source (a symbolic size, say).
+    """
+    grapharg = getattr(placeholder, "meta", {}).get("grapharg")
+    source = getattr(grapharg, "source", None)
+    if source is None:
+        return None
+    return source.name if _SOURCE_NAME_IS_PROPERTY else source.name()
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.ProcessGroup]:
+    """Init the default process group with the communication-free "fake" backend; destroy it on exit.
+
+    One CPU process can then trace (and even run) graphs with real ``_c10d_functional`` collectives as rank
+    ``rank`` of ``world_size``: the fake backend returns without communicating, so values are garbage but shapes,
+    dtypes and group names are those of a real run. Safe to enter repeatedly in one process (the group name stays
+    "0"). Refuses to replace a default group someone else initialized.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if dist.is_initialized():
+        raise RuntimeError("fake_process_group: a default process group is already initialized; destroy it first")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        group = dist.group.WORLD
+        if group is None:
+            raise AssertionError("fake_process_group: init_process_group left no default group")
+        yield group
+    finally:
+        dist.destroy_process_group()
+
+
+# --- inductor: collective recognition, bucketing and the upstream schedulers ------------------------------------
+# Everything the graph pass borrows from ``torch/_inductor/fx_passes``. The merge helpers are used as they are
+# (so merged collectives are exactly upstream's ops for a bucket mode); ``cached_merge_traces`` only memoizes the
+# ``make_fx`` trace of the merge function, which dominates their cost and is identical for identical signatures.
+import torch as _torch  # noqa: E402
+from torch._inductor.custom_graph_pass import CustomGraphPass  # noqa: E402
+from torch._inductor.fx_passes import bucketing as _bucketing  # noqa: E402
+from torch._inductor.fx_passes.bucketing import (  # noqa: E402
+    _get_collective_node_from_wait as collective_of_wait,
+)
+from torch._inductor.fx_passes.bucketing import (  # noqa: E402
+    bucket_key,
+    is_all_gather_into_tensor,
+    is_all_reduce_tensor,
+    is_fsdp_reduce_scatter,
+    is_reduce_scatter_tensor,
+    is_wait_tensor,
+    merge_all_gather_bucket,
+    merge_reduce_scatter_bucket,
+)
+from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering  # noqa: E402
+from torch._inductor.fx_passes.fsdp import is_fsdp_all_gather  # noqa: E402
+
+__all__ += [
+    "CustomGraphPass",
+    "bucket_key",
+    "cached_merge_traces",
+    "collective_of_wait",
+    "is_all_gather_into_tensor",
+    "is_all_reduce_tensor",
+    "is_fsdp_all_gather",
+    "is_fsdp_reduce_scatter",
+    "is_reduce_scatter_tensor",
+    "is_wait_tensor",
+    "manual_overlap_bucketing",
+    "merge_all_gather_bucket",
+    "merge_reduce_scatter_bucket",
+    "no_triton_runtime_estimates",
+    "preserve_node_ordering",
+    "schedule_overlap_bucketing",
+]
+
+
+def manual_overlap_bucketing(*args: object, **kwargs: object) -> object:
+    """Upstream ``manual_overlap_bucketing`` (imported on first use: its module pulls in the whole scheduler)."""
+    from torch._inductor.fx_passes.overlap_manual_scheduling import manual_overlap_bucketing as upstream
+
+    return upstream(*args, **kwargs)
+
+
+def schedule_overlap_bucketing(*args: object, **kwargs: object) -> object:
+    """Upstream automatic ``schedule_overlap_bucketing`` (imported on first use)."""
+    from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing as upstream
+
+    return upstream(*args, **kwargs)
+
+
+def _trace_key(fn: object, inps: tuple[object, ...]) -> tuple[object, ...]:
+    def key(x: object) -> object:
+        if isinstance(x, _torch.Tensor):
+            return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device), x.storage_offset())
+        if isinstance(x, (list, tuple)):
+            return tuple(key(y) for y in x)
+        return x
+
+    return (fn, key(inps))
+
+
+@contextlib.contextmanager
+def cached_merge_traces() -> Iterator[dict[tuple[object, ...], object]]:
+    """Within the block, upstream's merge helpers trace each distinct merge signature once.
+
+    ``bucketing._trace(fn, inps)`` runs ``make_fx`` on the merge function for every bucket; buckets of identical
+    layers have identical signatures (shapes, strides, dtypes, group, rank), so the traced ``GraphModule`` is the
+    same and is stamped into the graph by ``node_copy`` as before. Restored on exit, even on error.
+    """
+    original = _bucketing._trace
+    cache: dict[tuple[object, ...], object] = {}
+
+    def traced(fn: object, inps: tuple[object, ...]) -> object:
+        k = _trace_key(fn, inps)
+        if k not in cache:
+            cache[k] = original(fn, inps)
+        return cache[k]
+
+    _bucketing._trace = traced
+    try:
+        yield cache
+    finally:
+        _bucketing._trace = original
+
+
+@contextlib.contextmanager
+def no_triton_runtime_estimates() -> Iterator[None]:
+    """Let upstream schedulers run on a CPU-only torch, for the duration of the block.
+
+    ``OverlapScheduler.__init__`` asks ``torch._inductor.utils.get_gpu_dram_gbps`` (triton) for roofline
+    estimates even when every estimate is overridden; without triton that raises ``ModuleNotFoundError``. Where
+    triton is importable nothing is changed.
+    """
+    try:
+        import triton  # noqa: F401
+
+        yield
+        return
+    except ImportError:
+        pass
+    import torch._inductor.utils as inductor_utils
+    import torch.utils._runtime_estimation as runtime_estimation
+
+    # Nominal figures (an H100's order of magnitude) only feed upstream's estimates; the manual scheduler
+    # overrides every estimate with 0, and ``auto`` on a CPU is a planning aid, not a measurement.
+    fakes = {"get_gpu_dram_gbps": lambda *a, **k: 3000, "get_device_tflops": lambda *a, **k: 500.0}
+    saved = [(mod, name, getattr(mod, name)) for mod in (inductor_utils, runtime_estimation) for name in fakes
+             if hasattr(mod, name)]
+    for mod, name, _ in saved:
+        setattr(mod, name, fakes[name])
+    try:
+        yield
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+from torch.utils._ordered_set import OrderedSet  # noqa: E402
+
+__all__ += ["OrderedSet"]

@@ -1,0 +1,97 @@
+"""The two error families users see: bad configuration data, and a transformed graph that broke an invariant.
+
+Both carry their faults as data (``.faults``) so callers (the CLI, tests) can inspect them, and render as one
+line per fault so a message fits on one screen.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "Fault",
+    "OverlapConfigError",
+    "OverlapVerificationError",
+    "closest",
+    "natural_key",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One thing wrong with a config: where (dotted config path) and what."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class OverlapConfigError(ValueError):
+    """A configuration (or a plan resolved against a model) is invalid. Nothing has been applied.
+
+    ``str(err)`` lists every fault, one line each: ``overlap.policy.forward_prefetch: expected an integer >= 0,
+    got 'abc'``.
+    """
+
+    def __init__(self, faults: Sequence[Fault] | str, *, header: str | None = None) -> None:
+        if isinstance(faults, str):
+            faults = [Fault("", faults)]
+        self.faults: tuple[Fault, ...] = tuple(faults)
+        self.header = header
+        super().__init__(self._render())
+
+    @classmethod
+    def single(cls, path: str, message: str) -> OverlapConfigError:
+        return cls([Fault(path, message)])
+
+    def _render(self) -> str:
+        lines = [str(f) for f in self.faults]
+        if self.header:
+            noun = "fault" if len(lines) == 1 else "faults"
+            return f"{self.header} ({len(lines)} {noun}):\n  " + "\n  ".join(lines)
+        return "\n".join(lines)
+
+    def with_prefix(self, prefix: str) -> OverlapConfigError:
+        """The same faults with every path re-rooted under ``prefix`` (where the user mounted the config)."""
+        if not prefix:
+            return self
+        faults = [Fault(f"{prefix}.{f.path}" if f.path else prefix, f.message) for f in self.faults]
+        return OverlapConfigError(faults, header=self.header)
+
+
+class OverlapVerificationError(RuntimeError):
+    """A transformed graph violates an invariant; the message names the offending nodes."""
+
+    def __init__(self, problems: Sequence[str], *, pass_name: str = "overlapcfg") -> None:
+        self.problems: tuple[str, ...] = tuple(problems)
+        self.pass_name = pass_name
+        shown = "\n  ".join(self.problems[:20])
+        more = f"\n  ... and {len(self.problems) - 20} more" if len(self.problems) > 20 else ""
+        super().__init__(f"{pass_name}: graph verification failed:\n  {shown}{more}")
+
+
+_NUM = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> tuple[object, ...]:
+    """Sort key putting ``layers.2`` before ``layers.10``."""
+    return tuple(int(p) if p.isdigit() else p for p in _NUM.split(text))
+
+
+def closest(name: str, candidates: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
+    """The candidates most similar to ``name``, best first (difflib ratio; ties in natural order)."""
+    pool = sorted(dict.fromkeys(candidates), key=natural_key)
+    return difflib.get_close_matches(name, pool, n=n, cutoff=cutoff)
+
+
+def did_you_mean(name: str, candidates: Iterable[str], n: int = 3) -> str:
+    """`` (did you mean 'a', 'b'?)`` or an empty string."""
+    hits = closest(name, candidates, n=n)
+    if not hits:
+        return ""
+    return " (did you mean " + ", ".join(repr(h) for h in hits) + "?)"

@@ -1,0 +1,168 @@
+"""``apply(gm, cfg)``: the graph pass. find collectives → attribute to buckets → merge → reorder → verify → recompile.
+
+Nothing is changed until the plan has resolved against the graph: an unmatched pattern or a bad config raises
+``OverlapConfigError`` with the graph untouched. The pass records what it did on ``gm.meta["overlapcfg"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Literal, TypeAlias
+
+from torch import fx
+
+from overlapcfg.errors import natural_key
+from overlapcfg.passes.collectives import Collective, Direction, ModuleFqnFn, find_collectives
+from overlapcfg.passes.merge import MergedCollective, attribute
+from overlapcfg.passes.record import RECORD_KEY, BucketRecord, PassRecord, count_collectives
+from overlapcfg.registry import get_strategy
+from overlapcfg.resolve import ResolvedPlan, resolve_plan
+from overlapcfg.schema import OverlapConfig, load_config
+from overlapcfg.strategies.base import PassContext
+from overlapcfg.verify import summarize, verify
+
+__all__ = ["GraphKind", "apply"]
+
+logger = logging.getLogger(__name__)
+
+GraphKind: TypeAlias = Literal["forward", "backward", "joint", "auto"]
+
+
+def _default_module_fqn_fn() -> ModuleFqnFn:
+    from overlapcfg.tracing import module_fqn
+
+    return module_fqn
+
+
+def _model_fqns(graph: fx.Graph, fn: ModuleFqnFn, owners: Sequence[str]) -> list[str]:
+    """Module FQNs visible in the graph (and all their parents), natural order: what patterns match against."""
+    seen: dict[str, None] = {}
+    for node in graph.nodes:
+        if node.op == "call_function":
+            fqn = fn(node)
+            if fqn:
+                seen.setdefault(fqn)
+    for owner in owners:
+        seen.setdefault(owner)
+    closed: dict[str, None] = {}
+    for fqn in seen:
+        parts = fqn.split(".")
+        for i in range(1, len(parts) + 1):
+            closed.setdefault(".".join(parts[:i]))
+    return sorted(closed, key=natural_key)
+
+
+def _forced_direction(kind: GraphKind) -> Direction | None:
+    return kind if kind in ("forward", "backward") else None  # type: ignore[return-value]
+
+
+def apply(
+    gm: fx.GraphModule,
+    cfg: OverlapConfig | Any,
+    *,
+    module_fqn_fn: ModuleFqnFn | None = None,
+    module_fqns: Sequence[str] | None = None,
+    graph_kind: GraphKind = "auto",
+    debug: bool = False,
+) -> fx.GraphModule:
+    """Bucket and schedule the FSDP collectives of ``gm`` as ``cfg`` says; returns ``gm`` (modified in place).
+
+    ``module_fqn_fn(node)`` names the module a node belongs to (default: our tracing records, else the node's
+    module stack). ``module_fqns``: the model's module FQNs for pattern matching (default: those seen in the
+    graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``auto`` reads each
+    node's metadata. ``debug=True`` verifies the result (``overlapcfg.verify``).
+    """
+    cfg = load_config(cfg)
+    started = time.perf_counter()
+    fn = module_fqn_fn or _default_module_fqn_fn()
+    collectives = find_collectives(gm.graph, fn, direction=_forced_direction(graph_kind))
+    fsdp = [c for c in collectives if c.fsdp]
+    spec = get_strategy(cfg.strategy)
+    if not fsdp:
+        logger.info("overlapcfg: no FSDP collectives in this graph (%d nodes); returned unchanged",
+                    len(gm.graph.nodes))
+        _record(gm, cfg, graph_kind, ResolvedPlan(()), collectives, collectives, (), (), (), started,
+                ("no FSDP collectives: nothing to do",))
+        return gm
+
+    owners = list(dict.fromkeys(c.module_fqn for c in fsdp if c.module_fqn))
+    plan = ResolvedPlan(())
+    if spec.uses_plan and cfg.plan is not None:
+        fqns = list(module_fqns) if module_fqns is not None else _model_fqns(gm.graph, fn, owners)
+        plan = resolve_plan(cfg.plan, fqns, owners, overrides=cfg.overrides, policy=cfg.policy)
+    covered, uncovered = attribute(collectives, plan)
+    ctx = PassContext(plan, cfg.policy, tuple(collectives), tuple(covered), tuple(uncovered),
+                      _forced_direction(graph_kind), fn)
+    strategy = spec.factory(plan, cfg.policy)
+    forced = _forced_direction(graph_kind)
+    summary = summarize(gm, direction=forced) if debug else None
+
+    merged = strategy.bucketer(gm, ctx)
+    schedule = strategy.scheduler(gm, ctx, merged)
+    gm.graph.lint()
+    gm.recompile()
+    if summary is not None:
+        verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]")
+
+    after = find_collectives(gm.graph, fn, direction=_forced_direction(graph_kind))
+    record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, merged, schedule.steps, started, ())
+    logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
+                record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
+    return gm
+
+
+def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]],
+                    merged: Sequence[MergedCollective], after: Sequence[Collective]) -> tuple[BucketRecord, ...]:
+    before_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
+    nbytes: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
+    params: list[dict[str, None]] = [{} for _ in plan.buckets]
+    for index, c in covered:
+        before_counts[index][(c.direction, c.kind)] += 1
+        nbytes[index][(c.direction, c.kind)] += c.unsharded_bytes
+        for p in c.start.all_input_nodes:
+            root = p
+            while root.op != "placeholder" and root.all_input_nodes:
+                root = root.all_input_nodes[0]
+            if root.op == "placeholder":
+                params[index].setdefault(root.name)
+    after_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
+    if merged:
+        for m in merged:
+            after_counts[m.bucket][(m.direction, m.kind)] += 1
+    else:  # upstream strategies: attribute the resulting collectives the same way as the originals
+        for index, c in attribute(after, plan)[0]:
+            after_counts[index][(c.direction, c.kind)] += 1
+
+    def flat(counter: Counter[tuple[str, str]]) -> tuple[tuple[str, str, int], ...]:
+        return tuple((d, k, n) for (d, k), n in sorted(counter.items()))
+
+    return tuple(
+        BucketRecord(b.name, b.entry_index, b.entry_text, b.modules, tuple(params[i]), flat(before_counts[i]),
+                     flat(after_counts[i]), flat(nbytes[i]), b.forward_prefetch, b.backward_prefetch,
+                     b.reduce_scatter_delay, b.overridden_by)
+        for i, b in enumerate(plan.buckets)
+    )
+
+
+def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: ResolvedPlan,
+            before: Sequence[Collective], after: Sequence[Collective], covered: Sequence[tuple[int, Collective]],
+            merged: Sequence[MergedCollective], steps: Sequence[Any], started: float,
+            notes: tuple[str, ...]) -> PassRecord:
+    _, uncovered = attribute(before, plan) if plan.buckets else ((), [c for c in before if c.fsdp])
+    record = PassRecord(
+        strategy=cfg.strategy,
+        graph_kind=graph_kind,
+        buckets=_bucket_records(plan, covered, merged, after),
+        steps=tuple(steps),
+        before=count_collectives(before),
+        after=count_collectives(after),
+        uncovered=tuple((c.start.name, c.module_fqn) for c in uncovered),
+        non_fsdp=tuple(c.start.name for c in before if not c.fsdp),
+        seconds=time.perf_counter() - started,
+        notes=notes,
+    )
+    gm.meta[RECORD_KEY] = record
+    return record

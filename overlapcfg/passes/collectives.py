@@ -1,0 +1,149 @@
+"""Finding the collectives of a graph and saying which are FSDP's, which direction they run and who owns them.
+
+Pure reading: nothing here changes a graph. Everything is returned in graph order so later stages can make
+deterministic decisions without sorting by anything but positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+import torch
+from torch import fx
+from torch.utils.flop_counter import flop_registry
+
+from overlapcfg import compat
+
+__all__ = [
+    "Collective",
+    "CollectiveKind",
+    "Direction",
+    "ModuleFqnFn",
+    "find_collectives",
+    "group_name",
+    "is_compute_node",
+    "positions",
+    "wait_of",
+]
+
+_MERGED_META = "overlapcfg"
+
+CollectiveKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce", "other"]
+Direction: TypeAlias = Literal["forward", "backward"]
+ModuleFqnFn: TypeAlias = Callable[[fx.Node], "str | None"]
+"""Maps a node to the FQN of the module it belongs to (``None``: unknown). See ``overlapcfg.tracing.module_fqn``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective start and the wait that completes it."""
+
+    start: fx.Node
+    waits: tuple[fx.Node, ...]
+    """Usually one; a coalesced collective has one per output."""
+    kind: CollectiveKind
+    fsdp: bool
+    """An FSDP parameter all-gather (one parameter in, see ``is_fsdp_all_gather``) or gradient reduce-scatter
+    (result flows to the graph outputs through unary ops only)."""
+    direction: Direction
+    group: str
+    dtype: torch.dtype
+    unsharded_bytes: int
+    """All-gather output / reduce-scatter input: the full-size tensor the collective makes or consumes."""
+    module_fqn: str | None
+
+
+def group_name(start: fx.Node) -> str:
+    """The process-group name argument of a ``_c10d_functional`` collective (always its last positional)."""
+    arg = start.args[-1]
+    if isinstance(arg, fx.Node):  # compile-on-one-rank graphs pass the group as a graph input
+        return f"<node {arg.name}>"
+    return str(arg)
+
+
+def wait_of(start: fx.Node) -> fx.Node | None:
+    """The single ``wait_tensor`` reading ``start``; ``None`` if there is none or several."""
+    waits = [u for u in start.users if compat.is_wait_tensor(u)]
+    return waits[0] if len(waits) == 1 else None
+
+
+def positions(graph: fx.Graph) -> dict[fx.Node, int]:
+    """Index of every node in graph order: the only tie-breaker the passes use."""
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def is_compute_node(node: fx.Node) -> bool:
+    """An op with a FLOP formula (matmuls, attention, convolutions): what collectives are meant to hide behind."""
+    target = node.target
+    return getattr(target, "overloadpacket", None) in flop_registry or target in flop_registry
+
+
+def _is_bucketed_all_gather(start: fx.Node) -> bool:
+    """An all-gather of parameters that torch's bucketing already merged (copy-in op, then narrow, then gather)."""
+    buffer = start.kwargs.get("out")
+    return isinstance(buffer, fx.Node) and buffer.target is torch.ops.bucketing._pre_bucket_all_gather.default
+
+
+def _kind(node: fx.Node) -> CollectiveKind:
+    if compat.is_all_gather_into_tensor(node):
+        return "all_gather"
+    if compat.is_reduce_scatter_tensor(node):
+        return "reduce_scatter"
+    if compat.is_all_reduce_tensor(node):
+        return "all_reduce"
+    return "other"
+
+
+def _nbytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return 0
+    return int(val.numel()) * val.element_size()
+
+
+def _is_backward(node: fx.Node) -> bool:
+    # aot_autograd marks nodes produced by autograd (and recomputed ones in a backward graph) this way.
+    return bool(node.meta.get("autograd_backward", False))
+
+
+def find_collectives(
+    graph: fx.Graph,
+    module_fqn_fn: ModuleFqnFn,
+    *,
+    direction: Direction | None = None,
+) -> list[Collective]:
+    """Every waited ``_c10d_functional`` collective in graph order.
+
+    ``direction`` forces one direction for all (a forward or a backward graph from aot_autograd); ``None`` reads
+    it per node (joint graphs). Reduce-scatters are always backward.
+    """
+    waits_of: dict[fx.Node, list[fx.Node]] = {}
+    for wait in graph.find_nodes(op="call_function", target=torch.ops._c10d_functional.wait_tensor.default):
+        start = compat.collective_of_wait(wait)
+        if start is not None:
+            waits_of.setdefault(start, []).append(wait)
+    out: list[Collective] = []
+    for start, waits in waits_of.items():
+        kind = _kind(start)
+        tagged = _MERGED_META in start.meta  # a collective our bucketer already merged from FSDP ones
+        if kind == "all_gather":
+            fsdp = tagged or compat.is_fsdp_all_gather(start) or _is_bucketed_all_gather(start)
+            size_node = start
+        elif kind == "reduce_scatter":
+            fsdp = tagged or compat.is_fsdp_reduce_scatter(start)
+            size_node = start.args[0] if isinstance(start.args[0], fx.Node) else start
+        else:
+            fsdp, size_node = False, start
+        val = start.meta.get("val")
+        dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+        if kind == "reduce_scatter":
+            dirn: Direction = "backward"
+        else:
+            dirn = direction or ("backward" if _is_backward(start) else "forward")
+        out.append(Collective(start, tuple(waits), kind, fsdp, dirn, group_name(start), dtype, _nbytes(size_node),
+                              module_fqn_fn(start) if fsdp else None))
+    index = positions(graph)
+    out.sort(key=lambda c: index[c.start])
+    return out

@@ -1,0 +1,128 @@
+"""The bucketer: merge the FSDP collectives of each bucket into one collective per (direction, kind, group key).
+
+Merging reuses torch's own helpers (``merge_all_gather_bucket`` / ``merge_reduce_scatter_bucket``), placed as
+``manual_overlap_bucketing`` places them, so a merged bucket is op-for-op what upstream emits for the same
+``bucket_mode``. Their per-bucket ``make_fx`` trace is memoized by signature (``compat.cached_merge_traces``):
+identical layers trace once.
+
+Before (one bucket, two parameters)::
+
+    ag_a -> wait_a -> use_a ... ag_b -> wait_b -> use_b
+
+After::
+
+    pre_bucket_all_gather(a, b) -> ag_ab -> wait_ab -> split -> use_a ... use_b
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import fx
+
+from overlapcfg import compat
+from overlapcfg.passes.collectives import Collective, CollectiveKind, Direction, positions
+from overlapcfg.resolve import ResolvedPlan
+from overlapcfg.schema.policy import BucketMode
+
+__all__ = ["META_KEY", "MergedCollective", "attribute", "merge_buckets"]
+
+logger = logging.getLogger(__name__)
+
+META_KEY = "overlapcfg"
+"""Our provenance on new nodes: ``node.meta["overlapcfg"] = {"bucket", "kind", "direction", "role", "sources"}``."""
+
+
+_INHERITED_META = ("autograd_backward", "partitioner_tag")
+
+
+@dataclass(frozen=True, slots=True)
+class MergedCollective:
+    """One collective after bucketing: the bucket it serves and the original collectives it replaced."""
+
+    bucket: int
+    """Index into ``ResolvedPlan.buckets``."""
+    direction: Direction
+    kind: CollectiveKind
+    start: fx.Node
+    waits: tuple[fx.Node, ...]
+    group: str
+    sources: tuple[str, ...]
+    """Names of the replaced collective start nodes, graph order."""
+    unsharded_bytes: int
+
+
+def attribute(collectives: Sequence[Collective], plan: ResolvedPlan) -> tuple[list[tuple[int, Collective]],
+                                                                              list[Collective]]:
+    """Split FSDP collectives into ``(bucket index, collective)`` pairs and those in no bucket (graph order)."""
+    covered: list[tuple[int, Collective]] = []
+    uncovered: list[Collective] = []
+    for c in collectives:
+        if not c.fsdp or c.kind not in ("all_gather", "reduce_scatter"):
+            continue
+        index = plan.bucket_index(c.module_fqn) if c.module_fqn is not None else None
+        if index is None:
+            uncovered.append(c)
+        else:
+            covered.append((index, c))
+    return covered, uncovered
+
+
+def _groups(covered: Sequence[tuple[int, Collective]], mode: BucketMode) -> dict[tuple[object, ...],
+                                                                                list[Collective]]:
+    # Plan order, then graph order of each group's first collective: the order upstream merges in, so merged
+    # nodes get the same names as upstream's.
+    groups: dict[tuple[object, ...], list[Collective]] = {}
+    for index, c in sorted(covered, key=lambda item: item[0]):  # stable: graph order within a bucket
+        key = (index, c.direction, c.kind, compat.bucket_key(c.start, mode))
+        groups.setdefault(key, []).append(c)
+    return groups
+
+
+def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]],
+                  mode: BucketMode) -> list[MergedCollective]:
+    """Merge each group in place; returns the merged collectives in graph order of their starts."""
+    graph = gm.graph
+    merged: list[MergedCollective] = []
+    # Merging inserts and erases nodes but never reorders the original ones, so one index serves every group.
+    original = positions(graph)
+    with compat.cached_merge_traces() as cache:
+        for (index, direction, kind, _), group in _groups(covered, mode).items():
+            merged.append(_merge_group(graph, original, index, direction, kind, group, mode))
+    logger.debug("merged %d groups with %d distinct merge traces", len(merged), len(cache))
+    index_of = positions(graph)
+    merged.sort(key=lambda m: index_of[m.start])
+    return merged
+
+
+def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, direction: Direction,
+                 kind: CollectiveKind, group: list[Collective], mode: BucketMode) -> MergedCollective:
+    starts = [c.start for c in group]
+    order = original.__getitem__
+    first = min(starts, key=order)
+    last = max(starts, key=order)
+    nbytes = sum(c.unsharded_bytes for c in group)
+    if kind == "all_gather":
+        first_wait = min((c.waits[0] for c in group), key=order)
+        new_nodes, _ = compat.merge_all_gather_bucket(
+            graph, starts, wait_insertion_point=first_wait, insert_before=first.next, mode=mode
+        )
+    else:
+        new_nodes, _ = compat.merge_reduce_scatter_bucket(graph, starts, insert_before=last.next, mode=mode)
+    # Upstream copies module stacks and stack traces to the new nodes; which side of autograd they are on matters
+    # to us (and to later passes) as much.
+    for key in _INHERITED_META:
+        if key in group[0].start.meta:
+            for n in new_nodes:
+                n.meta.setdefault(key, group[0].start.meta[key])
+    waits = tuple(n for n in new_nodes if compat.collective_of_wait(n) is not None)
+    if not waits:
+        raise AssertionError(f"overlapcfg merge: no wait among the nodes merged for {[n.name for n in starts]}")
+    start = compat.collective_of_wait(waits[0])
+    sources = tuple(s.name for s in starts)
+    for role, node in (("start", start), *(("wait", w) for w in waits)):
+        node.meta[META_KEY] = {"bucket": bucket, "kind": kind, "direction": direction, "role": role,
+                               "sources": sources}
+    return MergedCollective(bucket, direction, kind, start, waits, group[0].group, sources, nbytes)

@@ -1,0 +1,248 @@
+"""The manual scheduler: place each bucket's merged collectives at the depth its policy asks for.
+
+It does not move compute. It gives every node a sort key (its position) and re-keys only collective chains,
+then emits the graph in key order subject to data dependencies (Kahn's algorithm on a heap of keys), so the
+result is a topological order by construction and identical on every rank.
+
+Forward all-gathers, ``forward_prefetch = 1`` (as torch's ``manual_overlap_bucketing``)::
+
+    before: ag0 w0 c0 ag1 w1 c1 ag2 w2 c2        after: ag0 ag1 w0 c0 ag2 w1 c1 w2 c2
+
+with ``k = 2``: ``ag0 ag1 ag2 w0 c0 w1 c1 w2 c2``; ``k = 0``: each ``ag_i`` right before ``w_i``. The first
+bucket of each direction has nothing before it to prefetch it: it is issued before the graph's first compute
+node (as upstream does), or where the graph issues it if that is earlier.
+Backward all-gathers run the same in backward order. Reduce-scatters, ``reduce_scatter_delay = 1``::
+
+    before: c2 rs2 w2 c1 rs1 w1 c0 rs0 w0          after: c2 rs2 c1 rs1 w2 c0 rs0 w1 w0
+
+A ``max_inflight_bytes`` cap lowers the all-gather reach where the unsharded bytes issued but not yet waited
+would exceed it; the step record says where and why.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import fx
+
+from overlapcfg.passes.collectives import Direction, is_compute_node, positions
+from overlapcfg.passes.merge import MergedCollective
+from overlapcfg.resolve import ResolvedPlan
+
+__all__ = ["ScheduleResult", "Step", "StepRecord", "schedule_manual"]
+
+Key = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The merged collectives of one bucket in one direction and kind, scheduled as a unit."""
+
+    bucket: int
+    direction: Direction
+    kind: str
+    collectives: tuple[MergedCollective, ...]
+
+    @property
+    def unsharded_bytes(self) -> int:
+        return sum(c.unsharded_bytes for c in self.collectives)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What the scheduler decided for one step (``requested`` from the plan, ``effective`` as placed)."""
+
+    bucket: str
+    direction: Direction
+    kind: str
+    position: int
+    """Order of this step among its direction's steps (0 = first to compute)."""
+    requested: int
+    effective: int
+    inflight_bytes: int
+    """All-gathers: unsharded bytes issued but not waited when this step's wait runs (itself included)."""
+    reason: str | None = None
+    """Why ``effective`` differs from ``requested`` (cap, end of graph, a consumer), if it does."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleResult:
+    steps: tuple[StepRecord, ...]
+    overlap_deps: tuple[tuple[fx.Node, tuple[fx.Node, ...]], ...]
+    """``(node, must-run-after)`` pairs, for ``insert_overlap_deps``; graph order."""
+
+
+def _steps(merged: Sequence[MergedCollective], kind: str, direction: Direction,
+           index: dict[fx.Node, int]) -> list[Step]:
+    by_bucket: dict[int, list[MergedCollective]] = {}
+    for m in merged:
+        if m.kind == kind and m.direction == direction:
+            by_bucket.setdefault(m.bucket, []).append(m)
+    # All-gathers in the order their buckets compute (first wait); reduce-scatters in the order they are issued.
+    def anchor(ms: list[MergedCollective]) -> int:
+        return min(index[w] for m in ms for w in m.waits) if kind == "all_gather" else min(index[m.start]
+                                                                                            for m in ms)
+    ordered = sorted(by_bucket.items(), key=lambda item: anchor(item[1]))
+    return [Step(b, direction, kind, tuple(ms)) for b, ms in ordered]
+
+
+def _exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> list[fx.Node]:
+    """``start`` and the computed nodes that feed only it (the copy-in of a merged all-gather), graph order."""
+    chain = {start}
+    heap = [(-index[n], n.name, n) for n in start.all_input_nodes]
+    heapq.heapify(heap)
+    seen = set()
+    while heap:
+        _, _, node = heapq.heappop(heap)
+        if node in seen or node.op != "call_function":
+            continue
+        seen.add(node)
+        if all(u in chain for u in node.users):
+            chain.add(node)
+            for inp in node.all_input_nodes:
+                heapq.heappush(heap, (-index[inp], inp.name, inp))
+    return sorted(chain, key=index.__getitem__)
+
+
+def _exclusive_descendants(waits: Sequence[fx.Node], index: dict[fx.Node, int]) -> list[fx.Node]:
+    """The waits and the nodes that read only them (views of a merged reduce-scatter's output), graph order."""
+    chain = set(waits)
+    queue = sorted(waits, key=index.__getitem__)
+    i = 0
+    while i < len(queue):
+        for user in sorted(queue[i].users, key=index.__getitem__):
+            if user.op != "output" and user not in chain and all(x in chain for x in user.all_input_nodes):
+                chain.add(user)
+                queue.append(user)
+        i += 1
+    return sorted(chain, key=index.__getitem__)
+
+
+def _depth(plan: ResolvedPlan, step: Step) -> int:
+    bucket = plan.buckets[step.bucket]
+    if step.kind == "reduce_scatter":
+        return bucket.reduce_scatter_delay
+    return bucket.forward_prefetch if step.direction == "forward" else bucket.backward_prefetch
+
+
+def _all_gather_reach(plan: ResolvedPlan, steps: Sequence[Step],
+                      cap: int | None) -> tuple[list[int], list[StepRecord]]:
+    """``reach[i]``: the last step issued by the time step i waits. Monotone, so issue order is kept."""
+    reach: list[int] = []
+    records: list[StepRecord] = []
+    last = len(steps) - 1
+    sizes = [s.unsharded_bytes for s in steps]
+    prev = -1
+    for i, step in enumerate(steps):
+        requested = _depth(plan, step)
+        floor = max(prev, i)
+        r = max(floor, min(i + requested, last))
+        reason = None
+        if i + requested > last and r < i + requested:
+            reason = "end of graph"
+        if cap is not None:
+            while r > floor and sum(sizes[i:r + 1]) > cap:
+                r -= 1
+                reason = f"max_inflight_bytes={cap} binds"
+            if r == i and sizes[i] > cap:
+                reason = f"max_inflight_bytes={cap} is smaller than this bucket ({sizes[i]} bytes)"
+        reach.append(r)
+        records.append(StepRecord(plan.buckets[step.bucket].name, step.direction, step.kind, i, requested,
+                                  r - i, sum(sizes[i:r + 1]), reason))
+        prev = r
+    return reach, records
+
+
+def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[MergedCollective],
+                    max_inflight_bytes: int | None) -> ScheduleResult:
+    """Reorder ``gm.graph`` in place; the caller lints and recompiles."""
+    graph = gm.graph
+    index = positions(graph)
+    keys: dict[fx.Node, Key] = {n: (i, 0, 0, 0) for n, i in index.items()}
+    records: list[StepRecord] = []
+    deps: dict[fx.Node, list[fx.Node]] = {}
+
+    first_compute = next((n for n in graph.nodes if is_compute_node(n)), None)
+    for direction in ("forward", "backward"):
+        steps = _steps(merged, "all_gather", direction, index)
+        reach, recs = _all_gather_reach(plan, steps, max_inflight_bytes)
+        records += recs
+        issuer = 0
+        for j, step in enumerate(steps):
+            while reach[issuer] < j:  # the first step whose reach covers j issues j, just before its wait
+                issuer += 1
+            issuer = min(issuer, j)
+            if j == 0:
+                # Nothing earlier prefetches it: issue it before the graph's first compute, as upstream does.
+                anchor = first_compute
+                if anchor is None or index[anchor] > min(index[c.start] for c in step.collectives):
+                    continue
+            else:
+                anchor = min((w for c in steps[issuer].collectives for w in c.waits), key=index.__getitem__)
+            for c in step.collectives:
+                for node in _exclusive_ancestors(c.start, index):
+                    keys[node] = (index[anchor], -1, j, index[node])
+                if issuer != j:
+                    deps.setdefault(anchor, []).append(c.start)
+
+    steps = _steps(merged, "reduce_scatter", "backward", index)
+    last = len(steps) - 1
+    for i, step in enumerate(steps):
+        requested = _depth(plan, step)
+        target = min(i + requested, last)
+        chains = [_exclusive_descendants(c.waits, index) for c in step.collectives]
+        outside = [index[u] for chain in chains for n in chain for u in n.users
+                   if u.op != "output" and not any(u in ch for ch in chains)]
+        reason = "end of graph" if i + requested > last else None
+        while target > i and outside and index[steps[target].collectives[0].start] > min(outside):
+            target -= 1
+            reason = "a consumer of the result needs it earlier"
+        anchor = max((c.start for c in steps[target].collectives), key=index.__getitem__)
+        for chain in chains:
+            for node in chain:
+                keys[node] = (index[anchor], 1, i, index[node])
+        if target != i:
+            for c in step.collectives:
+                deps.setdefault(c.waits[0], []).append(anchor)
+        records.append(StepRecord(plan.buckets[step.bucket].name, "backward", "reduce_scatter", i, requested,
+                                  target - i, 0, reason))
+
+    _reorder(graph, keys)
+    order = positions(graph)
+    overlap_deps = tuple(sorted(((n, tuple(d)) for n, d in deps.items()), key=lambda item: order[item[0]]))
+    return ScheduleResult(tuple(records), overlap_deps)
+
+
+def _reorder(graph: fx.Graph, keys: dict[fx.Node, Key]) -> None:
+    """Emit nodes by smallest key among those whose inputs are placed (stable, deterministic topo sort)."""
+    nodes = list(graph.nodes)
+    pending = {n: len(n.all_input_nodes) for n in nodes}
+    heap = [(keys[n], n.name, n) for n in nodes if pending[n] == 0]
+    heapq.heapify(heap)
+    order: list[fx.Node] = []
+    while heap:
+        _, _, node = heapq.heappop(heap)
+        order.append(node)
+        for user in node.users:
+            pending[user] -= 1
+            if pending[user] == 0:
+                heapq.heappush(heap, (keys[user], user.name, user))
+    if len(order) != len(nodes):
+        raise AssertionError(f"overlapcfg scheduler: {len(nodes) - len(order)} nodes left unplaced (a cycle?)")
+    placeholders = [n for n in order if n.op == "placeholder"]
+    rest = [n for n in order if n.op not in ("placeholder", "output")]
+    cursor = placeholders[-1] if placeholders else None
+    if cursor is None:
+        first = rest[0] if rest else None
+        if first is None:
+            return
+        graph_first = next(iter(graph.nodes))
+        if graph_first is not first:
+            graph_first.prepend(first)
+        cursor, rest = first, rest[1:]
+    for node in rest:
+        if cursor.next is not node:
+            cursor.append(node)
+        cursor = node

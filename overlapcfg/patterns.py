@@ -1,0 +1,353 @@
+"""The module-FQN pattern grammar: how plans name modules, and nothing else (resolution lives in ``resolve``).
+
+Patterns are matched against the *whole* FQN, one ``.``-separated segment at a time:
+
+=============  ================================================================================
+``layers``     a literal segment, compared exactly
+``*``          exactly one segment
+``**``         zero or more segments (so ``**`` alone also matches the root module ``""``)
+``a:b``        one integer segment ``i`` with ``a <= i < b`` (``layers.0:16`` = layers 0-15);
+               open ends are allowed: ``:b`` means ``0:b``, ``a:`` means ``a`` and above
+=============  ================================================================================
+
+Why not fnmatch (see NOTES.md section 4): ``[0-15]`` is a character class and ``*`` crosses dots, so the same
+text means different things in different tools. Everything outside the table above is rejected with a hint
+instead of being guessed at: ``layers.[0-15]`` ("use layers.0:16"), partial wildcards (``layer*``, ``lay?rs``),
+empty segments (``layers..0``, leading/trailing dots, the empty pattern), ``***``, a bare ``:``, an empty
+range (``a:b`` with ``a >= b``) and wrapper segments inside a pattern.
+
+Wrapper segments (``_orig_mod`` from ``torch.compile``, ``_checkpoint_wrapped_module``, ``_fsdp_wrapped_module``)
+are not part of the FQN a user thinks in, so they are dropped from module FQNs before matching
+(:func:`strip_wrappers`). A pattern that spells one is rejected, since it could never match.
+
+Matching is a linear-time NFA walk over the segments (no regexes, no backtracking), so ``**.**.**.x``
+against a deep FQN costs ``O(len(pattern) * len(fqn))``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from overlapcfg.errors import OverlapConfigError, closest
+
+__all__ = [
+    "WRAPPER_SEGMENTS",
+    "AnySegment",
+    "AnySegments",
+    "IndexRange",
+    "Literal",
+    "Pattern",
+    "Segment",
+    "compile_pattern",
+    "is_inside",
+    "match_modules",
+    "normalize_fqns",
+    "split_fqn",
+    "strip_wrappers",
+    "suggest_fixes",
+]
+
+WRAPPER_SEGMENTS: tuple[str, ...] = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
+"""Segments inserted by ``torch.compile``, activation checkpointing and FSDP1 wrappers; never matched."""
+
+_INDEX = re.compile(r"[0-9]+")
+_RANGE = re.compile(r"(-?[0-9]*):(-?[0-9]*)")
+_CHAR_CLASS = re.compile(r"\[([0-9]+)(?:-([0-9]+))?\]")
+
+
+@dataclass(frozen=True, slots=True)
+class Literal:
+    """A segment compared exactly (``layers``, ``0``)."""
+
+    text: str
+
+    def accepts(self, part: str) -> bool:
+        return part == self.text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True, slots=True)
+class AnySegment:
+    """``*``: exactly one segment, whatever it is."""
+
+    def accepts(self, part: str) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return "*"
+
+
+@dataclass(frozen=True, slots=True)
+class AnySegments:
+    """``**``: zero or more segments. Handled by the matcher itself; ``accepts`` is for symmetry."""
+
+    def accepts(self, part: str) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return "**"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRange:
+    """``start:stop``: one decimal-integer segment in ``[start, stop)``; ``stop=None`` is unbounded."""
+
+    start: int
+    stop: int | None
+
+    def accepts(self, part: str) -> bool:
+        if not _INDEX.fullmatch(part):
+            return False
+        value = int(part)
+        return value >= self.start and (self.stop is None or value < self.stop)
+
+    def __str__(self) -> str:
+        return f"{self.start}:{'' if self.stop is None else self.stop}"
+
+
+Segment: TypeAlias = Literal | AnySegment | AnySegments | IndexRange
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """A compiled pattern. Build with :func:`compile_pattern`; ``text`` is what the user wrote."""
+
+    text: str
+    segments: tuple[Segment, ...]
+
+    @property
+    def is_literal(self) -> bool:
+        """True when the pattern names one FQN exactly (no wildcard, no range)."""
+        return all(isinstance(s, Literal) for s in self.segments)
+
+    def matches(self, fqn: str) -> bool:
+        """Whether the whole ``fqn`` (wrapper segments dropped) matches this pattern."""
+        return _match(self.segments, split_fqn(strip_wrappers(fqn)))
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def split_fqn(fqn: str) -> tuple[str, ...]:
+    """Segments of an FQN; the root module ``""`` has none (``"".split(".")`` would give one empty segment)."""
+    return tuple(fqn.split(".")) if fqn else ()
+
+
+def strip_wrappers(fqn: str) -> str:
+    """``_orig_mod.layers.0._checkpoint_wrapped_module.attention`` -> ``layers.0.attention``."""
+    if not any(w in fqn for w in WRAPPER_SEGMENTS):
+        return fqn
+    return ".".join(p for p in split_fqn(fqn) if p not in WRAPPER_SEGMENTS)
+
+
+def normalize_fqns(fqns: Iterable[str]) -> tuple[str, ...]:
+    """Wrapper-stripped FQNs in first-seen order, duplicates dropped.
+
+    A compiled model lists both ``""`` and ``_orig_mod``, which are the same module once stripped.
+    """
+    return tuple(dict.fromkeys(strip_wrappers(f) for f in fqns))
+
+
+def is_inside(fqn: str, ancestor: str) -> bool:
+    """Whether ``fqn`` is ``ancestor`` or nested in it, by whole segments: ``layers.10`` is not in ``layers.1``.
+
+    Every module is inside the root ``""``.
+    """
+    return not ancestor or fqn == ancestor or fqn.startswith(ancestor + ".")
+
+
+def compile_pattern(text: str, *, path: str = "") -> Pattern:
+    """Parse ``text`` into a :class:`Pattern`.
+
+    Raises ``OverlapConfigError`` (one fault at ``path``) naming the pattern, what is wrong and the fix.
+    ``TypeError`` for a non-string: that is API misuse, not bad config data (the schema checks types first).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"compile_pattern expects a str, got {type(text).__name__}: {text!r}")
+    parsed = _parse(text)
+    if isinstance(parsed, str):
+        raise OverlapConfigError.single(path, f"bad pattern {text!r}: {parsed}")
+    return Pattern(text, parsed)
+
+
+def match_modules(pattern: Pattern | str, fqns: Sequence[str]) -> list[str]:
+    """The wrapper-stripped FQNs matching ``pattern``, in the given (model) order, each once."""
+    pat = compile_pattern(pattern) if isinstance(pattern, str) else pattern
+    return [f for f in normalize_fqns(fqns) if _match(pat.segments, split_fqn(f))]
+
+
+def suggest_fixes(pattern: Pattern, fqns: Sequence[str], n: int = 3) -> list[str]:
+    """Patterns one edit away from ``pattern`` that do match some of ``fqns`` (for "did you mean").
+
+    An edit replaces one literal segment with the closest real segment name (``layer.*`` -> ``layers.*``) or
+    widens a ``*`` to ``**`` (``*.wq`` -> ``**.wq``). If no single edit works, every literal segment that no
+    FQN contains is replaced by its closest name at once (``layer.*.atention`` -> ``layers.*.attention``).
+    """
+    parts = [split_fqn(f) for f in normalize_fqns(fqns)]
+    vocabulary = list(dict.fromkeys(p for segs in parts for p in segs))
+    known = set(vocabulary)
+    found: list[str] = []
+    for candidate in _single_edits(pattern.segments, vocabulary):
+        if len(found) >= n:
+            break
+        text = ".".join(map(str, candidate))
+        if text not in found and any(_match(candidate, segs) for segs in parts):
+            found.append(text)
+    if not found:
+        combined = tuple(_closest_literal(s, vocabulary, known) for s in pattern.segments)
+        if combined != pattern.segments and any(_match(combined, segs) for segs in parts):
+            found.append(".".join(map(str, combined)))
+    return found
+
+
+def _single_edits(segments: tuple[Segment, ...], vocabulary: list[str]) -> Iterator[tuple[Segment, ...]]:
+    for i, seg in enumerate(segments):
+        if isinstance(seg, Literal):
+            for word in closest(seg.text, vocabulary, n=3):
+                yield (*segments[:i], Literal(word), *segments[i + 1 :])
+        elif isinstance(seg, AnySegment):
+            yield (*segments[:i], AnySegments(), *segments[i + 1 :])
+
+
+def _closest_literal(seg: Segment, vocabulary: list[str], known: set[str]) -> Segment:
+    if not isinstance(seg, Literal) or seg.text in known:
+        return seg
+    hits = closest(seg.text, vocabulary, n=1)
+    return Literal(hits[0]) if hits else seg
+
+
+def _match(segments: tuple[Segment, ...], parts: tuple[str, ...]) -> bool:
+    """NFA simulation: ``live[i]`` means the first ``i`` pattern segments can consume the parts read so far."""
+    n = len(segments)
+    live = _close([True] + [False] * n, segments)
+    for part in parts:
+        step = [False] * (n + 1)
+        for i, seg in enumerate(segments):
+            if not live[i]:
+                continue
+            if isinstance(seg, AnySegments):
+                step[i] = True
+            elif seg.accepts(part):
+                step[i + 1] = True
+        live = _close(step, segments)
+        if not any(live):
+            return False
+    return live[n]
+
+
+def _close(live: list[bool], segments: tuple[Segment, ...]) -> list[bool]:
+    """Let every live ``**`` also match zero segments (a forward sweep suffices: edges only go forward)."""
+    for i, seg in enumerate(segments):
+        if live[i] and isinstance(seg, AnySegments):
+            live[i + 1] = True
+    return live
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> tuple[Segment, ...] | str:
+    """Segments of ``text``, or the reason it is rejected (cached: plans reuse the same few patterns)."""
+    if not text.strip():
+        return "a pattern needs at least one segment; '**' matches every module, the root included"
+    raw = text.split(".")
+    if "" in raw:
+        return _empty_segment_hint(text, raw)
+    segments: list[Segment] = []
+    for i, part in enumerate(raw):
+        seg = _parse_segment(part, text, raw, i)
+        if isinstance(seg, str):
+            return seg
+        if isinstance(seg, AnySegments) and segments and isinstance(segments[-1], AnySegments):
+            continue  # '**.**' is '**'; collapsing keeps the matcher's state count minimal
+        segments.append(seg)
+    return tuple(segments)
+
+
+def _parse_segment(part: str, text: str, raw: list[str], i: int) -> Segment | str:
+    if part == "*":
+        return AnySegment()
+    if part == "**":
+        return AnySegments()
+    if part.strip() != part or any(c.isspace() for c in part):
+        return f"segment {part!r} contains whitespace; module names never do"
+    if part in WRAPPER_SEGMENTS:
+        fixed = _replace(raw, i, None) or "**"
+        return (
+            f"wrapper segment {part!r} is dropped from module FQNs before matching, so it never matches; "
+            f"write {fixed}"
+        )
+    if ":" in part:
+        return _parse_range(part)
+    if "[" in part or "]" in part:
+        return _bracket_hint(part, raw, i)
+    if "{" in part or "}" in part:
+        return f"segment {part!r}: '{{a,b}}' alternatives are not supported; list each pattern in a list entry"
+    if "*" in part or "?" in part:
+        return _partial_wildcard_hint(part, raw, i)
+    return Literal(part)
+
+
+def _parse_range(part: str) -> IndexRange | str:
+    m = _RANGE.fullmatch(part)
+    if m is None:
+        return f"segment {part!r}: ':' is only allowed in an index range 'start:stop' of non-negative integers"
+    lo_text, hi_text = m.groups()
+    if not lo_text and not hi_text:
+        return "a bare ':' is not a range; write '0:' for any index or '*' for any segment"
+    if lo_text.startswith("-") or hi_text.startswith("-"):
+        return f"range {part!r}: indices are non-negative, negative (from-the-end) indices are not supported"
+    lo = int(lo_text) if lo_text else 0
+    hi = int(hi_text) if hi_text else None
+    if hi is not None and lo >= hi:
+        return f"range {part!r} is empty: 'start:stop' is half-open and needs start < stop (e.g. '{lo}:{lo + 1}')"
+    return IndexRange(lo, hi)
+
+
+def _empty_segment_hint(text: str, raw: list[str]) -> str:
+    fixed = ".".join(p for p in raw if p)
+    where = "a leading or trailing '.'" if raw[0] == "" or raw[-1] == "" else "'..'"
+    fix = f"; write {fixed}" if fixed else ""
+    return f"empty segment ({where}): segments are separated by exactly one '.'{fix}"
+
+
+def _bracket_hint(part: str, raw: list[str], i: int) -> str:
+    m = _CHAR_CLASS.fullmatch(part)
+    if m is None:
+        return (
+            f"segment {part!r}: '[...]' is not supported (it is an fnmatch character class, not a range); "
+            "write an index range 'start:stop' (half-open) as a whole segment, e.g. layers.0:16"
+        )
+    lo, hi = m.group(1), m.group(2)
+    replacement = lo if hi is None else f"{lo}:{int(hi) + 1}"
+    if hi is not None and int(lo) > int(hi):
+        return f"segment {part!r}: '[a-b]' is not supported and this range is empty (start > end)"
+    return (
+        f"segment {part!r}: '[a-b]' is an fnmatch character class, not a range; "
+        f"ranges are half-open 'start:stop', use {_replace(raw, i, replacement)}"
+    )
+
+
+def _partial_wildcard_hint(part: str, raw: list[str], i: int) -> str:
+    if part.strip("*") == "":
+        return f"segment {part!r} is not a wildcard; write '*' for exactly one segment or '**' for any number"
+    one = _replace(raw, i, "*")
+    hint = f"'*' matches a whole segment, not part of one; write {one} for any segment here"
+    stem = part.rstrip("*")
+    if part.endswith("*") and "*" not in stem and "?" not in stem:
+        hint += f", {_replace(raw, i, stem + '.*')} for the children of {stem!r}, or list the exact names"
+    else:
+        hint += ", or list the exact names"
+    if "?" in part:
+        return f"segment {part!r}: '?' is not supported; {hint}"
+    return f"segment {part!r}: {hint}"
+
+
+def _replace(raw: list[str], i: int, new: str | None) -> str:
+    """``raw`` joined with segment ``i`` replaced (``None`` drops it): the corrected pattern for a hint."""
+    out = [*raw[:i], *([] if new is None else [new]), *raw[i + 1 :]]
+    return ".".join(out)

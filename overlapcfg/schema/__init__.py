@@ -1,0 +1,26 @@
+"""Pydantic models of what users write (no torch, no Hydra): plans, policies, overrides, the whole config."""
+
+from overlapcfg.schema.config import OverlapConfig
+from overlapcfg.schema.load import faults_from_validation_error, from_hydra, load_config
+from overlapcfg.schema.plan import Bucket, BucketEntry, BucketPlan, ModuleOverride
+from overlapcfg.schema.policy import AutoPolicy, BucketMode, OverlapPolicy, PolicyBase, TorchManualPolicy
+from overlapcfg.schema.presets import conf_dir, load_preset, preset_names
+
+__all__ = [
+    "AutoPolicy",
+    "Bucket",
+    "BucketEntry",
+    "BucketMode",
+    "BucketPlan",
+    "ModuleOverride",
+    "OverlapConfig",
+    "OverlapPolicy",
+    "PolicyBase",
+    "TorchManualPolicy",
+    "conf_dir",
+    "faults_from_validation_error",
+    "from_hydra",
+    "load_config",
+    "load_preset",
+    "preset_names",
+]

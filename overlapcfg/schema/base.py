@@ -1,0 +1,99 @@
+"""The one base model every schema class inherits, and the constrained scalar types shared by them.
+
+Every model is frozen (hashable, safe to share between ranks and passes) and rejects unknown keys with the
+closest valid field name, which pydantic's own ``extra_forbidden`` error does not offer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
+from pydantic_core import PydanticCustomError
+
+from overlapcfg.errors import did_you_mean
+
+__all__ = ["ByteCount", "ConfigModel", "Depth", "TARGET_KEY"]
+
+TARGET_KEY = "_target_"
+TARGET_MESSAGE = (
+    "'_target_' is not allowed: configs select registered names only (strategies by `strategy: <name>`, "
+    "plans by preset name); nothing is instantiated or imported from a config"
+)
+
+
+class ConfigModel(BaseModel):
+    """Base of all user-facing config models: frozen, no unknown keys, attribute docstrings as descriptions."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if TARGET_KEY in data:
+            raise PydanticCustomError("target_forbidden", TARGET_MESSAGE)
+        fields = cls.model_fields
+        unknown = [k for k in data if k not in fields]
+        if unknown:
+            valid = sorted(fields)
+            parts = [f"{k!r}{did_you_mean(str(k), valid, n=1)}" for k in unknown]
+            raise PydanticCustomError(
+                "unknown_field",
+                "unknown field {fields}; valid fields: {valid}",
+                {"fields": ", ".join(parts), "valid": ", ".join(valid)},
+            )
+        return data
+
+
+def _check_depth(value: Any) -> int:
+    # bool is an int subclass; `forward_prefetch: true` is a mistake, not a depth of 1.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PydanticCustomError("depth", "expected an integer >= 0, got {got}", {"got": _show(value)})
+    return value
+
+
+Depth = Annotated[int, BeforeValidator(_check_depth)]
+"""A prefetch depth or delay: how many buckets ahead. 0 disables overlap for that direction."""
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def _check_bytes(value: Any) -> int:
+    """Accept ``1073741824``, ``1e9`` (whole floats, as Hydra parses them) or ``"1GiB"`` / ``"512 MB"``."""
+    if isinstance(value, bool):
+        raise _bytes_error(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        if value < 1:
+            raise _bytes_error(value)
+        return value
+    if isinstance(value, str) and (m := _SIZE.match(value)) and m.group(2).lower() in _UNITS:
+        n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        if n >= 1 and float(n).is_integer():
+            return int(n)
+    raise _bytes_error(value)
+
+
+def _bytes_error(value: Any) -> PydanticCustomError:
+    return PydanticCustomError(
+        "byte_count",
+        "expected a positive byte count (an integer, or a string such as '2GiB' or '512MB'), got {got}",
+        {"got": _show(value)},
+    )
+
+
+ByteCount = Annotated[int, BeforeValidator(_check_bytes), PlainSerializer(int)]
+"""A positive number of bytes; strings with units (``"4GiB"``) are converted on load and dumped as integers."""
+
+
+def _show(value: Any) -> str:
+    return repr(value) if not isinstance(value, (dict, list, tuple)) else type(value).__name__

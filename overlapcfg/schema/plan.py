@@ -1,0 +1,118 @@
+"""Bucket plans: *which* modules' collectives are merged into one. How far ahead they run lives in ``policy.py``.
+
+Patterns are checked for syntax here, so a typo fails at load time; whether they match a real module is
+checked when the plan is resolved against a model (``overlapcfg.resolve``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
+
+from overlapcfg.errors import OverlapConfigError
+from overlapcfg.schema.base import ConfigModel, Depth
+
+__all__ = ["Bucket", "BucketEntry", "BucketPlan", "ModuleOverride", "PatternText", "check_pattern"]
+
+
+def check_pattern(text: Any) -> str:
+    """Validate pattern syntax, turning the grammar's error into a located pydantic error."""
+    from overlapcfg.patterns import compile_pattern
+
+    if not isinstance(text, str):
+        raise PydanticCustomError("pattern_type", "expected a module pattern string, got {got}",
+                                  {"got": type(text).__name__})
+    try:
+        compile_pattern(text)
+    except OverlapConfigError as err:
+        raise PydanticCustomError("pattern", "{msg}", {"msg": "; ".join(f.message for f in err.faults)}) from None
+    return text
+
+
+PatternText = Annotated[str, AfterValidator(check_pattern)]
+"""A module-FQN pattern (see ``overlapcfg.patterns``), syntax-checked on load."""
+
+
+class Bucket(ConfigModel):
+    """A plan entry written as a mapping: the patterns it holds and how they are split into buckets.
+
+    ``{modules: [layers.*.attention_norm, layers.*.attention], per: layers.*}`` gives one bucket per layer holding
+    that layer's attention and its norm.
+    """
+
+    modules: tuple[PatternText, ...] = Field(min_length=1)
+    """Patterns of the modules this entry holds."""
+    per: PatternText | None = None
+    """One bucket for each module matching this pattern, holding the matches of ``modules`` inside it."""
+    group_size: int | None = Field(None, ge=1)
+    """Chunk the matches into consecutive groups of this many modules; None puts them all in one bucket."""
+    forward_prefetch: Depth | None = None
+    """Forward all-gather prefetch depth for these buckets; None keeps the policy's value."""
+    backward_prefetch: Depth | None = None
+    """Backward all-gather prefetch depth for these buckets; None keeps the policy's value."""
+    reduce_scatter_delay: Depth | None = None
+    """Reduce-scatter delay for these buckets; None keeps the policy's value."""
+
+
+
+def _entry_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "<pattern>"
+    if isinstance(value, (list, tuple)):
+        return "<list>"
+    if isinstance(value, (dict, Bucket)):
+        return "<mapping>"
+    return None
+
+
+BucketEntry = Annotated[
+    Annotated[PatternText, Tag("<pattern>")]
+    | Annotated[tuple[PatternText, ...], Field(min_length=1), Tag("<list>")]
+    | Annotated[Bucket, Tag("<mapping>")],
+    Discriminator(
+        _entry_kind,
+        custom_error_type="bucket_entry",
+        custom_error_message=(
+            "expected a pattern (one bucket per matched module), a list of patterns (one bucket), "
+            "or a mapping with 'modules'"
+        ),
+    ),
+]
+"""One plan entry. Tags in angle brackets never collide with field names; error paths drop them."""
+
+
+class BucketPlan(ConfigModel):
+    """An ordered list of entries; each entry becomes one or more buckets when resolved against a model."""
+
+    buckets: tuple[BucketEntry, ...] = ()
+    """Entries, in any order (buckets are scheduled in graph order). Forms: ``layers.*`` (one bucket per match),
+    ``[norm, output]`` (one bucket for all), or a mapping (see ``Bucket``). Empty: nothing is bucketed."""
+    require_full_coverage: bool = False
+    """Make it an error for a module owning FSDP parameters to fall outside every bucket."""
+    name: str | None = None
+    """A label for reports; a preset sets it to its own name."""
+
+
+
+class ModuleOverride(ConfigModel):
+    """Per-module depths, applied to every bucket holding a module that ``match`` matches (later ones win)."""
+
+    match: PatternText
+    """A module pattern, e.g. ``layers.0`` or ``layers.28:32``."""
+    forward_prefetch: Depth | None = None
+    """Forward all-gather prefetch depth while the matched buckets compute; None keeps the current value."""
+    backward_prefetch: Depth | None = None
+    """Backward all-gather prefetch depth while the matched buckets compute; None keeps the current value."""
+    reduce_scatter_delay: Depth | None = None
+    """Reduce-scatter delay of the matched buckets; None keeps the current value."""
+
+    @model_validator(mode="after")
+    def _sets_something(self) -> ModuleOverride:
+        if (self.forward_prefetch, self.backward_prefetch, self.reduce_scatter_delay) == (None, None, None):
+            raise PydanticCustomError(
+                "empty_override",
+                "an override must set at least one of forward_prefetch, backward_prefetch, reduce_scatter_delay",
+            )
+        return self

@@ -1,0 +1,125 @@
+"""Policies: *how far ahead* collectives are issued. Which modules share a collective lives in ``plan.py``.
+
+Each strategy declares its own policy model (see ``overlapcfg.registry``); the policy in a config is validated
+against the selected strategy's class, so a knob a strategy would ignore is rejected instead.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
+
+from overlapcfg.schema.base import ByteCount, ConfigModel, Depth
+
+__all__ = ["AutoPolicy", "BucketMode", "OverlapPolicy", "PolicyBase", "TorchManualPolicy"]
+
+BucketMode = Literal["default", "custom_ops", "custom_ops_multidtype", "coalesced"]
+"""How merged collectives are emitted; the same names as ``torch._inductor.fx_passes.bucketing.BucketMode``."""
+
+
+class PolicyBase(ConfigModel):
+    """Base class of every strategy's policy model (third-party strategies subclass it)."""
+
+
+class OverlapPolicy(PolicyBase):
+    """Prefetch depths and delays for the ``manual`` scheduler (FSDP2 ``set_modules_to_*_prefetch`` semantics)."""
+
+    forward_prefetch: Depth = 1
+    """While bucket i computes in forward, the all-gathers of buckets i+1..i+k are in flight. 0: each all-gather
+    is issued right before its own wait (no overlap). 1 reproduces torch's ``manual_overlap_bucketing``."""
+
+    backward_prefetch: Depth = 1
+    """The same as ``forward_prefetch`` for backward all-gathers (graphs with reshard-after-forward), walking the
+    buckets in reverse order."""
+
+    reduce_scatter_delay: Depth = 1
+    """Bucket i's reduce-scatter wait is placed after the reduce-scatter starts of the next d buckets. 0: wait
+    right after issue."""
+
+    max_inflight_bytes: ByteCount | None = None
+    """Cap on the unsharded bytes of all-gathers issued but not yet waited. Where it binds, the effective depth
+    shrinks (never below 0) and the pass record says where. None: no cap."""
+
+    insert_overlap_deps: bool = False
+    """Wrap waits in control dependencies so a later compiler (inductor) keeps our order."""
+
+    bucket_mode: BucketMode = "custom_ops"
+    """How a bucket's collectives are merged; ``custom_ops`` is what torch's manual pass uses."""
+
+
+def _fixed_at_one(value: Any) -> int:
+    if value != 1 or isinstance(value, bool):
+        raise PydanticCustomError(
+            "torch_manual_depth",
+            "torch_manual has a fixed depth of 1 (upstream manual_overlap_bucketing), got {got}; "
+            "use strategy 'manual' for other depths",
+            {"got": repr(value)},
+        )
+    return 1
+
+
+def _unsupported(value: Any) -> None:
+    if value is not None:
+        raise PydanticCustomError(
+            "torch_manual_cap",
+            "torch_manual has no in-flight cap (upstream manual_overlap_bucketing), got {got}; "
+            "use strategy 'manual' for a cap",
+            {"got": repr(value)},
+        )
+
+
+_FixedAtOne = Annotated[int, BeforeValidator(_fixed_at_one)]
+_Unsupported = Annotated[None, BeforeValidator(_unsupported)]
+
+
+class TorchManualPolicy(PolicyBase):
+    """Policy of ``torch_manual``: upstream ``manual_overlap_bucketing`` has a fixed depth of 1 and no cap.
+
+    The depth fields exist so a config written for ``manual`` at the defaults also runs the reference; any other
+    value is rejected rather than silently ignored.
+    """
+
+    forward_prefetch: _FixedAtOne = 1
+    """Fixed at 1 upstream."""
+    backward_prefetch: _FixedAtOne = 1
+    """Fixed at 1 upstream."""
+    reduce_scatter_delay: _FixedAtOne = 1
+    """Fixed at 1 upstream."""
+    max_inflight_bytes: _Unsupported = None
+    """Not supported upstream."""
+    insert_overlap_deps: bool = False
+    """Passed through to upstream."""
+    bucket_mode: BucketMode = "custom_ops"
+    """Passed through to upstream."""
+
+
+class AutoPolicy(PolicyBase):
+    """Knobs of torch's automatic scheduler ``schedule_overlap_bucketing`` (same names, same defaults).
+
+    The estimators default to "analytical": "benchmark" needs CUDA.
+    """
+
+    max_in_flight_gb: float = Field(5.0, gt=0)
+    """Maximum GB of concurrent collective data."""
+    max_compute_pre_fetch: int = Field(200, ge=0)
+    """Maximum compute nodes to prefetch across."""
+    compute_overlap_multipler: float = Field(1.0, ge=0)
+    """Scale on compute time used to hide collectives (upstream's spelling)."""
+    max_coll_distance: int = Field(200, ge=0)
+    """Maximum prefetch or bucketing candidates."""
+    collective_bucketing: bool = False
+    """Enable overlap-preserving collective bucketing."""
+    max_memory_increase_gb: float | None = Field(1.0, ge=0)
+    """Absolute cap on the memory increase from prefetching; None disables it."""
+    max_memory_increase_ratio: float | None = Field(0.05, ge=0)
+    """Relative cap on the memory increase from prefetching; None disables it."""
+    insert_overlap_deps: bool = False
+    """Wrap waits in control dependencies so inductor keeps the order."""
+    bucket_mode: BucketMode | None = None
+    """None: inductor's configured default."""
+    collective_estimator: Literal["analytical", "benchmark"] = "analytical"
+    """How collective runtimes are estimated."""
+    compute_estimator: Literal["analytical", "benchmark"] = "analytical"
+    """How compute runtimes are estimated ("benchmark" needs CUDA)."""

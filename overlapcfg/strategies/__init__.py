@@ -1,0 +1,5 @@
+"""Built-in strategies (``manual``, ``torch_manual``, ``auto``, ``none``); ``overlapcfg.registry`` names them."""
+
+from overlapcfg.strategies.base import PassContext, Strategy
+
+__all__ = ["PassContext", "Strategy"]

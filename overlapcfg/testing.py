@@ -1,0 +1,132 @@
+"""Run a function on several CPU processes joined by a real gloo process group, and collect what each returns.
+
+For numerical checks that need real communication (sharded vs unsharded, transformed vs untransformed graphs).
+Kept in the package, not in ``tests/``, so later issues' tests and users' own checks reuse one harness: spawned
+processes, a free TCP port, one timeout for the whole run, and a failing rank's traceback in the parent's error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["RankFailedError", "free_port", "run_on_gloo"]
+
+log = logging.getLogger(__name__)
+
+RankFn = Callable[..., Any]
+"""``fn(rank, world_size, *args)``; must be importable by name (module level) since processes are spawned."""
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised (message holds its traceback), or the run timed out."""
+
+
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (the OS picks it; a race with other processes is possible)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class _RunSpec:
+    """What every spawned rank needs (pickled to the children)."""
+
+    port: int
+    fn: RankFn
+    args: tuple[Any, ...]
+    num_threads: int
+    timeout_s: float
+
+
+def _worker(rank: int, world_size: int, spec: _RunSpec, results: Any) -> None:
+    # A fixed intra-op thread count per rank: ranks share the machine's cores, and a fixed count keeps CPU
+    # kernels' reduction order (and so bits) the same from run to run.
+    torch.set_num_threads(spec.num_threads)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=spec.timeout_s))
+        try:
+            results.put((rank, True, _dumps(spec.fn(rank, world_size, *spec.args))))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def _dumps(value: Any) -> bytes:
+    """Serialize with ``torch.save``: tensors travel as bytes, not as shared-memory handles that die with the
+    sending process before the parent reads them."""
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+def run_on_gloo(fn: RankFn, *args: Any, world_size: int = 2, timeout_s: float = 180.0,
+                num_threads: int = 1) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes sharing a gloo default group.
+
+    Returns the per-rank results in rank order (they must be picklable; tensors are fine). The first rank to
+    fail, or a run longer than ``timeout_s``, raises ``RankFailedError`` with the rank's traceback; the other
+    processes are then terminated.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    spec = _RunSpec(free_port(), fn, args, num_threads, timeout_s)
+    procs = [
+        ctx.Process(target=_worker, args=(rank, world_size, spec, results),
+                    daemon=True, name=f"overlapcfg-gloo-rank{rank}")
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        return _collect(results, procs, world_size, timeout_s)
+    finally:
+        _stop(procs)
+
+
+def _collect(results: Any, procs: list[Any], world_size: int, timeout_s: float) -> list[Any]:
+    out: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(out) < world_size:
+        try:
+            rank, ok, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            missing = sorted(set(range(world_size)) - set(out))
+            codes = {p.name: p.exitcode for p in procs}
+            raise RankFailedError(f"gloo run timed out after {timeout_s}s; no result from ranks {missing} "
+                                  f"(exit codes {codes})") from None
+        if not ok:
+            raise RankFailedError(f"rank {rank} of {world_size} failed:\n{value}")
+        out[rank] = torch.load(io.BytesIO(value), weights_only=False)
+    return [out[r] for r in range(world_size)]
+
+
+def _stop(procs: list[Any]) -> None:
+    """Join our processes; terminate (then kill) the ones still running, by their own handles only."""
+    for proc in procs:
+        proc.join(timeout=10)
+    for proc in procs:
+        if proc.is_alive():
+            log.warning("terminating %s (pid %s)", proc.name, proc.pid)
+            proc.terminate()
+            proc.join(timeout=5)
+        if proc.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, 9)
