@@ -40,6 +40,14 @@ _EXPORTS: dict[str, str] = {
     "PassRecord": "overlapcfg.passes",
     "verify": "overlapcfg.verify",
     "trace_train_step": "overlapcfg.tracing",
+    "backend": "overlapcfg.compile",
+    "inductor_pass": "overlapcfg.compile",
+    "explain": "overlapcfg.report",
+    "simulate": "overlapcfg.report",
+    "compare": "overlapcfg.report",
+    "Report": "overlapcfg.report",
+    "HardwareProfile": "overlapcfg.report",
+    "load_hardware": "overlapcfg.report",
 }
 
 __all__ = [
@@ -48,6 +56,7 @@ __all__ = [
     "Bucket",
     "BucketPlan",
     "Fault",
+    "HardwareProfile",
     "ModuleOverride",
     "OverlapConfig",
     "OverlapConfigError",
@@ -55,17 +64,24 @@ __all__ = [
     "OverlapVerificationError",
     "PassRecord",
     "PolicyBase",
+    "Report",
     "ResolvedBucket",
     "ResolvedPlan",
     "TorchManualPolicy",
     "apply",
     "available_strategies",
+    "backend",
+    "compare",
+    "explain",
     "from_hydra",
     "get_strategy",
+    "inductor_pass",
     "load_config",
+    "load_hardware",
     "preset_names",
     "register_strategy",
     "resolve_plan",
+    "simulate",
     "trace_train_step",
     "verify",
 ]
@@ -85,11 +101,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from overlapcfg.compile import backend, inductor_pass
     from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
     from overlapcfg.passes import PassRecord, apply
-    from overlapcfg.tracing import trace_train_step
-    from overlapcfg.verify import verify
     from overlapcfg.registry import available_strategies, get_strategy, register_strategy
+    from overlapcfg.report import HardwareProfile, Report, compare, explain, load_hardware, simulate
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.schema import (
         AutoPolicy,
@@ -104,3 +120,5 @@ if TYPE_CHECKING:
         load_config,
         preset_names,
     )
+    from overlapcfg.tracing import trace_train_step
+    from overlapcfg.verify import verify

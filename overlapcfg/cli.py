@@ -1,69 +1,63 @@
-"""The main job: trace the demo model, resolve the plan, apply the strategy, print what happened.
+"""The ``overlapcfg`` command: a Hydra app around ``overlapcfg.job`` (primary config ``conf/overlapcfg.yaml``).
 
-A plain-argument stand-in until the Hydra app lands; it prints with rich and writes nothing.
+``overlapcfg`` traces the demo model and reports what the configured strategy did; ``overlapcfg mode=compare``
+compares several configs; ``overlapcfg -m overlap.policy.forward_prefetch=0,1,2`` sweeps, one report per job.
+
+Errors: a user error in the task (a bad value, an unmatched pattern) is re-raised as ``ConfigError``, a Hydra
+``CompactHydraException``: Hydra then prints its message (plus the job's overrides) and exits with status 1, with
+no traceback, just as it does for its own composition errors (an unknown group option). ``HYDRA_FULL_ERROR=1``
+still shows the full traceback.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
 import sys
-import time
+from pathlib import Path
 
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from omegaconf import DictConfig
 from rich.console import Console
-from rich.table import Table
 
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.schema.presets import conf_dir
+
+__all__ = ["ConfigError", "main"]
+
+MODES = ("run", "compare")
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="overlapcfg", description=__doc__)
-    parser.add_argument("--plan", default="llama_layers", help="plan preset name")
-    parser.add_argument("--strategy", default="manual")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--reshard", action="store_true", help="reshard after forward (backward re-gathers)")
-    return parser.parse_args(argv)
+class ConfigError(CompactHydraException):
+    """A config error, shown by Hydra as its message alone (exit status 1)."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+def _task(cfg: DictConfig) -> None:
+    from overlapcfg import job
+
     console = Console()
-    from overlapcfg import compat
-    from overlapcfg.models.llama import LlamaConfig
-    from overlapcfg.passes import apply
-    from overlapcfg.schema import load_config
-    from overlapcfg.tracing import trace_train_step
-
+    if not console.is_terminal:  # piped or captured: 80 columns would wrap every bucket row
+        console = Console(width=160)
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    mode = cfg.get("mode", "run")
     try:
-        cfg = load_config({"strategy": args.strategy, "plan": args.plan})
+        if mode == "run":
+            job.run_report(cfg, output_dir, console)
+        elif mode == "compare":
+            job.run_compare(cfg, output_dir, console)
+        else:
+            from overlapcfg.errors import did_you_mean
+
+            raise OverlapConfigError.single("mode", f"expected one of {', '.join(MODES)}, got {mode!r}"
+                                                    f"{did_you_mean(str(mode), MODES)}")
     except OverlapConfigError as err:
-        console.print(f"[red]{err}[/red]")
-        return 1
-    start = time.perf_counter()
-    with console.status("tracing the demo model"):
-        step = trace_train_step(LlamaConfig(n_layers=args.layers), reshard_after_forward=args.reshard)
-    console.print(f"traced {args.layers}-layer demo model in {time.perf_counter() - start:.1f}s")
-    for name in ("forward", "backward"):
-        gm = copy.deepcopy(step.graph(name))
-        with compat.fake_process_group(step.world_size, step.rank):
-            try:
-                gm = apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(name), module_fqns=step.module_fqns,
-                           graph_kind=name, debug=True)
-            except OverlapConfigError as err:
-                console.print(f"[red]{err}[/red]")
-                return 1
-        record = gm.meta["overlapcfg"]
-        table = Table(title=f"{name} graph: {cfg.strategy} on plan {cfg.plan.name if cfg.plan else '-'}")
-        for col in ("bucket", "modules", "before", "after", "fwd k", "bwd k", "rs d"):
-            table.add_column(col)
-        for b in record.buckets:
-            table.add_row(b.name, ", ".join(b.modules), str(sum(n for *_, n in b.before)),
-                          str(sum(n for *_, n in b.after)), str(b.forward_prefetch), str(b.backward_prefetch),
-                          str(b.reduce_scatter_delay))
-        console.print(table)
-        console.print(f"  FSDP collectives {record.before.total_fsdp} -> {record.after.total_fsdp}, "
-                      f"pass {record.seconds * 1000:.0f} ms")
-    return 0
+        raise ConfigError(str(err)) from None
+
+
+def main() -> None:
+    """Console-script entry point. Hydra parses ``sys.argv`` itself."""
+    app = hydra.main(config_path=str(conf_dir()), config_name="overlapcfg", version_base="1.3")(_task)
+    app()
 
 
 if __name__ == "__main__":

@@ -106,8 +106,11 @@ from torch._inductor.fx_passes.bucketing import (  # noqa: E402
     merge_all_gather_bucket,
     merge_reduce_scatter_bucket,
 )
+from torch._inductor.fx_passes.control_dependencies import control_deps as _control_deps  # noqa: E402
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering  # noqa: E402
 from torch._inductor.fx_passes.fsdp import is_fsdp_all_gather  # noqa: E402
+from torch.fx.traceback import NodeSource, NodeSourceAction  # noqa: E402
+from torch.utils._ordered_set import OrderedSet  # noqa: E402
 
 __all__ += [
     "CustomGraphPass",
@@ -121,12 +124,31 @@ __all__ += [
     "is_reduce_scatter_tensor",
     "is_wait_tensor",
     "manual_overlap_bucketing",
+    "unwrap_control_deps",
     "merge_all_gather_bucket",
     "merge_reduce_scatter_bucket",
     "no_triton_runtime_estimates",
     "preserve_node_ordering",
     "schedule_overlap_bucketing",
 ]
+
+
+def unwrap_control_deps(node: object) -> tuple[object, tuple[object, ...], tuple[object, ...]]:
+    """``(target, data inputs, ordering-only inputs)`` of a node, seeing through a ``control_deps`` wrapper.
+
+    ``insert_overlap_deps`` (``preserve_node_ordering``) replaces a node by ``control_deps(deps, subgraph,
+    *inputs)`` whose subgraph runs the original op: for verification and counting it is still that op, and
+    ``deps`` are ordering edges, not reads.
+    """
+    target = getattr(node, "target", None)
+    if target is not _control_deps:
+        return target, tuple(getattr(node, "all_input_nodes", ())), ()
+    deps, subgraph_attr, *inputs = node.args  # type: ignore[attr-defined]
+    module = node.graph.owning_module  # type: ignore[attr-defined]
+    subgraph = getattr(module, subgraph_attr.target) if module is not None else None
+    inner = [n for n in subgraph.graph.nodes if n.op == "call_function"] if subgraph is not None else []
+    inner_target = inner[0].target if len(inner) == 1 else target
+    return inner_target, tuple(inputs), tuple(deps)
 
 
 def manual_overlap_bucketing(*args: object, **kwargs: object) -> object:
@@ -156,26 +178,64 @@ def _trace_key(fn: object, inps: tuple[object, ...]) -> tuple[object, ...]:
 
 @contextlib.contextmanager
 def cached_merge_traces() -> Iterator[dict[tuple[object, ...], object]]:
-    """Within the block, upstream's merge helpers trace each distinct merge signature once.
+    """Within the block, upstream's merge helpers do the same work faster (same ops, same order, same metadata).
 
     ``bucketing._trace(fn, inps)`` runs ``make_fx`` on the merge function for every bucket; buckets of identical
     layers have identical signatures (shapes, strides, dtypes, group, rank), so the traced ``GraphModule`` is the
-    same and is stamped into the graph by ``node_copy`` as before. Restored on exit, even on error.
+    same and is stamped into the graph by ``node_copy`` as before. Two more helpers are swapped for equivalent
+    linear-time versions (``_populate_node_meta_once``, ``sort_region``). Restored on exit, even on error.
     """
-    original = _bucketing._trace
+    original_trace, original_meta = _bucketing._trace, _bucketing._populate_node_meta
+    original_sort = _bucketing._sort_bucket_region
     cache: dict[tuple[object, ...], object] = {}
 
     def traced(fn: object, inps: tuple[object, ...]) -> object:
         k = _trace_key(fn, inps)
         if k not in cache:
-            cache[k] = original(fn, inps)
+            cache[k] = original_trace(fn, inps)
         return cache[k]
 
+    def sort_region(g: object, new_nodes: list[object], inputs: list[object]) -> None:
+        # Placeholders head the graph, so they never need moving; but upstream's region walk searches for them
+        # too, back to the top of the graph, for every bucket of parameters: quadratic in graph size. Leaving
+        # them out of the search gives the same order in linear time.
+        original_sort(g, new_nodes, [n for n in inputs if getattr(n, "op", None) != "placeholder"])
+
     _bucketing._trace = traced
+    _bucketing._populate_node_meta = _populate_node_meta_once
+    _bucketing._sort_bucket_region = sort_region
     try:
         yield cache
     finally:
-        _bucketing._trace = original
+        _bucketing._trace = original_trace
+        _bucketing._populate_node_meta = original_meta
+        _bucketing._sort_bucket_region = original_sort
+
+
+def _populate_node_meta_once(bucket_nodes: list[object], new_nodes: list[object]) -> None:
+    """Upstream's ``_populate_node_meta`` with the same result, built once per bucket instead of once per node.
+
+    Upstream makes a ``NodeSource`` (which deep-copies the source's whole ``from_node`` history) for every
+    (new node, source node) pair: about 40k deep copies on a 64-layer backward graph, most of the merge's time.
+    Here each source's ``NodeSource`` is made once and the per-key source lists once; every new node gets its own
+    list objects holding those shared, never-mutated records.
+    """
+    if not bucket_nodes:
+        return
+    first = bucket_nodes[0].meta
+    keys = (("nn_module_stack", ""), ("fwd_nn_module_stack", ""), ("stack_trace", ""), ("custom", {}))
+    sources: dict[str, object] = {}
+    for key, default in keys:
+        values = [n.meta.get(key, default) for n in bucket_nodes if n.meta.get(key, default)]
+        sources[key] = OrderedSet(values) if key == "stack_trace" else values
+    actions = [NodeSourceAction.CREATE, NodeSourceAction.REPLACE]
+    from_node = [NodeSource(n, "bucketing_pass", actions) for n in bucket_nodes]
+    for n in new_nodes:
+        for key, default in keys:
+            n.meta[key] = first.get(key, default)
+            src = sources[key]
+            n.meta[f"bucketing_{key}_sources"] = OrderedSet(src) if key == "stack_trace" else list(src)
+        n.meta["from_node"] = list(from_node)
 
 
 @contextlib.contextmanager
@@ -209,6 +269,30 @@ def no_triton_runtime_estimates() -> Iterator[None]:
         for mod, name, value in saved:
             setattr(mod, name, value)
 
-from torch.utils._ordered_set import OrderedSet  # noqa: E402
-
 __all__ += ["OrderedSet"]
+
+# --- inductor: compiling aot graphs (overlapcfg.compile) ---------------------------------------------------------
+# ``compile_fx_inner`` is what inductor's own aot_autograd fw/bw compilers call: it runs the post-grad passes and
+# lowers one graph (boxed calling convention, as aot_autograd expects). ``inductor_config_patch`` scopes the
+# settings a manual schedule needs to one compile. compile_fx and the decompositions are imported on first use
+# (they pull in all of inductor's lowering).
+from torch._inductor import config as _inductor_config  # noqa: E402
+
+inductor_config_patch = _inductor_config.patch
+
+
+def compile_fx_inner(*args: object, **kwargs: object) -> object:
+    """Upstream ``torch._inductor.compile_fx.compile_fx_inner`` (imported on first use)."""
+    from torch._inductor.compile_fx import compile_fx_inner as upstream
+
+    return upstream(*args, **kwargs)
+
+
+def inductor_decompositions() -> dict[object, object]:
+    """The decomposition table inductor's own ``compile_fx`` hands to aot_autograd (depends on inductor config)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+__all__ += ["compile_fx_inner", "inductor_config_patch", "inductor_decompositions"]

@@ -22,7 +22,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
-from overlapcfg.passes.collectives import positions
+from overlapcfg.passes.collectives import data_inputs, positions, started_by
 
 __all__ = ["GraphSummary", "summarize", "verify"]
 
@@ -48,7 +48,7 @@ def _direction(node: fx.Node, forced: str | None) -> str:
 def _placeholder_ancestors(start: fx.Node) -> set[str] | None:
     found: set[str] = set()
     seen: set[fx.Node] = set()
-    stack = list(start.all_input_nodes)
+    stack = list(data_inputs(start))
     while stack:
         node = stack.pop()
         if node in seen:
@@ -59,7 +59,7 @@ def _placeholder_ancestors(start: fx.Node) -> set[str] | None:
         if node.op == "placeholder":
             found.add(node.name)
         else:
-            stack.extend(node.all_input_nodes)
+            stack.extend(data_inputs(node))
     return found
 
 
@@ -69,9 +69,10 @@ def _collective_behind(node: object) -> fx.Node | None:
     for _ in range(16):
         if not isinstance(cur, fx.Node) or cur.op != "call_function":
             return None
-        if compat.is_wait_tensor(cur):
-            return compat.collective_of_wait(cur)
-        inputs = cur.all_input_nodes
+        start = started_by(cur)
+        if start is not None:
+            return start
+        inputs = data_inputs(cur)
         if len(inputs) != 1:
             return None
         cur = inputs[0]
@@ -111,23 +112,28 @@ def _collective_starts(graph: fx.Graph) -> Iterable[fx.Node]:
 
 
 def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]) -> None:
+    waits_of: dict[fx.Node, list[fx.Node]] = {}
+    for node in graph.nodes:
+        start = started_by(node)
+        if start is not None:
+            waits_of.setdefault(node.args[0] if compat.is_wait_tensor(node) else data_inputs(node)[0], []).append(node)
     for start in _collective_starts(graph):
-        users = list(start.users)
-        heads = [u for u in users if u.target is operator.getitem] or [start]
+        heads = [u for u in start.users if u.target is operator.getitem] or [start]
         for head in heads:
-            waits = [u for u in head.users if compat.is_wait_tensor(u)]
+            waits = waits_of.get(head, [])
             if len(waits) != 1:
                 problems.append(f"{head.name}: expected exactly one wait_tensor, found {len(waits)} "
                                 f"({', '.join(w.name for w in waits) or 'none'})")
-            others = [u.name for u in head.users if not compat.is_wait_tensor(u)]
-            if others:
-                problems.append(f"{head.name}: read before its wait by {', '.join(others)}")
+            # A reader is a user taking the tensor as data; a control_deps edge only orders, it does not read.
+            readers = [u.name for u in head.users if u not in waits and head in data_inputs(u)]
+            if readers:
+                problems.append(f"{head.name}: read before its wait by {', '.join(readers)}")
             for w in waits:
                 if index[w] < index[start]:
                     problems.append(f"{w.name}: waits on {start.name} before it is issued")
         out = start.kwargs.get("out")
         if isinstance(out, fx.Node):
-            waits = [w for h in heads for w in h.users if compat.is_wait_tensor(w)]
+            waits = [w for h in heads for w in waits_of.get(h, [])]
             done = min((index[w] for w in waits), default=index[start])
             early = [u.name for u in out.users if u is not start and u not in start.all_input_nodes
                      and index[start] < index[u] < done]

@@ -67,15 +67,17 @@ def apply(
     module_fqns: Sequence[str] | None = None,
     graph_kind: GraphKind = "auto",
     debug: bool = False,
+    config_root: str = "overlap",
 ) -> fx.GraphModule:
     """Bucket and schedule the FSDP collectives of ``gm`` as ``cfg`` says; returns ``gm`` (modified in place).
 
     ``module_fqn_fn(node)`` names the module a node belongs to (default: our tracing records, else the node's
     module stack). ``module_fqns``: the model's module FQNs for pattern matching (default: those seen in the
     graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``auto`` reads each
-    node's metadata. ``debug=True`` verifies the result (``overlapcfg.verify``).
+    node's metadata. ``debug=True`` verifies the result (``overlapcfg.verify``). ``config_root``: where the config
+    sits in the user's config tree, so plan faults read ``trainer.overlap.plan.buckets[1]: ...``.
     """
-    cfg = load_config(cfg)
+    cfg = load_config(cfg, root=config_root)
     started = time.perf_counter()
     fn = module_fqn_fn or _default_module_fqn_fn()
     collectives = find_collectives(gm.graph, fn, direction=_forced_direction(graph_kind))
@@ -92,7 +94,8 @@ def apply(
     plan = ResolvedPlan(())
     if spec.uses_plan and cfg.plan is not None:
         fqns = list(module_fqns) if module_fqns is not None else _model_fqns(gm.graph, fn, owners)
-        plan = resolve_plan(cfg.plan, fqns, owners, overrides=cfg.overrides, policy=cfg.policy)
+        plan = resolve_plan(cfg.plan, fqns, owners, overrides=cfg.overrides, policy=cfg.policy,
+                            path=f"{config_root}.plan", overrides_path=f"{config_root}.overrides")
     covered, uncovered = attribute(collectives, plan)
     ctx = PassContext(plan, cfg.policy, tuple(collectives), tuple(covered), tuple(uncovered),
                       _forced_direction(graph_kind), fn)
@@ -122,12 +125,8 @@ def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]
     for index, c in covered:
         before_counts[index][(c.direction, c.kind)] += 1
         nbytes[index][(c.direction, c.kind)] += c.unsharded_bytes
-        for p in c.start.all_input_nodes:
-            root = p
-            while root.op != "placeholder" and root.all_input_nodes:
-                root = root.all_input_nodes[0]
-            if root.op == "placeholder":
-                params[index].setdefault(root.name)
+        if c.kind == "all_gather" and c.param is not None:
+            params[index].setdefault(c.param)
     after_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     if merged:
         for m in merged:

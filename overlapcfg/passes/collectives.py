@@ -6,6 +6,7 @@ deterministic decisions without sorting by anything but positions.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -22,8 +23,10 @@ __all__ = [
     "Direction",
     "ModuleFqnFn",
     "find_collectives",
+    "data_inputs",
     "group_name",
     "is_compute_node",
+    "started_by",
     "positions",
     "wait_of",
 ]
@@ -53,6 +56,8 @@ class Collective:
     unsharded_bytes: int
     """All-gather output / reduce-scatter input: the full-size tensor the collective makes or consumes."""
     module_fqn: str | None
+    param: str | None = None
+    """For an FSDP all-gather: the placeholder it gathers (read before merging erases the original nodes)."""
 
 
 def group_name(start: fx.Node) -> str:
@@ -74,6 +79,31 @@ def positions(graph: fx.Graph) -> dict[fx.Node, int]:
     return {n: i for i, n in enumerate(graph.nodes)}
 
 
+_WAIT = torch.ops._c10d_functional.wait_tensor.default
+
+
+def data_inputs(node: fx.Node) -> tuple[fx.Node, ...]:
+    """The nodes ``node`` reads (a ``control_deps`` wrapper's ordering edges are not reads)."""
+    return compat.unwrap_control_deps(node)[1]  # type: ignore[return-value]
+
+
+def started_by(node: fx.Node) -> fx.Node | None:
+    """If ``node`` is a wait (also one wrapped by ``insert_overlap_deps``), the collective start it waits on."""
+    if node.op != "call_function":
+        return None
+    target, inputs, _ = compat.unwrap_control_deps(node)
+    if target is not _WAIT or not inputs or not isinstance(inputs[0], fx.Node):
+        return None
+    start = inputs[0]
+    if start.target is operator.getitem and isinstance(start.args[0], fx.Node):  # coalesced collectives
+        start = start.args[0]
+    target = start.target
+    if start.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
+            or target.namespace != "_c10d_functional":
+        return None
+    return start
+
+
 def is_compute_node(node: fx.Node) -> bool:
     """An op with a FLOP formula (matmuls, attention, convolutions): what collectives are meant to hide behind."""
     target = node.target
@@ -84,6 +114,14 @@ def _is_bucketed_all_gather(start: fx.Node) -> bool:
     """An all-gather of parameters that torch's bucketing already merged (copy-in op, then narrow, then gather)."""
     buffer = start.kwargs.get("out")
     return isinstance(buffer, fx.Node) and buffer.target is torch.ops.bucketing._pre_bucket_all_gather.default
+
+
+def _gathered_placeholder(start: fx.Node) -> str | None:
+    """Follow first inputs back (casts, views) to the parameter placeholder an FSDP all-gather reads."""
+    cur = start
+    while cur.op != "placeholder" and cur.all_input_nodes:
+        cur = cur.all_input_nodes[0]
+    return cur.name if cur.op == "placeholder" else None
 
 
 def _kind(node: fx.Node) -> CollectiveKind:
@@ -120,14 +158,14 @@ def find_collectives(
     it per node (joint graphs). Reduce-scatters are always backward.
     """
     waits_of: dict[fx.Node, list[fx.Node]] = {}
-    for wait in graph.find_nodes(op="call_function", target=torch.ops._c10d_functional.wait_tensor.default):
-        start = compat.collective_of_wait(wait)
+    for node in graph.nodes:
+        start = started_by(node)
         if start is not None:
-            waits_of.setdefault(start, []).append(wait)
+            waits_of.setdefault(start, []).append(node)
     out: list[Collective] = []
     for start, waits in waits_of.items():
         kind = _kind(start)
-        tagged = _MERGED_META in start.meta  # a collective our bucketer already merged from FSDP ones
+        tagged = "bucket" in start.meta.get(_MERGED_META, {})  # our bucketer merged it from FSDP collectives
         if kind == "all_gather":
             fsdp = tagged or compat.is_fsdp_all_gather(start) or _is_bucketed_all_gather(start)
             size_node = start
@@ -142,8 +180,9 @@ def find_collectives(
             dirn: Direction = "backward"
         else:
             dirn = direction or ("backward" if _is_backward(start) else "forward")
+        param = _gathered_placeholder(start) if fsdp and kind == "all_gather" else None
         out.append(Collective(start, tuple(waits), kind, fsdp, dirn, group_name(start), dtype, _nbytes(size_node),
-                              module_fqn_fn(start) if fsdp else None))
+                              module_fqn_fn(start) if fsdp else None, param))
     index = positions(graph)
     out.sort(key=lambda c: index[c.start])
     return out

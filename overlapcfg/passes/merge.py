@@ -70,18 +70,28 @@ def attribute(collectives: Sequence[Collective], plan: ResolvedPlan) -> tuple[li
     return covered, uncovered
 
 
-def _groups(covered: Sequence[tuple[int, Collective]], mode: BucketMode) -> dict[tuple[object, ...],
-                                                                                list[Collective]]:
-    # Plan order, then graph order of each group's first collective: the order upstream merges in, so merged
-    # nodes get the same names as upstream's.
+def _module_rank(plan: ResolvedPlan, index: int, fqn: str | None) -> int:
+    """Position, within its bucket, of the plan module holding ``fqn`` (the root holds everything)."""
+    for rank, module in enumerate(plan.buckets[index].modules):
+        if fqn is not None and (module in ("", fqn) or fqn.startswith(module + ".")):
+            return rank
+    return len(plan.buckets[index].modules)
+
+
+def _groups(covered: Sequence[tuple[int, Collective]], plan: ResolvedPlan,
+            mode: BucketMode) -> dict[tuple[object, ...], list[Collective]]:
+    # Upstream collects a bucket's nodes module by module in plan order, each module's in graph order; that
+    # order decides which group merges first (node names) and the layout of the merged buffer. We use the same
+    # so that, at depth 1, our graph is upstream's node for node.
     groups: dict[tuple[object, ...], list[Collective]] = {}
-    for index, c in sorted(covered, key=lambda item: item[0]):  # stable: graph order within a bucket
+    ordered = sorted(covered, key=lambda item: (item[0], _module_rank(plan, item[0], item[1].module_fqn)))
+    for index, c in ordered:  # sorted() is stable: graph order within one module
         key = (index, c.direction, c.kind, compat.bucket_key(c.start, mode))
         groups.setdefault(key, []).append(c)
     return groups
 
 
-def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]],
+def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]], plan: ResolvedPlan,
                   mode: BucketMode) -> list[MergedCollective]:
     """Merge each group in place; returns the merged collectives in graph order of their starts."""
     graph = gm.graph
@@ -89,7 +99,7 @@ def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]],
     # Merging inserts and erases nodes but never reorders the original ones, so one index serves every group.
     original = positions(graph)
     with compat.cached_merge_traces() as cache:
-        for (index, direction, kind, _), group in _groups(covered, mode).items():
+        for (index, direction, kind, _), group in _groups(covered, plan, mode).items():
             merged.append(_merge_group(graph, original, index, direction, kind, group, mode))
     logger.debug("merged %d groups with %d distinct merge traces", len(merged), len(cache))
     index_of = positions(graph)

@@ -9,8 +9,8 @@ Forward all-gathers, ``forward_prefetch = 1`` (as torch's ``manual_overlap_bucke
     before: ag0 w0 c0 ag1 w1 c1 ag2 w2 c2        after: ag0 ag1 w0 c0 ag2 w1 c1 w2 c2
 
 with ``k = 2``: ``ag0 ag1 ag2 w0 c0 w1 c1 w2 c2``; ``k = 0``: each ``ag_i`` right before ``w_i``. The first
-bucket of each direction has nothing before it to prefetch it: it is issued before the graph's first compute
-node (as upstream does), or where the graph issues it if that is earlier.
+bucket of each direction has nothing before it to prefetch it: unless its own depth is 0, it is issued before
+the graph's first compute node (as upstream does), or where the graph issues it if that is earlier.
 Backward all-gathers run the same in backward order. Reduce-scatters, ``reduce_scatter_delay = 1``::
 
     before: c2 rs2 w2 c1 rs1 w1 c0 rs0 w0          after: c2 rs2 c1 rs1 w2 c0 rs0 w1 w0
@@ -174,7 +174,7 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
             while reach[issuer] < j:  # the first step whose reach covers j issues j, just before its wait
                 issuer += 1
             issuer = min(issuer, j)
-            if j == 0:
+            if j == 0 and _depth(plan, step) > 0:
                 # Nothing earlier prefetches it: issue it before the graph's first compute, as upstream does.
                 anchor = first_compute
                 if anchor is None or index[anchor] > min(index[c.start] for c in step.collectives):
@@ -193,8 +193,8 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
         requested = _depth(plan, step)
         target = min(i + requested, last)
         chains = [_exclusive_descendants(c.waits, index) for c in step.collectives]
-        outside = [index[u] for chain in chains for n in chain for u in n.users
-                   if u.op != "output" and not any(u in ch for ch in chains)]
+        members = {n for chain in chains for n in chain}
+        outside = [index[u] for n in members for u in n.users if u.op != "output" and u not in members]
         reason = "end of graph" if i + requested > last else None
         while target > i and outside and index[steps[target].collectives[0].start] > min(outside):
             target -= 1

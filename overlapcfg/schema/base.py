@@ -7,6 +7,9 @@ closest valid field name, which pydantic's own ``extra_forbidden`` error does no
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
@@ -14,13 +17,16 @@ from pydantic_core import PydanticCustomError
 
 from overlapcfg.errors import did_you_mean
 
-__all__ = ["ByteCount", "ConfigModel", "Depth", "TARGET_KEY"]
+__all__ = ["TARGET_KEY", "ByteCount", "ConfigModel", "Depth", "collect_unknown_field_hints"]
 
 TARGET_KEY = "_target_"
 TARGET_MESSAGE = (
     "'_target_' is not allowed: configs select registered names only (strategies by `strategy: <name>`, "
     "plans by preset name); nothing is instantiated or imported from a config"
 )
+
+
+_unknown_field_hints: ContextVar[dict[str, tuple[str, ...]] | None] = ContextVar("_unknown_field_hints", default=None)
 
 
 class ConfigModel(BaseModel):
@@ -30,22 +36,37 @@ class ConfigModel(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _reject_unknown_keys(cls, data: Any) -> Any:
+    def _note_unknown_keys(cls, data: Any) -> Any:
+        # Through ``validate_config`` (``load_config``), unknown keys are left to ``extra="forbid"`` so they are
+        # reported next to every other fault of the same model, with the valid names remembered for the
+        # suggestion. ``_target_`` is refused outright: nothing else about such a config should be looked at.
         if not isinstance(data, dict):
             return data
         if TARGET_KEY in data:
             raise PydanticCustomError("target_forbidden", TARGET_MESSAGE)
-        fields = cls.model_fields
-        unknown = [k for k in data if k not in fields]
-        if unknown:
-            valid = sorted(fields)
+        unknown = [k for k in data if k not in cls.model_fields]
+        if not unknown:
+            return data
+        valid = tuple(sorted(cls.model_fields))
+        hints = _unknown_field_hints.get()
+        if hints is None:  # a direct model_validate: say it here, with the suggestion pydantic would not give
             parts = [f"{k!r}{did_you_mean(str(k), valid, n=1)}" for k in unknown]
-            raise PydanticCustomError(
-                "unknown_field",
-                "unknown field {fields}; valid fields: {valid}",
-                {"fields": ", ".join(parts), "valid": ", ".join(valid)},
-            )
+            raise PydanticCustomError("unknown_field", "unknown field {fields}; valid fields: {valid}",
+                                      {"fields": ", ".join(parts), "valid": ", ".join(valid)})
+        for key in unknown:
+            hints[str(key)] = valid
         return data
+
+
+@contextmanager
+def collect_unknown_field_hints() -> Iterator[dict[str, tuple[str, ...]]]:
+    """Within the block, unknown keys met during validation map to the valid field names of their model."""
+    hints: dict[str, tuple[str, ...]] = {}
+    token = _unknown_field_hints.set(hints)
+    try:
+        yield hints
+    finally:
+        _unknown_field_hints.reset(token)
 
 
 def _check_depth(value: Any) -> int:

@@ -9,17 +9,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
-from overlapcfg.schema.base import TARGET_KEY, TARGET_MESSAGE
+from overlapcfg.schema.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
 from overlapcfg.schema.config import OverlapConfig
 
-__all__ = ["faults_from_validation_error", "from_hydra", "load_config"]
+__all__ = ["faults_from_validation_error", "from_hydra", "load_config", "validate_config"]
+
+M = TypeVar("M", bound=BaseModel)
 
 HEADER = "invalid overlap config"
 
@@ -41,10 +43,17 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
         raise OverlapConfigError.single(root, f"expected a mapping, got {type(data).__name__}")
     if targets := list(_target_paths(data, root)):
         raise OverlapConfigError([Fault(p, TARGET_MESSAGE) for p in targets], header=HEADER)
-    try:
-        return OverlapConfig.model_validate(dict(data))
-    except ValidationError as err:
-        raise OverlapConfigError(faults_from_validation_error(err, root), header=HEADER) from None
+    return validate_config(OverlapConfig, dict(data), root=root)
+
+
+def validate_config(model: type[M], data: Any, *, root: str, header: str = HEADER) -> M:
+    """``model.model_validate(data)``, every fault translated into one ``OverlapConfigError`` under ``root``."""
+    with collect_unknown_field_hints() as hints:
+        try:
+            return model.model_validate(data)
+        except ValidationError as err:
+            faults = faults_from_validation_error(err, root, hints)
+    raise OverlapConfigError(faults, header=header)
 
 
 def from_hydra(node: DictConfig) -> OverlapConfig:
@@ -138,10 +147,15 @@ _EXPECTED = {
 }
 
 
-def _message(error: Mapping[str, Any]) -> str:
+def _message(error: Mapping[str, Any], hints: Mapping[str, tuple[str, ...]]) -> str:
     kind, ctx, given = error["type"], error.get("ctx") or {}, error.get("input")
     if kind == "missing":
         return "required field is missing"
+    if kind == "extra_forbidden":
+        key = str(error["loc"][-1]) if error["loc"] else ""
+        valid = hints.get(key, ())
+        listing = f"; valid fields: {', '.join(valid)}" if valid else ""
+        return f"unknown field{did_you_mean(key, valid, n=1)}{listing}"
     if kind == "literal_error":
         expected = ctx.get("expected", "")
         options = [o.strip().strip("'") for o in expected.replace(" or ", ", ").split(",")]
@@ -162,9 +176,13 @@ def _message(error: Mapping[str, Any]) -> str:
     return msg
 
 
-def faults_from_validation_error(err: ValidationError, root: str = "") -> list[Fault]:
-    """One fault per pydantic error, in pydantic's order, with dotted paths and our wording."""
+def faults_from_validation_error(err: ValidationError, root: str = "",
+                                 hints: Mapping[str, tuple[str, ...]] | None = None) -> list[Fault]:
+    """One fault per pydantic error, in pydantic's order, with dotted paths and our wording.
+
+    ``hints`` maps unknown keys to the valid field names of their model (``collect_unknown_field_hints``).
+    """
     faults = []
     for error in err.errors(include_url=False):
-        faults.append(Fault(_join(root, tuple(error["loc"])), _message(error)))
+        faults.append(Fault(_join(root, tuple(error["loc"])), _message(error, hints or {})))
     return list(dict.fromkeys(faults))

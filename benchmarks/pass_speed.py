@@ -1,0 +1,205 @@
+"""Pass speed: our ``manual`` pass against upstream ``manual_overlap_bucketing`` on the same traced graphs.
+
+"ours" is the whole ``overlapcfg.apply`` (strategy ``manual``): finding collectives, resolving the plan, merging,
+scheduling, the record and the recompile. "upstream" is the bare ``manual_overlap_bucketing`` call with the same
+resolved plan (resolved untimed) and our attribution as its ``module_stack_fn``: none of our overhead is in it.
+Plan ``llama_layers``, depth 1 (where both produce the same node order),
+reshard-after-forward so the backward graph has all-gathers too. Each size is traced once with tiny dims (pass time
+depends on node count, not tensor sizes); every timed run works on a fresh deep copy; the median of ``--repeats``.
+
+    python benchmarks/pass_speed.py [--layers 8 32 64] [--repeats 3] [--quick] [--out PATH] [--profile]
+
+Targets (issue 3): ours at least 5x faster than upstream at 64 layers, and ours(64 layers) / ours(8 layers) <= 9.
+A missed target (or ``--profile``) prints a cProfile of our pass on the 64-layer backward graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import gc
+import io
+import json
+import logging
+import pstats
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from overlapcfg import compat
+from overlapcfg.models import LlamaConfig
+from overlapcfg.passes import apply
+from overlapcfg.tracing import GraphName, TracedStep, trace_train_step
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GRAPHS: tuple[GraphName, ...] = ("forward", "backward")
+POLICY = {"forward_prefetch": 1, "backward_prefetch": 1, "reduce_scatter_delay": 1}
+UPSTREAM: dict[str, Any] = {"strategy": "torch_manual", "plan": "llama_layers", "policy": POLICY}
+CONFIGS = {
+    "ours": {"strategy": "manual", "plan": "llama_layers", "policy": POLICY},
+    "upstream": UPSTREAM,
+}
+LINEARITY_TARGET = 9.0
+SPEEDUP_TARGET = 5.0
+
+
+def model_config(layers: int) -> LlamaConfig:
+    """Tiny dims: tracing 64 layers stays fast, and the node count is that of any Llama of that depth."""
+    return LlamaConfig(vocab_size=32, dim=16, n_layers=layers, n_heads=2, ffn_hidden=32, max_seq_len=16)
+
+
+def trace(layers: int) -> TracedStep:
+    return trace_train_step(model_config(layers), world_size=2, rank=0, reshard_after_forward=True,
+                            batch=1, seq_len=8)
+
+
+def _upstream(step: TracedStep, graph: GraphName) -> Any:
+    """The bare upstream call on a copy, with the plan resolved beforehand (returns a zero-argument callable)."""
+    from torch import nn
+
+    from overlapcfg.resolve import resolve_plan
+    from overlapcfg.schema import load_config
+
+    cfg = load_config(CONFIGS["ours"])
+    owners = list(dict.fromkeys(c.module_fqn for c in step.collectives_in(graph)))
+    plan = resolve_plan(cfg.plan, step.module_fqns, owners)
+    fqn_fn = step.module_fqn_fn(graph)
+
+    def module_stack(node: Any) -> list[tuple[str, type]]:
+        fqn = fqn_fn(node)
+        return [(fqn, nn.Module)] if fqn else []
+
+    def call(gm: Any) -> None:
+        with compat.no_triton_runtime_estimates():
+            compat.manual_overlap_bucketing(gm, plan.module_lists(), module_stack_fn=module_stack,
+                                            bucket_mode="custom_ops")
+
+    return call
+
+
+def run_pass(step: TracedStep, graph: GraphName, cfg: dict[str, Any]) -> float:
+    """Seconds ``apply`` takes on a fresh copy (the copy is not timed).
+
+    The garbage collector is off while timing, as in ``timeit``: a deep-copied 10k-node graph leaves enough
+    garbage that a full collection can land in any run and double it.
+    """
+    gm = copy.deepcopy(step.graph(graph))
+    gc.collect()
+    gc.disable()
+    try:
+        if cfg is UPSTREAM:
+            call = _upstream(step, graph)
+            start = time.perf_counter()
+            call(gm)
+        else:
+            start = time.perf_counter()
+            apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(graph), module_fqns=step.module_fqns,
+                  graph_kind=graph)
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def median_ms(step: TracedStep, graph: GraphName, cfg: dict[str, Any], repeats: int) -> float:
+    return 1e3 * statistics.median(run_pass(step, graph, cfg) for _ in range(repeats))
+
+
+def measure(layer_counts: list[int], repeats: int, console: Console) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for layers in layer_counts:
+        started = time.perf_counter()
+        step = trace(layers)
+        console.log(f"traced {layers} layers in {time.perf_counter() - started:.1f}s")
+        with compat.fake_process_group(step.world_size, step.rank):
+            if not rows:  # untimed warm-up: first-use imports and lazy initialization are not pass time
+                for graph in GRAPHS:
+                    for cfg in CONFIGS.values():
+                        run_pass(step, graph, cfg)
+            for graph in GRAPHS:
+                times = {name: median_ms(step, graph, cfg, repeats) for name, cfg in CONFIGS.items()}
+                rows.append({"layers": layers, "graph": graph, "nodes": len(step.graph(graph).graph.nodes),
+                             "ours_ms": times["ours"], "upstream_ms": times["upstream"],
+                             "speedup": times["upstream"] / times["ours"]})
+                console.log(f"{layers} layers {graph}: ours {times['ours']:.1f} ms, "
+                            f"upstream {times['upstream']:.1f} ms")
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Linearity (ours at the largest size / ours at the smallest) and speedup at the largest size, per graph."""
+    out: dict[str, Any] = {}
+    smallest, largest = min(r["layers"] for r in rows), max(r["layers"] for r in rows)
+    for graph in GRAPHS:
+        by_size = {r["layers"]: r for r in rows if r["graph"] == graph}
+        out[graph] = {
+            "linearity": by_size[largest]["ours_ms"] / by_size[smallest]["ours_ms"],
+            "node_ratio": by_size[largest]["nodes"] / by_size[smallest]["nodes"],
+            "speedup": by_size[largest]["speedup"],
+        }
+    out["sizes"] = [smallest, largest]
+    out["meets_targets"] = (largest == 64 and smallest == 8 and all(
+        out[g]["linearity"] <= LINEARITY_TARGET and out[g]["speedup"] >= SPEEDUP_TARGET for g in GRAPHS))
+    return out
+
+
+def profile(step: TracedStep, graph: GraphName, top: int = 25) -> str:
+    """cProfile of our pass on ``graph`` (by cumulative and by own time), for finding where the time goes."""
+    profiler = cProfile.Profile()
+    gm = copy.deepcopy(step.graph(graph))
+    with compat.fake_process_group(step.world_size, step.rank):
+        profiler.runcall(apply, gm, CONFIGS["ours"], module_fqn_fn=step.module_fqn_fn(graph),
+                         module_fqns=step.module_fqns, graph_kind=graph)
+    buf = io.StringIO()
+    for order in ("cumulative", "tottime"):
+        pstats.Stats(profiler, stream=buf).strip_dirs().sort_stats(order).print_stats(top)
+    return buf.getvalue()
+
+
+def render(rows: list[dict[str, Any]], summary: dict[str, Any], console: Console) -> None:
+    table = Table(title="manual pass speed: ours vs upstream manual_overlap_bucketing (median)")
+    for col in ("layers", "graph", "nodes", "ours ms", "upstream ms", "speedup"):
+        table.add_column(col, justify="left" if col == "graph" else "right")
+    for r in rows:
+        table.add_row(str(r["layers"]), r["graph"], str(r["nodes"]), f"{r['ours_ms']:.1f}",
+                      f"{r['upstream_ms']:.1f}", f"{r['speedup']:.1f}x")
+    console.print(table)
+    small, large = summary["sizes"]
+    for graph in GRAPHS:
+        s = summary[graph]
+        console.print(f"{graph}: ours {large}/{small} layers = {s['linearity']:.2f}x time for {s['node_ratio']:.2f}x "
+                      f"nodes (target <= {LINEARITY_TARGET:g}); speedup at {large} layers {s['speedup']:.1f}x "
+                      f"(target >= {SPEEDUP_TARGET:g}x)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="8 layers, one repeat (smoke test)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "pass_speed.json")
+    parser.add_argument("--profile", action="store_true", help="always profile our pass at the largest size")
+    args = parser.parse_args(argv)
+    layer_counts, repeats = ([8], 1) if args.quick else (sorted(args.layers), args.repeats)
+    logging.basicConfig(level=logging.WARNING)
+    console = Console()
+
+    rows = measure(layer_counts, repeats, console)
+    summary = summarize(rows)
+    render(rows, summary, console)
+    result: dict[str, Any] = {"repeats": repeats, "rows": rows, "summary": summary}
+    if args.profile or (not args.quick and not summary["meets_targets"]):
+        result["profile_backward"] = profile(trace(max(layer_counts)), "backward")
+        console.print(result["profile_backward"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""overlapcfg's Hydra search-path plugin (see ``overlapcfg_searchpath``)."""

@@ -1,0 +1,239 @@
+"""The main job behind the ``overlapcfg`` command: trace the demo model, apply the config, report; or compare.
+
+Stages, each timed and shown while it runs: validate the config → check the plan against the demo model's module
+tree (built on the meta device: an unmatched pattern fails in a second, before any tracing) → trace one training
+step → ``overlapcfg.report.explain`` (or ``compare``) → print the rich table and write JSON into the run directory.
+
+This module knows the composed config's *layout* (``model``, ``world_size``, ``overlap``, ``hardware``, ...) and
+nothing about Hydra itself; ``overlapcfg.cli`` is the Hydra app around it. Every user error is raised as
+``OverlapConfigError`` with paths as written on the command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
+from overlapcfg.schema import OverlapConfig, from_hydra, load_config
+
+if TYPE_CHECKING:
+    from overlapcfg.models.llama import LlamaConfig
+    from overlapcfg.report import HardwareProfile
+    from overlapcfg.tracing import TracedStep
+
+__all__ = ["DemoSpec", "Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
+           "run_report", "traced"]
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "report.json"
+COMPARE_FILE = "compare.json"
+_MODEL_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "ffn_hidden", "n_kv_heads")
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSpec:
+    """What to trace: the demo model's sizes and the sharding, read from the composed config."""
+
+    model: tuple[tuple[str, int | None], ...]
+    world_size: int
+    reshard_after_forward: bool
+    batch: int
+    seq_len: int
+
+    def llama_config(self) -> LlamaConfig:
+        from overlapcfg.models.llama import LlamaConfig
+
+        return LlamaConfig(**dict(self.model), max_seq_len=max(self.seq_len, 1))
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def demo_spec(cfg: DictConfig) -> DemoSpec:
+    """Read ``model.*``, ``world_size``, ``reshard_after_forward``, ``batch``, ``seq_len``; bad values are faults."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if not isinstance(model, dict):
+        raise OverlapConfigError.single("model", "expected a mapping of demo-model sizes")
+    faults = [Fault(f"model.{key}", f"unknown field; expected one of {', '.join(_MODEL_FIELDS)}"
+                                    f"{did_you_mean(str(key), _MODEL_FIELDS)}")
+              for key in model if key not in _MODEL_FIELDS]
+    sizes = {k: v for k, v in model.items() if k in _MODEL_FIELDS}
+    faults += [Fault(f"model.{key}", f"expected a positive integer, got {value!r}")
+               for key, value in sizes.items()
+               if not _positive_int(value) and not (key == "n_kv_heads" and value is None)]
+    faults += [Fault(key, f"expected a positive integer, got {cfg.get(key)!r}")
+               for key in ("world_size", "batch", "seq_len") if not _positive_int(cfg.get(key))]
+    if not isinstance(reshard := cfg.get("reshard_after_forward"), bool):
+        faults.append(Fault("reshard_after_forward", f"expected true or false, got {reshard!r}"))
+    if faults:
+        raise OverlapConfigError(faults, header="invalid demo settings")
+    spec = DemoSpec(tuple(sorted(sizes.items())), cfg.world_size, cfg.reshard_after_forward, cfg.batch, cfg.seq_len)
+    try:
+        spec.llama_config()
+    except ValueError as err:  # LlamaConfig's own cross-field checks (dim % n_heads, ...)
+        raise OverlapConfigError.single("model", str(err)) from None
+    return spec
+
+
+def hardware_of(cfg: DictConfig) -> HardwareProfile | None:
+    """The ``hardware`` node as a profile, or None where the group is unset (``hardware=null``)."""
+    node = cfg.get("hardware")
+    if node is None:
+        return None
+    from overlapcfg.report.hardware import hardware_from, load_hardware
+
+    if isinstance(node, str):
+        return load_hardware(node)
+    return hardware_from(OmegaConf.to_container(node, resolve=True), path="hardware")
+
+
+def check_plan(overlap: OverlapConfig, spec: DemoSpec, *, root: str = "overlap") -> None:
+    """Resolve the plan against the demo model's module tree without tracing (meta device, no compute).
+
+    The pass resolves it again on the traced graph; doing it here first turns a typo into a one-second error
+    with the path as the user wrote it (``overlap.plan.buckets[1]``) instead of one after the trace.
+    """
+    from overlapcfg.registry import get_strategy
+
+    if overlap.plan is None or not get_strategy(overlap.strategy).uses_plan:
+        return
+    from overlapcfg.models.llama import Llama
+    from overlapcfg.resolve import resolve_plan
+
+    model = Llama(spec.llama_config(), device="meta")
+    fqns = [name for name, _ in model.named_modules() if name]
+    owners = list(dict.fromkeys(p.rpartition(".")[0] for p, _ in model.named_parameters()))
+    resolve_plan(overlap.plan, fqns, owners, overrides=overlap.overrides, policy=overlap.policy,
+                 path=f"{root}.plan", overrides_path=f"{root}.overrides")
+
+
+class Progress:
+    """Shows each stage while it runs (a rich spinner on a terminal) and a done line with its seconds after.
+
+    Done lines also go to the log (Hydra writes it to ``<run dir>/overlapcfg.log``).
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.started = time.perf_counter()
+
+    @contextlib.contextmanager
+    def stage(self, what: str) -> Iterator[None]:
+        start = time.perf_counter()
+        with self.console.status(f"{what} …"):
+            yield
+        seconds = time.perf_counter() - start
+        self.console.print(f"[green]✓[/green] {what} [dim]({seconds:.1f} s)[/dim]")
+        log.info("%s: %.2fs", what, seconds)
+
+    def total(self) -> float:
+        return time.perf_counter() - self.started
+
+
+_TRACES: dict[DemoSpec, TracedStep] = {}
+
+
+def traced(spec: DemoSpec) -> TracedStep:
+    """The traced step for ``spec``, memoized per process: a multirun sweep over ``overlap.*`` traces once."""
+    if spec not in _TRACES:
+        from overlapcfg.tracing import trace_train_step
+
+        _TRACES[spec] = trace_train_step(spec.llama_config(), world_size=spec.world_size, rank=0,
+                                         reshard_after_forward=spec.reshard_after_forward, batch=spec.batch,
+                                         seq_len=spec.seq_len)
+    return _TRACES[spec]
+
+
+def _trace_stage(progress: Progress, spec: DemoSpec) -> TracedStep:
+    cfg = spec.llama_config()
+    what = (f"traced {cfg.n_layers}-layer demo model (dim {cfg.dim}) for {spec.world_size} ranks, "
+            f"reshard_after_forward={spec.reshard_after_forward}")
+    if spec in _TRACES:
+        progress.console.print(f"[green]✓[/green] {what} [dim](cached)[/dim]")
+        return _TRACES[spec]
+    with progress.stage(what):
+        return traced(spec)
+
+
+def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
+    """``mode=run``: apply ``cfg.overlap`` to the demo step, print the report, write ``report.json``."""
+    from overlapcfg.report import explain
+
+    progress = Progress(console)
+    with progress.stage("validated config"):
+        overlap = from_hydra(cfg.overlap)
+        spec = demo_spec(cfg)
+        hardware = hardware_of(cfg)
+        check_plan(overlap, spec, root=cfg.overlap._get_full_key(None) or "overlap")
+    step = _trace_stage(progress, spec)
+    with progress.stage(f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
+        report = explain(step, overlap, hardware=hardware)
+    console.print(report.table())
+    path = output_dir / REPORT_FILE
+    path.write_text(report.to_json())
+    console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
+    return path
+
+
+def compare_configs(cfg: DictConfig) -> tuple[list[str], list[OverlapConfig]]:
+    """``compare.<label>``: keys that replace those of ``overlap`` (unset keys come from ``overlap``).
+
+    Replacing, not merging, is deliberate: ``{strategy: auto, policy: {}}`` must drop the manual depths.
+    """
+    base = OmegaConf.to_container(cfg.overlap, resolve=True)
+    entries = OmegaConf.to_container(cfg.get("compare") or {}, resolve=True)
+    if not isinstance(entries, Mapping) or not entries:
+        raise OverlapConfigError.single("compare", "mode=compare needs a mapping of label -> overlap keys")
+    names, configs, faults = [], [], []
+    for label, entry in entries.items():
+        if entry is None:
+            continue  # `~compare.<label>` or `compare.<label>=null` drops a row
+        if not isinstance(entry, Mapping):
+            faults.append(Fault(f"compare.{label}", "expected a mapping of overlap keys (strategy, plan, policy)"))
+            continue
+        try:
+            configs.append(load_config({**base, **entry}, root=f"compare.{label}"))
+            names.append(str(label))
+        except OverlapConfigError as err:
+            faults.extend(err.faults)
+    if faults:
+        raise OverlapConfigError(faults, header="invalid compare entries")
+    return names, configs
+
+
+def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
+    """``mode=compare``: every ``compare`` entry on one trace; print the table, write JSON and the timeline."""
+    from overlapcfg.report import compare
+
+    progress = Progress(console)
+    with progress.stage("validated config"):
+        spec = demo_spec(cfg)
+        hardware = hardware_of(cfg)
+        if hardware is None:
+            raise OverlapConfigError.single("hardware", "mode=compare predicts step times: choose a profile, "
+                                                        "e.g. hardware=h100_nvlink")
+        names, configs = compare_configs(cfg)
+        for name, overlap in zip(names, configs, strict=True):
+            check_plan(overlap, spec, root=f"compare.{name}")
+    step = _trace_stage(progress, spec)
+    with progress.stage(f"compared {len(configs)} configs on {hardware.name}"):
+        comparison = compare(step, configs, hardware=hardware, names=names)
+    console.print(comparison.table())
+    path = output_dir / COMPARE_FILE
+    path.write_text(comparison.to_json())
+    with progress.stage("wrote timeline"):
+        files = comparison.write_timeline(output_dir)
+    console.print(f"comparison: {path}; timeline: {', '.join(str(f) for f in files)}")
+    return path
+

@@ -1,0 +1,34 @@
+"""What a pass did and what a plan will cost: ``explain`` (per-bucket report), ``simulate`` (cost model and
+replay), ``compare`` (several configs on one trace, with a timeline), hardware profiles.
+
+Layout: ``model`` (report data, JSON schema), ``explain`` (building it), ``render`` (rich tables), ``cost``
+(per-node FLOPs/bytes, alpha-beta collectives), ``simulate`` (the replay), ``hardware`` (profiles),
+``compare`` and ``timeline`` (Chrome trace + PNG).
+"""
+
+from __future__ import annotations
+
+from overlapcfg.report.compare import Comparison, ComparisonRow, compare
+from overlapcfg.report.explain import explain
+from overlapcfg.report.hardware import HardwareProfile, PeakFlops, hardware_names, load_hardware
+from overlapcfg.report.model import SCHEMA, BucketReport, GraphReport, Report, SimulationSummary
+from overlapcfg.report.simulate import Event, Simulation, simulate
+
+__all__ = [
+    "SCHEMA",
+    "BucketReport",
+    "Comparison",
+    "ComparisonRow",
+    "Event",
+    "GraphReport",
+    "HardwareProfile",
+    "PeakFlops",
+    "Report",
+    "Simulation",
+    "SimulationSummary",
+    "compare",
+    "explain",
+    "hardware_names",
+    "load_hardware",
+    "simulate",
+]

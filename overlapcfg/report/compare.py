@@ -1,0 +1,142 @@
+"""``compare(step, configs, hardware=...)``: several strategies and policies on the same trace, side by side.
+
+Each config is applied to fresh copies of the traced graphs (``explain``), then replayed by the cost model at the
+requested world size. Rows keep their reports and simulations, so the timeline (``write_timeline``) and the table
+come from the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from overlapcfg.report.explain import GRAPHS, node_labels
+from overlapcfg.report.hardware import HardwareProfile, load_hardware
+from overlapcfg.report.model import Report
+from overlapcfg.report.simulate import Simulation, simulate
+from overlapcfg.schema import OverlapConfig, load_config
+from overlapcfg.tracing import TracedStep
+
+__all__ = ["COMPARE_SCHEMA", "Comparison", "ComparisonRow", "compare", "compare_reports", "default_name"]
+
+COMPARE_SCHEMA = "overlapcfg.compare/1"
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonRow:
+    name: str
+    strategy: str
+    report: Report
+    simulation: Simulation
+
+    @property
+    def collectives(self) -> int:
+        """FSDP collectives after the pass, both graphs."""
+        return sum(g.collectives_after for g in self.report.graphs)
+
+    @property
+    def pass_seconds(self) -> float:
+        return sum(g.pass_seconds for g in self.report.graphs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "strategy": self.strategy, "config": self.report.config,
+                "collectives": self.collectives, "pass_seconds": self.pass_seconds,
+                "simulation": self.simulation.summary().model_dump(mode="json")}
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    hardware: str
+    world_size: int
+    rows: tuple[ComparisonRow, ...]
+
+    def row(self, name: str) -> ComparisonRow:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(f"no row {name!r}; have {[r.name for r in self.rows]}")
+
+    def table(self) -> Any:
+        from overlapcfg.report.render import comparison_table
+
+        return comparison_table(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": COMPARE_SCHEMA, "hardware": self.hardware, "world_size": self.world_size,
+                "rows": [r.to_dict() for r in self.rows]}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def write_timeline(self, directory: str | Path, *, stem: str = "timeline") -> tuple[Path, Path]:
+        """Write ``<stem>.json`` (Chrome trace: open in https://ui.perfetto.dev) and ``<stem>.png`` (Gantt)."""
+        from overlapcfg.report.timeline import write_chrome_trace, write_gantt_png
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        runs = [(r.name, r.simulation) for r in self.rows]
+        trace = write_chrome_trace(runs, directory / f"{stem}.json")
+        png = write_gantt_png(runs, directory / f"{stem}.png",
+                              title=f"{self.hardware}, world size {self.world_size}")
+        return trace, png
+
+
+def default_name(cfg: OverlapConfig) -> str:
+    """``manual fp2 bp2 rs1 cap=1GiB``, ``torch_manual``, ``none``: the knobs that tell rows apart."""
+    policy = cfg.policy
+    if cfg.strategy != "manual":
+        return cfg.strategy
+    text = f"manual fp{policy.forward_prefetch} bp{policy.backward_prefetch} rs{policy.reduce_scatter_delay}"
+    if policy.max_inflight_bytes is not None:
+        from overlapcfg.report.render import fmt_bytes
+
+        text += f" cap={fmt_bytes(policy.max_inflight_bytes).replace(' ', '')}"
+    if cfg.plan is not None and cfg.plan.name and cfg.plan.name != "llama_layers":
+        text += f" {cfg.plan.name}"
+    return text
+
+
+def compare(step: TracedStep, configs: Sequence[OverlapConfig | Mapping[str, Any]], *,
+            hardware: HardwareProfile | str, names: Sequence[str] | None = None,
+            world_size: int | None = None, as_dtype: torch.dtype | None = None) -> Comparison:
+    """One row per config (in the given order): the prediction at ``world_size`` (default: the trace's).
+
+    Include ``{"strategy": "none"}`` and ``{"strategy": "torch_manual", "plan": ...}`` to get the baselines.
+    ``as_dtype=torch.bfloat16`` predicts bf16 mixed precision from an fp32 trace (see ``simulate``).
+    """
+    from overlapcfg.report.explain import explain
+
+    loaded = [load_config(c) for c in configs]
+    if names is not None and len(names) != len(loaded):
+        raise TypeError(f"compare: {len(names)} names for {len(loaded)} configs")
+    labels = list(names) if names is not None else [default_name(c) for c in loaded]
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):  # keep names unique: they key the timeline's processes
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            labels[i] = f"{label} #{seen[label]}"
+    reports = [explain(step, cfg) for cfg in loaded]
+    return compare_reports(step, reports, hardware=hardware, names=labels, world_size=world_size,
+                           as_dtype=as_dtype)
+
+
+def compare_reports(step: TracedStep, reports: Sequence[Report], *, hardware: HardwareProfile | str,
+                    names: Sequence[str], world_size: int | None = None,
+                    as_dtype: torch.dtype | None = None) -> Comparison:
+    """``compare`` for reports already made by ``explain`` (re-predict one set of passes on many machines)."""
+    hw = load_hardware(hardware)
+    ws = world_size or step.world_size
+    rows = []
+    for name, explained in zip(names, reports, strict=True):
+        graphs = [explained.forward, explained.backward]
+        node_names = {g: node_labels(gm, step.module_fqn_fn(g)) for g, gm in zip(GRAPHS, graphs, strict=True)}
+        sim = simulate(graphs, hw, world_size=ws, names=GRAPHS, labels=node_names,
+                       traced_world_size=step.world_size, as_dtype=as_dtype)
+        report = explained.model_copy(update={"simulation": sim.summary()}).attach(*graphs)
+        rows.append(ComparisonRow(name, report.strategy, report, sim))
+    return Comparison(hw.name, ws, tuple(rows))

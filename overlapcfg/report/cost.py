@@ -1,0 +1,174 @@
+"""Per-node costs: FLOPs and bytes from a node's fake tensors, a roofline for compute, alpha-beta for collectives.
+
+Everything reads ``node.meta["val"]`` (the FakeTensors aot_autograd leaves on every node), so it works on graphs
+traced on the meta device. Views, ``getitem`` and waits cost nothing; a collective's cost depends on the world
+size it is *predicted* at, not the one it was traced at: the all-gather output / reduce-scatter input is the
+unsharded size whatever the trace's world size, and each rank's shard is that over ``world_size``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+import torch
+from torch import fx
+from torch.utils import flop_counter
+
+from overlapcfg import compat
+from overlapcfg.report.hardware import HardwareProfile
+
+__all__ = ["NodeKind", "collective_seconds", "compute_seconds", "node_bytes", "node_flops", "node_kind"]
+
+NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
+
+_aten = torch.ops.aten
+_FREE_TARGETS = frozenset({operator.getitem, _aten._unsafe_view.default, _aten.alias.default,
+                           _aten.lift_fresh_copy.default})
+# CPU SDPA kernels (what a CPU trace records) have no formula in torch's registry; they do the work of flash
+# attention and take the same arguments first, so they borrow its formula.
+_EXTRA_FLOPS = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: flop_counter.flop_registry[
+        _aten._scaled_dot_product_flash_attention],
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: None,
+}
+
+
+def iter_tensors(value: object) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from iter_tensors(v)
+
+
+def _val(arg: object) -> object:
+    if isinstance(arg, fx.Node):
+        return arg.meta.get("val")
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_val(a) for a in arg)
+    return arg
+
+
+def tensor_bytes(t: torch.Tensor, as_dtype: torch.dtype | None = None) -> int:
+    """Bytes of ``t``; floating tensors re-costed as ``as_dtype`` when given (mixed precision from an fp32 trace)."""
+    size = as_dtype.itemsize if as_dtype is not None and t.is_floating_point() else t.element_size()
+    return int(t.numel()) * size
+
+
+def node_kind(node: fx.Node) -> NodeKind:
+    """How the cost model treats ``node``: ``collective`` starts, ``wait``s, ``compute`` (has a FLOP formula),
+    ``memory`` (other kernels: bandwidth-bound), ``free`` (views, getitem) and ``io`` (placeholders, output)."""
+    if node.op != "call_function":
+        return "io"
+    target = node.target
+    if compat.is_wait_tensor(node):
+        return "wait"
+    if isinstance(target, torch._ops.OpOverload) and target.namespace == "_c10d_functional":
+        return "collective"
+    if target in _FREE_TARGETS or (isinstance(target, torch._ops.OpOverload) and target.is_view):
+        return "free"
+    if _flop_formula(node) is not None:
+        return "compute"
+    return "memory"
+
+
+def _flop_formula(node: fx.Node) -> object | None:
+    packet = getattr(node.target, "overloadpacket", None)
+    if packet in _EXTRA_FLOPS:
+        return _EXTRA_FLOPS[packet] or _sdpa_cpu_backward_flops
+    return flop_counter.flop_registry.get(packet) or flop_counter.flop_registry.get(node.target)
+
+
+def _sdpa_cpu_backward_flops(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             *args: object, **kwargs: object) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+def node_flops(node: fx.Node) -> int:
+    """FLOPs by torch's ``flop_counter`` formulas on the node's fake tensors; 0 for ops without a formula."""
+    formula = _flop_formula(node)
+    if formula is None:
+        return 0
+    args = _val(node.args)
+    kwargs = {k: _val(v) for k, v in node.kwargs.items()}
+    try:
+        return int(formula(*args, out_val=node.meta.get("val"), **kwargs))  # type: ignore[operator]
+    except (TypeError, ValueError, AttributeError, AssertionError, IndexError):
+        return 0
+
+
+def node_bytes(node: fx.Node, as_dtype: torch.dtype | None = None) -> int:
+    """Bytes a kernel reads and writes: its tensor inputs plus its outputs (views and getitem move nothing)."""
+    read = sum(tensor_bytes(t, as_dtype) for a in (*node.args, *node.kwargs.values()) for t in iter_tensors(_val(a)))
+    written = sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
+    return read + written
+
+
+def dtype_name(node: fx.Node) -> str:
+    for t in iter_tensors(_val(node.args)):
+        if t.is_floating_point():
+            return str(t.dtype).removeprefix("torch.")
+    return "float32"
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeCost:
+    flops: int
+    bytes: int
+    seconds: float
+    bound: Literal["compute", "memory", "free"]
+
+
+def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | None = None,
+                    traced_world_size: int | None = None, as_dtype: torch.dtype | None = None) -> ComputeCost:
+    """Roofline time of one kernel: max(FLOPs / peak(dtype), bytes / memory bandwidth).
+
+    A bucket's copy-in (``_pre_bucket_all_gather``) reads shards; its bytes are rescaled from the traced world
+    size to ``world_size``. Other shard-sized kernels are costed as traced (they are small either way).
+    """
+    kind = node_kind(node)
+    if kind in ("free", "io", "wait", "collective"):
+        return ComputeCost(0, 0, 0.0, "free")
+    flops = node_flops(node) if kind == "compute" else 0
+    nbytes = node_bytes(node, as_dtype)
+    if "_pre_bucket_all_gather" in str(node.target) and world_size and traced_world_size:
+        nbytes = nbytes * traced_world_size // world_size
+    dtype = str(as_dtype).removeprefix("torch.") if as_dtype is not None else dtype_name(node)
+    t_flops = flops / hw.flops_for(dtype)
+    t_mem = nbytes / (hw.mem_bandwidth * hw.compute_efficiency)
+    return ComputeCost(flops, nbytes, max(t_flops, t_mem), "compute" if t_flops >= t_mem else "memory")
+
+
+def collective_kind(node: fx.Node) -> str:
+    if compat.is_all_gather_into_tensor(node) or "all_gather" in str(node.target):
+        return "all_gather"
+    if compat.is_reduce_scatter_tensor(node) or "reduce_scatter" in str(node.target):
+        return "reduce_scatter"
+    if compat.is_all_reduce_tensor(node) or "all_reduce" in str(node.target):
+        return "all_reduce"
+    return "other"
+
+
+def collective_bytes(node: fx.Node, as_dtype: torch.dtype | None = None) -> int:
+    """The full-size tensor: an all-gather's output, a reduce-scatter's input, an all-reduce's buffer."""
+    kind = collective_kind(node)
+    if kind == "reduce_scatter":
+        inp = _val(node.args[0])
+        return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(inp))
+    return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
+
+
+def collective_seconds(kind: str, nbytes: int, hw: HardwareProfile, world_size: int) -> float:
+    """Ring alpha-beta model over ``world_size`` ranks of the full-size ``nbytes``.
+
+    all-gather / reduce-scatter: ``(p-1)/p * bytes / bw + (p-1) * latency``; all-reduce (reduce-scatter then
+    all-gather) twice that. ``bw`` is per direction, intra-node while ``p <= gpus_per_node``.
+    """
+    p = world_size
+    if p <= 1 or nbytes <= 0:
+        return 0.0
+    one = (p - 1) / p * nbytes / hw.link_bandwidth(p) + (p - 1) * hw.latency
+    return 2 * one if kind in ("all_reduce", "other") else one

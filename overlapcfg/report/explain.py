@@ -1,0 +1,247 @@
+"""``explain(step, cfg)``: run the pass on copies of a traced step's graphs and report what it did, per bucket.
+
+The per-bucket facts come from the pass record (``gm.meta["overlapcfg"]``, see ``overlapcfg.passes.record``);
+parameter names and sizes come from the trace (``TracedStep.collectives``: which parameter each original
+collective carried, and its full-size tensor), so a bucket's byte count is a property of the model, not of how
+the pass merged it. A bare graph module that already went through ``apply`` is accepted too, with what its record
+alone can say.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch import fx
+
+from overlapcfg import compat
+from overlapcfg.passes.apply import apply
+from overlapcfg.passes.collectives import find_collectives
+from overlapcfg.passes.record import RECORD_KEY, BucketRecord, PassRecord
+from overlapcfg.report.cost import collective_kind, node_kind
+from overlapcfg.report.hardware import HardwareProfile, load_hardware
+from overlapcfg.report.model import (
+    BucketReport,
+    CollectiveChange,
+    DepthDecision,
+    GraphReport,
+    Report,
+    Uncovered,
+)
+from overlapcfg.schema import OverlapConfig, load_config
+from overlapcfg.tracing import TracedStep, module_fqn
+
+__all__ = ["apply_step", "explain", "node_labels", "compact_order"]
+
+GRAPHS = ("forward", "backward")
+MANY_LAYERS = 2
+"""A bucket holding modules of more than this many layers gets a warning: its all-gather cannot overlap them."""
+
+_LAYER = re.compile(r"^(.*?)(\d+)(?:\.|$)")
+
+
+def apply_step(step: TracedStep, cfg: OverlapConfig) -> dict[str, fx.GraphModule]:
+    """The transformed copies of ``step``'s forward and backward graphs (``step`` is untouched)."""
+    out: dict[str, fx.GraphModule] = {}
+    with compat.fake_process_group(step.world_size, step.rank):
+        for name in GRAPHS:
+            out[name] = apply(copy.deepcopy(step.graph(name)), cfg, module_fqn_fn=step.module_fqn_fn(name),
+                              module_fqns=step.module_fqns, graph_kind=name, debug=True)
+    return out
+
+
+def _in(module: str, modules: Sequence[str]) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in modules)
+
+
+def node_labels(gm: fx.GraphModule, fqn_fn: Callable[[fx.Node], str | None] = module_fqn) -> dict[str, str]:
+    """A short name for each collective start and wait (its bucket, else its owning module) and compute node."""
+    record: PassRecord | None = gm.meta.get(RECORD_KEY)
+    buckets = record.buckets if record is not None else ()
+    labels: dict[str, str] = {}
+    for c in find_collectives(gm.graph, fqn_fn):
+        meta = c.start.meta.get(RECORD_KEY)
+        if isinstance(meta, dict) and "bucket" in meta and meta["bucket"] < len(buckets):
+            name = buckets[meta["bucket"]].name
+        else:
+            owner = c.module_fqn
+            hit = next((b.name for b in buckets if owner and _in(owner, b.modules)), None)
+            name = hit or owner or c.start.name
+        for n in (c.start, *c.waits):
+            labels[n.name] = name
+    for node in gm.graph.nodes:
+        if node.name not in labels and node_kind(node) in ("compute", "memory"):
+            labels[node.name] = fqn_fn(node) or ""
+    return labels
+
+
+def compact_order(gm: fx.GraphModule, labels: Mapping[str, str]) -> str:
+    """``AG[layers.0] W[tok_embeddings] C×12 RS[layers.1] ...``: collectives by bucket, compute runs counted."""  # noqa: RUF002
+    parts: list[str] = []
+    run = 0
+    prefix = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR"}
+    for node in gm.graph.nodes:
+        kind = node_kind(node)
+        if kind == "compute":
+            run += 1
+            continue
+        if kind not in ("collective", "wait"):
+            continue
+        if run:
+            parts.append(f"C×{run}")
+            run = 0
+        if kind == "collective":
+            parts.append(f"{prefix.get(collective_kind(node), 'COLL')}[{labels.get(node.name, node.name)}]")
+        else:
+            parts.append(f"W[{labels.get(node.name, node.name)}]")
+    if run:
+        parts.append(f"C×{run}")
+    return " ".join(parts)
+
+
+def _param_sizes(step: TracedStep) -> dict[str, tuple[int, int]]:
+    """``param FQN -> (numel, bytes)`` unsharded, read from the original forward all-gathers' outputs."""
+    nodes = {n.name: n for n in step.forward.graph.nodes}
+    sizes: dict[str, tuple[int, int]] = {}
+    for c in step.collectives_in("forward", "all_gather"):
+        val = nodes[c.node].meta.get("val")
+        if val is not None:
+            sizes[c.param_fqn] = (int(val.numel()), int(val.numel()) * val.element_size())
+    return sizes
+
+
+def _bucket(name: str, recs: Sequence[BucketRecord], steps: Sequence[Any], step: TracedStep | None,
+            sizes: Mapping[str, tuple[int, int]], world_size: int) -> BucketReport:
+    first = recs[0]
+    changes: dict[tuple[str, str], list[int]] = {}
+    for rec in recs:
+        before = {(d, k): n for d, k, n in rec.before}
+        after = {(d, k): n for d, k, n in rec.after}
+        nbytes = {(d, k): n for d, k, n in rec.unsharded_bytes}
+        for key in dict.fromkeys([*before, *after]):
+            slot = changes.setdefault(key, [0, 0, 0])
+            slot[0] += before.get(key, 0)
+            slot[1] += after.get(key, 0)
+            slot[2] += nbytes.get(key, 0)
+    if step is not None:
+        params = tuple(p for p in step.param_fqns if _in(p.rpartition(".")[0], first.modules))
+        numel = sum(sizes.get(p, (0, 0))[0] for p in params)
+        unsharded = sum(sizes.get(p, (0, 0))[1] for p in params)
+    else:
+        params = tuple(dict.fromkeys(p for rec in recs for p in rec.params))
+        numel = 0
+        unsharded = next((n for (d, k), (_, _, n) in changes.items() if (d, k) == ("forward", "all_gather")), 0)
+    decisions = tuple(
+        DepthDecision(direction=s.direction, kind=s.kind, requested=s.requested, effective=s.effective,
+                      inflight_bytes=s.inflight_bytes, reason=s.reason)
+        for s in steps if s.bucket == name
+    )
+    return BucketReport(
+        name=name, entry_index=first.entry_index, entry_text=first.entry_text, modules=first.modules,
+        params=params, param_count=len(params), numel=numel, unsharded_bytes=unsharded,
+        sharded_bytes=unsharded // world_size if world_size else unsharded,
+        collectives=tuple(CollectiveChange(direction=d, kind=k, before=v[0], after=v[1], unsharded_bytes=v[2])
+                          for (d, k), v in sorted(changes.items(), key=_change_order)),
+        forward_prefetch=first.forward_prefetch, backward_prefetch=first.backward_prefetch,
+        reduce_scatter_delay=first.reduce_scatter_delay, overridden_by=first.overridden_by, decisions=decisions,
+    )
+
+
+def _change_order(item: tuple[tuple[str, str], list[int]]) -> tuple[int, int, str]:
+    (direction, kind), _ = item
+    return (GRAPHS.index(direction) if direction in GRAPHS else 2, kind != "all_gather", kind)
+
+
+def _layers(names: Sequence[str]) -> int:
+    return len({m.group(0).rstrip(".") for n in names if (m := _LAYER.match(n))})
+
+
+def _warnings(buckets: Sequence[BucketReport], records: Mapping[str, PassRecord]) -> list[str]:
+    out: list[str] = []
+    for b in buckets:
+        if not any(c.before for c in b.collectives):
+            out.append(f"bucket {b.name!r} (entry {b.entry_index} {b.entry_text!r}) has no FSDP collectives: its "
+                       f"modules own no sharded parameters")
+        layers = _layers(b.modules)
+        if layers > MANY_LAYERS:
+            out.append(f"bucket {b.name!r} (entry {b.entry_index} {b.entry_text!r}) spans {layers} layers: one "
+                       f"all-gather brings them all in and nothing overlaps it within them")
+    for graph, rec in records.items():
+        for direction in GRAPHS:
+            ags = [s for s in rec.steps if s.kind == "all_gather" and s.direction == direction]
+            capped = [s for s in ags if s.reason and "max_inflight_bytes" in s.reason]
+            bindable = [s for s in ags if s.reason != "end of graph"]
+            if bindable and len(capped) == len(bindable):
+                eff = sorted({s.effective for s in capped})
+                out.append(f"{graph}: max_inflight_bytes binds at every {direction} all-gather (effective depth "
+                           f"{', '.join(map(str, eff))} instead of {capped[0].requested}); raise the cap or "
+                           f"lower the depth")
+        if rec.uncovered:
+            owners = ", ".join(dict.fromkeys(o or "?" for _, o in rec.uncovered))
+            out.append(f"{graph}: {len(rec.uncovered)} FSDP collectives in no bucket (owners: {owners}); they stay "
+                       f"where the trace put them")
+        out += [f"{graph}: {note}" for note in rec.notes]
+    return out
+
+
+def _graph_report(name: str, gm: fx.GraphModule, rec: PassRecord, labels: Mapping[str, str]) -> GraphReport:
+    return GraphReport(
+        name=name, strategy=rec.strategy, nodes=len(gm.graph.nodes), collectives_before=rec.before.total_fsdp,
+        collectives_after=rec.after.total_fsdp, non_fsdp=rec.non_fsdp,
+        uncovered=tuple(Uncovered(graph=name, node=n, owner=o) for n, o in rec.uncovered),
+        order=compact_order(gm, labels), pass_seconds=rec.seconds, notes=rec.notes,
+    )
+
+
+def _record(gm: fx.GraphModule) -> PassRecord:
+    rec = gm.meta.get(RECORD_KEY)
+    if not isinstance(rec, PassRecord):
+        raise TypeError("explain: this graph module has no overlapcfg pass record; run overlapcfg.apply on it "
+                        "first, or pass the TracedStep")
+    return rec
+
+
+def explain(step: TracedStep | fx.GraphModule, cfg: OverlapConfig | Mapping[str, Any], *,
+            hardware: HardwareProfile | str | None = None, world_size: int | None = None) -> Report:
+    """Apply ``cfg`` to copies of ``step``'s graphs and report per bucket; predict the step if ``hardware``.
+
+    ``step`` may also be a graph module ``apply`` already transformed (its record is read, nothing re-run).
+    ``world_size``: the size the prediction is made for (default: the trace's).
+    """
+    config = load_config(cfg)
+    if isinstance(step, fx.GraphModule):
+        rec = _record(step)
+        graphs = {rec.graph_kind if rec.graph_kind in GRAPHS else "graph": step}
+        traced: TracedStep | None = None
+        trace_ws = world_size or 1
+    else:
+        graphs = apply_step(step, config)
+        traced, trace_ws = step, step.world_size
+    records = {name: _record(gm) for name, gm in graphs.items()}
+    fqn_fns = {name: (traced.module_fqn_fn(name) if traced is not None else module_fqn) for name in graphs}
+    labels = {name: node_labels(gm, fqn_fns[name]) for name, gm in graphs.items()}
+    by_name: dict[str, list[BucketRecord]] = {}
+    for rec in records.values():
+        for b in rec.buckets:
+            by_name.setdefault(b.name, []).append(b)
+    steps = [s for rec in records.values() for s in rec.steps]
+    sizes = _param_sizes(traced) if traced is not None else {}
+    buckets = tuple(_bucket(n, recs, steps, traced, sizes, trace_ws) for n, recs in by_name.items())
+    simulation = None
+    if hardware is not None:
+        from overlapcfg.report.simulate import simulate
+
+        sim = simulate(list(graphs.values()), load_hardware(hardware), world_size=world_size or trace_ws,
+                       names=list(graphs), labels=labels,
+                       traced_world_size=traced.world_size if traced is not None else None)
+        simulation = sim.summary()
+    report = Report(
+        strategy=config.strategy, plan_name=config.plan.name if config.plan is not None else None,
+        config=config.model_dump(mode="json"),
+        world_size=trace_ws, buckets=buckets,
+        graphs=tuple(_graph_report(n, gm, records[n], labels[n]) for n, gm in graphs.items()),
+        warnings=tuple(_warnings(buckets, records)), simulation=simulation,
+    )
+    return report.attach(graphs.get("forward"), graphs.get("backward"))

@@ -1,0 +1,207 @@
+"""The report's data: what the pass did per bucket and per graph, and what the plan is predicted to cost.
+
+Plain frozen pydantic models so the JSON form is the schema (``Report.to_json()`` / ``Report.from_json()``,
+versioned by ``SCHEMA``). Building a report lives in ``explain.py``, drawing it in ``render.py``, the cost model in
+``simulate.py``. The transformed graph modules ride along on the ``Report`` object but never into JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr
+from torch import fx
+
+__all__ = [
+    "SCHEMA",
+    "BucketReport",
+    "CollectiveChange",
+    "DepthDecision",
+    "GraphReport",
+    "Report",
+    "SimulationSummary",
+    "Uncovered",
+]
+
+SCHEMA = "overlapcfg.report/1"
+"""Bumped whenever a field is renamed or removed or changes meaning; adding a field keeps the version."""
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class CollectiveChange(_Data):
+    """FSDP collectives of one bucket in one direction and kind, before and after merging."""
+
+    direction: Literal["forward", "backward"]
+    kind: str
+    before: int
+    after: int
+    unsharded_bytes: int
+    """Full-size bytes these collectives move (all-gather output / reduce-scatter input)."""
+
+
+class DepthDecision(_Data):
+    """The scheduler's decision for one bucket, direction and kind (``manual`` only)."""
+
+    direction: Literal["forward", "backward"]
+    kind: str
+    requested: int
+    """From the policy, the plan entry or an override."""
+    effective: int
+    """As placed; lower than requested where the byte cap, the end of the graph or a consumer bound."""
+    inflight_bytes: int
+    """All-gathers: unsharded bytes issued but not yet waited when this bucket's wait runs (itself included)."""
+    reason: str | None = None
+
+
+class BucketReport(_Data):
+    name: str
+    entry_index: int
+    """Position of the plan entry that produced the bucket (``plan.buckets[i]``)."""
+    entry_text: str
+    """That entry as the user wrote it: ``layers.*``."""
+    modules: tuple[str, ...]
+    params: tuple[str, ...]
+    """Parameter FQNs (``layers.0.attention.wq.weight``), model order; placeholder names for a bare graph."""
+    param_count: int
+    """Number of parameters (tensors)."""
+    numel: int
+    """Number of parameter elements, unsharded."""
+    unsharded_bytes: int
+    """Bytes of the bucket's parameters, unsharded: what one forward all-gather brings in."""
+    sharded_bytes: int
+    """Bytes each rank holds: ``unsharded_bytes / world_size``."""
+    collectives: tuple[CollectiveChange, ...]
+    forward_prefetch: int
+    backward_prefetch: int
+    reduce_scatter_delay: int
+    overridden_by: tuple[str, ...] = ()
+    decisions: tuple[DepthDecision, ...] = ()
+
+
+class Uncovered(_Data):
+    """An FSDP collective no bucket covers: left where the trace put it."""
+
+    graph: str
+    node: str
+    owner: str | None
+
+
+class GraphReport(_Data):
+    """One graph (forward or backward) after the pass."""
+
+    name: str
+    strategy: str
+    nodes: int
+    collectives_before: int
+    """FSDP collectives before merging."""
+    collectives_after: int
+    non_fsdp: tuple[str, ...]
+    """Collectives that are not FSDP's, left alone (node names)."""
+    uncovered: tuple[Uncovered, ...]
+    order: str
+    """Collective/compute order, compact: ``AG[layers.0] W[tok_embeddings] C×12 ...``."""
+    pass_seconds: float
+    notes: tuple[str, ...] = ()
+
+
+class StreamTime(_Data):
+    stream: str
+    busy_seconds: float
+
+
+class SimulationSummary(_Data):
+    """The cost model's prediction for the whole step (forward then backward), see ``overlapcfg.report.simulate``."""
+
+    hardware: str
+    world_size: int
+    step_seconds: float
+    compute_seconds: float
+    comm_seconds: float
+    """Sum over every collective on every stream."""
+    exposed_comm_seconds: float
+    """Time the compute stream waits on collectives."""
+    overlap_ratio: float | None
+    """Share of communication hidden behind compute; None without communication."""
+    lower_bound_seconds: float
+    """max(compute, busiest comm stream): no schedule can beat it."""
+    peak_inflight_bytes: int
+    """Peak unsharded bytes of all-gathers issued but not yet waited."""
+    peak_unsharded_param_bytes: int
+    """Peak bytes of unsharded parameters alive (issued all-gathers until the gathered weights' last use)."""
+    peak_activation_bytes: int | None
+    """Peak bytes the graphs allocate besides unsharded parameters and their inputs, where derivable."""
+    streams: tuple[StreamTime, ...] = ()
+
+
+class Report(_Data):
+    """What ``explain`` found. ``forward`` / ``backward``: the transformed graph modules (not serialized)."""
+
+    schema_: str = SCHEMA
+    strategy: str
+    plan_name: str | None
+    config: dict[str, Any]
+    """The validated ``OverlapConfig``, JSON form."""
+    world_size: int
+    """World size of the trace (bucket byte counts use it for ``sharded_bytes``)."""
+    buckets: tuple[BucketReport, ...]
+    graphs: tuple[GraphReport, ...]
+    warnings: tuple[str, ...] = ()
+    simulation: SimulationSummary | None = None
+
+    _forward: fx.GraphModule | None = PrivateAttr(None)
+    _backward: fx.GraphModule | None = PrivateAttr(None)
+
+    @property
+    def forward(self) -> fx.GraphModule | None:
+        return self._forward
+
+    @property
+    def backward(self) -> fx.GraphModule | None:
+        return self._backward
+
+    def graph(self, name: str) -> GraphReport:
+        for g in self.graphs:
+            if g.name == name:
+                return g
+        raise KeyError(f"no graph {name!r} in this report; have {[g.name for g in self.graphs]}")
+
+    def bucket(self, name: str) -> BucketReport:
+        for b in self.buckets:
+            if b.name == name:
+                return b
+        raise KeyError(f"no bucket {name!r}; have {[b.name for b in self.buckets]}")
+
+    def __eq__(self, other: object) -> bool:  # the graph modules are attachments, not data
+        return isinstance(other, Report) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json")
+        return {"schema": data.pop("schema_"), **data}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """``{"schema": "overlapcfg.report/1", ...}``; ``Report.from_json`` reads it back to an equal report."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | dict[str, Any]) -> Report:
+        data = json.loads(text) if isinstance(text, str) else dict(text)
+        schema = data.pop("schema", None)
+        if schema != SCHEMA:
+            raise ValueError(f"not an overlapcfg report of schema {SCHEMA!r} (got schema {schema!r})")
+        return cls.model_validate({"schema_": schema, **data})
+
+    def table(self) -> Any:
+        """Rich renderables (a ``rich.console.Group``): buckets, graphs, uncovered, warnings, prediction."""
+        from overlapcfg.report.render import report_table
+
+        return report_table(self)
+
+    def attach(self, forward: fx.GraphModule | None, backward: fx.GraphModule | None) -> Report:
+        self._forward, self._backward = forward, backward
+        return self

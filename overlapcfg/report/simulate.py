@@ -1,0 +1,244 @@
+"""Replay a scheduled graph on one compute stream and one stream per process group, and predict its cost.
+
+The replay is the schedule's own semantics, nothing more: nodes run in graph order; a collective start is issued
+when the compute stream reaches it and runs on its group's stream after whatever that stream already holds; a
+wait blocks the compute stream until its collective is done. So a schedule's quality is exactly the stall time
+it leaves (``exposed_comm_seconds``), and ``step_seconds >= max(compute, busiest stream)`` holds by construction.
+
+Memory is replayed alongside: every non-view node allocates its outputs when it runs and frees them after the
+last node reading them (through views) has run. Storages that hold gathered parameters (an all-gather's output
+and copies of its slices) count as unsharded parameters; the rest allocated inside the graphs as activations.
+Inputs are not counted (the shards, and in backward the saved activations, exist before the graph starts).
+
+Deliberately not modelled: kernel launch overhead, compute slowed by concurrent communication (SM/HBM
+contention), NCCL's channel tuning. Calibrate ``HardwareProfile.compute_efficiency`` / ``comm_efficiency``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from overlapcfg import compat
+from overlapcfg.passes.collectives import group_name
+from overlapcfg.report.cost import (
+    collective_bytes,
+    collective_kind,
+    collective_seconds,
+    compute_seconds,
+    iter_tensors,
+    node_kind,
+    tensor_bytes,
+)
+from overlapcfg.report.hardware import HardwareProfile, load_hardware
+from overlapcfg.report.model import SimulationSummary, StreamTime
+
+__all__ = ["COMPUTE_STREAM", "Event", "Simulation", "simulate"]
+
+COMPUTE_STREAM = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One interval on one stream. ``kind``: compute, memory (bandwidth-bound kernel), all_gather,
+    reduce_scatter, all_reduce, other, or wait (the compute stream stalled on ``node``)."""
+
+    graph: str
+    node: str
+    stream: str
+    kind: str
+    start: float
+    end: float
+    label: str = ""
+    nbytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Simulation:
+    hardware: str
+    world_size: int
+    step_seconds: float
+    compute_seconds: float
+    comm_seconds: float
+    exposed_comm_seconds: float
+    lower_bound_seconds: float
+    peak_inflight_bytes: int
+    peak_unsharded_param_bytes: int
+    peak_activation_bytes: int
+    stream_busy: tuple[tuple[str, float], ...]
+    events: tuple[Event, ...]
+
+    @property
+    def overlap_ratio(self) -> float | None:
+        """Share of communication time hidden behind compute; None when there is no communication."""
+        if self.comm_seconds <= 0:
+            return None
+        return max(0.0, 1.0 - self.exposed_comm_seconds / self.comm_seconds)
+
+    def summary(self) -> SimulationSummary:
+        return SimulationSummary(
+            hardware=self.hardware, world_size=self.world_size, step_seconds=self.step_seconds,
+            compute_seconds=self.compute_seconds, comm_seconds=self.comm_seconds,
+            exposed_comm_seconds=self.exposed_comm_seconds, overlap_ratio=self.overlap_ratio,
+            lower_bound_seconds=self.lower_bound_seconds, peak_inflight_bytes=self.peak_inflight_bytes,
+            peak_unsharded_param_bytes=self.peak_unsharded_param_bytes,
+            peak_activation_bytes=self.peak_activation_bytes,
+            streams=tuple(StreamTime(stream=s, busy_seconds=b) for s, b in self.stream_busy),
+        )
+
+
+def _label(node: fx.Node, labels: dict[str, str] | None) -> str:
+    if labels and node.name in labels:
+        return labels[node.name]
+    return node.name
+
+
+class _Memory:
+    """Live storages: alias roots, their bytes and category, freed after their last reader."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, tuple[int, bool]] = {}
+        self.param = self.act = self.peak_param = self.peak_act = 0
+
+    def alloc(self, key: str, nbytes: int, is_param: bool) -> None:
+        if key in self.live or nbytes <= 0:
+            return
+        self.live[key] = (nbytes, is_param)
+        if is_param:
+            self.param += nbytes
+            self.peak_param = max(self.peak_param, self.param)
+        else:
+            self.act += nbytes
+            self.peak_act = max(self.peak_act, self.act)
+
+    def free(self, key: str) -> None:
+        nbytes, is_param = self.live.pop(key, (0, False))
+        if is_param:
+            self.param -= nbytes
+        else:
+            self.act -= nbytes
+
+
+def _val_bytes(node: fx.Node, as_dtype: torch.dtype | None) -> int:
+    return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
+
+
+def _storage_plan(graph: fx.Graph) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node, bool], dict[fx.Node, fx.Node]]:
+    """(alias root of each node, root holds unsharded params, last reader of each root)."""
+    root: dict[fx.Node, fx.Node] = {}
+    param: dict[fx.Node, bool] = {}
+    for node in graph.nodes:
+        kind = node_kind(node)
+        inputs = node.all_input_nodes
+        if kind in ("free", "wait") and inputs:
+            root[node] = root[inputs[0]]
+        elif kind == "collective" and isinstance(node.kwargs.get("out"), fx.Node):
+            root[node] = root[node.kwargs["out"]]  # writes into a bucket buffer allocated by its copy-in
+        else:
+            root[node] = node
+        if root[node] is node:
+            if kind == "collective":
+                param[node] = collective_kind(node) == "all_gather"
+            elif "_pre_bucket_all_gather" in str(node.target):
+                param[node] = True
+            else:  # a copy of gathered weights (the copy-out of a merged bucket) is still an unsharded weight
+                param[node] = kind == "memory" and bool(inputs) and all(param.get(root[i], False) for i in inputs)
+    last: dict[fx.Node, fx.Node] = {}
+    for node in graph.nodes:
+        for inp in node.all_input_nodes:
+            last[root[inp]] = node
+    return root, param, last
+
+
+def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwareProfile | str, *, world_size: int,
+             names: Sequence[str] | None = None, labels: dict[str, dict[str, str]] | None = None,
+             traced_world_size: int | None = None, as_dtype: torch.dtype | None = None) -> Simulation:
+    """Predict one step of ``gm`` (or of several graphs run back to back: forward then backward) at ``world_size``.
+
+    ``labels[graph][node]`` names events in the timeline (bucket names); ``traced_world_size`` lets the copy-in of
+    merged buckets be costed at ``world_size`` (read from the graph's collectives when omitted). ``as_dtype``
+    costs every floating tensor as that dtype (``torch.bfloat16``: mixed-precision training from an fp32 trace).
+    """
+    hw = load_hardware(hardware)
+    graphs = [gm] if isinstance(gm, fx.GraphModule) else list(gm)
+    names = list(names) if names is not None else (["graph"] if len(graphs) == 1 else
+                                                   ["forward", "backward", *map(str, range(2, len(graphs)))])
+    events: list[Event] = []
+    t = 0.0
+    busy: dict[str, float] = {COMPUTE_STREAM: 0.0}
+    stream_end: dict[str, float] = {}
+    exposed = compute = comm = 0.0
+    inflight = peak_inflight = 0
+    peak_param = peak_act = 0
+    for graph_name, g in zip(names, graphs, strict=True):
+        graph_labels = (labels or {}).get(graph_name, {})
+        done: dict[fx.Node, tuple[float, int, bool]] = {}
+        root, is_param, last = _storage_plan(g.graph)
+        mem = _Memory()
+        traced = traced_world_size or _traced_size(g)
+        for node in g.graph.nodes:
+            kind = node_kind(node)
+            if kind == "collective":
+                ckind = collective_kind(node)
+                nbytes = collective_bytes(node, as_dtype)
+                stream = f"comm:{group_name(node)}"
+                start = max(t, stream_end.get(stream, 0.0))
+                dur = collective_seconds(ckind, nbytes, hw, world_size)
+                stream_end[stream] = start + dur
+                busy[stream] = busy.get(stream, 0.0) + dur
+                comm += dur
+                gathers = ckind == "all_gather"
+                done[node] = (start + dur, nbytes, gathers)
+                if gathers:
+                    inflight += nbytes
+                    peak_inflight = max(peak_inflight, inflight)
+                events.append(Event(graph_name, node.name, stream, ckind, start, start + dur,
+                                    _label(node, graph_labels), nbytes))
+            elif kind == "wait":
+                start_node = compat.collective_of_wait(node)
+                if start_node in done:
+                    end, nbytes, gathers = done.pop(start_node)
+                    if end > t:
+                        events.append(Event(graph_name, node.name, COMPUTE_STREAM, "wait", t, end,
+                                            _label(node, graph_labels)))
+                        exposed += end - t
+                        t = end
+                    if gathers:
+                        inflight -= nbytes
+            elif kind in ("compute", "memory"):
+                cost = compute_seconds(node, hw, world_size=world_size, traced_world_size=traced,
+                                      as_dtype=as_dtype)
+                if cost.seconds > 0:
+                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, cost.bound, t, t + cost.seconds,
+                                        _label(node, graph_labels), cost.bytes))
+                    t += cost.seconds
+                    compute += cost.seconds
+            if root.get(node) is node and node.op == "call_function":
+                mem.alloc(node.name, _val_bytes(node, as_dtype), is_param.get(node, False))
+            for inp in node.all_input_nodes:
+                r = root[inp]
+                if last.get(r) is node and r.op != "placeholder":
+                    mem.free(r.name)
+        peak_param, peak_act = max(peak_param, mem.peak_param), max(peak_act, mem.peak_act)
+        # The next graph starts when this one's last collective is done (its outputs are the step's results).
+        t = max(t, *stream_end.values()) if stream_end else t
+    busy[COMPUTE_STREAM] = compute
+    comm_bound = max((b for s, b in busy.items() if s != COMPUTE_STREAM), default=0.0)
+    return Simulation(
+        hardware=hw.name, world_size=world_size, step_seconds=t, compute_seconds=compute, comm_seconds=comm,
+        exposed_comm_seconds=exposed, lower_bound_seconds=max(compute, comm_bound),
+        peak_inflight_bytes=peak_inflight, peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,
+        stream_busy=tuple(busy.items()), events=tuple(events),
+    )
+
+
+def _traced_size(gm: fx.GraphModule) -> int | None:
+    for node in gm.graph.nodes:
+        if node_kind(node) == "collective":
+            size = next((a for a in node.args if isinstance(a, int) and not isinstance(a, bool)), None)
+            if size:
+                return size
+    return None

@@ -1,0 +1,133 @@
+"""Timelines of simulated steps: a Chrome trace (Perfetto) and a PNG Gantt chart (matplotlib, Agg backend).
+
+One "process" per strategy, one "thread" per stream (``compute`` first, then ``comm:<group>``), so several
+strategies line up on the same time axis. Stalls (the compute stream waiting on a collective) are events of
+their own on the compute stream: they are what a schedule should remove.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from overlapcfg.report.simulate import COMPUTE_STREAM, Event, Simulation
+
+__all__ = ["COLORS", "chrome_trace", "write_chrome_trace", "write_gantt_png"]
+
+COLORS = {
+    "compute": "#4C72B0",
+    "memory": "#9DB4D8",
+    "wait": "#D62728",
+    "all_gather": "#FF9F1C",
+    "reduce_scatter": "#2CA02C",
+    "all_reduce": "#9467BD",
+    "other": "#8C564B",
+}
+_LEGEND = {
+    "compute": "compute (FLOP-bound)",
+    "memory": "compute (memory-bound)",
+    "wait": "stall: waiting on a collective",
+    "all_gather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "all_reduce": "all-reduce",
+    "other": "other collective",
+}
+Run = tuple[str, Simulation]
+
+
+def _streams(sim: Simulation) -> list[str]:
+    comm = sorted({e.stream for e in sim.events if e.stream != COMPUTE_STREAM})
+    return [COMPUTE_STREAM, *comm]
+
+
+def _name(e: Event) -> str:
+    prefix = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "wait": "wait"}.get(e.kind)
+    if prefix:
+        return f"{prefix}[{e.label or e.node}]"
+    return e.node
+
+
+def chrome_trace(runs: Sequence[Run]) -> dict[str, object]:
+    """The Chrome trace-event JSON object (``traceEvents``, microseconds)."""
+    events: list[dict[str, object]] = []
+    for pid, (name, sim) in enumerate(runs, start=1):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        tids = {s: i for i, s in enumerate(_streams(sim))}
+        for stream, tid in tids.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": stream}})
+        for e in sim.events:
+            args: dict[str, object] = {"graph": e.graph, "node": e.node}
+            if e.label:
+                args["module"] = e.label
+            if e.nbytes:
+                args["bytes"] = e.nbytes
+            events.append({"ph": "X", "name": _name(e), "cat": e.kind, "pid": pid, "tid": tids[e.stream],
+                           "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6, "args": args})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"generator": "overlapcfg.report.timeline",
+                          "runs": [{"name": n, "hardware": s.hardware, "world_size": s.world_size,
+                                    "step_seconds": s.step_seconds} for n, s in runs]}}
+
+
+def write_chrome_trace(runs: Sequence[Run], path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(chrome_trace(runs)))
+    return path
+
+
+def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "") -> Path:
+    """One lane per (strategy, stream); collectives labelled with their bucket where the bar is wide enough."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    lanes: list[tuple[str, str, Simulation]] = [(n, s, sim) for n, sim in runs for s in _streams(sim)]
+    horizon = max((sim.step_seconds for _, sim in runs), default=0.0) or 1.0
+    scale, unit = (1e3, "ms") if horizon >= 1e-3 else (1e6, "µs")
+    fig_h = 1.2 + 0.42 * len(lanes) + 0.25 * len(runs)
+    fig, ax = plt.subplots(figsize=(16, max(3.0, fig_h)), dpi=110)
+    used: dict[str, None] = {}
+    yticks, ylabels = [], []
+    y = 0.0
+    previous = None
+    for name, stream, sim in reversed(lanes):
+        if previous is not None and previous != name:
+            y += 0.5  # a gap between strategies
+        previous = name
+        events = [e for e in sim.events if e.stream == stream]
+        by_kind: dict[str, list[tuple[float, float]]] = {}
+        for e in events:
+            by_kind.setdefault(e.kind, []).append((e.start * scale, (e.end - e.start) * scale))
+        for kind, bars in by_kind.items():
+            used.setdefault(kind)
+            # White edges keep back-to-back collectives apart; compute kernels are too many and too thin for it.
+            edge = {"edgecolor": "white", "linewidth": 0.4} if stream != COMPUTE_STREAM else {"edgecolor": "none"}
+            ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=COLORS.get(kind, "#777777"), **edge)
+        if stream != COMPUTE_STREAM:
+            for e in events:
+                width = (e.end - e.start) * scale
+                if width > horizon * scale * 0.035:
+                    ax.text((e.start + e.end) / 2 * scale, y, e.label or e.node, ha="center", va="center",
+                            fontsize=7, clip_on=True)
+        ax.plot([sim.step_seconds * scale] * 2, [y - 0.45, y + 0.45], color="black", linewidth=1.2)
+        yticks.append(y)
+        ylabels.append(f"{name} · {stream}")
+        y += 1.0
+    ax.set_yticks(yticks, ylabels, fontsize=9)
+    ax.set_xlabel(f"time ({unit}); black tick = predicted step end")
+    ax.set_xlim(0, horizon * scale * 1.02)
+    ax.set_ylim(-0.7, y - 0.3)
+    ax.grid(axis="x", linestyle=":", alpha=0.5)
+    ax.set_title(title or "simulated step timeline")
+    ax.legend(handles=[Patch(color=COLORS.get(k, "#777777"), label=_LEGEND.get(k, k)) for k in COLORS if k in used],
+              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(6, len(used)) or 1, fontsize=9,
+              frameon=False)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

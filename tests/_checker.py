@@ -1,0 +1,198 @@
+"""An independent measure of what a scheduled graph achieves, and what a config asks for.
+
+Written without ``overlapcfg.passes.schedule`` or the pass record: it reads only the final FX graph, the tags
+``merge.py`` puts on merged collectives (``node.meta["overlapcfg"]``: role, kind, direction, sources) and the
+tracing records of the *original* graph (which module owns each original collective). Bucket membership is
+derived here from the sources' owners with a plan written out by hand (``llama_layers``), not from the
+resolver, so a resolver or scheduler bug cannot hide behind a shared assumption.
+
+Expected depths (FSDP2 ``set_modules_to_forward_prefetch`` semantics: what is in flight while a bucket computes):
+
+- All-gathers of one direction, buckets ``0..n-1`` in compute order, bucket ``i`` asking for ``k_i``. While
+  bucket ``i`` computes, buckets ``i+1..i+k_i`` must have been issued, so by the time bucket ``j`` waits every
+  bucket up to ``reach_j = max_{i <= j} min(i + k_i, n - 1)`` has been issued: issue is monotone, a bucket
+  issued early for an earlier bucket's sake cannot be un-issued. The achieved depth of ``j`` (other buckets
+  issued but not yet waited at ``j``'s wait) is ``reach_j - j``. So an earlier bucket's larger ``k`` can make a
+  later bucket's depth larger than its own ``k`` (``k = (2, 0, ...)`` gives bucket 1 a depth of 1), and the last
+  buckets are clipped by the end of the graph. With uniform ``k``: ``min(k, n - 1 - j)``.
+  The first bucket has no earlier bucket to issue it; where it is issued does not change these counts.
+- A ``max_inflight_bytes`` cap ``C`` limits the unsharded bytes issued but not waited at ``j``'s wait,
+  ``sum(size[j..reach_j])``: ``reach_j`` is the largest ``r <= min(j + k_j, n - 1)`` within the cap, but never
+  below ``max(reach_{j-1}, j)`` (monotone issue; a bucket alone above the cap still runs, at depth 0).
+- Reduce-scatters, buckets ``0..n-1`` in issue order, bucket ``i`` asking for ``d_i``: its wait comes after the
+  starts of buckets ``i+1..i+d_i``; waits can be delayed independently, so achieved = ``min(d_i, n - 1 - i)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from overlapcfg.tracing import GraphName, TracedStep
+
+__all__ = [
+    "Merged",
+    "achieved_delays",
+    "achieved_prefetch",
+    "bucket_sizes",
+    "expected_delays",
+    "expected_prefetch",
+    "inflight_bytes",
+    "llama_layers_bucket",
+    "merged_collectives",
+    "original_order",
+    "two_layers_bucket",
+]
+
+_c10d = torch.ops._c10d_functional
+_WAIT = _c10d.wait_tensor.default
+_KIND = {_c10d.all_gather_into_tensor.default: "all_gather", _c10d.reduce_scatter_tensor.default: "reduce_scatter"}
+
+BucketOf = Callable[[str], str]
+
+
+def llama_layers_bucket(module_fqn: str) -> str:
+    """The ``llama_layers`` plan written out: embedding, one bucket per block, ``[norm, output]``."""
+    parts = module_fqn.split(".")
+    if parts[0] == "layers":
+        return f"layers.{parts[1]}"
+    if parts[0] in ("norm", "output"):
+        return "norm+output"
+    return parts[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """One merged collective of the final graph and the bucket its sources belong to."""
+
+    bucket: str
+    kind: str
+    direction: str
+    start: fx.Node
+    wait: fx.Node
+    sources: tuple[str, ...]
+
+
+def _owners(step: TracedStep, graph: GraphName) -> dict[str, str]:
+    return {c.node: c.module_fqn for c in step.collectives_in(graph)}
+
+
+def merged_collectives(gm: fx.GraphModule, step: TracedStep, graph: GraphName,
+                       bucket_of: BucketOf = llama_layers_bucket) -> list[Merged]:
+    """Every tagged merged collective start in final graph order, its wait, and its bucket (from its sources)."""
+    owners = _owners(step, graph)
+    out: list[Merged] = []
+    for node in gm.graph.nodes:
+        tag = node.meta.get("overlapcfg")
+        if not isinstance(tag, dict) or tag.get("role") != "start":
+            continue
+        buckets = {bucket_of(owners[s]) for s in tag["sources"]}
+        if len(buckets) != 1:
+            raise AssertionError(f"{node.name} merges collectives of several buckets: {sorted(buckets)}")
+        waits = [u for u in node.users if u.target is _WAIT]
+        if len(waits) != 1:
+            raise AssertionError(f"{node.name} has {len(waits)} waits")
+        out.append(Merged(buckets.pop(), tag["kind"], tag["direction"], node, waits[0], tuple(tag["sources"])))
+    return out
+
+
+def two_layers_bucket(module_fqn: str) -> str:
+    """The ``two_layers_per_bucket`` plan written out: blocks in pairs (``layers.0-1``, ``layers.2-3``...)."""
+    parts = module_fqn.split(".")
+    if parts[0] == "layers":
+        first = int(parts[1]) // 2 * 2
+        return f"layers.{first}-{first + 1}"
+    return llama_layers_bucket(module_fqn)
+
+
+def original_order(step: TracedStep, graph: GraphName, kind: str,
+                   bucket_of: BucketOf = llama_layers_bucket, *, by: str | None = None) -> list[str]:
+    """Buckets in the order the *original* graph uses them: by default all-gathers by first wait (compute
+    order) and reduce-scatters by first start (issue order); ``by="start"`` / ``"wait"`` forces one."""
+    gm = step.graph(graph)
+    index = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    by = by or ("wait" if kind == "all_gather" else "start")
+    first: dict[str, int] = {}
+    for c in step.collectives_in(graph, kind):  # type: ignore[arg-type]
+        at = index[c.wait] if by == "wait" else index[c.node]
+        b = bucket_of(c.module_fqn)
+        first[b] = min(first.get(b, at), at)
+    return sorted(first, key=first.__getitem__)
+
+
+def bucket_sizes(step: TracedStep, graph: GraphName, kind: str,
+                 bucket_of: BucketOf = llama_layers_bucket) -> dict[str, int]:
+    """Unsharded bytes per bucket, summed over the original collectives' full-size tensors."""
+    gm = step.graph(graph)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    sizes: dict[str, int] = {}
+    for c in step.collectives_in(graph, kind):  # type: ignore[arg-type]
+        node = by_name[c.node]
+        val = (node if kind == "all_gather" else node.args[0]).meta["val"]
+        sizes[bucket_of(c.module_fqn)] = sizes.get(bucket_of(c.module_fqn), 0) + val.numel() * val.element_size()
+    return sizes
+
+
+def _positions(gm: fx.GraphModule) -> dict[fx.Node, int]:
+    return {n: i for i, n in enumerate(gm.graph.nodes)}
+
+
+def achieved_prefetch(gm: fx.GraphModule, merged: Sequence[Merged], direction: str) -> dict[str, int]:
+    """Per bucket: all-gathers of *other* buckets (same direction) issued but not yet waited at its wait."""
+    pos = _positions(gm)
+    ags = [m for m in merged if m.kind == "all_gather" and m.direction == direction]
+    return {m.bucket: sum(1 for o in ags if o is not m and pos[o.start] < pos[m.wait] < pos[o.wait]) for m in ags}
+
+
+def inflight_bytes(gm: fx.GraphModule, merged: Sequence[Merged], direction: str,
+                   sizes: Mapping[str, int]) -> dict[str, int]:
+    """Per bucket: unsharded bytes of all-gathers issued and not yet waited just before its wait (itself too)."""
+    pos = _positions(gm)
+    ags = [m for m in merged if m.kind == "all_gather" and m.direction == direction]
+    return {m.bucket: sum(sizes[o.bucket] for o in ags if pos[o.start] < pos[m.wait] <= pos[o.wait])
+            for m in ags}
+
+
+def achieved_delays(gm: fx.GraphModule, merged: Sequence[Merged]) -> dict[str, int]:
+    """Per bucket: reduce-scatter starts of buckets issued *after* it that precede its wait."""
+    pos = _positions(gm)
+    rss = sorted((m for m in merged if m.kind == "reduce_scatter"), key=lambda m: pos[m.start])
+    return {m.bucket: sum(1 for later in rss[i + 1:] if pos[later.start] < pos[m.wait]) for i, m in enumerate(rss)}
+
+
+def expected_prefetch(ks: Sequence[int], sizes: Sequence[int] | None = None, cap: int | None = None) -> list[int]:
+    """Achieved depth per bucket (compute order) for requested depths ``ks``; see the module docstring."""
+    last = len(ks) - 1
+    depths: list[int] = []
+    reach = -1
+    for j, k in enumerate(ks):
+        floor = max(reach, j)
+        want = min(j + k, last)
+        if cap is not None and sizes is not None:
+            while want > floor and sum(sizes[j:want + 1]) > cap:
+                want -= 1
+        reach = max(floor, want)
+        depths.append(reach - j)
+    return depths
+
+
+def expected_delays(ds: Sequence[int]) -> list[int]:
+    last = len(ds) - 1
+    return [min(d, last - i) for i, d in enumerate(ds)]
+
+
+def collective_starts(gm: fx.GraphModule) -> list[tuple[str, fx.Node]]:
+    """Every FSDP-kind collective start (all-gather / reduce-scatter, merged or not) with its kind."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        kind = _KIND.get(n.target)
+        if kind is None and n.target is _c10d.all_gather_into_tensor_out.default:
+            kind = "all_gather"
+        if kind is not None:
+            out.append((kind, n))
+    return out

@@ -1,0 +1,71 @@
+"""Shared fixtures: demo train steps traced once per session, and ``applied`` to run the pass on a copy.
+
+Tracing costs seconds, so each configuration (layers, reshard-after-forward) is traced once per test session and
+shared read-only; tests that rewrite a graph go through ``applied``/``apply_to`` which deep-copies it first.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import pytest
+from torch import fx
+
+from overlapcfg.compat import fake_process_group
+from overlapcfg.models import LlamaConfig
+from overlapcfg.tracing import GraphName, TracedStep, trace_train_step
+
+ApplyFn: TypeAlias = Callable[[TracedStep, GraphName, Any], fx.GraphModule]
+
+_TRACES: dict[tuple[int, bool], TracedStep] = {}
+
+
+def traced_step(n_layers: int, reshard_after_forward: bool) -> TracedStep:
+    """The traced demo step for ``n_layers`` (rank 0 of 2), memoized for the whole session. Do not mutate it."""
+    key = (n_layers, reshard_after_forward)
+    if key not in _TRACES:
+        _TRACES[key] = trace_train_step(LlamaConfig(n_layers=n_layers), world_size=2, rank=0,
+                                        reshard_after_forward=reshard_after_forward)
+    return _TRACES[key]
+
+
+def apply_to(step: TracedStep, graph_name: GraphName, cfg: Any, *, debug: bool = True) -> fx.GraphModule:
+    """Run ``overlapcfg.passes.apply`` on a deep copy of ``step``'s ``graph_name`` graph; return the copy.
+
+    Runs under the fake process group (the merge helpers read the rank) and with ``debug=True`` by default, so
+    every applied graph in the suite is also verified.
+    """
+    from overlapcfg.passes import apply
+
+    gm = copy.deepcopy(step.graph(graph_name))
+    with fake_process_group(step.world_size, step.rank):
+        return apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(graph_name), module_fqns=step.module_fqns,
+                     graph_kind=graph_name, debug=debug)
+
+
+@pytest.fixture(scope="session")
+def traced_2l() -> TracedStep:
+    return traced_step(2, False)
+
+
+@pytest.fixture(scope="session")
+def traced_2l_reshard() -> TracedStep:
+    return traced_step(2, True)
+
+
+@pytest.fixture(scope="session")
+def traced_4l() -> TracedStep:
+    return traced_step(4, False)
+
+
+@pytest.fixture(scope="session")
+def traced_4l_reshard() -> TracedStep:
+    return traced_step(4, True)
+
+
+@pytest.fixture(scope="session")
+def applied() -> ApplyFn:
+    """``applied(step, graph_name, cfg) -> GraphModule``: the pass on a fresh copy, verified (see ``apply_to``)."""
+    return apply_to

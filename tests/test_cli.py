@@ -1,0 +1,104 @@
+"""The ``overlapcfg`` console script, run as users run it: in a subprocess, from a scratch directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(sys.executable).with_name("overlapcfg")
+FAST = ["model.n_layers=2"]  # tracing costs about half a second per layer
+
+
+def run_cli(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run([str(SCRIPT), *args], check=False, cwd=tmp_path, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    tmp = tmp_path_factory.mktemp("cli_run")
+    out = run_cli(tmp, *FAST, f"hydra.run.dir={tmp / 'run'}")
+    return out, tmp / "run"
+
+
+@pytest.mark.slow
+def test_default_run_prints_progress_and_bucket_table(default_run):
+    out, _ = default_run
+    assert out.returncode == 0, out.stderr
+    assert "traced 2-layer demo model" in out.stdout and "applied strategy 'manual'" in out.stdout
+    for text in ("layers.0", "layers.1", "tok_embeddings", "norm+output", "forward order:", "backward order:"):
+        assert text in out.stdout, text
+
+
+@pytest.mark.slow
+def test_default_run_writes_the_report_json_into_the_run_dir(default_run):
+    out, run_dir = default_run
+    assert out.returncode == 0, out.stderr
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["strategy"] == "manual" and report["plan_name"] == "llama_layers"
+    assert [b["name"] for b in report["buckets"]] == ["tok_embeddings", "layers.0", "layers.1", "norm+output"]
+    assert (run_dir / "overlapcfg.log").is_file()
+
+
+BAD_OVERRIDES = {
+    "unknown_group_option": (["overlap/plan=llama_layer"], ["Could not find 'overlap/plan/llama_layer'",
+                                                             "llama_layers"]),
+    "bad_value": (["overlap.policy.forward_prefetch=abc"], ["overlap.policy.forward_prefetch",
+                                                             "expected an integer"]),
+    "unmatched_pattern": (["overlap.plan.buckets=[layer.*]"], ["overlap.plan.buckets[0]", "did you mean 'layers.*'"]),
+    "unknown_preset_name": (["overlap.plan=llama_layer"], ["unknown plan preset 'llama_layer'",
+                                                          "did you mean 'llama_layers'"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_OVERRIDES))
+def test_bad_override_exits_1_with_a_message_not_a_traceback(tmp_path, kind):
+    overrides, expected = BAD_OVERRIDES[kind]
+    out = run_cli(tmp_path, *FAST, *overrides, f"hydra.run.dir={tmp_path / 'run'}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert "Traceback" not in text
+    for piece in expected:
+        assert piece in text, (piece, text)
+    assert len(text.splitlines()) < 30
+
+
+@pytest.mark.slow
+def test_multirun_writes_one_report_per_job(tmp_path):
+    out = run_cli(tmp_path, "-m", "overlap.policy.forward_prefetch=0,2", *FAST, f"hydra.sweep.dir={tmp_path / 'sw'}")
+    assert out.returncode == 0, out.stderr
+    depths = {}
+    for job in ("0", "1"):
+        report = json.loads((tmp_path / "sw" / job / "report.json").read_text())
+        depths[job] = report["config"]["policy"]["forward_prefetch"]
+    assert depths == {"0": 0, "1": 2}
+    assert "(cached)" in out.stdout  # the second job reuses the first job's trace
+
+
+@pytest.mark.slow
+def test_compare_mode_writes_table_json_and_timeline(tmp_path):
+    rows = "+compare={none:{strategy:none},deep:{policy:{forward_prefetch:2}}}"
+    out = run_cli(tmp_path, "mode=compare", "~compare", rows, *FAST, f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "run" / "compare.json").read_text())
+    assert "none" in json.dumps(data) and "deep" in json.dumps(data)
+    assert (tmp_path / "run" / "timeline.png").is_file()
+
+
+def test_help_lists_the_config_groups(tmp_path):
+    out = run_cli(tmp_path, "--help")
+    assert out.returncode == 0, out.stderr
+    assert "overlap/plan: llama_layers, none, per_block_split" in out.stdout
+    assert "overlap/policy: aggressive, auto, default, memory_saving" in out.stdout
+
+
+def test_cfg_job_shows_the_composed_config(tmp_path):
+    out = run_cli(tmp_path, "--cfg", "job", "overlap/policy=auto")
+    assert out.returncode == 0, out.stderr
+    assert "strategy: auto" in out.stdout and "max_in_flight_gb: 5.0" in out.stdout

@@ -1,0 +1,219 @@
+"""The strategy registry: duplicates, unknown names, third-party policies, lazily loaded entry points.
+
+Every test that registers something runs under ``clean_registry``, which restores ``_REGISTRY`` and the
+entry-point flag afterwards, so no test leaks a strategy into another.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from overlapcfg import registry
+from overlapcfg.errors import OverlapConfigError
+from overlapcfg.registry import ENTRY_POINT_GROUP, available_strategies, get_strategy, register_strategy
+from overlapcfg.schema import OverlapConfig, load_config
+from overlapcfg.schema.policy import OverlapPolicy, PolicyBase
+
+
+@pytest.fixture
+def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    saved = dict(registry._REGISTRY)
+    saved_flag = registry._entry_points_loaded
+    try:
+        yield
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(saved)
+        registry._entry_points_loaded = saved_flag
+
+
+def _factory(plan: Any, policy: Any) -> Any:
+    return ("made", plan, policy)
+
+
+class LookaheadPolicy(PolicyBase):
+    """A third party's own knobs."""
+
+    lookahead: int = 2
+    """How far ahead."""
+    label: str = "x"
+    """Free text."""
+
+
+# --- built-ins, duplicates, unknown names ------------------------------------------------------------------
+
+def test_builtins_are_registered_without_importing_torch_strategies() -> None:
+    assert {"manual", "torch_manual", "auto", "none"} <= set(available_strategies())
+    assert get_strategy("manual").origin == "builtin"
+    assert get_strategy("torch_manual").policy.__name__ == "TorchManualPolicy"
+
+
+def test_duplicate_registration_raises_naming_both_registrants(clean_registry: None) -> None:
+    register_strategy("dup_sched")(_factory)
+
+    def other(plan: Any, policy: Any) -> Any:
+        return None
+
+    other.__module__ = "thirdparty.plugin"
+    with pytest.raises(ValueError, match="dup_sched") as info:
+        register_strategy("dup_sched")(other)
+    message = str(info.value)
+    assert __name__ in message and "thirdparty.plugin" in message
+    assert get_strategy("dup_sched").loader() is _factory  # the first registration stands
+
+
+def test_registering_over_a_builtin_names_builtin(clean_registry: None) -> None:
+    with pytest.raises(ValueError, match=r"'manual' is already registered \(by builtin\)"):
+        register_strategy("manual")(_factory)
+    assert get_strategy("manual").origin == "builtin"
+
+
+def test_policy_must_be_a_policy_base_subclass() -> None:
+    with pytest.raises(TypeError, match="PolicyBase subclass"):
+        register_strategy("bad_policy", policy=dict)  # type: ignore[arg-type]
+
+
+def test_unknown_strategy_lists_available_names_and_closest_first(clean_registry: None) -> None:
+    with pytest.raises(OverlapConfigError) as info:
+        get_strategy("torch_manul")
+    (fault,) = info.value.faults
+    assert fault.path == "strategy"
+    for name in ("manual", "torch_manual", "auto", "none"):
+        assert name in fault.message
+    hint = fault.message.split("did you mean", 1)[1]
+    assert hint.index("'torch_manual'") < hint.index("'manual'")
+
+
+def test_unknown_strategy_in_a_config_reports_the_config_path() -> None:
+    with pytest.raises(OverlapConfigError) as info:
+        load_config({"strategy": "manul", "plan": "llama_layers"})
+    paths = [f.path for f in info.value.faults]
+    assert paths == ["overlap.strategy"], paths
+    assert "did you mean 'manual'" in str(info.value)
+
+
+# --- third-party strategies --------------------------------------------------------------------------------
+
+def test_third_party_policy_is_validated_through_load_config(clean_registry: None) -> None:
+    register_strategy("lookahead", policy=LookaheadPolicy)(_factory)
+    cfg = load_config({"strategy": "lookahead", "plan": "llama_layers", "policy": {"lookahead": 5}})
+    assert isinstance(cfg.policy, LookaheadPolicy)
+    assert cfg.policy.lookahead == 5
+    dumped = cfg.model_dump()
+    assert dumped["policy"] == {"lookahead": 5, "label": "x"}  # subclass fields survive serialization
+    assert load_config(dumped) == cfg
+    assert isinstance(OverlapConfig.model_validate(dumped).policy, LookaheadPolicy)
+
+
+def test_third_party_policy_errors_keep_clean_paths_and_reject_other_strategies_knobs(
+        clean_registry: None) -> None:
+    register_strategy("lookahead", policy=LookaheadPolicy)(_factory)
+    with pytest.raises(OverlapConfigError) as info:
+        load_config({"strategy": "lookahead", "plan": "llama_layers", "policy": {"lookahead": "far"}})
+    assert [(f.path, f.message) for f in info.value.faults] == [
+        ("overlap.policy.lookahead", "expected an integer, got 'far'")]
+    with pytest.raises(OverlapConfigError) as info:  # manual's knob is not this strategy's
+        load_config({"strategy": "lookahead", "plan": "llama_layers", "policy": {"forward_prefetch": 2}})
+    (fault,) = info.value.faults
+    assert fault.path == "overlap.policy.forward_prefetch"
+    assert fault.message == "unknown field; valid fields: label, lookahead"
+
+
+def test_third_party_factory_gets_the_resolved_plan_and_its_policy(clean_registry: None) -> None:
+    seen: list[Any] = []
+
+    @register_strategy("recorder", policy=LookaheadPolicy)
+    def make(plan: Any, policy: Any) -> Any:
+        seen.append((plan, policy))
+        return "strategy"
+
+    cfg = load_config({"strategy": "recorder", "plan": "llama_layers", "policy": {"lookahead": 1}})
+    assert get_strategy("recorder").factory(None, cfg.policy) == "strategy"
+    assert seen == [(None, LookaheadPolicy(lookahead=1))]
+
+
+# --- entry points ------------------------------------------------------------------------------------------
+
+def _write_plugin(root: Path, dist: str, module: str, body: str, eps: dict[str, str]) -> None:
+    (root / f"{module}.py").write_text(textwrap.dedent(body))
+    info = root / f"{dist}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    lines = "\n".join(f"{name} = {value}" for name, value in eps.items())
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{lines}\n")
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_registry: None) -> Iterator[Path]:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry._entry_points_loaded = False
+    importlib.invalidate_caches()
+    yield tmp_path
+    for mod in [m for m in sys.modules if m.startswith("ocfg_test_plugin")]:
+        del sys.modules[mod]
+
+
+def test_entry_point_strategy_is_loaded_lazily_on_first_lookup(plugin_dir: Path) -> None:
+    _write_plugin(plugin_dir, "ocfg_test_dist", "ocfg_test_plugin", """
+        from overlapcfg.registry import register_strategy
+        from overlapcfg.schema.policy import PolicyBase
+
+        class PluginPolicy(PolicyBase):
+            depth: int = 4
+
+        @register_strategy("plugged", policy=PluginPolicy)
+        def make(plan, policy):
+            return ("plugged", policy)
+    """, {"plugged": "ocfg_test_plugin:make"})
+    assert get_strategy("manual").origin == "builtin"  # a known name does not scan entry points
+    assert "ocfg_test_plugin" not in sys.modules
+    spec = get_strategy("plugged")
+    assert "ocfg_test_plugin" in sys.modules
+    assert spec.origin == "ocfg_test_plugin" and spec.policy.__name__ == "PluginPolicy"
+    cfg = load_config({"strategy": "plugged", "plan": "llama_layers", "policy": {"depth": 7}})
+    assert cfg.model_dump()["policy"] == {"depth": 7}
+    assert "plugged" in available_strategies()
+
+
+def test_entry_point_bare_factory_is_registered_with_the_default_policy(plugin_dir: Path) -> None:
+    _write_plugin(plugin_dir, "ocfg_test_dist2", "ocfg_test_plugin2", """
+        def make(plan, policy):
+            return ("bare", policy)
+    """, {"bare_plug": "ocfg_test_plugin2:make"})
+    spec = get_strategy("bare_plug")
+    assert spec.policy is OverlapPolicy
+    assert "ocfg_test_dist2" in spec.origin
+    assert spec.factory(None, None) == ("bare", None)
+
+
+def test_entry_points_are_scanned_once(plugin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    real = registry.entry_points
+
+    def counting(**kwargs: Any) -> Any:
+        calls.append(kwargs["group"])
+        return real(**kwargs)
+
+    monkeypatch.setattr(registry, "entry_points", counting)
+    for _ in range(3):
+        with pytest.raises(OverlapConfigError):
+            get_strategy("nowhere")
+        available_strategies()
+    assert calls == [ENTRY_POINT_GROUP]
+
+
+def test_broken_entry_point_is_logged_and_does_not_break_other_strategies(
+        plugin_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _write_plugin(plugin_dir, "ocfg_test_dist3", "ocfg_test_plugin3", "raise ImportError('boom')\n",
+                  {"broken_plug": "ocfg_test_plugin3:make"})
+    with pytest.raises(OverlapConfigError):
+        get_strategy("broken_plug")
+    assert get_strategy("manual").origin == "builtin"
+    assert any("broken_plug" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,62 @@
+"""``compare`` and its timeline files: one row per config, a Chrome trace that parses, a PNG that is a PNG."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from overlapcfg.report import compare
+
+pytestmark = pytest.mark.slow
+
+CONFIGS = [
+    {"strategy": "none"},
+    {"strategy": "torch_manual", "plan": "llama_layers"},
+    {"plan": "llama_layers"},
+    {"plan": "llama_layers", "policy": {"forward_prefetch": 2, "backward_prefetch": 2}},
+]
+
+
+@pytest.fixture(scope="module")
+def comparison(traced_2l_reshard):
+    return compare(traced_2l_reshard, CONFIGS, hardware="a100_ib", world_size=8)
+
+
+def test_comparison_has_one_row_per_config_with_baselines(comparison):
+    assert [r.name for r in comparison.rows] == ["none", "torch_manual", "manual fp1 bp1 rs1", "manual fp2 bp2 rs1"]
+    none, torch_manual, manual = comparison.rows[:3]
+    assert none.collectives == 62 and manual.collectives == torch_manual.collectives == 11
+    assert none.simulation.exposed_comm_seconds >= manual.simulation.exposed_comm_seconds
+    assert all(r.simulation.world_size == 8 and r.pass_seconds > 0 for r in comparison.rows)
+    data = json.loads(comparison.to_json())
+    assert data["schema"] == "overlapcfg.compare/1" and len(data["rows"]) == 4
+    assert data["rows"][1]["simulation"]["step_seconds"] == torch_manual.simulation.step_seconds
+
+
+def test_comparison_table_lists_every_config(comparison):
+    console = Console(width=220, record=True)
+    console.print(comparison.table())
+    text = console.export_text()
+    assert all(r.name in text for r in comparison.rows) and "exposed comm" in text
+
+
+def test_names_must_match_configs(traced_2l_reshard):
+    with pytest.raises(TypeError, match="2 names for 1 configs"):
+        compare(traced_2l_reshard, CONFIGS[:1], hardware="a100_ib", names=["a", "b"])
+
+
+def test_timeline_files_are_a_valid_chrome_trace_and_png(comparison, tmp_path):
+    trace_path, png_path = comparison.write_timeline(tmp_path)
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 10_000
+    trace = json.loads(trace_path.read_text())
+    events = trace["traceEvents"]
+    processes = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
+    assert processes == [r.name for r in comparison.rows]
+    threads = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(1, "compute"), (1, "comm:0")} <= threads
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans and all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    assert {"all_gather", "reduce_scatter", "wait"} <= {e["cat"] for e in spans}
+    assert any(e["name"] == "AG[layers.0]" for e in spans)
