@@ -20,7 +20,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
 from rich.console import Console
 
-from overlapcfg.errors import OverlapConfigError
+from overlapcfg.errors import OverlapConfigError, did_you_mean
 from overlapcfg.schema.presets import conf_dir
 
 __all__ = ["ConfigError", "main"]
@@ -46,8 +46,6 @@ def _task(cfg: DictConfig) -> None:
         elif mode == "compare":
             job.run_compare(cfg, output_dir, console)
         else:
-            from overlapcfg.errors import did_you_mean
-
             raise OverlapConfigError.single("mode", f"expected one of {', '.join(MODES)}, got {mode!r}"
                                                     f"{did_you_mean(str(mode), MODES)}")
     except OverlapConfigError as err:

@@ -29,7 +29,6 @@ from overlapcfg import compat
 from overlapcfg.passes import GraphKind, apply
 from overlapcfg.schema import OverlapConfig, load_config
 from overlapcfg.tracing import GraphCompiler, GraphName, GraphPass, StepBackend
-from overlapcfg.tracing import _dynamo_param_inputs as dynamo_param_inputs
 
 __all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "inductor_pass", "source_hash"]
 
@@ -82,38 +81,6 @@ def _inductor_compiler(graph: GraphName) -> GraphCompiler:
     return compile_graph
 
 
-class _OverlapBackend(StepBackend):
-    """``StepBackend`` for ``compiler="inductor"``: inductor's decompositions at aot time, one compiler per graph.
-
-    Inductor lowers only decomposed aten (``aten.t`` and friends have no lowering, just a decomposition), so aot
-    must trace with ``select_decomp_table()`` as inductor's own ``compile_fx`` does; and ``compile_fx_inner``
-    needs to know whether it compiles the backward.
-    """
-
-    __slots__ = ()
-
-    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
-        self.param_inputs = dynamo_param_inputs(gm)
-        return compat.aot_autograd(
-            fw_compiler=self._graph_compiler("forward", self.fw_pass),
-            bw_compiler=self._graph_compiler("backward", self.bw_pass),
-            partition_fn=compat.min_cut_rematerialization_partition,
-            decompositions=compat.inductor_decompositions(),
-        )(gm, example_inputs)
-
-    def _graph_compiler(self, name: GraphName, graph_pass: GraphPass | None) -> GraphCompiler:
-        compile_graph = super()._graph_compiler(name, graph_pass)
-        graph_compiler = _inductor_compiler(name)
-
-        def run(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
-            # StepBackend reads ``self.compiler`` when a graph is compiled, and aot compiles the backward
-            # lazily: select this graph's compiler right before, not when the closures are built.
-            self.compiler = graph_compiler
-            return compile_graph(gm, example_inputs)
-
-        return run
-
-
 def backend(cfg: OverlapConfig | Any, *, compiler: CompilerName = "eager", debug: bool = False) -> StepBackend:
     """A ``torch.compile`` backend applying ``cfg`` to the forward and backward graphs of aot_autograd.
 
@@ -128,7 +95,12 @@ def backend(cfg: OverlapConfig | Any, *, compiler: CompilerName = "eager", debug
     if compiler not in ("eager", "inductor"):
         raise TypeError(f"backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
     passes = _graph_pass(cfg, "forward", debug), _graph_pass(cfg, "backward", debug)
-    return _OverlapBackend(*passes) if compiler == "inductor" else StepBackend(*passes)
+    if compiler == "eager":
+        return StepBackend(*passes)
+    # Inductor lowers only decomposed aten (``aten.t`` has no lowering, just a decomposition), so aot traces with
+    # inductor's table, as inductor's own compile_fx does; compile_fx_inner must know which graph is the backward.
+    return StepBackend(*passes, compiler=_inductor_compiler("forward"), bw_compiler=_inductor_compiler("backward"),
+                       decompositions=compat.inductor_decompositions())
 
 
 # --- inductor's post-grad hook -----------------------------------------------------------------------------------

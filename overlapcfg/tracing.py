@@ -25,7 +25,7 @@ import copy
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
@@ -254,26 +254,39 @@ class StepBackend:
     """A ``torch.compile`` backend: aot_autograd + min-cut partitioner, annotate collectives, apply a pass, run.
 
     After the first forward/backward, ``graphs`` holds what each compiler ran (after the pass) and ``collectives``
-    the records taken before the pass. ``compiler`` turns the final graph into a callable (boxed eager by default;
-    an inductor compiler fits the same slot).
+    the records taken before the pass. ``compiler`` turns the final graph into a callable (boxed eager by default);
+    ``bw_compiler`` replaces it for the backward (inductor compiles the two differently), and ``decompositions``
+    is handed to aot_autograd (inductor needs its own table at trace time).
     """
 
     fw_pass: GraphPass | None = None
     bw_pass: GraphPass | None = None
     compiler: GraphCompiler = _boxed_eager
+    bw_compiler: GraphCompiler | None = None
+    decompositions: Mapping[object, Callable[..., object]] | None = None
+    capture_joint: bool = False
+    """Also keep a copy of aot's joint forward+backward graph (before partitioning) in ``graphs["joint"]``."""
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
     collectives: dict[str, tuple[CollectiveOwner, ...]] = field(default_factory=dict)
     param_inputs: tuple[str | None, ...] = ()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
         self.param_inputs = _dynamo_param_inputs(gm)
+        extra = {"decompositions": self.decompositions} if self.decompositions is not None else {}
         return compat.aot_autograd(
-            fw_compiler=self._graph_compiler("forward", self.fw_pass),
-            bw_compiler=self._graph_compiler("backward", self.bw_pass),
-            partition_fn=compat.min_cut_rematerialization_partition,
+            fw_compiler=self._graph_compiler("forward", self.fw_pass, self.compiler),
+            bw_compiler=self._graph_compiler("backward", self.bw_pass, self.bw_compiler or self.compiler),
+            partition_fn=self._partition,
+            **extra,
         )(gm, example_inputs)
 
-    def _graph_compiler(self, name: GraphName, graph_pass: GraphPass | None) -> GraphCompiler:
+    def _partition(self, joint: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: object) -> object:
+        if self.capture_joint:
+            self.graphs["joint"] = copy.deepcopy(joint)
+        return compat.min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+    def _graph_compiler(self, name: GraphName, graph_pass: GraphPass | None,
+                        compiler: GraphCompiler) -> GraphCompiler:
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
             self.collectives[name] = annotate_collectives(gm, name, self.param_inputs)
             if graph_pass is not None:
@@ -281,7 +294,7 @@ class StepBackend:
                 if not isinstance(gm, fx.GraphModule):
                     raise TypeError(f"{name} pass returned {type(gm).__name__}, expected a GraphModule")
             self.graphs[name] = gm
-            return self.compiler(gm, example_inputs)
+            return compiler(gm, example_inputs)
 
         return compile_graph
 

@@ -110,10 +110,31 @@ def is_compute_node(node: fx.Node) -> bool:
     return getattr(target, "overloadpacket", None) in flop_registry or target in flop_registry
 
 
+_MERGED_ANCESTOR_LIMIT = 256
+
+
 def _is_bucketed_all_gather(start: fx.Node) -> bool:
-    """An all-gather of parameters that torch's bucketing already merged (copy-in op, then narrow, then gather)."""
-    buffer = start.kwargs.get("out")
-    return isinstance(buffer, fx.Node) and buffer.target is torch.ops.bucketing._pre_bucket_all_gather.default
+    """An all-gather of several parameters that torch's bucketing already merged, in any bucket mode.
+
+    Its inputs lead back, through copies and views only (no compute), to two or more placeholders; a single
+    parameter's gather is ``is_fsdp_all_gather``'s case. Activation gathers (sequence or tensor parallel) have
+    compute among their ancestors.
+    """
+    seen: set[fx.Node] = set()
+    stack = list(data_inputs(start))
+    placeholders = 0
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > _MERGED_ANCESTOR_LIMIT or is_compute_node(node):
+            return False
+        if node.op == "placeholder":
+            placeholders += 1
+        else:
+            stack.extend(data_inputs(node))
+    return placeholders >= 2
 
 
 def _gathered_placeholder(start: fx.Node) -> str | None:
