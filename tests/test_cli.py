@@ -102,3 +102,10 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
     out = run_cli(tmp_path, "--cfg", "job", "overlap/policy=auto")
     assert out.returncode == 0, out.stderr
     assert "strategy: auto" in out.stdout and "max_in_flight_gb: 5.0" in out.stdout
+
+
+def test_search_path_lists_the_config_tree_once(tmp_path):
+    out = run_cli(tmp_path, "--info", "searchpath")
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if "/conf " in line]  # table cells are space-padded
+    assert len(rows) == 1, out.stdout

@@ -44,6 +44,13 @@ class OverlapcfgSearchPathPlugin(SearchPathPlugin):
         conf = overlapcfg_conf_dir()
         if conf is None:
             return
-        url = f"file://{conf}"
-        if all(element.path != url for element in search_path.get_path()):  # the overlapcfg app lists it already
-            search_path.append(provider=PROVIDER, path=url)
+        listed = {_as_dir(element.path) for element in search_path.get_path()}
+        if conf not in listed:  # the overlapcfg command itself already has it as its primary config path
+            search_path.append(provider=PROVIDER, path=f"file://{conf}")
+
+
+def _as_dir(path: str | None) -> Path | None:
+    """A search-path entry as a directory (``file:///x``, or a bare ``/x`` as Hydra stores the main path)."""
+    if not path or "://" in path and not path.startswith("file://"):
+        return None
+    return Path(path.removeprefix("file://")).resolve()
