@@ -17,6 +17,10 @@ Backward all-gathers run the same in backward order. Reduce-scatters, ``reduce_s
 
 A ``max_inflight_bytes`` cap lowers the all-gather reach where the unsharded bytes issued but not yet waited
 would exceed it; the step record says where and why.
+
+Issue order: the starts of each kind (all-gather, reduce-scatter) keep their relative order within a process
+group, so every rank issues the same sequence; a prefetched all-gather may overtake a reduce-scatter issued
+before it in the original graph, as in upstream's schedule.
 """
 
 from __future__ import annotations
@@ -161,34 +165,52 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
     graph = gm.graph
     index = positions(graph)
     keys: dict[fx.Node, Key] = {n: (i, 0, 0, 0) for n, i in index.items()}
-    records: list[StepRecord] = []
     deps: dict[fx.Node, list[fx.Node]] = {}
-
     first_compute = next((n for n in graph.nodes if is_compute_node(n)), None)
+    records: list[StepRecord] = []
     for direction in ("forward", "backward"):
         steps = _steps(merged, "all_gather", direction, index)
-        reach, recs = _all_gather_reach(plan, steps, max_inflight_bytes)
-        records += recs
-        issuer = 0
-        for j, step in enumerate(steps):
-            while reach[issuer] < j:  # the first step whose reach covers j issues j, just before its wait
-                issuer += 1
-            issuer = min(issuer, j)
-            if j == 0 and _depth(plan, step) > 0:
-                # Nothing earlier prefetches it: issue it before the graph's first compute, as upstream does.
-                anchor = first_compute
-                if anchor is None or index[anchor] > min(index[c.start] for c in step.collectives):
-                    continue
-            else:
-                anchor = min((w for c in steps[issuer].collectives for w in c.waits), key=index.__getitem__)
-            for c in step.collectives:
-                for node in _exclusive_ancestors(c.start, index):
-                    keys[node] = (index[anchor], -1, j, index[node])
-                if issuer != j:
-                    deps.setdefault(anchor, []).append(c.start)
+        records += _place_all_gathers(plan, steps, max_inflight_bytes, index, first_compute, keys, deps)
+    records += _place_reduce_scatters(plan, _steps(merged, "reduce_scatter", "backward", index), index, keys, deps)
+    _reorder(graph, keys)
+    order = positions(graph)
+    overlap_deps = tuple(sorted(((n, tuple(d)) for n, d in deps.items()), key=lambda item: order[item[0]]))
+    return ScheduleResult(tuple(records), overlap_deps)
 
-    steps = _steps(merged, "reduce_scatter", "backward", index)
+
+def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | None, index: dict[fx.Node, int],
+                       first_compute: fx.Node | None, keys: dict[fx.Node, Key],
+                       deps: dict[fx.Node, list[fx.Node]]) -> list[StepRecord]:
+    """Key each step's start chain just before the wait of the first step whose reach covers it."""
+    reach, records = _all_gather_reach(plan, steps, cap)
+    issuer = 0
+    for j, step in enumerate(steps):
+        while reach[issuer] < j:  # reach is monotone and reach[j] >= j, so this stops at j at the latest
+            issuer += 1
+        if j == 0 and _depth(plan, step) > 0:
+            # Nothing earlier prefetches it: issue it before the graph's first compute, as upstream does.
+            anchor = first_compute
+            if anchor is None or index[anchor] > min(index[c.start] for c in step.collectives):
+                continue
+        else:
+            anchor = min((w for c in steps[issuer].collectives for w in c.waits), key=index.__getitem__)
+        for c in step.collectives:
+            for node in _exclusive_ancestors(c.start, index):
+                keys[node] = (index[anchor], -1, j, index[node])
+            if issuer != j:
+                deps.setdefault(anchor, []).append(c.start)
+    return records
+
+
+def _place_reduce_scatters(plan: ResolvedPlan, steps: Sequence[Step], index: dict[fx.Node, int],
+                           keys: dict[fx.Node, Key], deps: dict[fx.Node, list[fx.Node]]) -> list[StepRecord]:
+    """Key each step's wait chain just after the start of the step ``d`` later (sooner if a consumer needs it)."""
+    records: list[StepRecord] = []
     last = len(steps) - 1
+
+    def issue_point(step: Step) -> fx.Node:
+        return max((c.start for c in step.collectives), key=index.__getitem__)
+
     for i, step in enumerate(steps):
         requested = _depth(plan, step)
         target = min(i + requested, last)
@@ -196,10 +218,10 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
         members = {n for chain in chains for n in chain}
         outside = [index[u] for n in members for u in n.users if u.op != "output" and u not in members]
         reason = "end of graph" if i + requested > last else None
-        while target > i and outside and index[steps[target].collectives[0].start] > min(outside):
+        while target > i and outside and index[issue_point(steps[target])] > min(outside):
             target -= 1
             reason = "a consumer of the result needs it earlier"
-        anchor = max((c.start for c in steps[target].collectives), key=index.__getitem__)
+        anchor = issue_point(steps[target])
         for chain in chains:
             for node in chain:
                 keys[node] = (index[anchor], 1, i, index[node])
@@ -208,11 +230,7 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
                 deps.setdefault(c.waits[0], []).append(anchor)
         records.append(StepRecord(plan.buckets[step.bucket].name, "backward", "reduce_scatter", i, requested,
                                   target - i, 0, reason))
-
-    _reorder(graph, keys)
-    order = positions(graph)
-    overlap_deps = tuple(sorted(((n, tuple(d)) for n, d in deps.items()), key=lambda item: order[item[0]]))
-    return ScheduleResult(tuple(records), overlap_deps)
+    return records
 
 
 def _reorder(graph: fx.Graph, keys: dict[fx.Node, Key]) -> None:
