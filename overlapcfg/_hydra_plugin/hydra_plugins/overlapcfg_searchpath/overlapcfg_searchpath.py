@@ -51,6 +51,6 @@ class OverlapcfgSearchPathPlugin(SearchPathPlugin):
 
 def _as_dir(path: str | None) -> Path | None:
     """A search-path entry as a directory (``file:///x``, or a bare ``/x`` as Hydra stores the main path)."""
-    if not path or "://" in path and not path.startswith("file://"):
+    if not path or ("://" in path and not path.startswith("file://")):
         return None
     return Path(path.removeprefix("file://")).resolve()
