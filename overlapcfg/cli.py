@@ -3,7 +3,8 @@
 ``overlapcfg`` traces the demo model and reports what the configured strategy did; ``overlapcfg mode=compare``
 compares several configs; ``overlapcfg -m overlap.policy.forward_prefetch=0,1,2`` sweeps, one report per job.
 
-Errors: a user error in the task (a bad value, an unmatched pattern) is re-raised as ``ConfigError``, a Hydra
+Errors: a user error in the task (a bad value, an unmatched pattern), or a rewritten graph failing verification
+(its message names the nodes), is re-raised as ``ConfigError``, a Hydra
 ``CompactHydraException``: Hydra then prints its message (plus the job's overrides) and exits with status 1, with
 no traceback, just as it does for its own composition errors (an unknown group option). ``HYDRA_FULL_ERROR=1``
 still shows the full traceback.
@@ -20,7 +21,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
 from rich.console import Console
 
-from overlapcfg.errors import OverlapConfigError, did_you_mean
+from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_you_mean
 from overlapcfg.schema.presets import conf_dir
 
 __all__ = ["ConfigError", "main"]
@@ -48,7 +49,7 @@ def _task(cfg: DictConfig) -> None:
         else:
             raise OverlapConfigError.single("mode", f"expected one of {', '.join(MODES)}, got {mode!r}"
                                                     f"{did_you_mean(str(mode), MODES)}")
-    except OverlapConfigError as err:
+    except (OverlapConfigError, OverlapVerificationError) as err:
         raise ConfigError(str(err)) from None
 
 

@@ -91,6 +91,7 @@ def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.Proc
 # (so merged collectives are exactly upstream's ops for a bucket mode); ``cached_merge_traces`` only memoizes the
 # ``make_fx`` trace of the merge function, which dominates their cost and is identical for identical signatures.
 import torch as _torch  # noqa: E402
+from torch._guards import detect_fake_mode  # noqa: E402
 from torch._inductor.custom_graph_pass import CustomGraphPass  # noqa: E402
 from torch._inductor.fx_passes import bucketing as _bucketing  # noqa: E402
 from torch._inductor.fx_passes.bucketing import (  # noqa: E402
@@ -109,8 +110,10 @@ from torch._inductor.fx_passes.bucketing import (  # noqa: E402
 from torch._inductor.fx_passes.control_dependencies import control_deps as _control_deps  # noqa: E402
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering  # noqa: E402
 from torch._inductor.fx_passes.fsdp import is_fsdp_all_gather  # noqa: E402
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp  # noqa: E402
 from torch.fx.traceback import NodeSource, NodeSourceAction  # noqa: E402
 from torch.utils._ordered_set import OrderedSet  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
 
 __all__ += [
     "CustomGraphPass",
@@ -177,13 +180,17 @@ def _trace_key(fn: object, inps: tuple[object, ...]) -> tuple[object, ...]:
 
 
 @contextlib.contextmanager
-def cached_merge_traces() -> Iterator[dict[tuple[object, ...], object]]:
+def cached_merge_traces(*, fresh_fake_values: bool = False) -> Iterator[dict[tuple[object, ...], object]]:
     """Within the block, upstream's merge helpers do the same work faster (same ops, same order, same metadata).
 
     ``bucketing._trace(fn, inps)`` runs ``make_fx`` on the merge function for every bucket; buckets of identical
     layers have identical signatures (shapes, strides, dtypes, group, rank), so the traced ``GraphModule`` is the
-    same and is stamped into the graph by ``node_copy`` as before. Two more helpers are swapped for equivalent
-    linear-time versions (``_populate_node_meta_once``, ``sort_region``). Restored on exit, even on error.
+    same and is stamped into the graph by ``node_copy`` as before. Stamped nodes of identical buckets then share
+    their ``meta["val"]`` fake tensors (same shapes, strides and dtypes, one storage): harmless when the graph runs
+    as it is, but inductor tells buffers apart by storage, so ``fresh_fake_values=True`` (what the inductor routes
+    use) re-runs the traced ops on each bucket's own inputs, at about 10 ms per bucket. Two more helpers are
+    swapped for equivalent linear-time versions (``_populate_node_meta_once``, ``sort_region``). Restored on exit,
+    even on error.
     """
     original_trace, original_meta = _bucketing._trace, _bucketing._populate_node_meta
     original_sort = _bucketing._sort_bucket_region
@@ -193,7 +200,13 @@ def cached_merge_traces() -> Iterator[dict[tuple[object, ...], object]]:
         k = _trace_key(fn, inps)
         if k not in cache:
             cache[k] = original_trace(fn, inps)
-        return cache[k]
+            return cache[k]
+        gm = cache[k]
+        if fresh_fake_values:
+            # Re-run the traced ops on this bucket's own fake inputs, so its nodes get their own fake values
+            # (storages) as a fresh trace would give them: inductor tells buffers apart by them.
+            FakeTensorProp(gm, mode=detect_fake_mode(inps)).propagate_dont_convert_inputs(*tree_leaves(inps))
+        return gm
 
     def sort_region(g: object, new_nodes: list[object], inputs: list[object]) -> None:
         # Placeholders head the graph, so they never need moving; but upstream's region walk searches for them

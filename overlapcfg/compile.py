@@ -60,9 +60,9 @@ Also set ``policy.insert_overlap_deps: true`` (as torchtitan does for inductor) 
 waits where the pass put them; the backend leaves the policy as written."""
 
 
-def _graph_pass(cfg: OverlapConfig, graph_kind: GraphKind, debug: bool) -> GraphPass:
+def _graph_pass(cfg: OverlapConfig, graph_kind: GraphKind, debug: bool, for_compiler: bool) -> GraphPass:
     def run(gm: fx.GraphModule) -> fx.GraphModule:
-        return apply(gm, cfg, graph_kind=graph_kind, debug=debug)
+        return apply(gm, cfg, graph_kind=graph_kind, debug=debug, for_compiler=for_compiler)
 
     return run
 
@@ -94,8 +94,9 @@ def backend(cfg: OverlapConfig | Any, *, compiler: CompilerName = "eager", debug
     cfg = load_config(cfg)
     if compiler not in ("eager", "inductor"):
         raise TypeError(f"backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
-    passes = _graph_pass(cfg, "forward", debug), _graph_pass(cfg, "backward", debug)
-    if compiler == "eager":
+    lowered = compiler == "inductor"
+    passes = _graph_pass(cfg, "forward", debug, lowered), _graph_pass(cfg, "backward", debug, lowered)
+    if not lowered:
         return StepBackend(*passes)
     # Inductor lowers only decomposed aten (``aten.t`` has no lowering, just a decomposition), so aot traces with
     # inductor's table, as inductor's own compile_fx does; compile_fx_inner must know which graph is the backward.
@@ -142,7 +143,7 @@ class OverlapGraphPass(compat.CustomGraphPass):
         gm = graph.owning_module
         if not isinstance(gm, fx.GraphModule):
             raise TypeError("inductor_pass: the post-grad graph has no owning GraphModule")
-        apply(gm, self.cfg, graph_kind="auto", debug=self.debug)
+        apply(gm, self.cfg, graph_kind="auto", debug=self.debug, for_compiler=True)
 
     def uuid(self) -> str:
         """Changes with the config, the package version and the package sources; equal configs give equal ids."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -82,7 +83,8 @@ def demo_spec(cfg: DictConfig) -> DemoSpec:
     try:
         spec.llama_config()
     except ValueError as err:  # LlamaConfig's own cross-field checks (dim % n_heads, ...)
-        raise OverlapConfigError.single("model", str(err)) from None
+        named = re.match(r"LlamaConfig\.(\w+)=", str(err))
+        raise OverlapConfigError.single(f"model.{named.group(1)}" if named else "model", str(err)) from None
     return spec
 
 

@@ -42,6 +42,8 @@ class StrategySpec:
     origin: str
     """Where it was registered: ``builtin``, a module name, or ``entry point <dist>``."""
     loader: Callable[[], StrategyFactory]
+    uses_policy: bool = True
+    """False for strategies that read no policy (``none``): a non-default policy is then reported as ignored."""
 
     @property
     def factory(self) -> StrategyFactory:
@@ -81,17 +83,18 @@ def register_strategy(
     return decorator
 
 
-def _builtin(name: str, policy: type[PolicyBase], uses_plan: bool, module: str) -> None:
+def _builtin(name: str, policy: type[PolicyBase], uses_plan: bool, module: str, *, uses_policy: bool = True) -> None:
     def load() -> StrategyFactory:
         return importlib.import_module(f"overlapcfg.strategies.{module}").make_strategy
 
-    _add(StrategySpec(name, policy, uses_plan, "builtin", load))
+    _add(StrategySpec(name, policy, uses_plan, "builtin", load, uses_policy))
 
 
 _builtin("manual", OverlapPolicy, True, "manual")
 _builtin("torch_manual", TorchManualPolicy, True, "torch_manual")
 _builtin("auto", AutoPolicy, False, "auto")
-_builtin("none", OverlapPolicy, False, "identity")
+# `none` accepts the manual policy so that `-m overlap.strategy=none,manual` sweeps need no other change.
+_builtin("none", OverlapPolicy, False, "identity", uses_policy=False)
 
 
 def _load_entry_points() -> None:

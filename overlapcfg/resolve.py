@@ -37,7 +37,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol, TypeAlias
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from overlapcfg.errors import Fault, OverlapConfigError, closest
 from overlapcfg.patterns import (
@@ -53,7 +53,7 @@ from overlapcfg.patterns import (
 from overlapcfg.schema.plan import Bucket, BucketPlan, ModuleOverride
 from overlapcfg.schema.policy import OverlapPolicy
 
-__all__ = ["DEPTH_FIELDS", "ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_plan"]
+__all__ = ["DEPTH_FIELDS", "DepthSource", "ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ DEPTH_FIELDS: tuple[str, ...] = ("forward_prefetch", "backward_prefetch", "reduc
 Entry: TypeAlias = str | tuple[str, ...] | list[str] | Bucket
 
 
+@runtime_checkable
 class DepthSource(Protocol):
     """Anything with the three depths (``OverlapPolicy``, ``TorchManualPolicy``)."""
 

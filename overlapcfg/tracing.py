@@ -34,7 +34,7 @@ from torch import fx, nn
 
 from overlapcfg import compat
 from overlapcfg.models.llama import Llama, LlamaConfig, cross_entropy_loss
-from overlapcfg.models.simple_fsdp import is_sharded, shard_module, sharded_parameters, user_fqn
+from overlapcfg.models.simple_fsdp import AllGatherShard, is_sharded, shard_module, sharded_parameters, user_fqn
 
 __all__ = [
     "META_NAMESPACE",
@@ -107,6 +107,10 @@ class TracedStep:
     rank: int
     reshard_after_forward: bool
     trace_seconds: float
+    param_dtype: torch.dtype | None = None
+    """Dtype the shards were cast to before their all-gathers (``shard_module``'s option; ``None``: no cast)."""
+    reduce_dtype: torch.dtype | None = None
+    """Dtype gradients were reduce-scattered in (``None``: the gathered dtype, ``param_dtype`` if set)."""
 
     def graph(self, name: GraphName) -> fx.GraphModule:
         return self.forward if name == "forward" else self.backward
@@ -345,13 +349,16 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
                      reshard_after_forward: bool = False, batch: int = 2, seq_len: int = 16,
                      device: torch.device | str = "cpu", seed: int = 0,
                      inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     loss_fn: LossFn = cross_entropy_loss) -> TracedStep:
+                     loss_fn: LossFn = cross_entropy_loss, param_dtype: torch.dtype | None = None,
+                     reduce_dtype: torch.dtype | None = None) -> TracedStep:
     """Trace one training step of a SimpleFSDP-sharded model under a fake process group of ``world_size``.
 
     ``model_or_config``: a ``LlamaConfig`` (built with ``seed`` on ``device``), an unsharded module (deep-copied,
     then sharded; the caller's module is untouched) or an already sharded one (used as is). ``inputs`` default
     to ``demo_batch`` for models with ``config.vocab_size``. Use ``device="meta"`` for big shapes: nothing is
-    computed.
+    computed. ``param_dtype`` / ``reduce_dtype`` are handed to ``shard_module`` (mixed precision: casts before
+    the all-gathers and the reduce-scatters, see ``overlapcfg.models.simple_fsdp``); an already sharded model
+    keeps its own, and passing them with one raises ``TypeError``.
     Must not be called while a default process group exists (it opens its own fake one), and resets dynamo.
     """
     if isinstance(model_or_config, nn.Module):
@@ -360,7 +367,11 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
         model = Llama(model_or_config, device=device, seed=seed)
     config: LlamaConfig | None = model.config if isinstance(model, Llama) else None
     if not is_sharded(model):
-        shard_module(model, world_size=world_size, rank=rank, reshard_after_forward=reshard_after_forward)
+        shard_module(model, world_size=world_size, rank=rank, reshard_after_forward=reshard_after_forward,
+                     param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    elif param_dtype is not None or reduce_dtype is not None:
+        raise TypeError("trace_train_step: the model is already sharded; give param_dtype/reduce_dtype to "
+                        "shard_module instead")
     if inputs is None:
         if config is None:
             raise TypeError("trace_train_step: pass inputs=(tokens, targets) for a model that is not a Llama")
@@ -375,12 +386,19 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
                         reshard_after_forward=reshard_after_forward, seconds=seconds)
 
 
+def _mixed_precision(model: nn.Module) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """``(param_dtype, reduce_dtype)`` the model was sharded with (``shard_module`` sets one pair for all)."""
+    gather = next((m for m in model.modules() if isinstance(m, AllGatherShard)), None)
+    return (gather.param_dtype, gather.reduce_dtype) if gather is not None else (None, None)
+
+
 def _traced_step(model: nn.Module, backend: StepBackend, *, config: LlamaConfig | None, world_size: int, rank: int,
                  reshard_after_forward: bool, seconds: float) -> TracedStep:
     if set(backend.graphs) != {"forward", "backward"}:
         raise AssertionError(f"tracing: expected forward and backward graphs, captured {sorted(backend.graphs)}")
     param_fqns = tuple(fqn for fqn, _ in sharded_parameters(model))
     owners = tuple(dict.fromkeys(p.rpartition(".")[0] for p in param_fqns))
+    param_dtype, reduce_dtype = _mixed_precision(model)
     step = TracedStep(
         forward=backend.graphs["forward"],
         backward=backend.graphs["backward"],
@@ -393,6 +411,8 @@ def _traced_step(model: nn.Module, backend: StepBackend, *, config: LlamaConfig 
         rank=rank,
         reshard_after_forward=reshard_after_forward,
         trace_seconds=seconds,
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
     )
     log.info("traced %d-parameter step in %.2fs: %d forward / %d backward nodes, %d FSDP collectives",
              len(param_fqns), seconds, len(step.forward.graph.nodes), len(step.backward.graph.nodes),

@@ -150,3 +150,18 @@ def test_inductor_pass_rewrites_inductors_post_grad_graphs(tmp_path, monkeypatch
         train_step(torch.compile(_sharded(), fullgraph=True), tokens, targets)
     compat.dynamo_reset()
     assert [(r.before.total_fsdp, r.after.total_fsdp) for r in seen] == [(21, 4), (41, 7)]
+
+
+def test_graphs_for_inductor_get_one_fake_value_per_node() -> None:
+    """Identical buckets share one traced merge; for a compiler each stamped node still gets its own fake tensor."""
+    step = trace_train_step(LlamaConfig(n_layers=3), reshard_after_forward=True)
+
+    def shared(for_compiler: bool) -> int:
+        with compat.fake_process_group(2, 0):
+            gm = apply(copy.deepcopy(step.backward), MANUAL, module_fqn_fn=step.module_fqn_fn("backward"),
+                       graph_kind="backward", for_compiler=for_compiler)
+        ids = [id(n.meta["val"]) for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+        return len(ids) - len(set(ids))
+
+    assert shared(for_compiler=False) > 0  # the fast path: identical layers share the cached trace's values
+    assert shared(for_compiler=True) == 0

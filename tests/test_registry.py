@@ -217,3 +217,59 @@ def test_broken_entry_point_is_logged_and_does_not_break_other_strategies(
         get_strategy("broken_plug")
     assert get_strategy("manual").origin == "builtin"
     assert any("broken_plug" in r.getMessage() for r in caplog.records)
+
+
+def test_third_party_strategy_with_its_own_policy_runs_through_apply(clean_registry: None, traced_2l) -> None:
+    """A policy without depth fields must not break plan resolution; the factory gets the resolved plan."""
+    import copy
+
+    from overlapcfg import compat
+    from overlapcfg.passes import apply
+    from overlapcfg.passes.merge import merge_buckets
+    from overlapcfg.strategies.base import Strategy, no_scheduling
+
+    made: list[Any] = []
+
+    @register_strategy("merge_only", policy=LookaheadPolicy)
+    def make(plan: Any, policy: Any) -> Strategy:
+        made.append((plan, policy))
+        return Strategy("merge_only", lambda gm, ctx: merge_buckets(gm, ctx.covered, ctx.plan, "custom_ops"),
+                        no_scheduling)
+
+    cfg = {"strategy": "merge_only", "plan": "llama_layers", "policy": {"lookahead": 5}}
+    with compat.fake_process_group(traced_2l.world_size, traced_2l.rank):
+        gm = apply(copy.deepcopy(traced_2l.forward), cfg, module_fqn_fn=traced_2l.module_fqn_fn("forward"),
+                   module_fqns=traced_2l.module_fqns, graph_kind="forward", debug=True)
+    (plan, policy), = made
+    assert isinstance(policy, LookaheadPolicy) and policy.lookahead == 5
+    assert [b.name for b in plan.buckets] == ["tok_embeddings", "layers.0", "layers.1", "norm+output"]
+    assert gm.meta["overlapcfg"].after.fsdp == (("forward", "all_gather", 4),)
+
+
+def test_settings_a_strategy_does_not_read_are_reported(traced_2l) -> None:
+    import copy
+
+    from overlapcfg import compat
+    from overlapcfg.passes import apply
+
+    cfg = {"strategy": "none", "plan": "llama_layers", "policy": {"forward_prefetch": 3},
+           "overrides": [{"match": "layers.0", "forward_prefetch": 0}]}
+    with compat.fake_process_group(traced_2l.world_size, traced_2l.rank):
+        gm = apply(copy.deepcopy(traced_2l.forward), cfg, module_fqn_fn=traced_2l.module_fqn_fn("forward"),
+                   graph_kind="forward")
+    assert gm.meta["overlapcfg"].notes == (
+        "overlap.plan is ignored: strategy 'none' does not bucket by plan",
+        "overlap.overrides are ignored: strategy 'none' does not bucket by plan",
+        "overlap.policy is ignored: strategy 'none' reads no policy",
+    )
+
+
+def test_torch_manual_rejects_per_bucket_and_override_depths_it_would_ignore() -> None:
+    with pytest.raises(OverlapConfigError) as info:
+        load_config({"strategy": "torch_manual",
+                     "plan": {"buckets": ["tok_embeddings", {"modules": ["layers.*"], "forward_prefetch": 3}]},
+                     "overrides": [{"match": "layers.0", "backward_prefetch": 0}, {"match": "norm",
+                                                                                 "forward_prefetch": 1}]})
+    assert [f.path for f in info.value.faults] == ["overlap.plan.buckets[1].forward_prefetch",
+                                                   "overlap.overrides[0].backward_prefetch"]
+    assert all("torch_manual has a fixed depth of 1" in f.message for f in info.value.faults)

@@ -12,8 +12,32 @@ parallel averaging; a plain sum keeps a 2-rank run bit-identical to ``g0 + g1`` 
 the collective ops, so the partitioner drops the full weight after forward and the backward graph all-gathers it
 again (only for parameters whose backward needs the weight: an embedding's does not).
 
+Mixed precision (``param_dtype`` / ``reduce_dtype``, FSDP2's ``MixedPrecisionPolicy`` and torchtitan SimpleFSDP's
+``redistribute(forward_dtype=..., backward_dtype=...)``): the shard keeps its dtype (fp32 master weights and fp32
+gradients); it is cast to ``param_dtype`` *before* the all-gather, so the wire and the gathered weight are in
+``param_dtype``; in backward the gathered weight's gradient (``param_dtype``) is cast to ``reduce_dtype``
+*before* the reduce-scatter, and the reduced shard gradient is cast back to the shard's dtype. A custom autograd
+function (``_MixedPrecisionGather``) is needed for the second part: the functional all-gather's own autograd
+formula reduce-scatters in the dtype of the gathered tensor, so a plain ``all_gather(shard.to(bf16))`` would
+reduce in bf16. ``reduce_dtype=None`` reduces in the gathered dtype (FSDP2's default, not DTensor's). With both
+``None`` nothing changes: the plain functional all-gather, as before. The traced aot graphs then contain, per
+parameter (``param_dtype=bf16``, ``reduce_dtype=fp32``, fp32 shards)::
+
+    forward:   _to_copy(primal, bf16) -> all_gather_into_tensor (bf16) -> wait_tensor
+    backward:  grad (bf16) -> _to_copy(fp32) -> reduce_scatter_tensor (fp32, "sum") -> wait_tensor -> output
+
+(``_to_copy`` is ``aten._to_copy``; inductor's decompositions turn it into ``prims.convert_element_type``, and
+torch's bucketing folds either kind of cast into a merged all-gather: ``has_mergeable_all_gather_convert_dtype``.)
+With ``reduce_dtype`` equal to ``param_dtype`` the backward cast moves after the wait instead:
+``reduce_scatter_tensor (bf16) -> wait_tensor -> _to_copy(fp32) -> output``. With reshard-after-forward the
+cast is recomputed in backward with the all-gather (``_to_copy(primal)`` -> all-gather), as torchtitan's SAC
+policy does; otherwise the partitioner would save the bf16 shard and the backward all-gather would read a saved
+activation instead of a parameter. Compute runs in ``param_dtype`` wherever the model does not upcast itself
+(torch's ``rms_norm`` computes in fp32 inside, the demo loss upcasts the logits). Double backward through the
+mixed-precision gather is not supported.
+
 Not supported, on purpose: padding of uneven dim 0 (parity with the unsharded model would need masking; we raise
-instead), tied/shared parameters, mixed precision.
+instead), tied/shared parameters.
 """
 
 from __future__ import annotations
@@ -62,38 +86,77 @@ def user_fqn(fqn: str) -> str:
     return ".".join(owner)
 
 
+_RECOMPUTED_OPS = frozenset({
+    torch.ops._c10d_functional.all_gather_into_tensor.default,
+    torch.ops._c10d_functional.wait_tensor.default,
+    # The mixed-precision cast before the all-gather (the checkpointed region holds nothing else): recomputing it
+    # keeps the backward all-gather reading the parameter, not a saved low-precision copy of the shard.
+    torch.ops.aten._to_copy.default,
+    torch.ops.prims.convert_element_type.default,
+})
+
+
 def _recompute_collectives(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
-    """SAC policy: never save the gathered weight; recompute the all-gather (and its wait) in backward."""
-    if op in (torch.ops._c10d_functional.all_gather_into_tensor.default,
-              torch.ops._c10d_functional.wait_tensor.default):
-        return CheckpointPolicy.MUST_RECOMPUTE
-    return CheckpointPolicy.MUST_SAVE
+    """SAC policy: never save the gathered weight; recompute the all-gather (its wait, its cast) in backward."""
+    return CheckpointPolicy.MUST_RECOMPUTE if op in _RECOMPUTED_OPS else CheckpointPolicy.MUST_SAVE
 
 
-def _gather(shard: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    return funcol.all_gather_single(shard, gather_dim=0, group=group)
+class _MixedPrecisionGather(torch.autograd.Function):
+    """All-gather in ``param_dtype``; reduce-scatter the gradient in ``reduce_dtype``; return it in the shard's dtype.
+
+    The same contract as DTensor's ``Redistribute`` with ``forward_dtype`` / ``backward_dtype``, written with the
+    functional collectives so traced graphs hold ``_c10d_functional`` ops only. The gradient is the SUM over ranks,
+    like the plain path's.
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, shard: torch.Tensor, group: dist.ProcessGroup,
+                param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> torch.Tensor:
+        ctx.group = group  # type: ignore[attr-defined]
+        ctx.reduce_dtype = reduce_dtype  # type: ignore[attr-defined]
+        ctx.shard_dtype = shard.dtype  # type: ignore[attr-defined]
+        return funcol.all_gather_single(shard.to(param_dtype), gather_dim=0, group=group)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        group, reduce_dtype, shard_dtype = ctx.group, ctx.reduce_dtype, ctx.shard_dtype  # type: ignore[attr-defined]
+        reduced = funcol.reduce_scatter_tensor(grad.to(reduce_dtype), "sum", 0, group)
+        return reduced.to(shard_dtype), None, None, None
+
+
+def _gather(shard: torch.Tensor, group: dist.ProcessGroup, param_dtype: torch.dtype | None = None,
+            reduce_dtype: torch.dtype | None = None) -> torch.Tensor:
+    if param_dtype is None and reduce_dtype is None:
+        return funcol.all_gather_single(shard, gather_dim=0, group=group)
+    gathered = param_dtype or shard.dtype
+    return _MixedPrecisionGather.apply(shard, group, gathered, reduce_dtype or gathered)
 
 
 class AllGatherShard(nn.Module):
     """Parametrization turning a dim-0 shard into the full parameter by an all-gather over ``group``.
 
     ``group=None`` resolves to the default group at call time, so a model can be sharded before the process group
-    exists (and re-used under a new fake group in another trace).
+    exists (and re-used under a new fake group in another trace). ``param_dtype`` / ``reduce_dtype``: see the
+    module docstring (``None``: the shard's dtype / the gathered dtype).
     """
 
-    def __init__(self, group: dist.ProcessGroup | None, reshard_after_forward: bool) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, reshard_after_forward: bool,
+                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.group = group
         self.reshard_after_forward = reshard_after_forward
+        self.param_dtype = param_dtype
+        self.reduce_dtype = reduce_dtype
 
     def forward(self, shard: torch.Tensor) -> torch.Tensor:
         group = self.group if self.group is not None else dist.group.WORLD
         if group is None:
             raise RuntimeError("SimpleFSDP parameter accessed without a process group; init one first")
         if not self.reshard_after_forward:
-            return _gather(shard, group)
+            return _gather(shard, group, self.param_dtype, self.reduce_dtype)
         context_fn = functools.partial(create_selective_checkpoint_contexts, _recompute_collectives)
-        return checkpoint(_gather, shard, group, use_reentrant=False, context_fn=context_fn)
+        return checkpoint(_gather, shard, group, self.param_dtype, self.reduce_dtype, use_reentrant=False,
+                          context_fn=context_fn)
 
 
 def _check_divisible(module: nn.Module, world_size: int) -> None:
@@ -108,12 +171,16 @@ def _check_divisible(module: nn.Module, world_size: int) -> None:
 
 
 def shard_module(module: nn.Module, *, world_size: int, rank: int, group: dist.ProcessGroup | None = None,
-                 reshard_after_forward: bool = False) -> nn.Module:
+                 reshard_after_forward: bool = False, param_dtype: torch.dtype | None = None,
+                 reduce_dtype: torch.dtype | None = None) -> nn.Module:
     """Shard every parameter of ``module`` in place (rank ``rank`` keeps chunk ``rank`` of dim 0); return it.
 
-    Works on meta tensors. Parameters keep ``requires_grad``. ``module.named_parameters()`` then yields
-    ``<owner>.parametrizations.<name>.original`` shards; ``user_fqn`` maps them back. Raises
-    ``OverlapConfigError`` listing every parameter whose dim 0 does not divide by ``world_size``.
+    Works on meta tensors. Parameters keep ``requires_grad`` and their dtype (the shards are the master weights).
+    ``module.named_parameters()`` then yields ``<owner>.parametrizations.<name>.original`` shards; ``user_fqn``
+    maps them back. ``param_dtype``: dtype the shard is cast to before its all-gather (the dtype compute sees);
+    ``reduce_dtype``: dtype gradients are reduce-scattered in (``None``: the gathered dtype). Both ``None``: no
+    casts at all. Raises ``OverlapConfigError`` listing every parameter whose dim 0 does not divide by
+    ``world_size``, and ``ValueError`` for a dtype that is not floating point.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got world_size={world_size}, rank={rank}")
@@ -121,13 +188,17 @@ def shard_module(module: nn.Module, *, world_size: int, rank: int, group: dist.P
         raise RuntimeError("shard_module: module is already sharded")
     if group is not None and group.size() != world_size:
         raise ValueError(f"shard_module: group has {group.size()} ranks but world_size={world_size}")
+    for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"shard_module: {name} must be a floating-point torch.dtype or None, got {dtype!r}")
     _check_divisible(module, world_size)
     owners = [(mod, name) for mod in module.modules() for name, _ in mod.named_parameters(recurse=False)]
     for mod, name in owners:
         full = getattr(mod, name)
         shard = full.detach().chunk(world_size, dim=0)[rank].clone()
         setattr(mod, name, nn.Parameter(shard, requires_grad=full.requires_grad))
-        parametrize.register_parametrization(mod, name, AllGatherShard(group, reshard_after_forward), unsafe=True)
+        gather = AllGatherShard(group, reshard_after_forward, param_dtype, reduce_dtype)
+        parametrize.register_parametrization(mod, name, gather, unsafe=True)
     return module
 
 

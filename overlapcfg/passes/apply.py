@@ -18,8 +18,8 @@ from overlapcfg.errors import natural_key
 from overlapcfg.passes.collectives import Collective, Direction, ModuleFqnFn, find_collectives
 from overlapcfg.passes.merge import MergedCollective, attribute
 from overlapcfg.passes.record import RECORD_KEY, BucketRecord, PassRecord, count_collectives
-from overlapcfg.registry import get_strategy
-from overlapcfg.resolve import ResolvedPlan, resolve_plan
+from overlapcfg.registry import StrategySpec, get_strategy
+from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
 from overlapcfg.schema import OverlapConfig, load_config
 from overlapcfg.strategies.base import PassContext
 from overlapcfg.verify import summarize, verify
@@ -55,6 +55,18 @@ def _model_fqns(graph: fx.Graph, fn: ModuleFqnFn, owners: Sequence[str]) -> list
     return sorted(closed, key=natural_key)
 
 
+def _ignored_settings(cfg: OverlapConfig, spec: StrategySpec, root: str) -> tuple[str, ...]:
+    """Settings the selected strategy does not read: never silently dropped, always said in the record."""
+    notes = []
+    if not spec.uses_plan and cfg.plan is not None and cfg.plan.buckets:
+        notes.append(f"{root}.plan is ignored: strategy {cfg.strategy!r} does not bucket by plan")
+    if not spec.uses_plan and cfg.overrides:
+        notes.append(f"{root}.overrides are ignored: strategy {cfg.strategy!r} does not bucket by plan")
+    if not spec.uses_policy and cfg.policy != type(cfg.policy)():
+        notes.append(f"{root}.policy is ignored: strategy {cfg.strategy!r} reads no policy")
+    return tuple(notes)
+
+
 def _forced_direction(kind: GraphKind) -> Direction | None:
     return kind if kind in ("forward", "backward") else None  # type: ignore[return-value]
 
@@ -68,6 +80,7 @@ def apply(
     graph_kind: GraphKind = "auto",
     debug: bool = False,
     config_root: str = "overlap",
+    for_compiler: bool = False,
 ) -> fx.GraphModule:
     """Bucket and schedule the FSDP collectives of ``gm`` as ``cfg`` says; returns ``gm`` (modified in place).
 
@@ -76,6 +89,8 @@ def apply(
     graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``auto`` reads each
     node's metadata. ``debug=True`` verifies the result (``overlapcfg.verify``). ``config_root``: where the config
     sits in the user's config tree, so plan faults read ``trainer.overlap.plan.buckets[1]: ...``.
+    ``for_compiler=True``: the graph goes on to a compiler that reads fake-tensor metadata (inductor), so every
+    new node gets its own ``meta["val"]`` (slower; see ``compat.cached_merge_traces``).
     """
     cfg = load_config(cfg, root=config_root)
     started = time.perf_counter()
@@ -83,22 +98,25 @@ def apply(
     collectives = find_collectives(gm.graph, fn, direction=_forced_direction(graph_kind))
     fsdp = [c for c in collectives if c.fsdp]
     spec = get_strategy(cfg.strategy)
+    notes = _ignored_settings(cfg, spec, config_root)
     if not fsdp:
         logger.info("overlapcfg: no FSDP collectives in this graph (%d nodes); returned unchanged",
                     len(gm.graph.nodes))
         _record(gm, cfg, graph_kind, ResolvedPlan(()), collectives, collectives, (), (), (), started,
-                ("no FSDP collectives: nothing to do",))
+                ("no FSDP collectives: nothing to do", *notes))
         return gm
 
     owners = list(dict.fromkeys(c.module_fqn for c in fsdp if c.module_fqn))
     plan = ResolvedPlan(())
     if spec.uses_plan and cfg.plan is not None:
         fqns = list(module_fqns) if module_fqns is not None else _model_fqns(gm.graph, fn, owners)
-        plan = resolve_plan(cfg.plan, fqns, owners, overrides=cfg.overrides, policy=cfg.policy,
+        # A third-party policy need not have depths; the buckets then carry the defaults (and plan values).
+        depths = cfg.policy if isinstance(cfg.policy, DepthSource) else None
+        plan = resolve_plan(cfg.plan, fqns, owners, overrides=cfg.overrides, policy=depths,
                             path=f"{config_root}.plan", overrides_path=f"{config_root}.overrides")
     covered, uncovered = attribute(collectives, plan)
     ctx = PassContext(plan, cfg.policy, tuple(collectives), tuple(covered), tuple(uncovered),
-                      _forced_direction(graph_kind), fn)
+                      _forced_direction(graph_kind), fn, fresh_fake_values=for_compiler)
     strategy = spec.factory(plan, cfg.policy)
     forced = _forced_direction(graph_kind)
     summary = summarize(gm, direction=forced) if debug else None
@@ -111,7 +129,7 @@ def apply(
         verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]")
 
     after = find_collectives(gm.graph, fn, direction=_forced_direction(graph_kind))
-    record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, merged, schedule.steps, started, ())
+    record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, merged, schedule.steps, started, notes)
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm

@@ -92,13 +92,16 @@ def _groups(covered: Sequence[tuple[int, Collective]], plan: ResolvedPlan,
 
 
 def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]], plan: ResolvedPlan,
-                  mode: BucketMode) -> list[MergedCollective]:
-    """Merge each group in place; returns the merged collectives in graph order of their starts."""
+                  mode: BucketMode, *, fresh_fake_values: bool = False) -> list[MergedCollective]:
+    """Merge each group in place; returns the merged collectives in graph order of their starts.
+
+    ``fresh_fake_values``: give every merged node its own fake tensor (see ``compat.cached_merge_traces``).
+    """
     graph = gm.graph
     merged: list[MergedCollective] = []
     # Merging inserts and erases nodes but never reorders the original ones, so one index serves every group.
     original = positions(graph)
-    with compat.cached_merge_traces() as cache:
+    with compat.cached_merge_traces(fresh_fake_values=fresh_fake_values) as cache:
         for (index, direction, kind, _), group in _groups(covered, plan, mode).items():
             merged.append(_merge_group(graph, original, index, direction, kind, group, mode))
     logger.debug("merged %d groups with %d distinct merge traces", len(merged), len(cache))

@@ -111,7 +111,15 @@ def _exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> list[fx.N
 
 
 def _exclusive_descendants(waits: Sequence[fx.Node], index: dict[fx.Node, int]) -> list[fx.Node]:
-    """The waits and the nodes that read only them (views of a merged reduce-scatter's output), graph order."""
+    """The waits and the nodes that read only them, breadth first from the waits (siblings in graph order).
+
+    Breadth-first, not graph order: a moved chain is emitted in this order, as upstream's
+    ``_collect_nodes_must_be_after`` moves it. The two differ once the chain holds nodes that predate the merge,
+    such as the per-parameter casts after a bf16 reduce-scatter of fp32 shards (``reduce_dtype`` = bf16)::
+
+        graph order:    wait split view_a view_b cast(view_b) cast(view_a)   (the casts' original order)
+        breadth-first:  wait split view_a view_b cast(view_a) cast(view_b)   (the merged buffer's layout)
+    """
     chain = set(waits)
     queue = sorted(waits, key=index.__getitem__)
     i = 0
@@ -121,7 +129,7 @@ def _exclusive_descendants(waits: Sequence[fx.Node], index: dict[fx.Node, int]) 
                 chain.add(user)
                 queue.append(user)
         i += 1
-    return sorted(chain, key=index.__getitem__)
+    return queue
 
 
 def _depth(plan: ResolvedPlan, step: Step) -> int:
@@ -222,9 +230,12 @@ def _place_reduce_scatters(plan: ResolvedPlan, steps: Sequence[Step], index: dic
             target -= 1
             reason = "a consumer of the result needs it earlier"
         anchor = issue_point(steps[target])
-        for chain in chains:
-            for node in chain:
-                keys[node] = (index[anchor], 1, i, index[node])
+        # A delayed chain is moved as a block in breadth-first order; one left after its own start keeps graph
+        # order (upstream moves only delayed waits, so both match ``manual_overlap_bucketing`` at d = 1).
+        moved = [n for chain in chains for n in chain]
+        rank = {n: r for r, n in enumerate(moved)} if target != i else index
+        for node in moved:
+            keys[node] = (index[anchor], 1, i, rank[node])
         if target != i:
             for c in step.collectives:
                 deps.setdefault(c.waits[0], []).append(anchor)

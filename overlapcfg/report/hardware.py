@@ -99,6 +99,9 @@ def load_hardware(name: str | HardwareProfile) -> HardwareProfile:
     """A shipped profile by name; an unknown name lists the available ones, closest first."""
     if isinstance(name, HardwareProfile):
         return name
+    if not isinstance(name, str):
+        raise TypeError(f"load_hardware takes a profile name or a HardwareProfile, got {type(name).__name__}; "
+                        "validate a mapping with hardware_from(data)")
     names = hardware_names()
     if name not in names:
         contains = [n for n in names if name.lower() in n.lower()]  # 'h100' -> 'h100_nvlink' first

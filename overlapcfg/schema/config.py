@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from overlapcfg.errors import OverlapConfigError, did_you_mean
 from overlapcfg.schema.base import ConfigModel
-from overlapcfg.schema.plan import BucketPlan, ModuleOverride
-from overlapcfg.schema.policy import OverlapPolicy, PolicyBase
+from overlapcfg.schema.plan import Bucket, BucketPlan, ModuleOverride
+from overlapcfg.schema.policy import OverlapPolicy, PolicyBase, TorchManualPolicy
 from overlapcfg.schema.presets import load_preset, preset_names
 
 __all__ = ["OverlapConfig"]
@@ -93,9 +93,35 @@ class OverlapConfig(ConfigModel):
             value = value.model_dump(exclude_unset=True)
         return model.model_validate(value)
 
+    @model_validator(mode="after")
+    def _fixed_depth_strategies_take_no_other_depths(self) -> OverlapConfig:
+        """torch_manual runs upstream at depth 1: a per-bucket or per-module depth other than 1 would be ignored."""
+        if not isinstance(self.policy, TorchManualPolicy):
+            return self
+        found: list[tuple[tuple[str | int, ...], int]] = []
+        entries = self.plan.buckets if self.plan is not None else ()
+        for i, entry in enumerate(entries):
+            if isinstance(entry, Bucket):
+                found += [(("plan", "buckets", i, k), v) for k, v in _depths(entry) if v != 1]
+        for i, override in enumerate(self.overrides):
+            found += [(("overrides", i, k), v) for k, v in _depths(override) if v != 1]
+        if found:
+            raise ValidationError.from_exception_data("OverlapConfig", [
+                InitErrorDetails(type=PydanticCustomError(
+                    "torch_manual_depth",
+                    "torch_manual has a fixed depth of 1 (upstream manual_overlap_bucketing), got {got}; use "
+                    "strategy 'manual' for other depths", {"got": repr(value)}), loc=loc, input=value)
+                for loc, value in found])
+        return self
+
     def to_yaml(self) -> str:
         """YAML that ``load_config`` reads back to an equal config."""
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _depths(model: Bucket | ModuleOverride) -> list[tuple[str, int]]:
+    keys = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")
+    return [(k, getattr(model, k)) for k in keys if getattr(model, k) is not None]
 
 
 def _spec(strategy: str) -> Any:

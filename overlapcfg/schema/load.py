@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
@@ -78,16 +79,23 @@ def _to_container(src: Any, root: str) -> Any:
         key = getattr(err, "full_key", None)
         where = f"{root}.{key}" if key else root
         raise OverlapConfigError.single(where, f"{type(err).__name__}: {getattr(err, 'msg', err)}") from None
-    except (ValueError, TypeError) as err:  # YAML syntax errors surface as these from OmegaConf.create
-        if isinstance(err, OverlapConfigError):
-            raise
-        raise OverlapConfigError.single(root, f"could not parse YAML: {err}") from None
+    except OverlapConfigError:
+        raise
+    except (yaml.YAMLError, ValueError, TypeError) as err:  # OmegaConf.create lets PyYAML's errors through
+        raise OverlapConfigError.single(root, f"could not parse YAML: {_yaml_problem(err)}") from None
     if isinstance(src, Mapping):
         return src
     raise TypeError(
         f"load_config expects an OverlapConfig, a mapping, a DictConfig, YAML text or a path; "
         f"got {type(src).__name__}"
     )
+
+
+def _yaml_problem(err: Exception) -> str:
+    """PyYAML's problem and where it is (``... (line 1, column 11)``), on one line."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
 def _looks_like_path(text: str) -> bool:

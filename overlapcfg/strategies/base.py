@@ -34,6 +34,8 @@ class PassContext:
     direction: Direction | None
     """Forced direction (a forward or backward graph), or None for joint graphs."""
     module_fqn_fn: ModuleFqnFn
+    fresh_fake_values: bool = False
+    """Every new node needs its own ``meta["val"]`` (a compiler such as inductor reads storages from them)."""
 
 
 Bucketer: TypeAlias = Callable[[fx.GraphModule, PassContext], Sequence[MergedCollective]]

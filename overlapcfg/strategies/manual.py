@@ -18,7 +18,7 @@ __all__ = ["make_strategy"]
 
 def make_strategy(plan: ResolvedPlan, policy: OverlapPolicy) -> Strategy:
     def bucketer(gm: fx.GraphModule, ctx: PassContext) -> Sequence[MergedCollective]:
-        return merge_buckets(gm, ctx.covered, ctx.plan, policy.bucket_mode)
+        return merge_buckets(gm, ctx.covered, ctx.plan, policy.bucket_mode, fresh_fake_values=ctx.fresh_fake_values)
 
     def scheduler(gm: fx.GraphModule, ctx: PassContext, merged: Sequence[MergedCollective]) -> ScheduleResult:
         result = schedule_manual(gm, ctx.plan, merged, policy.max_inflight_bytes)
