@@ -38,7 +38,9 @@ _EXPORTS: dict[str, str] = {
     "available_strategies": "overlapcfg.registry",
     "apply": "overlapcfg.passes",
     "PassRecord": "overlapcfg.passes",
-    "verify": "overlapcfg.verify",
+    "verify": "overlapcfg.verification",
+    "Strategy": "overlapcfg.strategies.base",
+    "PassContext": "overlapcfg.strategies.base",
     "trace_train_step": "overlapcfg.tracing",
     "backend": "overlapcfg.compile",
     "inductor_pass": "overlapcfg.compile",
@@ -62,11 +64,13 @@ __all__ = [
     "OverlapConfigError",
     "OverlapPolicy",
     "OverlapVerificationError",
+    "PassContext",
     "PassRecord",
     "PolicyBase",
     "Report",
     "ResolvedBucket",
     "ResolvedPlan",
+    "Strategy",
     "TorchManualPolicy",
     "apply",
     "available_strategies",
@@ -120,5 +124,6 @@ if TYPE_CHECKING:
         load_config,
         preset_names,
     )
+    from overlapcfg.strategies.base import PassContext, Strategy
     from overlapcfg.tracing import trace_train_step
-    from overlapcfg.verify import verify
+    from overlapcfg.verification import verify

@@ -85,7 +85,7 @@ def backend(cfg: OverlapConfig | Any, *, compiler: CompilerName = "eager", debug
     """A ``torch.compile`` backend applying ``cfg`` to the forward and backward graphs of aot_autograd.
 
     ``cfg`` is validated now (``OverlapConfigError`` before any compile). ``debug=True`` verifies each rewritten
-    graph (``overlapcfg.verify``). The returned ``StepBackend`` keeps the transformed graphs in ``.graphs`` (each
+    graph (``overlapcfg.verification``). The returned ``StepBackend`` keeps the transformed graphs in ``.graphs`` (each
     with its ``PassRecord`` in ``gm.meta["overlapcfg"]``) and the original collectives in ``.collectives``.
 
     ``compiler="inductor"`` lowers the transformed graphs with inductor (``compile_fx_inner``) under

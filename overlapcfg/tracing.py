@@ -33,6 +33,7 @@ import torch
 from torch import fx, nn
 
 from overlapcfg import compat
+from overlapcfg.keys import META_KEY, OWNER_KEY
 from overlapcfg.models.llama import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.models.simple_fsdp import AllGatherShard, is_sharded, shard_module, sharded_parameters, user_fqn
 
@@ -61,8 +62,8 @@ GraphPass: TypeAlias = Callable[[fx.GraphModule], fx.GraphModule]
 """A graph pass as ``compile_with_pass`` applies it: takes the aot graph module, returns the one to run."""
 LossFn: TypeAlias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-META_NAMESPACE = "overlapcfg"
-OWNER_META_KEY = "owner"
+META_NAMESPACE = META_KEY
+OWNER_META_KEY = OWNER_KEY
 """``node.meta["overlapcfg"]["owner"]`` holds the ``CollectiveOwner`` of an FSDP collective start and its wait."""
 
 _c10d = torch.ops._c10d_functional

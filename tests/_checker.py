@@ -164,19 +164,41 @@ def achieved_delays(gm: fx.GraphModule, merged: Sequence[Merged]) -> dict[str, i
 
 
 def expected_prefetch(ks: Sequence[int], sizes: Sequence[int] | None = None, cap: int | None = None) -> list[int]:
-    """Achieved depth per bucket (compute order) for requested depths ``ks``; see the module docstring."""
+    """Achieved depth per bucket (compute order) for requested depths ``ks``, from the spec by brute force.
+
+    Not a re-run of the scheduler's loop: enumerate every reach sequence ``r`` (``r[j]`` = last bucket issued when
+    bucket j waits) that is allowed, and take the lexicographically largest one, i.e. "as deep as asked, as
+    early as possible". Allowed: ``j <= r[j] <= last``, monotone (nothing is un-issued), never deeper than some
+    bucket asked (``r[j] <= max over i <= j of i + k_i``), and within the cap (unsharded bytes of buckets
+    ``j..r[j]`` <= cap) unless ``r[j]`` is forced (``r[j] == max(r[j-1], j)``: already issued, or itself).
+    """
     last = len(ks) - 1
-    depths: list[int] = []
-    reach = -1
-    for j, k in enumerate(ks):
-        floor = max(reach, j)
-        want = min(j + k, last)
-        if cap is not None and sizes is not None:
-            while want > floor and sum(sizes[j:want + 1]) > cap:
-                want -= 1
-        reach = max(floor, want)
-        depths.append(reach - j)
-    return depths
+    best: list[int] | None = None
+
+    def allowed(j: int, r: int, prev: int) -> bool:
+        forced = max(prev, j)
+        if r < forced or r > max(forced, min(max(i + k for i, k in enumerate(ks[:j + 1])), last)):
+            return False
+        within_cap = cap is None or sizes is None or sum(sizes[j:r + 1]) <= cap
+        return within_cap or r == forced
+
+    def search(j: int, prev: int, seq: list[int]) -> None:
+        nonlocal best
+        if j > last:
+            if best is None or seq > best:
+                best = list(seq)
+            return
+        for r in range(last, -1, -1):  # largest first: the first complete sequence found is the answer
+            if allowed(j, r, prev):
+                seq.append(r)
+                search(j + 1, r, seq)
+                seq.pop()
+                if best is not None:
+                    return
+
+    search(0, -1, [])
+    assert best is not None
+    return [r - j for j, r in enumerate(best)]
 
 
 def expected_delays(ds: Sequence[int]) -> list[int]:

@@ -16,7 +16,7 @@ from overlapcfg.models import Llama, LlamaConfig, shard_module
 from overlapcfg.passes import apply
 from overlapcfg.testing import run_on_gloo
 from overlapcfg.tracing import StepBackend, compile_with_pass, demo_batch, trace_train_step, train_step
-from overlapcfg.verify import summarize, verify
+from overlapcfg.verification import summarize, verify
 
 MODEL = LlamaConfig(n_layers=2)
 MANUAL: dict[str, Any] = {"strategy": "manual", "plan": "llama_layers"}

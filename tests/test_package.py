@@ -8,10 +8,48 @@ import sys
 import overlapcfg
 
 
-def test_every_exported_name_resolves():
+def test_every_exported_name_resolves_to_a_class_or_function():
     assert set(overlapcfg.__all__) - {"__version__"} == set(overlapcfg._EXPORTS)
     for name in overlapcfg._EXPORTS:
-        assert getattr(overlapcfg, name) is not None, name
+        value = getattr(overlapcfg, name)
+        assert callable(value) and not isinstance(value, type(overlapcfg)), f"overlapcfg.{name} is {value!r}"
+
+
+def _modules() -> list[str]:
+    import pathlib
+
+    root = pathlib.Path(overlapcfg.__file__).parent
+    names = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        if "_hydra_plugin" in rel.parts or rel.name == "__main__":
+            continue
+        names.append(".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts))
+    return names
+
+
+def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
+    """Import order must not matter (no cycle hidden by whichever module happened to be imported first), and after
+    importing every submodule the package's exports are still classes and functions, not same-named modules.
+
+    One interpreter, but overlapcfg is dropped from ``sys.modules`` before each import: every module is imported
+    first, without paying for torch's import each time."""
+    code = (
+        "import importlib, sys, torch, hydra\n"
+        "failed = []\n"
+        "for name in sys.argv[1:]:\n"
+        "    for loaded in [m for m in sys.modules if m == 'overlapcfg' or m.startswith('overlapcfg.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as err:\n"
+        "        failed.append(f'{name}: {type(err).__name__}: {err}')\n"
+        "import overlapcfg\n"
+        "bad = [n for n in overlapcfg._EXPORTS if type(getattr(overlapcfg, n)).__name__ == 'module']\n"
+        "print('FAILED', failed, 'SHADOWED', bad) if failed or bad else print('OK')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *_modules()], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "OK", out.stdout
 
 
 def test_unknown_attribute_raises_attribute_error():

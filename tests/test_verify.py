@@ -17,7 +17,7 @@ from overlapcfg.compat import fake_process_group
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.passes import apply
 from overlapcfg.tracing import TracedStep
-from overlapcfg.verify import summarize, verify
+from overlapcfg.verification import summarize, verify
 
 pytestmark = pytest.mark.slow
 
@@ -183,3 +183,23 @@ def test_config_error_leaves_the_graph_untouched(step: TracedStep, cfg: dict[str
     assert gm.code == code
     assert [(n.name, n.target) for n in gm.graph.nodes] == nodes
     assert "overlapcfg" not in gm.meta
+
+
+def test_swapped_gradients_are_caught(step: TracedStep, applied: ApplyFn) -> None:
+    """Two outputs that are each still reduce-scattered, but each other's gradient: a lost-output check misses it."""
+    gm = applied(step, "backward", {"plan": "llama_layers"})
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    outs = list(output.args[0])
+    a, b = [i for i, v in enumerate(outs) if isinstance(v, fx.Node)][:2]
+    outs[a], outs[b] = outs[b], outs[a]
+    output.args = (tuple(outs),)
+    with pytest.raises(OverlapVerificationError, match=rf"graph output {a} is now the reduce-scattered gradient of"):
+        verify(step.backward, gm, direction="backward")
+
+
+def test_a_bucket_of_many_layers_verifies(applied: ApplyFn) -> None:
+    """A merged all-gather of every parameter of an 8-layer model (single_bucket) is still a parameter gather."""
+    big = traced_step(8, True)
+    for graph in ("forward", "backward"):
+        gm = applied(big, graph, {"plan": "single_bucket"})  # applied() runs apply(debug=True), i.e. verify
+        assert gm.meta["overlapcfg"].after.total_fsdp == (1 if graph == "forward" else 2)

@@ -16,6 +16,7 @@ from torch import fx
 from torch.utils.flop_counter import flop_registry
 
 from overlapcfg import compat
+from overlapcfg.keys import META_KEY
 
 __all__ = [
     "Collective",
@@ -26,12 +27,13 @@ __all__ = [
     "data_inputs",
     "group_name",
     "is_compute_node",
+    "node_direction",
+    "parameter_sources",
     "started_by",
     "positions",
     "wait_of",
 ]
 
-_MERGED_META = "overlapcfg"
 
 CollectiveKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce", "other"]
 Direction: TypeAlias = Literal["forward", "backward"]
@@ -110,31 +112,39 @@ def is_compute_node(node: fx.Node) -> bool:
     return getattr(target, "overloadpacket", None) in flop_registry or target in flop_registry
 
 
-_MERGED_ANCESTOR_LIMIT = 256
+def parameter_sources(start: fx.Node) -> tuple[str, ...] | None:
+    """Names of the placeholders an all-gather reads through copies and views alone (graph order of discovery),
+    or None if compute lies among its inputs' ancestors (an activation gather: sequence or tensor parallel).
 
-
-def _is_bucketed_all_gather(start: fx.Node) -> bool:
-    """An all-gather of several parameters that torch's bucketing already merged, in any bucket mode.
-
-    Its inputs lead back, through copies and views only (no compute), to two or more placeholders; a single
-    parameter's gather is ``is_fsdp_all_gather``'s case. Activation gathers (sequence or tensor parallel) have
-    compute among their ancestors.
+    One parameter: an FSDP gather; two or more: a bucket that torch's merge helpers (any bucket mode) or ours
+    already merged. The walk stops at placeholders and at the first compute node, so it is linear in the
+    copy-in region and never scans a graph's activations.
     """
     seen: set[fx.Node] = set()
     stack = list(data_inputs(start))
-    placeholders = 0
+    found: list[str] = []
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
-        if len(seen) > _MERGED_ANCESTOR_LIMIT or is_compute_node(node):
-            return False
         if node.op == "placeholder":
-            placeholders += 1
+            found.append(node.name)
+        elif is_compute_node(node):
+            return None
         else:
             stack.extend(data_inputs(node))
-    return placeholders >= 2
+    return tuple(found)
+
+
+def _is_bucketed_all_gather(start: fx.Node) -> bool:
+    sources = parameter_sources(start)
+    return sources is not None and len(sources) >= 2
+
+
+def node_direction(node: fx.Node) -> Direction:
+    """Which side of autograd a node is on, from aot_autograd's ``autograd_backward`` tag."""
+    return "backward" if node.meta.get("autograd_backward", False) else "forward"
 
 
 def _gathered_placeholder(start: fx.Node) -> str | None:
@@ -162,11 +172,6 @@ def _nbytes(node: fx.Node) -> int:
     return int(val.numel()) * val.element_size()
 
 
-def _is_backward(node: fx.Node) -> bool:
-    # aot_autograd marks nodes produced by autograd (and recomputed ones in a backward graph) this way.
-    return bool(node.meta.get("autograd_backward", False))
-
-
 def find_collectives(
     graph: fx.Graph,
     module_fqn_fn: ModuleFqnFn,
@@ -186,7 +191,7 @@ def find_collectives(
     out: list[Collective] = []
     for start, waits in waits_of.items():
         kind = _kind(start)
-        tagged = "bucket" in start.meta.get(_MERGED_META, {})  # our bucketer merged it from FSDP collectives
+        tagged = "bucket" in start.meta.get(META_KEY, {})  # our bucketer merged it from FSDP collectives
         if kind == "all_gather":
             fsdp = tagged or compat.is_fsdp_all_gather(start) or _is_bucketed_all_gather(start)
             size_node = start
@@ -196,11 +201,15 @@ def find_collectives(
         else:
             fsdp, size_node = False, start
         val = start.meta.get("val")
+        if fsdp and not isinstance(val, torch.Tensor):
+            # Sizes drive the byte cap and the report: guessing 0 bytes would silently disable the cap.
+            raise RuntimeError(f"overlapcfg.apply: FSDP collective {start.name} has no meta['val'] fake tensor; "
+                               "run the pass on a traced graph (aot_autograd or inductor post-grad) that has them")
         dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
         if kind == "reduce_scatter":
             dirn: Direction = "backward"
         else:
-            dirn = direction or ("backward" if _is_backward(start) else "forward")
+            dirn = direction or node_direction(start)
         param = _gathered_placeholder(start) if fsdp and kind == "all_gather" else None
         out.append(Collective(start, tuple(waits), kind, fsdp, dirn, group_name(start), dtype, _nbytes(size_node),
                               module_fqn_fn(start) if fsdp else None, param))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.keys import META_KEY
 from overlapcfg.passes.collectives import Collective, CollectiveKind, Direction, positions
 from overlapcfg.resolve import ResolvedPlan
 from overlapcfg.schema.policy import BucketMode
@@ -30,10 +31,6 @@ from overlapcfg.schema.policy import BucketMode
 __all__ = ["META_KEY", "MergedCollective", "attribute", "merge_buckets"]
 
 logger = logging.getLogger(__name__)
-
-META_KEY = "overlapcfg"
-"""Our provenance on new nodes: ``node.meta["overlapcfg"] = {"bucket", "kind", "direction", "role", "sources"}``."""
-
 
 _INHERITED_META = ("autograd_backward", "partitioner_tag")
 

@@ -9,12 +9,13 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from overlapcfg.keys import META_KEY
 from overlapcfg.passes.collectives import Collective
 from overlapcfg.passes.schedule import StepRecord
 
 __all__ = ["RECORD_KEY", "BucketRecord", "CollectiveCounts", "PassRecord", "count_collectives"]
 
-RECORD_KEY = "overlapcfg"
+RECORD_KEY = META_KEY
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from overlapcfg.passes.collectives import Direction, is_compute_node, positions
+from overlapcfg.passes.collectives import Direction, is_compute_node, node_direction, positions
 from overlapcfg.passes.merge import MergedCollective
 from overlapcfg.resolve import ResolvedPlan
 
@@ -160,6 +160,8 @@ def _all_gather_reach(plan: ResolvedPlan, steps: Sequence[Step],
                 reason = f"max_inflight_bytes={cap} binds"
             if r == i and sizes[i] > cap:
                 reason = f"max_inflight_bytes={cap} is smaller than this bucket ({sizes[i]} bytes)"
+        if r > i + requested:  # can't un-issue what an earlier, deeper bucket already prefetched
+            reason = f"an earlier bucket's depth already issued up to {plan.buckets[steps[r].bucket].name}"
         reach.append(r)
         records.append(StepRecord(plan.buckets[step.bucket].name, step.direction, step.kind, i, requested,
                                   r - i, sum(sizes[i:r + 1]), reason))
@@ -174,10 +176,15 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
     index = positions(graph)
     keys: dict[fx.Node, Key] = {n: (i, 0, 0, 0) for n, i in index.items()}
     deps: dict[fx.Node, list[fx.Node]] = {}
-    first_compute = next((n for n in graph.nodes if is_compute_node(n)), None)
     records: list[StepRecord] = []
+    directions = {m.direction for m in merged if m.kind == "all_gather"}
     for direction in ("forward", "backward"):
         steps = _steps(merged, "all_gather", direction, index)
+        # A joint graph holds both directions: the first backward bucket is hoisted before the first backward
+        # compute, not to the start of the forward. In aot's separate graphs (one direction each), as upstream:
+        # before the graph's first compute node.
+        first_compute = next((n for n in graph.nodes if is_compute_node(n)
+                              and (len(directions) < 2 or node_direction(n) == direction)), None)
         records += _place_all_gathers(plan, steps, max_inflight_bytes, index, first_compute, keys, deps)
     records += _place_reduce_scatters(plan, _steps(merged, "reduce_scatter", "backward", index), index, keys, deps)
     _reorder(graph, keys)

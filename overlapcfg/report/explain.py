@@ -17,8 +17,8 @@ from typing import Any
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.passes.apply import apply
 from overlapcfg.passes.collectives import find_collectives
+from overlapcfg.passes.pipeline import apply
 from overlapcfg.passes.record import RECORD_KEY, BucketRecord, PassRecord
 from overlapcfg.report.cost import collective_kind, node_kind
 from overlapcfg.report.hardware import HardwareProfile, load_hardware

@@ -22,7 +22,7 @@ from overlapcfg.registry import StrategySpec, get_strategy
 from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
 from overlapcfg.schema import OverlapConfig, load_config
 from overlapcfg.strategies.base import PassContext
-from overlapcfg.verify import summarize, verify
+from overlapcfg.verification import summarize, verify
 
 __all__ = ["GraphKind", "apply"]
 
@@ -87,7 +87,7 @@ def apply(
     ``module_fqn_fn(node)`` names the module a node belongs to (default: our tracing records, else the node's
     module stack). ``module_fqns``: the model's module FQNs for pattern matching (default: those seen in the
     graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``auto`` reads each
-    node's metadata. ``debug=True`` verifies the result (``overlapcfg.verify``). ``config_root``: where the config
+    node's metadata. ``debug=True`` verifies the result (``overlapcfg.verification``). ``config_root``: where the config
     sits in the user's config tree, so plan faults read ``trainer.overlap.plan.buckets[1]: ...``.
     ``for_compiler=True``: the graph goes on to a compiler that reads fake-tensor metadata (inductor), so every
     new node gets its own ``meta["val"]`` (slower; see ``compat.cached_merge_traces``).

@@ -6,7 +6,8 @@
 - every collective start is waited exactly once (once per output for coalesced ones), after the start, and
   nothing but its waits reads the start;
 - nothing reads an all-gather's output buffer between the start and its wait;
-- the same parameters are all-gathered, per direction, and the same graph outputs are reduce-scattered.
+- the same parameters are all-gathered, per direction, and each reduce-scattered graph output is still the
+  gradient of the same node (through a merged bucket's slices).
 
 ``before`` may be a ``GraphModule`` or its ``summarize()``: taking the summary is cheap, copying a graph is not.
 """
@@ -22,56 +23,36 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
-from overlapcfg.passes.collectives import data_inputs, positions, started_by
+from overlapcfg.passes.collectives import data_inputs, node_direction, parameter_sources, positions, started_by
 
 __all__ = ["GraphSummary", "summarize", "verify"]
-
-_ANCESTOR_LIMIT = 64
-"""An all-gather whose input has more computed ancestors than this is not a parameter gather (TP activations,
-say); it is left out of the parameter comparison on both sides."""
 
 
 @dataclass(frozen=True, slots=True)
 class GraphSummary:
-    """What must not change: parameters gathered (placeholder name, direction) and outputs reduce-scattered."""
+    """What must not change: parameters gathered (placeholder name, direction), and for each graph output that
+    is reduce-scattered, the node whose gradient it is (so two swapped gradients are caught, not only a lost one).
+    """
 
     gathered: frozenset[tuple[str, str]]
-    reduce_scattered: frozenset[int]
+    reduce_scattered: frozenset[tuple[int, str]]
 
 
-def _direction(node: fx.Node, forced: str | None) -> str:
-    if forced is not None:
-        return forced
-    return "backward" if node.meta.get("autograd_backward", False) else "forward"
+def _collective_behind(node: object) -> tuple[fx.Node, int | None] | None:
+    """Walk back from a graph output through single-input nodes (views, casts, getitem) to a collective.
 
-
-def _placeholder_ancestors(start: fx.Node) -> set[str] | None:
-    found: set[str] = set()
-    seen: set[fx.Node] = set()
-    stack = list(data_inputs(start))
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if len(seen) > _ANCESTOR_LIMIT:
-            return None
-        if node.op == "placeholder":
-            found.add(node.name)
-        else:
-            stack.extend(data_inputs(node))
-    return found
-
-
-def _collective_behind(node: object) -> fx.Node | None:
-    """Walk back from a graph output through single-input nodes (views, getitem, casts) to a collective."""
-    cur = node
+    Returns the collective start and, when the path came through ``getitem(split, k)`` of a merged result, ``k``:
+    which slice of the bucket this output is.
+    """
+    cur, piece = node, None
     for _ in range(16):
         if not isinstance(cur, fx.Node) or cur.op != "call_function":
             return None
         start = started_by(cur)
         if start is not None:
-            return start
+            return start, piece
+        if cur.target is operator.getitem and isinstance(cur.args[1], int):
+            piece = cur.args[1]
         inputs = data_inputs(cur)
         if len(inputs) != 1:
             return None
@@ -79,22 +60,48 @@ def _collective_behind(node: object) -> fx.Node | None:
     return None
 
 
+def _through_views(node: object) -> object:
+    """Skip view ops (reshape, flatten, t, ...): merging adds and removes them, the data behind them stays."""
+    while isinstance(node, fx.Node) and node.op == "call_function" and getattr(node.target, "is_view", False):
+        inputs = data_inputs(node)
+        if len(inputs) != 1:
+            break
+        node = inputs[0]
+    return node
+
+
+def _gradient_source(start: fx.Node, piece: int | None) -> str:
+    """The node a reduce-scatter reduces: for a merged bucket, the ``piece``-th input of its copy-in (torch's
+    ``_pre_bucket_reduce_scatter``, a concatenation, or a coalesced collective's input list), seen through views
+    on both sides so the merged and unmerged graphs name the same node."""
+    source: object = start.args[0]
+    if isinstance(source, (list, tuple)):  # coalesced: one input per output
+        source = source[piece] if piece is not None and piece < len(source) else None
+    else:
+        source = _through_views(source)
+        if piece is not None and isinstance(source, fx.Node) and source.args \
+                and isinstance(source.args[0], (list, tuple)) and piece < len(source.args[0]):
+            source = source.args[0][piece]
+    source = _through_views(source)
+    return source.name if isinstance(source, fx.Node) else repr(source)
+
+
 def summarize(gm: fx.GraphModule, *, direction: str | None = None) -> GraphSummary:
     """``direction``: "forward"/"backward" for aot_autograd's separate graphs, None to read node metadata."""
     gathered: set[tuple[str, str]] = set()
     for node in gm.graph.nodes:
         if compat.is_all_gather_into_tensor(node):
-            phs = _placeholder_ancestors(node)
-            if phs is not None:
-                gathered.update((p, _direction(node, direction)) for p in phs)
+            sources = parameter_sources(node)  # None: an activation gather, not ours to compare
+            if sources is not None:
+                gathered.update((p, direction or node_direction(node)) for p in sources)
     output = next(iter(gm.graph.find_nodes(op="output")), None)
-    scattered: set[int] = set()
+    scattered: set[tuple[int, str]] = set()
     if output is not None:
         outs = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
         for i, value in enumerate(outs):
-            coll = _collective_behind(value)
-            if coll is not None and _is_reduce_scatter(coll):
-                scattered.add(i)
+            found = _collective_behind(value)
+            if found is not None and _is_reduce_scatter(found[0]):
+                scattered.add((i, _gradient_source(*found)))
     return GraphSummary(frozenset(gathered), frozenset(scattered))
 
 
@@ -168,9 +175,9 @@ def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, dire
         problems.append(f"parameter {param} is no longer all-gathered in {where}")
     for param, where in sorted(got.gathered - expected.gathered):
         problems.append(f"parameter {param} is now all-gathered in {where} but was not before")
-    for i in sorted(expected.reduce_scattered - got.reduce_scattered):
-        problems.append(f"graph output {i} is no longer reduce-scattered")
-    for i in sorted(got.reduce_scattered - expected.reduce_scattered):
-        problems.append(f"graph output {i} is now reduce-scattered but was not before")
+    for i, source in sorted(expected.reduce_scattered - got.reduce_scattered):
+        problems.append(f"graph output {i} is no longer the reduce-scattered gradient of {source}")
+    for i, source in sorted(got.reduce_scattered - expected.reduce_scattered):
+        problems.append(f"graph output {i} is now the reduce-scattered gradient of {source}, which it was not")
     if problems:
         raise OverlapVerificationError(problems, pass_name=pass_name)
