@@ -40,7 +40,7 @@ def _task(cfg: DictConfig) -> None:
     if not console.is_terminal:  # piped or captured: 80 columns would wrap every bucket row
         console = Console(width=160)
     output_dir = Path(HydraConfig.get().runtime.output_dir)
-    mode = cfg.get("mode", "run")
+    mode = cfg.mode
     try:
         if mode == "run":
             job.run_report(cfg, output_dir, console)

@@ -20,7 +20,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from torch import fx
 
@@ -28,6 +28,7 @@ import overlapcfg
 from overlapcfg import compat
 from overlapcfg.passes import GraphKind, apply
 from overlapcfg.schema import OverlapConfig, load_config
+from overlapcfg.schema.load import ConfigSource
 from overlapcfg.tracing import GraphCompiler, GraphName, GraphPass, StepBackend
 
 __all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "inductor_pass", "source_hash"]
@@ -81,7 +82,7 @@ def _inductor_compiler(graph: GraphName) -> GraphCompiler:
     return compile_graph
 
 
-def backend(cfg: OverlapConfig | Any, *, compiler: CompilerName = "eager", debug: bool = False) -> StepBackend:
+def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", debug: bool = False) -> StepBackend:
     """A ``torch.compile`` backend applying ``cfg`` to the forward and backward graphs of aot_autograd.
 
     ``cfg`` is validated now (``OverlapConfigError`` before any compile). ``debug=True`` verifies each rewritten
@@ -154,7 +155,7 @@ class OverlapGraphPass(compat.CustomGraphPass):
         return digest.hexdigest()
 
 
-def inductor_pass(cfg: OverlapConfig | Any, *, debug: bool = False) -> OverlapGraphPass:
+def inductor_pass(cfg: ConfigSource, *, debug: bool = False) -> OverlapGraphPass:
     """``cfg`` (validated now) as a ``CustomGraphPass`` for ``torch._inductor.config.post_grad_custom_post_pass``.
 
     See ``OverlapGraphPass`` for the inductor settings that must accompany it.

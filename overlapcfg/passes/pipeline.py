@@ -21,6 +21,7 @@ from overlapcfg.passes.record import RECORD_KEY, BucketRecord, PassRecord, count
 from overlapcfg.registry import StrategySpec, get_strategy
 from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
 from overlapcfg.schema import OverlapConfig, load_config
+from overlapcfg.schema.load import ConfigSource
 from overlapcfg.strategies.base import PassContext
 from overlapcfg.verification import summarize, verify
 
@@ -73,7 +74,7 @@ def _forced_direction(kind: GraphKind) -> Direction | None:
 
 def apply(
     gm: fx.GraphModule,
-    cfg: OverlapConfig | Any,
+    cfg: ConfigSource,
     *,
     module_fqn_fn: ModuleFqnFn | None = None,
     module_fqns: Sequence[str] | None = None,

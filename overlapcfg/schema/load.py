@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -20,13 +20,14 @@ from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 from overlapcfg.schema.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
 from overlapcfg.schema.config import OverlapConfig
 
-__all__ = ["faults_from_validation_error", "from_hydra", "load_config", "validate_config"]
+__all__ = ["ConfigSource", "faults_from_validation_error", "from_hydra", "load_config", "validate_config"]
 
 M = TypeVar("M", bound=BaseModel)
 
 HEADER = "invalid overlap config"
 
-ConfigSource = OverlapConfig | Mapping[str, Any] | DictConfig | str | os.PathLike[str]
+ConfigSource: TypeAlias = OverlapConfig | Mapping[str, Any] | DictConfig | str | os.PathLike[str]
+"""Anything ``load_config`` turns into an ``OverlapConfig``."""
 
 
 def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
