@@ -214,6 +214,15 @@ def compare_configs(cfg: DictConfig) -> tuple[list[str], list[OverlapConfig]]:
     return names, configs
 
 
+def shadowed_keys(cfg: DictConfig) -> dict[str, list[str]]:
+    """For each ``overlap`` key, the ``compare`` rows that replace it: there, setting ``overlap.<key>`` on the
+    command line changes nothing, and the user should be told so."""
+    entries = OmegaConf.to_container(cfg.get("compare") or {}, resolve=True) or {}
+    rows = {str(label): e for label, e in entries.items() if isinstance(e, Mapping)}
+    out = {key: [label for label, e in rows.items() if key in e] for key in cfg.overlap}
+    return {key: labels for key, labels in out.items() if labels}
+
+
 def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=compare``: every ``compare`` entry on one trace; print the table, write JSON and the timeline."""
     from overlapcfg.report import compare
@@ -232,6 +241,11 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     with progress.stage(f"compared {len(configs)} configs on {hardware.name}"):
         comparison = compare(step, configs, hardware=hardware, names=names)
     console.print(comparison.table())
+    for key, labels in shadowed_keys(cfg).items():
+        note = (f"note: rows {', '.join(labels)} set their own {key!r}, so overlap.{key} does not apply to them "
+                f"(change a row with compare.<label>.{key})")
+        log.info(note)
+        console.print(f"[yellow]{note}[/yellow]")
     path = output_dir / COMPARE_FILE
     path.write_text(comparison.to_json())
     with progress.stage("wrote timeline"):

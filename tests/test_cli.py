@@ -87,8 +87,10 @@ def test_compare_mode_writes_table_json_and_timeline(tmp_path):
     out = run_cli(tmp_path, "mode=compare", "~compare", rows, *FAST, f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr
     data = json.loads((tmp_path / "run" / "compare.json").read_text())
-    assert "none" in json.dumps(data) and "deep" in json.dumps(data)
-    assert (tmp_path / "run" / "timeline.png").is_file()
+    assert [row["name"] for row in data["rows"]] == ["none", "deep"]
+    assert (tmp_path / "run" / "timeline.png").is_file() and (tmp_path / "run" / "timeline.json").is_file()
+    # `deep` replaces the policy, so a command-line overlap.policy.* would not reach it: the user is told.
+    assert "rows deep set their own 'policy', so overlap.policy does not apply to them" in out.stdout
 
 
 def test_help_lists_the_config_groups(tmp_path):

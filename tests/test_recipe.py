@@ -31,5 +31,9 @@ def train(tmp_path: Path, name: str, *overrides: str) -> list[float]:
 def test_recipe_losses_equal_the_unoverlapped_run(tmp_path):
     overlapped = train(tmp_path, "manual", "overlap/policy=aggressive", "debug=true")
     baseline = train(tmp_path, "none", "overlap.strategy=none")
-    assert len(overlapped) == 3
+    assert len(overlapped) == 3 and all(loss == loss for loss in overlapped) and len(set(overlapped)) > 1
     assert overlapped == baseline
+    # ... and not because the pass did nothing: rank 0 logged the merge of forward and backward collectives.
+    log = (tmp_path / "manual" / "rank0.log").read_text()
+    assert "overlapcfg[manual]: 21 -> 4 FSDP collectives" in log, log[-2000:]
+    assert "overlapcfg[manual]: 41 -> 7 FSDP collectives" in log, log[-2000:]

@@ -82,7 +82,7 @@ def test_byte_cap_reason_and_always_binding_warning(traced_2l_reshard):
     assert any("max_inflight_bytes binds at every forward all-gather" in w for w in report.warnings)
 
 
-def test_single_bucket_warns_about_spanning_layers(traced_2l_reshard):
+def test_spanning_warning_fires_above_two_layers_and_not_at_two(traced_2l_reshard):
     cfg = {"plan": {"buckets": [["tok_embeddings", "layers.*", "norm", "output"]]}}
     report = explain(traced_2l_reshard, cfg)
     assert len(report.buckets) == 1 and report.buckets[0].param_count == len(_model_params())
@@ -124,6 +124,15 @@ def test_explain_accepts_a_graph_module_that_already_went_through_apply(report):
     assert bare.graph("forward").order == report.graph("forward").order
     with pytest.raises(TypeError, match="no overlapcfg pass record"):
         explain(fx.symbolic_trace(lambda x: x + 1), DEFAULT)
+
+
+def test_a_bare_graph_is_predicted_at_its_traced_group_size(report):
+    """No TracedStep to ask: the group size comes from the graph's collectives, so communication is not 0."""
+    bare = explain(report.forward, DEFAULT, hardware="h100_nvlink")
+    full = explain(report.forward, DEFAULT, hardware="h100_nvlink", world_size=2)
+    assert bare.simulation is not None and bare.simulation.world_size == 2
+    assert bare.simulation.comm_seconds > 0
+    assert bare.simulation.comm_seconds == full.simulation.comm_seconds
 
 
 def test_table_renders_buckets_order_and_prediction(report):

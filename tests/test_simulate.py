@@ -139,6 +139,10 @@ def test_shipped_profiles_carry_the_cited_numbers():
     assert (h100.peak_flops.bf16, h100.mem_bandwidth, h100.intra_node_bandwidth) == (989e12, 3.35e12, 450e9)
     assert h100.inter_node_bandwidth == 400e9 / 8  # 400 Gb/s per direction
     assert (a100.peak_flops.bf16, a100.intra_node_bandwidth, a100.inter_node_bandwidth) == (312e12, 300e9, 25e9)
+    assert (h100.peak_flops.fp32, a100.peak_flops.fp32, a100.mem_bandwidth) == (67e12, 19.5e12, 2.0e12)
+    assert (h100.gpus_per_node, a100.gpus_per_node) == (8, 8)
+    # Per ring step, from ~10-20 us for a small all-gather over 8 GPUs (7 steps): a few microseconds.
+    assert 1e-6 <= h100.latency <= 3e-6 and 1e-6 <= a100.latency <= 3e-6
 
 
 def test_unknown_hardware_lists_profiles_closest_first():

@@ -5,7 +5,7 @@
 A Hydra app of its own: ``conf/train.yaml`` mounts ``overlap: default`` from overlapcfg's shipped config tree
 (found by overlapcfg's Hydra plugin), so every ``overlap.*`` override works here as in the ``overlapcfg``
 command. gloo on CPU, NCCL when every rank has a GPU. Copy this file as the starting point of a real recipe:
-the three overlapcfg lines are marked ``# overlapcfg``.
+the overlapcfg lines are marked ``# overlapcfg``.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from overlapcfg.report.model import (
     Report,
     Uncovered,
 )
+from overlapcfg.report.simulate import simulate, traced_group_size
 from overlapcfg.schema import OverlapConfig, load_config
 from overlapcfg.tracing import TracedStep, module_fqn
 
@@ -215,7 +216,11 @@ def explain(step: TracedStep | fx.GraphModule, cfg: OverlapConfig | Mapping[str,
         rec = _record(step)
         graphs = {rec.graph_kind if rec.graph_kind in GRAPHS else "graph": step}
         traced: TracedStep | None = None
-        trace_ws = world_size or 1
+        # The traced group size is written into every collective; a bare graph has no TracedStep to ask.
+        found = traced_group_size(step)
+        if found is None and world_size is None:
+            raise TypeError("explain: this graph has no collective that names its group size; pass world_size=")
+        trace_ws = found or world_size or 1
     else:
         graphs = apply_step(step, config)
         traced, trace_ws = step, step.world_size
@@ -231,8 +236,6 @@ def explain(step: TracedStep | fx.GraphModule, cfg: OverlapConfig | Mapping[str,
     buckets = tuple(_bucket(n, recs, steps, traced, sizes, trace_ws) for n, recs in by_name.items())
     simulation = None
     if hardware is not None:
-        from overlapcfg.report.simulate import simulate
-
         sim = simulate(list(graphs.values()), load_hardware(hardware), world_size=world_size or trace_ws,
                        names=list(graphs), labels=labels,
                        traced_world_size=traced.world_size if traced is not None else None)

@@ -25,7 +25,8 @@ __all__ = [
 ]
 
 SCHEMA = "overlapcfg.report/1"
-"""Bumped whenever a field is renamed or removed or changes meaning; adding a field keeps the version."""
+"""Bumped on any change to the fields (added, renamed, removed, or changed in meaning): reports are validated
+strictly (``extra="forbid"``), so a reader accepts exactly the version it was written for."""
 
 
 class _Data(BaseModel):

@@ -178,7 +178,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
         done: dict[fx.Node, tuple[float, int, bool]] = {}
         root, is_param, last = _storage_plan(g.graph)
         mem = _Memory()
-        traced = traced_world_size or _traced_size(g)
+        traced = traced_world_size or traced_group_size(g)
         for node in g.graph.nodes:
             kind = node_kind(node)
             if kind == "collective":
@@ -235,7 +235,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     )
 
 
-def _traced_size(gm: fx.GraphModule) -> int | None:
+def traced_group_size(gm: fx.GraphModule) -> int | None:
     for node in gm.graph.nodes:
         if node_kind(node) == "collective":
             size = next((a for a in node.args if isinstance(a, int) and not isinstance(a, bool)), None)
