@@ -16,6 +16,7 @@ __all__ = [
     "OverlapConfigError",
     "OverlapVerificationError",
     "closest",
+    "closest_first",
     "natural_key",
 ]
 
@@ -87,6 +88,12 @@ def closest(name: str, candidates: Iterable[str], n: int = 3, cutoff: float = 0.
     """The candidates most similar to ``name``, best first (difflib ratio; ties in natural order)."""
     pool = sorted(dict.fromkeys(candidates), key=natural_key)
     return difflib.get_close_matches(name, pool, n=n, cutoff=cutoff)
+
+
+def closest_first(name: str, candidates: Iterable[str]) -> list[str]:
+    """Every candidate, most similar to ``name`` first: how a list of valid options is shown after a typo."""
+    pool = sorted(dict.fromkeys(candidates), key=natural_key)
+    return difflib.get_close_matches(name, pool, n=len(pool), cutoff=0.0) if pool else []
 
 
 def did_you_mean(name: str, candidates: Iterable[str], n: int = 3) -> str:

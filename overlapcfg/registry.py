@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from overlapcfg.errors import OverlapConfigError, did_you_mean
+from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean
 from overlapcfg.schema.policy import AutoPolicy, OverlapPolicy, PolicyBase, TorchManualPolicy
 
 if TYPE_CHECKING:
@@ -133,6 +133,7 @@ def get_strategy(name: str) -> StrategySpec:
     if spec is None:
         names = available_strategies()
         raise OverlapConfigError.single(
-            "strategy", f"unknown strategy {name!r}; available: {', '.join(names)}{did_you_mean(name, names)}"
+            "strategy", f"unknown strategy {name!r}; available (closest first): "
+                        f"{', '.join(closest_first(name, names))}{did_you_mean(name, names)}"
         )
     return spec

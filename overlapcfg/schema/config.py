@@ -12,7 +12,7 @@ import yaml
 from pydantic import Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from overlapcfg.errors import OverlapConfigError, did_you_mean
+from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean
 from overlapcfg.schema.base import ConfigModel
 from overlapcfg.schema.plan import Bucket, BucketPlan, ModuleOverride
 from overlapcfg.schema.policy import OverlapPolicy, PolicyBase, TorchManualPolicy
@@ -47,8 +47,8 @@ class OverlapConfig(ConfigModel):
         if name not in names:
             raise PydanticCustomError(
                 "unknown_strategy",
-                "unknown strategy {name}; available: {names}{hint}",
-                {"name": repr(name), "names": ", ".join(names), "hint": did_you_mean(name, names)},
+                "unknown strategy {name}; available (closest first): {names}{hint}",
+                {"name": repr(name), "names": ", ".join(closest_first(name, names)), "hint": did_you_mean(name, names)},
             )
         return name
 
@@ -72,8 +72,9 @@ class OverlapConfig(ConfigModel):
             names = preset_names("plan")
             raise PydanticCustomError(
                 "unknown_preset",
-                "unknown plan preset {name}; available: {names}{hint}",
-                {"name": repr(value), "names": ", ".join(names), "hint": did_you_mean(value, names)},
+                "unknown plan preset {name}; available (closest first): {names}{hint}",
+                {"name": repr(value), "names": ", ".join(closest_first(value, names)),
+                 "hint": did_you_mean(value, names)},
             ) from None
         data.setdefault("name", value)
         return data
