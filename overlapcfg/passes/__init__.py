@@ -6,8 +6,9 @@ Exports are lazy: the stage modules (``collectives``, ``merge``, ``schedule``) a
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from overlapcfg._lazy import lazy_exports
 
 _EXPORTS = {
     "GraphKind": "overlapcfg.passes.pipeline",
@@ -20,13 +21,7 @@ _EXPORTS = {
 __all__ = ["RECORD_KEY", "BucketRecord", "GraphKind", "PassRecord", "apply"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'overlapcfg.passes' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:
