@@ -32,9 +32,9 @@ from rich.console import Console
 from rich.table import Table
 
 from overlapcfg import compat
-from overlapcfg.models import LlamaConfig
+from overlapcfg.demo import LlamaConfig
 from overlapcfg.passes import apply
-from overlapcfg.tracing import GraphName, TracedStep, trace_train_step
+from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS: tuple[GraphName, ...] = ("forward", "backward")
@@ -63,7 +63,7 @@ def _upstream(step: TracedStep, graph: GraphName) -> Any:
     from torch import nn
 
     from overlapcfg.resolve import resolve_plan
-    from overlapcfg.schema import load_config
+    from overlapcfg.config import load_config
 
     cfg = load_config(CONFIGS["ours"])
     owners = list(dict.fromkeys(c.module_fqn for c in step.collectives_in(graph)))

@@ -23,11 +23,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from overlapcfg.models import LLAMA3_8B
+from overlapcfg.demo import LLAMA3_8B
 from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.render import fmt_bytes, fmt_seconds
-from overlapcfg.tracing import trace_train_step
+from overlapcfg.demo.tracing import trace_train_step
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HARDWARE = ("h100_nvlink", "a100_ib")

@@ -20,31 +20,31 @@ _EXPORTS: dict[str, str] = {
     "OverlapConfigError": "overlapcfg.errors",
     "OverlapVerificationError": "overlapcfg.errors",
     "Fault": "overlapcfg.errors",
-    "OverlapConfig": "overlapcfg.schema",
-    "BucketPlan": "overlapcfg.schema",
-    "Bucket": "overlapcfg.schema",
-    "OverlapPolicy": "overlapcfg.schema",
-    "TorchManualPolicy": "overlapcfg.schema",
-    "AutoPolicy": "overlapcfg.schema",
-    "PolicyBase": "overlapcfg.schema",
-    "ModuleOverride": "overlapcfg.schema",
-    "load_config": "overlapcfg.schema",
-    "from_hydra": "overlapcfg.schema",
-    "preset_names": "overlapcfg.schema",
+    "OverlapConfig": "overlapcfg.config",
+    "BucketPlan": "overlapcfg.config",
+    "Bucket": "overlapcfg.config",
+    "OverlapPolicy": "overlapcfg.config",
+    "TorchManualPolicy": "overlapcfg.config",
+    "AutoPolicy": "overlapcfg.config",
+    "PolicyBase": "overlapcfg.config",
+    "ModuleOverride": "overlapcfg.config",
+    "load_config": "overlapcfg.config",
+    "from_hydra": "overlapcfg.config",
+    "preset_names": "overlapcfg.config",
     "resolve_plan": "overlapcfg.resolve",
     "ResolvedPlan": "overlapcfg.resolve",
     "ResolvedBucket": "overlapcfg.resolve",
-    "register_strategy": "overlapcfg.registry",
-    "get_strategy": "overlapcfg.registry",
-    "available_strategies": "overlapcfg.registry",
+    "register_strategy": "overlapcfg.strategies.registry",
+    "get_strategy": "overlapcfg.strategies.registry",
+    "available_strategies": "overlapcfg.strategies.registry",
     "apply": "overlapcfg.passes",
     "PassRecord": "overlapcfg.passes",
-    "verify": "overlapcfg.verification",
+    "verify": "overlapcfg.graph.verify",
     "Strategy": "overlapcfg.strategies.base",
     "PassContext": "overlapcfg.strategies.base",
-    "trace_train_step": "overlapcfg.tracing",
-    "backend": "overlapcfg.compile",
-    "inductor_pass": "overlapcfg.compile",
+    "trace_train_step": "overlapcfg.demo.tracing",
+    "backend": "overlapcfg.passes.compile",
+    "inductor_pass": "overlapcfg.passes.compile",
     "explain": "overlapcfg.report",
     "simulate": "overlapcfg.report",
     "compare": "overlapcfg.report",
@@ -96,13 +96,13 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:
-    from overlapcfg.compile import backend, inductor_pass
+    from overlapcfg.passes.compile import backend, inductor_pass
     from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
     from overlapcfg.passes import PassRecord, apply
-    from overlapcfg.registry import available_strategies, get_strategy, register_strategy
+    from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy
     from overlapcfg.report import HardwareProfile, Report, compare, explain, load_hardware, simulate
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
-    from overlapcfg.schema import (
+    from overlapcfg.config import (
         AutoPolicy,
         Bucket,
         BucketPlan,
@@ -116,5 +116,5 @@ if TYPE_CHECKING:
         preset_names,
     )
     from overlapcfg.strategies.base import PassContext, Strategy
-    from overlapcfg.tracing import trace_train_step
-    from overlapcfg.verification import verify
+    from overlapcfg.demo.tracing import trace_train_step
+    from overlapcfg.graph.verify import verify

@@ -1,6 +1,6 @@
-"""``python -m overlapcfg``: the main job (see ``overlapcfg.cli``)."""
+"""``python -m overlapcfg``: the main job (see ``overlapcfg.demo.cli``)."""
 
-from overlapcfg.cli import main
+from overlapcfg.demo.cli import main
 
 if __name__ == "__main__":
     main()

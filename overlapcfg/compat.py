@@ -284,7 +284,7 @@ def no_triton_runtime_estimates() -> Iterator[None]:
 
 __all__ += ["OrderedSet"]
 
-# --- inductor: compiling aot graphs (overlapcfg.compile) ---------------------------------------------------------
+# --- inductor: compiling aot graphs (overlapcfg.passes.compile) ---------------------------------------------------------
 # ``compile_fx_inner`` is what inductor's own aot_autograd fw/bw compilers call: it runs the post-grad passes and
 # lowers one graph (boxed calling convention, as aot_autograd expects). ``inductor_config_patch`` scopes the
 # settings a manual schedule needs to one compile. compile_fx and the decompositions are imported on first use

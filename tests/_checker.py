@@ -1,6 +1,6 @@
 """An independent measure of what a scheduled graph achieves, and what a config asks for.
 
-Written without ``overlapcfg.passes.schedule`` or the pass record: it reads only the final FX graph, the tags
+Written without ``overlapcfg.graph.schedule`` or the pass record: it reads only the final FX graph, the tags
 ``merge.py`` puts on merged collectives (``node.meta["overlapcfg"]``: role, kind, direction, sources) and the
 tracing records of the *original* graph (which module owns each original collective). Bucket membership is
 derived here from the sources' owners with a plan written out by hand (``llama_layers``), not from the
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from overlapcfg.tracing import GraphName, TracedStep
+from overlapcfg.demo.tracing import GraphName, TracedStep
 
 __all__ = [
     "Merged",

@@ -14,8 +14,8 @@ import pytest
 from torch import fx
 
 from overlapcfg.compat import fake_process_group
-from overlapcfg.models import LlamaConfig
-from overlapcfg.tracing import GraphName, TracedStep, trace_train_step
+from overlapcfg.demo import LlamaConfig
+from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
 
 ApplyFn: TypeAlias = Callable[[TracedStep, GraphName, Any], fx.GraphModule]
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from overlapcfg import compat
-from overlapcfg.compile import INDUCTOR_SETTINGS, OverlapGraphPass, backend, inductor_pass
+from overlapcfg.passes.compile import INDUCTOR_SETTINGS, OverlapGraphPass, backend, inductor_pass
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
-from overlapcfg.models import Llama, LlamaConfig, shard_module
+from overlapcfg.demo import Llama, LlamaConfig, shard_module
 from overlapcfg.passes import apply
-from overlapcfg.testing import run_on_gloo
-from overlapcfg.tracing import StepBackend, compile_with_pass, demo_batch, trace_train_step, train_step
-from overlapcfg.verification import summarize, verify
+from overlapcfg.demo.gloo import run_on_gloo
+from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, trace_train_step, train_step
+from overlapcfg.graph.verify import summarize, verify
 
 MODEL = LlamaConfig(n_layers=2)
 MANUAL: dict[str, Any] = {"strategy": "manual", "plan": "llama_layers"}

@@ -26,9 +26,9 @@ CFG = {"plan": "llama_layers", "policy": {"forward_prefetch": 2, "backward_prefe
 SCRIPT = textwrap.dedent("""
     import copy, hashlib, json, sys
     from overlapcfg.compat import fake_process_group
-    from overlapcfg.models import LlamaConfig
+    from overlapcfg.demo import LlamaConfig
     from overlapcfg.passes import apply
-    from overlapcfg.tracing import trace_train_step
+    from overlapcfg.demo.tracing import trace_train_step
 
     cfg = json.loads(sys.argv[1])
     step = trace_train_step(LlamaConfig(n_layers=2), world_size=2, rank=0, reshard_after_forward=True)

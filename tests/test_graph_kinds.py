@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from overlapcfg import compat
-from overlapcfg.models import Llama, LlamaConfig, shard_module
+from overlapcfg.demo import Llama, LlamaConfig, shard_module
 from overlapcfg.passes import apply
-from overlapcfg.passes.collectives import find_collectives
-from overlapcfg.tracing import StepBackend, demo_batch, module_fqn, train_step
+from overlapcfg.graph.collectives import find_collectives
+from overlapcfg.demo.tracing import StepBackend, demo_batch, module_fqn, train_step
 
 MODEL = LlamaConfig(n_layers=2)
 

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from overlapcfg import OverlapConfig, OverlapConfigError, from_hydra
-from overlapcfg.schema.presets import conf_dir
+from overlapcfg.config.presets import conf_dir
 
 CONF = conf_dir()
 PLANS = sorted(p.stem for p in (CONF / "overlap" / "plan").glob("*.yaml"))
@@ -95,7 +95,7 @@ def test_bad_value_fault_names_the_override_path():
 
 
 def test_per_block_split_separates_attention_and_feed_forward():
-    from overlapcfg.models import Llama, LlamaConfig
+    from overlapcfg.demo import Llama, LlamaConfig
     from overlapcfg.resolve import resolve_plan
 
     model = Llama(LlamaConfig(n_layers=2), device="meta")

@@ -28,10 +28,10 @@ from _checker import (
 from conftest import apply_to
 from torch import fx
 
-from overlapcfg.compile import backend
-from overlapcfg.models import Llama, LlamaConfig, shard_module
-from overlapcfg.testing import run_on_gloo
-from overlapcfg.tracing import (
+from overlapcfg.passes.compile import backend
+from overlapcfg.demo import Llama, LlamaConfig, shard_module
+from overlapcfg.demo.gloo import run_on_gloo
+from overlapcfg.demo.tracing import (
     GraphName,
     StepBackend,
     TracedStep,

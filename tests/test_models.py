@@ -8,7 +8,7 @@ import torch
 
 from overlapcfg.compat import fake_process_group
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.models import (
+from overlapcfg.demo import (
     LLAMA3_8B,
     Llama,
     LlamaConfig,
@@ -17,8 +17,8 @@ from overlapcfg.models import (
     sharded_parameters,
     user_fqn,
 )
-from overlapcfg.testing import RankFailedError, run_on_gloo
-from overlapcfg.tracing import compile_with_pass, demo_batch, train_step
+from overlapcfg.demo.gloo import RankFailedError, run_on_gloo
+from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
 
 SMALL = LlamaConfig()
 

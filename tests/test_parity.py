@@ -1,7 +1,7 @@
 """Numerical parity: the rewritten graphs compute the same training step, bit for bit, on two real gloo ranks.
 
 Each rank compiles one step of the sharded 2-layer demo model once without a pass (the reference) and once per
-config through ``overlapcfg.compile.backend(cfg, debug=True)``: each rank rewrites its own (rank-specific) graphs,
+config through ``overlapcfg.passes.compile.backend(cfg, debug=True)``: each rank rewrites its own (rank-specific) graphs,
 ``verify`` runs inside, and the boxed-eager compiler runs the same CPU kernels, so loss and every local gradient
 shard must be ``torch.equal`` to the reference. The collective counts prove the pass did rewrite the graphs.
 All configs of one reshard setting share one pair of processes (a spawn costs seconds).
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from overlapcfg.compile import backend
-from overlapcfg.models import Llama, LlamaConfig, shard_module
-from overlapcfg.testing import run_on_gloo
-from overlapcfg.tracing import StepBackend, compile_with_pass, demo_batch, train_step
+from overlapcfg.passes.compile import backend
+from overlapcfg.demo import Llama, LlamaConfig, shard_module
+from overlapcfg.demo.gloo import run_on_gloo
+from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, train_step
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.patterns import (
+from overlapcfg.config.patterns import (
     AnySegment,
     AnySegments,
     IndexRange,
@@ -237,7 +237,7 @@ def test_grammar_and_resolution_import_no_torch() -> None:
     import sys
     from pathlib import Path
 
-    code = "import sys, overlapcfg.patterns, overlapcfg.resolve; print('torch' in sys.modules)"
+    code = "import sys, overlapcfg.config.patterns, overlapcfg.resolve; print('torch' in sys.modules)"
     repo = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from overlapcfg.testing import free_port
+from overlapcfg.demo.gloo import free_port
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "train_llama" / "train.py"
 

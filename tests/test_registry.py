@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from overlapcfg import registry
+from overlapcfg.strategies import registry
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.registry import ENTRY_POINT_GROUP, available_strategies, get_strategy, register_strategy
-from overlapcfg.schema import OverlapConfig, load_config
-from overlapcfg.schema.policy import OverlapPolicy, PolicyBase
+from overlapcfg.strategies.registry import ENTRY_POINT_GROUP, available_strategies, get_strategy, register_strategy
+from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 
 
 @pytest.fixture
@@ -162,8 +162,8 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_registry: 
 
 def test_entry_point_strategy_is_loaded_lazily_on_first_lookup(plugin_dir: Path) -> None:
     _write_plugin(plugin_dir, "ocfg_test_dist", "ocfg_test_plugin", """
-        from overlapcfg.registry import register_strategy
-        from overlapcfg.schema.policy import PolicyBase
+        from overlapcfg.strategies.registry import register_strategy
+        from overlapcfg.config.policy import PolicyBase
 
         class PluginPolicy(PolicyBase):
             depth: int = 4
@@ -225,7 +225,7 @@ def test_third_party_strategy_with_its_own_policy_runs_through_apply(clean_regis
 
     from overlapcfg import compat
     from overlapcfg.passes import apply
-    from overlapcfg.passes.merge import merge_buckets
+    from overlapcfg.graph.merge import merge_buckets
     from overlapcfg.strategies.base import Strategy, no_scheduling
 
     made: list[Any] = []

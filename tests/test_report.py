@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 from torch import fx
 
-from overlapcfg.models import Llama, LlamaConfig
+from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.report import SCHEMA, Report, explain
 from overlapcfg.report.explain import _warnings
 from overlapcfg.report.model import BucketReport, CollectiveChange

@@ -11,7 +11,7 @@ import pytest
 
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.resolve import ResolvedPlan, bucket_name, resolve_plan
-from overlapcfg.schema import Bucket, BucketPlan, ModuleOverride, OverlapPolicy
+from overlapcfg.config import Bucket, BucketPlan, ModuleOverride, OverlapPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 

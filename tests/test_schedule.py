@@ -26,8 +26,8 @@ from _checker import (
 )
 from conftest import ApplyFn, traced_step
 
-from overlapcfg.passes.collectives import is_compute_node
-from overlapcfg.tracing import GraphName, TracedStep
+from overlapcfg.graph.collectives import is_compute_node
+from overlapcfg.demo.tracing import GraphName, TracedStep
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ import torch
 from torch import fx
 
 from overlapcfg.compat import fake_process_group
-from overlapcfg.models import Llama, LlamaConfig, shard_module
-from overlapcfg.tracing import (
+from overlapcfg.demo import Llama, LlamaConfig, shard_module
+from overlapcfg.demo.tracing import (
     GraphPass,
     StepBackend,
     TracedStep,

@@ -16,8 +16,8 @@ from torch import fx
 from overlapcfg.compat import fake_process_group
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.passes import apply
-from overlapcfg.tracing import TracedStep
-from overlapcfg.verification import summarize, verify
+from overlapcfg.demo.tracing import TracedStep
+from overlapcfg.graph.verify import summarize, verify
 
 pytestmark = pytest.mark.slow
 
@@ -110,8 +110,8 @@ def test_consumer_moved_before_its_input_is_caught(step: TracedStep, good: fx.Gr
 
 
 def test_apply_debug_raises_when_a_strategy_breaks_the_graph(step: TracedStep) -> None:
-    from overlapcfg.passes.schedule import ScheduleResult
-    from overlapcfg.registry import _REGISTRY, register_strategy
+    from overlapcfg.graph.schedule import ScheduleResult
+    from overlapcfg.strategies.registry import _REGISTRY, register_strategy
     from overlapcfg.strategies.base import Strategy, no_bucketing
 
     def drop_first_wait(gm: fx.GraphModule, ctx: Any, merged: Any) -> ScheduleResult:

@@ -15,15 +15,15 @@ from typing import Any, Literal, TypeAlias
 from torch import fx
 
 from overlapcfg.errors import natural_key
-from overlapcfg.passes.collectives import Collective, Direction, ModuleFqnFn, find_collectives
-from overlapcfg.passes.merge import MergedCollective, attribute
-from overlapcfg.passes.record import RECORD_KEY, BucketRecord, PassRecord, count_collectives
-from overlapcfg.registry import StrategySpec, get_strategy
+from overlapcfg.graph.collectives import Collective, Direction, ModuleFqnFn, find_collectives
+from overlapcfg.graph.merge import MergedCollective, attribute
+from overlapcfg.graph.record import RECORD_KEY, BucketRecord, PassRecord, count_collectives
+from overlapcfg.strategies.registry import StrategySpec, get_strategy
 from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
-from overlapcfg.schema import OverlapConfig, load_config
-from overlapcfg.schema.load import ConfigSource
+from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.load import ConfigSource
 from overlapcfg.strategies.base import PassContext
-from overlapcfg.verification import summarize, verify
+from overlapcfg.graph.verify import summarize, verify
 
 __all__ = ["GraphKind", "apply"]
 
@@ -33,7 +33,7 @@ GraphKind: TypeAlias = Literal["forward", "backward", "joint", "auto"]
 
 
 def _default_module_fqn_fn() -> ModuleFqnFn:
-    from overlapcfg.tracing import module_fqn
+    from overlapcfg.demo.tracing import module_fqn
 
     return module_fqn
 
@@ -88,7 +88,7 @@ def apply(
     ``module_fqn_fn(node)`` names the module a node belongs to (default: our tracing records, else the node's
     module stack). ``module_fqns``: the model's module FQNs for pattern matching (default: those seen in the
     graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``auto`` reads each
-    node's metadata. ``debug=True`` verifies the result (``overlapcfg.verification``). ``config_root``: where the config
+    node's metadata. ``debug=True`` verifies the result (``overlapcfg.graph.verify``). ``config_root``: where the config
     sits in the user's config tree, so plan faults read ``trainer.overlap.plan.buckets[1]: ...``.
     ``for_compiler=True``: the graph goes on to a compiler that reads fake-tensor metadata (inductor), so every
     new node gets its own ``meta["val"]`` (slower; see ``compat.cached_merge_traces``).

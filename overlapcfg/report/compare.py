@@ -19,8 +19,8 @@ from overlapcfg.report.explain import GRAPHS, node_labels
 from overlapcfg.report.hardware import HardwareProfile, load_hardware
 from overlapcfg.report.model import Report
 from overlapcfg.report.simulate import Simulation, simulate
-from overlapcfg.schema import OverlapConfig, load_config
-from overlapcfg.tracing import TracedStep
+from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.demo.tracing import TracedStep
 
 __all__ = ["COMPARE_SCHEMA", "Comparison", "ComparisonRow", "compare", "compare_reports", "default_name"]
 

@@ -1,6 +1,6 @@
 """``explain(step, cfg)``: run the pass on copies of a traced step's graphs and report what it did, per bucket.
 
-The per-bucket facts come from the pass record (``gm.meta["overlapcfg"]``, see ``overlapcfg.passes.record``);
+The per-bucket facts come from the pass record (``gm.meta["overlapcfg"]``, see ``overlapcfg.graph.record``);
 parameter names and sizes come from the trace (``TracedStep.collectives``: which parameter each original
 collective carried, and its full-size tensor), so a bucket's byte count is a property of the model, not of how
 the pass merged it. A bare graph module that already went through ``apply`` is accepted too, with what its record
@@ -17,9 +17,9 @@ from typing import Any
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.passes.collectives import find_collectives
+from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.passes.pipeline import apply
-from overlapcfg.passes.record import RECORD_KEY, BucketRecord, PassRecord
+from overlapcfg.graph.record import RECORD_KEY, BucketRecord, PassRecord
 from overlapcfg.report.cost import collective_kind, node_kind
 from overlapcfg.report.hardware import HardwareProfile, load_hardware
 from overlapcfg.report.model import (
@@ -31,8 +31,8 @@ from overlapcfg.report.model import (
     Uncovered,
 )
 from overlapcfg.report.simulate import simulate, traced_group_size
-from overlapcfg.schema import OverlapConfig, load_config
-from overlapcfg.tracing import TracedStep, module_fqn
+from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.demo.tracing import TracedStep, module_fqn
 
 __all__ = ["apply_step", "explain", "node_labels", "compact_order"]
 

@@ -16,9 +16,9 @@ import yaml
 from pydantic import Field
 
 from overlapcfg.errors import OverlapConfigError, closest, natural_key
-from overlapcfg.schema.base import ConfigModel
-from overlapcfg.schema.load import validate_config
-from overlapcfg.schema.presets import conf_dir
+from overlapcfg.config.base import ConfigModel
+from overlapcfg.config.load import validate_config
+from overlapcfg.config.presets import conf_dir
 
 __all__ = ["HardwareProfile", "PeakFlops", "hardware_names", "load_hardware"]
 

@@ -23,7 +23,7 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.passes.collectives import group_name
+from overlapcfg.graph.collectives import group_name
 from overlapcfg.report.cost import (
     collective_bytes,
     collective_kind,

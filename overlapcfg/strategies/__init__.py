@@ -1,4 +1,4 @@
-"""Built-in strategies (``manual``, ``torch_manual``, ``auto``, ``none``); ``overlapcfg.registry`` names them."""
+"""Built-in strategies (``manual``, ``torch_manual``, ``auto``, ``none``); ``overlapcfg.strategies.registry`` names them."""
 
 from overlapcfg.strategies.base import PassContext, Strategy
 

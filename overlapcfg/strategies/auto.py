@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.passes.merge import MergedCollective
-from overlapcfg.passes.schedule import ScheduleResult
+from overlapcfg.graph.merge import MergedCollective
+from overlapcfg.graph.schedule import ScheduleResult
 from overlapcfg.resolve import ResolvedPlan
-from overlapcfg.schema.policy import AutoPolicy
+from overlapcfg.config.policy import AutoPolicy
 from overlapcfg.strategies.base import PassContext, Strategy, no_bucketing
 
 __all__ = ["make_strategy"]

@@ -12,11 +12,11 @@ from typing import TypeAlias
 
 from torch import fx
 
-from overlapcfg.passes.collectives import Collective, Direction, ModuleFqnFn
-from overlapcfg.passes.merge import MergedCollective
-from overlapcfg.passes.schedule import ScheduleResult
+from overlapcfg.graph.collectives import Collective, Direction, ModuleFqnFn
+from overlapcfg.graph.merge import MergedCollective
+from overlapcfg.graph.schedule import ScheduleResult
 from overlapcfg.resolve import ResolvedPlan
-from overlapcfg.schema.policy import PolicyBase
+from overlapcfg.config.policy import PolicyBase
 
 __all__ = ["Bucketer", "PassContext", "Scheduler", "Strategy"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from overlapcfg.resolve import ResolvedPlan
-from overlapcfg.schema.policy import PolicyBase
+from overlapcfg.config.policy import PolicyBase
 from overlapcfg.strategies.base import Strategy, no_bucketing, no_scheduling
 
 __all__ = ["make_strategy"]

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.passes.merge import MergedCollective, merge_buckets
-from overlapcfg.passes.schedule import ScheduleResult, schedule_manual
+from overlapcfg.graph.merge import MergedCollective, merge_buckets
+from overlapcfg.graph.schedule import ScheduleResult, schedule_manual
 from overlapcfg.resolve import ResolvedPlan
-from overlapcfg.schema.policy import OverlapPolicy
+from overlapcfg.config.policy import OverlapPolicy
 from overlapcfg.strategies.base import PassContext, Strategy
 
 __all__ = ["make_strategy"]

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from torch import fx, nn
 
 from overlapcfg import compat
-from overlapcfg.passes.merge import MergedCollective
-from overlapcfg.passes.schedule import ScheduleResult
+from overlapcfg.graph.merge import MergedCollective
+from overlapcfg.graph.schedule import ScheduleResult
 from overlapcfg.resolve import ResolvedPlan
-from overlapcfg.schema.policy import TorchManualPolicy
+from overlapcfg.config.policy import TorchManualPolicy
 from overlapcfg.strategies.base import PassContext, Strategy, no_bucketing
 
 __all__ = ["make_strategy"]

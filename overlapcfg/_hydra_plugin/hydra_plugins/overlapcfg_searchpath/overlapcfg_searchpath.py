@@ -10,7 +10,7 @@ and the standard library only: no torch, and not overlapcfg itself. The config t
 
 It is appended as a ``file://`` path rather than ``pkg://overlapcfg.conf``: Hydra's package source only accepts
 a package with an ``__init__.py`` and would import ``overlapcfg`` to read it; a wheel is always unpacked on disk,
-so a directory path is exact in both layouts. ``overlapcfg.schema.presets.conf_dir`` applies the same rule.
+so a directory path is exact in both layouts. ``overlapcfg.config.presets.conf_dir`` applies the same rule.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from torch import fx
 from torch.utils.flop_counter import flop_registry
 
 from overlapcfg import compat
-from overlapcfg.keys import META_KEY
+from overlapcfg.graph.meta import META_KEY
 
 __all__ = [
     "Collective",
@@ -38,7 +38,7 @@ __all__ = [
 CollectiveKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce", "other"]
 Direction: TypeAlias = Literal["forward", "backward"]
 ModuleFqnFn: TypeAlias = Callable[[fx.Node], "str | None"]
-"""Maps a node to the FQN of the module it belongs to (``None``: unknown). See ``overlapcfg.tracing.module_fqn``."""
+"""Maps a node to the FQN of the module it belongs to (``None``: unknown). See ``overlapcfg.demo.tracing.module_fqn``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,9 +33,9 @@ import torch
 from torch import fx, nn
 
 from overlapcfg import compat
-from overlapcfg.keys import META_KEY, OWNER_KEY
-from overlapcfg.models.llama import Llama, LlamaConfig, cross_entropy_loss
-from overlapcfg.models.simple_fsdp import AllGatherShard, is_sharded, shard_module, sharded_parameters, user_fqn
+from overlapcfg.graph.meta import META_KEY, OWNER_KEY
+from overlapcfg.demo.llama import Llama, LlamaConfig, cross_entropy_loss
+from overlapcfg.demo.simple_fsdp import AllGatherShard, is_sharded, shard_module, sharded_parameters, user_fqn
 
 __all__ = [
     "META_NAMESPACE",
@@ -358,7 +358,7 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
     then sharded; the caller's module is untouched) or an already sharded one (used as is). ``inputs`` default
     to ``demo_batch`` for models with ``config.vocab_size``. Use ``device="meta"`` for big shapes: nothing is
     computed. ``param_dtype`` / ``reduce_dtype`` are handed to ``shard_module`` (mixed precision: casts before
-    the all-gathers and the reduce-scatters, see ``overlapcfg.models.simple_fsdp``); an already sharded model
+    the all-gathers and the reduce-scatters, see ``overlapcfg.demo.simple_fsdp``); an already sharded model
     keeps its own, and passing them with one raises ``TypeError``.
     Must not be called while a default process group exists (it opens its own fake one), and resets dynamo.
     """

@@ -23,7 +23,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
-from overlapcfg.passes.collectives import data_inputs, node_direction, parameter_sources, positions, started_by
+from overlapcfg.graph.collectives import data_inputs, node_direction, parameter_sources, positions, started_by
 
 __all__ = ["GraphSummary", "summarize", "verify"]
 

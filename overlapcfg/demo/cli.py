@@ -1,4 +1,4 @@
-"""The ``overlapcfg`` command: a Hydra app around ``overlapcfg.job`` (primary config ``conf/overlapcfg.yaml``).
+"""The ``overlapcfg`` command: a Hydra app around ``overlapcfg.demo.job`` (primary config ``conf/overlapcfg.yaml``).
 
 ``overlapcfg`` traces the demo model and reports what the configured strategy did; ``overlapcfg mode=compare``
 compares several configs; ``overlapcfg -m overlap.policy.forward_prefetch=0,1,2`` sweeps, one report per job.
@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_you_mean
-from overlapcfg.schema.presets import conf_dir
+from overlapcfg.config.presets import conf_dir
 
 __all__ = ["ConfigError", "main"]
 
@@ -34,7 +34,7 @@ class ConfigError(CompactHydraException):
 
 
 def _task(cfg: DictConfig) -> None:
-    from overlapcfg import job
+    from overlapcfg.demo import job
 
     console = Console()
     if not console.is_terminal:  # piped or captured: 80 columns would wrap every bucket row

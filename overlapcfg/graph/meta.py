@@ -1,9 +1,9 @@
 """Where overlapcfg stores its data on fx objects: one namespace, written once at creation, read everywhere else.
 
-- ``node.meta[META_KEY]["owner"]``: the ``CollectiveOwner`` of a traced FSDP collective (``overlapcfg.tracing``);
+- ``node.meta[META_KEY]["owner"]``: the ``CollectiveOwner`` of a traced FSDP collective (``overlapcfg.demo.tracing``);
 - ``node.meta[META_KEY]`` ``{"bucket", "kind", "direction", "role", "sources"}`` on merged collectives
-  (``overlapcfg.passes.merge``);
-- ``gm.meta[META_KEY]``: the ``PassRecord`` of the last ``apply`` (``overlapcfg.passes.record``).
+  (``overlapcfg.graph.merge``);
+- ``gm.meta[META_KEY]``: the ``PassRecord`` of the last ``apply`` (``overlapcfg.graph.record``).
 """
 
 META_KEY = "overlapcfg"

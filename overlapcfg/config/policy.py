@@ -1,6 +1,6 @@
 """Policies: *how far ahead* collectives are issued. Which modules share a collective lives in ``plan.py``.
 
-Each strategy declares its own policy model (see ``overlapcfg.registry``); the policy in a config is validated
+Each strategy declares its own policy model (see ``overlapcfg.strategies.registry``); the policy in a config is validated
 against the selected strategy's class, so a knob a strategy would ignore is rejected instead.
 """
 
@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
-from overlapcfg.schema.base import ByteCount, ConfigModel, Depth
+from overlapcfg.config.base import ByteCount, ConfigModel, Depth
 
 __all__ = ["AutoPolicy", "BucketMode", "OverlapPolicy", "PolicyBase", "TorchManualPolicy"]
 

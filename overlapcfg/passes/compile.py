@@ -2,7 +2,7 @@
 
 Two routes, one pass (``overlapcfg.passes.apply``):
 
-- ``backend(cfg)`` is a ``torch.compile`` backend. It is ``overlapcfg.tracing.StepBackend`` (aot_autograd with the
+- ``backend(cfg)`` is a ``torch.compile`` backend. It is ``overlapcfg.demo.tracing.StepBackend`` (aot_autograd with the
   min-cut partitioner; collectives annotated with their owners before the pass) with ``apply`` as its forward and
   backward passes. ``compiler="eager"`` runs the transformed graphs as they are (bit-identical kernels to an
   untransformed aot_eager run); ``compiler="inductor"`` lowers them with inductor's ``compile_fx_inner`` under the
@@ -10,7 +10,7 @@ Two routes, one pass (``overlapcfg.passes.apply``):
 - ``inductor_pass(cfg)`` is a ``CustomGraphPass`` for users who compile with inductor themselves and want the
   pass to run on inductor's post-grad graph (``torch._inductor.config.post_grad_custom_post_pass``).
 
-What lives elsewhere: graph tracing and attribution (``overlapcfg.tracing``), the pass (``overlapcfg.passes``).
+What lives elsewhere: graph tracing and attribution (``overlapcfg.demo.tracing``), the pass (``overlapcfg.passes``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from torch import fx
 import overlapcfg
 from overlapcfg import compat
 from overlapcfg.passes import GraphKind, apply
-from overlapcfg.schema import OverlapConfig, load_config
-from overlapcfg.schema.load import ConfigSource
-from overlapcfg.tracing import GraphCompiler, GraphName, GraphPass, StepBackend
+from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.load import ConfigSource
+from overlapcfg.demo.tracing import GraphCompiler, GraphName, GraphPass, StepBackend
 
 __all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "inductor_pass", "source_hash"]
 
@@ -86,7 +86,7 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", debug: bool 
     """A ``torch.compile`` backend applying ``cfg`` to the forward and backward graphs of aot_autograd.
 
     ``cfg`` is validated now (``OverlapConfigError`` before any compile). ``debug=True`` verifies each rewritten
-    graph (``overlapcfg.verification``). The returned ``StepBackend`` keeps the transformed graphs in ``.graphs`` (each
+    graph (``overlapcfg.graph.verify``). The returned ``StepBackend`` keeps the transformed graphs in ``.graphs`` (each
     with its ``PassRecord`` in ``gm.meta["overlapcfg"]``) and the original collectives in ``.collectives``.
 
     ``compiler="inductor"`` lowers the transformed graphs with inductor (``compile_fx_inner``) under

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from overlapcfg.passes.collectives import Direction, is_compute_node, node_direction, positions
-from overlapcfg.passes.merge import MergedCollective
+from overlapcfg.graph.collectives import Direction, is_compute_node, node_direction, positions
+from overlapcfg.graph.merge import MergedCollective
 from overlapcfg.resolve import ResolvedPlan
 
 __all__ = ["ScheduleResult", "Step", "StepRecord", "schedule_manual"]

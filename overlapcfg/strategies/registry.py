@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean
-from overlapcfg.schema.policy import AutoPolicy, OverlapPolicy, PolicyBase, TorchManualPolicy
+from overlapcfg.config.policy import AutoPolicy, OverlapPolicy, PolicyBase, TorchManualPolicy
 
 if TYPE_CHECKING:
     from overlapcfg.resolve import ResolvedPlan

@@ -12,14 +12,14 @@ from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.schema.base import ConfigModel, Depth
+from overlapcfg.config.base import ConfigModel, Depth
 
 __all__ = ["Bucket", "BucketEntry", "BucketPlan", "ModuleOverride", "PatternText", "check_pattern"]
 
 
 def check_pattern(text: Any) -> str:
     """Validate pattern syntax, turning the grammar's error into a located pydantic error."""
-    from overlapcfg.patterns import compile_pattern
+    from overlapcfg.config.patterns import compile_pattern
 
     if not isinstance(text, str):
         raise PydanticCustomError("pattern_type", "expected a module pattern string, got {got}",
@@ -32,7 +32,7 @@ def check_pattern(text: Any) -> str:
 
 
 PatternText = Annotated[str, AfterValidator(check_pattern)]
-"""A module-FQN pattern (see ``overlapcfg.patterns``), syntax-checked on load."""
+"""A module-FQN pattern (see ``overlapcfg.config.patterns``), syntax-checked on load."""
 
 
 class Bucket(ConfigModel):

@@ -5,7 +5,7 @@ tree (built on the meta device: an unmatched pattern fails in a second, before a
 step → ``overlapcfg.report.explain`` (or ``compare``) → print the rich table and write JSON into the run directory.
 
 This module knows the composed config's *layout* (``model``, ``world_size``, ``overlap``, ``hardware``, ...) and
-nothing about Hydra itself; ``overlapcfg.cli`` is the Hydra app around it. Every user error is raised as
+nothing about Hydra itself; ``overlapcfg.demo.cli`` is the Hydra app around it. Every user error is raised as
 ``OverlapConfigError`` with paths as written on the command line.
 """
 
@@ -24,12 +24,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
-from overlapcfg.schema import OverlapConfig, from_hydra, load_config
+from overlapcfg.config import OverlapConfig, from_hydra, load_config
 
 if TYPE_CHECKING:
-    from overlapcfg.models.llama import LlamaConfig
+    from overlapcfg.demo.llama import LlamaConfig
     from overlapcfg.report import HardwareProfile
-    from overlapcfg.tracing import TracedStep
+    from overlapcfg.demo.tracing import TracedStep
 
 __all__ = ["DemoSpec", "Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
            "run_report", "traced"]
@@ -52,7 +52,7 @@ class DemoSpec:
     seq_len: int
 
     def llama_config(self) -> LlamaConfig:
-        from overlapcfg.models.llama import LlamaConfig
+        from overlapcfg.demo.llama import LlamaConfig
 
         return LlamaConfig(**dict(self.model), max_seq_len=max(self.seq_len, 1))
 
@@ -106,11 +106,11 @@ def check_plan(overlap: OverlapConfig, spec: DemoSpec, *, root: str = "overlap")
     The pass resolves it again on the traced graph; doing it here first turns a typo into a one-second error
     with the path as the user wrote it (``overlap.plan.buckets[1]``) instead of one after the trace.
     """
-    from overlapcfg.registry import get_strategy
+    from overlapcfg.strategies.registry import get_strategy
 
     if overlap.plan is None or not get_strategy(overlap.strategy).uses_plan:
         return
-    from overlapcfg.models.llama import Llama
+    from overlapcfg.demo.llama import Llama
     from overlapcfg.resolve import resolve_plan
 
     model = Llama(spec.llama_config(), device="meta")
@@ -149,7 +149,7 @@ _TRACES: dict[DemoSpec, TracedStep] = {}
 def traced(spec: DemoSpec) -> TracedStep:
     """The traced step for ``spec``, memoized per process: a multirun sweep over ``overlap.*`` traces once."""
     if spec not in _TRACES:
-        from overlapcfg.tracing import trace_train_step
+        from overlapcfg.demo.tracing import trace_train_step
 
         _TRACES[spec] = trace_train_step(spec.llama_config(), world_size=spec.world_size, rank=0,
                                          reshard_after_forward=spec.reshard_after_forward, batch=spec.batch,

@@ -9,9 +9,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from overlapcfg.keys import META_KEY
-from overlapcfg.passes.collectives import Collective
-from overlapcfg.passes.schedule import StepRecord
+from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.collectives import Collective
+from overlapcfg.graph.schedule import StepRecord
 
 __all__ = ["RECORD_KEY", "BucketRecord", "CollectiveCounts", "PassRecord", "count_collectives"]
 

@@ -13,10 +13,10 @@ from pydantic import Field, SerializeAsAny, ValidationError, ValidationInfo, fie
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean
-from overlapcfg.schema.base import ConfigModel
-from overlapcfg.schema.plan import Bucket, BucketPlan, ModuleOverride
-from overlapcfg.schema.policy import OverlapPolicy, PolicyBase, TorchManualPolicy
-from overlapcfg.schema.presets import load_preset, preset_names
+from overlapcfg.config.base import ConfigModel
+from overlapcfg.config.plan import Bucket, BucketPlan, ModuleOverride
+from overlapcfg.config.policy import OverlapPolicy, PolicyBase, TorchManualPolicy
+from overlapcfg.config.presets import load_preset, preset_names
 
 __all__ = ["OverlapConfig"]
 
@@ -41,7 +41,7 @@ class OverlapConfig(ConfigModel):
     @field_validator("strategy", mode="after")
     @classmethod
     def _known_strategy(cls, name: str) -> str:
-        from overlapcfg.registry import available_strategies
+        from overlapcfg.strategies.registry import available_strategies
 
         names = available_strategies()
         if name not in names:
@@ -126,7 +126,7 @@ def _depths(model: Bucket | ModuleOverride) -> list[tuple[str, int]]:
 
 
 def _spec(strategy: str) -> Any:
-    from overlapcfg.registry import get_strategy
+    from overlapcfg.strategies.registry import get_strategy
 
     try:
         return get_strategy(strategy)

@@ -17,8 +17,8 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
-from overlapcfg.schema.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
-from overlapcfg.schema.config import OverlapConfig
+from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
+from overlapcfg.config.overlap import OverlapConfig
 
 __all__ = ["ConfigSource", "faults_from_validation_error", "from_hydra", "load_config", "validate_config"]
 

@@ -2,7 +2,7 @@
 
 What lives here: expanding each entry form into buckets, the checks that need the real module tree (unmatched
 patterns, modules claimed twice, overrides that reach nothing, coverage), bucket names and effective depths.
-Pattern syntax lives in ``overlapcfg.patterns``; field validation in ``overlapcfg.schema``; nothing here
+Pattern syntax lives in ``overlapcfg.config.patterns``; field validation in ``overlapcfg.config``; nothing here
 touches a graph or imports torch.
 
 Rules, in the order they are applied:
@@ -40,7 +40,7 @@ from types import MappingProxyType
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from overlapcfg.errors import Fault, OverlapConfigError, closest
-from overlapcfg.patterns import (
+from overlapcfg.config.patterns import (
     Pattern,
     compile_pattern,
     is_inside,
@@ -50,8 +50,8 @@ from overlapcfg.patterns import (
     strip_wrappers,
     suggest_fixes,
 )
-from overlapcfg.schema.plan import Bucket, BucketPlan, ModuleOverride
-from overlapcfg.schema.policy import OverlapPolicy
+from overlapcfg.config.plan import Bucket, BucketPlan, ModuleOverride
+from overlapcfg.config.policy import OverlapPolicy
 
 __all__ = ["DEPTH_FIELDS", "DepthSource", "ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_plan"]
 

@@ -1,0 +1,7 @@
+"""The graph layer: everything that reads or rewrites a ``torch.fx`` graph, and nothing that knows about configs
+beyond a resolved plan.
+
+``collectives`` (find and classify), ``attribution`` (which parameter and module each collective serves),
+``merge`` (bucketing), ``schedule`` (reordering), ``verify`` (proof), ``record`` (what a pass did) and ``meta``
+(where our data lives on nodes). Private torch APIs are reached through ``overlapcfg.compat`` only.
+"""
