@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from overlapcfg._lazy import lazy_exports
-
-__version__ = "0.1.0"
+from overlapcfg._version import __version__
 
 _EXPORTS: dict[str, str] = {
     "OverlapConfigError": "overlapcfg.errors",
@@ -96,12 +95,6 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:
-    from overlapcfg.passes.compile import backend, inductor_pass
-    from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
-    from overlapcfg.passes import PassRecord, apply
-    from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy
-    from overlapcfg.report import HardwareProfile, Report, compare, explain, load_hardware, simulate
-    from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.config import (
         AutoPolicy,
         Bucket,
@@ -115,6 +108,12 @@ if TYPE_CHECKING:
         load_config,
         preset_names,
     )
-    from overlapcfg.strategies.base import PassContext, Strategy
     from overlapcfg.demo.tracing import trace_train_step
+    from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
     from overlapcfg.graph.verify import verify
+    from overlapcfg.passes import PassRecord, apply
+    from overlapcfg.passes.compile import backend, inductor_pass
+    from overlapcfg.report import HardwareProfile, Report, compare, explain, load_hardware, simulate
+    from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
+    from overlapcfg.strategies.base import PassContext, Strategy
+    from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy

@@ -284,7 +284,7 @@ def no_triton_runtime_estimates() -> Iterator[None]:
 
 __all__ += ["OrderedSet"]
 
-# --- inductor: compiling aot graphs (overlapcfg.passes.compile) ---------------------------------------------------------
+# --- inductor: compiling aot graphs (overlapcfg.passes.compile) -----------------------------------------------
 # ``compile_fx_inner`` is what inductor's own aot_autograd fw/bw compilers call: it runs the post-grad passes and
 # lowers one graph (boxed calling convention, as aot_autograd expects). ``inductor_config_patch`` scopes the
 # settings a manual schedule needs to one compile. compile_fx and the decompositions are imported on first use
@@ -309,3 +309,90 @@ def inductor_decompositions() -> dict[object, object]:
 
 
 __all__ += ["compile_fx_inner", "inductor_config_patch", "inductor_decompositions"]
+
+# --- op identity and FLOP formulas (graph classification, cost model) ----------------------------------------
+# ``torch._ops.OpOverload`` is private; the graph layer asks these questions instead of isinstance checks.
+from torch._functorch._aot_autograd.descriptors import AOTInput as _AOTInput  # noqa: E402
+from torch._ops import OpOverload as _OpOverload  # noqa: E402
+from torch._ops import OpOverloadPacket as _OpOverloadPacket  # noqa: E402
+from torch.utils import flop_counter as _flop_counter  # noqa: E402
+
+_aten = _torch.ops.aten
+# CPU SDPA kernels (what a CPU trace records) have no formula in torch's registry; they do the work of flash
+# attention and take the same arguments first, so they borrow its formula.
+_EXTRA_FLOPS: dict[object, object] = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: _flop_counter.flop_registry[
+        _aten._scaled_dot_product_flash_attention],
+}
+
+
+def _sdpa_cpu_backward_flops(grad_out: object, query: object, key: object, value: object, *args: object,
+                             **kwargs: object) -> int:
+    return _flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)  # type: ignore[attr-defined]
+
+
+_EXTRA_FLOPS[_aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_cpu_backward_flops
+
+
+def op_name(target: object) -> str:
+    """``namespace.name`` of an op overload (``aten.mm``, ``_c10d_functional.all_gather_into_tensor``); the
+    target's string form for anything else."""
+    if isinstance(target, _OpOverload):
+        return f"{target.namespace}.{target._opname}"
+    if isinstance(target, _OpOverloadPacket):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def is_functional_collective(target: object) -> bool:
+    """An op of the ``_c10d_functional`` namespace (collectives and ``wait_tensor``)."""
+    return isinstance(target, _OpOverload) and target.namespace == "_c10d_functional"
+
+
+def is_op_overload(target: object) -> bool:
+    return isinstance(target, _OpOverload)
+
+
+def flop_formula(target: object) -> object | None:
+    """torch's FLOP formula for an op (``torch.utils.flop_counter``), CPU attention kernels included; else None."""
+    packet = getattr(target, "overloadpacket", None)
+    if packet in _EXTRA_FLOPS:
+        return _EXTRA_FLOPS[packet]
+    return _flop_counter.flop_registry.get(packet) or _flop_counter.flop_registry.get(target)
+
+
+def is_plain_input_descriptor(desc: object) -> bool:
+    """An aot input descriptor rooted in a ``PlainAOTInput`` (one of the traced function's own inputs, possibly a
+    tensor-subclass attribute of one), as opposed to a tangent or a saved activation."""
+    for _ in range(8):
+        if isinstance(desc, PlainAOTInput):
+            return True
+        if not isinstance(desc, _AOTInput):
+            return False
+        desc = getattr(desc, "base", None)
+    return False
+
+
+__all__ += ["flop_formula", "is_functional_collective", "is_op_overload", "is_plain_input_descriptor", "op_name"]
+
+# torch's own file hash for ``CustomGraphPass.uuid()`` (``overlapcfg.passes.compile.source_hash``).
+from torch._inductor.custom_graph_pass import get_hash_for_files as hash_files  # noqa: E402
+
+__all__ += ["hash_files"]
+
+
+def process_group_initialized() -> bool:
+    """Whether a default process group exists (``apply`` needs one to merge: the rank is written into graphs)."""
+    return dist.is_initialized()
+
+
+__all__ += ["process_group_initialized"]
+
+# --- verify: element provenance (overlapcfg.graph.provenance) ------------------------------------------------------
+# The copy-in ops that torch's bucket modes emit, which the verifier interprets, and the dtype table that
+# ``_pre_bucket_all_gather`` encodes each input's dtype with (``out_dtype_ints`` are indices into it).
+pre_bucket_all_gather = _torch.ops.bucketing._pre_bucket_all_gather.default
+pre_bucket_reduce_scatter = _torch.ops.bucketing._pre_bucket_reduce_scatter.default
+bucket_dtype_table: tuple[_torch.dtype, ...] = tuple(_bucketing._ALL_DTYPES)
+
+__all__ += ["bucket_dtype_table", "pre_bucket_all_gather", "pre_bucket_reduce_scatter"]

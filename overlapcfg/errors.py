@@ -12,13 +12,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "SHOWN_FAULTS",
     "Fault",
     "OverlapConfigError",
     "OverlapVerificationError",
+    "UnsupportedGraphError",
     "closest",
     "closest_first",
     "natural_key",
 ]
+
+
+SHOWN_FAULTS = 50
+"""Faults listed in an ``OverlapConfigError`` message before "... and N more" (all are on ``.faults``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +57,13 @@ class OverlapConfigError(ValueError):
         return cls([Fault(path, message)])
 
     def _render(self) -> str:
-        lines = [str(f) for f in self.faults]
+        # Every fault stays on ``.faults``; the message shows the first SHOWN_FAULTS so it fits a screen.
+        lines = [str(f) for f in self.faults[:SHOWN_FAULTS]]
+        if len(self.faults) > SHOWN_FAULTS:
+            lines.append(f"... and {len(self.faults) - SHOWN_FAULTS} more")
         if self.header:
-            noun = "fault" if len(lines) == 1 else "faults"
-            return f"{self.header} ({len(lines)} {noun}):\n  " + "\n  ".join(lines)
+            noun = "fault" if len(self.faults) == 1 else "faults"
+            return f"{self.header} ({len(self.faults)} {noun}):\n  " + "\n  ".join(lines)
         return "\n".join(lines)
 
     def with_prefix(self, prefix: str) -> OverlapConfigError:
@@ -76,12 +85,16 @@ class OverlapVerificationError(RuntimeError):
         super().__init__(f"{pass_name}: graph verification failed:\n  {shown}{more}")
 
 
-_NUM = re.compile(r"(\d+)")
+_NUM = re.compile(r"([0-9]+)")
 
 
 def natural_key(text: str) -> tuple[object, ...]:
-    """Sort key putting ``layers.2`` before ``layers.10``."""
-    return tuple(int(p) if p.isdigit() else p for p in _NUM.split(text))
+    """Sort key putting ``layers.2`` before ``layers.10``.
+
+    Only ASCII digit runs are numbers: ``'²'.isdigit()`` is true but ``int('²')`` fails, so the split's odd
+    positions (the captured runs) are converted and the text between them never is.
+    """
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(_NUM.split(text)))
 
 
 def closest(name: str, candidates: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
@@ -102,3 +115,8 @@ def did_you_mean(name: str, candidates: Iterable[str], n: int = 3) -> str:
     if not hits:
         return ""
     return " (did you mean " + ", ".join(repr(h) for h in hits) + "?)"
+
+
+class UnsupportedGraphError(RuntimeError):
+    """A graph the pass cannot handle correctly (already bucketed, or no FSDP collective under ``strict``); it is
+    returned untouched, never half-rewritten."""

@@ -31,18 +31,19 @@ def traced_step(n_layers: int, reshard_after_forward: bool) -> TracedStep:
     return _TRACES[key]
 
 
-def apply_to(step: TracedStep, graph_name: GraphName, cfg: Any, *, debug: bool = True) -> fx.GraphModule:
+def apply_to(step: TracedStep, graph_name: GraphName, cfg: Any) -> fx.GraphModule:
     """Run ``overlapcfg.passes.apply`` on a deep copy of ``step``'s ``graph_name`` graph; return the copy.
 
-    Runs under the fake process group (the merge helpers read the rank) and with ``debug=True`` by default, so
-    every applied graph in the suite is also verified.
+    Runs under the fake process group (the merge helpers read the rank); ``apply`` verifies by default, so every
+    applied graph in the suite is also verified.
     """
+    from overlapcfg import load_config
     from overlapcfg.passes import apply
 
     gm = copy.deepcopy(step.graph(graph_name))
     with fake_process_group(step.world_size, step.rank):
-        return apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(graph_name), module_fqns=step.module_fqns,
-                     graph_kind=graph_name, debug=debug)
+        return apply(gm, load_config(cfg), module_fqn_fn=step.module_fqn_fn(graph_name), module_fqns=step.module_fqns,
+                     graph_kind=graph_name)
 
 
 @pytest.fixture(scope="session")

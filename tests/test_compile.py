@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from overlapcfg import compat
-from overlapcfg.passes.compile import INDUCTOR_SETTINGS, OverlapGraphPass, backend, inductor_pass
-from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
+from overlapcfg import compat, load_config
 from overlapcfg.demo import Llama, LlamaConfig, shard_module
-from overlapcfg.passes import apply
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, trace_train_step, train_step
+from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
+from overlapcfg.passes import apply
+from overlapcfg.passes.compile import INDUCTOR_SETTINGS, OverlapGraphPass, backend, inductor_pass
 
 MODEL = LlamaConfig(n_layers=2)
 MANUAL: dict[str, Any] = {"strategy": "manual", "plan": "llama_layers"}
@@ -72,7 +72,7 @@ def test_inductor_pass_rejects_a_bad_config_at_construction() -> None:
 @pytest.mark.slow
 def test_eager_backend_rewrites_forward_and_backward_graphs() -> None:
     tokens, targets = demo_batch(MODEL.vocab_size)
-    step_backend = backend(MANUAL, debug=True)
+    step_backend = backend(MANUAL)
     with compat.fake_process_group(2, 0):
         train_step(compile_with_pass(_sharded(), backend=step_backend), tokens, targets)
     # 21 parameters: 21 forward all-gathers; backward re-gathers 20 (not the embedding) and reduce-scatters 21.
@@ -86,8 +86,8 @@ def test_verify_and_record_see_through_the_control_deps_of_insert_overlap_deps()
     counts = {}
     with compat.fake_process_group(2, 0):
         for name in ("forward", "backward"):
-            gm = apply(copy.deepcopy(step.graph(name)), INDUCTOR_CFG, module_fqn_fn=step.module_fqn_fn(name),
-                       module_fqns=step.module_fqns, graph_kind=name, debug=True)
+            gm = apply(copy.deepcopy(step.graph(name)), load_config(INDUCTOR_CFG), module_fqn_fn=step.module_fqn_fn(name),
+                       module_fqns=step.module_fqns, graph_kind=name)
             wrapped = [n for n in gm.graph.nodes if "control_deps" in str(n.target)]
             assert wrapped, "insert_overlap_deps=True should have wrapped the waits"
             counts[name] = gm.meta["overlapcfg"].after.fsdp
@@ -98,7 +98,7 @@ def test_verify_and_record_see_through_the_control_deps_of_insert_overlap_deps()
 def test_verify_still_catches_a_wrapped_wait_moved_before_its_start() -> None:
     step = trace_train_step(MODEL, reshard_after_forward=False)
     with compat.fake_process_group(2, 0):
-        gm = apply(copy.deepcopy(step.forward), INDUCTOR_CFG, module_fqn_fn=step.module_fqn_fn("forward"),
+        gm = apply(copy.deepcopy(step.forward), load_config(INDUCTOR_CFG), module_fqn_fn=step.module_fqn_fn("forward"),
                    module_fqns=step.module_fqns, graph_kind="forward")
     wrapped = next(n for n in gm.graph.nodes if "control_deps" in str(n.target))
     start = compat.unwrap_control_deps(wrapped)[1][0]
@@ -143,7 +143,7 @@ def test_inductor_pass_rewrites_inductors_post_grad_graphs(tmp_path, monkeypatch
             seen.append(graph.owning_module.meta["overlapcfg"])
 
     tokens, targets = demo_batch(MODEL.vocab_size)
-    post_pass = Recording(inductor_pass(MANUAL).cfg, debug=True)
+    post_pass = Recording(inductor_pass(MANUAL).cfg)
     compat.dynamo_reset()
     with compat.fake_process_group(2, 0), \
             compat.inductor_config_patch({**INDUCTOR_SETTINGS, "post_grad_custom_post_pass": post_pass}):
@@ -158,7 +158,7 @@ def test_graphs_for_inductor_get_one_fake_value_per_node() -> None:
 
     def shared(for_compiler: bool) -> int:
         with compat.fake_process_group(2, 0):
-            gm = apply(copy.deepcopy(step.backward), MANUAL, module_fqn_fn=step.module_fqn_fn("backward"),
+            gm = apply(copy.deepcopy(step.backward), load_config(MANUAL), module_fqn_fn=step.module_fqn_fn("backward"),
                        graph_kind="backward", for_compiler=for_compiler)
         ids = [id(n.meta["val"]) for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
         return len(ids) - len(set(ids))

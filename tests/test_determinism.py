@@ -30,14 +30,16 @@ SCRIPT = textwrap.dedent("""
     from overlapcfg.passes import apply
     from overlapcfg.demo.tracing import trace_train_step
 
-    cfg = json.loads(sys.argv[1])
+    from overlapcfg import load_config
+
+    cfg = load_config(json.loads(sys.argv[1]))
     step = trace_train_step(LlamaConfig(n_layers=2), world_size=2, rank=0, reshard_after_forward=True)
     out = {}
     for name in sys.argv[2:]:
         gm = copy.deepcopy(step.graph(name))
         with fake_process_group(step.world_size, step.rank):
             apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(name), module_fqns=step.module_fqns,
-                  graph_kind=name, debug=True)
+                  graph_kind=name)
         out[name] = hashlib.sha256(gm.code.encode()).hexdigest()
     print("RESULT " + json.dumps(out, sort_keys=True))
 """)

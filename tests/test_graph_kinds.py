@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 import torch
 
-from overlapcfg import compat
+from overlapcfg import compat, load_config
 from overlapcfg.demo import Llama, LlamaConfig, shard_module
-from overlapcfg.passes import apply
-from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.demo.tracing import StepBackend, demo_batch, module_fqn, train_step
+from overlapcfg.graph.collectives import find_collectives
+from overlapcfg.passes import apply
 
 MODEL = LlamaConfig(n_layers=2)
 
@@ -31,7 +31,7 @@ def joint_graph() -> torch.fx.GraphModule:
 
 def _apply(gm: torch.fx.GraphModule, cfg: dict, **kw) -> torch.fx.GraphModule:
     with compat.fake_process_group(2, 0):
-        return apply(copy.deepcopy(gm), cfg, debug=True, **kw)
+        return apply(copy.deepcopy(gm), load_config(cfg), **kw)
 
 
 def test_joint_graph_directions_are_read_from_node_metadata(joint_graph):
@@ -43,8 +43,8 @@ def test_joint_graph_is_bucketed_and_scheduled_in_both_directions(joint_graph):
     gm = _apply(joint_graph, {"plan": "llama_layers", "policy": {"forward_prefetch": 2, "reduce_scatter_delay": 1}})
     record = gm.meta["overlapcfg"]
     assert record.after.fsdp == (("backward", "reduce_scatter", 4), ("forward", "all_gather", 4))
-    forward = [(s.bucket, s.effective) for s in record.steps if s.direction == "forward"]
-    backward = [(s.bucket, s.effective) for s in record.steps if s.kind == "reduce_scatter"]
+    forward = [(s.bucket, s.effective) for s in record.decisions if s.direction == "forward"]
+    backward = [(s.bucket, s.effective) for s in record.decisions if s.kind == "reduce_scatter"]
     assert forward == [("tok_embeddings", 2), ("layers.0", 2), ("layers.1", 1), ("norm+output", 0)]
     assert backward == [("norm+output", 1), ("layers.1", 1), ("layers.0", 1), ("tok_embeddings", 0)]
 

@@ -28,7 +28,6 @@ from _checker import (
 from conftest import apply_to
 from torch import fx
 
-from overlapcfg.passes.compile import backend
 from overlapcfg.demo import Llama, LlamaConfig, shard_module
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import (
@@ -36,11 +35,12 @@ from overlapcfg.demo.tracing import (
     StepBackend,
     TracedStep,
     compile_with_pass,
-    default_module_fqn,
     demo_batch,
     trace_train_step,
     train_step,
 )
+from overlapcfg.graph.attribution import stack_module_fqn
+from overlapcfg.passes.compile import backend
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,7 @@ def test_records_agree_with_bf16_shapes_and_module_stacks(mp_2l_reshard: TracedS
         shard = torch.Size((full[0] // 2, *full[1:]))
         out_shape, in_shape = (full, shard) if rec.kind == "all_gather" else (shard, full)
         assert node.meta["val"].shape == out_shape and node.args[0].meta["val"].shape == in_shape, rec
-        assert default_module_fqn(node) == rec.module_fqn, rec
+        assert stack_module_fqn(node) == rec.module_fqn, rec
 
 
 def test_bad_mixed_precision_options_are_refused_before_any_tracing() -> None:
@@ -200,7 +200,7 @@ def test_memory_cap_counts_bf16_bytes_and_binds_where_the_checker_says(reshard: 
     assert [got[b] for b in order] == want
     assert want != expected_prefetch([2] * len(order)), "the cap was meant to bind"
     assert max(inflight_bytes(gm, merged, graph, sizes).values()) <= cap
-    records = {s.bucket: s for s in gm.meta["overlapcfg"].steps if s.kind == "all_gather"}
+    records = {s.bucket: s for s in gm.meta["overlapcfg"].decisions if s.kind == "all_gather"}
     assert [records[b].effective for b in order] == want
     bucket_bytes = {b.name: dict(((d, k), n) for d, k, n in b.unsharded_bytes) for b in gm.meta["overlapcfg"].buckets}
     assert all(bucket_bytes[b][(graph, "all_gather")] == sizes[b] for b in order)
@@ -259,9 +259,9 @@ def _run(model: torch.nn.Module, step_backend: StepBackend, tokens: torch.Tensor
             for name, gm in step_backend.graphs.items()}
     return {"loss": loss, "grads": grads, "wire": wire,
             "counts": {name: (r.before.total_fsdp, r.after.total_fsdp) for name, r in records.items() if r},
-            "capped": [s.bucket for r in records.values() if r for s in r.steps if s.effective < s.requested
+            "capped": [s.bucket for r in records.values() if r for s in r.decisions if s.effective < s.requested
                        and "max_inflight_bytes" in (s.reason or "")],
-            "depths": sorted({s.effective for r in records.values() if r for s in r.steps})}
+            "depths": sorted({s.effective for r in records.values() if r for s in r.decisions})}
 
 
 def _parity_worker(rank: int, world_size: int) -> dict[str, Any]:
@@ -274,7 +274,7 @@ def _parity_worker(rank: int, world_size: int) -> dict[str, Any]:
 
         case = {"reference": _run(fresh(), StepBackend(), tokens, targets)}
         for name in names:
-            case[name] = _run(fresh(), backend(PARITY_CONFIGS[name], debug=True), tokens, targets)
+            case[name] = _run(fresh(), backend(PARITY_CONFIGS[name]), tokens, targets)
         out[f"{reshard}-{reduce_dtype}"] = case
     out["fp32"] = _run(shard_module(Llama(CFG, seed=0), world_size=world_size, rank=rank), StepBackend(),
                        tokens, targets)

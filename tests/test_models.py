@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from overlapcfg.compat import fake_process_group
-from overlapcfg.errors import OverlapConfigError
 from overlapcfg.demo import (
     LLAMA3_8B,
     Llama,
@@ -19,6 +18,7 @@ from overlapcfg.demo import (
 )
 from overlapcfg.demo.gloo import RankFailedError, run_on_gloo
 from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
+from overlapcfg.errors import OverlapConfigError
 
 SMALL = LlamaConfig()
 

@@ -1,7 +1,7 @@
 """Numerical parity: the rewritten graphs compute the same training step, bit for bit, on two real gloo ranks.
 
 Each rank compiles one step of the sharded 2-layer demo model once without a pass (the reference) and once per
-config through ``overlapcfg.passes.compile.backend(cfg, debug=True)``: each rank rewrites its own (rank-specific) graphs,
+config through ``overlapcfg.passes.compile.backend(cfg)``: each rank rewrites its own (rank-specific) graphs,
 ``verify`` runs inside, and the boxed-eager compiler runs the same CPU kernels, so loss and every local gradient
 shard must be ``torch.equal`` to the reference. The collective counts prove the pass did rewrite the graphs.
 All configs of one reshard setting share one pair of processes (a spawn costs seconds).
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from overlapcfg.passes.compile import backend
 from overlapcfg.demo import Llama, LlamaConfig, shard_module
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, train_step
+from overlapcfg.passes.compile import backend
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def _step(model: torch.nn.Module, step_backend: StepBackend, tokens: torch.Tenso
         "counts": {name: (r.before.total_fsdp, r.after.total_fsdp) for name, r in records.items() if r},
         "order": {name: _comm_order(gm) for name, gm in step_backend.graphs.items()},
         "capped": [(r.graph_kind, s.bucket, s.requested, s.effective) for r in records.values() if r
-                   for s in r.steps if s.effective < s.requested and "max_inflight_bytes" in (s.reason or "")],
+                   for s in r.decisions if s.effective < s.requested and "max_inflight_bytes" in (s.reason or "")],
     }
 
 
@@ -84,7 +84,7 @@ def _parity_worker(rank: int, world_size: int, reshard: bool, configs: dict[str,
 
     out = {"reference": _step(fresh(), StepBackend(), tokens, targets)}
     for name, cfg in configs.items():
-        out[name] = _step(fresh(), backend(cfg, debug=True), tokens, targets)
+        out[name] = _step(fresh(), backend(cfg), tokens, targets)
     return out
 
 

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from overlapcfg.errors import OverlapConfigError
 from overlapcfg.config.patterns import (
     AnySegment,
     AnySegments,
@@ -21,6 +20,7 @@ from overlapcfg.config.patterns import (
     strip_wrappers,
     suggest_fixes,
 )
+from overlapcfg.errors import OverlapConfigError
 
 # (pattern, fqn, expected)
 MATCH_TABLE = [

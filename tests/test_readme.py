@@ -26,7 +26,7 @@ def test_the_example_config_applies_to_the_demo_model(traced_2l_reshard):
     with compat.fake_process_group(step.world_size, step.rank):
         for name in ("forward", "backward"):
             gm = apply(copy.deepcopy(step.graph(name)), cfg, module_fqn_fn=step.module_fqn_fn(name),
-                       module_fqns=step.module_fqns, graph_kind=name, debug=True)
+                       module_fqns=step.module_fqns, graph_kind=name)
             buckets = {b.name: b for b in gm.meta["overlapcfg"].buckets}
             assert buckets["layers.0.attention_norm+layers.0.attention"].forward_prefetch == 0
             assert buckets["layers.1.ffn_norm+layers.1.feed_forward"].forward_prefetch == 0

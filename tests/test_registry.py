@@ -15,27 +15,34 @@ from typing import Any
 
 import pytest
 
-from overlapcfg.strategies import registry
-from overlapcfg.errors import OverlapConfigError
-from overlapcfg.strategies.registry import ENTRY_POINT_GROUP, available_strategies, get_strategy, register_strategy
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
+from overlapcfg.errors import OverlapConfigError
+from overlapcfg.config import contracts
+from overlapcfg.strategies import registry
+from overlapcfg.strategies.registry import ENTRY_POINT_GROUP, available_strategies, get_strategy, register_strategy
 
 
 @pytest.fixture
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    saved = dict(registry._REGISTRY)
-    saved_flag = registry._entry_points_loaded
+    saved = dict(registry._STRATEGIES)
+    saved_contracts = dict(contracts._CONTRACTS)
+    saved_bare = dict(contracts._BARE_ENTRY_POINTS)
+    saved_flag = contracts._entry_points_loaded
     try:
         yield
     finally:
-        registry._REGISTRY.clear()
-        registry._REGISTRY.update(saved)
-        registry._entry_points_loaded = saved_flag
+        registry._STRATEGIES.clear()
+        registry._STRATEGIES.update(saved)
+        contracts._CONTRACTS.clear()
+        contracts._CONTRACTS.update(saved_contracts)
+        contracts._BARE_ENTRY_POINTS.clear()
+        contracts._BARE_ENTRY_POINTS.update(saved_bare)
+        contracts._entry_points_loaded = saved_flag
 
 
-def _factory(plan: Any, policy: Any) -> Any:
-    return ("made", plan, policy)
+def _factory(gm: Any, ctx: Any) -> Any:
+    return ("ran", gm, ctx)
 
 
 class LookaheadPolicy(PolicyBase):
@@ -49,9 +56,9 @@ class LookaheadPolicy(PolicyBase):
 
 # --- built-ins, duplicates, unknown names ------------------------------------------------------------------
 
-def test_builtins_are_registered_without_importing_torch_strategies() -> None:
+def test_builtins_are_registered_with_their_contracts() -> None:
     assert {"manual", "torch_manual", "auto", "none"} <= set(available_strategies())
-    assert get_strategy("manual").origin == "builtin"
+    assert get_strategy("manual").contract.origin == "builtin"
     assert get_strategy("torch_manual").policy.__name__ == "TorchManualPolicy"
 
 
@@ -66,13 +73,13 @@ def test_duplicate_registration_raises_naming_both_registrants(clean_registry: N
         register_strategy("dup_sched")(other)
     message = str(info.value)
     assert __name__ in message and "thirdparty.plugin" in message
-    assert get_strategy("dup_sched").loader() is _factory  # the first registration stands
+    assert get_strategy("dup_sched").run is _factory  # the first registration stands
 
 
 def test_registering_over_a_builtin_names_builtin(clean_registry: None) -> None:
     with pytest.raises(ValueError, match=r"'manual' is already registered \(by builtin\)"):
         register_strategy("manual")(_factory)
-    assert get_strategy("manual").origin == "builtin"
+    assert get_strategy("manual").contract.origin == "builtin"
 
 
 def test_policy_must_be_a_policy_base_subclass() -> None:
@@ -126,17 +133,16 @@ def test_third_party_policy_errors_keep_clean_paths_and_reject_other_strategies_
     assert fault.message == "unknown field; valid fields: label, lookahead"
 
 
-def test_third_party_factory_gets_the_resolved_plan_and_its_policy(clean_registry: None) -> None:
-    seen: list[Any] = []
+def test_third_party_strategy_is_one_object_with_its_contract_and_graph_call(clean_registry: None) -> None:
+    @register_strategy("recorder", policy=LookaheadPolicy, uses_plan=False)
+    def run(gm: Any, ctx: Any) -> Any:
+        return ("ran", gm, ctx)
 
-    @register_strategy("recorder", policy=LookaheadPolicy)
-    def make(plan: Any, policy: Any) -> Any:
-        seen.append((plan, policy))
-        return "strategy"
-
-    cfg = load_config({"strategy": "recorder", "plan": "llama_layers", "policy": {"lookahead": 1}})
-    assert get_strategy("recorder").factory(None, cfg.policy) == "strategy"
-    assert seen == [(None, LookaheadPolicy(lookahead=1))]
+    cfg = load_config({"strategy": "recorder", "policy": {"lookahead": 1}})
+    strategy = get_strategy("recorder")
+    assert strategy.run is run and strategy.policy is LookaheadPolicy and not strategy.uses_plan
+    assert strategy.contract.origin == __name__
+    assert cfg.policy == LookaheadPolicy(lookahead=1)
 
 
 # --- entry points ------------------------------------------------------------------------------------------
@@ -153,7 +159,7 @@ def _write_plugin(root: Path, dist: str, module: str, body: str, eps: dict[str, 
 @pytest.fixture
 def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_registry: None) -> Iterator[Path]:
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry._entry_points_loaded = False
+    contracts._entry_points_loaded = False
     importlib.invalidate_caches()
     yield tmp_path
     for mod in [m for m in sys.modules if m.startswith("ocfg_test_plugin")]:
@@ -169,14 +175,14 @@ def test_entry_point_strategy_is_loaded_lazily_on_first_lookup(plugin_dir: Path)
             depth: int = 4
 
         @register_strategy("plugged", policy=PluginPolicy)
-        def make(plan, policy):
-            return ("plugged", policy)
+        def make(gm, ctx):
+            return ("plugged", ctx)
     """, {"plugged": "ocfg_test_plugin:make"})
-    assert get_strategy("manual").origin == "builtin"  # a known name does not scan entry points
+    assert get_strategy("manual").contract.origin == "builtin"  # a known name does not scan entry points
     assert "ocfg_test_plugin" not in sys.modules
     spec = get_strategy("plugged")
     assert "ocfg_test_plugin" in sys.modules
-    assert spec.origin == "ocfg_test_plugin" and spec.policy.__name__ == "PluginPolicy"
+    assert spec.contract.origin == "ocfg_test_plugin" and spec.policy.__name__ == "PluginPolicy"
     cfg = load_config({"strategy": "plugged", "plan": "llama_layers", "policy": {"depth": 7}})
     assert cfg.model_dump()["policy"] == {"depth": 7}
     assert "plugged" in available_strategies()
@@ -184,24 +190,24 @@ def test_entry_point_strategy_is_loaded_lazily_on_first_lookup(plugin_dir: Path)
 
 def test_entry_point_bare_factory_is_registered_with_the_default_policy(plugin_dir: Path) -> None:
     _write_plugin(plugin_dir, "ocfg_test_dist2", "ocfg_test_plugin2", """
-        def make(plan, policy):
-            return ("bare", policy)
+        def make(gm, ctx):
+            return ("bare", ctx)
     """, {"bare_plug": "ocfg_test_plugin2:make"})
     spec = get_strategy("bare_plug")
     assert spec.policy is OverlapPolicy
-    assert "ocfg_test_dist2" in spec.origin
-    assert spec.factory(None, None) == ("bare", None)
+    assert "ocfg_test_dist2" in spec.contract.origin
+    assert spec.run(None, None) == ("bare", None)
 
 
 def test_entry_points_are_scanned_once(plugin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    real = registry.entry_points
+    real = contracts.entry_points
 
     def counting(**kwargs: Any) -> Any:
         calls.append(kwargs["group"])
         return real(**kwargs)
 
-    monkeypatch.setattr(registry, "entry_points", counting)
+    monkeypatch.setattr(contracts, "entry_points", counting)
     for _ in range(3):
         with pytest.raises(OverlapConfigError):
             get_strategy("nowhere")
@@ -215,31 +221,30 @@ def test_broken_entry_point_is_logged_and_does_not_break_other_strategies(
                   {"broken_plug": "ocfg_test_plugin3:make"})
     with pytest.raises(OverlapConfigError):
         get_strategy("broken_plug")
-    assert get_strategy("manual").origin == "builtin"
+    assert get_strategy("manual").contract.origin == "builtin"
     assert any("broken_plug" in r.getMessage() for r in caplog.records)
 
 
 def test_third_party_strategy_with_its_own_policy_runs_through_apply(clean_registry: None, traced_2l) -> None:
-    """A policy without depth fields must not break plan resolution; the factory gets the resolved plan."""
+    """A policy without depth fields must not break plan resolution; the strategy gets the resolved plan."""
     import copy
 
     from overlapcfg import compat
-    from overlapcfg.passes import apply
     from overlapcfg.graph.merge import merge_buckets
-    from overlapcfg.strategies.base import Strategy, no_scheduling
+    from overlapcfg.passes import apply
+    from overlapcfg.strategies import StrategyResult
 
     made: list[Any] = []
 
     @register_strategy("merge_only", policy=LookaheadPolicy)
-    def make(plan: Any, policy: Any) -> Strategy:
-        made.append((plan, policy))
-        return Strategy("merge_only", lambda gm, ctx: merge_buckets(gm, ctx.covered, ctx.plan, "custom_ops"),
-                        no_scheduling)
+    def run(gm: Any, ctx: Any) -> StrategyResult:
+        made.append((ctx.plan, ctx.policy))
+        return StrategyResult(tuple(merge_buckets(gm, ctx.covered, ctx.plan, "custom_ops")))
 
-    cfg = {"strategy": "merge_only", "plan": "llama_layers", "policy": {"lookahead": 5}}
+    cfg = load_config({"strategy": "merge_only", "plan": "llama_layers", "policy": {"lookahead": 5}})
     with compat.fake_process_group(traced_2l.world_size, traced_2l.rank):
         gm = apply(copy.deepcopy(traced_2l.forward), cfg, module_fqn_fn=traced_2l.module_fqn_fn("forward"),
-                   module_fqns=traced_2l.module_fqns, graph_kind="forward", debug=True)
+                   module_fqns=traced_2l.module_fqns, graph_kind="forward")
     (plan, policy), = made
     assert isinstance(policy, LookaheadPolicy) and policy.lookahead == 5
     assert [b.name for b in plan.buckets] == ["tok_embeddings", "layers.0", "layers.1", "norm+output"]
@@ -252,8 +257,8 @@ def test_settings_a_strategy_does_not_read_are_reported(traced_2l) -> None:
     from overlapcfg import compat
     from overlapcfg.passes import apply
 
-    cfg = {"strategy": "none", "plan": "llama_layers", "policy": {"forward_prefetch": 3},
-           "overrides": [{"match": "layers.0", "forward_prefetch": 0}]}
+    cfg = load_config({"strategy": "none", "plan": "llama_layers", "policy": {"forward_prefetch": 3},
+           "overrides": [{"match": "layers.0", "forward_prefetch": 0}]})
     with compat.fake_process_group(traced_2l.world_size, traced_2l.rank):
         gm = apply(copy.deepcopy(traced_2l.forward), cfg, module_fqn_fn=traced_2l.module_fqn_fn("forward"),
                    graph_kind="forward")

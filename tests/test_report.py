@@ -10,9 +10,9 @@ from rich.console import Console
 from torch import fx
 
 from overlapcfg.demo import Llama, LlamaConfig
+from overlapcfg.graph.record import BucketRecord, CollectiveChange
 from overlapcfg.report import SCHEMA, Report, explain
 from overlapcfg.report.explain import _warnings
-from overlapcfg.report.model import BucketReport, CollectiveChange
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,7 @@ def test_spanning_warning_fires_above_two_layers_and_not_at_two(traced_2l_reshar
     report = explain(traced_2l_reshard, cfg)
     assert len(report.buckets) == 1 and report.buckets[0].param_count == len(_model_params())
     assert not any("spans" in w for w in report.warnings)  # two layers: within the threshold
-    wide = BucketReport(name="all", entry_index=0, entry_text="['*']", modules=("layers.0", "layers.1", "layers.2"),
+    wide = BucketRecord(name="all", entry_index=0, entry_text="['*']", modules=("layers.0", "layers.1", "layers.2"),
                         params=(), param_count=0, numel=0, unsharded_bytes=0, sharded_bytes=0,
                         collectives=(CollectiveChange(direction="forward", kind="all_gather", before=0, after=0,
                                                       unsharded_bytes=0),),

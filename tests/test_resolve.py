@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from overlapcfg.config import Bucket, BucketPlan, ModuleOverride, OverlapPolicy
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.resolve import ResolvedPlan, bucket_name, resolve_plan
-from overlapcfg.config import Bucket, BucketPlan, ModuleOverride, OverlapPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 

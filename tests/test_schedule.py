@@ -26,8 +26,8 @@ from _checker import (
 )
 from conftest import ApplyFn, traced_step
 
-from overlapcfg.graph.collectives import is_compute_node
 from overlapcfg.demo.tracing import GraphName, TracedStep
+from overlapcfg.graph.collectives import is_compute_node
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +117,7 @@ def test_override_lowers_one_bucket_but_earlier_reach_carries_over(applied: Appl
            "overrides": [{"match": "layers.0", "forward_prefetch": 0}]}
     got, _, gm = _check_prefetch(applied, False, "forward", cfg, 2, {"layers.0": 0})
     assert got == [2, 1, 2, 2, 1, 0]
-    assert {s.bucket: s.requested for s in gm.meta["overlapcfg"].steps}["layers.0"] == 0
+    assert {s.bucket: s.requested for s in gm.meta["overlapcfg"].decisions}["layers.0"] == 0
 
 
 def test_override_to_zero_after_depth_one_leaves_that_bucket_alone(applied: ApplyFn) -> None:
@@ -219,7 +219,7 @@ def test_binding_memory_cap_shrinks_depth_where_it_binds_and_says_why(applied: A
     bound = [b for b, w, f in zip(order, want, free, strict=True) if w < f]
     assert bound, "the cap was meant to bind somewhere"
     assert max(inflight_bytes(gm, merged, graph, sizes).values()) <= cap
-    records = {s.bucket: s for s in gm.meta["overlapcfg"].steps if s.kind == "all_gather"}
+    records = {s.bucket: s for s in gm.meta["overlapcfg"].decisions if s.kind == "all_gather"}
     for b, w in zip(order, want, strict=True):
         assert records[b].effective == w
         says_cap = "max_inflight_bytes" in (records[b].reason or "")
@@ -235,7 +235,7 @@ def test_cap_below_one_bucket_serialises_all_gathers_and_says_so(applied: ApplyF
                                                                       "max_inflight_bytes": cap}})
     got = achieved_prefetch(gm, merged_collectives(gm, step, "forward"), "forward")
     assert [got[b] for b in order] == [0] * len(order)
-    reasons = [s.reason or "" for s in gm.meta["overlapcfg"].steps]
+    reasons = [s.reason or "" for s in gm.meta["overlapcfg"].decisions]
     assert all("smaller than this bucket" in r for r in reasons), reasons
 
 

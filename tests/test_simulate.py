@@ -110,7 +110,7 @@ def test_torch_manual_and_manual_at_depth_one_predict_the_same_step(reports):
 def test_peak_inflight_bytes_matches_the_schedulers_record(reports):
     for policy in ("fp1", "fp2"):
         gm = reports[policy].forward
-        steps = [s for s in gm.meta["overlapcfg"].steps if s.kind == "all_gather"]
+        steps = [s for s in gm.meta["overlapcfg"].decisions if s.kind == "all_gather"]
         sim = simulate(gm, BALANCED, world_size=8)
         assert sim.peak_inflight_bytes == max(s.inflight_bytes for s in steps)
 

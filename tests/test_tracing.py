@@ -16,11 +16,11 @@ from overlapcfg.demo.tracing import (
     StepBackend,
     TracedStep,
     compile_with_pass,
-    default_module_fqn,
     demo_batch,
     trace_train_step,
     train_step,
 )
+from overlapcfg.graph.attribution import stack_module_fqn
 
 pytestmark = pytest.mark.slow
 CFG = LlamaConfig(n_layers=2)
@@ -88,7 +88,7 @@ def test_records_agree_with_shapes_and_module_stacks(which: str, request: pytest
         out_shape, in_shape = (full, shard) if rec.kind == "all_gather" else (shard, full)
         assert node.meta["val"].shape == out_shape, rec
         assert node.args[0].meta["val"].shape == in_shape, rec
-        assert default_module_fqn(node) == rec.module_fqn, rec
+        assert stack_module_fqn(node) == rec.module_fqn, rec
         assert node.meta["overlapcfg"]["owner"] == rec
         wait = next(iter(node.users))
         assert wait.name == rec.wait and wait.target == _c10d.wait_tensor.default

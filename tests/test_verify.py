@@ -14,10 +14,11 @@ from conftest import ApplyFn, traced_step
 from torch import fx
 
 from overlapcfg.compat import fake_process_group
-from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
-from overlapcfg.passes import apply
 from overlapcfg.demo.tracing import TracedStep
+from overlapcfg import load_config
+from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
+from overlapcfg.passes import apply
 
 pytestmark = pytest.mark.slow
 
@@ -111,8 +112,8 @@ def test_consumer_moved_before_its_input_is_caught(step: TracedStep, good: fx.Gr
 
 def test_apply_debug_raises_when_a_strategy_breaks_the_graph(step: TracedStep) -> None:
     from overlapcfg.graph.schedule import ScheduleResult
-    from overlapcfg.strategies.registry import _REGISTRY, register_strategy
     from overlapcfg.strategies.base import Strategy, no_bucketing
+    from overlapcfg.strategies.registry import _REGISTRY, register_strategy
 
     def drop_first_wait(gm: fx.GraphModule, ctx: Any, merged: Any) -> ScheduleResult:
         wait = next(iter(gm.graph.find_nodes(op="call_function", target=_c10d.wait_tensor.default)))
@@ -127,8 +128,8 @@ def test_apply_debug_raises_when_a_strategy_breaks_the_graph(step: TracedStep) -
     try:
         gm = copy.deepcopy(step.forward)
         with fake_process_group(step.world_size, step.rank), pytest.raises(OverlapVerificationError) as info:
-            apply(gm, {"strategy": "test_breaker", "plan": "llama_layers"}, module_fqn_fn=step.module_fqn_fn("forward"),
-                  module_fqns=step.module_fqns, graph_kind="forward", debug=True)
+            apply(gm, load_config({"strategy": "test_breaker", "plan": "llama_layers"}), module_fqn_fn=step.module_fqn_fn("forward"),
+                  module_fqns=step.module_fqns, graph_kind="forward")
         assert "overlapcfg[test_breaker]" in str(info.value)
         assert "expected exactly one wait_tensor, found 0" in str(info.value)
     finally:
@@ -145,7 +146,7 @@ def test_graph_without_fsdp_collectives_is_returned_unchanged_with_one_info_line
     gm = fx.symbolic_trace(f)
     code, nodes = gm.code, [n.name for n in gm.graph.nodes]
     with caplog.at_level(logging.INFO, logger="overlapcfg"):
-        out = apply(gm, {"plan": "llama_layers"}, graph_kind="forward")
+        out = apply(gm, load_config({"plan": "llama_layers"}), graph_kind="forward")
     assert out is gm
     assert gm.code == code and [n.name for n in gm.graph.nodes] == nodes
     lines = [r for r in caplog.records if r.name.startswith("overlapcfg") and r.levelno >= logging.INFO]
@@ -179,7 +180,7 @@ def test_config_error_leaves_the_graph_untouched(step: TracedStep, cfg: dict[str
     code, nodes = gm.code, [(n.name, n.target) for n in gm.graph.nodes]
     with fake_process_group(step.world_size, step.rank), pytest.raises(OverlapConfigError):
         apply(gm, cfg, module_fqn_fn=step.module_fqn_fn("forward"), module_fqns=step.module_fqns,
-              graph_kind="forward", debug=True)
+              graph_kind="forward")
     assert gm.code == code
     assert [(n.name, n.target) for n in gm.graph.nodes] == nodes
     assert "overlapcfg" not in gm.meta

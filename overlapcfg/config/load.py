@@ -2,47 +2,79 @@
 
 This is the only place pydantic's ``ValidationError`` is translated: each error becomes one ``Fault`` whose
 path is the dotted config path from where the user mounted the config (``trainer.overlap.policy.…``).
+Nothing a user passes escapes as anything but ``OverlapConfigError`` (a wrong Python type is ``TypeError``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
-from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
+from overlapcfg.config.interpolate import (
+    KeyPath,
+    format_path,
+    has_references,
+    parse_key_path,
+    resolve_references,
+)
 from overlapcfg.config.overlap import OverlapConfig
+from overlapcfg.config.safe_yaml import YamlLimitError, dump_yaml, load_yaml, measure
+from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 
-__all__ = ["ConfigSource", "faults_from_validation_error", "from_hydra", "load_config", "validate_config"]
+__all__ = [
+    "MAX_FILE_BYTES",
+    "ConfigSource",
+    "dump_yaml",
+    "faults_from_validation_error",
+    "from_hydra",
+    "load_config",
+    "validate_config",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
 HEADER = "invalid overlap config"
 
+MAX_FILE_BYTES = 16 * 2**20
+"""Largest config file read; a plan for the largest models is well under 1 MiB."""
+
 ConfigSource: TypeAlias = OverlapConfig | Mapping[str, Any] | DictConfig | str | os.PathLike[str]
 """Anything ``load_config`` turns into an ``OverlapConfig``."""
-
 
 def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
     """Validate ``src`` into an ``OverlapConfig``, or raise ``OverlapConfigError`` listing every fault.
 
     ``root`` is the prefix of every fault path: where the config sits in the user's own config tree.
     A mapping with a single ``overlap`` key is unwrapped, so a recipe's whole config file can be passed.
+
+    What each kind of ``src`` means:
+
+    - ``str`` is always YAML *text*, never a file name (a file name is a valid YAML string, so guessing would
+      make ``load_config(user_input)`` read arbitrary files). A file is read only when given as a
+      ``pathlib.Path`` (any ``os.PathLike``); errors name the file and give line and column, and never echo
+      its contents.
+    - A plain ``Mapping`` is taken as it is: its strings are literal, ``${...}`` included.
+    - YAML text, a file and a ``DictConfig`` may use ``${key}`` references to other keys (``${depth}``,
+      ``${..x}``), resolved as OmegaConf would. Resolvers are refused with a fault naming the value
+      (``${oc.env:SECRET}``, ``${oc.decode:...}``, any ``${name:...}``), also when reached through a reference:
+      a config must not read the environment or run registered code.
+    - YAML is read with bounded work: nesting deeper than ``MAX_DEPTH``, more than ``MAX_NODES`` values once
+      aliases are expanded, and duplicate keys are faults (see ``overlapcfg.config.safe_yaml``). ``4:8`` is
+      the string ``'4:8'`` (YAML 1.1 would read the integer 248).
     """
     if isinstance(src, OverlapConfig):
         return src
     data = _to_container(src, root)
-    if isinstance(data, Mapping) and set(data) == {"overlap"} and isinstance(data["overlap"], Mapping):
-        data = data["overlap"]
     if not isinstance(data, Mapping):
-        raise OverlapConfigError.single(root, f"expected a mapping, got {type(data).__name__}")
+        raise OverlapConfigError.single(root, f"expected a mapping, got {_describe(data, src)}")
     if targets := list(_target_paths(data, root)):
         raise OverlapConfigError([Fault(p, TARGET_MESSAGE) for p in targets], header=HEADER)
     return validate_config(OverlapConfig, dict(data), root=root)
@@ -59,50 +91,160 @@ def validate_config(model: type[M], data: Any, *, root: str, header: str = HEADE
 
 
 def from_hydra(node: DictConfig) -> OverlapConfig:
-    """``load_config`` for a node of a composed Hydra config; fault paths start where the node is mounted."""
+    """``load_config`` for a node of a composed Hydra config; fault paths start where the node is mounted.
+
+    ``${key}`` references may point anywhere in the composed config; resolvers are refused, including Hydra's
+    own ``${hydra:...}`` (the shipped ``overlap`` group never uses one: it only holds at run time).
+    """
     if not isinstance(node, DictConfig):
         raise TypeError(f"from_hydra expects an omegaconf DictConfig node, got {type(node).__name__}")
     return load_config(node, root=node._get_full_key(None) or "overlap")
 
 
 def _to_container(src: Any, root: str) -> Any:
-    try:
-        if isinstance(src, DictConfig):
-            return OmegaConf.to_container(src, resolve=True, throw_on_missing=True)
-        if isinstance(src, os.PathLike) or (isinstance(src, str) and _looks_like_path(src)):
-            path = Path(src)
-            if not path.is_file():
-                raise OverlapConfigError.single(root, f"config file {str(path)!r} does not exist")
-            return OmegaConf.to_container(OmegaConf.load(path), resolve=True, throw_on_missing=True)
-        if isinstance(src, str):
-            return OmegaConf.to_container(OmegaConf.create(src), resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None)
-        where = f"{root}.{key}" if key else root
-        raise OverlapConfigError.single(where, f"{type(err).__name__}: {getattr(err, 'msg', err)}") from None
-    except OverlapConfigError:
-        raise
-    except (yaml.YAMLError, ValueError, TypeError) as err:  # OmegaConf.create lets PyYAML's errors through
-        raise OverlapConfigError.single(root, f"could not parse YAML: {_yaml_problem(err)}") from None
+    """Plain data for ``src``, unwrapped from a single ``overlap`` key, measured and with references resolved."""
+    if isinstance(src, (DictConfig, ListConfig)):
+        return _from_omegaconf(src, root)
+    if isinstance(src, os.PathLike):
+        return _from_text(_read_file(Path(src), root), root, Path(src))
+    if isinstance(src, str):
+        return _from_text(src, root, None)
     if isinstance(src, Mapping):
-        return src
+        _measure_or_fault(src, root, None)
+        return _unwrap(src)[0]
     raise TypeError(
-        f"load_config expects an OverlapConfig, a mapping, a DictConfig, YAML text or a path; "
+        f"load_config expects an OverlapConfig, a mapping, a DictConfig, YAML text or a pathlib.Path; "
         f"got {type(src).__name__}"
     )
 
 
+def _read_file(path: Path, root: str) -> str:
+    try:
+        if not path.is_file():
+            what = "is not a file" if path.exists() else "does not exist"
+            raise OverlapConfigError.single(root, f"config file {str(path)!r} {what}")
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise OverlapConfigError.single(
+                root, f"config file {str(path)!r} is {size:,} bytes; config files are at most {MAX_FILE_BYTES:,}")
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise OverlapConfigError.single(
+            root, f"config file {str(path)!r} is not UTF-8 text (byte {err.start} of {size:,})") from None
+    except OSError as err:
+        raise OverlapConfigError.single(root, f"config file {str(path)!r} cannot be read: {err.strerror}") from None
+
+
+def _from_text(text: str, root: str, path: Path | None) -> Any:
+    where = f"YAML file {str(path)!r}" if path is not None else "YAML"
+    try:
+        data = load_yaml(text)
+    except YamlLimitError as err:
+        raise OverlapConfigError.single(root, f"{where} refused: {err}") from None
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as err:
+        raise OverlapConfigError.single(root, f"could not parse {where}: {_yaml_problem(err)}") from None
+    inner, at = _unwrap(data)
+    if has_references(inner):
+        return _resolve(data, at, lambda p: _show_path(root, p[len(at):]), root)
+    return inner
+
+
+def _from_omegaconf(node: DictConfig | ListConfig, root: str) -> Any:
+    try:
+        data = OmegaConf.to_container(node, resolve=False, throw_on_missing=True)
+        _measure_or_fault(data, root, None)
+        data, inner = _unwrap(data)
+        if not has_references(data):
+            return data
+        top = node._get_root()
+        at = (*parse_key_path(node._get_full_key(None) or ""), *inner)
+        whole = OmegaConf.to_container(top, resolve=False, throw_on_missing=False)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        where = f"{root}.{key}" if key else root
+        raise OverlapConfigError.single(where, f"{type(err).__name__}: {getattr(err, 'msg', err)}") from None
+    except RecursionError:
+        raise OverlapConfigError.single(root, "the config nests too deeply to read") from None
+
+    def show(p: KeyPath) -> str:
+        # Inside the node: the user's path from ``root``; elsewhere in the composed config: its own path.
+        return _show_path(root, p[len(at):]) if p[: len(at)] == at else format_path(p) or "<root>"
+
+    return _resolve(whole, at, show, root)
+
+
+def _resolve(whole: Any, at: KeyPath, show: Callable[[KeyPath], str], root: str) -> Any:
+    data, faults = resolve_references(whole, at, show)
+    if faults:
+        raise OverlapConfigError(faults, header=HEADER)
+    _measure_or_fault(data, root, "once references are resolved")
+    return data
+
+
+def _measure_or_fault(data: Any, root: str, when: str | None) -> None:
+    try:
+        measure(data)
+    except YamlLimitError as err:
+        raise OverlapConfigError.single(root, f"config refused: {err}{f' ({when})' if when else ''}") from None
+
+
+def _unwrap(data: Any) -> tuple[Any, KeyPath]:
+    if isinstance(data, Mapping) and set(data) == {"overlap"} and isinstance(data["overlap"], Mapping):
+        return data["overlap"], ("overlap",)
+    return data, ()
+
+
+def _show_path(root: str, path: KeyPath) -> str:
+    rel = format_path(path)
+    if not rel:
+        return root
+    if not root:
+        return rel
+    return f"{root}{rel}" if rel.startswith("[") else f"{root}.{rel}"
+
+
 def _yaml_problem(err: Exception) -> str:
-    """PyYAML's problem and where it is (``... (line 1, column 11)``), on one line."""
+    """PyYAML's problem and where it is (``... (line 1, column 11)``), on one line; never the offending text."""
     mark = getattr(err, "problem_mark", None)
     problem = getattr(err, "problem", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if isinstance(err, RecursionError):
+        problem = "nesting too deep"
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
+def _describe(data: Any, src: Any) -> str:
+    """What was found instead of a mapping, without echoing a file's text."""
+    if isinstance(src, str) and isinstance(data, str) and _looks_like_path(src):
+        exists = "" if os.path.isfile(src.strip()) else " (no such file either)"
+        return (f"the string {src.strip()!r}: a str is read as YAML text, not as a file name; to load a file "
+                f"pass pathlib.Path({src.strip()!r}){exists}")
+    if isinstance(src, os.PathLike):
+        kind = _kind(data)
+        return f"{kind} (the whole file {str(src)!r} is one value, not a mapping of config keys)"
+    return _kind(data)
+
+
+def _kind(data: Any) -> str:
+    if data is None:
+        return "an empty document (null)"
+    if isinstance(data, bool):
+        return "a boolean"
+    if isinstance(data, int):
+        return "an integer"
+    if isinstance(data, float):
+        return "a number"
+    if isinstance(data, str):
+        return f"a string ({len(data):,} characters)"
+    if isinstance(data, (list, tuple, ListConfig)):
+        return f"a list ({len(data):,} items)"
+    return type(data).__name__
+
+
 def _looks_like_path(text: str) -> bool:
-    if "\n" in text:
+    text = text.strip()
+    if "\n" in text or not text:
         return False
-    return text.endswith((".yaml", ".yml")) or os.path.isfile(text)
+    return text.endswith((".yaml", ".yml")) or os.sep in text or os.path.isfile(text)
 
 
 def _target_paths(data: Any, path: str) -> Iterator[str]:
@@ -177,6 +319,8 @@ def _message(error: Mapping[str, Any], hints: Mapping[str, tuple[str, ...]]) -> 
     if kind in ("too_short", "too_long"):
         return f"expected {'at least' if kind == 'too_short' else 'at most'} " \
                f"{ctx.get('min_length', ctx.get('max_length'))} item(s), got {ctx.get('actual_length')}"
+    if _is_pattern_position(error) and isinstance(given, int) and not isinstance(given, bool):
+        return _integer_pattern(given)
     if kind in _EXPECTED:
         return f"expected {_EXPECTED[kind]}, got {_show(given)}"
     msg = str(error.get("msg", kind))
@@ -191,7 +335,31 @@ def faults_from_validation_error(err: ValidationError, root: str = "",
 
     ``hints`` maps unknown keys to the valid field names of their model (``collect_unknown_field_hints``).
     """
+    errors = err.errors(include_url=False)
+    # pydantic also reports a list whose every item failed as too short ("got 0"): a false extra fault.
+    failed_items = {tuple(e["loc"][:-1]) for e in errors if e["loc"] and isinstance(e["loc"][-1], int)}
     faults = []
-    for error in err.errors(include_url=False):
-        faults.append(Fault(_join(root, tuple(error["loc"])), _message(error, hints or {})))
+    for error in errors:
+        loc = tuple(error["loc"])
+        if error["type"] == "too_short" and loc in failed_items:
+            continue
+        faults.append(Fault(_join(root, loc), _message(error, hints or {})))
     return list(dict.fromkeys(faults))
+
+
+def _is_pattern_position(error: Mapping[str, Any]) -> bool:
+    """Whether the value sits where a module pattern belongs (plan entries, ``modules``, ``per``, ``match``)."""
+    loc = tuple(error["loc"])
+    if error["type"] == "bucket_entry":
+        return True
+    return error["type"] == "string_type" and ("buckets" in loc or (bool(loc) and loc[-1] == "match"))
+
+
+def _integer_pattern(value: int) -> str:
+    """Hydra's override parser and YAML read ``0`` (and YAML 1.1 ``4:8``) as integers; say how to quote them."""
+    msg = f"got an integer {value}; module names are strings: quote it ('{value}')"
+    high, low = divmod(value, 60)
+    if value >= 60 and high < 60:
+        msg += (f"; if you wrote the range {high}:{low}, YAML 1.1 read it as the base-60 number {value}: "
+                f"quote the range '{high}:{low}'")
+    return msg

@@ -12,11 +12,12 @@ import yaml
 from pydantic import Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean
 from overlapcfg.config.base import ConfigModel
-from overlapcfg.config.plan import Bucket, BucketPlan, ModuleOverride
-from overlapcfg.config.policy import OverlapPolicy, PolicyBase, TorchManualPolicy
+from overlapcfg.config.contracts import contract_of, strategy_names
+from overlapcfg.config.plan import BucketPlan, ModuleOverride
+from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.config.presets import load_preset, preset_names
+from overlapcfg.errors import closest_first, did_you_mean
 
 __all__ = ["OverlapConfig"]
 
@@ -38,12 +39,19 @@ class OverlapConfig(ConfigModel):
     overrides: tuple[ModuleOverride, ...] = ()
     """Per-module depths; each applies to the buckets holding a module it matches, later entries win."""
 
+    verify: bool = True
+    """Prove every rewritten graph (``overlapcfg.verify``: lint, waits, data dependencies, the same parameter
+    elements gathered and gradients reduced with the same group, size, op and dtype) before it is returned; a
+    failure raises and leaves the graph as it was. Costs a fraction of the pass; false only to measure the pass."""
+
+    strict: bool = False
+    """Make it an error, not a warning, when the plan resolves but no FSDP collective of the graph lands in any
+    bucket (FSDP2's eager collectives, an unsupported sharder, missing metadata)."""
+
     @field_validator("strategy", mode="after")
     @classmethod
     def _known_strategy(cls, name: str) -> str:
-        from overlapcfg.strategies.registry import available_strategies
-
-        names = available_strategies()
+        names = strategy_names()
         if name not in names:
             raise PydanticCustomError(
                 "unknown_strategy",
@@ -57,7 +65,7 @@ class OverlapConfig(ConfigModel):
     def _plan_preset(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None:
             strategy = info.data.get("strategy")
-            if strategy is not None and _spec(strategy).uses_plan:
+            if strategy is not None and contract_of(strategy).uses_plan:
                 raise PydanticCustomError(
                     "plan_required",
                     "strategy {strategy} needs a plan: a preset name ({presets}) or a mapping with 'buckets'",
@@ -85,7 +93,7 @@ class OverlapConfig(ConfigModel):
         strategy = info.data.get("strategy")
         if strategy is None:  # the strategy itself is invalid; that fault is reported on its own
             return OverlapPolicy()
-        model = _spec(strategy).policy
+        model = contract_of(strategy).policy
         if value is None:
             return model()
         if isinstance(value, model):
@@ -95,40 +103,17 @@ class OverlapConfig(ConfigModel):
         return model.model_validate(value)
 
     @model_validator(mode="after")
-    def _fixed_depth_strategies_take_no_other_depths(self) -> OverlapConfig:
-        """torch_manual runs upstream at depth 1: a per-bucket or per-module depth other than 1 would be ignored."""
-        if not isinstance(self.policy, TorchManualPolicy):
-            return self
-        found: list[tuple[tuple[str | int, ...], int]] = []
-        entries = self.plan.buckets if self.plan is not None else ()
-        for i, entry in enumerate(entries):
-            if isinstance(entry, Bucket):
-                found += [(("plan", "buckets", i, k), v) for k, v in _depths(entry) if v != 1]
-        for i, override in enumerate(self.overrides):
-            found += [(("overrides", i, k), v) for k, v in _depths(override) if v != 1]
+    def _strategy_checks(self) -> OverlapConfig:
+        """The selected strategy's own checks (``StrategyContract.check``), e.g. torch_manual's fixed depth."""
+        check = contract_of(self.strategy).check
+        found = list(check(self)) if check is not None else []
         if found:
             raise ValidationError.from_exception_data("OverlapConfig", [
-                InitErrorDetails(type=PydanticCustomError(
-                    "torch_manual_depth",
-                    "torch_manual has a fixed depth of 1 (upstream manual_overlap_bucketing), got {got}; use "
-                    "strategy 'manual' for other depths", {"got": repr(value)}), loc=loc, input=value)
-                for loc, value in found])
+                InitErrorDetails(type=PydanticCustomError("strategy_check", "{msg}", {"msg": message}),
+                                 loc=loc, input=value)
+                for loc, value, message in found])
         return self
 
     def to_yaml(self) -> str:
         """YAML that ``load_config`` reads back to an equal config."""
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
-
-
-def _depths(model: Bucket | ModuleOverride) -> list[tuple[str, int]]:
-    keys = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")
-    return [(k, getattr(model, k)) for k in keys if getattr(model, k) is not None]
-
-
-def _spec(strategy: str) -> Any:
-    from overlapcfg.strategies.registry import get_strategy
-
-    try:
-        return get_strategy(strategy)
-    except OverlapConfigError:  # pragma: no cover - strategy validated first
-        return get_strategy("manual")

@@ -21,18 +21,24 @@ are not part of the FQN a user thinks in, so they are dropped from module FQNs b
 (:func:`strip_wrappers`). A pattern that spells one is rejected, since it could never match.
 
 Matching is a linear-time NFA walk over the segments (no regexes, no backtracking), so ``**.**.**.x``
-against a deep FQN costs ``O(len(pattern) * len(fqn))``.
+against a deep FQN costs ``O(len(pattern) * len(fqn))``; a pattern needing more segments than an FQN has (or,
+without ``**``, fewer) is rejected before the walk.
+
+Matching many patterns against one model goes through :class:`ModuleIndex`, which splits the FQNs once and
+indexes them, so that a literal pattern is one dict lookup and a pattern starting with a literal segment only
+visits the FQNs starting with it: a plan of 10k literal FQNs on a 10k-module model is linear, not 10**8 walks.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import difflib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from overlapcfg.errors import OverlapConfigError, closest
+from overlapcfg.errors import OverlapConfigError, natural_key
 
 __all__ = [
     "WRAPPER_SEGMENTS",
@@ -40,6 +46,7 @@ __all__ = [
     "AnySegments",
     "IndexRange",
     "Literal",
+    "ModuleIndex",
     "Pattern",
     "Segment",
     "compile_pattern",
@@ -126,6 +133,11 @@ class Pattern:
         """True when the pattern names one FQN exactly (no wildcard, no range)."""
         return all(isinstance(s, Literal) for s in self.segments)
 
+    @property
+    def min_parts(self) -> int:
+        """Fewest FQN segments this pattern can match (every segment but ``**`` consumes one)."""
+        return _min_parts(self.segments)
+
     def matches(self, fqn: str) -> bool:
         """Whether the whole ``fqn`` (wrapper segments dropped) matches this pattern."""
         return _match(self.segments, split_fqn(strip_wrappers(fqn)))
@@ -176,76 +188,189 @@ def compile_pattern(text: str, *, path: str = "") -> Pattern:
     return Pattern(text, parsed)
 
 
-def match_modules(pattern: Pattern | str, fqns: Sequence[str]) -> list[str]:
+SUGGEST_EDITS = 24
+"""Most candidate fixes tried for one unmatched pattern (each costs up to one scan of the model)."""
+SHAPE_POOL = 1_000
+"""Most module shapes compared with an unmatched pattern when looking for the closest modules."""
+
+
+class ModuleIndex:
+    """One model's FQNs (wrappers stripped, model order, each once), split once and indexed for matching.
+
+    ``visited`` counts the FQNs handed to the NFA: the work counter that tests assert on instead of timings.
+    """
+
+    def __init__(self, fqns: Iterable[str]) -> None:
+        self.fqns: tuple[str, ...] = normalize_fqns(fqns)
+        self.parts: tuple[tuple[str, ...], ...] = tuple(split_fqn(f) for f in self.fqns)
+        self.position: dict[str, int] = {f: i for i, f in enumerate(self.fqns)}
+        self.by_first: dict[str, list[int]] = {}
+        for i, segs in enumerate(self.parts):
+            if segs:
+                self.by_first.setdefault(segs[0], []).append(i)
+        self.max_parts = max((len(p) for p in self.parts), default=0)
+        self.top_level: tuple[str, ...] = tuple(f for f in self.fqns if f and "." not in f)
+        self.visited = 0
+        self._vocabulary: list[str] | None = None
+        self._shapes: dict[str, list[int]] | None = None
+        self._closest_words: dict[str, list[str]] = {}
+
+    def match(self, pattern: Pattern | str) -> list[str]:
+        """The FQNs matching ``pattern``, in model order."""
+        pat = compile_pattern(pattern) if isinstance(pattern, str) else pattern
+        return [self.fqns[i] for i in self._hits(pat.segments)]
+
+    def any_match(self, segments: tuple[Segment, ...]) -> bool:
+        """Whether some FQN matches (stops at the first)."""
+        return next(self._hits(segments), None) is not None
+
+    def _hits(self, segments: tuple[Segment, ...]) -> Iterator[int]:
+        for i in self._candidates(segments):
+            self.visited += 1
+            if _match(segments, self.parts[i]):
+                yield i
+
+    def _candidates(self, segments: tuple[Segment, ...]) -> Sequence[int]:
+        if _min_parts(segments) > self.max_parts:
+            return ()
+        if segments and all(isinstance(s, Literal) for s in segments):
+            i = self.position.get(".".join(str(s) for s in segments))
+            return () if i is None else (i,)
+        if segments and isinstance(segments[0], Literal):
+            return self.by_first.get(segments[0].text, ())
+        return range(len(self.fqns))
+
+    @property
+    def vocabulary(self) -> list[str]:
+        """Every segment name in the model, in natural order (the pool for "did you mean" on one segment)."""
+        if self._vocabulary is None:
+            words = dict.fromkeys(p for segs in self.parts for p in segs)
+            self._vocabulary = sorted(words, key=natural_key)
+        return self._vocabulary
+
+    def closest_words(self, word: str) -> list[str]:
+        """The three segment names closest to ``word`` (cached: a pattern repeats its literals)."""
+        if word not in self._closest_words:
+            self._closest_words[word] = difflib.get_close_matches(word, self.vocabulary, n=3, cutoff=0.5)
+        return self._closest_words[word]
+
+    def closest_modules(self, pattern: Pattern, n: int = 3) -> list[str]:
+        """FQNs resembling ``pattern``, with bounded work: the pattern is compared with module *shapes*
+        (``layers.#.attention``: index segments folded) rather than with every FQN, then within the closest
+        shapes with at most 200 of their modules."""
+        if self._shapes is None:
+            self._shapes = {}
+            for i, segs in enumerate(self.parts):
+                if segs:
+                    self._shapes.setdefault(_shape(segs), []).append(i)
+        target = _shape(tuple(str(s) if not isinstance(s, IndexRange) else "#" for s in pattern.segments))
+        pool = list(self._shapes)
+        if len(pool) > SHAPE_POOL:
+            same = [sh for sh in pool if sh.count(".") == target.count(".")]
+            pool = (same + [sh for sh in pool if sh.count(".") != target.count(".")])[:SHAPE_POOL]
+        out: list[str] = []
+        for shape in difflib.get_close_matches(target, pool, n=n, cutoff=0.5):
+            members = [self.fqns[i] for i in self._shapes[shape][:200]]
+            best = difflib.get_close_matches(pattern.text, members, n=1, cutoff=0.0)
+            out.append(best[0] if best else members[0])
+        return out
+
+
+def _shape(segs: tuple[str, ...]) -> str:
+    return ".".join("#" if s.isascii() and s.isdigit() else s for s in segs)
+
+
+def match_modules(pattern: Pattern | str, fqns: Sequence[str] | ModuleIndex) -> list[str]:
     """The wrapper-stripped FQNs matching ``pattern``, in the given (model) order, each once."""
-    pat = compile_pattern(pattern) if isinstance(pattern, str) else pattern
-    return [f for f in normalize_fqns(fqns) if _match(pat.segments, split_fqn(f))]
+    index = fqns if isinstance(fqns, ModuleIndex) else ModuleIndex(fqns)
+    return index.match(pattern)
 
 
-def suggest_fixes(pattern: Pattern, fqns: Sequence[str], n: int = 3) -> list[str]:
+def suggest_fixes(pattern: Pattern, fqns: Sequence[str] | ModuleIndex, n: int = 3) -> list[str]:
     """Patterns one edit away from ``pattern`` that do match some of ``fqns`` (for "did you mean").
 
     An edit replaces one literal segment with the closest real segment name (``layer.*`` -> ``layers.*``) or
     widens a ``*`` to ``**`` (``*.wq`` -> ``**.wq``). If no single edit works, every literal segment that no
     FQN contains is replaced by its closest name at once (``layer.*.atention`` -> ``layers.*.attention``).
+    At most ``SUGGEST_EDITS`` candidates are tried: a long pattern has many possible edits, and a hint is
+    not worth a long wait.
     """
-    parts = [split_fqn(f) for f in normalize_fqns(fqns)]
-    vocabulary = list(dict.fromkeys(p for segs in parts for p in segs))
-    known = set(vocabulary)
+    index = fqns if isinstance(fqns, ModuleIndex) else ModuleIndex(fqns)
     found: list[str] = []
-    for candidate in _single_edits(pattern.segments, vocabulary):
-        if len(found) >= n:
+    for tried, candidate in enumerate(_single_edits(pattern.segments, index)):
+        if len(found) >= n or tried >= SUGGEST_EDITS:
             break
         text = ".".join(map(str, candidate))
-        if text not in found and any(_match(candidate, segs) for segs in parts):
+        if text not in found and index.any_match(candidate):
             found.append(text)
     if not found:
-        combined = tuple(_closest_literal(s, vocabulary, known) for s in pattern.segments)
-        if combined != pattern.segments and any(_match(combined, segs) for segs in parts):
+        known = set(index.vocabulary)
+        combined = tuple(_closest_literal(s, index, known) for s in pattern.segments)
+        if combined != pattern.segments and index.any_match(combined):
             found.append(".".join(map(str, combined)))
     return found
 
 
-def _single_edits(segments: tuple[Segment, ...], vocabulary: list[str]) -> Iterator[tuple[Segment, ...]]:
+def _single_edits(segments: tuple[Segment, ...], index: ModuleIndex) -> Iterator[tuple[Segment, ...]]:
     for i, seg in enumerate(segments):
         if isinstance(seg, Literal):
-            for word in closest(seg.text, vocabulary, n=3):
+            for word in index.closest_words(seg.text):
                 yield (*segments[:i], Literal(word), *segments[i + 1 :])
         elif isinstance(seg, AnySegment):
             yield (*segments[:i], AnySegments(), *segments[i + 1 :])
 
 
-def _closest_literal(seg: Segment, vocabulary: list[str], known: set[str]) -> Segment:
+def _closest_literal(seg: Segment, index: ModuleIndex, known: set[str]) -> Segment:
     if not isinstance(seg, Literal) or seg.text in known:
         return seg
-    hits = closest(seg.text, vocabulary, n=1)
+    hits = index.closest_words(seg.text)
     return Literal(hits[0]) if hits else seg
 
 
+def _min_parts(segments: tuple[Segment, ...]) -> int:
+    return sum(1 for seg in segments if not isinstance(seg, AnySegments))
+
+
+def _fits(segments: tuple[Segment, ...], n_parts: int) -> bool:
+    """Cheap length filter: without ``**`` the lengths must be equal, with one the FQN must be long enough."""
+    need = _min_parts(segments)
+    if any(isinstance(seg, AnySegments) for seg in segments):
+        return n_parts >= need
+    return n_parts == need
+
+
 def _match(segments: tuple[Segment, ...], parts: tuple[str, ...]) -> bool:
-    """NFA simulation: ``live[i]`` means the first ``i`` pattern segments can consume the parts read so far."""
+    """NFA simulation over the set of live states: state ``i`` means the first ``i`` pattern segments can
+    consume the parts read so far. Only live states are visited, so a step costs at most ``len(pattern)``."""
+    if not _fits(segments, len(parts)):
+        return False
     n = len(segments)
-    live = _close([True] + [False] * n, segments)
+    live = _close({0}, segments)
     for part in parts:
-        step = [False] * (n + 1)
-        for i, seg in enumerate(segments):
-            if not live[i]:
+        step: set[int] = set()
+        for i in live:
+            if i == n:
                 continue
+            seg = segments[i]
             if isinstance(seg, AnySegments):
-                step[i] = True
+                step.add(i)
             elif seg.accepts(part):
-                step[i + 1] = True
-        live = _close(step, segments)
-        if not any(live):
+                step.add(i + 1)
+        if not step:
             return False
-    return live[n]
+        live = _close(step, segments)
+    return n in live
 
 
-def _close(live: list[bool], segments: tuple[Segment, ...]) -> list[bool]:
-    """Let every live ``**`` also match zero segments (a forward sweep suffices: edges only go forward)."""
-    for i, seg in enumerate(segments):
-        if live[i] and isinstance(seg, AnySegments):
-            live[i + 1] = True
+def _close(live: set[int], segments: tuple[Segment, ...]) -> set[int]:
+    """Let every live ``**`` also match zero segments (follow the epsilon edges, which only go forward)."""
+    todo = [i for i in live if i < len(segments) and isinstance(segments[i], AnySegments)]
+    while todo:
+        nxt = todo.pop() + 1
+        if nxt not in live:
+            live.add(nxt)
+            if nxt < len(segments) and isinstance(segments[nxt], AnySegments):
+                todo.append(nxt)
     return live
 
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
-from overlapcfg.errors import OverlapConfigError
 from overlapcfg.config.base import ConfigModel, Depth
+from overlapcfg.errors import OverlapConfigError
 
 __all__ = ["Bucket", "BucketEntry", "BucketPlan", "ModuleOverride", "PatternText", "check_pattern"]
 

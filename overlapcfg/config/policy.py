@@ -1,6 +1,6 @@
 """Policies: *how far ahead* collectives are issued. Which modules share a collective lives in ``plan.py``.
 
-Each strategy declares its own policy model (see ``overlapcfg.strategies.registry``); the policy in a config is validated
+Each strategy declares its own policy model (``overlapcfg.config.contracts``); the policy in a config is validated
 against the selected strategy's class, so a knob a strategy would ignore is rejected instead.
 """
 

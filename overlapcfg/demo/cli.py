@@ -21,8 +21,8 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
 from rich.console import Console
 
-from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_you_mean
 from overlapcfg.config.presets import conf_dir
+from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_you_mean
 
 __all__ = ["ConfigError", "main"]
 

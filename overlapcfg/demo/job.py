@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 from overlapcfg.config import OverlapConfig, from_hydra, load_config
+from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from overlapcfg.demo.llama import LlamaConfig
-    from overlapcfg.report import HardwareProfile
     from overlapcfg.demo.tracing import TracedStep
+    from overlapcfg.report import HardwareProfile
 
 __all__ = ["DemoSpec", "Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
            "run_report", "traced"]

@@ -7,15 +7,14 @@ deterministic decisions without sorting by anything but positions.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 import torch
 from torch import fx
-from torch.utils.flop_counter import flop_registry
 
 from overlapcfg import compat
+from overlapcfg.graph.attribution import ModuleFqnFn
 from overlapcfg.graph.meta import META_KEY
 
 __all__ = [
@@ -28,17 +27,21 @@ __all__ = [
     "group_name",
     "is_compute_node",
     "node_direction",
+    "collective_kind",
+    "is_collective_start",
+    "is_parameter_gather",
+    "is_parameter_placeholder",
     "parameter_sources",
+    "placeholder_sources",
     "started_by",
     "positions",
     "wait_of",
 ]
 
 
-CollectiveKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce", "other"]
+CollectiveKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "other"]
+"""The one classification of ``_c10d_functional`` collectives (merged and coalesced forms included)."""
 Direction: TypeAlias = Literal["forward", "backward"]
-ModuleFqnFn: TypeAlias = Callable[[fx.Node], "str | None"]
-"""Maps a node to the FQN of the module it belongs to (``None``: unknown). See ``overlapcfg.demo.tracing.module_fqn``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +61,9 @@ class Collective:
     unsharded_bytes: int
     """All-gather output / reduce-scatter input: the full-size tensor the collective makes or consumes."""
     module_fqn: str | None
-    param: str | None = None
-    """For an FSDP all-gather: the placeholder it gathers (read before merging erases the original nodes)."""
+    params: tuple[str, ...] = ()
+    """The parameters it carries: FQNs where the aot descriptors name them, else placeholder names (all-gathers),
+    read before merging erases the original nodes. Several: an already merged bucket."""
 
 
 def group_name(start: fx.Node) -> str:
@@ -89,6 +93,12 @@ def data_inputs(node: fx.Node) -> tuple[fx.Node, ...]:
     return compat.unwrap_control_deps(node)[1]  # type: ignore[return-value]
 
 
+def is_collective_start(node: fx.Node) -> bool:
+    """A ``_c10d_functional`` op other than ``wait_tensor`` (what a wait completes)."""
+    target = node.target
+    return node.op == "call_function" and compat.is_functional_collective(target) and target is not _WAIT
+
+
 def started_by(node: fx.Node) -> fx.Node | None:
     """If ``node`` is a wait (also one wrapped by ``insert_overlap_deps``), the collective start it waits on."""
     if node.op != "call_function":
@@ -99,47 +109,104 @@ def started_by(node: fx.Node) -> fx.Node | None:
     start = inputs[0]
     if start.target is operator.getitem and isinstance(start.args[0], fx.Node):  # coalesced collectives
         start = start.args[0]
-    target = start.target
-    if start.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
-            or target.namespace != "_c10d_functional":
+    return start if is_collective_start(start) else None
+
+
+_KINDS: tuple[tuple[str, CollectiveKind], ...] = (
+    ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"), ("all_reduce", "all_reduce"),
+    ("all_to_all", "all_to_all"),
+)
+
+
+def collective_kind(node: fx.Node) -> CollectiveKind | None:
+    """``all_gather`` / ``reduce_scatter`` / ``all_reduce`` / ``all_to_all`` / ``other`` for a collective start
+    (single, ``_coalesced`` and ``into_tensor`` forms alike), ``None`` for anything else."""
+    if not is_collective_start(node):
         return None
-    return start
+    name = compat.op_name(node.target)
+    return next((kind for key, kind in _KINDS if key in name), "other")
 
 
 def is_compute_node(node: fx.Node) -> bool:
     """An op with a FLOP formula (matmuls, attention, convolutions): what collectives are meant to hide behind."""
+    return compat.flop_formula(node.target) is not None
+
+
+def _is_transparent(node: fx.Node) -> bool:
+    """Ops that move a parameter's elements without computing on them: views, dtype casts, copies, and the
+    copy-in of torch's merged buckets. The only ops allowed between a parameter and its FSDP all-gather."""
+    if node.op != "call_function":
+        return False
     target = node.target
-    return getattr(target, "overloadpacket", None) in flop_registry or target in flop_registry
+    if target is operator.getitem or getattr(target, "is_view", False):
+        return True
+    return compat.op_name(target) in _TRANSPARENT_OPS
 
 
-def parameter_sources(start: fx.Node) -> tuple[str, ...] | None:
-    """Names of the placeholders an all-gather reads through copies and views alone (graph order of discovery),
-    or None if compute lies among its inputs' ancestors (an activation gather: sequence or tensor parallel).
+_TRANSPARENT_OPS = frozenset({
+    "aten._to_copy", "prims.convert_element_type", "aten.clone", "aten.contiguous", "aten.copy", "aten.copy_",
+    "aten.detach", "aten.alias", "aten.lift_fresh_copy", "aten.cat", "aten.reshape", "aten.flatten",
+    "aten.split_with_sizes", "aten.split_with_sizes_copy", "aten.split", "aten.empty", "aten.new_empty",
+    "aten.empty_strided", "aten.view", "aten.t", "aten.permute", "aten.expand",
+    "bucketing._pre_bucket_all_gather", "fsdp.all_gather_copy_in", "aten.foreach_copy", "aten._foreach_copy",
+})
 
-    One parameter: an FSDP gather; two or more: a bucket that torch's merge helpers (any bucket mode) or ours
-    already merged. The walk stops at placeholders and at the first compute node, so it is linear in the
-    copy-in region and never scans a graph's activations.
+
+def placeholder_sources(start: fx.Node) -> tuple[fx.Node, ...] | None:
+    """The placeholders an all-gather reads through transparent ops alone (views, casts, copies, a merged bucket's
+    copy-in), in discovery order; ``None`` if any other op lies between (an activation gather: sequence or tensor
+    parallel, or a gather of an embedding's *output*).
+
+    One placeholder: an FSDP gather; two or more: a bucket torch's merge helpers (any bucket mode) already merged.
+    The walk stops at placeholders and at the first non-transparent op, so it is linear in the copy-in region.
     """
     seen: set[fx.Node] = set()
     stack = list(data_inputs(start))
-    found: list[str] = []
+    found: list[fx.Node] = []
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
         if node.op == "placeholder":
-            found.append(node.name)
-        elif is_compute_node(node):
-            return None
-        else:
+            found.append(node)
+        elif node.op == "get_attr" or _is_transparent(node):
             stack.extend(data_inputs(node))
+        else:
+            return None
     return tuple(found)
 
 
-def _is_bucketed_all_gather(start: fx.Node) -> bool:
-    sources = parameter_sources(start)
-    return sources is not None and len(sources) >= 2
+def parameter_sources(start: fx.Node) -> tuple[str, ...] | None:
+    """Names of ``placeholder_sources(start)`` (see there)."""
+    found = placeholder_sources(start)
+    return None if found is None else tuple(n.name for n in found)
+
+
+def is_parameter_placeholder(node: fx.Node) -> bool:
+    """A graph input that can be a parameter (shard): a floating tensor that is one of the step's own inputs, not a
+    saved activation or a tangent.
+
+    aot marks the step's inputs with a ``PlainAOTInput`` descriptor (possibly wrapped for tensor subclasses such
+    as DTensor), in forward and, for saved parameters, in backward; saved activations and tangents carry other
+    descriptors or none. Graphs without descriptors (inductor's post-grad graph) keep aot's ``primals_N`` names.
+    """
+    if node.op != "placeholder":
+        return False
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and not val.is_floating_point():
+        return False  # token ids, masks, sizes: never a parameter
+    desc = node.meta.get("desc")
+    if desc is not None:
+        return compat.is_plain_input_descriptor(desc)
+    return node.name.startswith("primals_")
+
+
+def is_parameter_gather(start: fx.Node) -> bool:
+    """An all-gather of parameter inputs through transparent ops alone (one input: FSDP; several: a merged
+    bucket)."""
+    sources = placeholder_sources(start)
+    return bool(sources) and all(is_parameter_placeholder(s) for s in sources)  # type: ignore[union-attr]
 
 
 def node_direction(node: fx.Node) -> Direction:
@@ -147,22 +214,13 @@ def node_direction(node: fx.Node) -> Direction:
     return "backward" if node.meta.get("autograd_backward", False) else "forward"
 
 
-def _gathered_placeholder(start: fx.Node) -> str | None:
-    """Follow first inputs back (casts, views) to the parameter placeholder an FSDP all-gather reads."""
-    cur = start
-    while cur.op != "placeholder" and cur.all_input_nodes:
-        cur = cur.all_input_nodes[0]
-    return cur.name if cur.op == "placeholder" else None
-
-
-def _kind(node: fx.Node) -> CollectiveKind:
-    if compat.is_all_gather_into_tensor(node):
-        return "all_gather"
-    if compat.is_reduce_scatter_tensor(node):
-        return "reduce_scatter"
-    if compat.is_all_reduce_tensor(node):
-        return "all_reduce"
-    return "other"
+def _params(start: fx.Node, kind: str) -> tuple[str, ...]:
+    owner = start.meta.get(META_KEY, {}).get("owner")
+    if owner is not None:
+        return (owner.param_fqn,)
+    if kind != "all_gather":
+        return ()
+    return parameter_sources(start) or ()
 
 
 def _nbytes(node: fx.Node) -> int:
@@ -190,13 +248,17 @@ def find_collectives(
             waits_of.setdefault(start, []).append(node)
     out: list[Collective] = []
     for start, waits in waits_of.items():
-        kind = _kind(start)
-        tagged = "bucket" in start.meta.get(META_KEY, {})  # our bucketer merged it from FSDP collectives
+        kind = collective_kind(start) or "other"
+        ours = start.meta.get(META_KEY, {})
+        # Evidence, strongest first: our bucketer merged it, the aot descriptors tied it to a parameter, or (for
+        # graphs nobody annotated) its structure: an all-gather fed by parameter inputs through transparent ops
+        # only, a reduce-scatter whose result flows to the graph outputs through unary ops only.
+        evidence = "bucket" in ours or "owner" in ours
         if kind == "all_gather":
-            fsdp = tagged or compat.is_fsdp_all_gather(start) or _is_bucketed_all_gather(start)
+            fsdp = evidence or is_parameter_gather(start)
             size_node = start
         elif kind == "reduce_scatter":
-            fsdp = tagged or compat.is_fsdp_reduce_scatter(start)
+            fsdp = evidence or compat.is_fsdp_reduce_scatter(start)
             size_node = start.args[0] if isinstance(start.args[0], fx.Node) else start
         else:
             fsdp, size_node = False, start
@@ -210,9 +272,8 @@ def find_collectives(
             dirn: Direction = "backward"
         else:
             dirn = direction or node_direction(start)
-        param = _gathered_placeholder(start) if fsdp and kind == "all_gather" else None
         out.append(Collective(start, tuple(waits), kind, fsdp, dirn, group_name(start), dtype, _nbytes(size_node),
-                              module_fqn_fn(start) if fsdp else None, param))
+                              module_fqn_fn(start) if fsdp else None, _params(start, kind) if fsdp else ()))
     index = positions(graph)
     out.sort(key=lambda c: index[c.start])
     return out

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.graph.meta import META_KEY
-from overlapcfg.graph.collectives import Collective, CollectiveKind, Direction, positions
-from overlapcfg.resolve import ResolvedPlan
 from overlapcfg.config.policy import BucketMode
+from overlapcfg.graph.collectives import Collective, CollectiveKind, Direction, positions
+from overlapcfg.graph.meta import META_KEY
+from overlapcfg.resolve import ResolvedPlan
 
 __all__ = ["META_KEY", "MergedCollective", "attribute", "merge_buckets"]
 

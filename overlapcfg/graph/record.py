@@ -1,26 +1,103 @@
-"""What a pass did, kept on the graph module (``gm.meta["overlapcfg"]``) for reports and tests.
+"""The record vocabulary, from the pass to the report: one type per concept, written once, read everywhere.
 
-Frozen records with tuples inside: they are written once, at the end of ``apply``, and only read after.
+- ``DepthDecision``: what the scheduler decided for one bucket, direction and kind (requested vs effective, why);
+- ``CollectiveChange``: one bucket's collectives of one direction and kind, before and after merging, and bytes;
+- ``BucketRecord``: one bucket as the pass saw it (its resolved modules and depths, its parameters and sizes,
+  its collective changes and decisions). The report's buckets are the same type, forward and backward combined;
+- ``PassRecord``: one graph's pass (``gm.meta["overlapcfg"]``).
+
+Frozen pydantic models: the JSON form of a report is made of these, and ``Report.from_json`` reads them back.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from overlapcfg.graph.meta import META_KEY
-from overlapcfg.graph.collectives import Collective
-from overlapcfg.graph.schedule import StepRecord
 
-__all__ = ["RECORD_KEY", "BucketRecord", "CollectiveCounts", "PassRecord", "count_collectives"]
+if TYPE_CHECKING:
+    from overlapcfg.graph.collectives import Collective
+
+__all__ = ["RECORD_KEY", "BucketRecord", "CollectiveChange", "CollectiveCounts", "DepthDecision", "PassRecord",
+           "RecordModel", "Uncovered", "count_collectives"]
 
 RECORD_KEY = META_KEY
+"""``gm.meta[RECORD_KEY]`` holds the ``PassRecord`` of the last pass over ``gm``."""
+
+Direction = Literal["forward", "backward"]
 
 
-@dataclass(frozen=True, slots=True)
-class CollectiveCounts:
-    """FSDP collectives per (direction, kind), e.g. ``{("forward", "all_gather"): 9}``, plus non-FSDP ones."""
+class RecordModel(BaseModel):
+    """Base of every record: frozen, no unknown fields (a reader accepts exactly what a writer wrote)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class DepthDecision(RecordModel):
+    """What the scheduler decided for one bucket in one direction and kind (``manual`` only)."""
+
+    bucket: str
+    direction: Direction
+    kind: str
+    position: int
+    """Order of this bucket among its direction's buckets (0 = first to compute)."""
+    requested: int
+    """From the policy, the plan entry or an override."""
+    effective: int
+    """As placed; lower than requested where the byte cap, the end of the graph or a consumer bound."""
+    inflight_bytes: int
+    """All-gathers: unsharded bytes issued but not yet waited when this bucket's wait runs (itself included)."""
+    reason: str | None = None
+    """Why ``effective`` differs from ``requested``, if it does."""
+
+
+class CollectiveChange(RecordModel):
+    """FSDP collectives of one bucket in one direction and kind, before and after merging."""
+
+    direction: Direction
+    kind: str
+    before: int
+    after: int
+    unsharded_bytes: int
+    """Full-size bytes these collectives move (all-gather output / reduce-scatter input)."""
+
+
+class BucketRecord(RecordModel):
+    """One bucket: where it came from, what it holds, what the pass did to its collectives."""
+
+    name: str
+    entry_index: int
+    """Position of the plan entry that produced the bucket (``plan.buckets[i]``)."""
+    entry_text: str
+    """That entry as the user wrote it: ``layers.*``."""
+    modules: tuple[str, ...]
+    forward_prefetch: int
+    backward_prefetch: int
+    reduce_scatter_delay: int
+    overridden_by: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    """Parameter FQNs (``layers.0.attention.wq.weight``) where attribution knows them, else placeholder names."""
+    param_count: int = 0
+    """Number of parameters (tensors)."""
+    numel: int = 0
+    """Number of parameter elements, unsharded."""
+    unsharded_bytes: int = 0
+    """Bytes of the bucket's parameters, unsharded: what one forward all-gather brings in."""
+    sharded_bytes: int = 0
+    """Bytes each rank holds: ``unsharded_bytes / world_size``."""
+    collectives: tuple[CollectiveChange, ...] = ()
+    decisions: tuple[DepthDecision, ...] = ()
+
+    def changes(self, direction: str, kind: str) -> CollectiveChange | None:
+        return next((c for c in self.collectives if (c.direction, c.kind) == (direction, kind)), None)
+
+
+class CollectiveCounts(RecordModel):
+    """FSDP collectives per (direction, kind), e.g. ``(("forward", "all_gather", 9),)``, plus the others."""
 
     fsdp: tuple[tuple[str, str, int], ...]
     other: int
@@ -41,42 +118,31 @@ def count_collectives(collectives: Iterable[Collective]) -> CollectiveCounts:
             counts[(c.direction, c.kind)] += 1
         else:
             other += 1
-    return CollectiveCounts(tuple((d, k, n) for (d, k), n in sorted(counts.items())), other)
+    return CollectiveCounts(fsdp=tuple((d, k, n) for (d, k), n in sorted(counts.items())), other=other)
 
 
-@dataclass(frozen=True, slots=True)
-class BucketRecord:
-    name: str
-    entry_index: int
-    entry_text: str
-    modules: tuple[str, ...]
-    params: tuple[str, ...]
-    """Placeholder names of the parameters this bucket's collectives carried (graph order)."""
-    before: tuple[tuple[str, str, int], ...]
-    """Collectives per (direction, kind) before merging."""
-    after: tuple[tuple[str, str, int], ...]
-    """... and after."""
-    unsharded_bytes: tuple[tuple[str, str, int], ...]
-    """Unsharded bytes moved per (direction, kind)."""
-    forward_prefetch: int
-    backward_prefetch: int
-    reduce_scatter_delay: int
-    overridden_by: tuple[str, ...] = ()
+class Uncovered(RecordModel):
+    """An FSDP collective no bucket covers: left where the trace put it."""
+
+    graph: str
+    node: str
+    owner: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class PassRecord:
+class PassRecord(RecordModel):
+    """What one pass over one graph did."""
+
     strategy: str
     graph_kind: str
     buckets: tuple[BucketRecord, ...]
-    steps: tuple[StepRecord, ...]
+    decisions: tuple[DepthDecision, ...]
     """Scheduler decisions (``manual`` only): requested vs effective depth per bucket and direction."""
     before: CollectiveCounts
     after: CollectiveCounts
-    uncovered: tuple[tuple[str, str | None], ...]
-    """FSDP collectives in no bucket: (node name, owning module)."""
+    uncovered: tuple[Uncovered, ...]
+    """FSDP collectives in no bucket."""
     non_fsdp: tuple[str, ...]
-    """Collectives that are not FSDP's, left where data dependencies put them."""
+    """Collectives that are not FSDP's, left where data dependencies put them (node names)."""
     seconds: float
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
     """Anything skipped or worth knowing, one line each."""

@@ -33,9 +33,10 @@ from torch import fx
 
 from overlapcfg.graph.collectives import Direction, is_compute_node, node_direction, positions
 from overlapcfg.graph.merge import MergedCollective
+from overlapcfg.graph.record import DepthDecision
 from overlapcfg.resolve import ResolvedPlan
 
-__all__ = ["ScheduleResult", "Step", "StepRecord", "schedule_manual"]
+__all__ = ["ScheduleResult", "Step", "schedule_manual"]
 
 Key = tuple[int, int, int, int]
 
@@ -55,25 +56,8 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
-class StepRecord:
-    """What the scheduler decided for one step (``requested`` from the plan, ``effective`` as placed)."""
-
-    bucket: str
-    direction: Direction
-    kind: str
-    position: int
-    """Order of this step among its direction's steps (0 = first to compute)."""
-    requested: int
-    effective: int
-    inflight_bytes: int
-    """All-gathers: unsharded bytes issued but not waited when this step's wait runs (itself included)."""
-    reason: str | None = None
-    """Why ``effective`` differs from ``requested`` (cap, end of graph, a consumer), if it does."""
-
-
-@dataclass(frozen=True, slots=True)
 class ScheduleResult:
-    steps: tuple[StepRecord, ...]
+    decisions: tuple[DepthDecision, ...]
     overlap_deps: tuple[tuple[fx.Node, tuple[fx.Node, ...]], ...]
     """``(node, must-run-after)`` pairs, for ``insert_overlap_deps``; graph order."""
 
@@ -140,10 +124,10 @@ def _depth(plan: ResolvedPlan, step: Step) -> int:
 
 
 def _all_gather_reach(plan: ResolvedPlan, steps: Sequence[Step],
-                      cap: int | None) -> tuple[list[int], list[StepRecord]]:
+                      cap: int | None) -> tuple[list[int], list[DepthDecision]]:
     """``reach[i]``: the last step issued by the time step i waits. Monotone, so issue order is kept."""
     reach: list[int] = []
-    records: list[StepRecord] = []
+    records: list[DepthDecision] = []
     last = len(steps) - 1
     sizes = [s.unsharded_bytes for s in steps]
     prev = -1
@@ -163,7 +147,7 @@ def _all_gather_reach(plan: ResolvedPlan, steps: Sequence[Step],
         if r > i + requested:  # can't un-issue what an earlier, deeper bucket already prefetched
             reason = f"an earlier bucket's depth already issued up to {plan.buckets[steps[r].bucket].name}"
         reach.append(r)
-        records.append(StepRecord(plan.buckets[step.bucket].name, step.direction, step.kind, i, requested,
+        records.append(_decision(plan.buckets[step.bucket].name, step.direction, step.kind, i, requested,
                                   r - i, sum(sizes[i:r + 1]), reason))
         prev = r
     return reach, records
@@ -176,7 +160,7 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
     index = positions(graph)
     keys: dict[fx.Node, Key] = {n: (i, 0, 0, 0) for n, i in index.items()}
     deps: dict[fx.Node, list[fx.Node]] = {}
-    records: list[StepRecord] = []
+    records: list[DepthDecision] = []
     directions = {m.direction for m in merged if m.kind == "all_gather"}
     for direction in ("forward", "backward"):
         steps = _steps(merged, "all_gather", direction, index)
@@ -195,7 +179,7 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
 
 def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | None, index: dict[fx.Node, int],
                        first_compute: fx.Node | None, keys: dict[fx.Node, Key],
-                       deps: dict[fx.Node, list[fx.Node]]) -> list[StepRecord]:
+                       deps: dict[fx.Node, list[fx.Node]]) -> list[DepthDecision]:
     """Key each step's start chain just before the wait of the first step whose reach covers it."""
     reach, records = _all_gather_reach(plan, steps, cap)
     issuer = 0
@@ -218,9 +202,9 @@ def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | Non
 
 
 def _place_reduce_scatters(plan: ResolvedPlan, steps: Sequence[Step], index: dict[fx.Node, int],
-                           keys: dict[fx.Node, Key], deps: dict[fx.Node, list[fx.Node]]) -> list[StepRecord]:
+                           keys: dict[fx.Node, Key], deps: dict[fx.Node, list[fx.Node]]) -> list[DepthDecision]:
     """Key each step's wait chain just after the start of the step ``d`` later (sooner if a consumer needs it)."""
-    records: list[StepRecord] = []
+    records: list[DepthDecision] = []
     last = len(steps) - 1
 
     def issue_point(step: Step) -> fx.Node:
@@ -246,7 +230,7 @@ def _place_reduce_scatters(plan: ResolvedPlan, steps: Sequence[Step], index: dic
         if target != i:
             for c in step.collectives:
                 deps.setdefault(c.waits[0], []).append(anchor)
-        records.append(StepRecord(plan.buckets[step.bucket].name, "backward", "reduce_scatter", i, requested,
+        records.append(_decision(plan.buckets[step.bucket].name, "backward", "reduce_scatter", i, requested,
                                   target - i, 0, reason))
     return records
 
@@ -282,3 +266,9 @@ def _reorder(graph: fx.Graph, keys: dict[fx.Node, Key]) -> None:
         if cursor.next is not node:
             cursor.append(node)
         cursor = node
+
+
+def _decision(bucket: str, direction: str, kind: str, position: int, requested: int, effective: int,
+              inflight_bytes: int, reason: str | None = None) -> DepthDecision:
+    return DepthDecision(bucket=bucket, direction=direction, kind=kind, position=position, requested=requested,
+                         effective=effective, inflight_bytes=inflight_bytes, reason=reason)

@@ -1,21 +1,36 @@
-"""Structural proof that a rewritten graph still computes what the original did, as far as collectives go.
+"""Proof that a bucketing/reordering pass changed nothing but how FSDP collectives are grouped and ordered.
 
-``verify(before, after)`` checks, and on failure raises ``OverlapVerificationError`` naming the nodes:
+``verify(before, after)`` raises ``OverlapVerificationError`` listing every fault, each naming the node,
+parameter or gradient involved; it returns None when all of these hold:
 
-- ``graph.lint()`` passes and every node's inputs come before it (a topological order);
-- every collective start is waited exactly once (once per output for coalesced ones), after the start, and
-  nothing but its waits reads the start;
-- nothing reads an all-gather's output buffer between the start and its wait;
-- the same parameters are all-gathered, per direction, and each reduce-scattered graph output is still the
-  gradient of the same node (through a merged bucket's slices).
+- **structure**: ``graph.lint()`` passes, every node's inputs come before it, every collective start is waited
+  exactly once (once per output for coalesced ones) after it is issued, nothing but its wait reads a start, and
+  nothing reads an all-gather's ``out`` buffer between the start and its wait;
+- **what every consumer reads**: each compute node (anything ``provenance`` does not interpret) is still there,
+  runs the same op, and reads, input by input, exactly the bytes it read before: the same shape and dtype, made
+  of the same parameter's or gradient's elements, cast the same way, through collectives with the same group,
+  group size and reduce op (``overlapcfg.graph.provenance``). So a merged all-gather must hand each consumer its
+  own parameter's slice, and each reduce-scattered graph output must be its gradient's slice of a merged
+  reduce-scatter. No compute node may appear (a ``mul`` on a parameter before its gather is one);
+- **each graph output** holds what it held before (reported as "graph output i is now the reduce-scattered
+  gradient of X" for swapped gradients);
+- **collective data, counted**: the bytes every all-gather, reduce-scatter and all-reduce sends, by (group,
+  size[, op, dtype]), are the same multiset before and after: merged buckets are allowed, a dropped, duplicated
+  or regrouped collective is not.
+
+What may change, and is therefore not compared: copy-in and copy-out ops (``_pre_bucket_*``, ``cat``, ``copy_``,
+``split``, slices, views, ``empty``), the collective and wait nodes themselves, node order (within topological
+order and the wait rules above) and ``control_deps`` wrappers.
 
 ``before`` may be a ``GraphModule`` or its ``summarize()``: taking the summary is cheap, copying a graph is not.
+Cost is linear in graph size (one interpretation pass per graph, see ``provenance``).
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,93 +38,144 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
-from overlapcfg.graph.collectives import data_inputs, node_direction, parameter_sources, positions, started_by
+from overlapcfg.graph.collectives import data_inputs, group_name, node_direction, positions, started_by
+from overlapcfg.graph.provenance import Content, Run, Value, call_of, describe, interpret, leaf_name
 
-__all__ = ["GraphSummary", "summarize", "verify"]
+__all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "verify"]
+
+_c10d = torch.ops._c10d_functional
+_KINDS = {
+    _c10d.all_gather_into_tensor.default: "all_gather",
+    _c10d.all_gather_into_tensor_out.default: "all_gather",
+    _c10d.all_gather_into_tensor_coalesced.default: "all_gather",
+    _c10d.reduce_scatter_tensor.default: "reduce_scatter",
+    _c10d.reduce_scatter_tensor_coalesced.default: "reduce_scatter",
+    _c10d.all_reduce.default: "all_reduce",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """A compute node and what it reads: ``inputs`` pairs an argument path (``args[1]``) with its content (a
+    ``provenance.Value``) or, for a constant, the constant."""
+
+    name: str
+    target: str
+    inputs: tuple[tuple[str, object], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveData:
+    """The bytes one collective sends, canonical (runs grouped by source key, merged where contiguous)."""
+
+    start: str
+    kind: str
+    direction: str
+    attrs: tuple[object, ...]
+    """(group, size) for all-gathers; (group, size, reduce op, dtype) for reduce-scatters; (group, op, dtype)."""
+    data: tuple[Run, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class GraphSummary:
-    """What must not change: parameters gathered (placeholder name, direction), and for each graph output that
-    is reduce-scattered, the node whose gradient it is (so two swapped gradients are caught, not only a lost one).
-    """
+    """What a bucketing pass must not change (see the module docstring): compute nodes and their inputs' contents,
+    the graph outputs' contents, and the data every collective sends."""
 
-    gathered: frozenset[tuple[str, str]]
-    reduce_scattered: frozenset[tuple[int, str]]
-
-
-def _collective_behind(node: object) -> tuple[fx.Node, int | None] | None:
-    """Walk back from a graph output through single-input nodes (views, casts, getitem) to a collective.
-
-    Returns the collective start and, when the path came through ``getitem(split, k)`` of a merged result, ``k``:
-    which slice of the bucket this output is.
-    """
-    cur, piece = node, None
-    for _ in range(16):
-        if not isinstance(cur, fx.Node) or cur.op != "call_function":
-            return None
-        start = started_by(cur)
-        if start is not None:
-            return start, piece
-        if cur.target is operator.getitem and isinstance(cur.args[1], int):
-            piece = cur.args[1]
-        inputs = data_inputs(cur)
-        if len(inputs) != 1:
-            return None
-        cur = inputs[0]
-    return None
+    calls: tuple[CallRecord, ...]
+    outputs: tuple[tuple[str, object], ...]
+    collectives: tuple[CollectiveData, ...]
 
 
-def _through_views(node: object) -> object:
-    """Skip view ops (reshape, flatten, t, ...): merging adds and removes them, the data behind them stays."""
-    while isinstance(node, fx.Node) and node.op == "call_function" and getattr(node.target, "is_view", False):
-        inputs = data_inputs(node)
-        if len(inputs) != 1:
-            break
-        node = inputs[0]
-    return node
+def _freeze(value: object) -> object:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
 
 
-def _gradient_source(start: fx.Node, piece: int | None) -> str:
-    """The node a reduce-scatter reduces: for a merged bucket, the ``piece``-th input of its copy-in (torch's
-    ``_pre_bucket_reduce_scatter``, a concatenation, or a coalesced collective's input list), seen through views
-    on both sides so the merged and unmerged graphs name the same node."""
-    source: object = start.args[0]
-    if isinstance(source, (list, tuple)):  # coalesced: one input per output
-        source = source[piece] if piece is not None and piece < len(source) else None
+def _leaves(obj: object, path: str, contents: dict[fx.Node, Content]) -> Iterator[tuple[str, object]]:
+    if isinstance(obj, fx.Node):
+        yield path, contents[obj]
+    elif isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            yield from _leaves(item, f"{path}[{i}]", contents)
+    elif isinstance(obj, dict):
+        for k, item in obj.items():
+            yield from _leaves(item, f"{path}[{k!r}]", contents)
     else:
-        source = _through_views(source)
-        if piece is not None and isinstance(source, fx.Node) and source.args \
-                and isinstance(source.args[0], (list, tuple)) and piece < len(source.args[0]):
-            source = source.args[0][piece]
-    source = _through_views(source)
-    return source.name if isinstance(source, fx.Node) else repr(source)
+        yield path, _freeze(obj)
+
+
+def _target_name(target: object) -> str:
+    return getattr(target, "__name__", None) if not isinstance(target, torch._ops.OpOverload) \
+        else str(target) or str(target)  # type: ignore[return-value]
+
+
+def _canonical(values: Iterable[object]) -> tuple[Run, ...]:
+    by_key: dict[object, list[tuple[int, int]]] = {}
+    for value in values:
+        if isinstance(value, Value):
+            for key, start, n in value.runs:
+                by_key.setdefault(key, []).append((start, n))
+    out: list[Run] = []
+    for key, spans in by_key.items():
+        spans.sort()
+        lo, n = spans[0]
+        for s, m in spans[1:]:
+            if s == lo + n:
+                n += m
+            else:
+                out.append((key, lo, n))  # type: ignore[arg-type]
+                lo, n = s, m
+        out.append((key, lo, n))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _collective(node: fx.Node, target: object, args: tuple[object, ...], contents: dict[fx.Node, Content],
+                direction: str | None) -> CollectiveData:
+    kind = _KINDS[target]  # type: ignore[index]
+    inputs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+    values = [contents[n] if isinstance(n, fx.Node) else None for n in inputs]
+    dtype = next((v.dtype for v in values if isinstance(v, Value)), None)
+    group = group_name(node)
+    if kind == "all_gather":
+        attrs: tuple[object, ...] = (group, args[1])
+    elif kind == "reduce_scatter":
+        attrs = (group, args[2], args[1], dtype)
+    else:
+        attrs = (group, args[1], dtype)
+    where = "backward" if kind == "reduce_scatter" else direction or node_direction(node)
+    return CollectiveData(node.name, kind, where, tuple(_freeze(a) for a in attrs), _canonical(values))
 
 
 def summarize(gm: fx.GraphModule, *, direction: str | None = None) -> GraphSummary:
-    """``direction``: "forward"/"backward" for aot_autograd's separate graphs, None to read node metadata."""
-    gathered: set[tuple[str, str]] = set()
+    """``direction``: "forward"/"backward" for aot_autograd's separate graphs, None to read node metadata
+    (it only words messages: "parameter p is no longer all-gathered in forward")."""
+    contents, opaque = interpret(gm.graph)
+    calls: list[CallRecord] = []
+    collectives: list[CollectiveData] = []
+    outputs: tuple[tuple[str, object], ...] = ()
     for node in gm.graph.nodes:
-        if compat.is_all_gather_into_tensor(node):
-            sources = parameter_sources(node)  # None: an activation gather, not ours to compare
-            if sources is not None:
-                gathered.update((p, direction or node_direction(node)) for p in sources)
-    output = next(iter(gm.graph.find_nodes(op="output")), None)
-    scattered: set[tuple[int, str]] = set()
-    if output is not None:
-        outs = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
-        for i, value in enumerate(outs):
-            found = _collective_behind(value)
-            if found is not None and _is_reduce_scatter(found[0]):
-                scattered.add((i, _gradient_source(*found)))
-    return GraphSummary(frozenset(gathered), frozenset(scattered))
+        if node.op == "output":
+            outs = node.args[0]
+            if isinstance(outs, (list, tuple)):
+                outputs = tuple(item for i, o in enumerate(outs) for item in _leaves(o, str(i), contents))
+            else:
+                outputs = tuple(_leaves(outs, "0", contents))
+            continue
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        target, args, kwargs = call_of(node)
+        if target in _KINDS:
+            collectives.append(_collective(node, target, args, contents, direction))
+        elif node in opaque:
+            inputs = (*_leaves(list(args), "args", contents), *_leaves(kwargs, "kwargs", contents))
+            calls.append(CallRecord(node.name, _target_name(target), inputs))
+    return GraphSummary(tuple(calls), outputs, tuple(collectives))
 
 
-def _is_reduce_scatter(node: fx.Node) -> bool:
-    return compat.is_reduce_scatter_tensor(node) or (
-        node.op == "call_function" and "reduce_scatter_tensor_coalesced" in str(node.target)
-    )
-
+# --- structure ---------------------------------------------------------------------------------------------------
 
 def _collective_starts(graph: fx.Graph) -> Iterable[fx.Node]:
     for node in graph.nodes:
@@ -155,6 +221,111 @@ def _check_order(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]
             problems.append(f"{node.name}: reads {', '.join(late)} before they are computed")
 
 
+# --- contents ----------------------------------------------------------------------------------------------------
+
+_NOUN = {"all_gather": ("parameter", "all-gathered"), "reduce_scatter": ("gradient", "reduce-scattered"),
+         "all_reduce": ("tensor", "all-reduced")}
+
+
+def _attrs_text(kind: str, attrs: tuple[object, ...]) -> str:
+    if kind == "all_gather":
+        return f"group {attrs[0]!r} of {attrs[1]}"
+    if kind == "reduce_scatter":
+        return f"group {attrs[0]!r} of {attrs[1]}, op {attrs[2]}, {str(attrs[3]).removeprefix('torch.')}"
+    return f"group {attrs[0]!r}, op {attrs[1]}, {str(attrs[2]).removeprefix('torch.')}"
+
+
+def _by_leaf(collectives: Iterable[CollectiveData]) -> dict[tuple[str, str], tuple[Counter[object], list[str],
+                                                                                 dict[str, None]]]:
+    """(kind, source node) -> (data counter, collective starts that send it, directions)."""
+    out: dict[tuple[str, str], tuple[Counter[object], list[str], dict[str, None]]] = {}
+    for c in collectives:
+        for key, start, n in c.data:
+            counter, starts, where = out.setdefault((c.kind, leaf_name(key)), (Counter(), [], {}))
+            counter[(c.attrs, key, start, n)] += 1
+            if c.start not in starts:
+                starts.append(c.start)
+            where.setdefault(c.direction)
+    return out
+
+
+def _compare_collectives(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
+    old, new = _by_leaf(before.collectives), _by_leaf(after.collectives)
+    for kind, leaf in [*old, *(k for k in new if k not in old)]:
+        was, was_starts, where = old.get((kind, leaf), (Counter(), [], {}))
+        now, now_starts, now_where = new.get((kind, leaf), (Counter(), [], {}))
+        if was == now:
+            continue
+        noun, verb = _NOUN[kind]
+        places = "/".join(where or now_where)
+        by = ", ".join(now_starts)
+        if not now:
+            problems.append(f"{noun} {leaf} is no longer {verb} in {places}")
+        elif not was:
+            problems.append(f"{noun} {leaf} is now {verb} in {places} but was not before (by {by})")
+        elif {a for a, *_ in was} != {a for a, *_ in now}:
+            problems.append(f"{noun} {leaf}: {verb} in {'; '.join(_attrs_text(kind, a) for a in dict.fromkeys(a for a, *_ in now))} "
+                            f"by {by}, was {'; '.join(_attrs_text(kind, a) for a in dict.fromkeys(a for a, *_ in was))}")
+        elif sum(was.values()) != sum(now.values()) and set(was) == set(now):
+            problems.append(f"{noun} {leaf} is {verb} {max(now.values())} times in {places} (by {by}), "
+                            f"was {max(was.values())}")
+        else:
+            problems.append(f"{noun} {leaf}: {verb} bytes differ in {places} (by {by}): "
+                            f"{sorted((s, n) for _, _, s, n in now.elements())} vs {sorted((s, n) for _, _, s, n in was.elements())} before")
+
+
+def _is_scattered(content: object) -> bool:
+    return isinstance(content, Value) and bool(content.runs) and all(k[0] == "rs" for k, _, _ in content.runs)
+
+
+def _compare_outputs(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
+    if len(before.outputs) != len(after.outputs):
+        problems.append(f"the graph has {len(after.outputs)} outputs, had {len(before.outputs)}")
+    for (label, was), (_, now) in zip(before.outputs, after.outputs):
+        if was == now:
+            continue
+        if _is_scattered(was):
+            grad = leaf_name(was.runs[0][0])  # type: ignore[union-attr]
+            if _is_scattered(now) and leaf_name(now.runs[0][0]) != grad:  # type: ignore[union-attr]
+                problems.append(f"graph output {label} is now the reduce-scattered gradient of "
+                                f"{leaf_name(now.runs[0][0])}, which it was not (it was {grad}'s)")  # type: ignore[union-attr]
+                continue
+            if not _is_scattered(now):
+                problems.append(f"graph output {label} is no longer the reduce-scattered gradient of {grad}: "
+                                f"it is {_text(now)}")
+                continue
+        problems.append(f"graph output {label} is {_text(now)}, was {_text(was)}")
+
+
+def _text(content: object) -> str:
+    return describe(content) if isinstance(content, (Value, tuple)) else repr(content)  # type: ignore[arg-type]
+
+
+def _compare_calls(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
+    old = {c.name: c for c in before.calls}
+    new = {c.name: c for c in after.calls}
+    for name, was in old.items():
+        now = new.get(name)
+        if now is None:
+            problems.append(f"{name} ({was.target}) is gone: a bucketing pass may only replace collectives and "
+                            "their copies")
+        elif now.target != was.target:
+            problems.append(f"{name}: runs {now.target}, ran {was.target}")
+        elif now.inputs != was.inputs:
+            olds = dict(was.inputs)
+            for path, content in now.inputs:
+                if path not in olds:
+                    problems.append(f"{name} ({now.target}) {path}: a new input, {_text(content)}")
+                elif olds[path] != content:
+                    problems.append(f"{name} ({now.target}) {path}: reads {_text(content)}; "
+                                    f"before it read {_text(olds[path])}")
+            for path in dict(was.inputs).keys() - dict(now.inputs).keys():
+                problems.append(f"{name} ({now.target}) {path}: no longer read")
+    for name, now in new.items():
+        if name not in old:
+            problems.append(f"{name} ({now.target}) is new: bucketing adds only copies, views and collectives")
+
+
 def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, direction: str | None = None,
            pass_name: str = "overlapcfg") -> None:
     """Raise ``OverlapVerificationError`` listing every broken invariant; return None if all hold.
@@ -171,13 +342,8 @@ def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, dire
     _check_waits(after.graph, index, problems)
     expected = before if isinstance(before, GraphSummary) else summarize(before, direction=direction)
     got = summarize(after, direction=direction)
-    for param, where in sorted(expected.gathered - got.gathered):
-        problems.append(f"parameter {param} is no longer all-gathered in {where}")
-    for param, where in sorted(got.gathered - expected.gathered):
-        problems.append(f"parameter {param} is now all-gathered in {where} but was not before")
-    for i, source in sorted(expected.reduce_scattered - got.reduce_scattered):
-        problems.append(f"graph output {i} is no longer the reduce-scattered gradient of {source}")
-    for i, source in sorted(got.reduce_scattered - expected.reduce_scattered):
-        problems.append(f"graph output {i} is now the reduce-scattered gradient of {source}, which it was not")
+    _compare_collectives(expected, got, problems)
+    _compare_outputs(expected, got, problems)
+    _compare_calls(expected, got, problems)
     if problems:
         raise OverlapVerificationError(problems, pass_name=pass_name)

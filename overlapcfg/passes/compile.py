@@ -2,34 +2,30 @@
 
 Two routes, one pass (``overlapcfg.passes.apply``):
 
-- ``backend(cfg)`` is a ``torch.compile`` backend. It is ``overlapcfg.demo.tracing.StepBackend`` (aot_autograd with the
-  min-cut partitioner; collectives annotated with their owners before the pass) with ``apply`` as its forward and
+- ``backend(cfg)`` is a ``torch.compile`` backend (``overlapcfg.passes.backend.GraphBackend``: aot_autograd with
+  the min-cut partitioner, collectives attributed from aot's descriptors) with ``apply`` as its forward and
   backward passes. ``compiler="eager"`` runs the transformed graphs as they are (bit-identical kernels to an
   untransformed aot_eager run); ``compiler="inductor"`` lowers them with inductor's ``compile_fx_inner`` under the
   settings a manual schedule needs (``INDUCTOR_SETTINGS``).
 - ``inductor_pass(cfg)`` is a ``CustomGraphPass`` for users who compile with inductor themselves and want the
   pass to run on inductor's post-grad graph (``torch._inductor.config.post_grad_custom_post_pass``).
-
-What lives elsewhere: graph tracing and attribution (``overlapcfg.demo.tracing``), the pass (``overlapcfg.passes``).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from torch import fx
+from torch import fx, nn
 
-import overlapcfg
 from overlapcfg import compat
-from overlapcfg.passes import GraphKind, apply
+from overlapcfg._version import __version__
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.load import ConfigSource
-from overlapcfg.demo.tracing import GraphCompiler, GraphName, GraphPass, StepBackend
+from overlapcfg.passes.backend import GraphBackend, GraphCompiler, GraphName
+from overlapcfg.passes.pipeline import apply
 
 __all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "inductor_pass", "source_hash"]
 
@@ -61,13 +57,6 @@ Also set ``policy.insert_overlap_deps: true`` (as torchtitan does for inductor) 
 waits where the pass put them; the backend leaves the policy as written."""
 
 
-def _graph_pass(cfg: OverlapConfig, graph_kind: GraphKind, debug: bool, for_compiler: bool) -> GraphPass:
-    def run(gm: fx.GraphModule) -> fx.GraphModule:
-        return apply(gm, cfg, graph_kind=graph_kind, debug=debug, for_compiler=for_compiler)
-
-    return run
-
-
 def _inductor_compiler(graph: GraphName) -> GraphCompiler:
     """``compile_fx_inner`` for one of aot's graphs, under ``INDUCTOR_SETTINGS``.
 
@@ -82,45 +71,54 @@ def _inductor_compiler(graph: GraphName) -> GraphCompiler:
     return compile_graph
 
 
-def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", debug: bool = False) -> StepBackend:
+def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Module | None = None,
+            config_root: str = "overlap") -> GraphBackend:
     """A ``torch.compile`` backend applying ``cfg`` to the forward and backward graphs of aot_autograd.
 
-    ``cfg`` is validated now (``OverlapConfigError`` before any compile). ``debug=True`` verifies each rewritten
-    graph (``overlapcfg.graph.verify``). The returned ``StepBackend`` keeps the transformed graphs in ``.graphs`` (each
-    with its ``PassRecord`` in ``gm.meta["overlapcfg"]``) and the original collectives in ``.collectives``.
+    ``cfg`` is validated now (``OverlapConfigError`` before any compile). Any model whose FSDP collectives appear
+    in the graph works (SimpleFSDP-style parametrizations, torchtitan's ``data_parallel``, Hugging Face models);
+    other collectives are left alone. ``model``: the model being compiled, to match plan patterns against its
+    ``named_modules()`` and check attribution against its parameters (default: the modules the graph shows).
+    The returned backend keeps the transformed graphs in ``.graphs`` (each with its ``PassRecord`` in
+    ``gm.meta["overlapcfg"]``) and the attributed collectives in ``.collectives``.
 
     ``compiler="inductor"`` lowers the transformed graphs with inductor (``compile_fx_inner``) under
     ``INDUCTOR_SETTINGS``; on a CPU-only torch that needs a C++ compiler.
     """
-    cfg = load_config(cfg)
+    loaded = load_config(cfg, root=config_root)
     if compiler not in ("eager", "inductor"):
         raise TypeError(f"backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
     lowered = compiler == "inductor"
-    passes = _graph_pass(cfg, "forward", debug, lowered), _graph_pass(cfg, "backward", debug, lowered)
-    if not lowered:
-        return StepBackend(*passes)
-    # Inductor lowers only decomposed aten (``aten.t`` has no lowering, just a decomposition), so aot traces with
-    # inductor's table, as inductor's own compile_fx does; compile_fx_inner must know which graph is the backward.
-    return StepBackend(*passes, compiler=_inductor_compiler("forward"), bw_compiler=_inductor_compiler("backward"),
-                       decompositions=compat.inductor_decompositions())
+    if lowered:
+        # Inductor lowers only decomposed aten (``aten.t`` has no lowering, just a decomposition), so aot traces
+        # with inductor's table, as inductor's own compile_fx does; compile_fx_inner must know the backward.
+        result = GraphBackend(compiler=_inductor_compiler("forward"), bw_compiler=_inductor_compiler("backward"),
+                              decompositions=compat.inductor_decompositions(), model=model)
+    else:
+        result = GraphBackend(model=model)
+
+    def graph_pass(name: GraphName) -> Callable[[fx.GraphModule], fx.GraphModule]:
+        def run(gm: fx.GraphModule) -> fx.GraphModule:
+            return apply(gm, loaded, graph_kind=name, module_fqns=result.module_fqns, config_root=config_root,
+                         for_compiler=lowered)
+
+        return run
+
+    result.fw_pass, result.bw_pass = graph_pass("forward"), graph_pass("backward")
+    return result
 
 
 # --- inductor's post-grad hook -----------------------------------------------------------------------------------
 
-@functools.cache
 def source_hash() -> str:
-    """SHA-256 over the overlapcfg package's Python sources (path and bytes, sorted by path).
+    """A hash over the overlapcfg package's Python sources (torch's ``get_hash_for_files``, cached).
 
     Part of ``OverlapGraphPass.uuid()``: a changed pass must not reuse graphs inductor cached from the old one,
     even when the version string was not bumped (editable installs).
     """
-    root = Path(overlapcfg.__file__).parent
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode())
-        digest.update(b"\0")
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    root = Path(__file__).resolve().parents[1]
+    files = tuple(str(p) for p in sorted(root.rglob("*.py")))
+    return compat.hash_files(files).hex()
 
 
 class OverlapGraphPass(compat.CustomGraphPass):
@@ -136,28 +134,24 @@ class OverlapGraphPass(compat.CustomGraphPass):
             loss = torch.compile(model)(tokens).sum(); loss.backward()
     """
 
-    def __init__(self, cfg: OverlapConfig, *, debug: bool = False) -> None:
+    def __init__(self, cfg: OverlapConfig) -> None:
         self.cfg = cfg
-        self.debug = debug
 
     def __call__(self, graph: fx.Graph) -> None:
         gm = graph.owning_module
         if not isinstance(gm, fx.GraphModule):
             raise TypeError("inductor_pass: the post-grad graph has no owning GraphModule")
-        apply(gm, self.cfg, graph_kind="auto", debug=self.debug, for_compiler=True)
+        apply(gm, self.cfg, graph_kind="auto", for_compiler=True)
 
     def uuid(self) -> str:
         """Changes with the config, the package version and the package sources; equal configs give equal ids."""
-        digest = hashlib.sha256()
-        for part in (self.cfg.model_dump_json(), overlapcfg.__version__, source_hash(), str(self.debug)):
-            digest.update(part.encode())
-            digest.update(b"\0")
-        return digest.hexdigest()
+        parts = (self.cfg.model_dump_json(), __version__, source_hash())
+        return compat.hash_files((), extra="\0".join(parts)).hex()
 
 
-def inductor_pass(cfg: ConfigSource, *, debug: bool = False) -> OverlapGraphPass:
+def inductor_pass(cfg: ConfigSource) -> OverlapGraphPass:
     """``cfg`` (validated now) as a ``CustomGraphPass`` for ``torch._inductor.config.post_grad_custom_post_pass``.
 
     See ``OverlapGraphPass`` for the inductor settings that must accompany it.
     """
-    return OverlapGraphPass(load_config(cfg), debug=debug)
+    return OverlapGraphPass(load_config(cfg))

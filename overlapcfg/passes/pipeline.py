@@ -1,7 +1,18 @@
-"""``apply(gm, cfg)``: the graph pass. find collectives → attribute to buckets → merge → reorder → verify → recompile.
+"""``apply(gm, cfg)``: the graph pass. find collectives → attribute to buckets → strategy → verify → recompile.
 
-Nothing is changed until the plan has resolved against the graph: an unmatched pattern or a bad config raises
-``OverlapConfigError`` with the graph untouched. The pass records what it did on ``gm.meta["overlapcfg"]``.
+Guarantees:
+
+- **Nothing half-applied.** Nothing is changed until the plan has resolved against the graph; the strategy then
+  runs on the graph with a copy kept aside, and any failure (the strategy's, or verification's) puts the copy
+  back before the error propagates.
+- **Proof by default.** ``cfg.verify`` (default true) checks the rewritten graph against the original
+  (``overlapcfg.graph.verify``).
+- **No silent no-ops.** A graph with no FSDP collective, or one whose FSDP collectives land in no bucket, is
+  logged at WARNING once per cause with the likely reason and the fix; ``cfg.strict`` makes it an error.
+- **No re-bucketing.** A graph whose FSDP collectives were already merged (by this pass or by torch's) is
+  refused with ``UnsupportedGraphError``: apply each config to a fresh copy of the traced graph.
+
+The pass records what it did on ``gm.meta["overlapcfg"]`` (``overlapcfg.graph.record.PassRecord``).
 """
 
 from __future__ import annotations
@@ -10,20 +21,28 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from torch import fx
 
-from overlapcfg.errors import natural_key
-from overlapcfg.graph.collectives import Collective, Direction, ModuleFqnFn, find_collectives
+from overlapcfg.config import OverlapConfig
+from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError, natural_key
+from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn
+from overlapcfg.graph.collectives import Collective, Direction, find_collectives
 from overlapcfg.graph.merge import MergedCollective, attribute
-from overlapcfg.graph.record import RECORD_KEY, BucketRecord, PassRecord, count_collectives
-from overlapcfg.strategies.registry import StrategySpec, get_strategy
-from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
-from overlapcfg.config import OverlapConfig, load_config
-from overlapcfg.config.load import ConfigSource
-from overlapcfg.strategies.base import PassContext
+from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.record import (
+    RECORD_KEY,
+    BucketRecord,
+    CollectiveChange,
+    DepthDecision,
+    PassRecord,
+    Uncovered,
+    count_collectives,
+)
 from overlapcfg.graph.verify import summarize, verify
+from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
+from overlapcfg.strategies import PassContext, Strategy, get_strategy
 
 __all__ = ["GraphKind", "apply"]
 
@@ -31,11 +50,13 @@ logger = logging.getLogger(__name__)
 
 GraphKind: TypeAlias = Literal["forward", "backward", "joint", "auto"]
 
+_WARNED: set[str] = set()
 
-def _default_module_fqn_fn() -> ModuleFqnFn:
-    from overlapcfg.demo.tracing import module_fqn
 
-    return module_fqn
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning("%s", message)
 
 
 def _model_fqns(graph: fx.Graph, fn: ModuleFqnFn, owners: Sequence[str]) -> list[str]:
@@ -56,14 +77,15 @@ def _model_fqns(graph: fx.Graph, fn: ModuleFqnFn, owners: Sequence[str]) -> list
     return sorted(closed, key=natural_key)
 
 
-def _ignored_settings(cfg: OverlapConfig, spec: StrategySpec, root: str) -> tuple[str, ...]:
-    """Settings the selected strategy does not read: never silently dropped, always said in the record."""
+def _ignored_settings(cfg: OverlapConfig, strategy: Strategy, root: str) -> tuple[str, ...]:
+    """Settings the selected strategy does not read, written by the user: never silently dropped."""
     notes = []
-    if not spec.uses_plan and cfg.plan is not None and cfg.plan.buckets:
+    named_plan = cfg.plan is not None and (cfg.plan.buckets or cfg.plan.name)
+    if not strategy.uses_plan and named_plan and cfg.plan is not None and cfg.plan.buckets:
         notes.append(f"{root}.plan is ignored: strategy {cfg.strategy!r} does not bucket by plan")
-    if not spec.uses_plan and cfg.overrides:
+    if not strategy.uses_plan and cfg.overrides:
         notes.append(f"{root}.overrides are ignored: strategy {cfg.strategy!r} does not bucket by plan")
-    if not spec.uses_policy and cfg.policy != type(cfg.policy)():
+    if not strategy.reads_policy and cfg.policy != type(cfg.policy)():
         notes.append(f"{root}.policy is ignored: strategy {cfg.strategy!r} reads no policy")
     return tuple(notes)
 
@@ -72,80 +94,150 @@ def _forced_direction(kind: GraphKind) -> Direction | None:
     return kind if kind in ("forward", "backward") else None  # type: ignore[return-value]
 
 
+def _already_merged(fsdp: Sequence[Collective]) -> list[str]:
+    return [c.start.name for c in fsdp if "bucket" in c.start.meta.get(META_KEY, {}) or len(c.params) > 1]
+
+
 def apply(
     gm: fx.GraphModule,
-    cfg: ConfigSource,
+    cfg: OverlapConfig,
     *,
     module_fqn_fn: ModuleFqnFn | None = None,
     module_fqns: Sequence[str] | None = None,
     graph_kind: GraphKind = "auto",
-    debug: bool = False,
     config_root: str = "overlap",
     for_compiler: bool = False,
 ) -> fx.GraphModule:
     """Bucket and schedule the FSDP collectives of ``gm`` as ``cfg`` says; returns ``gm`` (modified in place).
 
-    ``module_fqn_fn(node)`` names the module a node belongs to (default: our tracing records, else the node's
-    module stack). ``module_fqns``: the model's module FQNs for pattern matching (default: those seen in the
-    graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``auto`` reads each
-    node's metadata. ``debug=True`` verifies the result (``overlapcfg.graph.verify``). ``config_root``: where the config
-    sits in the user's config tree, so plan faults read ``trainer.overlap.plan.buckets[1]: ...``.
-    ``for_compiler=True``: the graph goes on to a compiler that reads fake-tensor metadata (inductor), so every
-    new node gets its own ``meta["val"]`` (slower; see ``compat.cached_merge_traces``).
+    ``cfg``: a validated config (``overlapcfg.load_config`` turns YAML, dicts and Hydra nodes into one).
+    ``module_fqn_fn(node)`` names the module a node belongs to; by default the evidence order of
+    ``overlapcfg.graph.attribution`` (aot descriptors as annotated by the backend, ``meta["custom"]``, module
+    stacks of any dynamo root). ``module_fqns``: the model's module FQNs for pattern matching (default: those seen
+    in the graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``auto`` reads each
+    node's metadata. ``config_root``: where the config sits in the user's tree, so plan faults read
+    ``trainer.overlap.plan.buckets[1]: ...``. ``for_compiler=True``: the graph goes on to a compiler that reads
+    fake-tensor metadata (inductor), so every new node gets its own ``meta["val"]``.
     """
-    cfg = load_config(cfg, root=config_root)
+    if not isinstance(cfg, OverlapConfig):
+        raise TypeError(f"apply takes a validated OverlapConfig, got {type(cfg).__name__}; build one with "
+                        "overlapcfg.load_config(...) (it reads dicts, YAML text, files and Hydra nodes)")
     started = time.perf_counter()
-    fn = module_fqn_fn or _default_module_fqn_fn()
-    collectives = find_collectives(gm.graph, fn, direction=_forced_direction(graph_kind))
+    fn = module_fqn_fn or module_fqn
+    forced = _forced_direction(graph_kind)
+    collectives = find_collectives(gm.graph, fn, direction=forced)
     fsdp = [c for c in collectives if c.fsdp]
-    spec = get_strategy(cfg.strategy)
-    notes = _ignored_settings(cfg, spec, config_root)
+    strategy = get_strategy(cfg.strategy)
+    notes = _ignored_settings(cfg, strategy, config_root)
     if not fsdp:
-        logger.info("overlapcfg: no FSDP collectives in this graph (%d nodes); returned unchanged",
-                    len(gm.graph.nodes))
+        _no_fsdp_collectives(gm, cfg, collectives)
         _record(gm, cfg, graph_kind, ResolvedPlan(()), collectives, collectives, (), (), (), started,
                 ("no FSDP collectives: nothing to do", *notes))
         return gm
 
     owners = list(dict.fromkeys(c.module_fqn for c in fsdp if c.module_fqn))
     plan = ResolvedPlan(())
-    if spec.uses_plan and cfg.plan is not None:
+    if strategy.uses_plan and cfg.plan is not None:
         fqns = list(module_fqns) if module_fqns is not None else _model_fqns(gm.graph, fn, owners)
-        # A third-party policy need not have depths; the buckets then carry the defaults (and plan values).
         depths = cfg.policy if isinstance(cfg.policy, DepthSource) else None
         plan = resolve_plan(cfg.plan, fqns, owners, overrides=cfg.overrides, policy=depths,
                             path=f"{config_root}.plan", overrides_path=f"{config_root}.overrides")
+        _check_attributed(fsdp, cfg, config_root)
+        merged_before = _already_merged(fsdp)
+        if merged_before and plan.buckets:
+            raise UnsupportedGraphError(
+                f"overlapcfg.apply: {len(merged_before)} FSDP collectives of this graph are already bucketed "
+                f"({', '.join(merged_before[:4])}{' ...' if len(merged_before) > 4 else ''}); re-bucketing merged "
+                "collectives is not supported. Apply each config to a fresh copy of the traced graph "
+                "(copy.deepcopy before the first apply), or use strategy 'none' to only read it")
     covered, uncovered = attribute(collectives, plan)
-    ctx = PassContext(plan, cfg.policy, tuple(collectives), tuple(covered), tuple(uncovered),
-                      _forced_direction(graph_kind), fn, fresh_fake_values=for_compiler)
-    strategy = spec.factory(plan, cfg.policy)
-    forced = _forced_direction(graph_kind)
-    summary = summarize(gm, direction=forced) if debug else None
-
-    merged = strategy.bucketer(gm, ctx)
-    schedule = strategy.scheduler(gm, ctx, merged)
-    gm.graph.lint()
+    if strategy.uses_plan and cfg.plan is not None and not covered:
+        _nothing_covered(cfg, fsdp, config_root)
+    ctx = PassContext(plan, cfg.policy, tuple(collectives), tuple(covered), tuple(uncovered), forced, fn,
+                      fresh_fake_values=for_compiler)
+    summary = summarize(gm, direction=forced) if cfg.verify else None
+    backup = _copy_graph(gm.graph)
+    try:
+        result = strategy.run(gm, ctx)
+        gm.graph.lint()
+        if summary is not None:
+            verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]")
+    except BaseException:
+        gm.graph = backup  # nothing half-applied: the caller gets the graph it gave us
+        gm.recompile()
+        raise
     gm.recompile()
-    if summary is not None:
-        verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]")
-
-    after = find_collectives(gm.graph, fn, direction=_forced_direction(graph_kind))
-    record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, merged, schedule.steps, started, notes)
+    after = find_collectives(gm.graph, fn, direction=forced)
+    record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
+                     started, (*notes, *result.notes))
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm
 
 
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    copy = fx.Graph(owning_module=graph.owning_module, tracer_cls=graph._tracer_cls)
+    output = copy.graph_copy(graph, {})
+    copy.output(output)
+    copy._codegen = graph._codegen
+    return copy
+
+
+def _no_fsdp_collectives(gm: fx.GraphModule, cfg: OverlapConfig, collectives: Sequence[Collective]) -> None:
+    others = Counter(c.kind for c in collectives)
+    seen = ", ".join(f"{n} {k}" for k, n in sorted(others.items())) or "no collectives at all"
+    message = (f"overlapcfg[{cfg.strategy}]: no FSDP parameter all-gather or gradient reduce-scatter in this graph "
+               f"({len(gm.graph.nodes)} nodes; {seen}); the graph is returned unchanged. If the model is sharded "
+               "with FSDP2 (fully_shard), its collectives run eagerly in FSDP2's hooks, outside the compiled "
+               "graph: this pass cannot reach them. SimpleFSDP-style sharding (parametrizations with functional "
+               "collectives, e.g. torchtitan's simple_fsdp) puts them in the graph.")
+    if cfg.strict and cfg.strategy != "none":
+        raise UnsupportedGraphError(message + " (overlap.strict is set)")
+    if cfg.strategy != "none":
+        _warn_once(message)
+
+
+def _check_attributed(fsdp: Sequence[Collective], cfg: OverlapConfig, root: str) -> None:
+    """With ``require_full_coverage``, a collective nobody can attribute is a coverage fault, not a silent skip."""
+    if cfg.plan is None or not cfg.plan.require_full_coverage:
+        return
+    unknown = [c.start.name for c in fsdp if c.module_fqn is None]
+    if unknown:
+        raise OverlapConfigError([Fault(
+            f"{root}.plan.require_full_coverage",
+            f"{len(unknown)} FSDP collective(s) cannot be attributed to a module ({', '.join(unknown[:6])}"
+            f"{' ...' if len(unknown) > 6 else ''}): the graph has no aot descriptors, meta['custom']"
+            "['module_fqn'] or module stacks for them; pass module_fqn_fn= to apply")],
+            header="the bucket plan does not fit the model")
+
+
+def _nothing_covered(cfg: OverlapConfig, fsdp: Sequence[Collective], root: str) -> None:
+    owners = list(dict.fromkeys(c.module_fqn or "?" for c in fsdp))
+    shown = ", ".join(owners[:5]) + (f" ... ({len(owners)} in all)" if len(owners) > 5 else "")
+    message = (f"overlapcfg[{cfg.strategy}]: the plan resolved but none of the graph's {len(fsdp)} FSDP collectives "
+               f"lands in a bucket (their owners: {shown}); the graph is returned unchanged. Check {root}.plan "
+               "against these module names, or pass module_fqn_fn= if the attribution is wrong.")
+    if not cfg.plan or not cfg.plan.buckets:
+        return  # an empty plan asks for nothing: the record lists every collective as uncovered
+    if cfg.strict:
+        raise UnsupportedGraphError(message + " (overlap.strict is set)")
+    _warn_once(message)
+
+
 def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]],
-                    merged: Sequence[MergedCollective], after: Sequence[Collective]) -> tuple[BucketRecord, ...]:
+                    merged: Sequence[MergedCollective], after: Sequence[Collective],
+                    decisions: Sequence[DepthDecision]) -> tuple[BucketRecord, ...]:
     before_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     nbytes: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     params: list[dict[str, None]] = [{} for _ in plan.buckets]
+    gathered: list[int] = [0 for _ in plan.buckets]
     for index, c in covered:
         before_counts[index][(c.direction, c.kind)] += 1
         nbytes[index][(c.direction, c.kind)] += c.unsharded_bytes
-        if c.kind == "all_gather" and c.param is not None:
-            params[index].setdefault(c.param)
+        if c.kind == "all_gather":
+            for p in c.params:
+                if p not in params[index]:
+                    params[index].setdefault(p)
     after_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     if merged:
         for m in merged:
@@ -153,31 +245,40 @@ def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]
     else:  # upstream strategies: attribute the resulting collectives the same way as the originals
         for index, c in attribute(after, plan)[0]:
             after_counts[index][(c.direction, c.kind)] += 1
+    for index in range(len(plan.buckets)):
+        gathered[index] = max((n for (d, k), n in nbytes[index].items() if k == "all_gather"), default=0)
 
-    def flat(counter: Counter[tuple[str, str]]) -> tuple[tuple[str, str, int], ...]:
-        return tuple((d, k, n) for (d, k), n in sorted(counter.items()))
+    def changes(i: int) -> tuple[CollectiveChange, ...]:
+        keys = sorted(set(before_counts[i]) | set(after_counts[i]),
+                      key=lambda dk: (dk[0] != "forward", dk[1] != "all_gather", dk[1]))
+        return tuple(CollectiveChange(direction=d, kind=k, before=before_counts[i][(d, k)],
+                                      after=after_counts[i][(d, k)], unsharded_bytes=nbytes[i][(d, k)])
+                     for d, k in keys)
 
     return tuple(
-        BucketRecord(b.name, b.entry_index, b.entry_text, b.modules, tuple(params[i]), flat(before_counts[i]),
-                     flat(after_counts[i]), flat(nbytes[i]), b.forward_prefetch, b.backward_prefetch,
-                     b.reduce_scatter_delay, b.overridden_by)
+        BucketRecord(name=b.name, entry_index=b.entry_index, entry_text=b.entry_text, modules=b.modules,
+                     forward_prefetch=b.forward_prefetch, backward_prefetch=b.backward_prefetch,
+                     reduce_scatter_delay=b.reduce_scatter_delay, overridden_by=b.overridden_by,
+                     params=tuple(params[i]), param_count=len(params[i]), unsharded_bytes=gathered[i],
+                     collectives=changes(i), decisions=tuple(d for d in decisions if d.bucket == b.name))
         for i, b in enumerate(plan.buckets)
     )
 
 
 def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: ResolvedPlan,
             before: Sequence[Collective], after: Sequence[Collective], covered: Sequence[tuple[int, Collective]],
-            merged: Sequence[MergedCollective], steps: Sequence[Any], started: float,
+            merged: Sequence[MergedCollective], decisions: Sequence[DepthDecision], started: float,
             notes: tuple[str, ...]) -> PassRecord:
     _, uncovered = attribute(before, plan) if plan.buckets else ((), [c for c in before if c.fsdp])
+    name = graph_kind if graph_kind in ("forward", "backward") else "graph"
     record = PassRecord(
         strategy=cfg.strategy,
         graph_kind=graph_kind,
-        buckets=_bucket_records(plan, covered, merged, after),
-        steps=tuple(steps),
+        buckets=_bucket_records(plan, covered, merged, after, decisions),
+        decisions=tuple(decisions),
         before=count_collectives(before),
         after=count_collectives(after),
-        uncovered=tuple((c.start.name, c.module_fqn) for c in uncovered),
+        uncovered=tuple(Uncovered(graph=name, node=c.start.name, owner=c.module_fqn) for c in uncovered),
         non_fsdp=tuple(c.start.name for c in before if not c.fsdp),
         seconds=time.perf_counter() - started,
         notes=notes,

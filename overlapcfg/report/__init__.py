@@ -11,12 +11,11 @@ from __future__ import annotations
 from overlapcfg.report.compare import Comparison, ComparisonRow, compare
 from overlapcfg.report.explain import explain
 from overlapcfg.report.hardware import HardwareProfile, PeakFlops, hardware_names, load_hardware
-from overlapcfg.report.model import SCHEMA, BucketReport, GraphReport, Report, SimulationSummary
+from overlapcfg.report.model import SCHEMA, GraphReport, Report, SimulationSummary
 from overlapcfg.report.simulate import Event, Simulation, simulate
 
 __all__ = [
     "SCHEMA",
-    "BucketReport",
     "Comparison",
     "ComparisonRow",
     "Event",

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
+from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.explain import GRAPHS, node_labels
 from overlapcfg.report.hardware import HardwareProfile, load_hardware
 from overlapcfg.report.model import Report
 from overlapcfg.report.simulate import Simulation, simulate
-from overlapcfg.config import OverlapConfig, load_config
-from overlapcfg.demo.tracing import TracedStep
 
 __all__ = ["COMPARE_SCHEMA", "Comparison", "ComparisonRow", "compare", "compare_reports", "default_name"]
 
@@ -101,7 +101,7 @@ def default_name(cfg: OverlapConfig) -> str:
     return text
 
 
-def compare(step: TracedStep, configs: Sequence[OverlapConfig | Mapping[str, Any]], *,
+def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, Any]], *,
             hardware: HardwareProfile | str, names: Sequence[str] | None = None,
             world_size: int | None = None, as_dtype: torch.dtype | None = None) -> Comparison:
     """One row per config (in the given order): the prediction at ``world_size`` (default: the trace's).
@@ -125,7 +125,7 @@ def compare(step: TracedStep, configs: Sequence[OverlapConfig | Mapping[str, Any
                            as_dtype=as_dtype)
 
 
-def compare_reports(step: TracedStep, reports: Sequence[Report], *, hardware: HardwareProfile | str,
+def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: HardwareProfile | str,
                     names: Sequence[str], world_size: int | None = None,
                     as_dtype: torch.dtype | None = None) -> Comparison:
     """``compare`` for reports already made by ``explain`` (re-predict one set of passes on many machines)."""

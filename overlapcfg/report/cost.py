@@ -15,25 +15,16 @@ from typing import Literal, TypeAlias
 
 import torch
 from torch import fx
-from torch.utils import flop_counter
 
 from overlapcfg import compat
+from overlapcfg.graph.collectives import collective_kind, is_collective_start
 from overlapcfg.report.hardware import HardwareProfile
 
 __all__ = ["NodeKind", "collective_seconds", "compute_seconds", "node_bytes", "node_flops", "node_kind"]
 
 NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
 
-_aten = torch.ops.aten
-_FREE_TARGETS = frozenset({operator.getitem, _aten._unsafe_view.default, _aten.alias.default,
-                           _aten.lift_fresh_copy.default})
-# CPU SDPA kernels (what a CPU trace records) have no formula in torch's registry; they do the work of flash
-# attention and take the same arguments first, so they borrow its formula.
-_EXTRA_FLOPS = {
-    _aten._scaled_dot_product_flash_attention_for_cpu: flop_counter.flop_registry[
-        _aten._scaled_dot_product_flash_attention],
-    _aten._scaled_dot_product_flash_attention_for_cpu_backward: None,
-}
+_FREE_TARGETS = frozenset({"_operator.getitem", "aten._unsafe_view", "aten.alias", "aten.lift_fresh_copy"})
 
 
 def iter_tensors(value: object) -> Iterator[torch.Tensor]:
@@ -66,30 +57,18 @@ def node_kind(node: fx.Node) -> NodeKind:
     target = node.target
     if compat.is_wait_tensor(node):
         return "wait"
-    if isinstance(target, torch._ops.OpOverload) and target.namespace == "_c10d_functional":
+    if is_collective_start(node):
         return "collective"
-    if target in _FREE_TARGETS or (isinstance(target, torch._ops.OpOverload) and target.is_view):
+    if compat.op_name(target) in _FREE_TARGETS or target is operator.getitem or getattr(target, "is_view", False):
         return "free"
-    if _flop_formula(node) is not None:
+    if compat.flop_formula(target) is not None:
         return "compute"
     return "memory"
 
 
-def _flop_formula(node: fx.Node) -> object | None:
-    packet = getattr(node.target, "overloadpacket", None)
-    if packet in _EXTRA_FLOPS:
-        return _EXTRA_FLOPS[packet] or _sdpa_cpu_backward_flops
-    return flop_counter.flop_registry.get(packet) or flop_counter.flop_registry.get(node.target)
-
-
-def _sdpa_cpu_backward_flops(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                             *args: object, **kwargs: object) -> int:
-    return flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
-
-
 def node_flops(node: fx.Node) -> int:
     """FLOPs by torch's ``flop_counter`` formulas on the node's fake tensors; 0 for ops without a formula."""
-    formula = _flop_formula(node)
+    formula = compat.flop_formula(node.target)
     if formula is None:
         return 0
     args = _val(node.args)
@@ -140,16 +119,6 @@ def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | Non
     t_flops = flops / hw.flops_for(dtype)
     t_mem = nbytes / (hw.mem_bandwidth * hw.compute_efficiency)
     return ComputeCost(flops, nbytes, max(t_flops, t_mem), "compute" if t_flops >= t_mem else "memory")
-
-
-def collective_kind(node: fx.Node) -> str:
-    if compat.is_all_gather_into_tensor(node) or "all_gather" in str(node.target):
-        return "all_gather"
-    if compat.is_reduce_scatter_tensor(node) or "reduce_scatter" in str(node.target):
-        return "reduce_scatter"
-    if compat.is_all_reduce_tensor(node) or "all_reduce" in str(node.target):
-        return "all_reduce"
-    return "other"
 
 
 def collective_bytes(node: fx.Node, as_dtype: torch.dtype | None = None) -> int:

@@ -1,7 +1,7 @@
 """``explain(step, cfg)``: run the pass on copies of a traced step's graphs and report what it did, per bucket.
 
 The per-bucket facts come from the pass record (``gm.meta["overlapcfg"]``, see ``overlapcfg.graph.record``);
-parameter names and sizes come from the trace (``TracedStep.collectives``: which parameter each original
+parameter names and sizes come from the trace (``CapturedStep.collectives``: which parameter each original
 collective carried, and its full-size tensor), so a bucket's byte count is a property of the model, not of how
 the pass merged it. A bare graph module that already went through ``apply`` is accepted too, with what its record
 alone can say.
@@ -17,22 +17,16 @@ from typing import Any
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.graph.collectives import find_collectives
-from overlapcfg.passes.pipeline import apply
-from overlapcfg.graph.record import RECORD_KEY, BucketRecord, PassRecord
-from overlapcfg.report.cost import collective_kind, node_kind
-from overlapcfg.report.hardware import HardwareProfile, load_hardware
-from overlapcfg.report.model import (
-    BucketReport,
-    CollectiveChange,
-    DepthDecision,
-    GraphReport,
-    Report,
-    Uncovered,
-)
-from overlapcfg.report.simulate import simulate, traced_group_size
 from overlapcfg.config import OverlapConfig, load_config
-from overlapcfg.demo.tracing import TracedStep, module_fqn
+from overlapcfg.graph.attribution import module_fqn
+from overlapcfg.graph.collectives import collective_kind, find_collectives
+from overlapcfg.graph.record import RECORD_KEY, BucketRecord, CollectiveChange, PassRecord
+from overlapcfg.passes.backend import CapturedStep
+from overlapcfg.passes.pipeline import GraphKind, apply
+from overlapcfg.report.cost import node_kind
+from overlapcfg.report.hardware import HardwareProfile, load_hardware
+from overlapcfg.report.model import GraphReport, Report
+from overlapcfg.report.simulate import simulate, traced_group_size
 
 __all__ = ["apply_step", "explain", "node_labels", "compact_order"]
 
@@ -43,13 +37,13 @@ MANY_LAYERS = 2
 _LAYER = re.compile(r"^(.*?)(\d+)(?:\.|$)")
 
 
-def apply_step(step: TracedStep, cfg: OverlapConfig) -> dict[str, fx.GraphModule]:
+def apply_step(step: CapturedStep, cfg: OverlapConfig) -> dict[str, fx.GraphModule]:
     """The transformed copies of ``step``'s forward and backward graphs (``step`` is untouched)."""
     out: dict[str, fx.GraphModule] = {}
     with compat.fake_process_group(step.world_size, step.rank):
         for name in GRAPHS:
             out[name] = apply(copy.deepcopy(step.graph(name)), cfg, module_fqn_fn=step.module_fqn_fn(name),
-                              module_fqns=step.module_fqns, graph_kind=name, debug=True)
+                              module_fqns=step.module_fqns, graph_kind=name)
     return out
 
 
@@ -102,7 +96,7 @@ def compact_order(gm: fx.GraphModule, labels: Mapping[str, str]) -> str:
     return " ".join(parts)
 
 
-def _param_sizes(step: TracedStep) -> dict[str, tuple[int, int]]:
+def _param_sizes(step: CapturedStep) -> dict[str, tuple[int, int]]:
     """``param FQN -> (numel, bytes)`` unsharded, read from the original forward all-gathers' outputs."""
     nodes = {n.name: n for n in step.forward.graph.nodes}
     sizes: dict[str, tuple[int, int]] = {}
@@ -113,19 +107,17 @@ def _param_sizes(step: TracedStep) -> dict[str, tuple[int, int]]:
     return sizes
 
 
-def _bucket(name: str, recs: Sequence[BucketRecord], steps: Sequence[Any], step: TracedStep | None,
-            sizes: Mapping[str, tuple[int, int]], world_size: int) -> BucketReport:
+def _bucket(name: str, recs: Sequence[BucketRecord], step: CapturedStep | None,
+            sizes: Mapping[str, tuple[int, int]], world_size: int) -> BucketRecord:
+    """One bucket's records from the forward and backward passes, combined (counts added, decisions joined)."""
     first = recs[0]
     changes: dict[tuple[str, str], list[int]] = {}
     for rec in recs:
-        before = {(d, k): n for d, k, n in rec.before}
-        after = {(d, k): n for d, k, n in rec.after}
-        nbytes = {(d, k): n for d, k, n in rec.unsharded_bytes}
-        for key in dict.fromkeys([*before, *after]):
-            slot = changes.setdefault(key, [0, 0, 0])
-            slot[0] += before.get(key, 0)
-            slot[1] += after.get(key, 0)
-            slot[2] += nbytes.get(key, 0)
+        for c in rec.collectives:
+            slot = changes.setdefault((c.direction, c.kind), [0, 0, 0])
+            slot[0] += c.before
+            slot[1] += c.after
+            slot[2] += c.unsharded_bytes
     if step is not None:
         params = tuple(p for p in step.param_fqns if _in(p.rpartition(".")[0], first.modules))
         numel = sum(sizes.get(p, (0, 0))[0] for p in params)
@@ -133,21 +125,14 @@ def _bucket(name: str, recs: Sequence[BucketRecord], steps: Sequence[Any], step:
     else:
         params = tuple(dict.fromkeys(p for rec in recs for p in rec.params))
         numel = 0
-        unsharded = next((n for (d, k), (_, _, n) in changes.items() if (d, k) == ("forward", "all_gather")), 0)
-    decisions = tuple(
-        DepthDecision(direction=s.direction, kind=s.kind, requested=s.requested, effective=s.effective,
-                      inflight_bytes=s.inflight_bytes, reason=s.reason)
-        for s in steps if s.bucket == name
-    )
-    return BucketReport(
-        name=name, entry_index=first.entry_index, entry_text=first.entry_text, modules=first.modules,
-        params=params, param_count=len(params), numel=numel, unsharded_bytes=unsharded,
-        sharded_bytes=unsharded // world_size if world_size else unsharded,
-        collectives=tuple(CollectiveChange(direction=d, kind=k, before=v[0], after=v[1], unsharded_bytes=v[2])
-                          for (d, k), v in sorted(changes.items(), key=_change_order)),
-        forward_prefetch=first.forward_prefetch, backward_prefetch=first.backward_prefetch,
-        reduce_scatter_delay=first.reduce_scatter_delay, overridden_by=first.overridden_by, decisions=decisions,
-    )
+        unsharded = changes.get(("forward", "all_gather"), [0, 0, 0])[2]
+    return first.model_copy(update={
+        "params": params, "param_count": len(params), "numel": numel, "unsharded_bytes": unsharded,
+        "sharded_bytes": unsharded // world_size if world_size else unsharded,
+        "collectives": tuple(CollectiveChange(direction=d, kind=k, before=v[0], after=v[1], unsharded_bytes=v[2])
+                             for (d, k), v in sorted(changes.items(), key=_change_order)),
+        "decisions": tuple(d for rec in recs for d in rec.decisions),
+    })
 
 
 def _change_order(item: tuple[tuple[str, str], list[int]]) -> tuple[int, int, str]:
@@ -159,7 +144,7 @@ def _layers(names: Sequence[str]) -> int:
     return len({m.group(0).rstrip(".") for n in names if (m := _LAYER.match(n))})
 
 
-def _warnings(buckets: Sequence[BucketReport], records: Mapping[str, PassRecord]) -> list[str]:
+def _warnings(buckets: Sequence[BucketRecord], records: Mapping[str, PassRecord]) -> list[str]:
     out: list[str] = []
     for b in buckets:
         if not any(c.before for c in b.collectives):
@@ -171,7 +156,7 @@ def _warnings(buckets: Sequence[BucketReport], records: Mapping[str, PassRecord]
                        f"all-gather brings them all in and nothing overlaps it within them")
     for graph, rec in records.items():
         for direction in GRAPHS:
-            ags = [s for s in rec.steps if s.kind == "all_gather" and s.direction == direction]
+            ags = [s for s in rec.decisions if s.kind == "all_gather" and s.direction == direction]
             capped = [s for s in ags if s.reason and "max_inflight_bytes" in s.reason]
             bindable = [s for s in ags if s.reason != "end of graph"]
             if bindable and len(capped) == len(bindable):
@@ -180,7 +165,7 @@ def _warnings(buckets: Sequence[BucketReport], records: Mapping[str, PassRecord]
                            f"{', '.join(map(str, eff))} instead of {capped[0].requested}); raise the cap or "
                            f"lower the depth")
         if rec.uncovered:
-            owners = ", ".join(dict.fromkeys(o or "?" for _, o in rec.uncovered))
+            owners = ", ".join(dict.fromkeys(u.owner or "?" for u in rec.uncovered))
             out.append(f"{graph}: {len(rec.uncovered)} FSDP collectives in no bucket (owners: {owners}); they stay "
                        f"where the trace put them")
         out += [f"{graph}: {note}" for note in rec.notes]
@@ -191,36 +176,50 @@ def _graph_report(name: str, gm: fx.GraphModule, rec: PassRecord, labels: Mappin
     return GraphReport(
         name=name, strategy=rec.strategy, nodes=len(gm.graph.nodes), collectives_before=rec.before.total_fsdp,
         collectives_after=rec.after.total_fsdp, non_fsdp=rec.non_fsdp,
-        uncovered=tuple(Uncovered(graph=name, node=n, owner=o) for n, o in rec.uncovered),
+        uncovered=tuple(u.model_copy(update={"graph": name}) for u in rec.uncovered),
         order=compact_order(gm, labels), pass_seconds=rec.seconds, notes=rec.notes,
     )
+
+
+def _apply_copy(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: GraphKind, world_size: int) -> fx.GraphModule:
+    """``apply`` on a copy of an untransformed graph, under a fake process group if none is initialized (merging
+    writes the rank into the graph; the fake group is rank 0 of the graph's own group size)."""
+    work = copy.deepcopy(gm)
+    if compat.process_group_initialized():
+        return apply(work, cfg, graph_kind=graph_kind)
+    with compat.fake_process_group(world_size, 0):
+        return apply(work, cfg, graph_kind=graph_kind)
 
 
 def _record(gm: fx.GraphModule) -> PassRecord:
     rec = gm.meta.get(RECORD_KEY)
     if not isinstance(rec, PassRecord):
         raise TypeError("explain: this graph module has no overlapcfg pass record; run overlapcfg.apply on it "
-                        "first, or pass the TracedStep")
+                        "first, or pass the CapturedStep")
     return rec
 
 
-def explain(step: TracedStep | fx.GraphModule, cfg: OverlapConfig | Mapping[str, Any], *,
-            hardware: HardwareProfile | str | None = None, world_size: int | None = None) -> Report:
+def explain(step: CapturedStep | fx.GraphModule, cfg: OverlapConfig | Mapping[str, Any], *,
+            hardware: HardwareProfile | str | None = None, world_size: int | None = None,
+            graph_kind: GraphKind = "auto") -> Report:
     """Apply ``cfg`` to copies of ``step``'s graphs and report per bucket; predict the step if ``hardware``.
 
-    ``step`` may also be a graph module ``apply`` already transformed (its record is read, nothing re-run).
+    ``step`` may also be one graph module: if ``apply`` already transformed it, its record is read and nothing is
+    re-run; otherwise ``cfg`` is applied to a copy (``graph_kind`` as for ``apply``) and the copy is reported.
     ``world_size``: the size the prediction is made for (default: the trace's).
     """
     config = load_config(cfg)
     if isinstance(step, fx.GraphModule):
-        rec = _record(step)
-        graphs = {rec.graph_kind if rec.graph_kind in GRAPHS else "graph": step}
-        traced: TracedStep | None = None
-        # The traced group size is written into every collective; a bare graph has no TracedStep to ask.
+        # The traced group size is written into every collective; a bare graph has no CapturedStep to ask.
         found = traced_group_size(step)
         if found is None and world_size is None:
             raise TypeError("explain: this graph has no collective that names its group size; pass world_size=")
         trace_ws = found or world_size or 1
+        if not isinstance(step.meta.get(RECORD_KEY), PassRecord):
+            step = _apply_copy(step, config, graph_kind, trace_ws)
+        rec = _record(step)
+        graphs = {rec.graph_kind if rec.graph_kind in GRAPHS else "graph": step}
+        traced: CapturedStep | None = None
     else:
         graphs = apply_step(step, config)
         traced, trace_ws = step, step.world_size
@@ -231,9 +230,8 @@ def explain(step: TracedStep | fx.GraphModule, cfg: OverlapConfig | Mapping[str,
     for rec in records.values():
         for b in rec.buckets:
             by_name.setdefault(b.name, []).append(b)
-    steps = [s for rec in records.values() for s in rec.steps]
     sizes = _param_sizes(traced) if traced is not None else {}
-    buckets = tuple(_bucket(n, recs, steps, traced, sizes, trace_ws) for n, recs in by_name.items())
+    buckets = tuple(_bucket(n, recs, traced, sizes, trace_ws) for n, recs in by_name.items())
     simulation = None
     if hardware is not None:
         sim = simulate(list(graphs.values()), load_hardware(hardware), world_size=world_size or trace_ws,

@@ -15,10 +15,10 @@ from typing import Any
 import yaml
 from pydantic import Field
 
-from overlapcfg.errors import OverlapConfigError, closest, natural_key
 from overlapcfg.config.base import ConfigModel
 from overlapcfg.config.load import validate_config
 from overlapcfg.config.presets import conf_dir
+from overlapcfg.errors import OverlapConfigError, closest, natural_key
 
 __all__ = ["HardwareProfile", "PeakFlops", "hardware_names", "load_hardware"]
 

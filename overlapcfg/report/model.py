@@ -8,87 +8,22 @@ versioned by ``SCHEMA``). Building a report lives in ``explain.py``, drawing it 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 from torch import fx
 
-__all__ = [
-    "SCHEMA",
-    "BucketReport",
-    "CollectiveChange",
-    "DepthDecision",
-    "GraphReport",
-    "Report",
-    "SimulationSummary",
-    "Uncovered",
-]
+from overlapcfg.graph.record import BucketRecord, Uncovered
 
-SCHEMA = "overlapcfg.report/1"
+__all__ = ["SCHEMA", "GraphReport", "Report", "SimulationSummary"]
+
+SCHEMA = "overlapcfg.report/2"
 """Bumped on any change to the fields (added, renamed, removed, or changed in meaning): reports are validated
 strictly (``extra="forbid"``), so a reader accepts exactly the version it was written for."""
 
 
 class _Data(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-
-class CollectiveChange(_Data):
-    """FSDP collectives of one bucket in one direction and kind, before and after merging."""
-
-    direction: Literal["forward", "backward"]
-    kind: str
-    before: int
-    after: int
-    unsharded_bytes: int
-    """Full-size bytes these collectives move (all-gather output / reduce-scatter input)."""
-
-
-class DepthDecision(_Data):
-    """The scheduler's decision for one bucket, direction and kind (``manual`` only)."""
-
-    direction: Literal["forward", "backward"]
-    kind: str
-    requested: int
-    """From the policy, the plan entry or an override."""
-    effective: int
-    """As placed; lower than requested where the byte cap, the end of the graph or a consumer bound."""
-    inflight_bytes: int
-    """All-gathers: unsharded bytes issued but not yet waited when this bucket's wait runs (itself included)."""
-    reason: str | None = None
-
-
-class BucketReport(_Data):
-    name: str
-    entry_index: int
-    """Position of the plan entry that produced the bucket (``plan.buckets[i]``)."""
-    entry_text: str
-    """That entry as the user wrote it: ``layers.*``."""
-    modules: tuple[str, ...]
-    params: tuple[str, ...]
-    """Parameter FQNs (``layers.0.attention.wq.weight``), model order; placeholder names for a bare graph."""
-    param_count: int
-    """Number of parameters (tensors)."""
-    numel: int
-    """Number of parameter elements, unsharded."""
-    unsharded_bytes: int
-    """Bytes of the bucket's parameters, unsharded: what one forward all-gather brings in."""
-    sharded_bytes: int
-    """Bytes each rank holds: ``unsharded_bytes / world_size``."""
-    collectives: tuple[CollectiveChange, ...]
-    forward_prefetch: int
-    backward_prefetch: int
-    reduce_scatter_delay: int
-    overridden_by: tuple[str, ...] = ()
-    decisions: tuple[DepthDecision, ...] = ()
-
-
-class Uncovered(_Data):
-    """An FSDP collective no bucket covers: left where the trace put it."""
-
-    graph: str
-    node: str
-    owner: str | None
 
 
 class GraphReport(_Data):
@@ -148,7 +83,8 @@ class Report(_Data):
     """The validated ``OverlapConfig``, JSON form."""
     world_size: int
     """World size of the trace (bucket byte counts use it for ``sharded_bytes``)."""
-    buckets: tuple[BucketReport, ...]
+    buckets: tuple[BucketRecord, ...]
+    """One record per bucket, forward and backward combined (``overlapcfg.graph.record``)."""
     graphs: tuple[GraphReport, ...]
     warnings: tuple[str, ...] = ()
     simulation: SimulationSummary | None = None
@@ -170,7 +106,7 @@ class Report(_Data):
                 return g
         raise KeyError(f"no graph {name!r} in this report; have {[g.name for g in self.graphs]}")
 
-    def bucket(self, name: str) -> BucketReport:
+    def bucket(self, name: str) -> BucketRecord:
         for b in self.buckets:
             if b.name == name:
                 return b

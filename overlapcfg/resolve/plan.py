@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, TypeAlias, runtime_checkable
 
-from overlapcfg.errors import Fault, OverlapConfigError, closest
 from overlapcfg.config.patterns import (
     Pattern,
     compile_pattern,
@@ -52,6 +51,7 @@ from overlapcfg.config.patterns import (
 )
 from overlapcfg.config.plan import Bucket, BucketPlan, ModuleOverride
 from overlapcfg.config.policy import OverlapPolicy
+from overlapcfg.errors import Fault, OverlapConfigError, closest
 
 __all__ = ["DEPTH_FIELDS", "DepthSource", "ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_plan"]
 

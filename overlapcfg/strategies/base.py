@@ -1,29 +1,32 @@
-"""The strategy interface: a bucketer that merges collectives, and a scheduler that places them.
+"""The strategy interface: one object holding the config contract and the graph call.
 
-``apply`` calls ``strategy.bucketer(gm, ctx)`` then ``strategy.scheduler(gm, ctx, merged)``. Strategies that
-delegate to one upstream pass doing both (``torch_manual``, ``auto``) have a bucketer that merges nothing.
+``apply`` builds a ``PassContext`` (the resolved plan, the collectives found and attributed) and calls
+``strategy.run(gm, ctx)``; the strategy rewrites ``gm`` in place and returns what it merged and decided, which
+``apply`` turns into the pass record. Strategies that delegate to one upstream pass (``torch_manual``, ``auto``)
+return no merges or decisions: the record then counts the collectives the upstream pass left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from torch import fx
 
+from overlapcfg.config.contracts import StrategyContract
+from overlapcfg.config.policy import PolicyBase
 from overlapcfg.graph.collectives import Collective, Direction, ModuleFqnFn
 from overlapcfg.graph.merge import MergedCollective
-from overlapcfg.graph.schedule import ScheduleResult
+from overlapcfg.graph.record import DepthDecision
 from overlapcfg.resolve import ResolvedPlan
-from overlapcfg.config.policy import PolicyBase
 
-__all__ = ["Bucketer", "PassContext", "Scheduler", "Strategy"]
+__all__ = ["PassContext", "Strategy", "StrategyFn", "StrategyResult"]
 
 
 @dataclass(frozen=True, slots=True)
 class PassContext:
-    """Everything a bucketer or scheduler may read about the graph it is given."""
+    """Everything a strategy may read about the graph it is given."""
 
     plan: ResolvedPlan
     policy: PolicyBase
@@ -38,21 +41,40 @@ class PassContext:
     """Every new node needs its own ``meta["val"]`` (a compiler such as inductor reads storages from them)."""
 
 
-Bucketer: TypeAlias = Callable[[fx.GraphModule, PassContext], Sequence[MergedCollective]]
-Scheduler: TypeAlias = Callable[[fx.GraphModule, PassContext, Sequence[MergedCollective]], ScheduleResult]
+@dataclass(frozen=True, slots=True)
+class StrategyResult:
+    """What a strategy did: the merged collectives (graph order) and the scheduler's depth decisions."""
+
+    merged: tuple[MergedCollective, ...] = ()
+    decisions: tuple[DepthDecision, ...] = ()
+    notes: tuple[str, ...] = field(default=())
 
 
-def no_bucketing(gm: fx.GraphModule, ctx: PassContext) -> Sequence[MergedCollective]:
-    """The bucketer of strategies that merge elsewhere (or not at all)."""
-    return ()
-
-
-def no_scheduling(gm: fx.GraphModule, ctx: PassContext, merged: Sequence[MergedCollective]) -> ScheduleResult:
-    return ScheduleResult((), ())
+StrategyFn: TypeAlias = Callable[[fx.GraphModule, PassContext], StrategyResult]
+"""``run(gm, ctx) -> StrategyResult``: rewrite ``gm`` in place (``apply`` lints, verifies and recompiles)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Strategy:
-    name: str
-    bucketer: Bucketer
-    scheduler: Scheduler
+    """A registered strategy: what configs may say for it (``contract``) and what it does to a graph (``run``)."""
+
+    contract: StrategyContract
+    run: StrategyFn
+
+    @property
+    def name(self) -> str:
+        return self.contract.name
+
+    @property
+    def policy(self) -> type[PolicyBase]:
+        return self.contract.policy
+
+    @property
+    def uses_plan(self) -> bool:
+        return self.contract.uses_plan
+
+    @property
+    def reads_policy(self) -> bool:
+        return self.contract.reads_policy
+
+

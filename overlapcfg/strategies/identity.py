@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from overlapcfg.resolve import ResolvedPlan
-from overlapcfg.config.policy import PolicyBase
-from overlapcfg.strategies.base import Strategy, no_bucketing, no_scheduling
+from torch import fx
 
-__all__ = ["make_strategy"]
+from overlapcfg.strategies.base import PassContext, StrategyResult
+
+__all__ = ["run"]
 
 
-def make_strategy(plan: ResolvedPlan, policy: PolicyBase) -> Strategy:
-    return Strategy("none", no_bucketing, no_scheduling)
+def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
+    return StrategyResult()

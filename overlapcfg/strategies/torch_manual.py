@@ -7,34 +7,25 @@ the call (``compat.no_triton_runtime_estimates``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from torch import fx, nn
 
 from overlapcfg import compat
-from overlapcfg.graph.merge import MergedCollective
-from overlapcfg.graph.schedule import ScheduleResult
-from overlapcfg.resolve import ResolvedPlan
 from overlapcfg.config.policy import TorchManualPolicy
-from overlapcfg.strategies.base import PassContext, Strategy, no_bucketing
+from overlapcfg.strategies.base import PassContext, StrategyResult
 
-__all__ = ["make_strategy"]
+__all__ = ["run"]
 
 
-def make_strategy(plan: ResolvedPlan, policy: TorchManualPolicy) -> Strategy:
-    def scheduler(gm: fx.GraphModule, ctx: PassContext, merged: Sequence[MergedCollective]) -> ScheduleResult:
-        def module_stack(node: fx.Node) -> list[tuple[str, type]]:
-            fqn = ctx.module_fqn_fn(node)
-            return [(fqn, nn.Module)] if fqn else []
+def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
+    policy = ctx.policy
+    if not isinstance(policy, TorchManualPolicy):
+        raise TypeError(f"torch_manual: expected a TorchManualPolicy, got {type(policy).__name__}")
 
-        with compat.no_triton_runtime_estimates():
-            compat.manual_overlap_bucketing(
-                gm,
-                plan.module_lists(),
-                insert_overlap_deps=policy.insert_overlap_deps,
-                module_stack_fn=module_stack,
-                bucket_mode=policy.bucket_mode,
-            )
-        return ScheduleResult((), ())
+    def module_stack(node: fx.Node) -> list[tuple[str, type]]:
+        fqn = ctx.module_fqn_fn(node)
+        return [(fqn, nn.Module)] if fqn else []
 
-    return Strategy("torch_manual", no_bucketing, scheduler)
+    with compat.no_triton_runtime_estimates():
+        compat.manual_overlap_bucketing(gm, ctx.plan.module_lists(), insert_overlap_deps=policy.insert_overlap_deps,
+                                        module_stack_fn=module_stack, bucket_mode=policy.bucket_mode)
+    return StrategyResult()

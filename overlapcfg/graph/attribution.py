@@ -1,0 +1,295 @@
+"""Attribution: which parameter an FSDP collective carries and which module owns it, whoever traced the graph.
+
+Evidence, in this order (the first that speaks wins; later ones are checked against it where they also speak):
+
+1. **aot descriptors** (``owner`` annotations stamped by ``annotate_owners``): an all-gather reads a forward
+   placeholder whose ``meta["desc"]`` names a flat aot input; a reduce-scatter's result flows into a backward
+   output whose ``meta["desc"]`` is the gradient of one. Descriptors of tensor subclasses (DTensor flattens into
+   several flat inputs) are unwrapped to the ``PlainAOTInput`` they come from, whose ``idx`` indexes the *dynamo*
+   graph's inputs, and dynamo's source for that input names the parameter. Only a backend sees the dynamo graph,
+   so only the backend path has this evidence.
+2. ``node.meta["custom"]["module_fqn"]`` (torchtitan's ``annotate_module_fqns`` writes it on every node).
+3. ``nn_module_stack`` (forward nodes) / ``fwd_nn_module_stack`` (backward nodes): the innermost entry that is a
+   module path. Any dynamo root is accepted (``L['self']``, ``L['args'][0]``, ``L['kwargs']['model']``, globals),
+   and wrapper noise is removed: ``forward.__closure__[1].cell_contents.__self__`` (wrapped forwards),
+   ``_orig_mod`` / ``_checkpoint_wrapped_module`` / ``_fsdp_wrapped_module``, and parametrization internals
+   (``wq.parametrizations.weight.0`` is ``wq``). Entries that are not module paths, such as torchtitan's
+   ``dict(type(L['self'].X).__dict__)['weight'].fget`` (which names the *first* module of a class, not this
+   one), are skipped.
+
+A user ``module_fqn_fn`` given to ``apply`` replaces all of this. Two sources that disagree about one collective
+(neither module inside the other) are an ``AttributionError`` naming the node and both candidates: the pass never
+picks one silently.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from torch import fx
+
+from overlapcfg import compat
+from overlapcfg.config.patterns import WRAPPER_SEGMENTS, is_inside
+from overlapcfg.graph.meta import META_KEY, OWNER_KEY
+
+__all__ = [
+    "AttributionError",
+    "CollectiveOwner",
+    "ModuleFqnFn",
+    "annotate_owners",
+    "clean_path",
+    "custom_module_fqn",
+    "dynamo_parameter_inputs",
+    "module_fqn",
+    "parameter_fqn",
+    "stack_module_fqn",
+]
+
+ModuleFqnFn: TypeAlias = Callable[[fx.Node], "str | None"]
+"""Maps a node to the FQN of the module it belongs to (``None``: unknown)."""
+
+Evidence: TypeAlias = Literal["descriptor", "custom", "module_stack"]
+
+
+class AttributionError(RuntimeError):
+    """Two pieces of evidence name different owners for one collective, or a collective names a parameter that the
+    model does not have. The message names the node and the candidates; nothing has been changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveOwner:
+    """Which parameter (and so which module) an FSDP collective belongs to, and how we know."""
+
+    graph: str
+    node: str
+    """Name of the collective start node; unique within its graph only."""
+    kind: str
+    module_fqn: str
+    """The module owning the parameter, as the user names it: ``layers.0.attention.wq``."""
+    param_fqn: str
+    """``layers.0.attention.wq.weight``."""
+    wait: str
+    """Name of the ``wait_tensor`` node consuming the start."""
+    evidence: Evidence = "descriptor"
+
+
+# --- paths ----------------------------------------------------------------------------------------------------
+
+_ROOT = re.compile(r"^(?:[LG]\[(?:'[^']*'|\"[^\"]*\")\](?:\[(?:'[^']*'|\"[^\"]*\"|\d+)\])*|self)")
+_TOKEN = re.compile(r"\.(\w+)|\[(?:'([^']*)'|\"([^\"]*)\"|(\d+))\]")
+_CONTAINERS = frozenset({"_modules", "_parameters", "_buffers"})
+_NOT_A_MODULE_PATH = ("type(", "__dict__", ".fget", "getattr(", "(")
+_PARAMETRIZATIONS = "parametrizations"
+
+
+def clean_path(path: str) -> str | None:
+    """A dynamo source or module-stack path as the dotted FQN a user writes; ``None`` if it is not a module path.
+
+    ``L['args'][0].model.layers.0.self_attn`` -> ``model.layers.0.self_attn``;
+    ``L['self'].layers.0.forward.__closure__[1].cell_contents.__self__.attention`` -> ``layers.0.attention``;
+    ``L['self']._modules['layers']._modules['0']._modules['wq']._parameters['weight']`` -> ``layers.0.wq.weight``;
+    ``dict(type(L['self'].layers.0).__dict__)['weight'].fget`` -> ``None``.
+    """
+    if any(marker in path for marker in _NOT_A_MODULE_PATH):
+        return None
+    root = _ROOT.match(path)
+    rest = path[root.end():] if root else path
+    if rest and rest[0] not in ".[":
+        rest = "." + rest
+    tokens = [next(g for g in m.groups() if g is not None) for m in _TOKEN.finditer(rest)]
+    if "".join(f".{t}" for t in tokens).replace(".", "") != re.sub(r"[.\[\]'\"]", "", rest):
+        return None  # something we do not understand sits in the path: do not guess
+    parts: list[str] = []
+    skip_index = False
+    for i, token in enumerate(tokens):
+        if skip_index and token.isdecimal():  # the cell number after __closure__
+            skip_index = False
+            continue
+        skip_index = token == "__closure__"
+        following = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if token.startswith("__") or token == "cell_contents" or token in _CONTAINERS:
+            continue
+        if following in ("__closure__", "__func__", "__wrapped__"):  # a method name, not a module
+            continue
+        parts.append(token)
+    return user_fqn(".".join(parts))
+
+
+def user_fqn(fqn: str) -> str:
+    """Parametrization internals and wrapper segments removed.
+
+    ``layers.0.wq.parametrizations.weight.original`` -> ``layers.0.wq.weight`` (a parameter);
+    ``layers.0.wq.parametrizations.weight.0`` -> ``layers.0.wq`` (the parametrization module: its owner);
+    ``_orig_mod.norm`` -> ``norm``.
+    """
+    parts = [s for s in fqn.split(".") if s and s not in WRAPPER_SEGMENTS]
+    if _PARAMETRIZATIONS not in parts:
+        return ".".join(parts)
+    cut = parts.index(_PARAMETRIZATIONS)
+    owner, rest = parts[:cut], parts[cut + 1:]
+    if len(rest) >= 2 and rest[1].startswith("original"):
+        owner.append(rest[0])
+    return ".".join(owner)
+
+
+def parameter_owner(param_fqn: str) -> str:
+    """``layers.0.wq.weight`` -> ``layers.0.wq``."""
+    return param_fqn.rpartition(".")[0]
+
+
+# --- evidence per node ------------------------------------------------------------------------------------------
+
+def stack_module_fqn(node: fx.Node) -> str | None:
+    """The innermost module-path entry of the node's module stack (forward or backward), cleaned; else None."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    for value in reversed(list(stack.values())):
+        path = value[0] if isinstance(value, (tuple, list)) else value
+        if not isinstance(path, str):
+            continue
+        fqn = clean_path(path)
+        if fqn is not None:
+            return fqn or None
+    return None
+
+
+def custom_module_fqn(node: fx.Node) -> str | None:
+    """``node.meta["custom"]["module_fqn"]`` (torchtitan's annotation), cleaned; else None."""
+    custom = node.meta.get("custom")
+    value = custom.get("module_fqn") if isinstance(custom, Mapping) else None
+    return user_fqn(value) or None if isinstance(value, str) else None
+
+
+def recorded_owner(node: fx.Node) -> CollectiveOwner | None:
+    owner = node.meta.get(META_KEY, {}).get(OWNER_KEY)
+    return owner if isinstance(owner, CollectiveOwner) else None
+
+
+def module_fqn(node: fx.Node) -> str | None:
+    """The owning module by the evidence order above (descriptor annotation, custom metadata, module stack)."""
+    owner = recorded_owner(node)
+    if owner is not None:
+        return owner.module_fqn
+    return custom_module_fqn(node) or stack_module_fqn(node)
+
+
+def check_agreement(node: fx.Node, chosen: str | None) -> None:
+    """Raise ``AttributionError`` when the node's metadata names an owner unrelated to ``chosen``."""
+    if chosen is None:
+        return
+    for label, other in (("meta['custom']['module_fqn']", custom_module_fqn(node)),):
+        if other is not None and not (is_inside(other, chosen) or is_inside(chosen, other)):
+            raise AttributionError(f"collective {node.name}: the aot descriptors attribute it to {chosen!r} but "
+                                   f"{label} says {other!r}; pass module_fqn_fn= to apply to decide")
+
+
+# --- descriptors ------------------------------------------------------------------------------------------------
+
+def _input_root_index(desc: object) -> int | None:
+    """The dynamo input index behind a flat aot input descriptor (subclass attributes unwrapped to their base)."""
+    for _ in range(8):
+        if isinstance(desc, compat.PlainAOTInput):
+            return desc.idx
+        desc = getattr(desc, "base", None)
+        if desc is None:
+            return None
+    return None
+
+
+def _grad_root_index(desc: object) -> int | None:
+    """The dynamo input index whose gradient an aot output descriptor is (subclass attributes unwrapped)."""
+    for _ in range(8):
+        if isinstance(desc, compat.GradAOTOutput):
+            return _input_root_index(desc.grad_of)
+        desc = getattr(desc, "base", None)
+        if desc is None:
+            return None
+    return None
+
+
+def dynamo_parameter_inputs(dynamo_gm: fx.GraphModule) -> tuple[str | None, ...]:
+    """Parameter FQN (cleaned) for each placeholder of the dynamo graph, ``None`` for inputs that are not
+    parameters (the tokens, buffers, symbolic sizes)."""
+    out: list[str | None] = []
+    for node in dynamo_gm.graph.find_nodes(op="placeholder"):
+        source = compat.dynamo_input_source(node)
+        is_param = source is not None and ("_parameters[" in source or "parametrizations" in source
+                                           or _looks_like_parameter(node))
+        out.append(clean_path(source) or None if is_param and source is not None else None)
+    return tuple(out)
+
+
+def _looks_like_parameter(node: fx.Node) -> bool:
+    example = node.meta.get("example_value")
+    return bool(getattr(example, "_is_param", False)) or type(example).__name__ == "Parameter"
+
+
+def parameter_fqn(placeholder: fx.Node, parameter_inputs: Sequence[str | None]) -> str | None:
+    index = _input_root_index(placeholder.meta.get("desc"))
+    if index is None or not 0 <= index < len(parameter_inputs):
+        return None
+    return parameter_inputs[index]
+
+
+def _single_placeholder_source(start: fx.Node) -> fx.Node | None:
+    """The one placeholder an all-gather reads through non-compute ops (None if none or several)."""
+    from overlapcfg.graph.collectives import placeholder_sources
+
+    sources = placeholder_sources(start)
+    return sources[0] if sources is not None and len(sources) == 1 else None
+
+
+def _gradient_output_index(wait: fx.Node) -> int | None:
+    """The dynamo input whose gradient ``wait`` is returned as (through single-user unary chains)."""
+    cur = wait
+    for _ in range(32):
+        users = list(cur.users)
+        outputs = [u for u in users if u.op == "output"]
+        if outputs:
+            flat = list(outputs[0].args[0])
+            position = flat.index(cur)
+            desc = outputs[0].meta.get("desc")
+            return _grad_root_index(desc[position]) if desc is not None and position < len(desc) else None
+        if len(users) != 1 or len(users[0].all_input_nodes) != 1:
+            return None
+        cur = users[0]
+    return None
+
+
+def annotate_owners(gm: fx.GraphModule, graph: str,
+                    parameter_inputs: Sequence[str | None]) -> tuple[CollectiveOwner, ...]:
+    """Stamp a ``CollectiveOwner`` on every all-gather / reduce-scatter (start and wait) that the aot descriptors
+    tie to a parameter; return the records in graph order.
+
+    Collectives the descriptors do not tie to a parameter (tensor-parallel activations, user collectives) are left
+    unannotated: they are classified by ``overlapcfg.graph.collectives`` and left alone if not FSDP's.
+    """
+    from overlapcfg.graph.collectives import collective_kind, wait_of
+
+    records: list[CollectiveOwner] = []
+    for node in gm.graph.nodes:
+        kind = collective_kind(node) if node.op == "call_function" else None
+        if kind not in ("all_gather", "reduce_scatter"):
+            continue
+        wait = wait_of(node)
+        if wait is None:
+            continue
+        param: str | None = None
+        if kind == "all_gather":
+            placeholder = _single_placeholder_source(node)
+            param = parameter_fqn(placeholder, parameter_inputs) if placeholder is not None else None
+        else:
+            index = _gradient_output_index(wait)
+            param = parameter_inputs[index] if index is not None and 0 <= index < len(parameter_inputs) else None
+        if not param:
+            continue
+        owner = CollectiveOwner(graph, node.name, kind, parameter_owner(param), param, wait.name)
+        check_agreement(node, owner.module_fqn)
+        for n in (node, wait):
+            n.meta.setdefault(META_KEY, {})[OWNER_KEY] = owner
+        records.append(owner)
+    return tuple(records)
