@@ -63,7 +63,7 @@ def test_every_fault_is_reported_at_once():
         "overlap.policy.reduce_scatter_delay",
     ]
     assert "use layers.0:16" in found[0]
-    assert "expected a string, got 3" in found[1]
+    assert "got an integer 3; module names are strings: quote it ('3')" in found[1]
     assert "expected at least 1 item(s), got 0" in found[2]
     assert "expected a value >= 1, got 0" in found[3]
     assert "a list of patterns" in found[4]
@@ -243,8 +243,9 @@ def test_yaml_text_file_and_dictconfig_load_the_same(tmp_path):
     text = text.replace("${size}", "1GiB").replace("size: 1GiB\n", "")
     path = tmp_path / "overlap.yaml"
     path.write_text(text)
-    from_text, from_file = load_config(text), load_config(str(path))
-    assert from_text == from_file == load_config(path) == load_config(OmegaConf.create(text))
+    from_text, from_file = load_config(text), load_config(path)
+    assert from_text == from_file == load_config(OmegaConf.create(text))
+    assert "pass pathlib.Path(" in only_fault(str(path))  # a str is YAML text, never a file name
     assert from_file.policy.forward_prefetch == 2 and from_file.policy.max_inflight_bytes == 2**30
 
 
@@ -265,7 +266,10 @@ def test_whole_recipe_with_overlap_key_is_unwrapped():
 
 
 def test_missing_file_and_non_mapping_are_reported():
-    assert only_fault("does/not/exist.yaml") == "overlap: config file 'does/not/exist.yaml' does not exist"
+    from pathlib import Path
+
+    assert only_fault(Path("does/not/exist.yaml")) == "overlap: config file 'does/not/exist.yaml' does not exist"
+    assert "pass pathlib.Path('does/not/exist.yaml')" in only_fault("does/not/exist.yaml")
     assert only_fault("- a\n- b\n").startswith("overlap: expected a mapping")
     with pytest.raises(TypeError, match="load_config expects"):
         load_config(42)  # type: ignore[arg-type]

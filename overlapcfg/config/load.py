@@ -17,6 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
+from overlapcfg.compat.omegaconf import full_key
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
 from overlapcfg.config.interpolate import (
     KeyPath,
@@ -98,7 +99,7 @@ def from_hydra(node: DictConfig) -> OverlapConfig:
     """
     if not isinstance(node, DictConfig):
         raise TypeError(f"from_hydra expects an omegaconf DictConfig node, got {type(node).__name__}")
-    return load_config(node, root=node._get_full_key(None) or "overlap")
+    return load_config(node, root=full_key(node) or "overlap")
 
 
 def _to_container(src: Any, root: str) -> Any:
@@ -157,7 +158,7 @@ def _from_omegaconf(node: DictConfig | ListConfig, root: str) -> Any:
         if not has_references(data):
             return data
         top = node._get_root()
-        at = (*parse_key_path(node._get_full_key(None) or ""), *inner)
+        at = (*parse_key_path(full_key(node)), *inner)
         whole = OmegaConf.to_container(top, resolve=False, throw_on_missing=False)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
@@ -320,6 +321,8 @@ def _message(error: Mapping[str, Any], hints: Mapping[str, tuple[str, ...]]) -> 
         return f"expected {'at least' if kind == 'too_short' else 'at most'} " \
                f"{ctx.get('min_length', ctx.get('max_length'))} item(s), got {ctx.get('actual_length')}"
     if _is_pattern_position(error) and isinstance(given, int) and not isinstance(given, bool):
+        if kind == "bucket_entry":
+            return f"{error.get('msg', kind)}; {_integer_pattern(given)}"
         return _integer_pattern(given)
     if kind in _EXPECTED:
         return f"expected {_EXPECTED[kind]}, got {_show(given)}"

@@ -31,9 +31,10 @@ visits the FQNs starting with it: a plan of 10k literal FQNs on a 10k-module mod
 
 from __future__ import annotations
 
+import difflib
+import bisect
 import functools
 import re
-import difflib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -204,10 +205,21 @@ class ModuleIndex:
         self.fqns: tuple[str, ...] = normalize_fqns(fqns)
         self.parts: tuple[tuple[str, ...], ...] = tuple(split_fqn(f) for f in self.fqns)
         self.position: dict[str, int] = {f: i for i, f in enumerate(self.fqns)}
-        self.by_first: dict[str, list[int]] = {}
+        # A trie of FQN prefixes (intermediate ones included): children by segment, and every FQN below.
+        self._kids: dict[str, dict[str, str]] = {}
+        self._under: dict[str, list[int]] = {}
+        self._numbered: dict[str, list[tuple[int, str]]] = {}
+        self.by_last: dict[str, list[int]] = {}
         for i, segs in enumerate(self.parts):
+            prefix = ""
+            self._under.setdefault("", []).append(i)
+            for seg in segs:
+                child = f"{prefix}.{seg}" if prefix else seg
+                self._kids.setdefault(prefix, {})[seg] = child
+                self._under.setdefault(child, []).append(i)
+                prefix = child
             if segs:
-                self.by_first.setdefault(segs[0], []).append(i)
+                self.by_last.setdefault(segs[-1], []).append(i)
         self.max_parts = max((len(p) for p in self.parts), default=0)
         self.top_level: tuple[str, ...] = tuple(f for f in self.fqns if f and "." not in f)
         self.visited = 0
@@ -231,14 +243,44 @@ class ModuleIndex:
                 yield i
 
     def _candidates(self, segments: tuple[Segment, ...]) -> Sequence[int]:
+        """FQN positions that can match, in model order: walk the trie along the segments before the first
+        ``**`` (a literal is one lookup, a range a slice of the numbered children), then take everything below
+        the nodes reached, or the FQNs ending in the pattern's last literal if those are fewer."""
         if _min_parts(segments) > self.max_parts:
             return ()
-        if segments and all(isinstance(s, Literal) for s in segments):
-            i = self.position.get(".".join(str(s) for s in segments))
-            return () if i is None else (i,)
-        if segments and isinstance(segments[0], Literal):
-            return self.by_first.get(segments[0].text, ())
-        return range(len(self.fqns))
+        nodes = [""]
+        walked = 0
+        for seg in segments:
+            if isinstance(seg, AnySegments):
+                break
+            nodes = [c for node in nodes for c in self._step(node, seg)]
+            walked += 1
+            if not nodes:
+                return ()
+        if walked == len(segments):
+            return sorted(self.position[n] for n in nodes if n in self.position)
+        pool = [i for n in nodes for i in self._under.get(n, ())]
+        last = segments[-1]
+        if isinstance(last, Literal) and len(ending := self.by_last.get(last.text, ())) < len(pool):
+            return ending
+        return sorted(pool) if len(nodes) > 1 else pool
+
+    def _step(self, node: str, seg: Segment) -> Iterable[str]:
+        kids = self._kids.get(node)
+        if not kids:
+            return ()
+        if isinstance(seg, Literal):
+            child = kids.get(seg.text)
+            return () if child is None else (child,)
+        if isinstance(seg, AnySegment):
+            return kids.values()
+        assert isinstance(seg, IndexRange)
+        if node not in self._numbered:
+            self._numbered[node] = sorted((int(k), c) for k, c in kids.items() if _INDEX.fullmatch(k))
+        numbered = self._numbered[node]
+        lo = bisect.bisect_left(numbered, (seg.start, ""))
+        hi = len(numbered) if seg.stop is None else bisect.bisect_left(numbered, (seg.stop, ""))
+        return [c for _, c in numbered[lo:hi]]
 
     @property
     def vocabulary(self) -> list[str]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from overlapcfg.compat.omegaconf import full_key
 from overlapcfg.config import OverlapConfig, from_hydra, load_config
 from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 
@@ -177,7 +178,7 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         overlap = from_hydra(cfg.overlap)
         spec = demo_spec(cfg)
         hardware = hardware_of(cfg)
-        check_plan(overlap, spec, root=cfg.overlap._get_full_key(None) or "overlap")
+        check_plan(overlap, spec, root=full_key(cfg.overlap) or "overlap")
     step = _trace_stage(progress, spec)
     with progress.stage(f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
         report = explain(step, overlap, hardware=hardware)

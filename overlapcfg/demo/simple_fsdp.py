@@ -47,11 +47,11 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.utils import parametrize
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from overlapcfg import compat
 from overlapcfg.errors import Fault, OverlapConfigError
 
 __all__ = [
@@ -87,8 +87,8 @@ def user_fqn(fqn: str) -> str:
 
 
 _RECOMPUTED_OPS = frozenset({
-    torch.ops._c10d_functional.all_gather_into_tensor.default,
-    torch.ops._c10d_functional.wait_tensor.default,
+    compat.ALL_GATHER_INTO_TENSOR,
+    compat.WAIT_TENSOR,
     # The mixed-precision cast before the all-gather (the checkpointed region holds nothing else): recomputing it
     # keeps the backward all-gather reading the parameter, not a saved low-precision copy of the shard.
     torch.ops.aten._to_copy.default,
@@ -115,19 +115,19 @@ class _MixedPrecisionGather(torch.autograd.Function):
         ctx.group = group  # type: ignore[attr-defined]
         ctx.reduce_dtype = reduce_dtype  # type: ignore[attr-defined]
         ctx.shard_dtype = shard.dtype  # type: ignore[attr-defined]
-        return funcol.all_gather_single(shard.to(param_dtype), gather_dim=0, group=group)
+        return compat.functional_collectives.all_gather_single(shard.to(param_dtype), gather_dim=0, group=group)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         group, reduce_dtype, shard_dtype = ctx.group, ctx.reduce_dtype, ctx.shard_dtype  # type: ignore[attr-defined]
-        reduced = funcol.reduce_scatter_tensor(grad.to(reduce_dtype), "sum", 0, group)
+        reduced = compat.functional_collectives.reduce_scatter_tensor(grad.to(reduce_dtype), "sum", 0, group)
         return reduced.to(shard_dtype), None, None, None
 
 
 def _gather(shard: torch.Tensor, group: dist.ProcessGroup, param_dtype: torch.dtype | None = None,
             reduce_dtype: torch.dtype | None = None) -> torch.Tensor:
     if param_dtype is None and reduce_dtype is None:
-        return funcol.all_gather_single(shard, gather_dim=0, group=group)
+        return compat.functional_collectives.all_gather_single(shard, gather_dim=0, group=group)
     gathered = param_dtype or shard.dtype
     return _MixedPrecisionGather.apply(shard, group, gathered, reduce_dtype or gathered)
 

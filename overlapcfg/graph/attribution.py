@@ -244,7 +244,11 @@ def _single_placeholder_source(start: fx.Node) -> fx.Node | None:
 
 
 def _gradient_output_index(wait: fx.Node) -> int | None:
-    """The dynamo input whose gradient ``wait`` is returned as (through single-user unary chains)."""
+    """The dynamo input whose gradient ``wait`` is returned as: through single-user unary chains (casts, views),
+    and through an ``add`` of reduce-scattered partial gradients (a parameter used by two modules, such as tied
+    embeddings, gets one reduce-scatter per use, summed before it is returned)."""
+    from overlapcfg.graph.collectives import started_by
+
     cur = wait
     for _ in range(32):
         users = list(cur.users)
@@ -254,9 +258,15 @@ def _gradient_output_index(wait: fx.Node) -> int | None:
             position = flat.index(cur)
             desc = outputs[0].meta.get("desc")
             return _grad_root_index(desc[position]) if desc is not None and position < len(desc) else None
-        if len(users) != 1 or len(users[0].all_input_nodes) != 1:
+        if len(users) != 1:
             return None
-        cur = users[0]
+        user = users[0]
+        inputs = user.all_input_nodes
+        summed_partials = compat.op_name(user.target) == "aten.add" and all(
+            started_by(i) is not None for i in inputs)
+        if len(inputs) != 1 and not summed_partials:
+            return None
+        cur = user
     return None
 
 

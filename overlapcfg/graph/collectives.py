@@ -85,7 +85,7 @@ def positions(graph: fx.Graph) -> dict[fx.Node, int]:
     return {n: i for i, n in enumerate(graph.nodes)}
 
 
-_WAIT = torch.ops._c10d_functional.wait_tensor.default
+_WAIT = compat.WAIT_TENSOR
 
 
 def data_inputs(node: fx.Node) -> tuple[fx.Node, ...]:

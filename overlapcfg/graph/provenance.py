@@ -48,7 +48,8 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.graph.collectives import group_name
 
-__all__ = ["Content", "Key", "Run", "Value", "describe", "interpret", "leaf_name"]
+__all__ = ["INTERPRETED", "Content", "Key", "Run", "Value", "call_of", "describe", "interpret", "leaf_name", "opaque",
+           "render_key"]
 
 Key: TypeAlias = tuple[object, ...]
 Run: TypeAlias = tuple[Key, int, int]
@@ -75,20 +76,19 @@ Content: TypeAlias = "Value | tuple[Content, ...] | None"
 """A node's content: a tensor, a tuple of them (split, coalesced collectives), or None for non-tensors."""
 
 _aten = torch.ops.aten
-_c10d = torch.ops._c10d_functional
 _RESHAPES = {_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default}
 _SAME_BYTES = {_aten.clone.default, _aten.alias.default, _aten.detach.default, _aten.flatten.using_ints,
                _aten.squeeze.dim, _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default,
                _aten.lift_fresh_copy.default}
 _CASTS = {torch.ops.prims.convert_element_type.default, _aten._to_copy.default}
 _EMPTY = {_aten.empty.memory_format, _aten.empty_strided.default}
-_ALL_GATHERS = {_c10d.all_gather_into_tensor.default, _c10d.all_gather_into_tensor_out.default}
+_ALL_GATHERS = {compat.ALL_GATHER_INTO_TENSOR, compat.ALL_GATHER_INTO_TENSOR_OUT}
 INTERPRETED = frozenset({
     *_RESHAPES, *_SAME_BYTES, *_CASTS, *_EMPTY, *_ALL_GATHERS, _aten.view.dtype, _aten.slice.Tensor,
     _aten.narrow.default, _aten.split.Tensor, _aten.split_with_sizes.default, _aten.cat.default,
     _aten.copy_.default, _aten.copy.default, compat.pre_bucket_all_gather, compat.pre_bucket_reduce_scatter,
-    _c10d.reduce_scatter_tensor.default, _c10d.reduce_scatter_tensor_coalesced.default,
-    _c10d.all_gather_into_tensor_coalesced.default, _c10d.all_reduce.default, _c10d.wait_tensor.default,
+    compat.REDUCE_SCATTER_TENSOR, compat.REDUCE_SCATTER_TENSOR_COALESCED, compat.ALL_GATHER_INTO_TENSOR_COALESCED,
+    compat.ALL_REDUCE, compat.WAIT_TENSOR,
     operator.getitem,
 })
 """Targets whose output is computed from their inputs' provenance; every other op is opaque."""
@@ -255,7 +255,7 @@ def _pre_bucket_all_gather(node: fx.Node, ins: Sequence[Value], args: Sequence[o
             or not isinstance(dtype_ints, (list, tuple)) or len(dtype_ints) != len(ins):
         return None
     slot: list[Run] = []
-    for value, index in zip(ins, dtype_ints):
+    for value, index in zip(ins, dtype_ints, strict=True):
         cast = _cast(value, compat.bucket_dtype_table[index])  # type: ignore[index]
         if cast is None:
             return None
@@ -310,12 +310,12 @@ def _step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[st
         return _pre_bucket_all_gather(node, x, args) if _all_values(x) else None  # type: ignore[arg-type]
     if target is compat.pre_bucket_reduce_scatter:
         return _pre_bucket_reduce_scatter(x, args[1]) if _all_values(x) else None  # type: ignore[arg-type]
-    if target is _c10d.reduce_scatter_tensor_coalesced.default:
+    if target is compat.REDUCE_SCATTER_TENSOR_COALESCED:
         if not _all_values(x):
             return None
         outs = tuple(_reduce_scatter(v, args[1], args[2], group_name(node)) for v in x)  # type: ignore[union-attr,arg-type]
         return None if None in outs else outs
-    if target is _c10d.all_gather_into_tensor_coalesced.default:
+    if target is compat.ALL_GATHER_INTO_TENSOR_COALESCED:
         if not _all_values(x):
             return None
         outs = tuple(_all_gather(v, args[1], group_name(node)) for v in x)  # type: ignore[union-attr,arg-type]
@@ -325,13 +325,13 @@ def _step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[st
         return _cat(x, dim) if _all_values(x) and isinstance(dim, int) else None  # type: ignore[arg-type]
     if not isinstance(x, Value) or x.shape is None or x.dtype is None:
         return None
-    if target is _c10d.wait_tensor.default:
+    if target is compat.WAIT_TENSOR:
         return x
     if target in _ALL_GATHERS:
         return _all_gather(x, args[1], group_name(node)) if isinstance(args[1], int) else None
-    if target is _c10d.reduce_scatter_tensor.default:
+    if target is compat.REDUCE_SCATTER_TENSOR:
         return _reduce_scatter(x, args[1], args[2], group_name(node)) if isinstance(args[2], int) else None  # type: ignore[arg-type]
-    if target is _c10d.all_reduce.default:
+    if target is compat.ALL_REDUCE:
         return Value(x.shape, x.dtype, _normalized((("ar", args[1], group_name(node), k), s, n) for k, s, n in x.runs))
     if target in _RESHAPES:
         shape = _infer(args[1], math.prod(x.shape))  # type: ignore[arg-type]
@@ -354,29 +354,31 @@ def _step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[st
         if not isinstance(src, Value) or src.shape != x.shape:
             return None
         return _cast(src, x.dtype)
-    dim = _arg(args, kwargs, 1, "dim", 0)
+    split = target in (_aten.split.Tensor, _aten.split_with_sizes.default)
+    dim = _arg(args, kwargs, 2 if split else 1, "dim", 0)
     if not isinstance(dim, int) or not x.shape:
         return None
     length = x.shape[dim % len(x.shape)]
-    if target in (_aten.slice.Tensor, _aten.narrow.default):
-        if target is _aten.slice.Tensor:
-            if _arg(args, kwargs, 4, "step", 1) != 1:
-                return None
-            bounds = _bounds(length, _arg(args, kwargs, 2, "start"), _arg(args, kwargs, 3, "end"))
-        else:
-            start, n = args[2], args[3]
-            bounds = (start, start + n) if isinstance(start, int) and isinstance(n, int) else None  # type: ignore[assignment]
+    if target is _aten.slice.Tensor:
+        if _arg(args, kwargs, 4, "step", 1) != 1:
+            return None
+        bounds = _bounds(length, _arg(args, kwargs, 2, "start"), _arg(args, kwargs, 3, "end"))
         cut = _slices(x, dim, [bounds]) if bounds is not None else None
         return cut[0] if cut else None
-    if target in (_aten.split.Tensor, _aten.split_with_sizes.default):
-        dim = _arg(args, kwargs, 2, "dim", 0)
+    if target is _aten.narrow.default:
+        start, n = _arg(args, kwargs, 2, "start"), _arg(args, kwargs, 3, "length")
+        if not isinstance(start, int) or not isinstance(n, int) or not 0 <= start <= start + n <= length:
+            return None
+        cut = _slices(x, dim, [(start, start + n)])
+        return cut[0] if cut else None
+    if split:
         sizes = args[1]
         if target is _aten.split.Tensor and isinstance(sizes, int) and sizes > 0:
             sizes = [min(sizes, length - i) for i in range(0, length, sizes)]
-        if not isinstance(sizes, (list, tuple)) or not isinstance(dim, int) or sum(sizes) != length:
+        if not isinstance(sizes, (list, tuple)) or sum(sizes) != length:
             return None
         edges = [0, *itertools.accumulate(sizes)]
-        return _slices(x, dim, list(zip(edges, edges[1:])))
+        return _slices(x, dim, list(itertools.pairwise(edges)))
     return None
 
 
@@ -391,7 +393,8 @@ def call_of(node: fx.Node) -> tuple[object, tuple[object, ...], dict[str, object
         return node.target, node.args, dict(node.kwargs)
     subgraph = getattr(node.graph.owning_module, node.args[1].target)  # type: ignore[union-attr]
     inner = next(n for n in subgraph.graph.nodes if n.op == "call_function")
-    outer = dict(zip((n for n in subgraph.graph.nodes if n.op == "placeholder"), inputs))
+    placeholders = [n for n in subgraph.graph.nodes if n.op == "placeholder"]
+    outer = dict(zip(placeholders, inputs, strict=True))
     args = fx.map_arg(inner.args, lambda n: outer.get(n, n))  # type: ignore[arg-type,return-value]
     kwargs = fx.map_arg(inner.kwargs, lambda n: outer.get(n, n))  # type: ignore[arg-type,return-value]
     return inner.target, tuple(args), dict(kwargs)
@@ -401,7 +404,11 @@ def interpret(graph: fx.Graph) -> tuple[dict[fx.Node, Content], set[fx.Node]]:
     """Every node's content, and the set of nodes left opaque (compute, or an op we could not model)."""
     contents: dict[fx.Node, Content] = {}
     opaque_nodes: set[fx.Node] = set()
-    lookup = contents.__getitem__
+
+    def lookup(n: fx.Node) -> Content:
+        # A node read before it is computed (a broken order, reported by the verifier) reads as opaque.
+        return contents[n] if n in contents else opaque(n)
+
     for node in graph.nodes:
         if node.op in ("call_function", "call_method", "call_module"):
             target, args, kwargs = call_of(node)
@@ -428,19 +435,20 @@ def leaf_name(key: Key) -> str:
     return str(key[1])
 
 
-def _render(key: Key) -> str:
+def render_key(key: Key) -> str:
+    """A key as text: ``all_gather[group '0', 2 ranks](bfloat16(primals_3))``."""
     tag = key[0]
     if tag == "node":
         return str(key[1])
     if tag == "uninit":
         return f"uninitialized({key[1]})"
     if tag == "cast":
-        return f"{str(key[2]).removeprefix('torch.')}({_render(key[3])})"  # type: ignore[arg-type]
+        return f"{str(key[2]).removeprefix('torch.')}({render_key(key[3])})"  # type: ignore[arg-type]
     if tag == "ag":
-        return f"all_gather[group {key[1]!r}, {key[2]} ranks]({_render(key[4])})"  # type: ignore[arg-type]
+        return f"all_gather[group {key[1]!r}, {key[2]} ranks]({render_key(key[4])})"  # type: ignore[arg-type]
     if tag == "rs":
-        return f"reduce_scatter[{key[1]}, group {key[2]!r}, {key[3]} ranks]({_render(key[4])})"  # type: ignore[arg-type]
-    return f"all_reduce[{key[1]}, group {key[2]!r}]({_render(key[3])})"  # type: ignore[arg-type]
+        return f"reduce_scatter[{key[1]}, group {key[2]!r}, {key[3]} ranks]({render_key(key[4])})"  # type: ignore[arg-type]
+    return f"all_reduce[{key[1]}, group {key[2]!r}]({render_key(key[3])})"  # type: ignore[arg-type]
 
 
 def describe(content: Content, limit: int = 3) -> str:
@@ -448,10 +456,11 @@ def describe(content: Content, limit: int = 3) -> str:
     if content is None:
         return "nothing"
     if isinstance(content, tuple):
-        return "(" + ", ".join(describe(c, limit) for c in content[:limit]) + (", ...)" if len(content) > limit else ")")
+        tail = ", ...)" if len(content) > limit else ")"
+        return "(" + ", ".join(describe(c, limit) for c in content[:limit]) + tail
     parts: list[str] = []
     for key, _, _ in content.runs:
-        text = _render(key)
+        text = render_key(key)
         if text not in parts:
             parts.append(text)
     more = f" + {len(parts) - limit} more" if len(parts) > limit else ""

@@ -33,24 +33,22 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import torch
 from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
 from overlapcfg.graph.collectives import data_inputs, group_name, node_direction, positions, started_by
-from overlapcfg.graph.provenance import Content, Run, Value, call_of, describe, interpret, leaf_name
+from overlapcfg.graph.provenance import Content, Run, Value, call_of, describe, interpret, leaf_name, opaque, render_key
 
 __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "verify"]
 
-_c10d = torch.ops._c10d_functional
 _KINDS = {
-    _c10d.all_gather_into_tensor.default: "all_gather",
-    _c10d.all_gather_into_tensor_out.default: "all_gather",
-    _c10d.all_gather_into_tensor_coalesced.default: "all_gather",
-    _c10d.reduce_scatter_tensor.default: "reduce_scatter",
-    _c10d.reduce_scatter_tensor_coalesced.default: "reduce_scatter",
-    _c10d.all_reduce.default: "all_reduce",
+    compat.ALL_GATHER_INTO_TENSOR: "all_gather",
+    compat.ALL_GATHER_INTO_TENSOR_OUT: "all_gather",
+    compat.ALL_GATHER_INTO_TENSOR_COALESCED: "all_gather",
+    compat.REDUCE_SCATTER_TENSOR: "reduce_scatter",
+    compat.REDUCE_SCATTER_TENSOR_COALESCED: "reduce_scatter",
+    compat.ALL_REDUCE: "all_reduce",
 }
 
 
@@ -96,7 +94,7 @@ def _freeze(value: object) -> object:
 
 def _leaves(obj: object, path: str, contents: dict[fx.Node, Content]) -> Iterator[tuple[str, object]]:
     if isinstance(obj, fx.Node):
-        yield path, contents[obj]
+        yield path, contents[obj] if obj in contents else opaque(obj)
     elif isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):
             yield from _leaves(item, f"{path}[{i}]", contents)
@@ -108,8 +106,7 @@ def _leaves(obj: object, path: str, contents: dict[fx.Node, Content]) -> Iterato
 
 
 def _target_name(target: object) -> str:
-    return getattr(target, "__name__", None) if not isinstance(target, torch._ops.OpOverload) \
-        else str(target) or str(target)  # type: ignore[return-value]
+    return str(target) if compat.is_op_overload(target) else compat.op_name(target)
 
 
 def _canonical(values: Iterable[object]) -> tuple[Run, ...]:
@@ -179,8 +176,8 @@ def summarize(gm: fx.GraphModule, *, direction: str | None = None) -> GraphSumma
 
 def _collective_starts(graph: fx.Graph) -> Iterable[fx.Node]:
     for node in graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
-                and node.target.namespace == "_c10d_functional" and not compat.is_wait_tensor(node):
+        if node.op == "call_function" and compat.is_functional_collective(node.target) \
+                and not compat.is_wait_tensor(node):
             yield node
 
 
@@ -235,24 +232,57 @@ def _attrs_text(kind: str, attrs: tuple[object, ...]) -> str:
     return f"group {attrs[0]!r}, op {attrs[1]}, {str(attrs[2]).removeprefix('torch.')}"
 
 
+def _coverage(spans: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``(start, nbytes, times covered)`` segments of a list of possibly overlapping ``(start, nbytes)`` spans."""
+    events: dict[int, int] = {}
+    for start, n in spans:
+        events[start] = events.get(start, 0) + 1
+        events[start + n] = events.get(start + n, 0) - 1
+    out: list[tuple[int, int, int]] = []
+    depth, prev = 0, 0
+    for pos in sorted(events):
+        if depth and pos > prev:
+            if out and out[-1][2] == depth and out[-1][0] + out[-1][1] == prev:
+                out[-1] = (out[-1][0], out[-1][1] + pos - prev, depth)
+            else:
+                out.append((prev, pos - prev, depth))
+        depth += events[pos]
+        prev = pos
+    return out
+
+
 def _by_leaf(collectives: Iterable[CollectiveData]) -> dict[tuple[str, str], tuple[Counter[object], list[str],
                                                                                  dict[str, None]]]:
-    """(kind, source node) -> (data counter, collective starts that send it, directions)."""
+    """(kind, source node) -> (how often each byte range is sent, by which collective starts, directions).
+
+    Counting covered bytes rather than spans makes a merged bucket (one span per rank row) equal to the
+    collectives it replaced, and a duplicated one (every byte sent twice) differ from them."""
+    spans: dict[tuple[str, str], dict[tuple[object, object], list[tuple[int, int]]]] = {}
     out: dict[tuple[str, str], tuple[Counter[object], list[str], dict[str, None]]] = {}
     for c in collectives:
         for key, start, n in c.data:
-            counter, starts, where = out.setdefault((c.kind, leaf_name(key)), (Counter(), [], {}))
-            counter[(c.attrs, key, start, n)] += 1
+            leaf = (c.kind, leaf_name(key))
+            spans.setdefault(leaf, {}).setdefault((c.attrs, key), []).append((start, n))
+            _, starts, where = out.setdefault(leaf, (Counter(), [], {}))
             if c.start not in starts:
                 starts.append(c.start)
             where.setdefault(c.direction)
+    for leaf, by_key in spans.items():
+        counter = out[leaf][0]
+        for (attrs, key), key_spans in by_key.items():
+            for start, n, times in _coverage(key_spans):
+                counter[(attrs, key, start, n)] += times
     return out
+
+
+def _attrs_list(kind: str, counter: Counter[object]) -> str:
+    return "; ".join(_attrs_text(kind, a) for a in dict.fromkeys(a for a, *_ in counter))  # type: ignore[misc]
 
 
 def _compare_collectives(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
     old, new = _by_leaf(before.collectives), _by_leaf(after.collectives)
     for kind, leaf in [*old, *(k for k in new if k not in old)]:
-        was, was_starts, where = old.get((kind, leaf), (Counter(), [], {}))
+        was, _, where = old.get((kind, leaf), (Counter(), [], {}))
         now, now_starts, now_where = new.get((kind, leaf), (Counter(), [], {}))
         if was == now:
             continue
@@ -263,15 +293,25 @@ def _compare_collectives(before: GraphSummary, after: GraphSummary, problems: li
             problems.append(f"{noun} {leaf} is no longer {verb} in {places}")
         elif not was:
             problems.append(f"{noun} {leaf} is now {verb} in {places} but was not before (by {by})")
-        elif {a for a, *_ in was} != {a for a, *_ in now}:
-            problems.append(f"{noun} {leaf}: {verb} in {'; '.join(_attrs_text(kind, a) for a in dict.fromkeys(a for a, *_ in now))} "
-                            f"by {by}, was {'; '.join(_attrs_text(kind, a) for a in dict.fromkeys(a for a, *_ in was))}")
-        elif sum(was.values()) != sum(now.values()) and set(was) == set(now):
+        elif {a for a, *_ in was} != {a for a, *_ in now}:  # type: ignore[misc]
+            problems.append(f"{noun} {leaf}: {verb} in {_attrs_list(kind, now)} by {by}, "
+                            f"was {_attrs_list(kind, was)}")
+        elif _keys_text(was) == _keys_text(now) and max(was.values()) != max(now.values()):
             problems.append(f"{noun} {leaf} is {verb} {max(now.values())} times in {places} (by {by}), "
                             f"was {max(was.values())}")
         else:
-            problems.append(f"{noun} {leaf}: {verb} bytes differ in {places} (by {by}): "
-                            f"{sorted((s, n) for _, _, s, n in now.elements())} vs {sorted((s, n) for _, _, s, n in was.elements())} before")
+            keys, keys_was = _keys_text(now), _keys_text(was)
+            what = f"as {keys}, was {keys_was}" if keys != keys_was else \
+                f"(offset, bytes, times) {_spans(now)}, was {_spans(was)}"
+            problems.append(f"{noun} {leaf}: other data is {verb} in {places} (by {by}): {what}")
+
+
+def _keys_text(counter: Counter[object]) -> str:
+    return " + ".join(dict.fromkeys(render_key(k) for _, k, _, _ in counter))  # type: ignore[misc]
+
+
+def _spans(counter: Counter[object]) -> list[tuple[int, int, int]]:
+    return sorted((s, n, times) for (_, _, s, n), times in counter.items())  # type: ignore[misc]
 
 
 def _is_scattered(content: object) -> bool:
@@ -281,7 +321,7 @@ def _is_scattered(content: object) -> bool:
 def _compare_outputs(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
     if len(before.outputs) != len(after.outputs):
         problems.append(f"the graph has {len(after.outputs)} outputs, had {len(before.outputs)}")
-    for (label, was), (_, now) in zip(before.outputs, after.outputs):
+    for (label, was), (_, now) in zip(before.outputs, after.outputs, strict=False):
         if was == now:
             continue
         if _is_scattered(was):

@@ -1,15 +1,9 @@
 """Plan resolution (torch-free): a ``BucketPlan`` of patterns, matched against one model's module FQNs, becomes
 concrete buckets with effective depths. Below it: ``overlapcfg.config``; above it: the graph layer."""
 
-from overlapcfg.resolve.plan import (
-    DEPTH_FIELDS,
-    DepthSource,
-    ResolvedBucket,
-    ResolvedPlan,
-    bucket_name,
-    entry_text,
-    resolve_plan,
-)
+from overlapcfg.resolve.names import bucket_name
+from overlapcfg.resolve.plan import entry_text, resolve_plan
+from overlapcfg.resolve.records import DEPTH_FIELDS, DepthSource, ResolvedBucket, ResolvedPlan
 
 __all__ = ["DEPTH_FIELDS", "DepthSource", "ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text",
            "resolve_plan"]

@@ -396,3 +396,23 @@ pre_bucket_reduce_scatter = _torch.ops.bucketing._pre_bucket_reduce_scatter.defa
 bucket_dtype_table: tuple[_torch.dtype, ...] = tuple(_bucketing._ALL_DTYPES)
 
 __all__ += ["bucket_dtype_table", "pre_bucket_all_gather", "pre_bucket_reduce_scatter"]
+
+# --- functional collectives (the ops our graphs hold, and the demo's SimpleFSDP sharding) ------------------------
+import torch.distributed._functional_collectives as functional_collectives  # noqa: E402
+
+_c10d_functional = _torch.ops._c10d_functional
+WAIT_TENSOR = _c10d_functional.wait_tensor.default
+ALL_GATHER_INTO_TENSOR = _c10d_functional.all_gather_into_tensor.default
+REDUCE_SCATTER_TENSOR = _c10d_functional.reduce_scatter_tensor.default
+ALL_REDUCE = _c10d_functional.all_reduce.default
+
+__all__ += ["ALL_GATHER_INTO_TENSOR", "ALL_REDUCE", "REDUCE_SCATTER_TENSOR", "WAIT_TENSOR", "functional_collectives"]
+
+# --- verify: the other collective overloads the verifier interprets (overlapcfg.graph.provenance) ---------------
+# ``_c10d_functional`` ops that merged buckets use besides the plain ones above: the ``out=`` all-gather of torch's
+# bucket modes and the coalesced forms of ``bucket_mode="coalesced"``.
+ALL_GATHER_INTO_TENSOR_OUT = _torch.ops._c10d_functional.all_gather_into_tensor_out.default
+ALL_GATHER_INTO_TENSOR_COALESCED = _torch.ops._c10d_functional.all_gather_into_tensor_coalesced.default
+REDUCE_SCATTER_TENSOR_COALESCED = _torch.ops._c10d_functional.reduce_scatter_tensor_coalesced.default
+
+__all__ += ["ALL_GATHER_INTO_TENSOR_COALESCED", "ALL_GATHER_INTO_TENSOR_OUT", "REDUCE_SCATTER_TENSOR_COALESCED"]

@@ -1,0 +1,87 @@
+"""Matching a plan's patterns against one model, collecting faults (with bounded "did you mean" work).
+
+Every lookup goes through one ``ModuleIndex`` (FQNs split and indexed once), so resolving a plan costs about
+the number of FQNs each pattern can reach, not patterns x modules. Suggestions for an unmatched pattern are
+the expensive part (string similarity against the model), so they are computed for the first
+``SUGGESTED_PATTERNS`` unmatched patterns only; the rest are still reported, one fault each, without hints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from overlapcfg.config.patterns import ModuleIndex, Pattern, compile_pattern, split_fqn, suggest_fixes
+from overlapcfg.errors import Fault, OverlapConfigError
+
+__all__ = ["SUGGESTED_PATTERNS", "Matcher", "ancestors", "outermost", "show"]
+
+SUGGESTED_PATTERNS = 20
+"""Unmatched patterns that get "did you mean" hints; a plan with more is wrong wholesale, not by a typo."""
+
+
+@dataclass(slots=True)
+class Matcher:
+    """The model's indexed FQNs plus the fault list every lookup appends to (so all faults surface at once)."""
+
+    index: ModuleIndex
+    faults: list[Fault]
+    unmatched: int = 0
+    _cache: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def fqns(self) -> tuple[str, ...]:
+        return self.index.fqns
+
+    def match(self, text: str, path: str, entry: str) -> list[str]:
+        """Matches of one pattern, in model order; a bad or unmatched pattern records a fault."""
+        try:
+            pattern = compile_pattern(text, path=path)
+        except OverlapConfigError as err:
+            self.faults += err.faults
+            return []
+        if text not in self._cache:
+            self._cache[text] = self.index.match(pattern)
+        hits = self._cache[text]
+        if not hits:
+            where = "" if entry == text else f" (in entry {entry})"
+            self.unmatched += 1
+            self.faults.append(Fault(path, f"pattern {text!r}{where} matches no module{self._suggest(pattern)}"))
+        return list(hits)
+
+    def match_all(self, patterns: Sequence[str], path: str, entry: str) -> list[str]:
+        """The union of the patterns' matches in model order, nested ones collapsed."""
+        hits: dict[str, None] = {}
+        for j, pattern in enumerate(patterns):
+            hits.update(dict.fromkeys(self.match(pattern, f"{path}[{j}]", entry)))
+        position = self.index.position
+        return outermost(sorted(hits, key=position.__getitem__))
+
+    def _suggest(self, pattern: Pattern) -> str:
+        if self.unmatched > SUGGESTED_PATTERNS:
+            return f" (no suggestions past the first {SUGGESTED_PATTERNS} unmatched patterns)"
+        fixes = suggest_fixes(pattern, self.index)
+        near = self.index.closest_modules(pattern)
+        hint = f"; did you mean {show(fixes)}?" if fixes else ""
+        if near:
+            return hint + f" (closest modules: {show(near)})"
+        top = list(self.index.top_level[:6])
+        return hint + (f" (top-level modules: {show(top)})" if top else " (the model has no named modules)")
+
+
+def outermost(matches: list[str]) -> list[str]:
+    """Drop matches nested inside another match (the outer module's bucket already holds them)."""
+    present = set(matches)  # membership only; order comes from ``matches``
+    return [m for m in matches if not any(a in present for a in ancestors(m))]
+
+
+def ancestors(fqn: str) -> list[str]:
+    """Proper ancestors, outermost first: ``a.b.c`` -> ``["", "a", "a.b"]``; the root has none."""
+    parts = split_fqn(fqn)
+    return [".".join(parts[:i]) for i in range(len(parts))]
+
+
+def show(items: Sequence[str], limit: int = 6) -> str:
+    """Quoted FQNs for messages (at most ``limit``, then a count); the root module reads ``<root>``."""
+    shown = ", ".join(repr(x) if x else "<root>" for x in items[:limit])
+    return shown + (f" ... ({len(items)} in all)" if len(items) > limit else "")

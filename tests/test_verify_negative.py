@@ -1,0 +1,442 @@
+"""Negative controls for ``overlapcfg.graph.verify``: hand-made breakages of correctly bucketed graphs are each
+rejected with a message naming the node, parameter or gradient at fault, and every valid bucket mode is accepted.
+
+Each breakage starts from a fresh copy of a graph the pass produced (and verified) and changes one thing a buggy
+bucketer or scheduler could: a group name, a group size, a reduce op, a dtype, which parameter fills a slot of a
+merged buffer, which slice a consumer reads, a wait, a duplicated or dropped collective. The traces are the
+session's (``conftest.traced_step``); each good graph is built once per module and deep-copied per breakage.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from conftest import apply_to
+from torch import fx
+
+from overlapcfg import compat
+from overlapcfg.demo.tracing import TracedStep
+from overlapcfg.errors import OverlapVerificationError
+from overlapcfg.graph.verify import summarize, verify
+
+_aten = torch.ops.aten
+MERGED = {"plan": "llama_layers"}
+PARTIAL = {"plan": {"buckets": ["layers.*"]}}
+"""tok_embeddings, norm and output stay outside the plan: their collectives stay plain (unmerged)."""
+COALESCED = {"plan": "llama_layers", "policy": {"bucket_mode": "coalesced"}}
+_CONFIGS = {"merged": MERGED, "partial": PARTIAL, "coalesced": COALESCED}
+
+_COALESCED_BACKWARD_PASS_BUG = pytest.mark.xfail(
+    raises=RuntimeError, strict=False,
+    reason="apply itself fails on coalesced backward graphs: collectives.find_collectives requires a tensor "
+           "meta['val'] on reduce_scatter_tensor_coalesced, whose value is a list (not the verifier)")
+
+Breaker = Callable[[fx.GraphModule], list[str]]
+"""Breaks a graph in place; returns regexes that must each match the verification message."""
+
+
+# --- finding things in a bucketed graph --------------------------------------------------------------------
+
+def _calls(gm: fx.GraphModule, target: object) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
+
+
+def _wait(start: fx.Node) -> fx.Node:
+    (wait,) = [u for u in start.users if u.target is compat.WAIT_TENSOR]
+    return wait
+
+
+def _merged_all_gather(gm: fx.GraphModule) -> tuple[fx.Node, fx.Node, list[fx.Node]]:
+    """A merged all-gather of a transformer layer: (start, wait, parameters in its copy-in, buffer order)."""
+    for start in _calls(gm, compat.ALL_GATHER_INTO_TENSOR_OUT):
+        copy_in = start.kwargs["out"]
+        if copy_in.target is compat.pre_bucket_all_gather and len(copy_in.args[0]) > 2:
+            return start, _wait(start), list(copy_in.args[0])
+    raise AssertionError("no merged all-gather of a layer")
+
+
+def _merged_reduce_scatter(gm: fx.GraphModule) -> tuple[fx.Node, fx.Node, list[fx.Node]]:
+    """A merged reduce-scatter of a transformer layer: (start, wait, gradients in its copy-in)."""
+    for start in _calls(gm, compat.REDUCE_SCATTER_TENSOR):
+        copy_in = start.args[0]
+        if copy_in.target is compat.pre_bucket_reduce_scatter and len(copy_in.args[0]) > 2:
+            return start, _wait(start), list(copy_in.args[0])
+    raise AssertionError("no merged reduce-scatter of a layer")
+
+
+def _plain(gm: fx.GraphModule, target: object) -> fx.Node:
+    """The first unmerged collective (its input is no bucket copy-in)."""
+    for start in _calls(gm, target):
+        source = start.args[0]
+        if source.target not in (compat.pre_bucket_reduce_scatter, _aten.slice.Tensor):
+            return start
+    raise AssertionError(f"no plain {target}")
+
+
+def _same_shape_pair(nodes: list[fx.Node], target: object = None) -> tuple[fx.Node, fx.Node]:
+    for i, a in enumerate(nodes):
+        for b in nodes[i + 1:]:
+            if a.meta["val"].shape == b.meta["val"].shape and (target is None or a.target is b.target is target):
+                return a, b
+    raise AssertionError("no two same-shaped nodes")
+
+
+def _insert_after(node: fx.Node, target: object, args: tuple[object, ...], like: fx.Node) -> fx.Node:
+    with node.graph.inserting_after(node):
+        new = node.graph.call_function(target, args)
+    new.meta["val"] = like.meta["val"]
+    return new
+
+
+def _set_arg(node: fx.Node, i: int, value: object) -> None:
+    args = list(node.args)
+    args[i] = value
+    node.args = tuple(args)
+
+
+def _copy_collective(start: fx.Node) -> tuple[fx.Node, fx.Node]:
+    """A second start + wait doing exactly what ``start`` does, inserted after its wait, read by nobody."""
+    wait = _wait(start)
+    graph = start.graph
+    with graph.inserting_after(wait):
+        dup = graph.node_copy(start)
+    with graph.inserting_after(dup):
+        dup_wait = graph.node_copy(wait, lambda n: dup if n is start else n)
+    return dup, dup_wait
+
+
+# --- the breakages -------------------------------------------------------------------------------------------
+
+def plain_all_gather_group_renamed(gm: fx.GraphModule) -> list[str]:
+    start = _plain(gm, compat.ALL_GATHER_INTO_TENSOR)
+    _set_arg(start, 2, "1")
+    param = start.args[0].name
+    return [rf"parameter {param}: all-gathered in group '1' of 2 by {start.name}, was group '0' of 2"]
+
+
+def plain_reduce_scatter_group_renamed(gm: fx.GraphModule) -> list[str]:
+    start = _plain(gm, compat.REDUCE_SCATTER_TENSOR)
+    _set_arg(start, 3, "1")
+    return [rf"gradient \S+: reduce-scattered in group '1' of 2, op sum, float32 by {start.name}, "
+            rf"was group '0' of 2, op sum, float32"]
+
+
+def merged_all_gather_group_renamed(gm: fx.GraphModule) -> list[str]:
+    start, _, params = _merged_all_gather(gm)
+    _set_arg(start, 2, "1")
+    return [rf"parameter {p.name}: all-gathered in group '1' of 2 by {start.name}, was group '0' of 2"
+            for p in params]
+
+
+def merged_reduce_scatter_group_renamed(gm: fx.GraphModule) -> list[str]:
+    start, _, grads = _merged_reduce_scatter(gm)
+    _set_arg(start, 3, "1")
+    return [rf"gradient {g.name}: reduce-scattered in group '1' of 2, op sum, float32 by {start.name}"
+            for g in grads if g.target is _aten.t.default]
+
+
+def all_gather_group_size_4(gm: fx.GraphModule) -> list[str]:
+    start, _, params = _merged_all_gather(gm)
+    _set_arg(start, 1, 4)
+    return [rf"parameter {params[0].name}: all-gathered in group '0' of 4 by {start.name}, was group '0' of 2"]
+
+
+def reduce_scatter_group_size_4(gm: fx.GraphModule) -> list[str]:
+    start, _, grads = _merged_reduce_scatter(gm)
+    _set_arg(start, 2, 4)
+    g = next(g for g in grads if g.target is _aten.t.default)
+    return [rf"gradient {g.name}: reduce-scattered in group '0' of 4, op sum, float32 by {start.name}"]
+
+
+def reduce_op_sum_to_avg(gm: fx.GraphModule) -> list[str]:
+    start, _, grads = _merged_reduce_scatter(gm)
+    _set_arg(start, 1, "avg")
+    g = next(g for g in grads if g.target is _aten.t.default)
+    return [rf"gradient {g.name}: reduce-scattered in group '0' of 2, op avg, float32 by {start.name}, "
+            rf"was group '0' of 2, op sum, float32"]
+
+
+def parameters_swapped_in_copy_in(gm: fx.GraphModule) -> list[str]:
+    start, _, params = _merged_all_gather(gm)
+    a, b = _same_shape_pair(params)
+    copy_in = start.kwargs["out"]
+    copy_in.args = ([b if p is a else a if p is b else p for p in params], *copy_in.args[1:])
+    return [rf"reads float32\[[0-9, ]+\] = all_gather\[group '0', 2 ranks\]\({b.name}\); "
+            rf"before it read float32\[[0-9, ]+\] = all_gather\[group '0', 2 ranks\]\({a.name}\)"]
+
+
+def slices_swapped_after_wait(gm: fx.GraphModule) -> list[str]:
+    _, wait, params = _merged_all_gather(gm)
+    (view,) = wait.users
+    (split,) = view.users
+    a, b = _same_shape_pair(list(split.users))
+    ia, ib = a.args[1], b.args[1]
+    _set_arg(a, 1, ib)
+    _set_arg(b, 1, ia)
+    pa, pb = params[ia].name, params[ib].name
+    return [rf"reads [^;]* = all_gather\[group '0', 2 ranks\]\({pb}\); before it read .* = "
+            rf"all_gather\[group '0', 2 ranks\]\({pa}\)"]
+
+
+def parameter_doubled_before_merged_gather(gm: fx.GraphModule) -> list[str]:
+    start, _, params = _merged_all_gather(gm)
+    p = params[1]
+    doubled = _insert_after(p, _aten.mul.Tensor, (p, 2), like=p)
+    copy_in = start.kwargs["out"]
+    copy_in.args = ([doubled if q is p else q for q in params], *copy_in.args[1:])
+    return [rf"{doubled.name} \(aten.mul.Tensor\) is new", rf"parameter {p.name} is no longer all-gathered in forward",
+            rf"reads [^;]* = all_gather\[group '0', 2 ranks\]\({doubled.name}\)"]
+
+
+def parameter_doubled_before_plain_gather(gm: fx.GraphModule) -> list[str]:
+    start = _plain(gm, compat.ALL_GATHER_INTO_TENSOR)
+    p = start.args[0]
+    doubled = _insert_after(p, _aten.mul.Tensor, (p, 2), like=p)
+    _set_arg(start, 0, doubled)
+    return [rf"{doubled.name} \(aten.mul.Tensor\) is new", rf"parameter {p.name} is no longer all-gathered in forward"]
+
+
+def all_gather_lost(gm: fx.GraphModule) -> list[str]:
+    """The wait reads the local copy-in slot instead of the gathered buffer: no communication at all."""
+    start, wait, params = _merged_all_gather(gm)
+    wait.args = (start.args[0],)
+    gm.graph.erase_node(start)
+    return [rf"parameter {p.name} is no longer all-gathered in forward" for p in params]
+
+
+def extra_all_gather_of_a_parameter(gm: fx.GraphModule) -> list[str]:
+    _, wait, params = _merged_all_gather(gm)
+    p = params[0]
+    extra = _insert_after(wait, compat.ALL_GATHER_INTO_TENSOR, (p, 2, "0"), like=p)
+    _insert_after(extra, compat.WAIT_TENSOR, (extra,), like=p)
+    return [rf"parameter {p.name} is all-gathered 2 times in forward \(by [^)]*{extra.name}"]
+
+
+def wait_removed(gm: fx.GraphModule) -> list[str]:
+    start, wait, _ = _merged_all_gather(gm)
+    wait.replace_all_uses_with(start)
+    gm.graph.erase_node(wait)
+    return [rf"{start.name}: expected exactly one wait_tensor, found 0", rf"{start.name}: read before its wait by"]
+
+
+def wait_moved_before_start(gm: fx.GraphModule) -> list[str]:
+    start, wait, _ = _merged_all_gather(gm)
+    start.prepend(wait)
+    return [rf"{wait.name}: waits on {start.name} before it is issued"]
+
+
+def result_read_before_wait(gm: fx.GraphModule) -> list[str]:
+    start, wait, _ = _merged_all_gather(gm)
+    (reader,) = wait.users
+    reader.replace_input_with(wait, start)
+    return [rf"{start.name}: read before its wait by {reader.name}"]
+
+
+def out_buffer_read_before_wait(gm: fx.GraphModule) -> list[str]:
+    start, _, _ = _merged_all_gather(gm)
+    buffer = start.kwargs["out"]
+    early = _insert_after(start, _aten.clone.default, (buffer,), like=buffer)
+    return [rf"{start.name}: output buffer {buffer.name} read before the wait by {early.name}"]
+
+
+def gradients_swapped_to_outputs(gm: fx.GraphModule) -> list[str]:
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    outs = list(output.args[0])
+    nodes = [(i, v) for i, v in enumerate(outs) if isinstance(v, fx.Node) and "val" in v.meta]
+    (a, va), (b, vb) = next(((x, y) for j, x in enumerate(nodes) for y in nodes[j + 1:]
+                              if x[1].meta["val"].shape == y[1].meta["val"].shape))
+    outs[a], outs[b] = vb, va
+    output.args = (tuple(outs),)
+    return [rf"graph output {a} is now the reduce-scattered gradient of \S+, which it was not",
+            rf"graph output {b} is now the reduce-scattered gradient of \S+, which it was not"]
+
+
+def reduce_scatter_of_the_wrong_node(gm: fx.GraphModule) -> list[str]:
+    start, _, grads = _merged_reduce_scatter(gm)
+    right, wrong = _same_shape_pair(grads, _aten.t.default)
+    copy_in = start.args[0]
+    copy_in.args = ([wrong if g is right else g for g in grads], *copy_in.args[1:])
+    return [rf"gradient {right.name} is no longer reduce-scattered in backward",
+            rf"gradient {wrong.name} is reduce-scattered 2 times in backward",
+            rf"graph output \d+ is now the reduce-scattered gradient of {wrong.name}, which it was not "
+            rf"\(it was {right.name}'s\)"]
+
+
+def gathered_dtype_changed(gm: fx.GraphModule) -> list[str]:
+    start, _, params = _merged_all_gather(gm)
+    copy_in = start.kwargs["out"]
+    ints = list(copy_in.args[3])
+    ints[0] = compat.bucket_dtype_table.index(torch.bfloat16)
+    _set_arg(copy_in, 3, ints)
+    p = params[0].name
+    return [rf"parameter {p}: other data is all-gathered in forward \(by {start.name}\): as bfloat16\({p}\), "
+            rf"was {p}"]
+
+
+def plain_gather_cast_to_bfloat16(gm: fx.GraphModule) -> list[str]:
+    start = _plain(gm, compat.ALL_GATHER_INTO_TENSOR)
+    p = start.args[0]
+    cast = _insert_after(p, torch.ops.prims.convert_element_type.default, (p, torch.bfloat16), like=p)
+    cast.meta["val"] = p.meta["val"].to(torch.bfloat16)
+    _set_arg(start, 0, cast)
+    return [rf"parameter {p.name}: other data is all-gathered in forward \(by {start.name}\): "
+            rf"as bfloat16\({p.name}\), was {p.name}",
+            rf"reads bfloat16\[[0-9, ]+\] = all_gather\[group '0', 2 ranks\]\(bfloat16\({p.name}\)\)"]
+
+
+def reduce_scatter_dropped(gm: fx.GraphModule) -> list[str]:
+    """The wait reads this rank's chunk of the copy-in: nothing is reduced across ranks."""
+    start, wait, grads = _merged_reduce_scatter(gm)
+    copy_in = start.args[0]
+    chunk = _insert_after(copy_in, _aten.slice.Tensor, (copy_in, 0, 0, copy_in.meta["val"].numel() // 2),
+                          like=start)
+    wait.args = (chunk,)
+    gm.graph.erase_node(start)
+    g = next(g for g in grads if g.target is _aten.t.default)
+    return [rf"gradient {g.name} is no longer reduce-scattered in backward",
+            rf"graph output \d+ is no longer the reduce-scattered gradient of {g.name}"]
+
+
+def reduce_scatter_duplicated(gm: fx.GraphModule) -> list[str]:
+    start = _plain(gm, compat.REDUCE_SCATTER_TENSOR)
+    dup, _ = _copy_collective(start)
+    return [rf"gradient \S+ is reduce-scattered 2 times in backward \(by {start.name}, {dup.name}\), was 1"]
+
+
+def merged_reduce_scatter_duplicated(gm: fx.GraphModule) -> list[str]:
+    start, _, grads = _merged_reduce_scatter(gm)
+    dup, _ = _copy_collective(start)
+    return [rf"gradient {g.name} is reduce-scattered 2 times in backward \(by {start.name}, {dup.name}\)"
+            for g in grads if g.target is _aten.t.default]
+
+
+def coalesced_outputs_swapped(gm: fx.GraphModule) -> list[str]:
+    """``bucket_mode: coalesced``: two same-shaped results of a coalesced reduce-scatter handed to each other's
+    outputs (the getitems after the wait swap their index)."""
+    start = next(s for s in _calls(gm, compat.REDUCE_SCATTER_TENSOR_COALESCED) if len(s.args[0]) > 2)
+    items = sorted((u for u in start.users if u.target is operator.getitem), key=lambda n: n.args[1])
+    a, b = _same_shape_pair(items)
+    ia, ib = a.args[1], b.args[1]
+    _set_arg(a, 1, ib)
+    _set_arg(b, 1, ia)
+    return [r"graph output \d+ is now the reduce-scattered gradient of \S+, which it was not"]
+
+
+def consumer_rewired_to_another_slice(gm: fx.GraphModule) -> list[str]:
+    """One consumer (not the whole slot) reads the same-shaped neighbouring parameter's slice."""
+    _, wait, params = _merged_all_gather(gm)
+    (view,) = wait.users
+    (split,) = view.users
+    a, b = _same_shape_pair(list(split.users))
+    end_a, end_b = _copy_out_end(a), _copy_out_end(b)
+    reader = next(iter(end_a.users))
+    reader.replace_input_with(end_a, end_b)
+    pa, pb = params[a.args[1]].name, params[b.args[1]].name
+    return [rf"{reader.name} \(\S+\) args\[\d\]: reads [^;]* = all_gather\[group '0', 2 ranks\]\({pb}\); "
+            rf"before it read .* = all_gather\[group '0', 2 ranks\]\({pa}\)"]
+
+
+def _copy_out_end(node: fx.Node) -> fx.Node:
+    """Follow a split slice through the copy-out views to the node compute reads."""
+    while len(node.users) == 1 and next(iter(node.users)).target in _COPY_OUT:
+        node = next(iter(node.users))
+    return node
+
+
+_COPY_OUT = (_aten.view.dtype, _aten.clone.default, _aten._unsafe_view.default, _aten.view.default)
+
+
+BREAKAGES: list[Any] = [
+    ("forward", "partial", plain_all_gather_group_renamed),
+    ("backward", "partial", plain_reduce_scatter_group_renamed),
+    ("forward", "merged", merged_all_gather_group_renamed),
+    ("backward", "merged", merged_reduce_scatter_group_renamed),
+    ("forward", "merged", all_gather_group_size_4),
+    ("backward", "merged", reduce_scatter_group_size_4),
+    ("backward", "merged", reduce_op_sum_to_avg),
+    ("forward", "merged", parameters_swapped_in_copy_in),
+    ("backward", "merged", parameters_swapped_in_copy_in),
+    ("forward", "merged", slices_swapped_after_wait),
+    ("forward", "merged", consumer_rewired_to_another_slice),
+    ("forward", "merged", parameter_doubled_before_merged_gather),
+    ("forward", "partial", parameter_doubled_before_plain_gather),
+    ("forward", "merged", all_gather_lost),
+    ("forward", "merged", extra_all_gather_of_a_parameter),
+    ("forward", "merged", wait_removed),
+    ("backward", "merged", wait_moved_before_start),
+    ("forward", "merged", result_read_before_wait),
+    ("forward", "merged", out_buffer_read_before_wait),
+    ("backward", "merged", gradients_swapped_to_outputs),
+    ("backward", "merged", reduce_scatter_of_the_wrong_node),
+    ("forward", "merged", gathered_dtype_changed),
+    ("forward", "partial", plain_gather_cast_to_bfloat16),
+    ("backward", "merged", reduce_scatter_dropped),
+    ("backward", "partial", reduce_scatter_duplicated),
+    ("backward", "merged", merged_reduce_scatter_duplicated),
+    pytest.param("backward", "coalesced", coalesced_outputs_swapped, marks=_COALESCED_BACKWARD_PASS_BUG),
+]
+
+
+@pytest.fixture(scope="module")
+def good(traced_2l_reshard: TracedStep) -> Callable[[str, str], fx.GraphModule]:
+    """``good(graph, config)``: a fresh deep copy of the pass's (verified) output on the 2-layer reshard trace."""
+    built: dict[tuple[str, str], fx.GraphModule] = {}
+
+    def fresh(graph: str, config: str) -> fx.GraphModule:
+        if (graph, config) not in built:
+            built[(graph, config)] = apply_to(traced_2l_reshard, graph, _CONFIGS[config])  # type: ignore[arg-type]
+        return copy.deepcopy(built[(graph, config)])
+
+    return fresh
+
+
+@pytest.mark.parametrize(("graph", "config", "breaker"), BREAKAGES,
+                         ids=[f"{b.__name__}-{g}" for g, _, b in (getattr(p, "values", p) for p in BREAKAGES)])
+def test_breakage_is_rejected_naming_the_culprit(traced_2l_reshard: TracedStep, good: Any, graph: str,
+                                                 config: str, breaker: Breaker) -> None:
+    gm = good(graph, config)
+    expected = breaker(gm)
+    assert expected, f"{breaker.__name__} names nothing to expect"
+    with pytest.raises(OverlapVerificationError) as info:
+        verify(traced_2l_reshard.graph(graph), gm, direction=graph)  # type: ignore[arg-type]
+    problems = "\n".join(info.value.problems)
+    for pattern in expected:
+        assert re.search(pattern, problems), f"{pattern!r} not in:\n{problems}"
+
+
+# --- valid graphs are never rejected --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["default", "custom_ops", "custom_ops_multidtype", "coalesced"])
+@pytest.mark.parametrize("reshard", [False, True], ids=["keep", "reshard"])
+@pytest.mark.parametrize("graph", ["forward", "backward"])
+def test_every_bucket_mode_verifies(request: pytest.FixtureRequest, traced_2l: TracedStep,
+                                    traced_2l_reshard: TracedStep, mode: str, reshard: bool, graph: str) -> None:
+    if (mode, graph) == ("coalesced", "backward"):
+        request.applymarker(_COALESCED_BACKWARD_PASS_BUG)
+    step = traced_2l_reshard if reshard else traced_2l
+    before = summarize(step.graph(graph), direction=graph)  # type: ignore[arg-type]
+    for strategy in ("manual", "torch_manual"):
+        gm = apply_to(step, graph, {"strategy": strategy, "plan": "llama_layers",  # type: ignore[arg-type]
+                                    "policy": {"bucket_mode": mode}, "verify": False})
+        assert verify(before, gm, direction=graph) is None
+
+
+def test_control_deps_wrapped_waits_verify(traced_2l_reshard: TracedStep) -> None:
+    for graph in ("forward", "backward"):
+        gm = apply_to(traced_2l_reshard, graph, {"plan": "llama_layers",  # type: ignore[arg-type]
+                                                 "policy": {"insert_overlap_deps": True}, "verify": False})
+        assert any(n.target is not compat.unwrap_control_deps(n)[0] for n in gm.graph.nodes)
+        assert verify(traced_2l_reshard.graph(graph), gm, direction=graph) is None  # type: ignore[arg-type]
+
+
+def test_a_graph_verifies_against_itself_and_its_summary(traced_2l_reshard: TracedStep) -> None:
+    for graph in ("forward", "backward"):
+        gm = traced_2l_reshard.graph(graph)  # type: ignore[arg-type]
+        assert verify(gm, gm, direction=graph) is None
+        assert verify(summarize(gm, direction=graph), gm, direction=graph) is None
