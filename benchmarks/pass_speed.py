@@ -33,8 +33,8 @@ from rich.table import Table
 
 from overlapcfg import compat
 from overlapcfg.demo import LlamaConfig
-from overlapcfg.passes import apply
 from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
+from overlapcfg.passes import apply
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS: tuple[GraphName, ...] = ("forward", "backward")
@@ -62,8 +62,8 @@ def _upstream(step: TracedStep, graph: GraphName) -> Any:
     """The bare upstream call on a copy, with the plan resolved beforehand (returns a zero-argument callable)."""
     from torch import nn
 
-    from overlapcfg.resolve import resolve_plan
     from overlapcfg.config import load_config
+    from overlapcfg.resolve import resolve_plan
 
     cfg = load_config(CONFIGS["ours"])
     owners = list(dict.fromkeys(c.module_fqn for c in step.collectives_in(graph)))

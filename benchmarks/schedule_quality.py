@@ -24,10 +24,11 @@ from rich.console import Console
 from rich.table import Table
 
 from overlapcfg.demo import LLAMA3_8B
+from overlapcfg.demo.tracing import trace_train_step
 from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
-from overlapcfg.report.render import fmt_bytes, fmt_seconds
-from overlapcfg.demo.tracing import trace_train_step
+from overlapcfg.report.labels import fmt_bytes, fmt_seconds
+from overlapcfg.report.timeline import write_timeline
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HARDWARE = ("h100_nvlink", "a100_ib")
@@ -95,7 +96,7 @@ def main() -> None:
             table.add_section()
             if args.timeline and hw == "h100_nvlink" and ws == 64:
                 RESULTS.mkdir(parents=True, exist_ok=True)
-                paths = comparison.write_timeline(RESULTS, stem="schedule_quality_timeline")
+                paths = write_timeline(comparison, RESULTS, stem="schedule_quality_timeline")
                 console.print(f"timeline: {', '.join(map(str, paths))}")
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -96,7 +96,8 @@ def test_compare_mode_writes_table_json_and_timeline(tmp_path):
 def test_help_lists_the_config_groups(tmp_path):
     out = run_cli(tmp_path, "--help")
     assert out.returncode == 0, out.stderr
-    assert "overlap/plan: llama_layers, none, per_block_split" in out.stdout
+    assert "overlap/plan: hf_decoder_layers, llama_layers, none, per_block_split, single_bucket, torchtitan_layers" \
+        in out.stdout
     assert "overlap/policy: aggressive, auto, default, memory_saving" in out.stdout
 
 

@@ -86,8 +86,8 @@ def test_verify_and_record_see_through_the_control_deps_of_insert_overlap_deps()
     counts = {}
     with compat.fake_process_group(2, 0):
         for name in ("forward", "backward"):
-            gm = apply(copy.deepcopy(step.graph(name)), load_config(INDUCTOR_CFG), module_fqn_fn=step.module_fqn_fn(name),
-                       module_fqns=step.module_fqns, graph_kind=name)
+            gm = apply(copy.deepcopy(step.graph(name)), load_config(INDUCTOR_CFG),
+                       module_fqn_fn=step.module_fqn_fn(name), module_fqns=step.module_fqns, graph_kind=name)
             wrapped = [n for n in gm.graph.nodes if "control_deps" in str(n.target)]
             assert wrapped, "insert_overlap_deps=True should have wrapped the waits"
             counts[name] = gm.meta["overlapcfg"].after.fsdp

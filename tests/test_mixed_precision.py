@@ -202,8 +202,8 @@ def test_memory_cap_counts_bf16_bytes_and_binds_where_the_checker_says(reshard: 
     assert max(inflight_bytes(gm, merged, graph, sizes).values()) <= cap
     records = {s.bucket: s for s in gm.meta["overlapcfg"].decisions if s.kind == "all_gather"}
     assert [records[b].effective for b in order] == want
-    bucket_bytes = {b.name: dict(((d, k), n) for d, k, n in b.unsharded_bytes) for b in gm.meta["overlapcfg"].buckets}
-    assert all(bucket_bytes[b][(graph, "all_gather")] == sizes[b] for b in order)
+    buckets = {b.name: b for b in gm.meta["overlapcfg"].buckets}
+    assert all(buckets[b].changes(graph, "all_gather").unsharded_bytes == sizes[b] for b in order)
 
 
 # --- (c) equality with upstream at depth 1 -----------------------------------------------------------------------

@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config import OverlapConfig, contracts, load_config
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.config import contracts
 from overlapcfg.strategies import registry
 from overlapcfg.strategies.registry import ENTRY_POINT_GROUP, available_strategies, get_strategy, register_strategy
 

@@ -13,6 +13,7 @@ from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.graph.record import BucketRecord, CollectiveChange
 from overlapcfg.report import SCHEMA, Report, explain
 from overlapcfg.report.explain import _warnings
+from overlapcfg.report.render import report_table
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +138,7 @@ def test_a_bare_graph_is_predicted_at_its_traced_group_size(report):
 
 def test_table_renders_buckets_order_and_prediction(report):
     console = Console(width=220, record=True)
-    console.print(report.table())
+    console.print(report_table(report))
     text = console.export_text()
     for needle in ("layers.0", "[2] [norm, output]", "fw AG 9→1", "forward order: AG[tok_embeddings]",
                    "Prediction: h100_nvlink", "lower bound"):

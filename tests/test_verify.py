@@ -13,9 +13,9 @@ import torch
 from conftest import ApplyFn, traced_step
 from torch import fx
 
+from overlapcfg import load_config
 from overlapcfg.compat import fake_process_group
 from overlapcfg.demo.tracing import TracedStep
-from overlapcfg import load_config
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
 from overlapcfg.passes import apply

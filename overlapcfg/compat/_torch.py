@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 from collections.abc import Iterator
 
 import torch.distributed as dist
@@ -76,6 +77,9 @@ def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.Proc
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     if dist.is_initialized():
         raise RuntimeError("fake_process_group: a default process group is already initialized; destroy it first")
+    # init_process_group installs a ``[rankN]:``-prefixing sys.excepthook that destroy_process_group keeps:
+    # every later uncaught exception in the caller's process would carry it. Restore what was there.
+    excepthook = sys.excepthook
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         group = dist.group.WORLD
@@ -84,6 +88,7 @@ def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.Proc
         yield group
     finally:
         dist.destroy_process_group()
+        sys.excepthook = excepthook
 
 
 # --- inductor: collective recognition, bucketing and the upstream schedulers ------------------------------------

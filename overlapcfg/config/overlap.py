@@ -100,6 +100,8 @@ class OverlapConfig(ConfigModel):
             return value
         if isinstance(value, PolicyBase):
             value = value.model_dump(exclude_unset=True)
+        if isinstance(value, str):
+            value = _policy_preset(value, strategy)
         return model.model_validate(value)
 
     @model_validator(mode="after")
@@ -117,3 +119,28 @@ class OverlapConfig(ConfigModel):
     def to_yaml(self) -> str:
         """YAML that ``load_config`` reads back to an equal config."""
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _policy_preset(name: str, strategy: str) -> dict[str, Any]:
+    """A policy written as a name is a shipped preset (``overlap/policy/<name>.yaml``), like a plan.
+
+    A preset that also selects a strategy (``auto`` is written at the overlap node: ``strategy`` + ``policy``)
+    must agree with the config's strategy: picking a policy by name never switches the strategy silently.
+    """
+    try:
+        data = load_preset("policy", name)
+    except KeyError:
+        names = preset_names("policy")
+        raise PydanticCustomError(
+            "unknown_preset", "unknown policy preset {name}; available (closest first): {names}{hint}",
+            {"name": repr(name), "names": ", ".join(closest_first(name, names)), "hint": did_you_mean(name, names)},
+        ) from None
+    if "policy" in data and isinstance(data["policy"], dict):
+        wanted = data.get("strategy", strategy)
+        if wanted != strategy:
+            raise PydanticCustomError(
+                "preset_strategy", "policy preset {name} is for strategy {wanted}, but the strategy is {strategy}; "
+                "set strategy: {wanted} as well", {"name": repr(name), "wanted": repr(wanted),
+                                                   "strategy": repr(strategy)})
+        return dict(data["policy"])
+    return data

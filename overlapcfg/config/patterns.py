@@ -31,8 +31,8 @@ visits the FQNs starting with it: a plan of 10k literal FQNs on a 10k-module mod
 
 from __future__ import annotations
 
-import difflib
 import bisect
+import difflib
 import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
+from pydantic import AfterValidator, BeforeValidator, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
 from overlapcfg.config.base import ConfigModel, Depth
@@ -35,6 +35,19 @@ PatternText = Annotated[str, AfterValidator(check_pattern)]
 """A module-FQN pattern (see ``overlapcfg.config.patterns``), syntax-checked on load."""
 
 
+def _check_reshard(value: Any) -> bool | int | None:
+    # FSDP2's own type: a bool, or an int number of ranks. 0 is not false here, and "true" is not true.
+    if value is None or isinstance(value, bool) or (isinstance(value, int) and value >= 1):
+        return value
+    raise PydanticCustomError("reshard_after_forward",
+                              "expected true, false or an integer >= 1 (ranks to reshard to), got {got}",
+                              {"got": repr(value)})
+
+
+ReshardAfterForward = Annotated[bool | int | None, BeforeValidator(_check_reshard)]
+"""FSDP2's ``reshard_after_forward``: a bool, or an integer number of ranks (>= 1); None means not set."""
+
+
 class Bucket(ConfigModel):
     """A plan entry written as a mapping: the patterns it holds and how they are split into buckets.
 
@@ -54,6 +67,11 @@ class Bucket(ConfigModel):
     """Backward all-gather prefetch depth for these buckets; None keeps the policy's value."""
     reduce_scatter_delay: Depth | None = None
     """Reduce-scatter delay for these buckets; None keeps the policy's value."""
+    reshard_after_forward: ReshardAfterForward = None
+    """Eager FSDP2 driver only (``overlapcfg.fully_shard``), FSDP2's own meaning: true frees these buckets'
+    unsharded parameters after forward (all-gathered again in backward), false keeps them until backward, an
+    integer N reshards them to groups of N ranks (a divisor of the shard world size). None keeps the value given
+    to ``fully_shard`` (FSDP2's default: true). Compiled graphs fix resharding when the step is traced."""
 
 
 

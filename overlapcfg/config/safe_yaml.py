@@ -80,7 +80,21 @@ CONFIG_RESOLVERS = _resolvers()
 """Implicit scalar tags shared by the loader and the dumper (see the module docstring)."""
 
 
-class _Loader(yaml.SafeLoader):
+class _NoDuplicateKeys:
+    """Constructor mixin: a mapping with the same key twice is an error (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, ScalarNode) and key_node.tag == "tag:yaml.org,2002:str":
+                if key_node.value in seen:
+                    mark = key_node.start_mark
+                    raise YamlLimitError(f"duplicate key {key_node.value!r}", mark.line + 1, mark.column + 1)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+
+
+class _Loader(_NoDuplicateKeys, yaml.SafeLoader):
     """A SafeLoader that refuses duplicate keys and nests at most ``MAX_DEPTH`` deep while composing."""
 
     yaml_implicit_resolvers = CONFIG_RESOLVERS
@@ -100,15 +114,28 @@ class _Loader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
-        seen: set[str] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, ScalarNode) and key_node.tag == "tag:yaml.org,2002:str":
-                if key_node.value in seen:
-                    mark = key_node.start_mark
-                    raise YamlLimitError(f"duplicate key {key_node.value!r}", mark.line + 1, mark.column + 1)
-                seen.add(key_node.value)
-        return super().construct_mapping(node, deep=deep)
+
+if yaml.__with_libyaml__:
+
+    class _CLoader(_NoDuplicateKeys, yaml.CSafeLoader):  # type: ignore[misc, name-defined]
+        """libyaml's parser and composer (about 5x faster), with our resolvers and duplicate-key check.
+
+        Its composer recurses in C, so nesting is checked first on the (flat) event stream.
+        """
+
+        yaml_implicit_resolvers = CONFIG_RESOLVERS
+
+
+def _check_depth(text: str) -> None:
+    depth = 0
+    for event in yaml.parse(text, Loader=_CLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                raise YamlLimitError(f"nesting deeper than {MAX_DEPTH} levels", mark.line + 1, mark.column + 1)
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
 
 
 def load_yaml(text: str) -> Any:
@@ -116,7 +143,11 @@ def load_yaml(text: str) -> Any:
 
     An empty document is ``None``; several documents are a ``yaml.YAMLError``.
     """
-    loader = _Loader(text)
+    if yaml.__with_libyaml__:
+        _check_depth(text)
+        loader: yaml.SafeLoader = _CLoader(text)
+    else:
+        loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -205,7 +236,10 @@ def _measure(root: Any, children: Any, mark: Any) -> None:
 _DONE = object()
 
 
-class _Dumper(yaml.SafeDumper):
+_BaseDumper = yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper
+
+
+class _Dumper(_BaseDumper):  # type: ignore[misc, valid-type]
     yaml_implicit_resolvers = CONFIG_RESOLVERS
 
 

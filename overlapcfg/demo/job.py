@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,68 +23,26 @@ from rich.console import Console
 
 from overlapcfg.compat.omegaconf import full_key
 from overlapcfg.config import OverlapConfig, from_hydra, load_config
-from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
+from overlapcfg.demo.settings import DemoSettings, demo_settings
+from overlapcfg.errors import Fault, OverlapConfigError
 
 if TYPE_CHECKING:
-    from overlapcfg.demo.llama import LlamaConfig
     from overlapcfg.demo.tracing import TracedStep
     from overlapcfg.report import HardwareProfile
 
-__all__ = ["DemoSpec", "Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
+__all__ = ["Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
            "run_report", "traced"]
 
 log = logging.getLogger(__name__)
 
 REPORT_FILE = "report.json"
 COMPARE_FILE = "compare.json"
-_MODEL_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "ffn_hidden", "n_kv_heads")
 
 
-@dataclass(frozen=True, slots=True)
-class DemoSpec:
-    """What to trace: the demo model's sizes and the sharding, read from the composed config."""
-
-    model: tuple[tuple[str, int | None], ...]
-    world_size: int
-    reshard_after_forward: bool
-    batch: int
-    seq_len: int
-
-    def llama_config(self) -> LlamaConfig:
-        from overlapcfg.demo.llama import LlamaConfig
-
-        return LlamaConfig(**dict(self.model), max_seq_len=max(self.seq_len, 1))
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def demo_spec(cfg: DictConfig) -> DemoSpec:
-    """Read ``model.*``, ``world_size``, ``reshard_after_forward``, ``batch``, ``seq_len``; bad values are faults."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    if not isinstance(model, dict):
-        raise OverlapConfigError.single("model", "expected a mapping of demo-model sizes")
-    faults = [Fault(f"model.{key}", f"unknown field; expected one of {', '.join(_MODEL_FIELDS)}"
-                                    f"{did_you_mean(str(key), _MODEL_FIELDS)}")
-              for key in model if key not in _MODEL_FIELDS]
-    sizes = {k: v for k, v in model.items() if k in _MODEL_FIELDS}
-    faults += [Fault(f"model.{key}", f"expected a positive integer, got {value!r}")
-               for key, value in sizes.items()
-               if not _positive_int(value) and not (key == "n_kv_heads" and value is None)]
-    faults += [Fault(key, f"expected a positive integer, got {cfg.get(key)!r}")
-               for key in ("world_size", "batch", "seq_len") if not _positive_int(cfg.get(key))]
-    if not isinstance(reshard := cfg.get("reshard_after_forward"), bool):
-        faults.append(Fault("reshard_after_forward", f"expected true or false, got {reshard!r}"))
-    if faults:
-        raise OverlapConfigError(faults, header="invalid demo settings")
-    spec = DemoSpec(tuple(sorted(sizes.items())), cfg.world_size, cfg.reshard_after_forward, cfg.batch, cfg.seq_len)
-    try:
-        spec.llama_config()
-    except ValueError as err:  # LlamaConfig's own cross-field checks (dim % n_heads, ...)
-        named = re.match(r"LlamaConfig\.(\w+)=", str(err))
-        raise OverlapConfigError.single(f"model.{named.group(1)}" if named else "model", str(err)) from None
-    return spec
+def demo_spec(cfg: DictConfig) -> DemoSettings:
+    """``model.*``, ``world_size``, ``reshard_after_forward``, ``batch``, ``seq_len`` of the composed config."""
+    composed = OmegaConf.to_container(cfg, resolve=True)
+    return demo_settings(composed if isinstance(composed, dict) else {})
 
 
 def hardware_of(cfg: DictConfig) -> HardwareProfile | None:
@@ -101,7 +57,7 @@ def hardware_of(cfg: DictConfig) -> HardwareProfile | None:
     return hardware_from(OmegaConf.to_container(node, resolve=True), path="hardware")
 
 
-def check_plan(overlap: OverlapConfig, spec: DemoSpec, *, root: str = "overlap") -> None:
+def check_plan(overlap: OverlapConfig, spec: DemoSettings, *, root: str = "overlap") -> None:
     """Resolve the plan against the demo model's module tree without tracing (meta device, no compute).
 
     The pass resolves it again on the traced graph; doing it here first turns a typo into a one-second error
@@ -144,10 +100,10 @@ class Progress:
         return time.perf_counter() - self.started
 
 
-_TRACES: dict[DemoSpec, TracedStep] = {}
+_TRACES: dict[DemoSettings, TracedStep] = {}
 
 
-def traced(spec: DemoSpec) -> TracedStep:
+def traced(spec: DemoSettings) -> TracedStep:
     """The traced step for ``spec``, memoized per process: a multirun sweep over ``overlap.*`` traces once."""
     if spec not in _TRACES:
         from overlapcfg.demo.tracing import trace_train_step
@@ -158,7 +114,7 @@ def traced(spec: DemoSpec) -> TracedStep:
     return _TRACES[spec]
 
 
-def _trace_stage(progress: Progress, spec: DemoSpec) -> TracedStep:
+def _trace_stage(progress: Progress, spec: DemoSettings) -> TracedStep:
     cfg = spec.llama_config()
     what = (f"traced {cfg.n_layers}-layer demo model (dim {cfg.dim}) for {spec.world_size} ranks, "
             f"reshard_after_forward={spec.reshard_after_forward}")
@@ -172,6 +128,7 @@ def _trace_stage(progress: Progress, spec: DemoSpec) -> TracedStep:
 def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=run``: apply ``cfg.overlap`` to the demo step, print the report, write ``report.json``."""
     from overlapcfg.report import explain
+    from overlapcfg.report.render import report_table
 
     progress = Progress(console)
     with progress.stage("validated config"):
@@ -182,7 +139,7 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     step = _trace_stage(progress, spec)
     with progress.stage(f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
         report = explain(step, overlap, hardware=hardware)
-    console.print(report.table())
+    console.print(report_table(report))
     path = output_dir / REPORT_FILE
     path.write_text(report.to_json())
     console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
@@ -227,6 +184,8 @@ def shadowed_keys(cfg: DictConfig) -> dict[str, list[str]]:
 def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=compare``: every ``compare`` entry on one trace; print the table, write JSON and the timeline."""
     from overlapcfg.report import compare
+    from overlapcfg.report.render import comparison_table
+    from overlapcfg.report.timeline import write_timeline
 
     progress = Progress(console)
     with progress.stage("validated config"):
@@ -241,7 +200,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     step = _trace_stage(progress, spec)
     with progress.stage(f"compared {len(configs)} configs on {hardware.name}"):
         comparison = compare(step, configs, hardware=hardware, names=names)
-    console.print(comparison.table())
+    console.print(comparison_table(comparison))
     for key, labels in shadowed_keys(cfg).items():
         note = (f"note: rows {', '.join(labels)} set their own {key!r}, so overlap.{key} does not apply to them "
                 f"(change a row with compare.<label>.{key})")
@@ -250,7 +209,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     path = output_dir / COMPARE_FILE
     path.write_text(comparison.to_json())
     with progress.stage("wrote timeline"):
-        files = comparison.write_timeline(output_dir)
+        files = write_timeline(comparison, output_dir)
     console.print(f"comparison: {path}; timeline: {', '.join(str(f) for f in files)}")
     return path
 

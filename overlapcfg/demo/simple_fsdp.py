@@ -53,6 +53,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from overlapcfg import compat
 from overlapcfg.errors import Fault, OverlapConfigError
+from overlapcfg.graph.attribution import user_fqn
 
 __all__ = [
     "AllGatherShard",
@@ -63,28 +64,8 @@ __all__ = [
     "user_fqn",
 ]
 
-# parametrize inserts these segments: ``wq.weight`` becomes ``wq.parametrizations.weight.original`` and the
-# parametrization module itself is ``wq.parametrizations.weight.0``.
-_PARAMETRIZATIONS = "parametrizations"
-_WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"})
-
-
-def user_fqn(fqn: str) -> str:
-    """A parameter or module FQN as the user wrote the model, without parametrization internals and wrappers.
-
-    ``layers.0.attention.wq.parametrizations.weight.original`` -> ``layers.0.attention.wq.weight``;
-    ``layers.0.attention.wq.parametrizations.weight.0`` -> ``layers.0.attention.wq`` (the owning module);
-    ``_orig_mod.norm`` -> ``norm``.
-    """
-    parts = [s for s in fqn.split(".") if s and s not in _WRAPPER_SEGMENTS]
-    if _PARAMETRIZATIONS not in parts:
-        return ".".join(parts)
-    cut = parts.index(_PARAMETRIZATIONS)
-    owner, rest = parts[:cut], parts[cut + 1 :]
-    if len(rest) >= 2 and rest[1].startswith("original"):
-        owner.append(rest[0])
-    return ".".join(owner)
-
+# parametrize inserts segments: ``wq.weight`` becomes ``wq.parametrizations.weight.original``; ``user_fqn``
+# (overlapcfg.graph.attribution) maps them back.
 
 _RECOMPUTED_OPS = frozenset({
     compat.ALL_GATHER_INTO_TENSOR,

@@ -25,7 +25,7 @@ picks one silently.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -33,6 +33,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.patterns import WRAPPER_SEGMENTS, is_inside
+from overlapcfg.errors import natural_key
 from overlapcfg.graph.meta import META_KEY, OWNER_KEY
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "module_fqn",
     "parameter_fqn",
     "stack_module_fqn",
+    "user_fqn",
+    "with_parents",
 ]
 
 ModuleFqnFn: TypeAlias = Callable[[fx.Node], "str | None"]
@@ -133,6 +136,17 @@ def user_fqn(fqn: str) -> str:
     if len(rest) >= 2 and rest[1].startswith("original"):
         owner.append(rest[0])
     return ".".join(owner)
+
+
+def with_parents(fqns: Iterable[str]) -> tuple[str, ...]:
+    """``fqns`` and every module above them, natural order: the module tree plan patterns are matched against
+    when only some of a model's modules are visible (those on module stacks, those owning parameters)."""
+    closed: dict[str, None] = {}
+    for fqn in fqns:
+        parts = fqn.split(".")
+        for i in range(1, len(parts) + 1):
+            closed.setdefault(".".join(parts[:i]))
+    return tuple(sorted(closed, key=natural_key))
 
 
 def parameter_owner(param_fqn: str) -> str:

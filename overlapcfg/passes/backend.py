@@ -25,7 +25,6 @@ from typing import Literal, TypeAlias
 from torch import fx, nn
 
 from overlapcfg import compat
-from overlapcfg.errors import natural_key
 from overlapcfg.graph.attribution import (
     AttributionError,
     CollectiveOwner,
@@ -36,6 +35,7 @@ from overlapcfg.graph.attribution import (
     module_fqn,
     parameter_owner,
     stack_module_fqn,
+    with_parents,
 )
 
 __all__ = ["CapturedStep", "GraphBackend", "GraphCompiler", "GraphName", "GraphPass", "boxed_eager",
@@ -53,25 +53,11 @@ def boxed_eager(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callabl
 
 
 def module_tree(dynamo_gm: fx.GraphModule, parameters: Sequence[str | None]) -> tuple[str, ...]:
-    """Module FQNs a dynamo graph shows (parameter owners, module-stack entries, and all their parents), natural
-    order: what plan patterns are matched against when the model itself is not given."""
-    seen: dict[str, None] = {}
-    for param in parameters:
-        if param:
-            seen.setdefault(parameter_owner(param))
-    for node in dynamo_gm.graph.nodes:
-        stack = node.meta.get("nn_module_stack") or {}
-        for value in stack.values():
-            path = value[0] if isinstance(value, (tuple, list)) else value
-            fqn = clean_path(path) if isinstance(path, str) else None
-            if fqn:
-                seen.setdefault(fqn)
-    closed: dict[str, None] = {}
-    for fqn in seen:
-        parts = fqn.split(".")
-        for i in range(1, len(parts) + 1):
-            closed.setdefault(".".join(parts[:i]))
-    return tuple(sorted(closed, key=natural_key))
+    """Module FQNs a dynamo graph shows (parameter owners, module-stack entries, and all their parents): what plan
+    patterns are matched against when the model itself is not given."""
+    seen = [parameter_owner(p) for p in parameters if p]
+    seen += [m for node in dynamo_gm.graph.nodes if (m := stack_module_fqn(node))]
+    return with_parents(seen)
 
 
 def model_facts(model: nn.Module) -> tuple[tuple[str, ...], frozenset[str]]:

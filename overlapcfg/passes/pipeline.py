@@ -26,8 +26,8 @@ from typing import Literal, TypeAlias
 from torch import fx
 
 from overlapcfg.config import OverlapConfig
-from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError, natural_key
-from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn
+from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
+from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
 from overlapcfg.graph.collectives import Collective, Direction, find_collectives
 from overlapcfg.graph.merge import MergedCollective, attribute
 from overlapcfg.graph.meta import META_KEY
@@ -59,22 +59,9 @@ def _warn_once(message: str) -> None:
         logger.warning("%s", message)
 
 
-def _model_fqns(graph: fx.Graph, fn: ModuleFqnFn, owners: Sequence[str]) -> list[str]:
-    """Module FQNs visible in the graph (and all their parents), natural order: what patterns match against."""
-    seen: dict[str, None] = {}
-    for node in graph.nodes:
-        if node.op == "call_function":
-            fqn = fn(node)
-            if fqn:
-                seen.setdefault(fqn)
-    for owner in owners:
-        seen.setdefault(owner)
-    closed: dict[str, None] = {}
-    for fqn in seen:
-        parts = fqn.split(".")
-        for i in range(1, len(parts) + 1):
-            closed.setdefault(".".join(parts[:i]))
-    return sorted(closed, key=natural_key)
+def _model_fqns(graph: fx.Graph, fn: ModuleFqnFn, owners: Sequence[str]) -> tuple[str, ...]:
+    """Module FQNs visible in the graph (and all their parents): what patterns match against."""
+    return with_parents([*(m for n in graph.nodes if n.op == "call_function" and (m := fn(n))), *owners])
 
 
 def _ignored_settings(cfg: OverlapConfig, strategy: Strategy, root: str) -> tuple[str, ...]:
@@ -132,7 +119,7 @@ def apply(
     if not fsdp:
         _no_fsdp_collectives(gm, cfg, collectives)
         _record(gm, cfg, graph_kind, ResolvedPlan(()), collectives, collectives, (), (), (), started,
-                ("no FSDP collectives: nothing to do", *notes))
+                ("no FSDP collectives: nothing to do", *notes), strategy_uses_plan=strategy.uses_plan)
         return gm
 
     owners = list(dict.fromkeys(c.module_fqn for c in fsdp if c.module_fqn))
@@ -169,7 +156,7 @@ def apply(
     gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced)
     record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
-                     started, (*notes, *result.notes))
+                     started, (*notes, *result.notes), strategy_uses_plan=strategy.uses_plan)
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm
@@ -268,8 +255,11 @@ def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]
 def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: ResolvedPlan,
             before: Sequence[Collective], after: Sequence[Collective], covered: Sequence[tuple[int, Collective]],
             merged: Sequence[MergedCollective], decisions: Sequence[DepthDecision], started: float,
-            notes: tuple[str, ...]) -> PassRecord:
-    _, uncovered = attribute(before, plan) if plan.buckets else ((), [c for c in before if c.fsdp])
+            notes: tuple[str, ...], *, strategy_uses_plan: bool = True) -> PassRecord:
+    if strategy_uses_plan:
+        _, uncovered = attribute(before, plan) if plan.buckets else ((), [c for c in before if c.fsdp])
+    else:  # the strategy buckets by its own rules (auto) or not at all (none): "uncovered" would mislead
+        uncovered = []
     name = graph_kind if graph_kind in ("forward", "backward") else "graph"
     record = PassRecord(
         strategy=cfg.strategy,

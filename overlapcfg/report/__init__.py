@@ -11,8 +11,8 @@ from __future__ import annotations
 from overlapcfg.report.compare import Comparison, ComparisonRow, compare
 from overlapcfg.report.explain import explain
 from overlapcfg.report.hardware import HardwareProfile, PeakFlops, hardware_names, load_hardware
-from overlapcfg.report.model import SCHEMA, GraphReport, Report, SimulationSummary
-from overlapcfg.report.simulate import Event, Simulation, simulate
+from overlapcfg.report.model import SCHEMA, Event, GraphReport, Report, Simulation
+from overlapcfg.report.simulate import simulate
 
 __all__ = [
     "SCHEMA",
@@ -24,7 +24,6 @@ __all__ = [
     "PeakFlops",
     "Report",
     "Simulation",
-    "SimulationSummary",
     "compare",
     "explain",
     "hardware_names",

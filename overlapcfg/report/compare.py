@@ -1,8 +1,8 @@
 """``compare(step, configs, hardware=...)``: several strategies and policies on the same trace, side by side.
 
 Each config is applied to fresh copies of the traced graphs (``explain``), then replayed by the cost model at the
-requested world size. Rows keep their reports and simulations, so the timeline (``write_timeline``) and the table
-come from the same numbers.
+requested world size. Rows keep their reports and simulations, so the timeline (``timeline.write_timeline``) and
+the table (``render.comparison_table``) come from the same numbers.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,8 +18,9 @@ from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.explain import GRAPHS, node_labels
 from overlapcfg.report.hardware import HardwareProfile, load_hardware
-from overlapcfg.report.model import Report
-from overlapcfg.report.simulate import Simulation, simulate
+from overlapcfg.report.labels import fmt_bytes
+from overlapcfg.report.model import Report, Simulation
+from overlapcfg.report.simulate import simulate
 
 __all__ = ["COMPARE_SCHEMA", "Comparison", "ComparisonRow", "compare", "compare_reports", "default_name"]
 
@@ -46,7 +46,7 @@ class ComparisonRow:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "strategy": self.strategy, "config": self.report.config,
                 "collectives": self.collectives, "pass_seconds": self.pass_seconds,
-                "simulation": self.simulation.summary().model_dump(mode="json")}
+                "simulation": self.simulation.model_dump(mode="json")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,29 +61,12 @@ class Comparison:
                 return r
         raise KeyError(f"no row {name!r}; have {[r.name for r in self.rows]}")
 
-    def table(self) -> Any:
-        from overlapcfg.report.render import comparison_table
-
-        return comparison_table(self)
-
     def to_dict(self) -> dict[str, Any]:
         return {"schema": COMPARE_SCHEMA, "hardware": self.hardware, "world_size": self.world_size,
                 "rows": [r.to_dict() for r in self.rows]}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
-
-    def write_timeline(self, directory: str | Path, *, stem: str = "timeline") -> tuple[Path, Path]:
-        """Write ``<stem>.json`` (Chrome trace: open in https://ui.perfetto.dev) and ``<stem>.png`` (Gantt)."""
-        from overlapcfg.report.timeline import write_chrome_trace, write_gantt_png
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        runs = [(r.name, r.simulation) for r in self.rows]
-        trace = write_chrome_trace(runs, directory / f"{stem}.json")
-        png = write_gantt_png(runs, directory / f"{stem}.png",
-                              title=f"{self.hardware}, world size {self.world_size}")
-        return trace, png
 
 
 def default_name(cfg: OverlapConfig) -> str:
@@ -93,8 +76,6 @@ def default_name(cfg: OverlapConfig) -> str:
         return cfg.strategy
     text = f"manual fp{policy.forward_prefetch} bp{policy.backward_prefetch} rs{policy.reduce_scatter_delay}"
     if policy.max_inflight_bytes is not None:
-        from overlapcfg.report.render import fmt_bytes
-
         text += f" cap={fmt_bytes(policy.max_inflight_bytes).replace(' ', '')}"
     if cfg.plan is not None and cfg.plan.name and cfg.plan.name != "llama_layers":
         text += f" {cfg.plan.name}"
@@ -137,6 +118,6 @@ def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: 
         node_names = {g: node_labels(gm, step.module_fqn_fn(g)) for g, gm in zip(GRAPHS, graphs, strict=True)}
         sim = simulate(graphs, hw, world_size=ws, names=GRAPHS, labels=node_names,
                        traced_world_size=step.world_size, as_dtype=as_dtype)
-        report = explained.model_copy(update={"simulation": sim.summary()}).attach(*graphs)
+        report = explained.model_copy(update={"simulation": sim}).attach(*graphs)
         rows.append(ComparisonRow(name, report.strategy, report, sim))
     return Comparison(hw.name, ws, tuple(rows))

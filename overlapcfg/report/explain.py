@@ -25,6 +25,7 @@ from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.passes.pipeline import GraphKind, apply
 from overlapcfg.report.cost import node_kind
 from overlapcfg.report.hardware import HardwareProfile, load_hardware
+from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import GraphReport, Report
 from overlapcfg.report.simulate import simulate, traced_group_size
 
@@ -76,7 +77,6 @@ def compact_order(gm: fx.GraphModule, labels: Mapping[str, str]) -> str:
     """``AG[layers.0] W[tok_embeddings] C×12 RS[layers.1] ...``: collectives by bucket, compute runs counted."""  # noqa: RUF002
     parts: list[str] = []
     run = 0
-    prefix = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR"}
     for node in gm.graph.nodes:
         kind = node_kind(node)
         if kind == "compute":
@@ -88,7 +88,8 @@ def compact_order(gm: fx.GraphModule, labels: Mapping[str, str]) -> str:
             parts.append(f"C×{run}")
             run = 0
         if kind == "collective":
-            parts.append(f"{prefix.get(collective_kind(node), 'COLL')}[{labels.get(node.name, node.name)}]")
+            label = KIND_LABELS.get(collective_kind(node) or "other", "COLL")
+            parts.append(f"{label}[{labels.get(node.name, node.name)}]")
         else:
             parts.append(f"W[{labels.get(node.name, node.name)}]")
     if run:
@@ -237,7 +238,7 @@ def explain(step: CapturedStep | fx.GraphModule, cfg: OverlapConfig | Mapping[st
         sim = simulate(list(graphs.values()), load_hardware(hardware), world_size=world_size or trace_ws,
                        names=list(graphs), labels=labels,
                        traced_world_size=traced.world_size if traced is not None else None)
-        simulation = sim.summary()
+        simulation = sim
     report = Report(
         strategy=config.strategy, plan_name=config.plan.name if config.plan is not None else None,
         config=config.model_dump(mode="json"),

@@ -8,6 +8,7 @@ versioned by ``SCHEMA``). Building a report lives in ``explain.py``, drawing it 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
@@ -15,7 +16,7 @@ from torch import fx
 
 from overlapcfg.graph.record import BucketRecord, Uncovered
 
-__all__ = ["SCHEMA", "GraphReport", "Report", "SimulationSummary"]
+__all__ = ["SCHEMA", "Event", "GraphReport", "Report", "Simulation", "StreamTime"]
 
 SCHEMA = "overlapcfg.report/2"
 """Bumped on any change to the fields (added, renamed, removed, or changed in meaning): reports are validated
@@ -49,8 +50,26 @@ class StreamTime(_Data):
     busy_seconds: float
 
 
-class SimulationSummary(_Data):
-    """The cost model's prediction for the whole step (forward then backward), see ``overlapcfg.report.simulate``."""
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One interval on one stream (timelines only: events never go into JSON). ``kind``: compute, memory (bandwidth-bound kernel), all_gather,
+    reduce_scatter, all_reduce, other, or wait (the compute stream stalled on ``node``)."""
+
+    graph: str
+    node: str
+    stream: str
+    kind: str
+    start: float
+    end: float
+    label: str = ""
+    nbytes: int = 0
+
+
+class Simulation(_Data):
+    """The cost model's prediction for the whole step (forward then backward), see ``overlapcfg.report.simulate``.
+
+    ``events`` (the replay's intervals, for timelines) ride along on the object but never into JSON.
+    """
 
     hardware: str
     world_size: int
@@ -72,6 +91,16 @@ class SimulationSummary(_Data):
     """Peak bytes the graphs allocate besides unsharded parameters and their inputs, where derivable."""
     streams: tuple[StreamTime, ...] = ()
 
+    _events: tuple[Event, ...] = PrivateAttr(())
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return self._events
+
+    def with_events(self, events: tuple[Event, ...]) -> Simulation:
+        self._events = events
+        return self
+
 
 class Report(_Data):
     """What ``explain`` found. ``forward`` / ``backward``: the transformed graph modules (not serialized)."""
@@ -87,7 +116,7 @@ class Report(_Data):
     """One record per bucket, forward and backward combined (``overlapcfg.graph.record``)."""
     graphs: tuple[GraphReport, ...]
     warnings: tuple[str, ...] = ()
-    simulation: SimulationSummary | None = None
+    simulation: Simulation | None = None
 
     _forward: fx.GraphModule | None = PrivateAttr(None)
     _backward: fx.GraphModule | None = PrivateAttr(None)
@@ -132,12 +161,6 @@ class Report(_Data):
         if schema != SCHEMA:
             raise ValueError(f"not an overlapcfg report of schema {SCHEMA!r} (got schema {schema!r})")
         return cls.model_validate({"schema_": schema, **data})
-
-    def table(self) -> Any:
-        """Rich renderables (a ``rich.console.Group``): buckets, graphs, uncovered, warnings, prediction."""
-        from overlapcfg.report.render import report_table
-
-        return report_table(self)
 
     def attach(self, forward: fx.GraphModule | None, backward: fx.GraphModule | None) -> Report:
         self._forward, self._backward = forward, backward

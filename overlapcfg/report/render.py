@@ -9,37 +9,15 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from overlapcfg.report.labels import KIND_LABELS, fmt_bytes, fmt_count, fmt_seconds
+
 if TYPE_CHECKING:
     from overlapcfg.report.compare import Comparison
-    from overlapcfg.report.model import Report, SimulationSummary
+    from overlapcfg.report.model import Report, Simulation
 
-__all__ = ["fmt_bytes", "fmt_seconds", "report_table", "comparison_table"]
+__all__ = ["comparison_table", "report_table"]
 
-_KIND = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR"}
 _DIR = {"forward": "fw", "backward": "bw"}
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "—"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-def fmt_seconds(s: float | None) -> str:
-    if s is None:
-        return "—"
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} µs"
-
-
-def fmt_count(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
 
 
 def _pct(x: float | None) -> str:
@@ -59,7 +37,7 @@ def _depths(report_bucket: object) -> str:
     return " ".join(parts)
 
 
-def _simulation(sim: SimulationSummary) -> Table:
+def _simulation(sim: Simulation) -> Table:
     table = Table(title=f"Prediction: {sim.hardware}, world size {sim.world_size}", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
@@ -87,7 +65,7 @@ def report_table(report: Report) -> Group:
                     ("why", {"style": "yellow"})):
         buckets.add_column(col, **kw)
     for b in report.buckets:
-        colls = ", ".join(f"{_DIR[c.direction]} {_KIND.get(c.kind, c.kind)} {c.before}→{c.after}"
+        colls = ", ".join(f"{_DIR[c.direction]} {KIND_LABELS.get(c.kind, c.kind)} {c.before}→{c.after}"
                           for c in b.collectives) or "none"
         modules = ", ".join(b.modules) if len(b.modules) <= 3 else f"{b.modules[0]} … ({len(b.modules)})"
         reasons = "; ".join(dict.fromkeys(d.reason for d in b.decisions if d.reason and d.reason != "end of graph"))

@@ -17,7 +17,6 @@ contention), NCCL's channel tuning. Calibrate ``HardwareProfile.compute_efficien
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import fx
@@ -34,60 +33,11 @@ from overlapcfg.report.cost import (
     tensor_bytes,
 )
 from overlapcfg.report.hardware import HardwareProfile, load_hardware
-from overlapcfg.report.model import SimulationSummary, StreamTime
+from overlapcfg.report.model import Event, Simulation, StreamTime
 
 __all__ = ["COMPUTE_STREAM", "Event", "Simulation", "simulate"]
 
 COMPUTE_STREAM = "compute"
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One interval on one stream. ``kind``: compute, memory (bandwidth-bound kernel), all_gather,
-    reduce_scatter, all_reduce, other, or wait (the compute stream stalled on ``node``)."""
-
-    graph: str
-    node: str
-    stream: str
-    kind: str
-    start: float
-    end: float
-    label: str = ""
-    nbytes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Simulation:
-    hardware: str
-    world_size: int
-    step_seconds: float
-    compute_seconds: float
-    comm_seconds: float
-    exposed_comm_seconds: float
-    lower_bound_seconds: float
-    peak_inflight_bytes: int
-    peak_unsharded_param_bytes: int
-    peak_activation_bytes: int
-    stream_busy: tuple[tuple[str, float], ...]
-    events: tuple[Event, ...]
-
-    @property
-    def overlap_ratio(self) -> float | None:
-        """Share of communication time hidden behind compute; None when there is no communication."""
-        if self.comm_seconds <= 0:
-            return None
-        return max(0.0, 1.0 - self.exposed_comm_seconds / self.comm_seconds)
-
-    def summary(self) -> SimulationSummary:
-        return SimulationSummary(
-            hardware=self.hardware, world_size=self.world_size, step_seconds=self.step_seconds,
-            compute_seconds=self.compute_seconds, comm_seconds=self.comm_seconds,
-            exposed_comm_seconds=self.exposed_comm_seconds, overlap_ratio=self.overlap_ratio,
-            lower_bound_seconds=self.lower_bound_seconds, peak_inflight_bytes=self.peak_inflight_bytes,
-            peak_unsharded_param_bytes=self.peak_unsharded_param_bytes,
-            peak_activation_bytes=self.peak_activation_bytes,
-            streams=tuple(StreamTime(stream=s, busy_seconds=b) for s, b in self.stream_busy),
-        )
 
 
 def _label(node: fx.Node, labels: dict[str, str] | None) -> str:
@@ -137,6 +87,8 @@ def _storage_plan(graph: fx.Graph) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node
             root[node] = root[inputs[0]]
         elif kind == "collective" and isinstance(node.kwargs.get("out"), fx.Node):
             root[node] = root[node.kwargs["out"]]  # writes into a bucket buffer allocated by its copy-in
+            if collective_kind(node) == "all_gather":  # whoever allocated it, it now holds gathered parameters
+                param[root[node]] = True
         else:
             root[node] = node
         if root[node] is node:
@@ -229,10 +181,11 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     comm_bound = max((b for s, b in busy.items() if s != COMPUTE_STREAM), default=0.0)
     return Simulation(
         hardware=hw.name, world_size=world_size, step_seconds=t, compute_seconds=compute, comm_seconds=comm,
-        exposed_comm_seconds=exposed, lower_bound_seconds=max(compute, comm_bound),
-        peak_inflight_bytes=peak_inflight, peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,
-        stream_busy=tuple(busy.items()), events=tuple(events),
-    )
+        exposed_comm_seconds=exposed, overlap_ratio=max(0.0, 1.0 - exposed / comm) if comm > 0 else None,
+        lower_bound_seconds=max(compute, comm_bound), peak_inflight_bytes=peak_inflight,
+        peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,
+        streams=tuple(StreamTime(stream=s, busy_seconds=b) for s, b in busy.items()),
+    ).with_events(tuple(events))
 
 
 def traced_group_size(gm: fx.GraphModule) -> int | None:

@@ -11,9 +11,12 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from overlapcfg.report.simulate import COMPUTE_STREAM, Event, Simulation
+from overlapcfg.report.compare import Comparison
+from overlapcfg.report.labels import KIND_LABELS
+from overlapcfg.report.model import Event, Simulation
+from overlapcfg.report.simulate import COMPUTE_STREAM
 
-__all__ = ["COLORS", "chrome_trace", "write_chrome_trace", "write_gantt_png"]
+__all__ = ["COLORS", "chrome_trace", "write_chrome_trace", "write_gantt_png", "write_timeline"]
 
 COLORS = {
     "compute": "#4C72B0",
@@ -42,7 +45,7 @@ def _streams(sim: Simulation) -> list[str]:
 
 
 def _name(e: Event) -> str:
-    prefix = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "wait": "wait"}.get(e.kind)
+    prefix = KIND_LABELS.get(e.kind)
     if prefix:
         return f"{prefix}[{e.label or e.node}]"
     return e.node
@@ -131,3 +134,15 @@ def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "") -
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def write_timeline(comparison: Comparison, directory: str | Path, *, stem: str = "timeline") -> tuple[Path, Path]:
+    """Write ``<stem>.json`` (Chrome trace: open in https://ui.perfetto.dev) and ``<stem>.png`` (Gantt) of every
+    row of ``comparison``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    runs = [(r.name, r.simulation) for r in comparison.rows]
+    trace = write_chrome_trace(runs, directory / f"{stem}.json")
+    png = write_gantt_png(runs, directory / f"{stem}.png",
+                          title=f"{comparison.hardware}, world size {comparison.world_size}")
+    return trace, png

@@ -1,0 +1,100 @@
+"""What the FSDP2 driver reads from an ``nn.Module`` before sharding anything: module FQNs, parameter owners, and
+each parameter's size, unsharded and as one rank's FSDP2 shard.
+
+Read-only: nothing here changes the model. Sizes come from the parameters themselves (shape and dtype, so meta
+tensors work too), never from a run; the in-flight cap is applied to these static numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import torch
+from torch import nn
+
+from overlapcfg.config.patterns import strip_wrappers
+
+__all__ = ["ModuleTree", "ParamInfo", "module_tree", "param_info", "unique"]
+
+
+@dataclass(frozen=True, slots=True)
+class ParamInfo:
+    """One parameter as FSDP2 will hold it."""
+
+    fqn: str
+    """Its first name in ``named_parameters()`` order, wrappers stripped (``layers.0.attention.wq.weight``)."""
+    owner: str
+    """The module holding it directly (``layers.0.attention.wq``)."""
+    numel: int
+    unsharded_bytes: int
+    """Bytes of the all-gathered parameter (in ``mp_policy.param_dtype`` where one is set)."""
+    sharded_bytes: int
+    """Bytes of one rank's dim-0 shard, padded as FSDP2 pads it; 0 where the shard world size is unknown."""
+    requires_grad: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleTree:
+    """The module tree by wrapper-stripped FQN, in ``named_modules()`` order (the outermost module per FQN)."""
+
+    fqns: tuple[str, ...]
+    modules: Mapping[str, nn.Module]
+    owners: tuple[str, ...]
+    """FQNs of the modules holding a parameter directly (what plan coverage counts)."""
+    direct: Mapping[str, tuple[tuple[str, nn.Parameter], ...]]
+    """``owner fqn -> ((name, parameter), ...)``: each module's own parameters (``recurse=False``)."""
+    order: Mapping[str, int]
+    """``fqn -> position`` in ``fqns``."""
+
+
+def module_tree(model: nn.Module) -> ModuleTree:
+    """Read ``model``'s modules and direct parameters (a shared module or parameter is listed at its first name)."""
+    modules: dict[str, nn.Module] = {}
+    direct: dict[str, tuple[tuple[str, nn.Parameter], ...]] = {}
+    for raw, module in model.named_modules():
+        fqn = strip_wrappers(raw)
+        if fqn in modules:  # a wrapper and the module it wraps share one stripped FQN: keep the outer one
+            continue
+        modules[fqn] = module
+        own = tuple((name, p) for name, p in module.named_parameters(recurse=False))
+        if own:
+            direct[fqn] = own
+    order = {f: i for i, f in enumerate(modules)}
+    return ModuleTree(tuple(modules), MappingProxyType(modules), tuple(direct), MappingProxyType(direct),
+                      MappingProxyType(order))
+
+
+def param_info(owner: str, name: str, param: nn.Parameter, *, shard_size: int | None,
+               param_dtype: torch.dtype | None) -> ParamInfo:
+    """Sizes of ``param`` under FSDP2: all-gathered in ``param_dtype`` (floating parameters, when set), sharded
+    on dim 0 into ``shard_size`` equal chunks (the last padded), as ``fully_shard`` does."""
+    gathered = param_dtype if param_dtype is not None and param.is_floating_point() else param.dtype
+    item = param.element_size()
+    numel = param.numel()
+    if shard_size is None:
+        sharded = 0
+    elif param.dim() == 0:
+        sharded = item
+    else:
+        rows = param.shape[0]
+        sharded = math.ceil(rows / shard_size) * (numel // rows if rows else 0) * item
+    fqn = f"{owner}.{name}" if owner else name
+    return ParamInfo(fqn, owner, numel, numel * _itemsize(gathered), sharded, param.requires_grad)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+def unique(params: Iterable[tuple[str, str, nn.Parameter]]) -> list[tuple[str, str, nn.Parameter]]:
+    """``(owner, name, param)`` triples with each parameter object once (tied parameters count once)."""
+    seen: set[int] = set()
+    out = []
+    for owner, name, p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append((owner, name, p))
+    return out

@@ -1,0 +1,179 @@
+"""Small FSDP-like FX graphs built directly (no dynamo, no aot): what the fast tier tests passes on.
+
+A graph here looks like what aot_autograd hands a backend for a SimpleFSDP model of ``n`` "layers", each with
+one to three parameters, and is built in milliseconds:
+
+- **forward**: for each parameter ``layers.i.w{j}`` (a shard of ``rows`` x ``DIM``), in layer order::
+
+      ag = all_gather_into_tensor(primals_k, world_size, group); w = wait_tensor(ag)
+      h = mm(x, t(w)); x = mm(h, w)
+
+  and the graph returns ``x``;
+- **backward**: layers in reverse order; per parameter, the gathered weight is either a saved activation
+  (``saved_w_k``) or, with ``regather=True`` (reshard-after-forward), all-gathered again from its primal; then::
+
+      grad = mm(t(h_k), gy); gy = mm(h_k, w)
+      rs = reduce_scatter_tensor(grad, "sum", world_size, group); g = wait_tensor(rs)
+
+  and the graph returns every reduce-scattered gradient (primal order) and the last ``gy``: each reduce-scatter
+  flows to the outputs through its wait only, as ``is_fsdp_reduce_scatter`` wants.
+
+Parameters are graph inputs named ``primals_N`` (what inductor's post-grad graphs keep) or, with
+``descriptors=True``, carry aot's ``PlainAOTInput(idx)`` descriptor under ordinary names. Every collective, wait
+and compute node has ``meta["custom"]["module_fqn"]`` (torchtitan's ``annotate_module_fqns`` form), so the
+default attribution works, and every node has a ``meta["val"]`` fake tensor (``FakeTensorProp``), as the merge
+helpers need. Building needs no process group: the group is named ``"0"``, which is what
+``overlapcfg.compat.fake_process_group`` gives the default group, so ``apply`` under it merges these graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import fx
+from torch._functorch._aot_autograd.descriptors import PlainAOTInput
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+__all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "forward_graph", "layer_fqns"]
+
+DIM = 4
+"""Columns of every parameter; a parameter with ``rows`` shard rows gathers to ``world_size * rows`` x ``DIM``."""
+BATCH = 2
+GROUP = "0"
+"""The default group's name under ``overlapcfg.compat.fake_process_group``."""
+PARAM_NAMES = ("wq", "wk", "wv")
+
+_c10d = torch.ops._c10d_functional
+_aten = torch.ops.aten
+
+Layers = Sequence[Sequence[int]]
+"""Per layer, the shard rows of each of its parameters (one to three): ``[[2], [1, 3]]``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Synthetic:
+    """A built graph and the facts a test needs to judge a pass over it without asking overlapcfg."""
+
+    gm: fx.GraphModule
+    kind: Literal["forward", "backward"]
+    module_fqns: tuple[str, ...]
+    """Every module of the model, parents first: ``("", "layers", "layers.0", "layers.0.wq", ...)``."""
+    owners: dict[str, str]
+    """Original collective start name -> the parameter-owning module (``layers.1.wk``)."""
+    layer_bytes: tuple[int, ...]
+    """Per layer, the unsharded bytes of its parameters (what one layer's all-gathers produce)."""
+    world_size: int
+
+
+def layer_fqns(layers: Layers) -> tuple[str, ...]:
+    """The module tree of ``layers``: root, ``layers``, each ``layers.i`` and its parameter modules."""
+    out = ["", "layers"]
+    for i, params in enumerate(layers):
+        out += [f"layers.{i}", *(f"layers.{i}.{PARAM_NAMES[j]}" for j in range(len(params)))]
+    return tuple(out)
+
+
+def _check(layers: Layers) -> None:
+    if not layers or any(not 1 <= len(p) <= len(PARAM_NAMES) or min(p) < 1 for p in layers):
+        raise ValueError(f"layers must be non-empty lists of 1-{len(PARAM_NAMES)} positive row counts, got {layers}")
+
+
+class _Builder:
+    def __init__(self, world_size: int, descriptors: bool) -> None:
+        self.graph = fx.Graph()
+        self.world_size = world_size
+        self.descriptors = descriptors
+        self.inputs: list[tuple[fx.Node, tuple[int, ...]]] = []
+        self.owners: dict[str, str] = {}
+
+    def placeholder(self, name: str, shape: tuple[int, ...], *, parameter: bool) -> fx.Node:
+        node = self.graph.placeholder(name)
+        if self.descriptors:
+            if parameter:
+                node.meta["desc"] = PlainAOTInput(len(self.inputs))
+        elif parameter and not name.startswith("primals_"):
+            raise AssertionError(f"parameter placeholder {name} must be named primals_N without descriptors")
+        self.inputs.append((node, shape))
+        return node
+
+    def call(self, target: object, args: tuple[object, ...], fqn: str | None, backward: bool) -> fx.Node:
+        node = self.graph.call_function(target, args)  # type: ignore[arg-type]
+        if fqn is not None:
+            node.meta["custom"] = {"module_fqn": fqn}
+        if backward:
+            node.meta["autograd_backward"] = True
+        return node
+
+    def all_gather(self, shard: fx.Node, fqn: str, backward: bool) -> fx.Node:
+        start = self.call(_c10d.all_gather_into_tensor.default, (shard, self.world_size, GROUP), fqn, backward)
+        self.owners[start.name] = fqn
+        return self.call(_c10d.wait_tensor.default, (start,), fqn, backward)
+
+    def reduce_scatter(self, grad: fx.Node, fqn: str) -> fx.Node:
+        start = self.call(_c10d.reduce_scatter_tensor.default, (grad, "sum", self.world_size, GROUP), fqn, True)
+        self.owners[start.name] = fqn
+        return self.call(_c10d.wait_tensor.default, (start,), fqn, True)
+
+    def finish(self, outputs: object, kind: Literal["forward", "backward"], layers: Layers) -> Synthetic:
+        self.graph.output(outputs)
+        gm = fx.GraphModule(torch.nn.Module(), self.graph)
+        with FakeTensorMode() as mode:
+            fakes = [torch.empty(shape) for _, shape in self.inputs]
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+        for (node, _), fake in zip(self.inputs, fakes, strict=True):
+            node.meta["val"] = fake
+        nbytes = tuple(sum(self.world_size * r * DIM * 4 for r in params) for params in layers)
+        return Synthetic(gm, kind, layer_fqns(layers), dict(self.owners), nbytes, self.world_size)
+
+
+def _params(layers: Layers) -> list[tuple[int, str, int]]:
+    """``(layer, module fqn, shard rows)`` per parameter, model order."""
+    return [(i, f"layers.{i}.{PARAM_NAMES[j]}", rows) for i, ps in enumerate(layers) for j, rows in enumerate(ps)]
+
+
+def _param_name(k: int, descriptors: bool) -> str:
+    return f"param_{k}" if descriptors else f"primals_{k + 1}"
+
+
+def forward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = False) -> Synthetic:
+    """The forward graph of ``layers`` (see the module docstring)."""
+    _check(layers)
+    b = _Builder(world_size, descriptors)
+    params = _params(layers)
+    shards = [b.placeholder(_param_name(k, descriptors), (rows, DIM), parameter=True)
+              for k, (_, _, rows) in enumerate(params)]
+    x = b.placeholder("x" if descriptors else f"primals_{len(params) + 1}", (BATCH, DIM), parameter=False)
+    for shard, (_, fqn, _) in zip(shards, params, strict=True):
+        w = b.all_gather(shard, fqn, backward=False)
+        h = b.call(_aten.mm.default, (x, b.call(_aten.t.default, (w,), fqn, False)), fqn, False)
+        x = b.call(_aten.mm.default, (h, w), fqn, False)
+    return b.finish(x, "forward", layers)
+
+
+def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = False,
+                   regather: bool = False) -> Synthetic:
+    """The backward graph of ``layers`` (see the module docstring); ``regather``: all-gather the weights again."""
+    _check(layers)
+    b = _Builder(world_size, descriptors)
+    params = _params(layers)
+    weights: list[fx.Node] = []
+    for k, (_, _, rows) in enumerate(params):
+        if regather:
+            weights.append(b.placeholder(_param_name(k, descriptors), (rows, DIM), parameter=True))
+        else:
+            weights.append(b.placeholder(f"saved_w_{k}", (world_size * rows, DIM), parameter=False))
+    saved = [b.placeholder(f"saved_h_{k}", (BATCH, world_size * rows, ), parameter=False)
+             for k, (_, _, rows) in enumerate(params)]
+    gy = b.placeholder("tangents_1", (BATCH, DIM), parameter=False)
+    grads: dict[int, fx.Node] = {}
+    for k in reversed(range(len(params))):
+        fqn = params[k][1]
+        w = b.all_gather(weights[k], fqn, backward=True) if regather else weights[k]
+        grad = b.call(_aten.mm.default, (b.call(_aten.t.default, (saved[k],), fqn, True), gy), fqn, True)
+        gy = b.call(_aten.mm.default, (saved[k], w), fqn, True)
+        grads[k] = b.reduce_scatter(grad, fqn)
+    return b.finish((*(grads[k] for k in range(len(params))), gy), "backward", layers)
