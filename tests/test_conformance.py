@@ -52,16 +52,21 @@ EXPECTED: dict[str, dict[str, tuple[dict[str, int], dict[str, int]]]] = {
     # embed, (dense, experts) x 2, [norm, lm_head]; the backward re-gathers neither the embedding nor the 3-D experts.
     "hf_mixtral": {"forward": ({"all_gather": 21}, {"all_gather": 6}),
                    "backward": ({"all_gather": 16, "reduce_scatter": 21}, {"all_gather": 3, "reduce_scatter": 6})},
-    # The tied weight's two gradient reduce-scatters are added before the output: not FSDP's, left alone (2 of 5).
+    # The tied weight's gradient is two reduce-scatters added before the output (see TIED_APPLY for apply's count).
     "hf_tied": {"forward": ({"all_gather": 20}, {"all_gather": 4}),
-                "backward": ({"all_gather": 20, "reduce_scatter": 21}, {"all_gather": 4, "reduce_scatter": 5})},
+                "backward": ({"all_gather": 20, "reduce_scatter": 21}, {"all_gather": 4, "reduce_scatter": 4})},
     "tt_fully_shard": {"forward": ({"all_gather": 17}, {"all_gather": 4}),
                        "backward": ({"reduce_scatter": 17}, {"reduce_scatter": 4})},
     "tt_hybrid_shard": {"forward": ({"all_gather": 17}, {"all_gather": 4}),
                         "backward": ({"all_reduce": 17, "reduce_scatter": 17},
                                      {"all_reduce": 17, "reduce_scatter": 4})},
 }
-NON_FSDP = {("hf_tied", "backward"): 2, ("tt_hybrid_shard", "backward"): 17}
+# ``apply`` on a captured graph (no aot descriptor annotations) classifies the tied weight's two partial-gradient
+# reduce-scatters as non-FSDP and leaves them (3 merged + 2 = 5); the backend attributes them by descriptor and
+# merges them (4). See test_tied_gradient_reduce_scatters_are_bucketed_alike_by_apply_and_backend.
+TIED_APPLY = {"all_gather": 4, "reduce_scatter": 5}
+NON_FSDP = {("apply", "hf_tied", "backward"): 2, ("apply", "tt_hybrid_shard", "backward"): 17,
+            ("backend", "tt_hybrid_shard", "backward"): 17}
 BUCKET_NAMES = {
     "hf_decoder_layers": ["model.embed_tokens", "model.layers.0", "model.layers.1", "lm_head+model.norm"],
     "torchtitan_layers": ["tok_embeddings", "layers.0", "layers.1", "lm_head+norm"],
@@ -164,20 +169,30 @@ def _no_process_group_left_open() -> Iterator[None]:
 
 # --- expectations -----------------------------------------------------------------------------------------------
 
-def _fsdp(case: str, graph: str, graph_counts: dict[str, int]) -> dict[tuple[str, str], int]:
-    """The FSDP part of a graph's counts, as overlapcfg's record keys them."""
+def _expected(path: str, case: str, graph: str) -> tuple[dict[str, int], dict[str, int], int]:
+    """``(graph counts before, graph counts after, non-FSDP collectives)`` for a route (``apply``/``backend``)."""
+    before, after = EXPECTED[case][graph]
+    if (path, case, graph) == ("apply", "hf_tied", "backward"):
+        after = TIED_APPLY
+    return before, after, NON_FSDP.get((path, case, graph), 0)
+
+
+def _fsdp(graph: str, graph_counts: dict[str, int], non_fsdp_rs: int) -> dict[tuple[str, str], int]:
+    """The FSDP part of a graph's counts, keyed as overlapcfg's record keys them."""
     out = {(graph, k): n for k, n in graph_counts.items() if k in ("all_gather", "reduce_scatter")}
-    if case == "hf_tied" and graph == "backward":
-        out[(graph, "reduce_scatter")] -= NON_FSDP[(case, graph)]
+    if non_fsdp_rs:
+        out[(graph, "reduce_scatter")] -= non_fsdp_rs
     return out
 
 
-def _assert_counts(case: str, graph: str, final: fx.GraphModule, record: Any) -> None:
-    before, after = EXPECTED[case][graph]
+def _assert_counts(path: str, case: str, graph: str, final: fx.GraphModule) -> None:
+    record = final.meta["overlapcfg"]
+    before, after, non_fsdp = _expected(path, case, graph)
+    rs_left = non_fsdp if case == "hf_tied" else 0  # HSDP's non-FSDP collectives are all-reduces
     assert C.counts(final) == after
-    assert {(d, k): n for d, k, n in record.before.fsdp} == _fsdp(case, graph, before)
-    assert {(d, k): n for d, k, n in record.after.fsdp} == _fsdp(case, graph, after)
-    assert record.before.other == record.after.other == len(record.non_fsdp) == NON_FSDP.get((case, graph), 0)
+    assert {(d, k): n for d, k, n in record.before.fsdp} == _fsdp(graph, before, rs_left)
+    assert {(d, k): n for d, k, n in record.after.fsdp} == _fsdp(graph, after, rs_left)
+    assert record.before.other == record.after.other == len(record.non_fsdp) == non_fsdp
     assert record.uncovered == ()
 
 
@@ -199,7 +214,8 @@ def _assert_bucket_contents(run: Run, graph: str, final: fx.GraphModule) -> None
     want_ag = C.bucket_numels(original, dynamo, "all_gather", run.case.bucket_of)
     assert C.compute_order_numels(final, ags) == list(want_ag.values()), list(want_ag)
     rss = C.merged(final, original, "reduce_scatter")
-    want_rs = C.bucket_numels(original, dynamo, "reduce_scatter", run.case.bucket_of)
+    left = final.meta["overlapcfg"].non_fsdp
+    want_rs = C.bucket_numels(original, dynamo, "reduce_scatter", run.case.bucket_of, skip=left)
     assert sorted(c.numel for c in rss) == sorted(want_rs.values()), list(want_rs)
 
 
@@ -214,7 +230,7 @@ def test_apply_on_captured_graphs_merges_every_fsdp_collective_and_leaves_the_re
         assert C.counts(run.original(graph)) == EXPECTED[case][graph][0]
         for depth in DEPTHS:
             final = run.applied[depth][graph]
-            _assert_counts(case, graph, final, final.meta["overlapcfg"])
+            _assert_counts("apply", case, graph, final)
             _assert_bucket_contents(run, graph, final)
 
 
@@ -241,7 +257,7 @@ def test_apply_names_buckets_by_module_fqns_without_the_dynamo_root(runs: Callab
             assert all(not m.split(".")[0].isdigit() and "[" not in m for m in b.modules), b.modules
         independent: Counter[tuple[str, str, int]] = Counter()
         for kind in ("all_gather", "reduce_scatter"):
-            per_bucket = _owner_counts(run, graph, kind)
+            per_bucket = _owner_counts(run, graph, kind, skip=record.non_fsdp)
             independent.update((kind, b, n) for b, n in per_bucket.items())
         recorded = Counter((c.kind, _tag(b.name), c.before) for b in record.buckets for c in b.collectives)
         assert recorded == independent
@@ -256,11 +272,11 @@ def _tag(bucket_name: str) -> str:
     return bucket_name.removeprefix("model.")
 
 
-def _owner_counts(run: Run, graph: str, kind: str) -> dict[str, int]:
+def _owner_counts(run: Run, graph: str, kind: str, skip: tuple[str, ...]) -> dict[str, int]:
     original, dynamo = run.original(graph), run.captured.dynamo_graph
     out: Counter[str] = Counter()
     for c in C.collectives(original):
-        if c.kind != kind:
+        if c.kind != kind or c.start.name in skip:
             continue
         param = C.gathered_param(c.start, dynamo) if kind == "all_gather" else C.reduced_param(c.wait, dynamo)
         if param is not None:
@@ -277,7 +293,7 @@ def test_backend_merges_every_fsdp_collective_and_achieves_the_depths(runs: Call
     for graph in GRAPHS:
         assert C.counts(run.backend_pre[graph]) == EXPECTED[case][graph][0]
         final = run.backend.graphs[graph]
-        _assert_counts(case, graph, final, final.meta["overlapcfg"])
+        _assert_counts("backend", case, graph, final)
         _assert_depths(_as_original(run, graph), graph, final, BACKEND_DEPTH)
 
 
@@ -300,8 +316,7 @@ def test_backend_attributes_each_collective_to_the_parameter_it_carries(runs: Ca
         pre = {n.name: n for n in run.backend_pre[graph].graph.nodes}
         owners = run.backend.collectives[graph]
         fsdp = [c for c in C.collectives(run.backend_pre[graph]) if c.kind in ("all_gather", "reduce_scatter")]
-        tied = NON_FSDP.get((case, graph), 0) if case == "hf_tied" else 0
-        assert len(owners) == len(fsdp) - tied
+        assert [o.node for o in owners] == [c.start.name for c in fsdp]
         for owner in owners:
             start, wait = pre[owner.node], pre[owner.wait]
             shard, full = run.shapes[owner.param_fqn]
@@ -337,12 +352,13 @@ def test_explain_applies_to_a_copy_of_an_untransformed_graph(runs: Callable[[str
         report = run.explained[graph]
         assert run.untouched[graph], "explain changed the graph it was given"
         (g,) = report.graphs
-        before, after = EXPECTED[case][graph]
+        before, after, non_fsdp = _expected("apply", case, graph)
+        rs_left = non_fsdp if case == "hf_tied" else 0
         assert g.name == graph
-        assert g.collectives_before == sum(_fsdp(case, graph, before).values())
-        assert g.collectives_after == sum(_fsdp(case, graph, after).values())
+        assert g.collectives_before == sum(_fsdp(graph, before, rs_left).values())
+        assert g.collectives_after == sum(_fsdp(graph, after, rs_left).values())
         assert g.uncovered == ()
-        assert len(g.non_fsdp) == NON_FSDP.get((case, graph), 0)
+        assert len(g.non_fsdp) == non_fsdp
         assert [b.name for b in report.buckets] == [b.name for b in run.applied[1][graph].meta["overlapcfg"].buckets]
         assert C.counts(report.forward if graph == "forward" else report.backward) == after
 
@@ -367,19 +383,36 @@ def test_hsdp_all_reduces_are_left_alone_and_reported_as_non_fsdp(runs: Callable
 
 
 @pytest.mark.slow
-def test_tied_embedding_gradient_reduce_scatters_are_left_alone(runs: Callable[[str], Run]) -> None:
-    """The tied weight's gradient is the sum of two reduce-scatters (``wait -> add -> output``): overlapcfg
-    classifies them as non-FSDP (as torch's ``is_fsdp_reduce_scatter`` does) and leaves both where they were."""
+def test_apply_leaves_the_tied_weights_partial_gradient_reduce_scatters_where_they_were(
+        runs: Callable[[str], Run]) -> None:
+    """On a captured graph, the tied weight's gradient is the sum of two reduce-scatters (``wait -> add ->
+    output``); without descriptor annotations ``apply`` classifies them as non-FSDP (as torch's
+    ``is_fsdp_reduce_scatter`` does) and leaves both untouched."""
     run = runs("hf_tied")
     original, final = run.original("backward"), run.applied[1]["backward"]
-    record = final.meta["overlapcfg"]
-    kept = [c.start.name for c in C.collectives(final) if c.kind == "reduce_scatter"
-            and c.start.name in record.non_fsdp]
-    assert len(kept) == 2 == len(record.non_fsdp)
+    left = final.meta["overlapcfg"].non_fsdp
     orig = {c.start.name: c for c in C.collectives(original)}
-    for name in kept:
-        adds = [u for u in orig[name].wait.users if u.op == "call_function"]
-        assert len(adds) == 1 and C.reduced_param(orig[name].wait, run.captured.dynamo_graph) is None
+    assert len(left) == 2
+    for name in left:
+        assert orig[name].kind == "reduce_scatter"
+        assert C.reduced_param(orig[name].wait, run.captured.dynamo_graph, through_sum=False) is None
+        assert C.reduced_param(orig[name].wait, run.captured.dynamo_graph) == "model.embed_tokens.weight"
+    kept = {C._signature(c) for c in C.collectives(final)}
+    assert {C._signature(orig[name]) for name in left} <= kept
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "overlapcfg inconsistency: the backend attributes the tied weight's two partial-gradient reduce-scatters by "
+    "aot descriptor (through the add) and merges them (backward RS 21 -> 4), while apply on the same graph "
+    "captured without overlapcfg falls back to torch's is_fsdp_reduce_scatter, reports them as non-FSDP and "
+    "leaves them (21 -> 5): the same model buckets differently by route, and the record calls FSDP gradient "
+    "reduce-scatters 'not FSDP's'"))
+def test_tied_gradient_reduce_scatters_are_bucketed_alike_by_apply_and_backend(runs: Callable[[str], Run]) -> None:
+    run = runs("hf_tied")
+    by_apply = run.applied[1]["backward"].meta["overlapcfg"]
+    by_backend = run.backend.graphs["backward"].meta["overlapcfg"]
+    assert (by_apply.before, by_apply.after) == (by_backend.before, by_backend.after)
 
 
 # --- explain with no process group, on a graph that names mesh sub-groups --------------------------------------
@@ -406,27 +439,40 @@ def test_explain_bare_fully_shard_graph_outside_its_group(runs: Callable[[str], 
 
 # --- 2-rank gloo parity ---------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", ["hf_llama", "tt_fully_shard"])
-def test_one_training_step_on_gloo_is_bitwise_identical_to_the_untransformed_compile(case: str) -> None:
-    cfg = {"strategy": "manual", "plan": C.CASES[case].plan, "policy": {"forward_prefetch": 2}}
-    results = run_on_gloo(C.parity_worker, case, cfg, world_size=2, timeout_s=170)
+PARITY = ("hf_llama", "tt_fully_shard")
+
+
+@pytest.fixture(scope="module")
+def parity() -> list[dict[str, Any]]:
+    """Both models in one spawn (each rank imports torch, transformers and torchtitan once)."""
+    jobs = [(case, {"strategy": "manual", "plan": C.CASES[case].plan, "policy": {"forward_prefetch": 2}})
+            for case in PARITY]
+    results = run_on_gloo(C.parity_worker, jobs, world_size=2, timeout_s=280)
     assert not dist.is_initialized()
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", PARITY)
+def test_one_training_step_on_gloo_is_bitwise_identical_to_the_untransformed_compile(
+        parity: list[dict[str, Any]], case: str) -> None:
+    results = [res[case] for res in parity]
     for rank, res in enumerate(results):
         got, ref = res["transformed"], res["reference"]
         assert got["uncovered"] == 0
-        assert got["fsdp_after"]["forward"] == 4 < ref["fsdp_after"]["forward"], got["counts"]
-        assert got["counts"]["forward"] == EXPECTED[case]["forward"][1]
-        assert ref["counts"]["forward"] == EXPECTED[case]["forward"][0]
+        assert got["counts"] == {g: EXPECTED[case][g][1] for g in GRAPHS}, rank
+        assert ref["counts"] == {g: EXPECTED[case][g][0] for g in GRAPHS}, rank
         assert torch.isfinite(got["loss"]) and torch.equal(got["loss"], ref["loss"]), rank
         assert list(got["grads"]) == list(ref["grads"]) and got["grads"], rank
         for name, grad in got["grads"].items():
             assert torch.equal(grad, ref["grads"][name]), (rank, name)
         if "eager_loss" in res:  # the collectives really communicated: the sharded loss is the unsharded one
             torch.testing.assert_close(got["loss"], res["eager_loss"])
+    # Both ranks computed the same full-model loss from their own shards, and hold different gradient shards.
     assert torch.equal(results[0]["transformed"]["loss"], results[1]["transformed"]["loss"])
-    shards = [set(r["transformed"]["grads"]) for r in results]
-    assert shards[0] == shards[1]
+    assert list(results[0]["transformed"]["grads"]) == list(results[1]["transformed"]["grads"])
+    assert any(not torch.equal(a, b) for a, b in zip(results[0]["transformed"]["grads"].values(),
+                                                      results[1]["transformed"]["grads"].values(), strict=True))
 
 
 # --- the independent checker itself (no capture) ----------------------------------------------------------------

@@ -52,8 +52,8 @@ class StreamTime(_Data):
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One interval on one stream (timelines only: events never go into JSON). ``kind``: compute, memory (bandwidth-bound kernel), all_gather,
-    reduce_scatter, all_reduce, other, or wait (the compute stream stalled on ``node``)."""
+    """One interval on one stream, for timelines (never in JSON). ``kind``: compute, memory (bandwidth-bound
+    kernel), all_gather, reduce_scatter, all_reduce, other, or wait (the compute stream stalled on ``node``)."""
 
     graph: str
     node: str
