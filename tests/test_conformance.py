@@ -397,8 +397,8 @@ def test_apply_leaves_the_tied_weights_partial_gradient_reduce_scatters_where_th
         assert orig[name].kind == "reduce_scatter"
         assert C.reduced_param(orig[name].wait, run.captured.dynamo_graph, through_sum=False) is None
         assert C.reduced_param(orig[name].wait, run.captured.dynamo_graph) == "model.embed_tokens.weight"
-    kept = {C._signature(c) for c in C.collectives(final)}
-    assert {C._signature(orig[name]) for name in left} <= kept
+    kept = {C.signature(c) for c in C.collectives(final)}
+    assert {C.signature(orig[name]) for name in left} <= kept
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ def train(tmp_path: Path, name: str, *overrides: str) -> list[float]:
 
 @pytest.mark.slow
 def test_recipe_losses_equal_the_unoverlapped_run(tmp_path):
-    overlapped = train(tmp_path, "manual", "overlap/policy=aggressive", "debug=true")
+    overlapped = train(tmp_path, "manual", "overlap/policy=aggressive", "overlap.verify=true")
     baseline = train(tmp_path, "none", "overlap.strategy=none")
     assert len(overlapped) == 3 and all(loss == loss for loss in overlapped) and len(set(overlapped)) > 1
     assert overlapped == baseline

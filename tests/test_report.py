@@ -109,7 +109,7 @@ def test_uncovered_collectives_are_listed_with_their_owners(traced_2l_reshard):
 def test_json_round_trip_is_lossless_and_versioned(report):
     text = report.to_json()
     data = json.loads(text)
-    assert data["schema"] == SCHEMA == "overlapcfg.report/1"
+    assert data["schema"] == SCHEMA == "overlapcfg.report/2"
     assert "forward" not in data and data["simulation"]["hardware"] == "h100_nvlink"
     again = Report.from_json(text)
     assert again == report and again.to_json() == text
@@ -123,8 +123,18 @@ def test_explain_accepts_a_graph_module_that_already_went_through_apply(report):
     assert [g.name for g in bare.graphs] == ["forward"]
     assert [b.name for b in bare.buckets] == [b.name for b in report.buckets]
     assert bare.graph("forward").order == report.graph("forward").order
-    with pytest.raises(TypeError, match="no overlapcfg pass record"):
+    with pytest.raises(TypeError, match="names its group size"):
         explain(fx.symbolic_trace(lambda x: x + 1), DEFAULT)
+
+
+def test_explain_applies_the_config_to_a_copy_of_an_untransformed_graph(report, traced_2l_reshard):
+    """Issue: explain(gm, cfg) on a graph apply had not seen raised 'run overlapcfg.apply on it first'."""
+    original = traced_2l_reshard.forward
+    code = original.code
+    bare = explain(original, DEFAULT, graph_kind="forward")
+    assert original.code == code and "overlapcfg" not in original.meta
+    assert [b.name for b in bare.buckets] == [b.name for b in report.buckets]
+    assert bare.graph("forward").collectives_after < bare.graph("forward").collectives_before
 
 
 def test_a_bare_graph_is_predicted_at_its_traced_group_size(report):

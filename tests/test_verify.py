@@ -110,36 +110,39 @@ def test_consumer_moved_before_its_input_is_caught(step: TracedStep, good: fx.Gr
     assert f"{consumer.name}: reads {wait.name} before they are computed" in message
 
 
-def test_apply_debug_raises_when_a_strategy_breaks_the_graph(step: TracedStep) -> None:
-    from overlapcfg.graph.schedule import ScheduleResult
-    from overlapcfg.strategies.base import Strategy, no_bucketing
-    from overlapcfg.strategies.registry import _REGISTRY, register_strategy
+def test_apply_raises_when_a_strategy_breaks_the_graph_and_restores_it(step: TracedStep) -> None:
+    from overlapcfg.config import contracts
+    from overlapcfg.strategies import StrategyResult, registry
+    from overlapcfg.strategies.registry import register_strategy
 
-    def drop_first_wait(gm: fx.GraphModule, ctx: Any, merged: Any) -> ScheduleResult:
+    @register_strategy("test_breaker")
+    def drop_first_wait(gm: fx.GraphModule, ctx: Any) -> StrategyResult:
         wait = next(iter(gm.graph.find_nodes(op="call_function", target=_c10d.wait_tensor.default)))
         wait.replace_all_uses_with(wait.args[0])
         gm.graph.erase_node(wait)
-        return ScheduleResult((), ())
-
-    @register_strategy("test_breaker")
-    def make(plan: Any, policy: Any) -> Strategy:
-        return Strategy("test_breaker", no_bucketing, drop_first_wait)
+        return StrategyResult()
 
     try:
         gm = copy.deepcopy(step.forward)
+        code = gm.code
         with fake_process_group(step.world_size, step.rank), pytest.raises(OverlapVerificationError) as info:
-            apply(gm, load_config({"strategy": "test_breaker", "plan": "llama_layers"}), module_fqn_fn=step.module_fqn_fn("forward"),
-                  module_fqns=step.module_fqns, graph_kind="forward")
+            apply(gm, load_config({"strategy": "test_breaker", "plan": "llama_layers"}),
+                  module_fqn_fn=step.module_fqn_fn("forward"), module_fqns=step.module_fqns, graph_kind="forward")
         assert "overlapcfg[test_breaker]" in str(info.value)
-        assert "expected exactly one wait_tensor, found 0" in str(info.value)
+        assert "wait" in str(info.value)
+        assert gm.code == code  # verification failed: the graph is put back
     finally:
-        _REGISTRY.pop("test_breaker", None)
+        registry._STRATEGIES.pop("test_breaker", None)
+        contracts._CONTRACTS.pop("test_breaker", None)
 
 
 # --- apply's edges -----------------------------------------------------------------------------------------
 
-def test_graph_without_fsdp_collectives_is_returned_unchanged_with_one_info_line(
+def test_graph_without_fsdp_collectives_is_returned_unchanged_with_one_warning(
         caplog: pytest.LogCaptureFixture) -> None:
+    from overlapcfg.passes import pipeline
+
+    pipeline._WARNED.clear()
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x @ x) + 1
 
@@ -151,15 +154,15 @@ def test_graph_without_fsdp_collectives_is_returned_unchanged_with_one_info_line
     assert gm.code == code and [n.name for n in gm.graph.nodes] == nodes
     lines = [r for r in caplog.records if r.name.startswith("overlapcfg") and r.levelno >= logging.INFO]
     assert len(lines) == 1, [r.getMessage() for r in lines]
-    assert lines[0].levelno == logging.INFO and "no FSDP collectives" in lines[0].getMessage()
+    assert lines[0].levelno == logging.WARNING and "no FSDP parameter all-gather" in lines[0].getMessage()
     assert gm.meta["overlapcfg"].after.total_fsdp == 0
 
 
 def test_collectives_outside_the_plan_stay_unmerged_and_are_reported(step: TracedStep, applied: ApplyFn) -> None:
     gm = applied(step, "forward", {"plan": {"buckets": ["layers.*"]}})
     outside = [c for c in step.collectives_in("forward") if not c.module_fqn.startswith("layers.")]
-    assert {m for _, m in gm.meta["overlapcfg"].uncovered} == {"tok_embeddings", "norm", "output"}
-    assert list(gm.meta["overlapcfg"].uncovered) == [(c.node, c.module_fqn) for c in outside]
+    assert {u.owner for u in gm.meta["overlapcfg"].uncovered} == {"tok_embeddings", "norm", "output"}
+    assert [(u.node, u.owner) for u in gm.meta["overlapcfg"].uncovered] == [(c.node, c.module_fqn) for c in outside]
     by_name = {n.name: n for n in gm.graph.nodes}
     for c in outside:  # the original nodes are still there, untouched and unmerged
         assert by_name[c.node].target is _c10d.all_gather_into_tensor.default
@@ -179,7 +182,7 @@ def test_config_error_leaves_the_graph_untouched(step: TracedStep, cfg: dict[str
     gm = copy.deepcopy(step.forward)
     code, nodes = gm.code, [(n.name, n.target) for n in gm.graph.nodes]
     with fake_process_group(step.world_size, step.rank), pytest.raises(OverlapConfigError):
-        apply(gm, cfg, module_fqn_fn=step.module_fqn_fn("forward"), module_fqns=step.module_fqns,
+        apply(gm, load_config(cfg), module_fqn_fn=step.module_fqn_fn("forward"), module_fqns=step.module_fqns,
               graph_kind="forward")
     assert gm.code == code
     assert [(n.name, n.target) for n in gm.graph.nodes] == nodes

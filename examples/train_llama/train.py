@@ -55,7 +55,7 @@ def train(cfg: DictConfig) -> list[float]:
         model = Llama(model_cfg, device=device, seed=cfg.seed)
         shard_module(model, world_size=world_size, rank=rank, reshard_after_forward=cfg.reshard_after_forward)
         compiled = torch.compile(model, fullgraph=True,  # overlapcfg: the pass runs on the fw/bw graphs
-                                 backend=backend(overlap, compiler=cfg.compiler, debug=cfg.debug))
+                                 backend=backend(overlap, compiler=cfg.compiler))
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         if rank == 0:
             log.info("training %d layers on %d ranks (%s), strategy %s, plan %s", model_cfg.n_layers, world_size,

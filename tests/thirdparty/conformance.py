@@ -45,6 +45,7 @@ __all__ = [
     "prefetch_depths",
     "reduce_scatter_delays",
     "reduced_param",
+    "signature",
     "source_fqn",
     "spied_backend",
 ]
@@ -188,14 +189,14 @@ def counts(gm: fx.GraphModule) -> dict[str, int]:
     return dict(Counter(c.kind for c in collectives(gm)))
 
 
-def _signature(c: Coll) -> tuple[str, str, tuple[str, ...]]:
+def signature(c: Coll) -> tuple[str, str, tuple[str, ...]]:
     return (c.start.name, str(c.start.target), tuple(a.name for a in c.start.all_input_nodes))
 
 
 def merged(final: fx.GraphModule, original: fx.GraphModule, kind: str) -> list[Coll]:
     """Collectives of ``kind`` in ``final`` that are not an original one left as it was (same name, op, inputs)."""
-    kept = {_signature(c) for c in collectives(original)}
-    return [c for c in collectives(final) if c.kind == kind and _signature(c) not in kept]
+    kept = {signature(c) for c in collectives(original)}
+    return [c for c in collectives(final) if c.kind == kind and signature(c) not in kept]
 
 
 def _positions(gm: fx.GraphModule) -> dict[fx.Node, int]:

@@ -1,0 +1,105 @@
+"""What the FSDP2 driver refuses, and what it reads but cannot use, decided before any module is sharded.
+
+Config faults (``OverlapConfigError``, one per field, path from where the user mounted the config) are collected
+here and raised together with the plan's own faults by ``overlapcfg.fsdp2.layout``. Misuse of the Python API (an
+unknown ``fully_shard`` keyword, a model FSDP2 already manages) is a ``TypeError`` / ``RuntimeError``, raised
+first: there is no config path to point at.
+
+Settings the driver reads but that have no eager meaning are not errors (one config serves the compiled and the
+eager path) but each becomes a note on the record: never silently dropped.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+from overlapcfg.config import Bucket, OverlapConfig, OverlapPolicy
+from overlapcfg.errors import Fault, closest_first, did_you_mean
+
+__all__ = ["NATIVE_REDUCE_SCATTER_DELAY", "check_config", "check_kwargs", "check_unsharded", "ignored_settings"]
+
+NATIVE_REDUCE_SCATTER_DELAY = 1
+"""FSDP2's own reduce-scatter overlap, in the policy's terms. In post-backward a bucket issues its reduce-scatter
+and moves on; the previous bucket's reduce-scatter is waited (its input buffer reused) just before this one is
+issued, after this bucket's gradients were computed. So a reduce-scatter overlaps the next bucket's backward
+compute, which is what ``reduce_scatter_delay: 1`` asks for (the compiled schedule also lets it overlap the next
+reduce-scatter's issue). 0 (wait right after issue) and >= 2 have no FSDP2 knob per bucket."""
+
+_WHY_NOT: dict[str, str] = {
+    "auto": "it is torch's automatic scheduler for compiled graphs, and eager FSDP2 has no graph to reorder",
+    "torch_manual": "it runs upstream's manual_overlap_bucketing graph pass, and eager FSDP2 runs no graph pass "
+                    "(use 'manual': at depth 1 it asks FSDP2 for the same overlap)",
+    "none": "it leaves a graph's collectives as traced, and here there is no graph; for FSDP2 without explicit "
+            "prefetch call torch.distributed.fsdp.fully_shard yourself",
+}
+
+_RESERVED = ("module", "mesh")
+
+
+def check_config(cfg: OverlapConfig, root: str) -> list[Fault]:
+    """Faults of ``cfg`` the FSDP2 driver cannot honour: a strategy other than ``manual``, a reduce-scatter
+    delay other than FSDP2's native one (policy, plan entry or override), no plan."""
+    faults: list[Fault] = []
+    if cfg.strategy != "manual":
+        why = _WHY_NOT.get(cfg.strategy, "it is a graph strategy for compiled graphs, and eager FSDP2 runs none")
+        faults.append(Fault(f"{root}.strategy", f"the FSDP2 driver (overlapcfg.fully_shard) runs strategy 'manual' "
+                                                f"only, got {cfg.strategy!r}: {why}"))
+        return faults  # the policy belongs to that strategy; judging its fields would only add noise
+    if cfg.plan is None:
+        faults.append(Fault(f"{root}.plan", "the FSDP2 driver needs a plan: a preset name or a mapping with 'buckets'"))
+    message = (f"FSDP2 has no per-bucket reduce-scatter delay: each bucket's reduce-scatter overlaps the next "
+               f"bucket's backward compute, which is reduce_scatter_delay {NATIVE_REDUCE_SCATTER_DELAY}; got {{got}}. "
+               f"Use {NATIVE_REDUCE_SCATTER_DELAY} (or leave it unset) with overlapcfg.fully_shard")
+    if isinstance(cfg.policy, OverlapPolicy) and cfg.policy.reduce_scatter_delay != NATIVE_REDUCE_SCATTER_DELAY:
+        faults.append(Fault(f"{root}.policy.reduce_scatter_delay", message.format(got=cfg.policy.reduce_scatter_delay)))
+    for i, entry in enumerate(cfg.plan.buckets if cfg.plan is not None else ()):
+        if isinstance(entry, Bucket) and entry.reduce_scatter_delay not in (None, NATIVE_REDUCE_SCATTER_DELAY):
+            faults.append(Fault(f"{root}.plan.buckets[{i}].reduce_scatter_delay",
+                                message.format(got=entry.reduce_scatter_delay)))
+    for i, override in enumerate(cfg.overrides):
+        if override.reduce_scatter_delay not in (None, NATIVE_REDUCE_SCATTER_DELAY):
+            faults.append(Fault(f"{root}.overrides[{i}].reduce_scatter_delay",
+                                message.format(got=override.reduce_scatter_delay)))
+    return faults
+
+
+def ignored_settings(cfg: OverlapConfig, root: str) -> tuple[str, ...]:
+    """Compiled-graph settings that mean nothing to eager FSDP2, set away from their defaults: one note each."""
+    notes = []
+    if isinstance(cfg.policy, OverlapPolicy):
+        if cfg.policy.insert_overlap_deps:
+            notes.append(f"{root}.policy.insert_overlap_deps is ignored: it orders a compiled graph for inductor; "
+                         "FSDP2 issues its collectives from module hooks")
+        if cfg.policy.bucket_mode != OverlapPolicy.model_fields["bucket_mode"].default:
+            notes.append(f"{root}.policy.bucket_mode={cfg.policy.bucket_mode!r} is ignored: FSDP2 merges a bucket's "
+                         "parameters into one all-gather itself (fully_shard of the bucket's modules)")
+    return tuple(notes)
+
+
+def check_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """``TypeError`` for a keyword ``torch.distributed.fsdp.fully_shard`` does not take, before anything is sharded
+    (torch would only say so at the first call, possibly after an earlier bucket was sharded)."""
+    accepted = [name for name in inspect.signature(torch_fully_shard).parameters if name not in _RESERVED]
+    for name in kwargs:
+        if name in _RESERVED:
+            raise TypeError(f"overlapcfg.fully_shard: {name!r} is not a pass-through keyword; the model is the first "
+                            "argument and mesh= is overlapcfg.fully_shard's own keyword")
+        if name not in accepted:
+            raise TypeError(f"overlapcfg.fully_shard got an unexpected keyword {name!r}{did_you_mean(name, accepted)};"
+                            f" torch.distributed.fsdp.fully_shard takes: {', '.join(closest_first(name, accepted))}")
+
+
+def check_unsharded(model: nn.Module) -> None:
+    """``RuntimeError`` if FSDP2 already manages a module of ``model``: the driver applies FSDP2 itself, and FSDP2
+    cannot be applied to a module twice or regroup modules that already have a state."""
+    for name, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            where = f"module {name!r}" if name else "the model itself"
+            raise RuntimeError(f"overlapcfg.fully_shard: {where} is already sharded with FSDP2; pass the unsharded "
+                               "model (the driver calls torch's fully_shard on every bucket and on the root)")

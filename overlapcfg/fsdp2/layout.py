@@ -1,0 +1,241 @@
+"""The FSDP2 sharding layout: which modules each ``fully_shard`` call groups, with which ``reshard_after_forward``,
+and whom each group prefetches. Derived from the config and the module tree alone; nothing is sharded here.
+
+Every fault is collected and raised as one ``OverlapConfigError`` (the plan's own faults from
+``overlapcfg.resolve`` included), so a config that fails here leaves the model exactly as it was.
+
+Forward order is the order of each bucket's first module in ``model.named_modules()`` (registration order):
+FSDP2 sets prefetch lists before any forward has run, so it cannot observe the order, and transformer stacks
+register their modules in the order they run (embedding, blocks, norm, head). The record lists the order used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from overlapcfg.config import Bucket, OverlapConfig, OverlapPolicy
+from overlapcfg.errors import Fault, OverlapConfigError
+from overlapcfg.fsdp2.checks import check_config, ignored_settings
+from overlapcfg.fsdp2.prefetch import DirectionPlan, plan_direction
+from overlapcfg.fsdp2.tree import ModuleTree, ParamInfo, module_tree, param_info
+from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
+
+__all__ = ["LayoutBucket", "ShardLayout", "plan_layout", "reshards"]
+
+logger = logging.getLogger(__name__)
+
+HEADER = "the config cannot drive FSDP2 on this model"
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutBucket:
+    """One ``fully_shard`` call: a resolved bucket, its modules and parameters, its ``reshard_after_forward``."""
+
+    resolved: ResolvedBucket
+    modules: tuple[nn.Module, ...]
+    reshard_after_forward: bool | int | None
+    """Passed to ``fully_shard`` for this bucket; None: not passed (FSDP2's default, true for a non-root)."""
+    reshard_origin: str
+    """Where the value came from: the plan entry's path, ``fully_shard(reshard_after_forward=...)`` or ``FSDP2
+    default``."""
+    params: tuple[ParamInfo, ...]
+
+    @property
+    def name(self) -> str:
+        return self.resolved.name
+
+    @property
+    def unsharded_bytes(self) -> int:
+        return sum(p.unsharded_bytes for p in self.params)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLayout:
+    """Everything ``overlapcfg.fully_shard`` does, decided up front. Bucket indices refer to ``buckets``."""
+
+    buckets: tuple[LayoutBucket, ...]
+    """In forward order (see the module docstring)."""
+    root_params: tuple[ParamInfo, ...]
+    """Parameters in no bucket: the root's ``fully_shard`` groups them."""
+    uncovered: tuple[str, ...]
+    """Modules owning parameters that no bucket holds (``ResolvedPlan.uncovered``)."""
+    chain: tuple[int, ...]
+    """Buckets that have parameters (a bucket without any has no all-gather to prefetch), forward order."""
+    forward: DirectionPlan
+    """Positions are indices into ``chain``."""
+    backward: DirectionPlan
+    """Positions are indices into ``reversed(chain)``."""
+    forward_lists: tuple[tuple[int, ...], ...]
+    """Per bucket, the buckets it prefetches in forward (``set_modules_to_forward_prefetch``)."""
+    backward_lists: tuple[tuple[int, ...], ...]
+    """Per bucket, the buckets it prefetches in backward; empty means none (see ``overlapcfg.fsdp2.shard``)."""
+    root_forward: tuple[int, ...]
+    """What the root prefetches in its pre-forward: the first bucket unless its forward depth is 0."""
+    root_backward: tuple[int, ...]
+    """What the root prefetches in its pre-backward: the last bucket unless its backward depth is 0."""
+    shard_size: int | None
+    notes: tuple[str, ...]
+
+
+def reshards(value: bool | int | None) -> bool:
+    """Whether FSDP2 frees the unsharded parameters after forward (so backward all-gathers them again) for a
+    non-root ``reshard_after_forward`` value: None (default) and True do; False and the int 1 (one rank) do not."""
+    if value is None or value is True:
+        return True
+    return value is not False and value != 1
+
+
+def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None, kwargs: Mapping[str, Any],
+                root: str = "overlap") -> ShardLayout:
+    """The layout for ``model`` (unchanged) under ``cfg``; ``OverlapConfigError`` lists every fault.
+
+    ``shard_size``: ranks each parameter is sharded over (None if unknown: int ``reshard_after_forward`` values
+    are then left to torch). ``kwargs``: the pass-through ``fully_shard`` keywords.
+    """
+    faults = check_config(cfg, root)
+    if cfg.strategy != "manual" or cfg.plan is None:  # nothing more can be judged without the manual plan
+        raise OverlapConfigError(faults, header=HEADER)
+    _check_default_reshard(kwargs.get("reshard_after_forward"), shard_size)
+    tree = module_tree(model)
+    policy = cfg.policy if isinstance(cfg.policy, OverlapPolicy) else OverlapPolicy()
+    try:
+        plan = resolve_plan(cfg.plan, tree.fqns, tree.owners, overrides=cfg.overrides, policy=policy,
+                            path=f"{root}.plan", overrides_path=f"{root}.overrides")
+    except OverlapConfigError as err:
+        raise OverlapConfigError([*err.faults, *faults], header=HEADER) from None
+    ordered = sorted(plan.buckets, key=lambda b: min(tree.order[m] for m in b.modules))
+    faults += _root_in_bucket(ordered, root)
+    if cfg.strict and not ordered:
+        faults.append(Fault(f"{root}.plan.buckets", "the plan has no buckets, so FSDP2 would shard the whole model as "
+                                                    "one group (overlap.strict is set)"))
+    ignored = _ignored_params(kwargs)
+    param_dtype = _param_dtype(kwargs)
+    homes = _homes(tree, plan, ignored)
+    faults += _shared_params(homes, ordered, root)
+    buckets = []
+    for b in ordered:
+        value, origin, fault = _reshard(cfg, b, kwargs, shard_size, root)
+        faults += fault
+        params = tuple(param_info(owner, name, p, shard_size=shard_size, param_dtype=param_dtype)
+                       for owner, name, p, home in homes if home is b)
+        buckets.append(LayoutBucket(b, tuple(tree.modules[m] for m in b.modules),
+                                    value, origin, params))
+    if faults:
+        raise OverlapConfigError(faults, header=HEADER)
+    root_params = tuple(param_info(owner, name, p, shard_size=shard_size, param_dtype=param_dtype)
+                        for owner, name, p, home in homes if home is None)
+    return _with_prefetch(buckets, root_params, plan, shard_size, policy.max_inflight_bytes,
+                          (*ignored_settings(cfg, root), *_notes(buckets, root_params)))
+
+
+def _with_prefetch(buckets: list[LayoutBucket], root_params: tuple[ParamInfo, ...], plan: ResolvedPlan,
+                   shard_size: int | None, cap: int | None, notes: tuple[str, ...]) -> ShardLayout:
+    chain = tuple(i for i, b in enumerate(buckets) if b.params)
+    back = tuple(reversed(chain))
+    fwd = plan_direction([buckets[i].name for i in chain], [buckets[i].resolved.forward_prefetch for i in chain],
+                         [buckets[i].unsharded_bytes for i in chain], cap, "forward")
+    bwd = plan_direction([buckets[i].name for i in back], [buckets[i].resolved.backward_prefetch for i in back],
+                         [buckets[i].unsharded_bytes if reshards(buckets[i].reshard_after_forward) else 0
+                          for i in back], cap, "backward")
+    forward_lists: list[tuple[int, ...]] = [() for _ in buckets]
+    backward_lists: list[tuple[int, ...]] = [() for _ in buckets]
+    for p, targets in enumerate(fwd.lists):
+        forward_lists[chain[p]] = tuple(chain[q] for q in targets)
+    for p, targets in enumerate(bwd.lists):
+        backward_lists[back[p]] = tuple(back[q] for q in targets)
+    # The first bucket of each direction has no bucket before it to prefetch it: the root does, as the compiled
+    # schedule issues it before the first compute, unless the bucket's own depth is 0.
+    root_forward = chain[:1] if chain and buckets[chain[0]].resolved.forward_prefetch > 0 else ()
+    root_backward = back[:1] if back and buckets[back[0]].resolved.backward_prefetch > 0 else ()
+    return ShardLayout(tuple(buckets), root_params, plan.uncovered, chain, fwd, bwd, tuple(forward_lists),
+                       tuple(backward_lists), root_forward, root_backward, shard_size, notes)
+
+
+def _check_default_reshard(value: object, shard_size: int | None) -> None:
+    """The pass-through ``reshard_after_forward`` is checked like a plan value, but it is API input: ``ValueError``."""
+    if value is None or isinstance(value, bool):
+        return
+    if not isinstance(value, int) or value < 1 or (shard_size is not None and shard_size % value):
+        raise ValueError(f"overlapcfg.fully_shard: reshard_after_forward={value!r} must be a bool or an integer "
+                         f"that divides the shard world size ({shard_size})")
+
+
+def _reshard(cfg: OverlapConfig, bucket: ResolvedBucket, kwargs: Mapping[str, Any], shard_size: int | None,
+             root: str) -> tuple[bool | int | None, str, list[Fault]]:
+    entry = cfg.plan.buckets[bucket.entry_index] if cfg.plan is not None else None
+    path = f"{root}.plan.buckets[{bucket.entry_index}].reshard_after_forward"
+    own = entry.reshard_after_forward if isinstance(entry, Bucket) else None
+    if own is None:
+        given = kwargs.get("reshard_after_forward")
+        return given, "FSDP2 default" if given is None else "fully_shard(reshard_after_forward=...)", []
+    faults = []
+    if not isinstance(own, bool) and shard_size is not None and (own > shard_size or shard_size % own):
+        faults.append(Fault(path, f"{own} does not divide the shard world size {shard_size}: FSDP2 reshards to "
+                                  "groups of that many ranks (true: all of them, false: keep unsharded)"))
+    return own, path, faults
+
+
+def _root_in_bucket(buckets: list[ResolvedBucket], root: str) -> list[Fault]:
+    return [Fault(f"{root}.plan.buckets[{b.entry_index}]",
+                  f"entry {b.entry_text} holds the root module, which the FSDP2 driver shards last for the parameters "
+                  "no bucket holds; name the submodules instead")
+            for b in buckets if "" in b.modules]
+
+
+_Home = tuple[str, str, nn.Parameter, ResolvedBucket | None]
+
+
+def _homes(tree: ModuleTree, plan: ResolvedPlan, ignored: set[nn.Parameter]) -> list[_Home]:
+    """``(owner, name, parameter, bucket or None for the root)`` for every direct parameter, model order."""
+    out: list[_Home] = []
+    for owner, params in tree.direct.items():
+        b = plan.bucket_of(owner)
+        for name, p in params:
+            if p not in ignored:
+                out.append((owner, name, p, b))
+    return out
+
+
+def _shared_params(homes: list[_Home], ordered: list[ResolvedBucket], root: str) -> list[Fault]:
+    """A parameter reachable from two groups (tied weights): FSDP2 would fail at the first forward."""
+    first: dict[nn.Parameter, tuple[str, ResolvedBucket | None]] = {}
+    faults: list[Fault] = []
+    for owner, name, p, b in homes:
+        fqn = f"{owner}.{name}" if owner else name
+        seen = first.setdefault(p, (fqn, b))
+        if seen[1] is b:
+            continue
+        where = [x for x in (seen[1], b) if x is not None]
+        path = f"{root}.plan.buckets[{where[-1].entry_index}]"
+        groups = " and ".join(f"bucket {x.name!r}" if x is not None else "the root group" for x in (seen[1], b))
+        faults.append(Fault(path, f"parameter {fqn!r} is the same tensor as {seen[0]!r} (tied), held by {groups}; "
+                                  "FSDP2 shards a parameter in one group only: put both modules in one bucket "
+                                  f"([{seen[0].rpartition('.')[0]}, {owner}])"))
+    return faults
+
+
+def _ignored_params(kwargs: Mapping[str, Any]) -> set[nn.Parameter]:
+    return set(kwargs.get("ignored_params") or ())
+
+
+def _param_dtype(kwargs: Mapping[str, Any]) -> torch.dtype | None:
+    mp = kwargs.get("mp_policy")
+    return mp.param_dtype if isinstance(mp, MixedPrecisionPolicy) else None
+
+
+def _notes(buckets: list[LayoutBucket], root_params: tuple[ParamInfo, ...]) -> tuple[str, ...]:
+    notes = [f"bucket {b.name!r} holds no parameters: it is sharded but has no all-gather to prefetch"
+             for b in buckets if not b.params]
+    if root_params:
+        owners = list(dict.fromkeys(p.owner or "<root>" for p in root_params))
+        shown = ", ".join(owners[:6]) + (f" ... ({len(owners)} modules)" if len(owners) > 6 else "")
+        notes.append(f"{len(root_params)} parameter(s) in no bucket go to the root's group ({shown}): gathered at "
+                     "the root's pre-forward and kept until backward ends")
+    return tuple(notes)

@@ -1,0 +1,115 @@
+"""``overlapcfg.fully_shard(model, cfg)``: drive eager FSDP2 from the same plan and policy as the compiled path.
+
+The one place in the package with side effects on the model, in three steps:
+
+1. **Decide everything** (``overlapcfg.fsdp2.layout``): load the config, check the keywords, resolve the plan
+   against ``model.named_modules()``, size every bucket, plan the prefetch lists. Any fault raises here, before
+   a single module is sharded, so the model comes back exactly as it was given.
+2. **Shard**: torch's ``fully_shard`` once per bucket (a list of modules where the bucket holds several, so FSDP2
+   all-gathers them as one group), deepest buckets first, then once on the root for the parameters no bucket
+   holds (FSDP2 requires inner modules to be sharded before the modules containing them).
+3. **Prefetch**: ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` on every group, from
+   the plan's depths (``overlapcfg.fsdp2.prefetch``), then the record is attached (``overlapcfg.fsdp2.record``).
+
+Not done: choosing a mesh (``mesh=None`` is FSDP2's default, every rank of the default group), mixed precision or
+offload (pass them through as ``fully_shard`` keywords), activation checkpointing (apply it before, it is
+transparent to the plan's patterns).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+from overlapcfg.config import load_config
+from overlapcfg.config.load import ConfigSource
+from overlapcfg.fsdp2.checks import check_kwargs, check_unsharded
+from overlapcfg.fsdp2.layout import ShardLayout, plan_layout
+from overlapcfg.fsdp2.record import RECORD_ATTR, build_record
+
+__all__ = ["fully_shard"]
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def fully_shard(model: M, cfg: ConfigSource, *, mesh: DeviceMesh | None = None, config_root: str = "overlap",
+                **fully_shard_kwargs: Any) -> M:
+    """Shard ``model`` with FSDP2, one ``fully_shard`` group per bucket of ``cfg``'s plan, prefetching as its policy
+    says; returns ``model`` (sharded in place, as torch's ``fully_shard`` does).
+
+    ``cfg``: anything ``overlapcfg.load_config`` reads (a config, a dict, YAML text, a ``pathlib.Path``, a Hydra
+    node); its strategy must be ``manual``. ``mesh``: the data-parallel ``DeviceMesh`` (None: FSDP2's default).
+    ``config_root``: where the config sits in the user's tree, so faults read ``trainer.overlap.plan...``.
+    ``fully_shard_kwargs``: passed to every ``torch.distributed.fsdp.fully_shard`` call (``mp_policy``,
+    ``offload_policy``, ``reshard_after_forward`` as the default of buckets that set none, ...).
+
+    Raises ``OverlapConfigError`` (every fault, with its config path), ``TypeError`` for an unknown keyword and
+    ``RuntimeError`` for a model FSDP2 already manages, all before anything is sharded.
+    """
+    started = time.perf_counter()
+    config = load_config(cfg, root=config_root)
+    check_kwargs(fully_shard_kwargs)
+    check_unsharded(model)
+    if mesh is not None and not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"overlapcfg.fully_shard: mesh must be a DeviceMesh or None, got {type(mesh).__name__}")
+    layout = plan_layout(model, config, shard_size=_shard_size(mesh), kwargs=fully_shard_kwargs, root=config_root)
+    groups = _shard(model, layout, mesh, fully_shard_kwargs)
+    _set_prefetch(model, layout, groups)
+    record = build_record(layout, config, seconds=time.perf_counter() - started)
+    setattr(model, RECORD_ATTR, record)
+    logger.info("overlapcfg.fully_shard: %d FSDP2 groups + root (%d root parameters), %.3fs", len(groups),
+                len(layout.root_params), record.record.seconds)
+    return model
+
+
+def _shard_size(mesh: DeviceMesh | None) -> int | None:
+    """Ranks a parameter is sharded over: the mesh's last dimension (HSDP: ``(replicate, shard)``), else the
+    default group's size; None if no group exists yet (torch will say so at the first ``fully_shard``)."""
+    if mesh is not None:
+        return mesh.size(mesh.ndim - 1)
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+
+
+def _shard(model: nn.Module, layout: ShardLayout, mesh: DeviceMesh | None,
+           kwargs: dict[str, Any]) -> list[FSDPModule]:
+    """``fully_shard`` each bucket, deepest first, then the root; the FSDP module standing for each bucket."""
+    groups: list[FSDPModule | None] = [None] * len(layout.buckets)
+    # Buckets never nest (a module belongs to one bucket, counting nesting), so any order would do; deepest
+    # first keeps FSDP2's inner-before-outer rule true by construction.
+    order = sorted(range(len(layout.buckets)), key=lambda i: -max(m.count(".") for m in layout.buckets[i].resolved.modules))
+    for i in order:
+        b = layout.buckets[i]
+        own = {} if b.reshard_after_forward is None else {"reshard_after_forward": b.reshard_after_forward}
+        target: nn.Module | list[nn.Module] = list(b.modules) if len(b.modules) > 1 else b.modules[0]
+        torch_fully_shard(target, mesh=mesh, **{**kwargs, **own})
+        groups[i] = _fsdp(b.modules[0])
+        logger.debug("fully_shard %s (%d modules, %d bytes)", b.name, len(b.modules), b.unsharded_bytes)
+    torch_fully_shard(model, mesh=mesh, **kwargs)
+    return [_fsdp(g) for g in groups]
+
+
+def _fsdp(module: nn.Module | None) -> FSDPModule:
+    if not isinstance(module, FSDPModule):
+        raise AssertionError(f"overlapcfg.fully_shard: {type(module).__name__} is not an FSDP module after sharding")
+    return module
+
+
+def _set_prefetch(model: nn.Module, layout: ShardLayout, groups: list[FSDPModule]) -> None:
+    """Explicit lists on every group and the root. FSDP2 reads an empty backward list as "use the implicit
+    depth-1 prefetch", so depth 0 is given as the group itself: prefetching a group that has just been
+    all-gathered is a no-op (``unshard`` returns early), and the implicit prefetch stays off."""
+    root = _fsdp(model)
+    for i, group in enumerate(groups):
+        group.set_modules_to_forward_prefetch([groups[j] for j in layout.forward_lists[i]])
+        group.set_modules_to_backward_prefetch([groups[j] for j in layout.backward_lists[i]] or [group])
+    root.set_modules_to_forward_prefetch([groups[j] for j in layout.root_forward])
+    root.set_modules_to_backward_prefetch([groups[j] for j in layout.root_backward] or [root])
