@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "trace_train_step": "overlapcfg.demo.tracing",
     "backend": "overlapcfg.passes.compile",
     "inductor_pass": "overlapcfg.passes.compile",
+    "fully_shard": "overlapcfg.fsdp2",
     "explain": "overlapcfg.report",
     "simulate": "overlapcfg.report",
     "compare": "overlapcfg.report",
@@ -78,6 +79,7 @@ __all__ = [
     "compare",
     "explain",
     "from_hydra",
+    "fully_shard",
     "get_strategy",
     "inductor_pass",
     "load_config",
@@ -110,6 +112,7 @@ if TYPE_CHECKING:
     )
     from overlapcfg.demo.tracing import trace_train_step
     from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
+    from overlapcfg.fsdp2 import fully_shard
     from overlapcfg.graph.verify import verify
     from overlapcfg.passes import PassRecord, apply
     from overlapcfg.passes.compile import backend, inductor_pass

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from synthetic import Synthetic, backward_graph, forward_graph
 from test_registry import LookaheadPolicy, clean_registry  # noqa: F401  (fixture used by name below)
@@ -187,6 +187,7 @@ def _check_all_gathers(gm: fx.GraphModule, case: Case, syn: Synthetic, placed: l
     assert [p.bucket for p in ags] == order, "all-gathers must be issued in compute order"
     ks, sizes = case.depths(field), case.sizes(syn)
     want = expected_prefetch([ks[b] for b in order], [sizes[b] for b in order], case.cap)
+    event(f"the byte cap binds: {want != expected_prefetch([ks[b] for b in order], [], None)}")
     got = achieved_prefetch(gm, ags)
     assert [got[b] for b in order] == want, f"{field}: requested {[ks[b] for b in order]}"
     decisions = [d for d in gm.meta["overlapcfg"].decisions if d.kind == "all_gather"]
@@ -425,6 +426,7 @@ def test_resolution_invariants_on_random_module_trees(drawn: tuple[list[str], li
         plan = _resolve(fqns, owners, cfg)
     except OverlapConfigError:
         plan = None  # anything else propagates and fails the test
+    event(f"resolved: {plan is not None}")
     # Patterns inside one list or mapping entry are a set (their matches are taken in model order), and owners
     # come back in model order: neither input order may change the outcome.
     permuted = copy.deepcopy(cfg)

@@ -85,7 +85,8 @@ def _shard(model: nn.Module, layout: ShardLayout, mesh: DeviceMesh | None,
     groups: list[FSDPModule | None] = [None] * len(layout.buckets)
     # Buckets never nest (a module belongs to one bucket, counting nesting), so any order would do; deepest
     # first keeps FSDP2's inner-before-outer rule true by construction.
-    order = sorted(range(len(layout.buckets)), key=lambda i: -max(m.count(".") for m in layout.buckets[i].resolved.modules))
+    depth = [max(m.count(".") for m in b.resolved.modules) for b in layout.buckets]
+    order = sorted(range(len(layout.buckets)), key=lambda i: -depth[i])
     for i in order:
         b = layout.buckets[i]
         own = {} if b.reshard_after_forward is None else {"reshard_after_forward": b.reshard_after_forward}
