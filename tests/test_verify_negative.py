@@ -32,11 +32,6 @@ PARTIAL = {"plan": {"buckets": ["layers.*"]}}
 COALESCED = {"plan": "llama_layers", "policy": {"bucket_mode": "coalesced"}}
 _CONFIGS = {"merged": MERGED, "partial": PARTIAL, "coalesced": COALESCED}
 
-_COALESCED_BACKWARD_PASS_BUG = pytest.mark.xfail(
-    raises=RuntimeError, strict=False,
-    reason="apply itself fails on coalesced backward graphs: collectives.find_collectives requires a tensor "
-           "meta['val'] on reduce_scatter_tensor_coalesced, whose value is a list (not the verifier)")
-
 Breaker = Callable[[fx.GraphModule], list[str]]
 """Breaks a graph in place; returns regexes that must each match the verification message."""
 
@@ -379,7 +374,7 @@ BREAKAGES: list[Any] = [
     ("backward", "merged", reduce_scatter_dropped),
     ("backward", "partial", reduce_scatter_duplicated),
     ("backward", "merged", merged_reduce_scatter_duplicated),
-    pytest.param("backward", "coalesced", coalesced_outputs_swapped, marks=_COALESCED_BACKWARD_PASS_BUG),
+    pytest.param("backward", "coalesced", coalesced_outputs_swapped),
 ]
 
 
@@ -415,10 +410,8 @@ def test_breakage_is_rejected_naming_the_culprit(traced_2l_reshard: TracedStep, 
 @pytest.mark.parametrize("mode", ["default", "custom_ops", "custom_ops_multidtype", "coalesced"])
 @pytest.mark.parametrize("reshard", [False, True], ids=["keep", "reshard"])
 @pytest.mark.parametrize("graph", ["forward", "backward"])
-def test_every_bucket_mode_verifies(request: pytest.FixtureRequest, traced_2l: TracedStep,
+def test_every_bucket_mode_verifies(traced_2l: TracedStep,
                                     traced_2l_reshard: TracedStep, mode: str, reshard: bool, graph: str) -> None:
-    if (mode, graph) == ("coalesced", "backward"):
-        request.applymarker(_COALESCED_BACKWARD_PASS_BUG)
     step = traced_2l_reshard if reshard else traced_2l
     before = summarize(step.graph(graph), direction=graph)  # type: ignore[arg-type]
     for strategy in ("manual", "torch_manual"):

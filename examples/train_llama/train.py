@@ -21,10 +21,10 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 import overlapcfg
-from overlapcfg.passes.compile import backend
 from overlapcfg.demo import Llama, LlamaConfig, shard_module
 from overlapcfg.demo.llama import cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
+from overlapcfg.passes.compile import backend
 
 log = logging.getLogger("train_llama")
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
-from overlapcfg.compat.omegaconf import full_key
+from overlapcfg.compat.omegaconf import full_key, root_of
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
 from overlapcfg.config.interpolate import (
     KeyPath,
@@ -157,7 +157,7 @@ def _from_omegaconf(node: DictConfig | ListConfig, root: str) -> Any:
         data, inner = _unwrap(data)
         if not has_references(data):
             return data
-        top = node._get_root()
+        top = root_of(node)
         at = (*parse_key_path(full_key(node)), *inner)
         whole = OmegaConf.to_container(top, resolve=False, throw_on_missing=False)
     except OmegaConfBaseException as err:

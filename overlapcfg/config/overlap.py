@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from pydantic import Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
@@ -17,6 +16,7 @@ from overlapcfg.config.contracts import contract_of, strategy_names
 from overlapcfg.config.plan import BucketPlan, ModuleOverride
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.config.presets import load_preset, preset_names
+from overlapcfg.config.safe_yaml import dump_yaml
 from overlapcfg.errors import closest_first, did_you_mean
 
 __all__ = ["OverlapConfig"]
@@ -117,8 +117,9 @@ class OverlapConfig(ConfigModel):
         return self
 
     def to_yaml(self) -> str:
-        """YAML that ``load_config`` reads back to an equal config."""
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        """YAML that ``load_config`` reads back to an equal config (strings YAML would read as something else,
+        such as ``1e3``, ``yes`` or ``${x}``, are quoted)."""
+        return dump_yaml(self.model_dump(mode="json"))
 
 
 def _policy_preset(name: str, strategy: str) -> dict[str, Any]:

@@ -223,11 +223,21 @@ def _params(start: fx.Node, kind: str) -> tuple[str, ...]:
     return parameter_sources(start) or ()
 
 
-def _nbytes(node: fx.Node) -> int:
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
+def _tensors(value: object) -> list[torch.Tensor]:
+    """The tensors of a node's value: one, or a coalesced collective's list of them."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _nbytes(node: object) -> int:
+    if isinstance(node, (list, tuple)):  # a coalesced reduce-scatter's input list
+        return sum(_nbytes(n) for n in node)
+    if not isinstance(node, fx.Node):
         return 0
-    return int(val.numel()) * val.element_size()
+    return sum(int(t.numel()) * t.element_size() for t in _tensors(node.meta.get("val")))
 
 
 def find_collectives(
@@ -259,15 +269,15 @@ def find_collectives(
             size_node = start
         elif kind == "reduce_scatter":
             fsdp = evidence or compat.is_fsdp_reduce_scatter(start)
-            size_node = start.args[0] if isinstance(start.args[0], fx.Node) else start
+            size_node = start.args[0] if isinstance(start.args[0], (fx.Node, list, tuple)) else start
         else:
             fsdp, size_node = False, start
-        val = start.meta.get("val")
-        if fsdp and not isinstance(val, torch.Tensor):
+        vals = _tensors(start.meta.get("val"))
+        if fsdp and not vals:
             # Sizes drive the byte cap and the report: guessing 0 bytes would silently disable the cap.
             raise RuntimeError(f"overlapcfg.apply: FSDP collective {start.name} has no meta['val'] fake tensor; "
                                "run the pass on a traced graph (aot_autograd or inductor post-grad) that has them")
-        dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+        dtype = vals[0].dtype if vals else torch.float32
         if kind == "reduce_scatter":
             dirn: Direction = "backward"
         else:

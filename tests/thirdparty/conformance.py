@@ -363,7 +363,6 @@ def _step(model: nn.Module, make_batch: Callable[[], M.Batch], cfg: Mapping[str,
         "loss": loss.detach().clone(),
         "grads": _grads(model),
         "counts": {name: counts(gm) for name, gm in be.graphs.items()},
-        "fsdp_after": {name: r.after.total_fsdp for name, r in records.items()},
         "uncovered": sum(len(r.uncovered) for r in records.values()),
     }
     torch._dynamo.reset()
@@ -381,7 +380,8 @@ def parity_worker(rank: int, world_size: int, jobs: Sequence[tuple[str, Mapping[
             raise ValueError(f"{case_name} runs at world size {case.world_size}, got {world_size}")
         started = time.perf_counter()
         model, make_batch = build(case, rank)
-        res = {"transformed": _step(model, make_batch, cfg), "reference": _step(model, make_batch, {"strategy": "none"})}
+        res = {"transformed": _step(model, make_batch, cfg),
+               "reference": _step(model, make_batch, {"strategy": "none"})}
         if case.hf is not None:
             eager, _ = getattr(M, case.hf)()
             inputs, loss_fn = make_batch()
