@@ -192,5 +192,6 @@ def train_variants(rank: int, world_size: int, kind: str, variants: dict[str, An
                 res["losses"].append(loss.detach().clone())
                 res["grads"].append(grads)
         res["events"] = probe.steps
+        res["params"] = {n: p.detach().to_local().clone() for n, p in model.named_parameters()}
         out[variant] = res
     return out

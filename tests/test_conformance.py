@@ -82,67 +82,88 @@ HF_CASES = [c for c in CASES if c.startswith("hf_")]
 class Run:
     case: C.Case
     captured: M.CapturedGraphs
-    applied: dict[int, dict[str, fx.GraphModule]]
-    """depth -> graph -> the captured graph after ``apply`` (a copy)."""
-    backend: Any
-    """The ``GraphBackend`` after one compiled forward + backward at ``BACKEND_DEPTH``."""
-    backend_dynamo: fx.GraphModule
-    backend_pre: dict[str, fx.GraphModule]
-    """aot's graphs as the backend's passes received them (owners stamped, not yet transformed)."""
     shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
-    explained: dict[str, Any]
+    """Parameter FQN -> (local shard shape, full shape)."""
+    errors: dict[str, Exception] = dataclasses.field(default_factory=dict)
+    """Route -> what it raised in the fixture; ``require`` re-raises it in that route's tests only."""
+    applied: dict[int, dict[str, fx.GraphModule]] = dataclasses.field(default_factory=dict)
+    """depth -> graph -> a copy of the captured graph after ``apply``."""
+    backend: Any = None
+    """The ``GraphBackend`` after one compiled forward + backward at ``BACKEND_DEPTH``."""
+    backend_dynamo: fx.GraphModule | None = None
+    backend_pre: dict[str, fx.GraphModule] = dataclasses.field(default_factory=dict)
+    """aot's graphs as the backend's passes received them (owners stamped, not yet transformed)."""
+    explained: dict[str, Any] = dataclasses.field(default_factory=dict)
     """graph -> ``explain`` report on the untransformed captured graph."""
-    untouched: dict[str, bool]
+    untouched: dict[str, bool] = dataclasses.field(default_factory=dict)
     """graph -> whether the captured graph kept its node names and got no pass record while being explained."""
 
     def original(self, graph: str) -> fx.GraphModule:
         return getattr(self.captured, graph)
+
+    def require(self, *routes: str) -> Run:
+        for route in routes:
+            if route in self.errors:
+                raise AssertionError(f"{self.case.name}: the {route} route failed") from self.errors[route]
+        return self
+
+    @contextlib.contextmanager
+    def route(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as err:
+            self.errors[name] = err
 
 
 def _names(gm: fx.GraphModule) -> list[str]:
     return [n.name for n in gm.graph.nodes]
 
 
-def _explain(run_graphs: M.CapturedGraphs, cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
-    reports, untouched = {}, {}
-    for name in GRAPHS:
-        gm = getattr(run_graphs, name)
-        before = _names(gm)
-        reports[name] = explain(gm, cfg, graph_kind=name)
-        untouched[name] = _names(gm) == before and "overlapcfg" not in gm.meta
-    return reports, untouched
+def _explain(run: Run) -> None:
+    with run.route("explain"):
+        for name in GRAPHS:
+            gm = run.original(name)
+            before = _names(gm)
+            run.explained[name] = explain(gm, {"plan": run.case.plan}, graph_kind=name)
+            run.untouched[name] = _names(gm) == before and "overlapcfg" not in gm.meta
+
+
+def _backend(run: Run, model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: Callable[[Any], Any]) -> None:
+    be, dynamo = overlapcfg.backend(run.case.config(BACKEND_DEPTH)), []
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend=C.spied_backend(be, dynamo, run.backend_pre), fullgraph=True)
+        loss_fn(compiled(*inputs)).backward()
+    finally:
+        torch._dynamo.reset()
+        model.zero_grad(set_to_none=True)
+    assert len(dynamo) == 1, f"{len(dynamo)} dynamo graphs (graph break)"
+    run.backend, run.backend_dynamo = be, dynamo[0]
 
 
 def _run(case: C.Case) -> Run:
     ws = case.world_size
     torchtitan = case.torchtitan is not None
     # torchtitan's mesh binds process groups at shard time: one group for build, capture, backend and apply.
-    outer = M.fake_process_group(ws) if torchtitan else contextlib.nullcontext()
-    with outer:
+    with M.fake_process_group(ws) if torchtitan else contextlib.nullcontext():
         model, make_batch = C.build(case)
         inputs, loss_fn = make_batch()
-        captured = M.capture_graphs(model, inputs, loss_fn, world_size=ws)
+        run = Run(case, M.capture_graphs(model, inputs, loss_fn, world_size=ws), C.param_shapes(model, ws))
         with contextlib.nullcontext() if torchtitan else M.fake_process_group(ws):
-            be, dynamo, pre = overlapcfg.backend(case.config(BACKEND_DEPTH)), [], {}
-            torch._dynamo.reset()
-            try:
-                compiled = torch.compile(model, backend=C.spied_backend(be, dynamo, pre), fullgraph=True)
-                loss_fn(compiled(*inputs)).backward()
-            finally:
-                torch._dynamo.reset()
-                model.zero_grad(set_to_none=True)
-            applied: dict[int, dict[str, fx.GraphModule]] = {}
-            for depth in DEPTHS:
-                cfg = overlapcfg.load_config(case.config(depth))
-                applied[depth] = {name: apply(M.copy_graph_module(getattr(captured, name)), cfg, graph_kind=name)
-                                  for name in GRAPHS}
+            with run.route("backend"):
+                _backend(run, model, inputs, loss_fn)
+            with run.route("apply"):
+                for depth in DEPTHS:
+                    cfg = overlapcfg.load_config(case.config(depth))
+                    run.applied[depth] = {name: apply(M.copy_graph_module(run.original(name)), cfg, graph_kind=name)
+                                          for name in GRAPHS}
         # explain opens its own fake group for a bare graph; torchtitan HSDP's graphs name mesh sub-groups that
         # only the group they were traced under has (see test_explain_bare_hsdp_graph_without_its_groups).
-        explained, untouched = _explain(captured, {"plan": case.plan}) if torchtitan else ({}, {})
+        if torchtitan:
+            _explain(run)
     if not torchtitan:
-        explained, untouched = _explain(captured, {"plan": case.plan})
-    assert len(dynamo) == 1, "graph break"
-    return Run(case, captured, applied, be, dynamo[0], pre, C.param_shapes(model, ws), explained, untouched)
+        _explain(run)
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +247,7 @@ def _assert_bucket_contents(run: Run, graph: str, final: fx.GraphModule) -> None
 @pytest.mark.parametrize("case", CASES)
 def test_apply_on_captured_graphs_merges_every_fsdp_collective_and_leaves_the_rest(
         runs: Callable[[str], Run], case: str) -> None:
-    run = runs(case)
+    run = runs(case).require("apply")
     for graph in GRAPHS:
         assert C.counts(run.original(graph)) == EXPECTED[case][graph][0]
         for depth in DEPTHS:
@@ -239,7 +260,7 @@ def test_apply_on_captured_graphs_merges_every_fsdp_collective_and_leaves_the_re
 @pytest.mark.parametrize("depth", DEPTHS)
 @pytest.mark.parametrize("case", CASES)
 def test_apply_achieves_the_requested_depths(runs: Callable[[str], Run], case: str, depth: int) -> None:
-    run = runs(case)
+    run = runs(case).require("apply")
     got = {graph: _assert_depths(run, graph, run.applied[depth][graph], depth) for graph in GRAPHS}
     assert len(got["forward"]["all_gather"]) == EXPECTED[case]["forward"][1]["all_gather"]
 
@@ -250,7 +271,7 @@ def test_apply_names_buckets_by_module_fqns_without_the_dynamo_root(runs: Callab
     """Regression: HF's decorated ``forward`` makes the dynamo root ``L['args'][0]``; it once leaked into module
     FQNs as a ``0.`` segment (``0.model.layers.0``), so no pattern matched. torchtitan's graphs once came back with
     every collective uncovered. Per bucket, the record's counts must match the independent attribution."""
-    run = runs(case)
+    run = runs(case).require("apply")
     for graph in GRAPHS:
         record = run.applied[1][graph].meta["overlapcfg"]
         assert [b.name for b in record.buckets] == BUCKET_NAMES[run.case.plan]
@@ -285,12 +306,32 @@ def _owner_counts(run: Run, graph: str, kind: str, skip: tuple[str, ...]) -> dic
     return dict(out)
 
 
+@pytest.mark.slow
+def test_mixtral_dense_and_experts_are_separate_buckets_gathered_in_compute_order(runs: Callable[[str], Run]) -> None:
+    """Mixtral's plan puts each layer's attention, norms and router in one bucket and its experts in another: six
+    forward all-gathers, gathered embed, dense 0, experts 0, dense 1, experts 1, head (sizes from the model)."""
+    run = runs("hf_mixtral").require("apply", "backend")
+    dense = ("input_layernorm", "mlp.gate", "post_attention_layernorm", "self_attn")
+    want_modules = [("model.embed_tokens",), *[tuple(f"model.layers.{i}.{m}" for m in dense) for i in (0, 1)],
+                    ("model.layers.0.mlp.experts",), ("model.layers.1.mlp.experts",), ("lm_head", "model.norm")]
+    order = ["embed", "layers.0.dense", "layers.0.experts", "layers.1.dense", "layers.1.experts", "head"]
+    sizes: Counter[str] = Counter()
+    for param, (_, full) in run.shapes.items():
+        sizes[run.case.bucket_of(param.rpartition(".")[0])] += int(torch.Size(full).numel())
+    assert set(sizes) == set(order)
+    for original, final in ((run.original("forward"), run.applied[1]["forward"]),
+                            (run.backend_pre["forward"], run.backend.graphs["forward"])):
+        assert [b.modules for b in final.meta["overlapcfg"].buckets] == want_modules
+        ags = C.merged(final, original, "all_gather")
+        assert C.compute_order_numels(final, ags) == [sizes[b] for b in order]
+
+
 # --- (b) the torch.compile backend ------------------------------------------------------------------------------
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_backend_merges_every_fsdp_collective_and_achieves_the_depths(runs: Callable[[str], Run], case: str) -> None:
-    run = runs(case)
+    run = runs(case).require("backend")
     for graph in GRAPHS:
         assert C.counts(run.backend_pre[graph]) == EXPECTED[case][graph][0]
         final = run.backend.graphs[graph]
@@ -312,7 +353,7 @@ def test_backend_attributes_each_collective_to_the_parameter_it_carries(runs: Ca
     """Regression: a DTensor parameter is two aot flat inputs (local shard + mesh), so flat positions do not index
     dynamo's inputs; attribution once named the wrong parameter. Each attributed collective's ``param_fqn`` must
     be the one its descriptor names (FINDINGS.md algorithm, written here) and match the shapes moved."""
-    run = runs(case)
+    run = runs(case).require("backend")
     for graph in GRAPHS:
         pre = {n.name: n for n in run.backend_pre[graph].graph.nodes}
         owners = run.backend.collectives[graph]
@@ -335,7 +376,7 @@ def test_backend_attributes_each_collective_to_the_parameter_it_carries(runs: Ca
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_backend_module_tree_has_no_dynamo_root_segment(runs: Callable[[str], Run], case: str) -> None:
-    run = runs(case)
+    run = runs(case).require("backend")
     fqns = run.backend.module_fqns
     layer = "model.layers.0" if run.case.hf else "layers.0"
     assert layer in fqns
@@ -348,7 +389,7 @@ def test_backend_module_tree_has_no_dynamo_root_segment(runs: Callable[[str], Ru
 @pytest.mark.parametrize("case", CASES)
 def test_explain_applies_to_a_copy_of_an_untransformed_graph(runs: Callable[[str], Run], case: str) -> None:
     """Regression: ``explain`` on a graph ``apply`` never saw used to raise (no pass record)."""
-    run = runs(case)
+    run = runs(case).require("explain", "apply")
     for graph in GRAPHS:
         report = run.explained[graph]
         assert run.untouched[graph], "explain changed the graph it was given"
@@ -373,7 +414,7 @@ def _all_reduces(gm: fx.GraphModule) -> list[tuple[str, tuple[Any, ...], str]]:
 
 @pytest.mark.slow
 def test_hsdp_all_reduces_are_left_alone_and_reported_as_non_fsdp(runs: Callable[[str], Run]) -> None:
-    run = runs("tt_hybrid_shard")
+    run = runs("tt_hybrid_shard").require("apply", "backend", "explain")
     for original, final in [(run.original("backward"), run.applied[d]["backward"]) for d in DEPTHS] + [
             (run.backend_pre["backward"], run.backend.graphs["backward"])]:
         want = _all_reduces(original)
@@ -389,7 +430,7 @@ def test_apply_leaves_the_tied_weights_partial_gradient_reduce_scatters_where_th
     """On a captured graph, the tied weight's gradient is the sum of two reduce-scatters (``wait -> add ->
     output``); without descriptor annotations ``apply`` classifies them as non-FSDP (as torch's
     ``is_fsdp_reduce_scatter`` does) and leaves both untouched."""
-    run = runs("hf_tied")
+    run = runs("hf_tied").require("apply")
     original, final = run.original("backward"), run.applied[1]["backward"]
     left = final.meta["overlapcfg"].non_fsdp
     orig = {c.start.name: c for c in C.collectives(original)}
@@ -410,7 +451,7 @@ def test_apply_leaves_the_tied_weights_partial_gradient_reduce_scatters_where_th
     "leaves them (21 -> 5): the same model buckets differently by route, and the record calls FSDP gradient "
     "reduce-scatters 'not FSDP's'"))
 def test_tied_gradient_reduce_scatters_are_bucketed_alike_by_apply_and_backend(runs: Callable[[str], Run]) -> None:
-    run = runs("hf_tied")
+    run = runs("hf_tied").require("apply", "backend")
     by_apply = run.applied[1]["backward"].meta["overlapcfg"]
     by_backend = run.backend.graphs["backward"].meta["overlapcfg"]
     assert (by_apply.before, by_apply.after) == (by_backend.before, by_backend.after)

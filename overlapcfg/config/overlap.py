@@ -56,7 +56,7 @@ class OverlapConfig(ConfigModel):
             raise PydanticCustomError(
                 "unknown_strategy",
                 "unknown strategy {name}; available (closest first): {names}{hint}",
-                {"name": repr(name), "names": ", ".join(closest_first(name, names)), "hint": did_you_mean(name, names)},
+                {"name": repr(name), "names": _listing(closest_first(name, names)), "hint": did_you_mean(name, names)},
             )
         return name
 
@@ -81,7 +81,7 @@ class OverlapConfig(ConfigModel):
             raise PydanticCustomError(
                 "unknown_preset",
                 "unknown plan preset {name}; available (closest first): {names}{hint}",
-                {"name": repr(value), "names": ", ".join(closest_first(value, names)),
+                {"name": repr(value), "names": _listing(closest_first(value, names)),
                  "hint": did_you_mean(value, names)},
             ) from None
         data.setdefault("name", value)
@@ -134,7 +134,7 @@ def _policy_preset(name: str, strategy: str) -> dict[str, Any]:
         names = preset_names("policy")
         raise PydanticCustomError(
             "unknown_preset", "unknown policy preset {name}; available (closest first): {names}{hint}",
-            {"name": repr(name), "names": ", ".join(closest_first(name, names)), "hint": did_you_mean(name, names)},
+            {"name": repr(name), "names": _listing(closest_first(name, names)), "hint": did_you_mean(name, names)},
         ) from None
     if "policy" in data and isinstance(data["policy"], dict):
         wanted = data.get("strategy", strategy)
@@ -145,3 +145,9 @@ def _policy_preset(name: str, strategy: str) -> dict[str, Any]:
                                                    "strategy": repr(strategy)})
         return dict(data["policy"])
     return data
+
+
+def _listing(names: list[str], limit: int = 5) -> str:
+    """The first ``limit`` names (closest first), then how many there are: an error line stays one line."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" ... ({len(names)} in all)" if len(names) > limit else "")

@@ -114,7 +114,7 @@ def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None,
     faults += _root_in_bucket(ordered, root)
     if cfg.strict and not ordered:
         faults.append(Fault(f"{root}.plan.buckets", "the plan has no buckets, so FSDP2 would shard the whole model as "
-                                                    "one group (overlap.strict is set)"))
+                                                    f"one group ({root}.strict is set)"))
     ignored = _ignored_params(kwargs)
     param_dtype = _param_dtype(kwargs)
     homes = _homes(tree, plan, ignored)
@@ -127,8 +127,8 @@ def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None,
                        for owner, name, p, home in homes if home is b)
         buckets.append(LayoutBucket(b, tuple(tree.modules[m] for m in b.modules),
                                     value, origin, params))
-    if faults:
-        raise OverlapConfigError(faults, header=HEADER)
+    if faults:  # one fault per place: an entry giving several buckets is wrong once
+        raise OverlapConfigError(list(dict.fromkeys(faults)), header=HEADER)
     root_params = tuple(param_info(owner, name, p, shard_size=shard_size, param_dtype=param_dtype)
                         for owner, name, p, home in homes if home is None)
     return _with_prefetch(buckets, root_params, plan, shard_size, policy.max_inflight_bytes,

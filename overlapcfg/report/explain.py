@@ -169,7 +169,7 @@ def _warnings(buckets: Sequence[BucketRecord], records: Mapping[str, PassRecord]
             owners = ", ".join(dict.fromkeys(u.owner or "?" for u in rec.uncovered))
             out.append(f"{graph}: {len(rec.uncovered)} FSDP collectives in no bucket (owners: {owners}); they stay "
                        f"where the trace put them")
-        out += [f"{graph}: {note}" for note in rec.notes]
+        # Notes (settings a strategy does not read, what was skipped) stay notes: GraphReport.notes, shown as such.
     return out
 
 

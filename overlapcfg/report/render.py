@@ -82,6 +82,10 @@ def report_table(report: Report) -> Group:
     parts: list[object] = [buckets, graphs]
     for g in report.graphs:
         parts.append(Text.assemble((f"{g.name} order: ", "bold"), g.order))
+    notes = list(dict.fromkeys(f"{g.name}: {n}" for g in report.graphs for n in g.notes))
+    if notes:
+        parts.append(Text("notes:", style="bold"))
+        parts.extend(Text(f"  • {n}") for n in notes)
     if report.warnings:
         parts.append(Text("warnings:", style="bold yellow"))
         parts.extend(Text(f"  • {w}", style="yellow") for w in report.warnings)

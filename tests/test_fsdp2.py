@@ -1,0 +1,397 @@
+"""The eager FSDP2 driver (``overlapcfg.fully_shard``): one plan and policy drive ``fully_shard`` grouping and
+explicit prefetch.
+
+Fast tests run in one process (the prefetch rule is pure; sharding itself needs only the communication-free fake
+process group). The slow ones run 2 real gloo ranks and check, against plain per-block FSDP2 without explicit
+prefetch, that losses and every local gradient shard are bit-for-bit equal over three SGD steps, and, with a probe
+that watches FSDP2's own all-gathers and the buckets' first kernels (``tests/_fsdp2_ranks.py``), that exactly
+the all-gathers the policy asks for have been issued when each bucket starts computing, forward and backward.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from _fsdp2_ranks import ROOT, STEPS, Event, train_variants
+from thirdparty import models as M
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp import fully_shard as torch_fully_shard
+from torch.distributed.tensor import DTensor
+
+import overlapcfg
+from overlapcfg.compat import fake_process_group
+from overlapcfg.demo.gloo import run_on_gloo
+from overlapcfg.demo.llama import Llama, LlamaConfig
+from overlapcfg.errors import OverlapConfigError
+from overlapcfg.fsdp2 import RECORD_ATTR, explain
+from overlapcfg.fsdp2.prefetch import plan_direction
+
+# --- the prefetch rule (pure) ---------------------------------------------------------------------------------------
+
+
+def test_prefetch_lists_are_the_next_k_buckets_clipped_at_the_end() -> None:
+    plan = plan_direction(list("abcde"), [2] * 5, [1] * 5, None, "forward")
+    assert plan.lists == ((1, 2), (2, 3), (3, 4), (4,), ())
+    assert [d.effective for d in plan.decisions] == [2, 2, 2, 1, 0]
+    assert [d.reason for d in plan.decisions][-2:] == ["end of the model", "end of the model"]
+
+
+def test_depth_zero_prefetches_nothing_but_cannot_unissue_an_earlier_prefetch() -> None:
+    plan = plan_direction(list("abcde"), [2, 0, 1, 1, 1], [1] * 5, None, "backward")
+    assert plan.lists == ((1, 2), (), (3,), (4,), ())
+    assert plan.reach == (2, 2, 3, 4, 4)
+    assert plan.decisions[1].reason == "an earlier bucket's depth already issued up to c"
+    assert plan.decisions[1].direction == "backward"
+
+
+def test_byte_cap_shortens_the_window_and_says_why() -> None:
+    # Demo Llama, 4 layers: embedding 64 KiB, each layer 160.5 KiB, norm+output 64.25 KiB (fp32).
+    sizes = [65536, 164352, 164352, 164352, 164352, 65792]
+    plan = plan_direction([f"b{i}" for i in range(6)], [2] * 6, sizes, 400_000, "forward")
+    assert plan.reach == (2, 2, 3, 5, 5, 5)
+    assert [d.effective for d in plan.decisions] == [2, 1, 1, 2, 1, 0]
+    assert plan.decisions[1].reason == "max_inflight_bytes=400000 binds"
+    assert all(d.inflight_bytes <= 400_000 for d in plan.decisions)
+
+
+def test_a_bucket_larger_than_the_cap_still_gathers_itself() -> None:
+    plan = plan_direction(["a", "b"], [1, 1], [10, 10], 5, "forward")
+    assert plan.lists == ((), ())
+    assert plan.decisions[0].reason == "max_inflight_bytes=5 is smaller than this bucket (10 bytes)"
+
+
+# --- sharding in one process (fake process group) -------------------------------------------------------------------
+
+
+@pytest.fixture
+def mesh() -> Iterator[Any]:
+    with fake_process_group(2, 0):
+        yield init_device_mesh("cpu", (2,))
+
+
+def _demo(n_layers: int = 4) -> nn.Module:
+    return Llama(LlamaConfig(n_layers=n_layers), seed=0)
+
+
+def test_each_bucket_is_one_fsdp2_group_and_the_root_takes_the_rest(mesh: Any) -> None:
+    model = _demo()
+    overlapcfg.fully_shard(model, {"plan": {"buckets": ["layers.*", ["norm", "output"]]}}, mesh=mesh)
+    state = torch_fully_shard.state
+    assert state(model.norm) is state(model.output)
+    assert len({state(layer) for layer in model.layers.values()}) == 4
+    assert state(model) not in {state(model.norm), *(state(layer) for layer in model.layers.values())}
+    assert isinstance(model.tok_embeddings.weight, DTensor)  # sharded by the root's group
+    record = explain(model)
+    assert record.root_params == ("tok_embeddings.weight",)
+    assert record.record.uncovered[0].owner == "tok_embeddings"
+    assert record.forward_order == ("layers.0", "layers.1", "layers.2", "layers.3", "norm+output")
+
+
+def test_record_reads_like_the_compiled_path(mesh: Any) -> None:
+    model = _demo()
+    overlapcfg.fully_shard(model, {"plan": "llama_layers", "policy": {"forward_prefetch": 2}}, mesh=mesh)
+    record = explain(model)
+    assert record.record.graph_kind == "fsdp2"
+    layer = record.bucket("layers.0")
+    assert layer.param_count == 9 and layer.numel == 41088
+    assert layer.unsharded_bytes == 41088 * 4 and layer.sharded_bytes == 41088 * 2
+    assert [(c.direction, c.kind, c.before, c.after) for c in layer.collectives] == [
+        ("forward", "all_gather", 9, 1), ("backward", "all_gather", 9, 1), ("backward", "reduce_scatter", 9, 1)]
+    forward = {d.bucket: d.effective for d in record.decisions if (d.direction, d.kind) == ("forward", "all_gather")}
+    assert forward == {"tok_embeddings": 2, "layers.0": 2, "layers.1": 2, "layers.2": 2, "layers.3": 1,
+                       "norm+output": 0}
+    assert dict(record.forward_prefetch)["layers.0"] == ("layers.1", "layers.2")
+    assert dict(record.forward_prefetch)[ROOT] == ("tok_embeddings",)
+    assert dict(record.backward_prefetch)["layers.0"] == ("tok_embeddings",)
+
+
+def test_bucket_reshard_after_forward_reaches_fsdp2(mesh: Any) -> None:
+    model = _demo(2)
+    plan = {"buckets": ["tok_embeddings", {"modules": ["layers.*"], "group_size": 1, "reshard_after_forward": False},
+                        ["norm", "output"]]}
+    overlapcfg.fully_shard(model, {"plan": plan}, mesh=mesh)
+    model(torch.zeros(1, 4, dtype=torch.long))  # the fake group's all-gathers return garbage; only states matter
+    assert not isinstance(model.layers["0"].attention.wq.weight, DTensor)  # kept unsharded after forward
+    assert isinstance(model.output.weight, DTensor)  # resharded (FSDP2's default)
+    assert dict(explain(model).reshard_after_forward) == {"tok_embeddings": None, "layers.0": False,
+                                                         "layers.1": False, "norm+output": None}
+
+
+def test_compiled_only_settings_are_noted_not_dropped(mesh: Any) -> None:
+    model = _demo(2)
+    overlapcfg.fully_shard(model, {"plan": "llama_layers", "policy": {"insert_overlap_deps": True}}, mesh=mesh)
+    assert any("insert_overlap_deps is ignored" in n for n in explain(model).record.notes)
+
+
+def test_fully_shard_is_exported_at_the_top_level() -> None:
+    from overlapcfg.fsdp2 import fully_shard
+
+    assert overlapcfg.fully_shard is fully_shard
+    assert "fully_shard" in overlapcfg.__all__
+
+
+def test_explain_refuses_a_model_it_did_not_shard() -> None:
+    with pytest.raises(TypeError, match="not sharded by overlapcfg.fully_shard"):
+        explain(_demo(1))
+
+
+# --- bad input: an error before anything is sharded -----------------------------------------------------------------
+
+
+def _snapshot(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[tuple[str, type]]]:
+    return ({k: v.clone() for k, v in model.state_dict().items()}, [(n, type(m)) for n, m in model.named_modules()])
+
+
+def _assert_untouched(model: nn.Module, before: tuple[dict[str, torch.Tensor], list[tuple[str, type]]]) -> None:
+    state, types = _snapshot(model)
+    assert types == before[1]
+    assert state.keys() == before[0].keys()
+    assert all(torch.equal(state[k], before[0][k]) and not isinstance(state[k], DTensor) for k in state)
+    assert not any(isinstance(m, FSDPModule) for m in model.modules())
+    assert RECORD_ATTR not in vars(model)
+
+
+BAD_CONFIGS = {
+    "unknown pattern": ({"plan": {"buckets": ["tok_embeddings", "layer.*", ["norm", "output"]]}},
+                        "overlap.plan.buckets[1]", "did you mean 'layers.*'"),
+    "reduce_scatter_delay 2": ({"plan": "llama_layers", "policy": {"reduce_scatter_delay": 2}},
+                               "overlap.policy.reduce_scatter_delay", "FSDP2 has no per-bucket reduce-scatter delay"),
+    "reduce_scatter_delay 0 on an entry": (
+        {"plan": {"buckets": [{"modules": ["layers.*"], "group_size": 1, "reduce_scatter_delay": 0}]}},
+        "overlap.plan.buckets[0].reduce_scatter_delay", "got 0"),
+    "reduce_scatter_delay in an override": (
+        {"plan": "llama_layers", "overrides": [{"match": "layers.0", "reduce_scatter_delay": 3}]},
+        "overlap.overrides[0].reduce_scatter_delay", "got 3"),
+    "strategy auto": ({"strategy": "auto"}, "overlap.strategy", "no graph to reorder"),
+    "strategy torch_manual": ({"strategy": "torch_manual", "plan": "llama_layers"}, "overlap.strategy",
+                              "runs no graph pass"),
+    "module claimed twice": ({"plan": {"buckets": ["layers.*", "layers.0.attention"]}}, "overlap.plan.buckets[1]",
+                             "a module belongs to one bucket only"),
+    "reshard to 3 of 2 ranks": (
+        {"plan": {"buckets": [{"modules": ["layers.*"], "group_size": 1, "reshard_after_forward": 3}]}},
+        "overlap.plan.buckets[0].reshard_after_forward", "does not divide the shard world size 2"),
+    "the root as a bucket": ({"plan": {"buckets": ["**"]}}, "overlap.plan.buckets[0]", "holds the root module"),
+    "coverage": ({"plan": {"buckets": ["layers.*"], "require_full_coverage": True}},
+                 "overlap.plan.require_full_coverage", "'tok_embeddings', 'norm', 'output'"),
+    "override reaching nothing": ({"plan": {"buckets": ["layers.*"]},
+                                   "overrides": [{"match": "norm", "forward_prefetch": 0}]},
+                                  "overlap.overrides[0].match", "belong to no bucket"),
+    "bad field value": ({"plan": "llama_layers", "policy": {"forward_prefetch": -1}},
+                        "overlap.policy.forward_prefetch", "expected an integer >= 0"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_raises_before_any_module_is_sharded(case: str, mesh: Any) -> None:
+    cfg, path, text = BAD_CONFIGS[case]
+    model = _demo(2)
+    before = _snapshot(model)
+    with pytest.raises(OverlapConfigError) as err:
+        overlapcfg.fully_shard(model, cfg, mesh=mesh)
+    assert any(f.path == path and text in f.message for f in err.value.faults), str(err.value)
+    _assert_untouched(model, before)
+
+
+def test_every_fault_is_reported_at_once_under_the_users_mount_point(mesh: Any) -> None:
+    model = _demo(2)
+    before = _snapshot(model)
+    cfg = {"plan": {"buckets": ["layer.*"]}, "policy": {"reduce_scatter_delay": 0}}
+    with pytest.raises(OverlapConfigError) as err:
+        overlapcfg.fully_shard(model, cfg, mesh=mesh, config_root="trainer.overlap")
+    assert {f.path for f in err.value.faults} == {"trainer.overlap.plan.buckets[0]",
+                                                 "trainer.overlap.policy.reduce_scatter_delay"}
+    _assert_untouched(model, before)
+
+
+def test_tied_parameters_in_two_buckets_are_refused_with_the_fix(mesh: Any) -> None:
+    model, _ = M.hf_tied()
+    before = _snapshot(model)
+    with pytest.raises(OverlapConfigError, match=r"put both modules in one bucket \(\[model.embed_tokens, lm_head\]\)"):
+        overlapcfg.fully_shard(model, {"plan": "hf_decoder_layers"}, mesh=mesh)
+    _assert_untouched(model, before)
+
+
+def test_unknown_keyword_is_a_type_error_before_sharding(mesh: Any) -> None:
+    model = _demo(1)
+    before = _snapshot(model)
+    with pytest.raises(TypeError, match="did you mean 'reshard_after_forward'"):
+        overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh, reshard_after_froward=False)
+    _assert_untouched(model, before)
+
+
+def test_a_model_already_under_fsdp2_is_refused(mesh: Any) -> None:
+    model = _demo(1)
+    torch_fully_shard(model.layers["0"], mesh=mesh)
+    with pytest.raises(RuntimeError, match="module 'layers.0' is already sharded with FSDP2"):
+        overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh)
+
+
+# --- two gloo ranks: parity and measured prefetch -------------------------------------------------------------------
+
+DEMO_BUCKETS = {"tok_embeddings": ["tok_embeddings"], **{f"layers.{i}": [f"layers.{i}"] for i in range(4)},
+                "norm+output": ["norm", "output"]}
+HF_BUCKETS = {"model.embed_tokens": ["model.embed_tokens"],
+              **{f"model.layers.{i}": [f"model.layers.{i}"] for i in range(2)},
+              "model.norm+lm_head": ["model.norm", "lm_head"]}
+
+
+def _depth(plan: Any, k: int, **extra: Any) -> dict[str, Any]:
+    return {"plan": plan, "policy": {"forward_prefetch": k, "backward_prefetch": k, **extra}}
+
+
+DEMO_VARIANTS: dict[str, Any] = {
+    "plain": None,
+    "depth 0": _depth("llama_layers", 0),
+    "depth 1": _depth("llama_layers", 1),
+    "depth 2": _depth("llama_layers", 2),
+    "override": {**_depth("llama_layers", 1),
+                 "overrides": [{"match": "layers.1", "forward_prefetch": 0, "backward_prefetch": 2}]},
+    "cap": _depth("llama_layers", 2, max_inflight_bytes=400_000),
+    "no reshard for layers": {"plan": {"buckets": [
+        "tok_embeddings", {"modules": ["layers.*"], "group_size": 1, "reshard_after_forward": False},
+        ["norm", "output"]]}},
+}
+HF_VARIANTS: dict[str, Any] = {
+    "plain": None,
+    "depth 0": _depth("hf_decoder_layers", 0),
+    "depth 1": _depth("hf_decoder_layers", 1),
+    "depth 2": _depth("hf_decoder_layers", 2),
+    "override": {**_depth("hf_decoder_layers", 1),
+                 "overrides": [{"match": "model.layers.0", "forward_prefetch": 0, "backward_prefetch": 2}]},
+    "cap": _depth("hf_decoder_layers", 2, max_inflight_bytes=200_000),
+}
+
+
+@pytest.fixture(scope="module")
+def demo_runs() -> list[dict[str, dict[str, Any]]]:
+    return run_on_gloo(train_variants, "demo", DEMO_VARIANTS, DEMO_BUCKETS, world_size=2, timeout_s=150)
+
+
+@pytest.fixture(scope="module")
+def hf_runs() -> list[dict[str, dict[str, Any]]]:
+    return run_on_gloo(train_variants, "hf", HF_VARIANTS, HF_BUCKETS, world_size=2, timeout_s=150)
+
+
+def _assert_bitwise_like_plain(runs: list[dict[str, dict[str, Any]]], variant: str) -> None:
+    for rank, results in enumerate(runs):
+        ref, got = results["plain"], results[variant]
+        for step in range(STEPS):
+            assert torch.equal(got["losses"][step], ref["losses"][step]), (variant, rank, step)
+            assert got["grads"][step].keys() == ref["grads"][step].keys()
+            for name, grad in got["grads"][step].items():
+                assert torch.equal(grad, ref["grads"][step][name]), (variant, rank, step, name)
+        for name, param in got["params"].items():
+            assert torch.equal(param, ref["params"][name]), (variant, rank, "after the last step", name)
+        assert ref["losses"][-1] < ref["losses"][0]  # it trains: the comparison is not between constants
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [v for v in DEMO_VARIANTS if v != "plain"])
+def test_demo_losses_and_gradient_shards_match_plain_fsdp2_bit_for_bit(demo_runs: Any, variant: str) -> None:
+    _assert_bitwise_like_plain(demo_runs, variant)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [v for v in HF_VARIANTS if v != "plain"])
+def test_hf_llama_losses_and_gradient_shards_match_plain_fsdp2_bit_for_bit(hf_runs: Any, variant: str) -> None:
+    _assert_bitwise_like_plain(hf_runs, variant)
+
+
+def _issued_when_starting(events: list[Event], phase: str) -> dict[str, set[str]]:
+    """For each bucket, the buckets whose all-gathers of ``phase`` were issued when it started computing."""
+    issued: set[str] = set()
+    out: dict[str, set[str]] = {}
+    for what, ph, bucket in events:
+        if ph != phase:
+            continue
+        if what == "all_gather" and bucket != ROOT:
+            issued.add(bucket)
+        elif what == "start" and bucket not in out:
+            out[bucket] = set(issued)
+    return out
+
+
+def _windows(order: list[str], reach: list[int], gathered: set[str] | None = None) -> dict[str, set[str]]:
+    """Bucket at position p of ``order`` starts with positions 0..reach[p] issued (those that all-gather)."""
+    keep = set(order) if gathered is None else gathered
+    return {b: set(order[:reach[p] + 1]) & keep for p, b in enumerate(order)}
+
+
+def _uniform(n: int, k: int) -> list[int]:
+    return [min(p + k, n - 1) for p in range(n)]
+
+
+# The policy's meaning worked out by hand (positions in each direction's order; backward = reverse forward):
+# ``reach[p]`` = last position issued once position p computes = max(reach[p-1], p + depth[p]), clipped at the end,
+# lowered where the unsharded bytes of positions p..reach[p] would exceed the cap.
+DEMO_EXPECTED: dict[str, tuple[list[int], list[int], set[str] | None]] = {
+    "depth 0": (_uniform(6, 0), _uniform(6, 0), None),
+    "depth 1": (_uniform(6, 1), _uniform(6, 1), None),
+    "depth 2": (_uniform(6, 2), _uniform(6, 2), None),
+    # layers.1 (forward position 2, backward position 3): forward depth 0, backward depth 2; the rest depth 1.
+    "override": ([1, 2, 2, 4, 5, 5], [1, 2, 3, 5, 5, 5], None),
+    # sizes (bytes) forward: 65536, 164352 x 4, 65792; a window may hold at most 400000.
+    "cap": ([2, 2, 3, 5, 5, 5], [2, 2, 3, 5, 5, 5], None),
+    # layers keep their parameters after forward: no backward all-gather for them.
+    "no reshard for layers": (_uniform(6, 1), _uniform(6, 1), {"tok_embeddings", "norm+output"}),
+}
+HF_EXPECTED: dict[str, tuple[list[int], list[int], set[str] | None]] = {
+    "depth 0": (_uniform(4, 0), _uniform(4, 0), None),
+    "depth 1": (_uniform(4, 1), _uniform(4, 1), None),
+    "depth 2": (_uniform(4, 2), _uniform(4, 2), None),
+    "override": ([1, 1, 3, 3], [1, 2, 3, 3], None),
+    # sizes: embed 32768, layers 147968 each, norm+lm_head 33024; cap 200000.
+    "cap": ([1, 1, 3, 3], [1, 1, 3, 3], None),
+}
+
+
+def _assert_measured(runs: list[dict[str, dict[str, Any]]], buckets: dict[str, Any], variant: str,
+                     expected: tuple[list[int], list[int], set[str] | None]) -> None:
+    order = list(buckets)
+    forward, backward, gathered = expected
+    want_forward = _windows(order, forward)
+    want_backward = _windows(order[::-1], backward, gathered)
+    for rank, results in enumerate(runs):
+        for step, events in enumerate(results[variant]["events"]):
+            assert _issued_when_starting(events, "forward") == want_forward, (variant, rank, step, "forward")
+            assert _issued_when_starting(events, "backward") == want_backward, (variant, rank, step, "backward")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(DEMO_EXPECTED))
+def test_demo_buckets_start_with_exactly_the_requested_all_gathers_issued(demo_runs: Any, variant: str) -> None:
+    _assert_measured(demo_runs, DEMO_BUCKETS, variant, DEMO_EXPECTED[variant])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(HF_EXPECTED))
+def test_hf_buckets_start_with_exactly_the_requested_all_gathers_issued(hf_runs: Any, variant: str) -> None:
+    _assert_measured(hf_runs, HF_BUCKETS, variant, HF_EXPECTED[variant])
+
+
+@pytest.mark.slow
+def test_probe_sees_plain_fsdp2_defaults_forward_0_backward_1(demo_runs: Any) -> None:
+    """The probe checked on FSDP2 alone: no forward prefetch, implicit depth-1 backward prefetch (the root's group
+    holds tok_embeddings, norm and output, so only the layers have all-gathers of their own)."""
+    layers = [f"layers.{i}" for i in range(4)]
+    events = demo_runs[0]["plain"]["events"][0]
+    forward = _issued_when_starting(events, "forward")
+    backward = _issued_when_starting(events, "backward")
+    assert [forward[b] for b in layers] == [set(layers[:i + 1]) for i in range(4)]
+    assert [backward[b] for b in layers[::-1]] == [set(layers[::-1][:min(i + 2, 4)]) for i in range(4)]
+
+
+def test_a_deep_copy_of_the_config_shards_the_same(mesh: Any) -> None:
+    """The config is data: loading it twice (or copying it) gives the same layout."""
+    cfg = overlapcfg.load_config(DEMO_VARIANTS["cap"])
+    a, b = _demo(), _demo()
+    overlapcfg.fully_shard(a, cfg, mesh=mesh)
+    overlapcfg.fully_shard(b, copy.deepcopy(cfg), mesh=mesh)
+    assert explain(a).model_dump(exclude={"record": {"seconds"}}) == explain(b).model_dump(exclude={"record":
+                                                                                                      {"seconds"}})
