@@ -115,7 +115,8 @@ def test_bad_literal_suggests_closest_choice():
 
 def test_plan_is_required_by_plan_based_strategies_only():
     msg = only_fault({"strategy": "manual"})
-    assert msg.startswith("overlap.plan: strategy 'manual' needs a plan: a preset name (hf_decoder_layers, llama_layers")
+    assert msg.startswith("overlap.plan: strategy 'manual' needs a plan: a preset name (hf_decoder_layers, "
+                          "llama_layers")
     assert load_config({"strategy": "none"}).plan is None
     assert load_config({"strategy": "auto"}).plan is None
 
