@@ -195,3 +195,10 @@ def train_variants(rank: int, world_size: int, kind: str, variants: dict[str, An
         res["params"] = {n: p.detach().to_local().clone() for n, p in model.named_parameters()}
         out[variant] = res
     return out
+
+
+def train_models(rank: int, world_size: int,
+                 jobs: dict[str, tuple[dict[str, Any], dict[str, list[str]]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``train_variants`` for several models in one gloo run (spawning ranks costs more than training them)."""
+    return {kind: train_variants(rank, world_size, kind, variants, buckets)
+            for kind, (variants, buckets) in jobs.items()}

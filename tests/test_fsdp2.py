@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from _fsdp2_ranks import ROOT, STEPS, Event, train_variants
+from _fsdp2_ranks import ROOT, STEPS, Event, train_models
 from thirdparty import models as M
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -137,7 +137,7 @@ def test_fully_shard_is_exported_at_the_top_level() -> None:
 
 
 def test_explain_refuses_a_model_it_did_not_shard() -> None:
-    with pytest.raises(TypeError, match="not sharded by overlapcfg.fully_shard"):
+    with pytest.raises(TypeError, match=r"not sharded by overlapcfg\.fully_shard"):
         explain(_demo(1))
 
 
@@ -228,7 +228,7 @@ def test_unknown_keyword_is_a_type_error_before_sharding(mesh: Any) -> None:
 def test_a_model_already_under_fsdp2_is_refused(mesh: Any) -> None:
     model = _demo(1)
     torch_fully_shard(model.layers["0"], mesh=mesh)
-    with pytest.raises(RuntimeError, match="module 'layers.0' is already sharded with FSDP2"):
+    with pytest.raises(RuntimeError, match=r"module 'layers\.0' is already sharded with FSDP2"):
         overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh)
 
 
@@ -269,13 +269,20 @@ HF_VARIANTS: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def demo_runs() -> list[dict[str, dict[str, Any]]]:
-    return run_on_gloo(train_variants, "demo", DEMO_VARIANTS, DEMO_BUCKETS, world_size=2, timeout_s=150)
+def gloo_runs() -> list[dict[str, dict[str, dict[str, Any]]]]:
+    """Both models, every variant, 2 ranks, one spawn: ``runs[rank][model][variant]``."""
+    jobs = {"demo": (DEMO_VARIANTS, DEMO_BUCKETS), "hf": (HF_VARIANTS, HF_BUCKETS)}
+    return run_on_gloo(train_models, jobs, world_size=2, timeout_s=170)
 
 
 @pytest.fixture(scope="module")
-def hf_runs() -> list[dict[str, dict[str, Any]]]:
-    return run_on_gloo(train_variants, "hf", HF_VARIANTS, HF_BUCKETS, world_size=2, timeout_s=150)
+def demo_runs(gloo_runs: Any) -> list[dict[str, dict[str, Any]]]:
+    return [per_rank["demo"] for per_rank in gloo_runs]
+
+
+@pytest.fixture(scope="module")
+def hf_runs(gloo_runs: Any) -> list[dict[str, dict[str, Any]]]:
+    return [per_rank["hf"] for per_rank in gloo_runs]
 
 
 def _assert_bitwise_like_plain(runs: list[dict[str, dict[str, Any]]], variant: str) -> None:

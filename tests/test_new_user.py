@@ -50,3 +50,56 @@ def test_the_auto_report_does_not_contradict_itself(traced_2l_reshard) -> None:
     sim = report.simulation
     assert sim is not None and sim.peak_inflight_bytes > 0
     assert sim.peak_unsharded_param_bytes >= sim.peak_inflight_bytes
+
+
+def test_plan_faults_found_by_the_pass_name_the_mount_point() -> None:
+    """Issue: with the group at trainer.overlap, an unmatched pattern was reported as overlap.plan.buckets[0]."""
+    from omegaconf import OmegaConf
+
+    from overlapcfg import from_hydra
+    from overlapcfg.compat import fake_process_group
+    from overlapcfg.passes import apply
+    from tests.synthetic import forward_graph
+
+    node = OmegaConf.create({"trainer": {"overlap": {"plan": {"buckets": ["layer.*"]}}}}).trainer.overlap
+    built = forward_graph([[2], [2]])
+    with fake_process_group(2), pytest.raises(OverlapConfigError) as info:
+        apply(built.gm, from_hydra(node), module_fqns=built.module_fqns, graph_kind="forward")
+    assert info.value.faults[0].path == "trainer.overlap.plan.buckets[0]"
+
+
+def test_overriding_a_presets_buckets_drops_its_name() -> None:
+    """Issue: overlap.plan.buckets=[...] kept name: llama_layers, so reports titled another plan with it."""
+    cfg = load_config({"plan": {"name": "llama_layers", "buckets": ["layers.*"]}})
+    assert cfg.plan is not None and cfg.plan.name == "llama_layers (modified)"
+    assert load_config({"plan": "llama_layers"}).plan.name == "llama_layers"  # type: ignore[union-attr]
+
+
+def test_from_hydra_on_the_whole_config_points_at_the_overlap_node() -> None:
+    from omegaconf import OmegaConf
+
+    from overlapcfg import from_hydra
+
+    root = OmegaConf.create({"model": {"n_layers": 2}, "steps": 3,
+                             "trainer": {"overlap": {"strategy": "manual", "plan": "llama_layers"}}})
+    with pytest.raises(OverlapConfigError, match=r"from_hydra\(cfg\.trainer\.overlap\)") as info:
+        from_hydra(root)
+    assert len(info.value.faults) == 1  # not one "unknown field" per key of the root config
+
+
+def test_a_users_own_preset_resolves_by_name_on_the_hydra_search_path(tmp_path) -> None:
+    """Issue: overlap/plan=mine worked, overlap.plan=mine said "unknown plan preset 'mine'"."""
+    from hydra import compose, initialize_config_dir
+
+    from overlapcfg import from_hydra
+
+    (tmp_path / "overlap" / "plan").mkdir(parents=True)
+    (tmp_path / "overlap" / "plan" / "mine.yaml").write_text("name: mine\nbuckets: [tok_embeddings]\n")
+    (tmp_path / "app.yaml").write_text("defaults:\n  - overlap@trainer.overlap: default\n  - _self_\n")
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        by_group = compose("app", overrides=["overlap/plan@trainer.overlap.plan=mine"])
+        by_name = compose("app", overrides=["trainer.overlap.plan=mine"])
+        assert from_hydra(by_name.trainer.overlap) == from_hydra(by_group.trainer.overlap)
+        typo = compose("app", overrides=["trainer.overlap.plan=mien"])
+        with pytest.raises(OverlapConfigError, match="did you mean 'mine'"):
+            from_hydra(typo.trainer.overlap)

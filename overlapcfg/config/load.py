@@ -27,6 +27,7 @@ from overlapcfg.config.interpolate import (
     resolve_references,
 )
 from overlapcfg.config.overlap import OverlapConfig
+from overlapcfg.config.presets import searching_hydra
 from overlapcfg.config.safe_yaml import YamlLimitError, dump_yaml, load_yaml, measure
 from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 
@@ -72,13 +73,13 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
       the string ``'4:8'`` (YAML 1.1 would read the integer 248).
     """
     if isinstance(src, OverlapConfig):
-        return src
+        return src if root in ("overlap", src.config_root) else src.mounted_at(root)
     data = _to_container(src, root)
     if not isinstance(data, Mapping):
         raise OverlapConfigError.single(root, f"expected a mapping, got {_describe(data, src)}")
     if targets := list(_target_paths(data, root)):
         raise OverlapConfigError([Fault(p, TARGET_MESSAGE) for p in targets], header=HEADER)
-    return validate_config(OverlapConfig, dict(data), root=root)
+    return validate_config(OverlapConfig, dict(data), root=root).mounted_at(root)
 
 
 def validate_config(model: type[M], data: Any, *, root: str, header: str = HEADER) -> M:
@@ -99,7 +100,39 @@ def from_hydra(node: DictConfig) -> OverlapConfig:
     """
     if not isinstance(node, DictConfig):
         raise TypeError(f"from_hydra expects an omegaconf DictConfig node, got {type(node).__name__}")
-    return load_config(node, root=full_key(node) or "overlap")
+    _refuse_whole_config(node)
+    with searching_hydra():  # the user's own overlap/plan/<name>.yaml resolves by name too
+        return load_config(node, root=full_key(node) or "overlap")
+
+
+def _overlap_nodes(node: DictConfig, prefix: str = "", depth: int = 0) -> Iterator[str]:
+    """Paths below ``node`` of mappings that look like an overlap config (only its field names, a strategy or a
+    plan among them), shallowest first."""
+    fields = set(OverlapConfig.model_fields)
+    for key in node:
+        child = None if OmegaConf.is_missing(node, key) else node.get(key)
+        if isinstance(child, DictConfig):
+            keys = {str(k) for k in child}
+            path = f"{prefix}{key}"
+            if keys and keys <= fields and keys & {"strategy", "plan"}:
+                yield path
+            elif depth < 4:
+                yield from _overlap_nodes(child, f"{path}.", depth + 1)
+
+
+def _refuse_whole_config(node: DictConfig) -> None:
+    """``from_hydra(cfg)`` with the whole composed config instead of its overlap node would report every other
+    key as an unknown field; say what happened instead."""
+    keys = {str(k) for k in node}
+    if keys & set(OverlapConfig.model_fields) or keys == {"overlap"}:
+        return
+    found = list(_overlap_nodes(node))
+    if found:
+        where = full_key(node) or "the root config"
+        raise OverlapConfigError.single(
+            full_key(node) or "", f"from_hydra got {where}, not an overlap node; pass the node where the overlap "
+            f"config is mounted: from_hydra(cfg.{found[0]})"
+            + (f" (other candidates: {', '.join(found[1:4])})" if len(found) > 1 else ""))
 
 
 def _to_container(src: Any, root: str) -> Any:

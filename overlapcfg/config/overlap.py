@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from overlapcfg.config.base import ConfigModel
@@ -48,6 +56,26 @@ class OverlapConfig(ConfigModel):
     """Make it an error, not a warning, when the plan resolves but no FSDP collective of the graph lands in any
     bucket (FSDP2's eager collectives, an unsupported sharder, missing metadata)."""
 
+    _root: str = PrivateAttr("overlap")
+
+    @property
+    def config_root(self) -> str:
+        """Where the user mounted this config (``trainer.overlap``), so that errors found later (a plan pattern
+        that matches no module of the model) name the path the user wrote. Set by ``load_config(root=...)`` and
+        ``from_hydra``; not part of the config's value (equal configs compare equal wherever they are mounted)."""
+        return self._root
+
+    def mounted_at(self, root: str) -> OverlapConfig:
+        """This config, remembered as mounted at ``root`` (a copy; the value is unchanged)."""
+        copy = self.model_copy()
+        copy._root = root
+        return copy
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    __hash__ = ConfigModel.__hash__
+
     @field_validator("strategy", mode="after")
     @classmethod
     def _known_strategy(cls, name: str) -> str:
@@ -73,7 +101,7 @@ class OverlapConfig(ConfigModel):
                 )
             return None
         if not isinstance(value, str):
-            return value
+            return _renamed_if_modified(value)
         try:
             data = load_preset("plan", value)
         except KeyError:
@@ -151,3 +179,19 @@ def _listing(names: list[str], limit: int = 5) -> str:
     """The first ``limit`` names (closest first), then how many there are: an error line stays one line."""
     shown = ", ".join(names[:limit])
     return shown + (f" ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def _renamed_if_modified(value: Any) -> Any:
+    """A plan named after a shipped preset but holding other buckets (Hydra keeps the preset's ``name`` when
+    ``overlap.plan.buckets=[...]`` is overridden) is no longer that preset: reports must not title it so."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or "buckets" not in value:
+        return value
+    name = value["name"]
+    if name not in preset_names("plan"):
+        return value
+    try:  # compare what the entries mean, not how they were written (a dump spells out every default)
+        given = BucketPlan.model_validate({"buckets": value["buckets"]}).buckets
+        shipped = BucketPlan.model_validate({"buckets": load_preset("plan", name).get("buckets", [])}).buckets
+    except ValueError:
+        return value  # invalid entries: the plan's own validation reports them
+    return value if given == shipped else {**value, "name": f"{name} (modified)"}

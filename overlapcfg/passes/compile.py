@@ -72,7 +72,7 @@ def _inductor_compiler(graph: GraphName) -> GraphCompiler:
 
 
 def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Module | None = None,
-            config_root: str = "overlap") -> GraphBackend:
+            config_root: str | None = None) -> GraphBackend:
     """A ``torch.compile`` backend applying ``cfg`` to the forward and backward graphs of aot_autograd.
 
     ``cfg`` is validated now (``OverlapConfigError`` before any compile). Any model whose FSDP collectives appear
@@ -85,7 +85,7 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
     ``compiler="inductor"`` lowers the transformed graphs with inductor (``compile_fx_inner``) under
     ``INDUCTOR_SETTINGS``; on a CPU-only torch that needs a C++ compiler.
     """
-    loaded = load_config(cfg, root=config_root)
+    loaded = load_config(cfg, root=config_root) if config_root else load_config(cfg)
     if compiler not in ("eager", "inductor"):
         raise TypeError(f"backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
     lowered = compiler == "inductor"

@@ -92,7 +92,7 @@ def apply(
     module_fqn_fn: ModuleFqnFn | None = None,
     module_fqns: Sequence[str] | None = None,
     graph_kind: GraphKind = "auto",
-    config_root: str = "overlap",
+    config_root: str | None = None,
     for_compiler: bool = False,
 ) -> fx.GraphModule:
     """Bucket and schedule the FSDP collectives of ``gm`` as ``cfg`` says; returns ``gm`` (modified in place).
@@ -103,13 +103,15 @@ def apply(
     stacks of any dynamo root). ``module_fqns``: the model's module FQNs for pattern matching (default: those seen
     in the graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``auto`` reads each
     node's metadata. ``config_root``: where the config sits in the user's tree, so plan faults read
-    ``trainer.overlap.plan.buckets[1]: ...``. ``for_compiler=True``: the graph goes on to a compiler that reads
+    ``trainer.overlap.plan.buckets[1]: ...`` (default: where ``load_config``/``from_hydra`` found it,
+    ``cfg.config_root``). ``for_compiler=True``: the graph goes on to a compiler that reads
     fake-tensor metadata (inductor), so every new node gets its own ``meta["val"]``.
     """
     if not isinstance(cfg, OverlapConfig):
         raise TypeError(f"apply takes a validated OverlapConfig, got {type(cfg).__name__}; build one with "
                         "overlapcfg.load_config(...) (it reads dicts, YAML text, files and Hydra nodes)")
     started = time.perf_counter()
+    config_root = config_root or cfg.config_root
     fn = module_fqn_fn or module_fqn
     forced = _forced_direction(graph_kind)
     collectives = find_collectives(gm.graph, fn, direction=forced)
