@@ -12,7 +12,7 @@ one to three parameters, and is built in milliseconds:
 - **backward**: layers in reverse order; per parameter, the gathered weight is either a saved activation
   (``saved_w_k``) or, with ``regather=True`` (reshard-after-forward), all-gathered again from its primal; then::
 
-      grad = mm(t(h_k), gy); gy = mm(h_k, w)
+      grad = t(mm(t(gy), h_k)); gy = mm(h_k, w)
       rs = reduce_scatter_tensor(grad, "sum", world_size, group); g = wait_tensor(rs)
 
   and the graph returns every reduce-scattered gradient (primal order) and the last ``gy``: each reduce-scatter
@@ -166,14 +166,15 @@ def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = F
             weights.append(b.placeholder(_param_name(k, descriptors), (rows, DIM), parameter=True))
         else:
             weights.append(b.placeholder(f"saved_w_{k}", (world_size * rows, DIM), parameter=False))
-    saved = [b.placeholder(f"saved_h_{k}", (BATCH, world_size * rows, ), parameter=False)
+    saved = [b.placeholder(f"saved_h_{k}", (BATCH, world_size * rows), parameter=False)
              for k, (_, _, rows) in enumerate(params)]
     gy = b.placeholder("tangents_1", (BATCH, DIM), parameter=False)
     grads: dict[int, fx.Node] = {}
     for k in reversed(range(len(params))):
         fqn = params[k][1]
         w = b.all_gather(weights[k], fqn, backward=True) if regather else weights[k]
-        grad = b.call(_aten.mm.default, (b.call(_aten.t.default, (saved[k],), fqn, True), gy), fqn, True)
+        gy_t = b.call(_aten.t.default, (gy,), fqn, True)
+        grad = b.call(_aten.t.default, (b.call(_aten.mm.default, (gy_t, saved[k]), fqn, True),), fqn, True)
         gy = b.call(_aten.mm.default, (saved[k], w), fqn, True)
         grads[k] = b.reduce_scatter(grad, fqn)
     return b.finish((*(grads[k] for k in range(len(params))), gy), "backward", layers)

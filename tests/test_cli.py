@@ -58,6 +58,7 @@ BAD_OVERRIDES = {
 
 
 @pytest.mark.parametrize("kind", list(BAD_OVERRIDES))
+@pytest.mark.slow  # spawns a process that imports torch (seconds)
 def test_bad_override_exits_1_with_a_message_not_a_traceback(tmp_path, kind):
     overrides, expected = BAD_OVERRIDES[kind]
     out = run_cli(tmp_path, *FAST, *overrides, f"hydra.run.dir={tmp_path / 'run'}")
@@ -93,6 +94,7 @@ def test_compare_mode_writes_table_json_and_timeline(tmp_path):
     assert "rows deep set their own 'policy', so overlap.policy does not apply to them" in out.stdout
 
 
+@pytest.mark.slow  # spawns a process that imports torch (seconds)
 def test_help_lists_the_config_groups(tmp_path):
     out = run_cli(tmp_path, "--help")
     assert out.returncode == 0, out.stderr
@@ -101,12 +103,14 @@ def test_help_lists_the_config_groups(tmp_path):
     assert "overlap/policy: aggressive, auto, default, memory_saving" in out.stdout
 
 
+@pytest.mark.slow  # spawns a process that imports torch (seconds)
 def test_cfg_job_shows_the_composed_config(tmp_path):
     out = run_cli(tmp_path, "--cfg", "job", "overlap/policy=auto")
     assert out.returncode == 0, out.stderr
     assert "strategy: auto" in out.stdout and "max_in_flight_gb: 5.0" in out.stdout
 
 
+@pytest.mark.slow  # spawns a process that imports torch (seconds)
 def test_search_path_lists_the_config_tree_once(tmp_path):
     out = run_cli(tmp_path, "--info", "searchpath")
     assert out.returncode == 0, out.stderr

@@ -95,6 +95,7 @@ def test_verify_and_record_see_through_the_control_deps_of_insert_overlap_deps()
                       "backward": (("backward", "all_gather", 3), ("backward", "reduce_scatter", 4))}
 
 
+@pytest.mark.slow
 def test_verify_still_catches_a_wrapped_wait_moved_before_its_start() -> None:
     step = trace_train_step(MODEL, reshard_after_forward=False)
     with compat.fake_process_group(2, 0):
@@ -152,6 +153,7 @@ def test_inductor_pass_rewrites_inductors_post_grad_graphs(tmp_path, monkeypatch
     assert [(r.before.total_fsdp, r.after.total_fsdp) for r in seen] == [(21, 4), (41, 7)]
 
 
+@pytest.mark.slow
 def test_graphs_for_inductor_get_one_fake_value_per_node() -> None:
     """Identical buckets share one traced merge; for a compiler each stamped node still gets its own fake tensor."""
     step = trace_train_step(LlamaConfig(n_layers=3), reshard_after_forward=True)

@@ -17,6 +17,8 @@ from overlapcfg.passes import apply
 
 MODEL = LlamaConfig(n_layers=2)
 
+pytestmark = pytest.mark.slow  # every test here traces the demo step (dynamo)
+
 
 @pytest.fixture(scope="module")
 def joint_graph() -> torch.fx.GraphModule:

@@ -103,3 +103,31 @@ def test_a_users_own_preset_resolves_by_name_on_the_hydra_search_path(tmp_path) 
         typo = compose("app", overrides=["trainer.overlap.plan=mien"])
         with pytest.raises(OverlapConfigError, match="did you mean 'mine'"):
             from_hydra(typo.trainer.overlap)
+
+
+@pytest.mark.slow
+def test_a_huge_depth_and_an_empty_plan_are_warned_about_not_silently_accepted(traced_2l_reshard) -> None:
+    """Issue: forward_prefetch=1000000000 was silently clamped; an empty plan exited 0 with everything uncovered."""
+    from overlapcfg import explain
+
+    huge = explain(traced_2l_reshard, {"plan": "llama_layers", "policy": {"forward_prefetch": 10**9}})
+    assert any("prefetch depth 1000000000 is more than the 4 buckets" in w for w in huge.warnings)
+    empty = explain(traced_2l_reshard, {"plan": "none"})
+    assert any("the plan has no buckets" in w and "require_full_coverage" in w for w in empty.warnings)
+    long = next(w for w in empty.warnings if "the plan has no buckets" in w)
+    assert "owners, all in report.json" in long and len(long) < 400
+
+
+def test_a_config_typo_on_the_command_line_is_reported_before_torch_is_imported(tmp_path) -> None:
+    """Issue: a typo took 5-8 s to report because torch was imported before validation."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('TORCH', 'torch' in sys.modules))\n"
+        f"sys.argv = ['overlapcfg', 'overlap.policy.forward_prefetch=abc', 'hydra.run.dir={tmp_path}']\n"
+        "from overlapcfg.demo.cli import main\n"
+        "main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 1
+    assert "overlap.policy.forward_prefetch: expected an integer >= 0, got 'abc'" in out.stderr
+    assert "TORCH False" in out.stdout

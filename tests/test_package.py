@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import overlapcfg
 
@@ -28,6 +32,7 @@ def _modules() -> list[str]:
     return names
 
 
+@pytest.mark.slow  # one process importing every module and torch: tens of seconds on 2 cores
 def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
     """Import order must not matter (no cycle hidden by whichever module happened to be imported first), and after
     importing every submodule the package's exports are still classes and functions, not same-named modules.
@@ -61,7 +66,27 @@ def test_unknown_attribute_raises_attribute_error():
         raise AssertionError("expected AttributeError")
 
 
-def test_import_does_not_pull_in_torch():
-    code = "import sys, overlapcfg; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+NO_TORCH: dict[str, tuple[str, tuple[str, ...]]] = {
+    "import overlapcfg": ("import overlapcfg", ("torch",)),
+    "load_config": ("import overlapcfg; overlapcfg.load_config({'plan': 'llama_layers'})", ("torch",)),
+    "patterns and resolution": (
+        "from overlapcfg import load_config; from overlapcfg.config.patterns import compile_pattern; "
+        "from overlapcfg.resolve import resolve_plan; compile_pattern('layers.0:2.**'); "
+        "resolve_plan(load_config({'plan': {'buckets': ['layers.*']}}).plan, ['', 'layers', 'layers.0'])",
+        ("torch",)),
+    "hydra plugin": ("import hydra_plugins.overlapcfg_searchpath.overlapcfg_searchpath as m; m.overlapcfg_conf_dir()",
+                     ("torch", "overlapcfg")),
+}
+"""What must stay torch-free, and the modules it must not import: the config layer and plan resolution (used
+where torch is not installed or not wanted yet), and the Hydra plugin, which Hydra imports in every app."""
+
+
+@pytest.mark.parametrize("case", list(NO_TORCH))
+def test_torch_free_entry_points_import_no_torch(case: str) -> None:
+    statement, forbidden = NO_TORCH[case]
+    code = f"import sys\n{statement}\nprint(sorted(n for n in {forbidden!r} if n in sys.modules))"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(overlapcfg.__file__).parents[1], env=env,
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", f"{case} imported {out.stdout.strip()}"

@@ -6,6 +6,8 @@ import copy
 import re
 from pathlib import Path
 
+import pytest
+
 from overlapcfg import compat, load_config
 from overlapcfg.passes import apply
 
@@ -20,6 +22,7 @@ def _block_after(heading: str, lang: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_the_example_config_applies_to_the_demo_model(traced_2l_reshard):
     cfg = load_config(_block_after("## A config", "yaml"))
     step = traced_2l_reshard

@@ -224,6 +224,7 @@ def test_broken_entry_point_is_logged_and_does_not_break_other_strategies(
     assert any("broken_plug" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_third_party_strategy_with_its_own_policy_runs_through_apply(clean_registry: None, traced_2l) -> None:
     """A policy without depth fields must not break plan resolution; the strategy gets the resolved plan."""
     import copy
@@ -250,6 +251,7 @@ def test_third_party_strategy_with_its_own_policy_runs_through_apply(clean_regis
     assert gm.meta["overlapcfg"].after.fsdp == (("forward", "all_gather", 4),)
 
 
+@pytest.mark.slow
 def test_settings_a_strategy_does_not_read_are_reported(traced_2l) -> None:
     import copy
 

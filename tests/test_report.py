@@ -102,7 +102,7 @@ def test_uncovered_collectives_are_listed_with_their_owners(traced_2l_reshard):
     report = explain(traced_2l_reshard, {"plan": {"buckets": ["layers.*"]}})
     owners = [u.owner for u in report.graph("forward").uncovered]
     assert owners == ["tok_embeddings", "norm", "output"]
-    assert any("3 FSDP collectives in no bucket (owners: tok_embeddings, norm, output)" in w
+    assert any("3 FSDP collectives unbucketed, outside every bucket (owners: tok_embeddings, norm, output)" in w
                for w in report.warnings)
 
 

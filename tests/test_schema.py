@@ -296,15 +296,6 @@ def test_module_override_model():
     assert (o.forward_prefetch, o.backward_prefetch, o.reduce_scatter_delay) == (None, 2, None)
 
 
-def test_import_overlapcfg_does_not_import_torch():
-    import subprocess
-    import sys
-
-    code = "import sys, overlapcfg; overlapcfg.load_config({'plan': 'llama_layers'}); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-
-
 @pytest.mark.parametrize(("text", "where"), [("plan: [a, b\n", "line 2, column 1"), ("a: b: c\n", "line 1, column 5")])
 def test_yaml_syntax_errors_are_config_errors_with_a_location(text, where):
     msg = only_fault(text)

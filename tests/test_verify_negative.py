@@ -25,6 +25,8 @@ from overlapcfg.demo.tracing import TracedStep
 from overlapcfg.errors import OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
 
+pytestmark = pytest.mark.slow  # every test here uses the traced demo step (dynamo)
+
 _aten = torch.ops.aten
 MERGED = {"plan": "llama_layers"}
 PARTIAL = {"plan": {"buckets": ["layers.*"]}}

@@ -1,27 +1,39 @@
-"""The demo model (a small Llama) and SimpleFSDP-style sharding for any module, used by tests, the CLI's demo and
-users' quick checks. Tracing them into FX graphs lives in ``overlapcfg.demo.tracing``."""
+"""The demo, on top of everything: a small Llama, SimpleFSDP-style sharding for any module, train-step tracing,
+the ``overlapcfg`` command and the gloo harness. Nothing below this package imports it.
+
+Exports are lazy so the command validates its config before paying for torch's import.
+"""
 
 from __future__ import annotations
 
-from overlapcfg.demo.llama import LLAMA3_8B, Llama, LlamaConfig, cross_entropy_loss
-from overlapcfg.demo.simple_fsdp import (
-    AllGatherShard,
-    gather_full_grads,
-    is_sharded,
-    shard_module,
-    sharded_parameters,
-    user_fqn,
-)
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "LLAMA3_8B",
-    "AllGatherShard",
-    "Llama",
-    "LlamaConfig",
-    "cross_entropy_loss",
-    "gather_full_grads",
-    "is_sharded",
-    "shard_module",
-    "sharded_parameters",
-    "user_fqn",
-]
+from overlapcfg._lazy import lazy_exports
+
+_EXPORTS = {
+    "LLAMA3_8B": "overlapcfg.demo.llama",
+    "Llama": "overlapcfg.demo.llama",
+    "LlamaConfig": "overlapcfg.demo.llama",
+    "cross_entropy_loss": "overlapcfg.demo.llama",
+    "AllGatherShard": "overlapcfg.demo.simple_fsdp",
+    "gather_full_grads": "overlapcfg.demo.simple_fsdp",
+    "is_sharded": "overlapcfg.demo.simple_fsdp",
+    "shard_module": "overlapcfg.demo.simple_fsdp",
+    "sharded_parameters": "overlapcfg.demo.simple_fsdp",
+    "user_fqn": "overlapcfg.demo.simple_fsdp",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+
+if TYPE_CHECKING:
+    from overlapcfg.demo.llama import LLAMA3_8B, Llama, LlamaConfig, cross_entropy_loss
+    from overlapcfg.demo.simple_fsdp import (
+        AllGatherShard,
+        gather_full_grads,
+        is_sharded,
+        shard_module,
+        sharded_parameters,
+        user_fqn,
+    )

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from overlapcfg.compat.omegaconf import full_key
 from overlapcfg.config import OverlapConfig, from_hydra, load_config
+from overlapcfg.config.contracts import contract_of
 from overlapcfg.demo.settings import DemoSettings, demo_settings
 from overlapcfg.errors import Fault, OverlapConfigError
 
@@ -63,9 +64,7 @@ def check_plan(overlap: OverlapConfig, spec: DemoSettings, *, root: str = "overl
     The pass resolves it again on the traced graph; doing it here first turns a typo into a one-second error
     with the path as the user wrote it (``overlap.plan.buckets[1]``) instead of one after the trace.
     """
-    from overlapcfg.strategies.registry import get_strategy
-
-    if overlap.plan is None or not get_strategy(overlap.strategy).uses_plan:
+    if overlap.plan is None or not contract_of(overlap.strategy).uses_plan:
         return
     from overlapcfg.demo.llama import Llama
     from overlapcfg.resolve import resolve_plan
@@ -127,15 +126,15 @@ def _trace_stage(progress: Progress, spec: DemoSettings) -> TracedStep:
 
 def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=run``: apply ``cfg.overlap`` to the demo step, print the report, write ``report.json``."""
-    from overlapcfg.report import explain
-    from overlapcfg.report.render import report_table
-
     progress = Progress(console)
-    with progress.stage("validated config"):
+    with progress.stage("validated config"):  # torch-free: a typo is reported before torch is imported
         overlap = from_hydra(cfg.overlap)
         spec = demo_spec(cfg)
         hardware = hardware_of(cfg)
         check_plan(overlap, spec, root=full_key(cfg.overlap) or "overlap")
+    from overlapcfg.report import explain
+    from overlapcfg.report.render import report_table
+
     step = _trace_stage(progress, spec)
     with progress.stage(f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
         report = explain(step, overlap, hardware=hardware)
@@ -183,10 +182,6 @@ def shadowed_keys(cfg: DictConfig) -> dict[str, list[str]]:
 
 def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=compare``: every ``compare`` entry on one trace; print the table, write JSON and the timeline."""
-    from overlapcfg.report import compare
-    from overlapcfg.report.render import comparison_table
-    from overlapcfg.report.timeline import write_timeline
-
     progress = Progress(console)
     with progress.stage("validated config"):
         spec = demo_spec(cfg)
@@ -197,6 +192,10 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         names, configs = compare_configs(cfg)
         for name, overlap in zip(names, configs, strict=True):
             check_plan(overlap, spec, root=f"compare.{name}")
+    from overlapcfg.report import compare
+    from overlapcfg.report.render import comparison_table
+    from overlapcfg.report.timeline import write_timeline
+
     step = _trace_stage(progress, spec)
     with progress.stage(f"compared {len(configs)} configs on {hardware.name}"):
         comparison = compare(step, configs, hardware=hardware, names=names)

@@ -3,14 +3,16 @@ model, faults at their command-line paths, closest field names for typos; no par
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from overlapcfg.config.base import ConfigModel
 from overlapcfg.config.load import validate_config
-from overlapcfg.demo.llama import LlamaConfig
+
+if TYPE_CHECKING:
+    from overlapcfg.demo.llama import LlamaConfig
 
 __all__ = ["DemoModel", "DemoSettings", "demo_settings"]
 
@@ -54,6 +56,8 @@ class DemoSettings(ConfigModel):
     seq_len: int = Field(16, ge=1)
 
     def llama_config(self) -> LlamaConfig:
+        from overlapcfg.demo.llama import LlamaConfig  # torch: only once the settings are known to be valid
+
         return LlamaConfig(**self.model.model_dump(), max_seq_len=self.seq_len)
 
 

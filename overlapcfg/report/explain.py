@@ -32,6 +32,8 @@ from overlapcfg.report.simulate import simulate, traced_group_size
 __all__ = ["apply_step", "explain", "node_labels", "compact_order"]
 
 GRAPHS = ("forward", "backward")
+SHOWN = 5
+"""How many names a warning lists before it counts the rest (the JSON report holds them all)."""
 MANY_LAYERS = 2
 """A bucket holding modules of more than this many layers gets a warning: its all-gather cannot overlap them."""
 
@@ -165,10 +167,21 @@ def _warnings(buckets: Sequence[BucketRecord], records: Mapping[str, PassRecord]
                 out.append(f"{graph}: max_inflight_bytes binds at every {direction} all-gather (effective depth "
                            f"{', '.join(map(str, eff))} instead of {capped[0].requested}); raise the cap or "
                            f"lower the depth")
+        for direction in GRAPHS:
+            ags = [s for s in rec.decisions if s.kind == "all_gather" and s.direction == direction]
+            if ags and all(s.requested >= len(ags) for s in ags) and max(s.requested for s in ags) > len(ags):
+                out.append(f"{graph}: {direction} prefetch depth {max(s.requested for s in ags)} is more than the "
+                           f"{len(ags)} buckets there are: every all-gather is issued up front (effective depth "
+                           f"{ags[0].effective} for the first bucket)")
         if rec.uncovered:
-            owners = ", ".join(dict.fromkeys(u.owner or "?" for u in rec.uncovered))
-            out.append(f"{graph}: {len(rec.uncovered)} FSDP collectives in no bucket (owners: {owners}); they stay "
-                       f"where the trace put them")
+            owners = list(dict.fromkeys(u.owner or "?" for u in rec.uncovered))
+            shown = ", ".join(owners[:SHOWN]) + (f" ... ({len(owners)} owners, all in report.json)"
+                                                 if len(owners) > SHOWN else "")
+            empty = not rec.buckets
+            why = "the plan has no buckets" if empty else "outside every bucket"
+            out.append(f"{graph}: {len(rec.uncovered)} FSDP collectives unbucketed, {why} (owners: {shown}); they "
+                       "stay where the trace put them" + ("" if not empty else
+                                                          "; set plan.require_full_coverage to make this an error"))
         # Notes (settings a strategy does not read, what was skipped) stay notes: GraphReport.notes, shown as such.
     return out
 
