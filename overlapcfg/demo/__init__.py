@@ -23,7 +23,18 @@ _EXPORTS = {
     "user_fqn": "overlapcfg.demo.simple_fsdp",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AllGatherShard",
+    "LLAMA3_8B",
+    "Llama",
+    "LlamaConfig",
+    "cross_entropy_loss",
+    "gather_full_grads",
+    "is_sharded",
+    "shard_module",
+    "sharded_parameters",
+    "user_fqn",
+]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 

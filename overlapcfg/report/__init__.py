@@ -29,7 +29,22 @@ _EXPORTS = {
     "simulate": "overlapcfg.report.simulate",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Comparison",
+    "ComparisonRow",
+    "Event",
+    "GraphReport",
+    "HardwareProfile",
+    "PeakFlops",
+    "Report",
+    "SCHEMA",
+    "Simulation",
+    "compare",
+    "explain",
+    "hardware_names",
+    "load_hardware",
+    "simulate",
+]
 
 # Lazy: hardware profiles (pydantic, no torch) load without importing torch, so the command reports a bad
 # profile name in a fraction of a second.
