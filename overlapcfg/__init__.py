@@ -49,8 +49,8 @@ _EXPORTS: dict[str, str] = {
     "simulate": "overlapcfg.report",
     "compare": "overlapcfg.report",
     "Report": "overlapcfg.report",
-    "HardwareProfile": "overlapcfg.report",
-    "load_hardware": "overlapcfg.report",
+    "HardwareProfile": "overlapcfg.config.hardware",
+    "load_hardware": "overlapcfg.config.hardware",
 }
 
 __all__ = [

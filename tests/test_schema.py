@@ -198,7 +198,8 @@ def test_models_are_frozen():
 
 def test_string_plan_resolves_to_the_shipped_preset():
     cfg = load_config({"plan": "llama_layers"})
-    assert cfg.plan == BucketPlan(buckets=("tok_embeddings", "layers.*", ("norm", "output")), name="llama_layers")
+    assert cfg.plan == BucketPlan(buckets=("tok_embeddings", "layers.*", ("norm", "output")), name="llama_layers",
+                                  require_full_coverage=True)
 
 
 def test_entry_forms_are_normalised():

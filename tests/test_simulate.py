@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from overlapcfg.config.hardware import hardware_names
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.report import HardwareProfile, explain, load_hardware, simulate
 from overlapcfg.report.cost import collective_seconds
-from overlapcfg.report.hardware import hardware_names
 
 pytestmark = pytest.mark.slow
 

@@ -51,7 +51,7 @@ def hardware_of(cfg: DictConfig) -> HardwareProfile | None:
     node = cfg.get("hardware")
     if node is None:
         return None
-    from overlapcfg.report.hardware import hardware_from, load_hardware
+    from overlapcfg.config.hardware import hardware_from, load_hardware
 
     if isinstance(node, str):
         return load_hardware(node)

@@ -8,28 +8,14 @@ Layout: ``model`` (report data, JSON schema), ``explain`` (building it), ``rende
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from overlapcfg._lazy import lazy_exports
-
-_EXPORTS = {
-    "Comparison": "overlapcfg.report.compare",
-    "ComparisonRow": "overlapcfg.report.compare",
-    "compare": "overlapcfg.report.compare",
-    "explain": "overlapcfg.report.explain",
-    "HardwareProfile": "overlapcfg.report.hardware",
-    "PeakFlops": "overlapcfg.report.hardware",
-    "hardware_names": "overlapcfg.report.hardware",
-    "load_hardware": "overlapcfg.report.hardware",
-    "SCHEMA": "overlapcfg.report.model",
-    "Event": "overlapcfg.report.model",
-    "GraphReport": "overlapcfg.report.model",
-    "Report": "overlapcfg.report.model",
-    "Simulation": "overlapcfg.report.model",
-    "simulate": "overlapcfg.report.simulate",
-}
+from overlapcfg.config.hardware import HardwareProfile, PeakFlops, hardware_names, load_hardware
+from overlapcfg.report.compare import Comparison, ComparisonRow, compare
+from overlapcfg.report.explain import explain
+from overlapcfg.report.model import SCHEMA, Event, GraphReport, Report, Simulation
+from overlapcfg.report.simulate import simulate
 
 __all__ = [
+    "SCHEMA",
     "Comparison",
     "ComparisonRow",
     "Event",
@@ -37,7 +23,6 @@ __all__ = [
     "HardwareProfile",
     "PeakFlops",
     "Report",
-    "SCHEMA",
     "Simulation",
     "compare",
     "explain",
@@ -45,14 +30,3 @@ __all__ = [
     "load_hardware",
     "simulate",
 ]
-
-# Lazy: hardware profiles (pydantic, no torch) load without importing torch, so the command reports a bad
-# profile name in a fraction of a second.
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-if TYPE_CHECKING:
-    from overlapcfg.report.compare import Comparison, ComparisonRow, compare
-    from overlapcfg.report.explain import explain
-    from overlapcfg.report.hardware import HardwareProfile, PeakFlops, hardware_names, load_hardware
-    from overlapcfg.report.model import SCHEMA, Event, GraphReport, Report, Simulation
-    from overlapcfg.report.simulate import simulate

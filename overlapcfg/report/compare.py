@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.explain import GRAPHS, node_labels
-from overlapcfg.report.hardware import HardwareProfile, load_hardware
 from overlapcfg.report.labels import fmt_bytes
 from overlapcfg.report.model import Report, Simulation
 from overlapcfg.report.simulate import simulate

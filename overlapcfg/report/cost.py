@@ -17,8 +17,8 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.config.hardware import HardwareProfile
 from overlapcfg.graph.collectives import collective_kind, is_collective_start
-from overlapcfg.report.hardware import HardwareProfile
 
 __all__ = ["NodeKind", "collective_seconds", "compute_seconds", "node_bytes", "node_flops", "node_kind"]
 

@@ -18,13 +18,13 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import collective_kind, find_collectives
 from overlapcfg.graph.record import RECORD_KEY, BucketRecord, CollectiveChange, PassRecord
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.passes.pipeline import GraphKind, apply
 from overlapcfg.report.cost import node_kind
-from overlapcfg.report.hardware import HardwareProfile, load_hardware
 from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import GraphReport, Report
 from overlapcfg.report.simulate import simulate, traced_group_size

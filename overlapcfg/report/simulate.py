@@ -22,6 +22,7 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.graph.collectives import group_name
 from overlapcfg.report.cost import (
     collective_bytes,
@@ -32,7 +33,6 @@ from overlapcfg.report.cost import (
     node_kind,
     tensor_bytes,
 )
-from overlapcfg.report.hardware import HardwareProfile, load_hardware
 from overlapcfg.report.model import Event, Simulation, StreamTime
 
 __all__ = ["COMPUTE_STREAM", "Event", "Simulation", "simulate"]
