@@ -29,6 +29,7 @@ def test_a_policy_preset_never_switches_the_strategy_silently() -> None:
         load_config({"plan": "llama_layers", "policy": "auto"})
 
 
+@pytest.mark.slow  # a subprocess importing torch
 def test_tracing_leaves_no_rank_prefix_on_later_uncaught_exceptions() -> None:
     """init_process_group installs a '[rank0]:' excepthook; our fake group must put the old one back."""
     code = ("import sys, overlapcfg.compat as c\nhook = sys.excepthook\n"

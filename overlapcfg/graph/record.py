@@ -15,9 +15,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from overlapcfg.graph.meta import META_KEY
+from overlapcfg.resolve.records import RecordModel, ResolvedBucket
 
 if TYPE_CHECKING:
     from overlapcfg.graph.collectives import Collective
@@ -29,12 +28,6 @@ RECORD_KEY = META_KEY
 """``gm.meta[RECORD_KEY]`` holds the ``PassRecord`` of the last pass over ``gm``."""
 
 Direction = Literal["forward", "backward"]
-
-
-class RecordModel(BaseModel):
-    """Base of every record: frozen, no unknown fields (a reader accepts exactly what a writer wrote)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class DepthDecision(RecordModel):
@@ -66,19 +59,10 @@ class CollectiveChange(RecordModel):
     """Full-size bytes these collectives move (all-gather output / reduce-scatter input)."""
 
 
-class BucketRecord(RecordModel):
-    """One bucket: where it came from, what it holds, what the pass did to its collectives."""
+class BucketRecord(ResolvedBucket):
+    """A resolved bucket (``overlapcfg.resolve.ResolvedBucket``) with what the pass found and did: its parameters and
+    sizes, its collectives before and after, the scheduler's decisions."""
 
-    name: str
-    entry_index: int
-    """Position of the plan entry that produced the bucket (``plan.buckets[i]``)."""
-    entry_text: str
-    """That entry as the user wrote it: ``layers.*``."""
-    modules: tuple[str, ...]
-    forward_prefetch: int
-    backward_prefetch: int
-    reduce_scatter_delay: int
-    overridden_by: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
     """Parameter FQNs (``layers.0.attention.wq.weight``) where attribution knows them, else placeholder names."""
     param_count: int = 0

@@ -245,10 +245,7 @@ def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]
                      for d, k in keys)
 
     return tuple(
-        BucketRecord(name=b.name, entry_index=b.entry_index, entry_text=b.entry_text, modules=b.modules,
-                     forward_prefetch=b.forward_prefetch, backward_prefetch=b.backward_prefetch,
-                     reduce_scatter_delay=b.reduce_scatter_delay, overridden_by=b.overridden_by,
-                     params=tuple(params[i]), param_count=len(params[i]), unsharded_bytes=gathered[i],
+        BucketRecord(**dict(b), params=tuple(params[i]), param_count=len(params[i]), unsharded_bytes=gathered[i],
                      collectives=changes(i), decisions=tuple(d for d in decisions if d.bucket == b.name))
         for i, b in enumerate(plan.buckets)
     )

@@ -46,12 +46,5 @@ def _unreached(plan: ResolvedPlan, override: ModuleOverride, hits: list[str], wh
 def _override(bucket: ResolvedBucket, override: ModuleOverride, where: str) -> ResolvedBucket:
     changes = {k: v for k in DEPTH_FIELDS if (v := getattr(override, k)) is not None}
     origins = tuple((k, where if k in changes else src) for k, src in bucket.origins)
-    return ResolvedBucket(
-        bucket.name,
-        bucket.modules,
-        bucket.entry_index,
-        bucket.entry_text,
-        **{k: changes.get(k, getattr(bucket, k)) for k in DEPTH_FIELDS},
-        overridden_by=(*bucket.overridden_by, where),
-        origins=origins,
-    )
+    return bucket.model_copy(update={**changes, "overridden_by": (*bucket.overridden_by, where),
+                                     "origins": origins})

@@ -223,7 +223,8 @@ def _finish(d: _Draft, name: str, text: str, policy: DepthSource, path: str) -> 
         own = d.values.get(key)
         values[key] = own if own is not None else getattr(policy, key)
         origins.append((key, f"{path}.buckets[{d.entry_index}]" if own is not None else "policy"))
-    return ResolvedBucket(name, d.modules, d.entry_index, text, **values, origins=tuple(origins))
+    return ResolvedBucket(name=name, modules=d.modules, entry_index=d.entry_index, entry_text=text, **values,
+                          origins=tuple(origins))
 
 
 def _uncovered(plan: ResolvedPlan, owners: Sequence[str] | None, fqns: tuple[str, ...]) -> tuple[str, ...]:

@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
+from pydantic import BaseModel, ConfigDict
+
 from overlapcfg.config.patterns import strip_wrappers
 from overlapcfg.errors import closest
 from overlapcfg.resolve.matcher import ancestors, show
 
-__all__ = ["DEPTH_FIELDS", "DepthSource", "ResolvedBucket", "ResolvedPlan"]
+__all__ = ["DEPTH_FIELDS", "DepthSource", "RecordModel", "ResolvedBucket", "ResolvedPlan"]
 
 DEPTH_FIELDS: tuple[str, ...] = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")
 """The per-bucket values an entry or an override may set."""
@@ -25,14 +27,26 @@ class DepthSource(Protocol):
     reduce_scatter_delay: int
 
 
-@dataclass(frozen=True, slots=True)
-class ResolvedBucket:
-    """One bucket: concrete modules (wrappers stripped, model order), where it came from, its effective depths."""
+class RecordModel(BaseModel):
+    """Base of every record overlapcfg derives (a resolved bucket, a pass record, a report): frozen, no unknown
+    fields, so a reader accepts exactly what a writer wrote and records are safe to share."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class ResolvedBucket(RecordModel):
+    """One bucket: concrete modules (wrappers stripped, model order), where it came from, its effective depths.
+
+    Defined once here; the pass extends it with what it found in a graph (``overlapcfg.graph.record.BucketRecord``),
+    and that is also what a report holds.
+    """
 
     name: str
     modules: tuple[str, ...]
     entry_index: int
+    """Position of the plan entry that produced the bucket (``plan.buckets[i]``)."""
     entry_text: str
+    """That entry as the user wrote it: ``layers.*``."""
     forward_prefetch: int
     backward_prefetch: int
     reduce_scatter_delay: int
