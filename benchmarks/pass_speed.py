@@ -1,8 +1,10 @@
 """Pass speed: our ``manual`` pass against upstream ``manual_overlap_bucketing`` on the same traced graphs.
 
 "ours" is the whole ``overlapcfg.apply`` (strategy ``manual``): finding collectives, resolving the plan, merging,
-scheduling, the record and the recompile. "upstream" is the bare ``manual_overlap_bucketing`` call with the same
-resolved plan (resolved untimed) and our attribution as its ``module_stack_fn``: none of our overhead is in it.
+scheduling, verification (on by default), the record and the recompile; "no verify" is the same with
+``verify: false``, so the difference is what proving the graph costs. "upstream" is the bare
+``manual_overlap_bucketing`` call with the same resolved plan (resolved untimed) and our attribution as its
+``module_stack_fn``: none of our overhead is in it.
 Plan ``llama_layers``, depth 1 (where both produce the same node order),
 reshard-after-forward so the backward graph has all-gathers too. Each size is traced once with tiny dims (pass time
 depends on node count, not tensor sizes); every timed run works on a fresh deep copy; the median of ``--repeats``.
@@ -31,7 +33,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from overlapcfg import compat
+from overlapcfg import compat, load_config
+from overlapcfg.config import OverlapConfig
 from overlapcfg.demo import LlamaConfig
 from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
 from overlapcfg.passes import apply
@@ -39,9 +42,10 @@ from overlapcfg.passes import apply
 RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS: tuple[GraphName, ...] = ("forward", "backward")
 POLICY = {"forward_prefetch": 1, "backward_prefetch": 1, "reduce_scatter_delay": 1}
-UPSTREAM: dict[str, Any] = {"strategy": "torch_manual", "plan": "llama_layers", "policy": POLICY}
+UPSTREAM = load_config({"strategy": "torch_manual", "plan": "llama_layers", "policy": POLICY})
 CONFIGS = {
-    "ours": {"strategy": "manual", "plan": "llama_layers", "policy": POLICY},
+    "ours": load_config({"strategy": "manual", "plan": "llama_layers", "policy": POLICY}),
+    "no_verify": load_config({"strategy": "manual", "plan": "llama_layers", "policy": POLICY, "verify": False}),
     "upstream": UPSTREAM,
 }
 LINEARITY_TARGET = 9.0
@@ -62,10 +66,9 @@ def _upstream(step: TracedStep, graph: GraphName) -> Any:
     """The bare upstream call on a copy, with the plan resolved beforehand (returns a zero-argument callable)."""
     from torch import nn
 
-    from overlapcfg.config import load_config
     from overlapcfg.resolve import resolve_plan
 
-    cfg = load_config(CONFIGS["ours"])
+    cfg = CONFIGS["ours"]
     owners = list(dict.fromkeys(c.module_fqn for c in step.collectives_in(graph)))
     plan = resolve_plan(cfg.plan, step.module_fqns, owners)
     fqn_fn = step.module_fqn_fn(graph)
@@ -82,7 +85,7 @@ def _upstream(step: TracedStep, graph: GraphName) -> Any:
     return call
 
 
-def run_pass(step: TracedStep, graph: GraphName, cfg: dict[str, Any]) -> float:
+def run_pass(step: TracedStep, graph: GraphName, cfg: OverlapConfig) -> float:
     """Seconds ``apply`` takes on a fresh copy (the copy is not timed).
 
     The garbage collector is off while timing, as in ``timeit``: a deep-copied 10k-node graph leaves enough
@@ -105,7 +108,7 @@ def run_pass(step: TracedStep, graph: GraphName, cfg: dict[str, Any]) -> float:
         gc.enable()
 
 
-def median_ms(step: TracedStep, graph: GraphName, cfg: dict[str, Any], repeats: int) -> float:
+def median_ms(step: TracedStep, graph: GraphName, cfg: OverlapConfig, repeats: int) -> float:
     return 1e3 * statistics.median(run_pass(step, graph, cfg) for _ in range(repeats))
 
 
@@ -123,7 +126,8 @@ def measure(layer_counts: list[int], repeats: int, console: Console) -> list[dic
             for graph in GRAPHS:
                 times = {name: median_ms(step, graph, cfg, repeats) for name, cfg in CONFIGS.items()}
                 rows.append({"layers": layers, "graph": graph, "nodes": len(step.graph(graph).graph.nodes),
-                             "ours_ms": times["ours"], "upstream_ms": times["upstream"],
+                             "ours_ms": times["ours"], "no_verify_ms": times["no_verify"],
+                             "verify_ms": times["ours"] - times["no_verify"], "upstream_ms": times["upstream"],
                              "speedup": times["upstream"] / times["ours"]})
                 console.log(f"{layers} layers {graph}: ours {times['ours']:.1f} ms, "
                             f"upstream {times['upstream']:.1f} ms")
@@ -162,10 +166,11 @@ def profile(step: TracedStep, graph: GraphName, top: int = 25) -> str:
 
 def render(rows: list[dict[str, Any]], summary: dict[str, Any], console: Console) -> None:
     table = Table(title="manual pass speed: ours vs upstream manual_overlap_bucketing (median)")
-    for col in ("layers", "graph", "nodes", "ours ms", "upstream ms", "speedup"):
+    for col in ("layers", "graph", "nodes", "ours ms", "of which verify", "upstream ms", "speedup"):
         table.add_column(col, justify="left" if col == "graph" else "right")
     for r in rows:
         table.add_row(str(r["layers"]), r["graph"], str(r["nodes"]), f"{r['ours_ms']:.1f}",
+                      f"{r['verify_ms']:.1f} ({100 * r['verify_ms'] / r['ours_ms']:.0f}%)",
                       f"{r['upstream_ms']:.1f}", f"{r['speedup']:.1f}x")
     console.print(table)
     small, large = summary["sizes"]
