@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from overlapcfg.config.module_index import match_modules, suggest_fixes
 from overlapcfg.config.patterns import (
     AnySegment,
     AnySegments,
@@ -15,10 +16,8 @@ from overlapcfg.config.patterns import (
     Literal,
     compile_pattern,
     is_inside,
-    match_modules,
     normalize_fqns,
     strip_wrappers,
-    suggest_fixes,
 )
 from overlapcfg.errors import OverlapConfigError
 

@@ -25,7 +25,7 @@ def llama_fqns(n_layers: int) -> list[str]:
 def indexes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Every ModuleIndex that resolve_plan builds, to read its ``visited`` counter afterwards."""
     import overlapcfg.resolve.plan as plan_module
-    from overlapcfg.config.patterns import ModuleIndex
+    from overlapcfg.config.module_index import ModuleIndex
 
     made: list[ModuleIndex] = []
 
@@ -46,7 +46,7 @@ def test_literal_patterns_cost_one_candidate_each(indexes: list) -> None:
 
 
 def test_range_and_suffix_patterns_visit_only_what_they_can_match() -> None:
-    from overlapcfg.config.patterns import ModuleIndex
+    from overlapcfg.config.module_index import ModuleIndex
 
     index = ModuleIndex(llama_fqns(200))
     assert len(index.match("layers.20:40")) == 20 and index.visited == 20
@@ -73,7 +73,7 @@ def test_pathological_pattern_is_rejected_without_walking_the_model(indexes: lis
 
 
 def test_suggestion_work_per_unmatched_pattern_is_capped(indexes: list) -> None:
-    from overlapcfg.config.patterns import SUGGEST_EDITS
+    from overlapcfg.config.module_index import SUGGEST_EDITS
 
     fqns = [""] + [f"blocks.{j}" + ".a" * d for j in range(20) for d in range(40)]
     pattern = ".".join(["**", "a"] * 30 + ["c"])

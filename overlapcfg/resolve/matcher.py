@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from overlapcfg.config.patterns import ModuleIndex, Pattern, compile_pattern, split_fqn, suggest_fixes
+from overlapcfg.config.module_index import ModuleIndex, suggest_fixes
+from overlapcfg.config.patterns import Pattern, compile_pattern, split_fqn
 from overlapcfg.errors import Fault, OverlapConfigError
 
 __all__ = ["SUGGESTED_PATTERNS", "Matcher", "ancestors", "outermost", "show"]

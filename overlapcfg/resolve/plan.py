@@ -37,7 +37,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from overlapcfg.config.patterns import ModuleIndex, normalize_fqns
+from overlapcfg.config.module_index import ModuleIndex
+from overlapcfg.config.patterns import normalize_fqns
 from overlapcfg.config.plan import Bucket, BucketPlan, ModuleOverride
 from overlapcfg.config.policy import OverlapPolicy
 from overlapcfg.errors import Fault, OverlapConfigError
