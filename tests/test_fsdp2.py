@@ -217,6 +217,16 @@ def test_tied_parameters_in_two_buckets_are_refused_with_the_fix(mesh: Any) -> N
     _assert_untouched(model, before)
 
 
+def test_tied_parameters_in_one_bucket_are_one_tensor(mesh: Any) -> None:
+    model, _ = M.hf_tied()
+    plan = {"buckets": [["model.embed_tokens", "lm_head"], "model.layers.*", "model.norm"],
+            "require_full_coverage": True}
+    overlapcfg.fully_shard(model, {"plan": plan}, mesh=mesh)
+    tied = explain(model).bucket("model.embed_tokens+lm_head")
+    assert tied.params == ("model.embed_tokens.weight",)
+    assert tied.unsharded_bytes == M.VOCAB * 64 * 4
+
+
 def test_unknown_keyword_is_a_type_error_before_sharding(mesh: Any) -> None:
     model = _demo(1)
     before = _snapshot(model)
@@ -402,3 +412,35 @@ def test_a_deep_copy_of_the_config_shards_the_same(mesh: Any) -> None:
     overlapcfg.fully_shard(b, copy.deepcopy(cfg), mesh=mesh)
     assert explain(a).model_dump(exclude={"record": {"seconds"}}) == explain(b).model_dump(exclude={"record":
                                                                                                       {"seconds"}})
+
+
+def test_overlapcfg_explain_reports_an_fsdp2_model_like_a_graph(mesh: Any) -> None:
+    """One report for both paths: buckets, modules, parameters, bytes, effective depths and why."""
+    from overlapcfg.report import Report
+    from overlapcfg.report.render import report_table
+
+    cfg = overlapcfg.load_config({"plan": "llama_layers", "policy": {"forward_prefetch": 2}})
+    model = _demo()
+    overlapcfg.fully_shard(model, cfg, mesh=mesh)
+    report = overlapcfg.explain(model, cfg)
+    assert [b.name for b in report.buckets] == ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3",
+                                                "norm+output"]
+    assert report.bucket("layers.0").param_count == 9
+    assert {d.effective for d in report.bucket("layers.0").decisions if d.direction == "forward"} == {2}
+    assert Report.from_json(report.to_json()) == report
+    assert report_table(report) is not None
+    with pytest.raises(TypeError, match="no prediction for eager FSDP2"):
+        overlapcfg.explain(model, cfg, hardware="h100_nvlink")
+
+
+def test_a_per_bucket_reshard_setting_is_noted_as_ignored_by_the_compiled_path() -> None:
+    from synthetic import forward_graph
+
+    from overlapcfg.passes import apply
+
+    built = forward_graph([[2], [2]])
+    cfg = overlapcfg.load_config({"plan": {"buckets": [{"modules": ["layers.*"], "per": "layers.*",
+                                                        "reshard_after_forward": False}]}})
+    with fake_process_group(2):
+        gm = apply(built.gm, cfg, module_fqns=built.module_fqns, graph_kind="forward")
+    assert any("reshard_after_forward is ignored" in n for n in gm.meta["overlapcfg"].notes)

@@ -56,11 +56,11 @@ def test_the_auto_report_does_not_contradict_itself(traced_2l_reshard) -> None:
 def test_plan_faults_found_by_the_pass_name_the_mount_point() -> None:
     """Issue: with the group at trainer.overlap, an unmatched pattern was reported as overlap.plan.buckets[0]."""
     from omegaconf import OmegaConf
+    from synthetic import forward_graph
 
     from overlapcfg import from_hydra
     from overlapcfg.compat import fake_process_group
     from overlapcfg.passes import apply
-    from tests.synthetic import forward_graph
 
     node = OmegaConf.create({"trainer": {"overlap": {"plan": {"buckets": ["layer.*"]}}}}).trainer.overlap
     built = forward_graph([[2], [2]])

@@ -104,14 +104,22 @@ def run_on_gloo(fn: RankFn, *args: Any, world_size: int = 2, timeout_s: float = 
 def _collect(results: Any, procs: list[Any], world_size: int, timeout_s: float) -> list[Any]:
     out: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
+    silent_since: float | None = None
     while len(out) < world_size:
         try:
-            rank, ok, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+            # Poll in short steps: a rank that died without reporting (a crash in start-up) must fail the run
+            # now, not after the whole timeout.
+            rank, ok, value = results.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
         except queue.Empty:
             missing = sorted(set(range(world_size)) - set(out))
             codes = {p.name: p.exitcode for p in procs}
-            raise RankFailedError(f"gloo run timed out after {timeout_s}s; no result from ranks {missing} "
-                                  f"(exit codes {codes})") from None
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead and silent_since is None:
+                silent_since = time.monotonic()  # give its own traceback a moment to arrive through the queue
+            if time.monotonic() < deadline and not (silent_since is not None and time.monotonic() - silent_since > 5):
+                continue
+            why = "exited without a result" if dead else f"timed out after {timeout_s}s"
+            raise RankFailedError(f"gloo run {why}; no result from ranks {missing} (exit codes {codes})") from None
         if not ok:
             raise RankFailedError(f"rank {rank} of {world_size} failed:\n{value}")
         out[rank] = torch.load(io.BytesIO(value), weights_only=False)

@@ -119,6 +119,7 @@ def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None,
     param_dtype = _param_dtype(kwargs)
     homes = _homes(tree, plan, ignored)
     faults += _shared_params(homes, ordered, root)
+    homes = _once(homes)
     buckets = []
     for b in ordered:
         value, origin, fault = _reshard(cfg, b, kwargs, shard_size, root)
@@ -200,6 +201,17 @@ def _homes(tree: ModuleTree, plan: ResolvedPlan, ignored: set[nn.Parameter]) -> 
         for name, p in params:
             if p not in ignored:
                 out.append((owner, name, p, b))
+    return out
+
+
+def _once(homes: list[_Home]) -> list[_Home]:
+    """Each parameter once, under its first name: tied parameters are one tensor to FSDP2 (and to byte counts)."""
+    seen: set[nn.Parameter] = set()
+    out = []
+    for home in homes:
+        if home[2] not in seen:
+            seen.add(home[2])
+            out.append(home)
     return out
 
 

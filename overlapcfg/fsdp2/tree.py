@@ -8,7 +8,7 @@ tensors work too), never from a run; the in-flight cap is applied to these stati
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -17,7 +17,7 @@ from torch import nn
 
 from overlapcfg.config.patterns import strip_wrappers
 
-__all__ = ["ModuleTree", "ParamInfo", "module_tree", "param_info", "unique"]
+__all__ = ["ModuleTree", "ParamInfo", "module_tree", "param_info"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +88,3 @@ def param_info(owner: str, name: str, param: nn.Parameter, *, shard_size: int | 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype, device="meta").element_size()
 
-
-def unique(params: Iterable[tuple[str, str, nn.Parameter]]) -> list[tuple[str, str, nn.Parameter]]:
-    """``(owner, name, param)`` triples with each parameter object once (tied parameters count once)."""
-    seen: set[int] = set()
-    out = []
-    for owner, name, p in params:
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append((owner, name, p))
-    return out

@@ -26,6 +26,7 @@ from typing import Literal, TypeAlias
 from torch import fx
 
 from overlapcfg.config import OverlapConfig
+from overlapcfg.config.plan import Bucket
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
 from overlapcfg.graph.collectives import Collective, Direction, find_collectives
@@ -74,6 +75,10 @@ def _ignored_settings(cfg: OverlapConfig, strategy: Strategy, root: str) -> tupl
         notes.append(f"{root}.overrides are ignored: strategy {cfg.strategy!r} does not bucket by plan")
     if not strategy.reads_policy and cfg.policy != type(cfg.policy)():
         notes.append(f"{root}.policy is ignored: strategy {cfg.strategy!r} reads no policy")
+    for i, entry in enumerate(cfg.plan.buckets if cfg.plan is not None else ()):
+        if isinstance(entry, Bucket) and entry.reshard_after_forward is not None:
+            notes.append(f"{root}.plan.buckets[{i}].reshard_after_forward is ignored: it applies to "
+                         "overlapcfg.fully_shard (eager FSDP2); a compiled graph's resharding is fixed when traced")
     return tuple(notes)
 
 

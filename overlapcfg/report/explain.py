@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from torch import fx
+from torch import fx, nn
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
@@ -25,6 +25,7 @@ from overlapcfg.graph.record import RECORD_KEY, BucketRecord, CollectiveChange, 
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.passes.pipeline import GraphKind, apply
 from overlapcfg.report.cost import node_kind
+from overlapcfg.report.fsdp2 import fsdp2_report, is_fsdp2_model
 from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import GraphReport, Report
 from overlapcfg.report.simulate import simulate, traced_group_size
@@ -213,16 +214,21 @@ def _record(gm: fx.GraphModule) -> PassRecord:
     return rec
 
 
-def explain(step: CapturedStep | fx.GraphModule, cfg: OverlapConfig | Mapping[str, Any], *,
+def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig | Mapping[str, Any], *,
             hardware: HardwareProfile | str | None = None, world_size: int | None = None,
             graph_kind: GraphKind = "auto") -> Report:
     """Apply ``cfg`` to copies of ``step``'s graphs and report per bucket; predict the step if ``hardware``.
 
-    ``step`` may also be one graph module: if ``apply`` already transformed it, its record is read and nothing is
+    ``step`` may also be a model ``overlapcfg.fully_shard`` sharded (eager FSDP2: its record is reported), or one
+    graph module: if ``apply`` already transformed it, its record is read and nothing is
     re-run; otherwise ``cfg`` is applied to a copy (``graph_kind`` as for ``apply``) and the copy is reported.
     ``world_size``: the size the prediction is made for (default: the trace's).
     """
     config = load_config(cfg)
+    if is_fsdp2_model(step):
+        if hardware is not None:
+            raise TypeError("explain: no prediction for eager FSDP2 (the cost model replays graphs); pass no hardware")
+        return fsdp2_report(step, config)  # type: ignore[arg-type]
     if isinstance(step, fx.GraphModule):
         # The traced group size is written into every collective; a bare graph has no CapturedStep to ask.
         found = traced_group_size(step)

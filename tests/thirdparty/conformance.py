@@ -38,6 +38,7 @@ __all__ = [
     "compute_order_numels",
     "counts",
     "expected_depths",
+    "exit_without_reporting",
     "gathered_param",
     "merged",
     "param_shapes",
@@ -390,3 +391,10 @@ def parity_worker(rank: int, world_size: int, jobs: Sequence[tuple[str, Mapping[
         res["seconds"] = time.perf_counter() - started
         out[case_name] = res
     return out
+
+
+def exit_without_reporting(rank: int, world_size: int, code: int) -> None:
+    """A rank that dies without a Python exception (as a segfault or an OOM kill would): ``os._exit``."""
+    import os
+
+    os._exit(code)

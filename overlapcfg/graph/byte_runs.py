@@ -1,0 +1,254 @@
+"""Byte runs: the value algebra of element provenance (``overlapcfg.graph.provenance``).
+
+A ``Value`` is a shape, a dtype and the tensor's bytes in row-major order as ``(key, start, nbytes)`` runs; this
+module builds and transforms them (casts, slices, splits, cats, the collectives and torch's bucket copy-ins),
+merging adjacent runs so equal contents compare equal however they were assembled. Which graph ops map to which
+transform is ``provenance``'s job.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import torch
+from torch import fx
+
+from overlapcfg import compat
+
+__all__ = ["Content", "Key", "Run", "Value"]
+
+Key: TypeAlias = tuple[object, ...]
+Run: TypeAlias = tuple[Key, int, int]
+
+_MAX_RUNS = 4096
+"""A slice or cat that would produce more runs than this (slicing an activation's last dim) stays opaque."""
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """One tensor: its shape, dtype and where each of its bytes comes from (see the module docstring)."""
+
+    shape: tuple[int, ...] | None
+    """None: unknown (no ``meta["val"]``); such a value is only ever compared, never interpreted further."""
+    dtype: torch.dtype | None
+    runs: tuple[Run, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, _, n in self.runs)
+
+
+Content: TypeAlias = "Value | tuple[Content, ...] | None"
+"""A node's content: a tensor, a tuple of them (split, coalesced collectives), or None for non-tensors."""
+
+_aten = torch.ops.aten
+_RESHAPES = {_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default}
+_SAME_BYTES = {_aten.clone.default, _aten.alias.default, _aten.detach.default, _aten.flatten.using_ints,
+               _aten.squeeze.dim, _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default,
+               _aten.lift_fresh_copy.default}
+_CASTS = {torch.ops.prims.convert_element_type.default, _aten._to_copy.default}
+_EMPTY = {_aten.empty.memory_format, _aten.empty_strided.default}
+_ALL_GATHERS = {compat.ALL_GATHER_INTO_TENSOR, compat.ALL_GATHER_INTO_TENSOR_OUT}
+INTERPRETED = frozenset({
+    *_RESHAPES, *_SAME_BYTES, *_CASTS, *_EMPTY, *_ALL_GATHERS, _aten.view.dtype, _aten.slice.Tensor,
+    _aten.narrow.default, _aten.split.Tensor, _aten.split_with_sizes.default, _aten.cat.default,
+    _aten.copy_.default, _aten.copy.default, compat.pre_bucket_all_gather, compat.pre_bucket_reduce_scatter,
+    compat.REDUCE_SCATTER_TENSOR, compat.REDUCE_SCATTER_TENSOR_COALESCED, compat.ALL_GATHER_INTO_TENSOR_COALESCED,
+    compat.ALL_REDUCE, compat.WAIT_TENSOR,
+    operator.getitem,
+})
+"""Targets whose output is computed from their inputs' provenance; every other op is opaque."""
+
+
+def _normalized(runs: Iterable[Run]) -> tuple[Run, ...]:
+    out: list[Run] = []
+    for key, start, n in runs:
+        if n <= 0:
+            continue
+        if out and out[-1][0] == key and out[-1][1] + out[-1][2] == start:
+            out[-1] = (key, out[-1][1], out[-1][2] + n)
+        else:
+            out.append((key, start, n))
+    return tuple(out)
+
+
+def _atom(key: Key, val: object) -> Value:
+    if isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape):
+        shape = tuple(int(s) for s in val.shape)
+        return Value(shape, val.dtype, ((key, 0, math.prod(shape) * val.dtype.itemsize),))
+    return Value(None, None, ((key, 0, 0),))
+
+
+def opaque(node: fx.Node) -> Value:
+    """The value of a node we do not look into: its own bytes, under its name."""
+    return _atom(("node", node.name), node.meta.get("val"))
+
+
+class _Cut:
+    """Byte-range extraction from one value's runs in O(log runs) per range."""
+
+    def __init__(self, value: Value) -> None:
+        self.runs = value.runs
+        self.starts = [0]
+        for _, _, n in self.runs:
+            self.starts.append(self.starts[-1] + n)
+
+    def take(self, lo: int, hi: int, out: list[Run]) -> None:
+        i = bisect.bisect_right(self.starts, lo) - 1
+        while lo < hi:
+            key, start, n = self.runs[i]
+            off = lo - self.starts[i]
+            size = min(n - off, hi - lo)
+            out.append((key, start + off, size))
+            lo += size
+            i += 1
+
+
+def _make(shape: Sequence[int], dtype: torch.dtype, runs: Iterable[Run]) -> Value | None:
+    value = Value(tuple(shape), dtype, _normalized(runs))
+    return value if value.nbytes == math.prod(value.shape) * dtype.itemsize else None  # type: ignore[arg-type]
+
+
+def _cast(value: Value, dtype: torch.dtype) -> Value | None:
+    src = value.dtype
+    if src is None or value.shape is None:
+        return None
+    if src == dtype:
+        return value
+    a, b = src.itemsize, dtype.itemsize
+    if any(s % a or n % a for _, s, n in value.runs):
+        return None
+    return _make(value.shape, dtype, ((("cast", src, dtype, k), s // a * b, n // a * b) for k, s, n in value.runs))
+
+
+def _infer(size: Sequence[object], numel: int) -> tuple[int, ...] | None:
+    if not all(isinstance(s, int) for s in size):
+        return None
+    dims = [int(s) for s in size]  # type: ignore[call-overload]
+    if dims.count(-1) == 1:
+        rest = math.prod(d for d in dims if d != -1)
+        if rest == 0 or numel % rest:
+            return None
+        dims[dims.index(-1)] = numel // rest
+    return tuple(dims) if math.prod(dims) == numel else None
+
+
+def _slices(value: Value, dim: int, bounds: Sequence[tuple[int, int]]) -> tuple[Value, ...] | None:
+    """``value`` cut along ``dim`` into the half-open index ranges ``bounds`` (all contiguous, step 1)."""
+    shape, dtype = value.shape, value.dtype
+    if shape is None or dtype is None or not shape:
+        return None
+    dim %= len(shape)
+    outer = math.prod(shape[:dim])
+    inner = math.prod(shape[dim + 1:]) * dtype.itemsize
+    row = shape[dim] * inner
+    if outer * len(bounds) > _MAX_RUNS:
+        return None
+    cut, out = _Cut(value), []
+    for lo, hi in bounds:
+        runs: list[Run] = []
+        for o in range(outer):
+            cut.take(o * row + lo * inner, o * row + hi * inner, runs)
+        made = _make((*shape[:dim], hi - lo, *shape[dim + 1:]), dtype, runs)
+        if made is None:
+            return None
+        out.append(made)
+    return tuple(out)
+
+
+def _cat(values: Sequence[Value], dim: int) -> Value | None:
+    values = [v for v in values if v.shape != (0,)]  # legacy empty tensors are skipped by cat
+    if not values or any(v.shape is None or v.dtype != values[0].dtype for v in values):
+        return None
+    first = values[0].shape
+    assert first is not None and values[0].dtype is not None
+    dim %= len(first)
+    if any(len(v.shape) != len(first) or v.shape[:dim] != first[:dim] or v.shape[dim + 1:] != first[dim + 1:]
+           for v in values):  # type: ignore[arg-type]
+        return None
+    outer = math.prod(first[:dim])
+    if outer * len(values) > _MAX_RUNS:
+        return None
+    cuts = [(_Cut(v), v.nbytes // outer if outer else 0) for v in values]
+    runs: list[Run] = []
+    for o in range(outer):
+        for cut, row in cuts:
+            cut.take(o * row, (o + 1) * row, runs)
+    shape = (*first[:dim], sum(v.shape[dim] for v in values), *first[dim + 1:])  # type: ignore[index]
+    return _make(shape, values[0].dtype, runs)
+
+
+def _all_gather(value: Value, size: int, group: str) -> Value | None:
+    if value.shape is None or value.dtype is None:
+        return None
+    shape = (size * value.shape[0], *value.shape[1:]) if value.shape else (size,)
+    runs = [(("ag", group, size, q, k), s, n) for q in range(size) for k, s, n in value.runs]
+    return _make(shape, value.dtype, runs)
+
+
+def _reduce_scatter(value: Value, op: str, size: int, group: str) -> Value | None:
+    shape, dtype = value.shape, value.dtype
+    if shape is None or dtype is None or not shape or size <= 0 or shape[0] % size:
+        return None
+    chunk = value.nbytes // size
+    cut = _Cut(value)
+    chunks: list[list[Run]] = []
+    for c in range(size):
+        runs: list[Run] = []
+        cut.take(c * chunk, (c + 1) * chunk, runs)
+        chunks.append(runs)
+    # Walk the chunks in step, cutting at every run boundary of any of them.
+    out: list[Run] = []
+    pos = [0] * size  # index of the current run per chunk
+    used = [0] * size  # bytes of it already consumed
+    done = 0
+    while done < chunk:
+        here = [(chunks[c][pos[c]][0], chunks[c][pos[c]][1] + used[c]) for c in range(size)]
+        step = min(chunks[c][pos[c]][2] - used[c] for c in range(size))
+        key0, start0 = here[0]
+        out.append((("rs", op, group, size, key0, tuple((k, s - start0) for k, s in here[1:])), start0, step))
+        for c in range(size):
+            used[c] += step
+            if used[c] == chunks[c][pos[c]][2]:
+                pos[c], used[c] = pos[c] + 1, 0
+        done += step
+    return _make((shape[0] // size, *shape[1:]), dtype, out)
+
+
+def _pre_bucket_all_gather(node: fx.Node, ins: Sequence[Value], args: Sequence[object]) -> Value | None:
+    size, dtype, dtype_ints, rank = args[1], args[2], args[3], args[4]
+    if not isinstance(size, int) or not isinstance(rank, int) or not isinstance(dtype, torch.dtype) \
+            or not isinstance(dtype_ints, (list, tuple)) or len(dtype_ints) != len(ins):
+        return None
+    slot: list[Run] = []
+    for value, index in zip(ins, dtype_ints, strict=True):
+        cast = _cast(value, compat.bucket_dtype_table[index])  # type: ignore[index]
+        if cast is None:
+            return None
+        slot.extend(cast.runs)
+    slot_bytes = sum(n for _, _, n in slot)
+    if slot_bytes % dtype.itemsize:
+        return None
+    runs: list[Run] = []
+    for q in range(size):
+        runs.extend(slot if q == rank else [(("uninit", node.name), q * slot_bytes, slot_bytes)])
+    return _make((size * slot_bytes // dtype.itemsize,), dtype, runs)
+
+
+def _pre_bucket_reduce_scatter(ins: Sequence[Value], size: object) -> Value | None:
+    if not isinstance(size, int) or not ins:
+        return None
+    rows = []
+    for value in ins:
+        if value.shape is None or value.dtype is None:
+            return None
+        rows.append(Value((size, value.nbytes // size // value.dtype.itemsize), value.dtype, value.runs))
+    cat = _cat(rows, 1)
+    return None if cat is None or cat.shape is None else _make((math.prod(cat.shape),), cat.dtype, cat.runs)
+
+
