@@ -74,7 +74,6 @@ BUCKET_NAMES = {
     "torchtitan_layers": ["tok_embeddings", "layers.0", "layers.1", "lm_head+norm"],
 }
 CASES = list(EXPECTED)
-HF_CASES = [c for c in CASES if c.startswith("hf_")]
 
 
 # --- one capture per model and module -----------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 Stages, each timed and shown while it runs: validate the config → check the plan against the demo model's module
 tree (built on the meta device: an unmatched pattern fails in a second, before any tracing) → trace one training
 step → ``overlapcfg.report.explain`` (or ``compare``) → print the rich table and write JSON into the run directory.
+With ``sharding=fsdp2`` the trace is replaced by sharding the demo eagerly with ``overlapcfg.fully_shard``
+(``overlapcfg.demo.eager``) and the report is read from the model.
 
 This module knows the composed config's *layout* (``model``, ``world_size``, ``overlap``, ``hardware``, ...) and
 nothing about Hydra itself; ``overlapcfg.demo.cli`` is the Hydra app around it. Every user error is raised as
@@ -132,6 +134,8 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         spec = demo_spec(cfg)
         hardware = hardware_of(cfg)
         check_plan(overlap, spec, root=full_key(cfg.overlap) or "overlap")
+    if spec.sharding == "fsdp2":
+        return _run_fsdp2(progress, overlap, spec, hardware, output_dir, root=full_key(cfg.overlap) or "overlap")
     from overlapcfg.report import explain
     from overlapcfg.report.render import report_table
 
@@ -141,6 +145,34 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     console.print(report_table(report))
     path = output_dir / REPORT_FILE
     path.write_text(report.to_json())
+    console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
+    return path
+
+
+def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, hardware: HardwareProfile | None,
+               output_dir: Path, *, root: str) -> Path:
+    """``mode=run sharding=fsdp2``: shard the demo with ``overlapcfg.fully_shard``, report what it decided."""
+    from overlapcfg.demo.eager import process_group, shard_demo
+    from overlapcfg.report import explain
+    from overlapcfg.report.render import report_table
+
+    console = progress.console
+    with process_group(spec.world_size) as (rank, world_size, group):
+        if rank:
+            console.quiet = True  # torchrun: rank 0 prints and writes the report
+        where = "one process, fake process group" if group == "fake" else f"{group} group, rank {rank}"
+        what = (f"sharded {spec.model.n_layers}-layer demo model (dim {spec.model.dim}) with FSDP2 for {world_size} "
+                f"ranks ({where}), reshard_after_forward={spec.reshard_after_forward}")
+        with progress.stage(what):
+            sharded = shard_demo(spec, overlap, rank=rank, world_size=world_size, group=group, config_root=root)
+        report = explain(sharded.model, overlap)
+    console.print(report_table(report))
+    if hardware is not None:
+        console.print(f"[dim]note: no prediction on {hardware.name} for sharding=fsdp2 (the cost model replays "
+                      "traced graphs; eager FSDP2 has none)[/dim]")
+    path = output_dir / REPORT_FILE
+    if not rank:
+        path.write_text(report.to_json())
     console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
     return path
 
@@ -185,6 +217,10 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     progress = Progress(console)
     with progress.stage("validated config"):
         spec = demo_spec(cfg)
+        if spec.sharding != "simple_fsdp":
+            raise OverlapConfigError.single("sharding", f"mode=compare predicts step times by replaying traced "
+                                                        f"graphs; sharding={spec.sharding} (eager) has none: use "
+                                                        "sharding=simple_fsdp, or mode=run for the FSDP2 report")
         hardware = hardware_of(cfg)
         if hardware is None:
             raise OverlapConfigError.single("hardware", "mode=compare predicts step times: choose a profile, "

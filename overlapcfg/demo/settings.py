@@ -3,7 +3,7 @@ model, faults at their command-line paths, closest field names for typos; no par
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -14,7 +14,12 @@ from overlapcfg.config.load import validate_config
 if TYPE_CHECKING:
     from overlapcfg.demo.llama import LlamaConfig
 
-__all__ = ["DemoModel", "DemoSettings", "demo_settings"]
+__all__ = ["SHARDINGS", "DemoModel", "DemoSettings", "Sharding", "demo_settings"]
+
+Sharding = Literal["simple_fsdp", "fsdp2"]
+SHARDINGS: tuple[str, ...] = get_args(Sharding)
+"""``simple_fsdp``: trace one step of the SimpleFSDP-sharded model and run the graph pass on it.
+``fsdp2``: shard the model eagerly with ``overlapcfg.fully_shard`` (torch's FSDP2) and report its groups."""
 
 
 class DemoModel(ConfigModel):
@@ -48,8 +53,10 @@ class DemoSettings(ConfigModel):
     """What to trace: the demo model's sizes and the sharding."""
 
     model: DemoModel = DemoModel()
+    sharding: Sharding = "simple_fsdp"
+    """How the demo is sharded: ``simple_fsdp`` (traced, the graph pass) or ``fsdp2`` (eager, ``fully_shard``)."""
     world_size: int = Field(2, ge=1)
-    """FSDP ranks the step is sharded for; one process traces rank 0 under a fake process group."""
+    """FSDP ranks the step is sharded for; one process traces (or shards) rank 0 under a fake process group."""
     reshard_after_forward: bool = True
     """Free unsharded parameters after forward and all-gather them again in backward (FSDP2's default)."""
     batch: int = Field(2, ge=1)
@@ -61,7 +68,7 @@ class DemoSettings(ConfigModel):
         return LlamaConfig(**self.model.model_dump(), max_seq_len=self.seq_len)
 
 
-_FIELDS = ("model", "world_size", "reshard_after_forward", "batch", "seq_len")
+_FIELDS = ("model", "sharding", "world_size", "reshard_after_forward", "batch", "seq_len")
 
 
 def demo_settings(composed: dict[str, Any]) -> DemoSettings:

@@ -2,7 +2,7 @@
 
 Pure and torch-free: positions, depths and byte counts in, prefetch lists and ``DepthDecision`` records out, so
 the rule is testable without a process group and is the same rule the compiled path's scheduler applies
-(``overlapcfg.graph.schedule``): the bucket at position ``i`` (in one direction's order) reaches position
+(``overlapcfg.graph.reach``): the bucket at position ``i`` (in one direction's order) reaches position
 ``r_i = i + depth_i``, clipped at the last bucket, never below what an earlier bucket already issued (``r`` is
 monotone: FSDP2 cannot un-issue an all-gather), and lowered while the unsharded bytes of positions ``i..r_i``
 exceed ``max_inflight_bytes``. Forward, depth 2, five buckets::
@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from overlapcfg.graph.reach import prefetch_reach
 from overlapcfg.graph.record import DepthDecision, Direction
 
 __all__ = ["DirectionPlan", "plan_direction"]
@@ -44,29 +45,7 @@ def plan_direction(names: Sequence[str], depths: Sequence[int], sizes: Sequence[
     ``sizes[i]``: unsharded bytes position ``i``'s all-gather brings in (0 where it has none, e.g. no backward
     all-gather after ``reshard_after_forward=False``). ``cap``: ``max_inflight_bytes`` or None.
     """
-    if not len(names) == len(depths) == len(sizes):
-        raise AssertionError(f"plan_direction: {len(names)} names, {len(depths)} depths, {len(sizes)} sizes")
-    last = len(names) - 1
-    reach: list[int] = []
-    lists: list[tuple[int, ...]] = []
-    decisions: list[DepthDecision] = []
-    prev = -1
-    for i, requested in enumerate(depths):
-        floor = max(prev, i)
-        r = max(floor, min(i + requested, last))
-        reason = "end of the model" if i + requested > last else None
-        if cap is not None:
-            while r > floor and sum(sizes[i:r + 1]) > cap:
-                r -= 1
-                reason = f"max_inflight_bytes={cap} binds"
-            if r == i and sizes[i] > cap:
-                reason = f"max_inflight_bytes={cap} is smaller than this bucket ({sizes[i]} bytes)"
-        if r > i + requested:
-            reason = f"an earlier bucket's depth already issued up to {names[r]}"
-        lists.append(tuple(range(i + 1, min(r, i + requested) + 1)))
-        reach.append(r)
-        decisions.append(DepthDecision(bucket=names[i], direction=direction, kind="all_gather", position=i,
-                                       requested=requested, effective=r - i, inflight_bytes=sum(sizes[i:r + 1]),
-                                       reason=reason))
-        prev = r
+    reach, decisions = prefetch_reach(names, depths, sizes, cap, direction, end="end of the model")
+    lists = [tuple(range(i + 1, min(r, i + requested) + 1)) for i, (r, requested) in enumerate(zip(reach, depths,
+                                                                                                   strict=True))]
     return DirectionPlan(tuple(lists), tuple(reach), tuple(decisions))

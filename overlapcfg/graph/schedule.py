@@ -33,6 +33,7 @@ from torch import fx
 
 from overlapcfg.graph.collectives import Direction, is_compute_node, node_direction, positions
 from overlapcfg.graph.merge import MergedCollective
+from overlapcfg.graph.reach import prefetch_reach
 from overlapcfg.graph.record import DepthDecision
 from overlapcfg.resolve import ResolvedPlan
 
@@ -124,33 +125,12 @@ def _depth(plan: ResolvedPlan, step: Step) -> int:
 
 
 def _all_gather_reach(plan: ResolvedPlan, steps: Sequence[Step],
-                      cap: int | None) -> tuple[list[int], list[DepthDecision]]:
-    """``reach[i]``: the last step issued by the time step i waits. Monotone, so issue order is kept."""
-    reach: list[int] = []
-    records: list[DepthDecision] = []
-    last = len(steps) - 1
-    sizes = [s.unsharded_bytes for s in steps]
-    prev = -1
-    for i, step in enumerate(steps):
-        requested = _depth(plan, step)
-        floor = max(prev, i)
-        r = max(floor, min(i + requested, last))
-        reason = None
-        if i + requested > last and r < i + requested:
-            reason = "end of graph"
-        if cap is not None:
-            while r > floor and sum(sizes[i:r + 1]) > cap:
-                r -= 1
-                reason = f"max_inflight_bytes={cap} binds"
-            if r == i and sizes[i] > cap:
-                reason = f"max_inflight_bytes={cap} is smaller than this bucket ({sizes[i]} bytes)"
-        if r > i + requested:  # can't un-issue what an earlier, deeper bucket already prefetched
-            reason = f"an earlier bucket's depth already issued up to {plan.buckets[steps[r].bucket].name}"
-        reach.append(r)
-        records.append(_decision(plan.buckets[step.bucket].name, step.direction, step.kind, i, requested,
-                                  r - i, sum(sizes[i:r + 1]), reason))
-        prev = r
-    return reach, records
+                      cap: int | None) -> tuple[tuple[int, ...], tuple[DepthDecision, ...]]:
+    """``reach[i]``: the last step issued by the time step i waits (``overlapcfg.graph.reach``)."""
+    if not steps:
+        return (), ()
+    return prefetch_reach([plan.buckets[s.bucket].name for s in steps], [_depth(plan, s) for s in steps],
+                          [s.unsharded_bytes for s in steps], cap, steps[0].direction)
 
 
 def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[MergedCollective],
@@ -198,7 +178,7 @@ def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | Non
                 keys[node] = (index[anchor], -1, j, index[node])
             if issuer != j:
                 deps.setdefault(anchor, []).append(c.start)
-    return records
+    return list(records)
 
 
 def _place_reduce_scatters(plan: ResolvedPlan, steps: Sequence[Step], index: dict[fx.Node, int],
