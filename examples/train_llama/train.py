@@ -1,6 +1,16 @@
-"""Train the demo Llama with SimpleFSDP sharding and overlapcfg's bucketing/overlap pass, on several processes.
+"""Train the demo Llama on several processes, its FSDP collectives bucketed and overlapped as ``overlap`` says.
 
     torchrun --nproc-per-node 2 examples/train_llama/train.py overlap/plan=per_block_split steps=20
+    torchrun --nproc-per-node 2 examples/train_llama/train.py sharding=fsdp2 overlap.policy.forward_prefetch=2
+
+Three ways to shard, one config (``sharding=``):
+
+- ``simple_fsdp`` (default): SimpleFSDP-style sharding, the whole model compiled with
+  ``torch.compile(backend=overlapcfg.backend(cfg))``; the pass rewrites the collectives in the fw/bw graphs.
+- ``fsdp2``: eager FSDP2, ``overlapcfg.fully_shard(model, cfg, mesh=...)``: one ``fully_shard`` group per bucket,
+  explicit prefetch lists from the policy.
+- ``fsdp2_compile``: the same, plus each bucket's blocks' ``forward`` compiled (``fsdp2_backend``, ``aot_eager``
+  by default); FSDP2's hooks run around the compiled forward, outside the graph.
 
 A Hydra app of its own: ``conf/train.yaml`` mounts ``overlap: default`` from overlapcfg's shipped config tree
 (found by overlapcfg's Hydra plugin), so every ``overlap.*`` override works here as in the ``overlapcfg``
@@ -19,14 +29,26 @@ import hydra
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 import overlapcfg
 from overlapcfg.demo import Llama, LlamaConfig, shard_module
 from overlapcfg.demo.llama import cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
+from overlapcfg.errors import OverlapConfigError, did_you_mean
 from overlapcfg.passes.compile import backend
 
 log = logging.getLogger("train_llama")
+
+SHARDINGS = ("simple_fsdp", "fsdp2", "fsdp2_compile")
+
+
+def _check_sharding(value: object) -> str:
+    if value not in SHARDINGS:
+        raise OverlapConfigError.single("sharding", f"expected one of {', '.join(SHARDINGS)}, got {value!r}"
+                                                    f"{did_you_mean(str(value), SHARDINGS)}")
+    return str(value)
 
 
 def _init_distributed() -> tuple[int, int, torch.device]:
@@ -49,17 +71,17 @@ def _init_distributed() -> tuple[int, int, torch.device]:
 def train(cfg: DictConfig) -> list[float]:
     """``cfg.steps`` optimizer steps; returns the loss of each step averaged over ranks."""
     overlap = overlapcfg.from_hydra(cfg.overlap)  # overlapcfg: validate before any process group exists
+    sharding = _check_sharding(cfg.sharding)
     rank, world_size, device = _init_distributed()
     try:
         model_cfg = LlamaConfig(**OmegaConf.to_container(cfg.model, resolve=True), max_seq_len=cfg.seq_len)
         model = Llama(model_cfg, device=device, seed=cfg.seed)
-        shard_module(model, world_size=world_size, rank=rank, reshard_after_forward=cfg.reshard_after_forward)
-        compiled = torch.compile(model, fullgraph=True,  # overlapcfg: the pass runs on the fw/bw graphs
-                                 backend=backend(overlap, compiler=cfg.compiler))
+        compiled = _shard(model, overlap, cfg, sharding, rank, world_size, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         if rank == 0:
-            log.info("training %d layers on %d ranks (%s), strategy %s, plan %s", model_cfg.n_layers, world_size,
-                     device.type, overlap.strategy, overlap.plan.name if overlap.plan else "-")
+            log.info("training %d layers on %d ranks (%s), sharding %s, strategy %s, plan %s", model_cfg.n_layers,
+                     world_size, device.type, sharding, overlap.strategy,
+                     overlap.plan.name if overlap.plan else "-")
         losses = []
         for step in range(cfg.steps):
             tokens, targets = demo_batch(model_cfg.vocab_size, batch=cfg.batch, seq_len=cfg.seq_len,
@@ -76,6 +98,28 @@ def train(cfg: DictConfig) -> list[float]:
         return losses
     finally:
         dist.destroy_process_group()
+
+
+def _shard(model: Llama, overlap: overlapcfg.OverlapConfig, cfg: DictConfig, sharding: str, rank: int,
+           world_size: int, device: torch.device) -> nn.Module:
+    """Shard ``model`` in place as ``sharding`` says; the module to call for a step."""
+    if sharding == "simple_fsdp":
+        shard_module(model, world_size=world_size, rank=rank, reshard_after_forward=cfg.reshard_after_forward)
+        return torch.compile(model, fullgraph=True,  # overlapcfg: the pass runs on the fw/bw graphs
+                             backend=backend(overlap, compiler=cfg.compiler))
+    mesh = init_device_mesh(device.type, (world_size,))
+    # overlapcfg: one fully_shard group per bucket of the plan, explicit prefetch lists from the policy
+    overlapcfg.fully_shard(model, overlap, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward)
+    if sharding == "fsdp2_compile":
+        # Compile each bucket's modules' forward, not the modules: FSDP2 runs its all-gathers, prefetches and
+        # reduce-scatters in module hooks around forward, so they stay outside the compiled graphs.
+        for bucket in overlapcfg.fsdp2.explain(model).buckets:
+            for fqn in bucket.modules:
+                module = model.get_submodule(fqn)
+                module.forward = torch.compile(module.forward, backend=cfg.fsdp2_backend, fullgraph=True)
+    if rank == 0:
+        log.info("%s", overlapcfg.explain(model, overlap).graph("fsdp2").order)
+    return model
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")

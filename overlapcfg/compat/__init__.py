@@ -3,8 +3,9 @@ OmegaConf internals. Everything else in overlapcfg reaches them through this pac
 upgrade that moves one of them breaks exactly one place, and each probe for a changed API runs once at import.
 
 Two modules, split by what importing them costs: ``overlapcfg.compat.omegaconf`` (torch-free: the config layer
-uses it) and ``overlapcfg.compat._torch`` (torch, dynamo, functorch and inductor pieces), whose names are
-forwarded from this package lazily, so ``from overlapcfg import compat; compat.fake_process_group`` works and
+uses it), ``overlapcfg.compat._torch`` (dynamo, aot_autograd, the fake process group, op identity) and
+``overlapcfg.compat._inductor`` (bucketing, schedulers, compiling), whose names are forwarded from this package
+lazily, so ``from overlapcfg import compat; compat.fake_process_group`` works and
 ``import overlapcfg.compat.omegaconf`` imports no torch.
 """
 
@@ -13,10 +14,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+_MODULES = ("overlapcfg.compat._torch", "overlapcfg.compat._inductor")
+
 
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    value = getattr(importlib.import_module("overlapcfg.compat._torch"), name)
-    globals()[name] = value
-    return value
+    for module in _MODULES:
+        found = importlib.import_module(module)
+        if name in getattr(found, "__all__", ()) or (not name.startswith("_") and hasattr(found, name)):
+            value = getattr(found, name)
+            globals()[name] = value
+            return value
+    raise AttributeError(f"module 'overlapcfg.compat' has no attribute {name!r}")

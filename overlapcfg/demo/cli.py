@@ -12,6 +12,7 @@ still shows the full traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def _task(cfg: DictConfig) -> None:
     console = Console()
     if not console.is_terminal:  # piped or captured: 80 columns would wrap every bucket row
         console = Console(width=160)
+    console.quiet = os.environ.get("RANK", "0") != "0"  # under torchrun, rank 0 speaks for all
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     mode = cfg.mode
     try:

@@ -159,7 +159,7 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
     console = progress.console
     with process_group(spec.world_size) as (rank, world_size, group):
         if rank:
-            console.quiet = True  # torchrun: rank 0 prints and writes the report
+            console.quiet = True  # a group someone else made: rank 0 prints and writes the report
         where = "one process, fake process group" if group == "fake" else f"{group} group, rank {rank}"
         what = (f"sharded {spec.model.n_layers}-layer demo model (dim {spec.model.dim}) with FSDP2 for {world_size} "
                 f"ranks ({where}), reshard_after_forward={spec.reshard_after_forward}")
