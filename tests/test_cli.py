@@ -116,3 +116,45 @@ def test_search_path_lists_the_config_tree_once(tmp_path):
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if "/conf " in line]  # table cells are space-padded
     assert len(rows) == 1, out.stdout
+
+
+@pytest.mark.slow
+def test_sharding_fsdp2_shards_the_demo_eagerly_and_writes_the_report(tmp_path):
+    out = run_cli(tmp_path, "sharding=fsdp2", *FAST, f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr
+    assert "with FSDP2 for 2 ranks (one process, fake process group)" in out.stdout
+    assert "traced" not in out.stdout  # no trace: the report is what overlapcfg.fully_shard recorded
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["strategy"] == "manual" and report["plan_name"] == "llama_layers"
+    buckets = report["buckets"]
+    assert [b["name"] for b in buckets] == ["tok_embeddings", "layers.0", "layers.1", "norm+output"]
+    assert [b["modules"] for b in buckets] == [["tok_embeddings"], ["layers.0"], ["layers.1"], ["norm", "output"]]
+    assert [b["param_count"] for b in buckets] == [1, 9, 9, 2]
+    assert buckets[1]["unsharded_bytes"] == 2 * buckets[1]["sharded_bytes"] > 0
+    decisions = {(d["direction"], d["kind"]): d for d in buckets[-1]["decisions"]}
+    assert decisions[("forward", "all_gather")]["effective"] == 0  # the last bucket has nothing left to prefetch
+    assert decisions[("forward", "all_gather")]["reason"] == "end of the model"
+    assert "layers.0->[layers.1]" in out.stdout  # the prefetch lists handed to FSDP2
+
+
+@pytest.mark.slow  # spawns a process (no torch: about a second)
+def test_a_sharding_typo_exits_1_before_torch_is_imported(tmp_path):
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('TORCH', 'torch' in sys.modules))\n"
+        f"sys.argv = ['overlapcfg', 'sharding=fsdp3', 'hydra.run.dir={tmp_path}']\n"
+        "from overlapcfg.demo.cli import main\n"
+        "main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 1, out.stderr
+    assert "sharding: expected 'simple_fsdp' or 'fsdp2', got 'fsdp3' (did you mean 'fsdp2'" in out.stderr
+    assert "Traceback" not in out.stderr and "TORCH False" in out.stdout
+
+
+@pytest.mark.slow  # spawns a process (no torch: about a second)
+def test_compare_mode_refuses_fsdp2_with_the_reason(tmp_path):
+    out = run_cli(tmp_path, "mode=compare", "sharding=fsdp2", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "sharding: mode=compare predicts step times by replaying traced graphs" in out.stderr
+    assert "Traceback" not in out.stderr

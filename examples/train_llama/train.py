@@ -102,7 +102,7 @@ def train(cfg: DictConfig) -> list[float]:
 
 def _shard(model: Llama, overlap: overlapcfg.OverlapConfig, cfg: DictConfig, sharding: str, rank: int,
            world_size: int, device: torch.device) -> nn.Module:
-    """Shard ``model`` in place as ``sharding`` says; the module to call for a step."""
+    """Shard ``model`` in place as ``sharding`` says; returns the module to call for a step."""
     if sharding == "simple_fsdp":
         shard_module(model, world_size=world_size, rank=rank, reshard_after_forward=cfg.reshard_after_forward)
         return torch.compile(model, fullgraph=True,  # overlapcfg: the pass runs on the fw/bw graphs
@@ -110,15 +110,20 @@ def _shard(model: Llama, overlap: overlapcfg.OverlapConfig, cfg: DictConfig, sha
     mesh = init_device_mesh(device.type, (world_size,))
     # overlapcfg: one fully_shard group per bucket of the plan, explicit prefetch lists from the policy
     overlapcfg.fully_shard(model, overlap, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward)
+    report = overlapcfg.explain(model, overlap)  # what fully_shard did: buckets, prefetch lists, depths and why
     if sharding == "fsdp2_compile":
-        # Compile each bucket's modules' forward, not the modules: FSDP2 runs its all-gathers, prefetches and
-        # reduce-scatters in module hooks around forward, so they stay outside the compiled graphs.
-        for bucket in overlapcfg.fsdp2.explain(model).buckets:
-            for fqn in bucket.modules:
-                module = model.get_submodule(fqn)
-                module.forward = torch.compile(module.forward, backend=cfg.fsdp2_backend, fullgraph=True)
+        # Compile the forward of each module FSDP2 wraps (the buckets' modules; for llama_layers the embedding,
+        # each block, norm and output), not the module call: FSDP2 all-gathers, prefetches and reduce-scatters in
+        # hooks around forward, so they run eagerly outside the graphs and the prefetch lists keep their meaning.
+        fqns = [fqn for bucket in report.buckets for fqn in bucket.modules]
+        for fqn in fqns:
+            module = model.get_submodule(fqn)
+            module.forward = torch.compile(module.forward, backend=cfg.fsdp2_backend, fullgraph=True)
+        if rank == 0:
+            log.info("compiled forward of %d modules with backend %s: %s", len(fqns), cfg.fsdp2_backend,
+                     ", ".join(fqns))
     if rank == 0:
-        log.info("%s", overlapcfg.explain(model, overlap).graph("fsdp2").order)
+        log.info("FSDP2 %s", report.graph("fsdp2").order)
     return model
 
 

@@ -202,6 +202,30 @@ def is_parameter_placeholder(node: fx.Node) -> bool:
     return node.name.startswith("primals_")
 
 
+def is_partial_gradient_scatter(start: fx.Node, waits: tuple[fx.Node, ...] | list[fx.Node]) -> bool:
+    """A reduce-scatter of one use's gradient of a parameter used twice (tied embeddings): its wait is summed with
+    other reduce-scattered partial gradients, and the sum flows to a graph output through unary ops only.
+
+    torch's ``is_fsdp_reduce_scatter`` wants the wait to flow to the output alone, so it misses these; the
+    backend's descriptors see them as the parameter's gradient. Both routes must classify them alike.
+    """
+    if len(waits) != 1 or len(waits[0].users) != 1:
+        return False
+    total = next(iter(waits[0].users))
+    if compat.op_name(total.target) != "aten.add" or not all(started_by(i) is not None
+                                                               for i in total.all_input_nodes):
+        return False
+    cur = total
+    for _ in range(32):
+        users = list(cur.users)
+        if any(u.op == "output" for u in users):
+            return True
+        if len(users) != 1 or len(users[0].all_input_nodes) != 1:
+            return False
+        cur = users[0]
+    return False
+
+
 def is_parameter_gather(start: fx.Node) -> bool:
     """An all-gather of parameter inputs through transparent ops alone (one input: FSDP; several: a merged
     bucket)."""
@@ -268,7 +292,7 @@ def find_collectives(
             fsdp = evidence or is_parameter_gather(start)
             size_node = start
         elif kind == "reduce_scatter":
-            fsdp = evidence or compat.is_fsdp_reduce_scatter(start)
+            fsdp = evidence or compat.is_fsdp_reduce_scatter(start) or is_partial_gradient_scatter(start, waits)
             size_node = start.args[0] if isinstance(start.args[0], (fx.Node, list, tuple)) else start
         else:
             fsdp, size_node = False, start

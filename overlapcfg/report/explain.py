@@ -19,6 +19,7 @@ from torch import fx, nn
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
+from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import collective_kind, find_collectives
 from overlapcfg.graph.record import RECORD_KEY, BucketRecord, CollectiveChange, PassRecord
@@ -202,6 +203,12 @@ def _apply_copy(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: GraphKind, w
     work = copy.deepcopy(gm)
     if compat.process_group_initialized():
         return apply(work, cfg, graph_kind=graph_kind)
+    groups = sorted({c.group for c in find_collectives(gm.graph, module_fqn) if c.fsdp} - {"0"})
+    if groups:  # a fake default group cannot stand in for mesh sub-groups (HSDP, FSDP + TP)
+        raise UnsupportedGraphError(
+            f"explain: this graph's FSDP collectives run on process group(s) {', '.join(map(repr, groups))}, which "
+            "do not exist in this process (merging needs them); call explain inside the process groups the graph "
+            "was traced under, or explain the CapturedStep")
     with compat.fake_process_group(world_size, 0):
         return apply(work, cfg, graph_kind=graph_kind)
 
