@@ -123,7 +123,7 @@ def test_sharding_fsdp2_shards_the_demo_eagerly_and_writes_the_report(tmp_path):
     out = run_cli(tmp_path, "sharding=fsdp2", *FAST, f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr
     assert "with FSDP2 for 2 ranks (one process, fake process group)" in out.stdout
-    assert "traced" not in out.stdout  # no trace: the report is what overlapcfg.fully_shard recorded
+    assert "traced 2-layer" not in out.stdout  # no trace: the report is what overlapcfg.fully_shard recorded
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["strategy"] == "manual" and report["plan_name"] == "llama_layers"
     buckets = report["buckets"]
