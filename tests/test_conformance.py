@@ -54,7 +54,7 @@ EXPECTED: dict[str, dict[str, tuple[dict[str, int], dict[str, int]]]] = {
     # embed, (dense, experts) x 2, [norm, lm_head]; the backward re-gathers neither the embedding nor the 3-D experts.
     "hf_mixtral": {"forward": ({"all_gather": 21}, {"all_gather": 6}),
                    "backward": ({"all_gather": 16, "reduce_scatter": 21}, {"all_gather": 3, "reduce_scatter": 6})},
-    # The tied weight's gradient is two reduce-scatters added before the output (see TIED_APPLY for apply's count).
+    # The tied weight's gradient is two reduce-scatters added before the output; both are merged.
     "hf_tied": {"forward": ({"all_gather": 20}, {"all_gather": 4}),
                 "backward": ({"all_gather": 20, "reduce_scatter": 21}, {"all_gather": 4, "reduce_scatter": 4})},
     "tt_fully_shard": {"forward": ({"all_gather": 17}, {"all_gather": 4}),
@@ -63,12 +63,9 @@ EXPECTED: dict[str, dict[str, tuple[dict[str, int], dict[str, int]]]] = {
                         "backward": ({"all_reduce": 17, "reduce_scatter": 17},
                                      {"all_reduce": 17, "reduce_scatter": 4})},
 }
-# ``apply`` on a captured graph (no aot descriptor annotations) classifies the tied weight's two partial-gradient
-# reduce-scatters as non-FSDP and leaves them (3 merged + 2 = 5); the backend attributes them by descriptor and
-# merges them (4). See test_tied_gradient_reduce_scatters_are_bucketed_alike_by_apply_and_backend.
-TIED_APPLY = {"all_gather": 4, "reduce_scatter": 5}
-NON_FSDP = {("apply", "hf_tied", "backward"): 2, ("apply", "tt_hybrid_shard", "backward"): 17,
-            ("backend", "tt_hybrid_shard", "backward"): 17}
+# Both routes recognize the tied weight's two partial-gradient reduce-scatters (summed before the output) and
+# merge them (see test_tied_gradient_reduce_scatters_are_bucketed_alike_by_apply_and_backend).
+NON_FSDP = {("apply", "tt_hybrid_shard", "backward"): 17, ("backend", "tt_hybrid_shard", "backward"): 17}
 BUCKET_NAMES = {
     "hf_decoder_layers": ["model.embed_tokens", "model.layers.0", "model.layers.1", "lm_head+model.norm"],
     "torchtitan_layers": ["tok_embeddings", "layers.0", "layers.1", "lm_head+norm"],
@@ -194,8 +191,6 @@ def _no_process_group_left_open() -> Iterator[None]:
 def _expected(path: str, case: str, graph: str) -> tuple[dict[str, int], dict[str, int], int]:
     """``(graph counts before, graph counts after, non-FSDP collectives)`` for a route (``apply``/``backend``)."""
     before, after = EXPECTED[case][graph]
-    if (path, case, graph) == ("apply", "hf_tied", "backward"):
-        after = TIED_APPLY
     return before, after, NON_FSDP.get((path, case, graph), 0)
 
 
@@ -425,31 +420,22 @@ def test_hsdp_all_reduces_are_left_alone_and_reported_as_non_fsdp(runs: Callable
 
 
 @pytest.mark.slow
-def test_apply_leaves_the_tied_weights_partial_gradient_reduce_scatters_where_they_were(
-        runs: Callable[[str], Run]) -> None:
+def test_apply_buckets_the_tied_weights_partial_gradient_reduce_scatters(runs: Callable[[str], Run]) -> None:
     """On a captured graph, the tied weight's gradient is the sum of two reduce-scatters (``wait -> add ->
-    output``); without descriptor annotations ``apply`` classifies them as non-FSDP (as torch's
-    ``is_fsdp_reduce_scatter`` does) and leaves both untouched."""
+    output``): torch's ``is_fsdp_reduce_scatter`` misses them, overlapcfg recognizes them as the partial
+    gradients of one parameter and buckets them, as the backend (which has the descriptors) does."""
     run = runs("hf_tied").require("apply")
     original, final = run.original("backward"), run.applied[1]["backward"]
-    left = final.meta["overlapcfg"].non_fsdp
-    orig = {c.start.name: c for c in C.collectives(original)}
-    assert len(left) == 2
-    for name in left:
-        assert orig[name].kind == "reduce_scatter"
-        assert C.reduced_param(orig[name].wait, run.captured.dynamo_graph, through_sum=False) is None
-        assert C.reduced_param(orig[name].wait, run.captured.dynamo_graph) == "model.embed_tokens.weight"
-    kept = {C.signature(c) for c in C.collectives(final)}
-    assert {C.signature(orig[name]) for name in left} <= kept
+    record = final.meta["overlapcfg"]
+    assert record.non_fsdp == ()
+    summed = [c for c in C.collectives(original) if c.kind == "reduce_scatter"
+              and C.reduced_param(c.wait, run.captured.dynamo_graph, through_sum=False) is None]
+    assert len(summed) == 2
+    assert all(C.reduced_param(c.wait, run.captured.dynamo_graph) == "model.embed_tokens.weight" for c in summed)
+    assert record.after.get("backward", "reduce_scatter") == 4
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "overlapcfg inconsistency: the backend attributes the tied weight's two partial-gradient reduce-scatters by "
-    "aot descriptor (through the add) and merges them (backward RS 21 -> 4), while apply on the same graph "
-    "captured without overlapcfg falls back to torch's is_fsdp_reduce_scatter, reports them as non-FSDP and "
-    "leaves them (21 -> 5): the same model buckets differently by route, and the record calls FSDP gradient "
-    "reduce-scatters 'not FSDP's'"))
 def test_tied_gradient_reduce_scatters_are_bucketed_alike_by_apply_and_backend(runs: Callable[[str], Run]) -> None:
     run = runs("hf_tied").require("apply", "backend")
     by_apply = run.applied[1]["backward"].meta["overlapcfg"]
@@ -460,15 +446,14 @@ def test_tied_gradient_reduce_scatters_are_bucketed_alike_by_apply_and_backend(r
 # --- explain with no process group, on a graph that names mesh sub-groups --------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "overlapcfg bug: explain() on a bare HSDP graph outside the process group it was traced under opens a fake "
-    "default group of the traced group size, but the graph's collectives name mesh sub-groups ('3' = fsdp) that "
-    "group does not have; torch's merge_all_gather_bucket raises 'Could not resolve the process group registered "
-    "under the name 3' instead of explain reporting or saying what to do"))
-def test_explain_bare_hsdp_graph_without_its_groups(runs: Callable[[str], Run]) -> None:
+def test_explain_bare_hsdp_graph_without_its_groups_says_what_to_do(runs: Callable[[str], Run]) -> None:
+    """A fake default group cannot stand in for mesh sub-groups ('3' = fsdp): a clear error, not torch's
+    'Could not resolve the process group registered under the name 3' from inside the merge."""
+    from overlapcfg.errors import UnsupportedGraphError
+
     run = runs("tt_hybrid_shard")
-    report = explain(run.original("forward"), {"plan": "torchtitan_layers"}, graph_kind="forward")
-    assert report.graphs[0].collectives_after == 4
+    with pytest.raises(UnsupportedGraphError, match=r"process group\(s\) '3'.*inside the process groups"):
+        explain(run.original("forward"), {"plan": "torchtitan_layers"}, graph_kind="forward")
 
 
 @pytest.mark.slow
