@@ -6,6 +6,7 @@ deterministic decisions without sorting by anything but positions.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -310,4 +311,23 @@ def find_collectives(
                               module_fqn_fn(start) if fsdp else None, _params(start, kind) if fsdp else ()))
     index = positions(graph)
     out.sort(key=lambda c: index[c.start])
-    return out
+    return _one_owner_per_shared_gradient(out)
+
+
+def _one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collective]:
+    """Partial gradients of one shared parameter (tied embeddings: one reduce-scatter per use, summed) belong to
+    one module, the one that used the parameter first in forward: the partial whose reduce-scatter backward issues
+    last. That is also the owner the aot descriptors name (dynamo names a parameter by its first access), so a
+    graph with and without descriptors buckets the same way."""
+    sums: dict[fx.Node, list[int]] = {}
+    for i, c in enumerate(collectives):
+        if c.kind == "reduce_scatter" and c.fsdp and len(c.waits) == 1 and len(c.waits[0].users) == 1:
+            total = next(iter(c.waits[0].users))
+            if compat.op_name(total.target) == "aten.add":
+                sums.setdefault(total, []).append(i)
+    for members in sums.values():
+        owner = collectives[members[-1]].module_fqn  # graph order: the last issued
+        if len(members) > 1 and owner is not None:
+            for i in members:
+                collectives[i] = dataclasses.replace(collectives[i], module_fqn=owner)
+    return collectives
