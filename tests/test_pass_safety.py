@@ -148,3 +148,15 @@ def test_apply_takes_a_validated_config_only() -> None:
 def test_find_collectives_classifies_the_demo_graphs_as_fsdp(traced_2l: TracedStep) -> None:
     found = find_collectives(traced_2l.forward.graph, traced_2l.module_fqn_fn("forward"), direction="forward")
     assert found and all(c.fsdp for c in found)
+
+
+def test_apply_outside_a_process_group_says_what_is_needed() -> None:
+    """Issue 14: torch's 'Could not resolve the process group' RuntimeError instead of what to do."""
+    from synthetic import forward_graph
+
+    built = forward_graph([[2], [2]])
+    code = built.gm.code
+    with pytest.raises(UnsupportedGraphError, match="needs the process group"):
+        apply(built.gm, load_config({"plan": {"buckets": ["layers.*"]}}), module_fqns=built.module_fqns,
+              graph_kind="forward")
+    assert built.gm.code == code

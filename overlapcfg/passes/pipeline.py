@@ -25,6 +25,7 @@ from typing import Literal, TypeAlias
 
 from torch import fx
 
+from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.plan import Bucket
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
@@ -147,6 +148,12 @@ def apply(
     covered, uncovered = attribute(collectives, plan)
     if strategy.uses_plan and cfg.plan is not None and not covered:
         _nothing_covered(cfg, fsdp, config_root)
+    if covered and not compat.process_group_initialized():
+        raise UnsupportedGraphError(
+            "overlapcfg.apply: merging collectives needs the process group the graph was traced for (torch's merge "
+            "helpers write this rank into the graph), and none is initialized. Run the pass where the graph is "
+            "compiled (overlapcfg.backend does), inside torch.distributed.init_process_group, or for a graph "
+            "inspected offline inside overlapcfg.compat.fake_process_group(world_size)")
     ctx = PassContext(plan, cfg.policy, tuple(collectives), tuple(covered), tuple(uncovered), forced, fn,
                       fresh_fake_values=for_compiler)
     summary = summarize(gm, direction=forced) if cfg.verify else None
