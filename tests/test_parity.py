@@ -9,6 +9,7 @@ All configs of one reshard setting share one pair of processes (a spawn costs se
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -42,6 +43,28 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "torch_manual": {"strategy": "torch_manual", "plan": "llama_layers"},
     "none": {"strategy": "none"},
 }
+
+
+def _sampled(seed: int, count: int) -> dict[str, dict[str, Any]]:
+    """Configs drawn at random (a fixed seed: the same sample every run) over plans, depths, caps, bucket modes and
+    overrides: parity on combinations nobody chose by hand."""
+    rng = random.Random(seed)
+    out: dict[str, dict[str, Any]] = {}
+    for i in range(count):
+        policy: dict[str, Any] = {key: rng.randint(0, 3) for key in
+                                  ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")}
+        policy["bucket_mode"] = rng.choice(["default", "custom_ops", "custom_ops_multidtype", "coalesced"])
+        if rng.random() < 0.5:
+            policy["max_inflight_bytes"] = rng.randint(_LAYER_BYTES // 2, 3 * _LAYER_BYTES)
+        cfg: dict[str, Any] = {"strategy": "manual", "policy": policy,
+                               "plan": rng.choice(["llama_layers", "per_block_split", "two_layers_per_bucket"])}
+        if rng.random() < 0.5:
+            cfg["overrides"] = [{"match": f"layers.{rng.randint(0, 1)}.**", "forward_prefetch": rng.randint(0, 2)}]
+        out[f"sampled_{i}"] = cfg
+    return out
+
+
+CONFIGS.update(_sampled(seed=14, count=4))
 REWRITING = [name for name in CONFIGS if name != "none"]
 
 
