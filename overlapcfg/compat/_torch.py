@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import torch as _torch
 import torch.distributed as dist
+import torch.fx as _fx
 
 # --- dynamo ------------------------------------------------------------------------------------------------------
 from torch._dynamo import reset as dynamo_reset
@@ -184,3 +185,16 @@ ALL_GATHER_INTO_TENSOR_COALESCED = _torch.ops._c10d_functional.all_gather_into_t
 REDUCE_SCATTER_TENSOR_COALESCED = _torch.ops._c10d_functional.reduce_scatter_tensor_coalesced.default
 
 __all__ += ["ALL_GATHER_INTO_TENSOR_COALESCED", "ALL_GATHER_INTO_TENSOR_OUT", "REDUCE_SCATTER_TENSOR_COALESCED"]
+
+
+def copy_graph(graph: _fx.Graph) -> _fx.Graph:
+    """An independent copy of an ``fx.Graph`` (same node names, metadata dicts copied, same code generator), to put
+    back if a pass fails half-way. ``Graph`` has no public copy that keeps its tracer class and codegen."""
+    copy = _fx.Graph(owning_module=graph.owning_module, tracer_cls=graph._tracer_cls)
+    output = copy.graph_copy(graph, {})
+    copy.output(output)
+    copy._codegen = graph._codegen
+    return copy
+
+
+__all__ += ["copy_graph"]

@@ -157,7 +157,7 @@ def apply(
     ctx = PassContext(plan, cfg.policy, tuple(collectives), tuple(covered), tuple(uncovered), forced, fn,
                       fresh_fake_values=for_compiler)
     summary = summarize(gm, direction=forced) if cfg.verify else None
-    backup = _copy_graph(gm.graph)
+    backup = compat.copy_graph(gm.graph)
     try:
         result = strategy.run(gm, ctx)
         gm.graph.lint()
@@ -174,14 +174,6 @@ def apply(
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm
-
-
-def _copy_graph(graph: fx.Graph) -> fx.Graph:
-    copy = fx.Graph(owning_module=graph.owning_module, tracer_cls=graph._tracer_cls)
-    output = copy.graph_copy(graph, {})
-    copy.output(output)
-    copy._codegen = graph._codegen
-    return copy
 
 
 def _no_fsdp_collectives(gm: fx.GraphModule, cfg: OverlapConfig, collectives: Sequence[Collective]) -> None:
