@@ -132,3 +132,18 @@ def test_a_config_typo_on_the_command_line_is_reported_before_torch_is_imported(
     assert out.returncode == 1
     assert "overlap.policy.forward_prefetch: expected an integer >= 0, got 'abc'" in out.stderr
     assert "TORCH False" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_checkpoint_notice_is_silenced_for_our_trace_only(capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue: torch's 4-line 'context_fn is passed to torch.utils.checkpoint' warning was printed in user apps."""
+    import logging
+
+    from overlapcfg.demo import LlamaConfig
+    from overlapcfg.demo.tracing import trace_train_step
+
+    logger = logging.getLogger("torch._higher_order_ops.wrap")
+    level = logger.level
+    trace_train_step(LlamaConfig(n_layers=1), reshard_after_forward=True)
+    assert "context_fn" not in capfd.readouterr().err
+    assert logger.level == level

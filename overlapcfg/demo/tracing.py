@@ -16,10 +16,11 @@ is "0" in every trace.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -141,7 +142,7 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
         inputs = demo_batch(config.vocab_size, batch=batch, seq_len=seq_len, seed=seed, device=device)
     backend = StepBackend()
     start = time.perf_counter()
-    with compat.fake_process_group(world_size, rank):
+    with compat.fake_process_group(world_size, rank), _quiet_checkpoint_notice():
         train_step(compile_with_pass(model, backend=backend), *inputs, loss_fn=loss_fn)
     seconds = time.perf_counter() - start
     compat.dynamo_reset()
@@ -193,3 +194,17 @@ def _check_all_attributed(gm: fx.GraphModule, name: str, attributed: int) -> Non
     if len(found) != attributed:
         raise AssertionError(f"tracing: {len(found) - attributed} of {len(found)} {name} collectives could not be "
                              "attributed to a parameter from the aot descriptors")
+
+
+@contextlib.contextmanager
+def _quiet_checkpoint_notice() -> Iterator[None]:
+    """torch logs a 4-line WARNING that ``context_fn`` is passed to checkpoint under torch.compile, meant for
+    regions with in-place ops; the SimpleFSDP reshard policy's region holds one all-gather and none. Silenced for
+    this trace only (the logger's level is put back)."""
+    logger = logging.getLogger("torch._higher_order_ops.wrap")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
