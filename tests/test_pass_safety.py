@@ -135,9 +135,11 @@ def test_a_graph_without_fsdp_collectives_warns_with_the_fsdp2_hint(caplog: pyte
     pipeline._WARNED.clear()
     with caplog.at_level(logging.WARNING, logger="overlapcfg.passes.pipeline"):
         apply(gm, load_config({"plan": "llama_layers"}))
-    assert any("FSDP2" in r.getMessage() for r in caplog.records)
+    assert any("FSDP2" in r.getMessage() and "overlapcfg.fully_shard" in r.getMessage() for r in caplog.records)
     with pytest.raises(UnsupportedGraphError):
         apply(gm, load_config({"plan": "llama_layers", "strict": True}))
+    with pytest.raises(UnsupportedGraphError):  # the keyword, for code that builds configs elsewhere
+        apply(gm, load_config({"plan": "llama_layers"}), strict=True)
 
 
 def test_apply_takes_a_validated_config_only() -> None:

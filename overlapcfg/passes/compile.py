@@ -72,7 +72,7 @@ def _inductor_compiler(graph: GraphName) -> GraphCompiler:
 
 
 def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Module | None = None,
-            config_root: str | None = None) -> GraphBackend:
+            config_root: str | None = None, strict: bool | None = None) -> GraphBackend:
     """A ``torch.compile`` backend applying ``cfg`` to the forward and backward graphs of aot_autograd.
 
     ``cfg`` is validated now (``OverlapConfigError`` before any compile). Any model whose FSDP collectives appear
@@ -100,7 +100,7 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
     def graph_pass(name: GraphName) -> Callable[[fx.GraphModule], fx.GraphModule]:
         def run(gm: fx.GraphModule) -> fx.GraphModule:
             return apply(gm, loaded, graph_kind=name, module_fqns=result.module_fqns, config_root=config_root,
-                         for_compiler=lowered)
+                         for_compiler=lowered, strict=strict)
 
         return run
 

@@ -100,6 +100,7 @@ def apply(
     graph_kind: GraphKind = "auto",
     config_root: str | None = None,
     for_compiler: bool = False,
+    strict: bool | None = None,
 ) -> fx.GraphModule:
     """Bucket and schedule the FSDP collectives of ``gm`` as ``cfg`` says; returns ``gm`` (modified in place).
 
@@ -111,13 +112,16 @@ def apply(
     node's metadata. ``config_root``: where the config sits in the user's tree, so plan faults read
     ``trainer.overlap.plan.buckets[1]: ...`` (default: where ``load_config``/``from_hydra`` found it,
     ``cfg.config_root``). ``for_compiler=True``: the graph goes on to a compiler that reads
-    fake-tensor metadata (inductor), so every new node gets its own ``meta["val"]``.
+    fake-tensor metadata (inductor), so every new node gets its own ``meta["val"]``. ``strict``: overrides
+    ``cfg.strict`` (nothing reaching a bucket is an error instead of a warning).
     """
     if not isinstance(cfg, OverlapConfig):
         raise TypeError(f"apply takes a validated OverlapConfig, got {type(cfg).__name__}; build one with "
                         "overlapcfg.load_config(...) (it reads dicts, YAML text, files and Hydra nodes)")
     started = time.perf_counter()
     config_root = config_root or cfg.config_root
+    if strict is not None and strict != cfg.strict:
+        cfg = cfg.model_copy(update={"strict": strict})
     fn = module_fqn_fn or module_fqn
     forced = _forced_direction(graph_kind)
     collectives = find_collectives(gm.graph, fn, direction=forced)
@@ -182,8 +186,9 @@ def _no_fsdp_collectives(gm: fx.GraphModule, cfg: OverlapConfig, collectives: Se
     message = (f"overlapcfg[{cfg.strategy}]: no FSDP parameter all-gather or gradient reduce-scatter in this graph "
                f"({len(gm.graph.nodes)} nodes; {seen}); the graph is returned unchanged. If the model is sharded "
                "with FSDP2 (fully_shard), its collectives run eagerly in FSDP2's hooks, outside the compiled "
-               "graph: this pass cannot reach them. SimpleFSDP-style sharding (parametrizations with functional "
-               "collectives, e.g. torchtitan's simple_fsdp) puts them in the graph.")
+               "graph: this pass cannot reach them; overlapcfg.fully_shard(model, cfg) applies the same config through "
+               "FSDP2 instead. SimpleFSDP-style sharding (parametrizations with functional collectives, e.g. "
+               "torchtitan's simple_fsdp) puts them in the graph.")
     if cfg.strict and cfg.strategy != "none":
         raise UnsupportedGraphError(message + " (overlap.strict is set)")
     if cfg.strategy != "none":
