@@ -162,3 +162,30 @@ def test_apply_outside_a_process_group_says_what_is_needed() -> None:
         apply(built.gm, load_config({"plan": {"buckets": ["layers.*"]}}), module_fqns=built.module_fqns,
               graph_kind="forward")
     assert built.gm.code == code
+
+
+def test_the_backend_checks_attribution_against_the_model_it_is_given() -> None:
+    """With ``model=``, patterns match its named_modules() and every attributed parameter must be one of its own:
+    a parameter the model does not have is an AttributionError, not a silent assignment."""
+    from overlapcfg.demo import Llama, LlamaConfig, shard_module
+    from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
+    from overlapcfg.graph.attribution import AttributionError
+    from overlapcfg.passes.compile import backend
+
+    cfg = LlamaConfig(n_layers=1, dim=32, n_heads=2, ffn_hidden=64, vocab_size=64)
+    model = shard_module(Llama(cfg), world_size=2, rank=0)
+    tokens, targets = demo_batch(cfg.vocab_size)
+    with fake_process_group(2):
+        good = backend({"plan": "llama_layers"}, model=model)
+        train_step(compile_with_pass(model, backend=good), tokens, targets)
+        assert "layers.0.attention.wq" in good.module_fqns
+        assert good.graphs["forward"].meta["overlapcfg"].after.get("forward", "all_gather") == 3  # 3 buckets
+        stranger = torch.nn.Linear(2, 2)
+        with pytest.raises(Exception, match="the model does not have") as info:  # dynamo wraps backend errors
+            train_step(compile_with_pass(model, backend=backend({"plan": "llama_layers"}, model=stranger)),
+                       tokens, targets)
+    chain, err = [], info.value
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or getattr(err, "inner_exception", None)
+    assert any(isinstance(e, AttributionError) for e in chain)

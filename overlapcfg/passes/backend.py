@@ -167,4 +167,4 @@ class CapturedStep:
         return lookup
 
 
-__all__ += ["model_facts", "stack_module_fqn"]
+__all__ += ["model_facts"]

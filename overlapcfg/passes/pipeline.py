@@ -69,8 +69,7 @@ def _model_fqns(graph: fx.Graph, fn: ModuleFqnFn, owners: Sequence[str]) -> tupl
 def _ignored_settings(cfg: OverlapConfig, strategy: Strategy, root: str) -> tuple[str, ...]:
     """Settings the selected strategy does not read, written by the user: never silently dropped."""
     notes = []
-    named_plan = cfg.plan is not None and (cfg.plan.buckets or cfg.plan.name)
-    if not strategy.uses_plan and named_plan and cfg.plan is not None and cfg.plan.buckets:
+    if not strategy.uses_plan and cfg.plan is not None and cfg.plan.buckets:
         notes.append(f"{root}.plan is ignored: strategy {cfg.strategy!r} does not bucket by plan")
     if not strategy.uses_plan and cfg.overrides:
         notes.append(f"{root}.overrides are ignored: strategy {cfg.strategy!r} does not bucket by plan")
