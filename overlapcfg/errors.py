@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "SHOWN_FAULTS",
+    "SHOWN_PATHS",
     "Fault",
     "OverlapConfigError",
     "OverlapVerificationError",
@@ -23,8 +24,11 @@ __all__ = [
 ]
 
 
-SHOWN_FAULTS = 50
-"""Faults listed in an ``OverlapConfigError`` message before "... and N more" (all are on ``.faults``)."""
+SHOWN_FAULTS = 20
+"""Lines of an ``OverlapConfigError`` message before "... and N more" (all faults are on ``.faults``): one line
+per fault, or per set of faults sharing a message, so the message fits on one screen."""
+SHOWN_PATHS = 3
+"""Paths a line names for faults that share a message, before "and N more"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +61,12 @@ class OverlapConfigError(ValueError):
         return cls([Fault(path, message)])
 
     def _render(self) -> str:
-        # Every fault stays on ``.faults``; the message shows the first SHOWN_FAULTS so it fits a screen.
-        lines = [str(f) for f in self.faults[:SHOWN_FAULTS]]
-        if len(self.faults) > SHOWN_FAULTS:
-            lines.append(f"... and {len(self.faults) - SHOWN_FAULTS} more")
+        # Every fault stays on ``.faults``; the message groups faults that share a message (39 parameters "not
+        # divisible by world_size=3" are three lines, not 39) and shows the first SHOWN_FAULTS lines.
+        grouped = _group_lines(self.faults)
+        lines = [line for line, _ in grouped[:SHOWN_FAULTS]]
+        if len(grouped) > SHOWN_FAULTS:
+            lines.append(f"... and {sum(n for _, n in grouped[SHOWN_FAULTS:])} more")
         if self.header:
             noun = "fault" if len(self.faults) == 1 else "faults"
             return f"{self.header} ({len(self.faults)} {noun}):\n  " + "\n  ".join(lines)
@@ -72,6 +78,23 @@ class OverlapConfigError(ValueError):
             return self
         faults = [Fault(f"{prefix}.{f.path}" if f.path else prefix, f.message) for f in self.faults]
         return OverlapConfigError(faults, header=self.header)
+
+
+def _group_lines(faults: Sequence[Fault]) -> list[tuple[str, int]]:
+    """One line per message, with how many faults it stands for: ``a, b, c and 26 more: <message>``, or
+    ``<message> (3 times)`` where the faults have no path. Messages keep their first-seen order."""
+    groups: dict[str, list[str]] = {}
+    for f in faults:
+        groups.setdefault(f.message, []).append(f.path)
+    lines = []
+    for message, paths in groups.items():
+        named = list(dict.fromkeys(p for p in paths if p))
+        if not named:
+            lines.append((message if len(paths) == 1 else f"{message} ({len(paths)} times)", len(paths)))
+            continue
+        shown, rest = ", ".join(named[:SHOWN_PATHS]), len(named) - SHOWN_PATHS
+        lines.append((f"{shown} and {rest} more: {message}" if rest > 0 else f"{shown}: {message}", len(paths)))
+    return lines
 
 
 class OverlapVerificationError(RuntimeError):

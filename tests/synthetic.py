@@ -50,6 +50,7 @@ PARAM_NAMES = ("wq", "wk", "wv")
 _c10d = torch.ops._c10d_functional
 _aten = torch.ops.aten
 
+Hsdp = Literal["all_reduce_first", "reduce_scatter_first"] | None
 Layers = Sequence[Sequence[int]]
 """Per layer, the shard rows of each of its parameters (one to three): ``[[2], [1, 3]]``."""
 
@@ -118,6 +119,11 @@ class _Builder:
         self.owners[start.name] = fqn
         return self.call(_c10d.wait_tensor.default, (start,), fqn, True)
 
+    def all_reduce(self, grad: fx.Node, fqn: str) -> fx.Node:
+        start = self.call(_c10d.all_reduce.default, (grad, "sum", GROUP), fqn, True)
+        self.owners[start.name] = fqn
+        return self.call(_c10d.wait_tensor.default, (start,), fqn, True)
+
     def finish(self, outputs: object, kind: Literal["forward", "backward"], layers: Layers) -> Synthetic:
         self.graph.output(outputs)
         gm = fx.GraphModule(torch.nn.Module(), self.graph)
@@ -155,8 +161,12 @@ def forward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = Fa
 
 
 def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = False,
-                   regather: bool = False) -> Synthetic:
-    """The backward graph of ``layers`` (see the module docstring); ``regather``: all-gather the weights again."""
+                   regather: bool = False, hsdp: Hsdp = None) -> Synthetic:
+    """The backward graph of ``layers`` (see the module docstring); ``regather``: all-gather the weights again.
+
+    ``hsdp``: also all-reduce every gradient (HSDP's replicate half, on the same group here, so one fake process
+    group serves): ``"all_reduce_first"`` as torchtitan's DTensor does (``all_reduce -> wait -> reduce_scatter``),
+    ``"reduce_scatter_first"`` as FSDP2 does (``reduce_scatter -> wait -> all_reduce -> wait -> output``)."""
     _check(layers)
     b = _Builder(world_size, descriptors)
     params = _params(layers)
@@ -176,5 +186,9 @@ def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = F
         gy_t = b.call(_aten.t.default, (gy,), fqn, True)
         grad = b.call(_aten.t.default, (b.call(_aten.mm.default, (gy_t, saved[k]), fqn, True),), fqn, True)
         gy = b.call(_aten.mm.default, (saved[k], w), fqn, True)
+        if hsdp == "all_reduce_first":
+            grad = b.all_reduce(grad, fqn)
         grads[k] = b.reduce_scatter(grad, fqn)
+        if hsdp == "reduce_scatter_first":
+            grads[k] = b.all_reduce(grads[k], fqn)
     return b.finish((*(grads[k] for k in range(len(params))), gy), "backward", layers)

@@ -114,8 +114,9 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
 def test_search_path_lists_the_config_tree_once(tmp_path):
     out = run_cli(tmp_path, "--info", "searchpath")
     assert out.returncode == 0, out.stderr
-    rows = [line for line in out.stdout.splitlines() if "/conf " in line]  # table cells are space-padded
-    assert len(rows) == 1, out.stdout
+    for tree in ("/conf ", "/presets "):  # the command's own tree, and the `overlap` groups from the plugin
+        rows = [line for line in out.stdout.splitlines() if tree in line]  # table cells are space-padded
+        assert len(rows) == 1, (tree, out.stdout)
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ from thirdparty import models as M
 from torch import fx
 
 import overlapcfg
+from overlapcfg import compat
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.passes import apply
 from overlapcfg.report.explain import explain
@@ -60,12 +61,14 @@ EXPECTED: dict[str, dict[str, tuple[dict[str, int], dict[str, int]]]] = {
     "tt_fully_shard": {"forward": ({"all_gather": 17}, {"all_gather": 4}),
                        "backward": ({"reduce_scatter": 17}, {"reduce_scatter": 4})},
     "tt_hybrid_shard": {"forward": ({"all_gather": 17}, {"all_gather": 4}),
+                        # HSDP: each gradient all-reduced on the replicate group, then reduce-scattered on the
+                        # shard group; both halves bucketed (one all-reduce and one reduce-scatter per bucket).
                         "backward": ({"all_reduce": 17, "reduce_scatter": 17},
-                                     {"all_reduce": 17, "reduce_scatter": 4})},
+                                     {"all_reduce": 4, "reduce_scatter": 4})},
 }
 # Both routes recognize the tied weight's two partial-gradient reduce-scatters (summed before the output) and
 # merge them (see test_tied_gradient_reduce_scatters_are_bucketed_alike_by_apply_and_backend).
-NON_FSDP = {("apply", "tt_hybrid_shard", "backward"): 17, ("backend", "tt_hybrid_shard", "backward"): 17}
+NON_FSDP: dict[tuple[str, str, str], int] = {}
 BUCKET_NAMES = {
     "hf_decoder_layers": ["model.embed_tokens", "model.layers.0", "model.layers.1", "lm_head+model.norm"],
     "torchtitan_layers": ["tok_embeddings", "layers.0", "layers.1", "lm_head+norm"],
@@ -196,7 +199,7 @@ def _expected(path: str, case: str, graph: str) -> tuple[dict[str, int], dict[st
 
 def _fsdp(graph: str, graph_counts: dict[str, int], non_fsdp_rs: int) -> dict[tuple[str, str], int]:
     """The FSDP part of a graph's counts, keyed as overlapcfg's record keys them."""
-    out = {(graph, k): n for k, n in graph_counts.items() if k in ("all_gather", "reduce_scatter")}
+    out = {(graph, k): n for k, n in graph_counts.items() if k in ("all_gather", "reduce_scatter", "all_reduce")}
     if non_fsdp_rs:
         out[(graph, "reduce_scatter")] -= non_fsdp_rs
     return out
@@ -205,7 +208,7 @@ def _fsdp(graph: str, graph_counts: dict[str, int], non_fsdp_rs: int) -> dict[tu
 def _assert_counts(path: str, case: str, graph: str, final: fx.GraphModule) -> None:
     record = final.meta["overlapcfg"]
     before, after, non_fsdp = _expected(path, case, graph)
-    rs_left = non_fsdp if case == "hf_tied" else 0  # HSDP's non-FSDP collectives are all-reduces
+    rs_left = non_fsdp if case == "hf_tied" else 0
     assert C.counts(final) == after
     assert {(d, k): n for d, k, n in record.before.fsdp} == _fsdp(graph, before, rs_left)
     assert {(d, k): n for d, k, n in record.after.fsdp} == _fsdp(graph, after, rs_left)
@@ -217,8 +220,11 @@ def _assert_depths(run: Run, graph: str, final: fx.GraphModule, depth: int) -> d
     original = run.original(graph)
     ags = C.merged(final, original, "all_gather")
     rss = C.merged(final, original, "reduce_scatter")
-    got = {"all_gather": C.prefetch_depths(final, ags), "reduce_scatter": C.reduce_scatter_delays(final, rss)}
-    want = {"all_gather": C.expected_depths(depth, len(ags)), "reduce_scatter": C.expected_depths(depth, len(rss))}
+    ars = C.merged(final, original, "all_reduce")
+    got = {"all_gather": C.prefetch_depths(final, ags), "reduce_scatter": C.reduce_scatter_delays(final, rss),
+           "all_reduce": C.reduce_scatter_delays(final, ars)}
+    want = {"all_gather": C.expected_depths(depth, len(ags)), "reduce_scatter": C.expected_depths(depth, len(rss)),
+            "all_reduce": C.expected_depths(depth, len(ars))}
     assert got == want, (graph, depth)
     return got
 
@@ -273,7 +279,7 @@ def test_apply_names_buckets_by_module_fqns_without_the_dynamo_root(runs: Callab
         for b in record.buckets:
             assert all(not m.split(".")[0].isdigit() and "[" not in m for m in b.modules), b.modules
         independent: Counter[tuple[str, str, int]] = Counter()
-        for kind in ("all_gather", "reduce_scatter"):
+        for kind in ("all_gather", "reduce_scatter", "all_reduce"):
             per_bucket = _owner_counts(run, graph, kind, skip=record.non_fsdp)
             independent.update((kind, b, n) for b, n in per_bucket.items())
         recorded = Counter((c.kind, _tag(b.name), c.before) for b in record.buckets for c in b.collectives)
@@ -295,7 +301,14 @@ def _owner_counts(run: Run, graph: str, kind: str, skip: tuple[str, ...]) -> dic
     for c in C.collectives(original):
         if c.kind != kind or c.start.name in skip:
             continue
-        param = C.gathered_param(c.start, dynamo) if kind == "all_gather" else C.reduced_param(c.wait, dynamo)
+        if kind == "all_reduce":  # HSDP (torchtitan: all-reduce first): the gradient its reduce-scatter returns
+            rs = [u for u in c.wait.users if u.target is compat.REDUCE_SCATTER_TENSOR]
+            waits = [w for w in rs[0].users] if len(rs) == 1 else []
+            param = C.reduced_param(waits[0], dynamo) if len(waits) == 1 else None
+        elif kind == "all_gather":
+            param = C.gathered_param(c.start, dynamo)
+        else:
+            param = C.reduced_param(c.wait, dynamo)
         if param is not None:
             out[run.case.bucket_of(param.rpartition(".")[0])] += 1
     return dict(out)
@@ -408,15 +421,40 @@ def _all_reduces(gm: fx.GraphModule) -> list[tuple[str, tuple[Any, ...], str]]:
 
 
 @pytest.mark.slow
-def test_hsdp_all_reduces_are_left_alone_and_reported_as_non_fsdp(runs: Callable[[str], Run]) -> None:
+def test_hsdp_all_reduces_are_bucketed_on_their_own_group_and_chained(runs: Callable[[str], Run]) -> None:
+    """torchtitan HSDP reduces each gradient twice: all-reduce on the replicate group ('1'), then reduce-scatter on
+    the shard group ('3'). Both halves are bucketed: per bucket one all-reduce on '1' carrying exactly the bytes
+    of its gradients, read by that bucket's reduce-scatter; delays as asked, measured in the final graph."""
     run = runs("tt_hybrid_shard").require("apply", "backend", "explain")
-    for original, final in [(run.original("backward"), run.applied[d]["backward"]) for d in DEPTHS] + [
-            (run.backend_pre["backward"], run.backend.graphs["backward"])]:
-        want = _all_reduces(original)
-        assert len(want) == 17 and {args[-1] for _, args, _ in want} == {"1"}  # the replicate group
-        assert _all_reduces(final) == want
-        assert sorted(final.meta["overlapcfg"].non_fsdp) == sorted(name for name, _, _ in want)
-    assert len(run.explained["backward"].graphs[0].non_fsdp) == 17
+    original = run.original("backward")
+    want = sorted(c.numel for c in C.collectives(original) if c.kind == "all_reduce")
+    assert len(want) == 17 and {c.start.args[-1] for c in C.collectives(original) if c.kind == "all_reduce"} == {"1"}
+    for depth, final in [(d, run.applied[d]["backward"]) for d in DEPTHS] + [
+            (BACKEND_DEPTH, run.backend.graphs["backward"])]:
+        ars = [c for c in C.collectives(final) if c.kind == "all_reduce"]
+        rss = [c for c in C.collectives(final) if c.kind == "reduce_scatter"]
+        assert len(ars) == len(rss) == 4 and {c.start.args[-1] for c in ars} == {"1"}
+        assert {c.start.args[-1] for c in rss} == {"3"}
+        assert sum(c.numel for c in ars) == sum(want)  # no gradient dropped or reduced twice
+        pos = {n: i for i, n in enumerate(final.graph.nodes)}
+        for ar in ars:  # each bucket's reduce-scatter is issued after its all-reduce completes
+            readers = [rs for rs in rss if ar.wait in _ancestors(rs.start, 6)]
+            assert len(readers) == 1 and pos[readers[0].start] > pos[ar.wait]
+        assert C.reduce_scatter_delays(final, ars) == C.expected_depths(depth, 4)
+        record = final.meta["overlapcfg"]
+        assert record.non_fsdp == ()
+        assert [(d.bucket, d.effective) for d in record.decisions if d.kind == "all_reduce"] == list(
+            zip(["lm_head+norm", "layers.1", "layers.0", "tok_embeddings"], C.expected_depths(depth, 4), strict=True))
+    roles = run.explained["backward"].graphs[0].roles
+    assert dict(roles) == {"fsdp_reduce_scatter": 17, "hsdp_all_reduce": 17}
+
+
+def _ancestors(node: fx.Node, depth: int) -> set[fx.Node]:
+    seen, frontier = set(), {node}
+    for _ in range(depth):
+        frontier = {i for n in frontier for i in n.all_input_nodes} - seen
+        seen |= frontier
+    return seen
 
 
 @pytest.mark.slow

@@ -14,16 +14,18 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from overlapcfg import OverlapConfig, OverlapConfigError, from_hydra
-from overlapcfg.config.presets import conf_dir
+from overlapcfg.config.presets import command_conf_dir, conf_dir
 
 CONF = conf_dir()
+COMMAND_CONF = command_conf_dir()
 PLANS = sorted(p.stem for p in (CONF / "overlap" / "plan").glob("*.yaml"))
 POLICIES = sorted(p.stem for p in (CONF / "overlap" / "policy").glob("*.yaml"))
-YAMLS = sorted(CONF.rglob("*.yaml"))
+YAMLS = sorted([*CONF.rglob("*.yaml"), *COMMAND_CONF.rglob("*.yaml")])
 
 
 def _compose(overrides: list[str] = (), config: str = "overlapcfg") -> DictConfig:
-    with initialize_config_dir(str(CONF), version_base="1.3"):
+    """The ``overlapcfg`` command's config (its own ``conf/``; ``overlap`` comes through the plugin, as there)."""
+    with initialize_config_dir(str(COMMAND_CONF), version_base="1.3"):
         return compose(config, overrides=list(overrides))
 
 
@@ -45,7 +47,7 @@ def test_required_presets_are_shipped():
     assert {"default", "aggressive", "memory_saving", "auto"} <= set(POLICIES)
 
 
-@pytest.mark.parametrize("path", YAMLS, ids=lambda p: str(p.relative_to(CONF)))
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: str(p.relative_to(CONF.parent)))
 def test_every_yaml_opens_with_a_comment_saying_what_it_is(path):
     lines = [line for line in path.read_text().splitlines() if not line.startswith("# @package")]
     assert lines[0].startswith("# ") and len(lines[0]) > 20, path
@@ -133,6 +135,36 @@ def test_mounted_auto_policy_fails_loudly_instead_of_running_manual(tmp_path):
         from_hydra(cfg.trainer.overlap)
     fixed = _mounted(tmp_path, ["trainer.overlap.strategy=auto", "~trainer.overlap.policy"])
     assert from_hydra(fixed.trainer.overlap).strategy == "auto"
+
+
+def test_a_user_apps_own_hardware_group_and_overlapcfg_yaml_do_not_collide_with_ours(tmp_path):
+    """Issue 11: the plugin put the whole conf/ tree on every app's search path, so the command's ``hardware``
+    group mixed into a user's own and ``overlapcfg.yaml`` was composable. Only the ``overlap`` groups are shared."""
+    from hydra.errors import MissingConfigException
+
+    from overlapcfg.compat.omegaconf import hydra_group_options
+
+    conf = tmp_path / "conf"
+    (conf / "hardware").mkdir(parents=True)
+    (conf / "hardware" / "mine.yaml").write_text("gpus: 8\n")
+    (conf / "config.yaml").write_text("defaults:\n  - overlap: default\n  - hardware: mine\n  - _self_\n")
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        cfg = compose("config")
+        assert hydra_group_options("hardware") == ("mine",)
+        assert set(hydra_group_options("overlap/plan")) == set(PLANS)
+        with pytest.raises(MissingConfigException) as err:
+            compose("config", overrides=["hardware=h100_nvlink"])
+        assert list(err.value.options) == ["mine"]
+        with pytest.raises(MissingConfigException):
+            compose("overlapcfg")
+    assert dict(cfg.hardware) == {"gpus": 8}
+    assert from_hydra(cfg.overlap).plan.name == "llama_layers"
+
+
+def test_the_command_keeps_its_hardware_group_and_primary_config():
+    cfg = _compose(["hardware=h100_nvlink"])
+    assert cfg.hardware.name == "h100_nvlink" and cfg.mode == "run"
+    assert "hardware" not in {p.name for p in CONF.iterdir()} and not (CONF / "overlapcfg.yaml").exists()
 
 
 def _plugin_module():

@@ -147,3 +147,27 @@ def test_the_checkpoint_notice_is_silenced_for_our_trace_only(capfd: pytest.Capt
     trace_train_step(LlamaConfig(n_layers=1), reshard_after_forward=True)
     assert "context_fn" not in capfd.readouterr().err
     assert logger.level == level
+
+
+def test_faults_sharing_a_message_are_one_line_with_a_count_and_the_first_paths() -> None:
+    """Issue: world_size=3 printed 39 near-identical faults, one per parameter."""
+    from overlapcfg.errors import Fault
+
+    faults = [Fault(f"layers.{i}.w", "dim 0 has size 64") for i in range(30)] + [Fault("a", "x"), Fault("b", "x")]
+    err = OverlapConfigError(faults, header="cannot shard module")
+    assert str(err).splitlines() == ["cannot shard module (32 faults):",
+                                     "  layers.0.w, layers.1.w, layers.2.w and 27 more: dim 0 has size 64",
+                                     "  a, b: x"]
+    assert err.faults == tuple(faults)  # every fault stays inspectable
+
+
+def test_an_indivisible_world_size_is_reported_on_a_few_lines() -> None:
+    from overlapcfg.demo.llama import Llama, LlamaConfig
+    from overlapcfg.demo.simple_fsdp import shard_module
+
+    with pytest.raises(OverlapConfigError) as info:
+        shard_module(Llama(LlamaConfig(n_layers=4), device="meta"), world_size=3, rank=0)
+    lines = str(info.value).splitlines()
+    assert len(info.value.faults) == 39 and len(lines) == 4, lines
+    assert lines[2].startswith("  layers.0.attention_norm.weight, layers.0.attention.wq.weight, "
+                               "layers.0.attention.wk.weight and 26 more: dim 0 has size 64")

@@ -78,7 +78,7 @@ def test_union_tags_never_leak_into_paths():
 def test_unknown_field_suggests_closest():
     msg = only_fault({"plan": "llama_layers", "policy": {"forward_prefetc": 2}})
     assert msg.startswith("overlap.policy.forward_prefetc: unknown field (did you mean 'forward_prefetch'?)")
-    assert "valid fields: backward_prefetch" in msg
+    assert "valid fields: all_reduce_delay, backward_prefetch" in msg
 
 
 def test_unknown_top_level_field_suggests_closest():
@@ -89,7 +89,7 @@ def test_unknown_top_level_field_suggests_closest():
 def test_unknown_field_is_reported_with_the_other_faults_of_its_model():
     found = faults({"plan": "llama_layers", "policy": {"forward_prefetch": "x", "foo": 1}})
     assert found[0] == "overlap.policy.forward_prefetch: expected an integer >= 0, got 'x'"
-    assert found[1].startswith("overlap.policy.foo: unknown field; valid fields: backward_prefetch")
+    assert found[1].startswith("overlap.policy.foo: unknown field; valid fields: all_reduce_delay, backward_prefetch")
 
 
 def test_unknown_preset_lists_available_closest_first():

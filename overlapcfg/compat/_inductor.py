@@ -31,6 +31,7 @@ from torch._inductor.fx_passes.bucketing import (
     is_reduce_scatter_tensor,
     is_wait_tensor,
     merge_all_gather_bucket,
+    merge_all_reduce_bucket,
     merge_reduce_scatter_bucket,
 )
 from torch._inductor.fx_passes.control_dependencies import control_deps as _control_deps
@@ -55,6 +56,7 @@ __all__ += [
     "manual_overlap_bucketing",
     "unwrap_control_deps",
     "merge_all_gather_bucket",
+    "merge_all_reduce_bucket",
     "merge_reduce_scatter_bucket",
     "no_triton_runtime_estimates",
     "preserve_node_ordering",

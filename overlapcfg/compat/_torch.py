@@ -28,7 +28,12 @@ from torch._dynamo.backends.common import aot_autograd
 
 # Descriptors on aot graph placeholders / outputs (``node.meta["desc"]``): which flat input a primal is, and which
 # input a backward output is the gradient of. They make attribution independent of node names.
-from torch._functorch._aot_autograd.descriptors import GradAOTOutput, PlainAOTInput
+from torch._functorch._aot_autograd.descriptors import (
+    GradAOTOutput,
+    PlainAOTInput,
+    SavedForBackwardsAOTOutput,
+    SavedForBackwardsNoVcCheckAOTOutput,
+)
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import Source
@@ -157,14 +162,34 @@ def is_plain_input_descriptor(desc: object) -> bool:
     return False
 
 
-__all__ += ["flop_formula", "is_functional_collective", "is_op_overload", "is_plain_input_descriptor", "op_name"]
+def is_saved_for_backward_descriptor(desc: object) -> bool:
+    """An aot forward-output descriptor of a tensor saved for the backward graph (where it is a placeholder of the
+    same name, with no descriptor of its own)."""
+    return isinstance(desc, (SavedForBackwardsAOTOutput, SavedForBackwardsNoVcCheckAOTOutput))
+
+
+__all__ += ["flop_formula", "is_functional_collective", "is_op_overload", "is_plain_input_descriptor",
+            "is_saved_for_backward_descriptor", "op_name"]
 
 def process_group_initialized() -> bool:
     """Whether a default process group exists (``apply`` needs one to merge: the rank is written into graphs)."""
     return dist.is_initialized()
 
 
-__all__ += ["process_group_initialized"]
+def registered_group_size(name: str) -> int | None:
+    """Size of the process group registered under ``name`` in this process; ``None`` if there is none (a graph
+    read after its process group is gone, or on another machine): graphs state all-reduce groups by name only."""
+    if not dist.is_initialized():
+        return None
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    try:
+        return int(_resolve_process_group(name).size())
+    except (KeyError, ValueError, RuntimeError):  # unknown name: c10d raises one of these depending on version
+        return None
+
+
+__all__ += ["process_group_initialized", "registered_group_size"]
 
 # --- functional collectives (the ops our graphs hold, and the demo's SimpleFSDP sharding) ------------------------
 import torch.distributed._functional_collectives as functional_collectives  # noqa: E402

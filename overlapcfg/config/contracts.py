@@ -83,6 +83,13 @@ def _torch_manual_depths(cfg: OverlapConfig) -> list[tuple[tuple[str | int, ...]
     for i, override in enumerate(cfg.overrides):
         found += [(("overrides", i, k), v, message.format(got=repr(v)))
                   for k in keys if (v := getattr(override, k)) not in (None, 1)]
+    # Upstream leaves HSDP all-reduces alone, so a delay for them would be silently ignored.
+    no_all_reduce = ("torch_manual does not bucket or schedule HSDP all-reduces (upstream manual_overlap_bucketing "
+                     "skips all-reduces), got {got}; use strategy 'manual' for all_reduce_delay")
+    entries = [(("plan", "buckets", i), e) for i, e in enumerate(cfg.plan.buckets if cfg.plan is not None else ())
+               if isinstance(e, Bucket)] + [(("overrides", i), o) for i, o in enumerate(cfg.overrides)]
+    found += [((*where, "all_reduce_delay"), v, no_all_reduce.format(got=repr(v)))
+              for where, e in entries if (v := e.all_reduce_delay) is not None]
     return found
 
 

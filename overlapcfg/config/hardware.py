@@ -1,6 +1,7 @@
 """Hardware profiles for the cost model: peak compute, memory bandwidth and the network, as plain pydantic models.
 
-The shipped profiles are the Hydra config group ``conf/hardware/*.yaml`` (``hardware=h100_nvlink``), each number
+The shipped profiles are ``conf/hardware/*.yaml``, the ``overlapcfg`` command's ``hardware`` group
+(``hardware=h100_nvlink``; user apps do not see it: they pass a name or a profile to ``explain``), each number
 sourced in a YAML comment; ``load_hardware(name)`` reads them without Hydra. Bandwidths are per GPU and per
 direction: a ring all-gather or reduce-scatter sends and receives at the same time on different links, so the
 bidirectional figures vendors quote are halved.
@@ -17,7 +18,7 @@ from pydantic import Field
 
 from overlapcfg.config.base import ConfigModel
 from overlapcfg.config.load import validate_config
-from overlapcfg.config.presets import conf_dir
+from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.errors import OverlapConfigError, closest, natural_key
 
 __all__ = ["HardwareProfile", "PeakFlops", "hardware_names", "load_hardware"]
@@ -71,7 +72,7 @@ class HardwareProfile(ConfigModel):
 
 
 def hardware_dir() -> Path:
-    return conf_dir() / GROUP
+    return command_conf_dir() / GROUP
 
 
 def hardware_names() -> tuple[str, ...]:

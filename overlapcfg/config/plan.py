@@ -67,6 +67,9 @@ class Bucket(ConfigModel):
     """Backward all-gather prefetch depth for these buckets; None keeps the policy's value."""
     reduce_scatter_delay: Depth | None = None
     """Reduce-scatter delay for these buckets; None keeps the policy's value."""
+    all_reduce_delay: Depth | None = None
+    """HSDP all-reduce delay for these buckets; None keeps the policy's value (by default the reduce-scatter
+    delay)."""
     reshard_after_forward: ReshardAfterForward = None
     """Eager FSDP2 driver only (``overlapcfg.fully_shard``), FSDP2's own meaning: true frees these buckets'
     unsharded parameters after forward (all-gathered again in backward), false keeps them until backward, an
@@ -125,12 +128,16 @@ class ModuleOverride(ConfigModel):
     """Backward all-gather prefetch depth while the matched buckets compute; None keeps the current value."""
     reduce_scatter_delay: Depth | None = None
     """Reduce-scatter delay of the matched buckets; None keeps the current value."""
+    all_reduce_delay: Depth | None = None
+    """HSDP all-reduce delay of the matched buckets; None keeps the current value."""
 
     @model_validator(mode="after")
     def _sets_something(self) -> ModuleOverride:
-        if (self.forward_prefetch, self.backward_prefetch, self.reduce_scatter_delay) == (None, None, None):
+        if (self.forward_prefetch, self.backward_prefetch, self.reduce_scatter_delay,
+                self.all_reduce_delay) == (None, None, None, None):
             raise PydanticCustomError(
                 "empty_override",
-                "an override must set at least one of forward_prefetch, backward_prefetch, reduce_scatter_delay",
+                "an override must set at least one of forward_prefetch, backward_prefetch, reduce_scatter_delay, "
+                "all_reduce_delay",
             )
         return self

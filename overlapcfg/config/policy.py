@@ -13,10 +13,14 @@ from pydantic_core import PydanticCustomError
 
 from overlapcfg.config.base import ByteCount, ConfigModel, Depth
 
-__all__ = ["AutoPolicy", "BucketMode", "OverlapPolicy", "PolicyBase", "TorchManualPolicy"]
+__all__ = ["AutoPolicy", "BucketMode", "IssueOrder", "OverlapPolicy", "PolicyBase", "TorchManualPolicy"]
 
 BucketMode = Literal["default", "custom_ops", "custom_ops_multidtype", "coalesced"]
 """How merged collectives are emitted; the same names as ``torch._inductor.fx_passes.bucketing.BucketMode``."""
+
+IssueOrder = Literal["gather_first", "reduce_scatter_first"]
+"""Which of an all-gather prefetched far ahead and a reduce-scatter issued after it goes first on the shared
+communication stream (``OverlapPolicy.issue_order``)."""
 
 
 class PolicyBase(ConfigModel):
@@ -38,9 +42,20 @@ class OverlapPolicy(PolicyBase):
     """Bucket i's reduce-scatter wait is placed after the reduce-scatter starts of the next d buckets. 0: wait
     right after issue."""
 
+    all_reduce_delay: Depth | None = None
+    """HSDP graphs: bucket i's gradient all-reduce (the replicate-group half of the reduction) has its wait
+    placed after the all-reduce starts of the next d buckets. None: the same as ``reduce_scatter_delay``."""
+
     max_inflight_bytes: ByteCount | None = None
     """Cap on the unsharded bytes of all-gathers issued but not yet waited. Where it binds, the effective depth
     shrinks (never below 0) and the pass record says where. None: no cap."""
+
+    issue_order: IssueOrder = "gather_first"
+    """All-gathers and reduce-scatters of one process group share one communication stream, first issued first
+    served. ``gather_first``: an all-gather is issued where its prefetch depth puts it, ahead of every
+    reduce-scatter issued later. ``reduce_scatter_first``: an all-gather prefetched two or more buckets ahead is
+    issued just after the next reduce-scatter, when that comes before the previous bucket computes, so gradient
+    reduction does not queue behind gathers not yet needed. Depth-1 graphs are the same either way."""
 
     insert_overlap_deps: bool = False
     """Wrap waits in control dependencies so a later compiler (inductor) keeps our order."""
@@ -70,8 +85,20 @@ def _unsupported(value: Any) -> None:
         )
 
 
+def _gather_first(value: Any) -> str:
+    if value != "gather_first":
+        raise PydanticCustomError(
+            "torch_manual_issue_order",
+            "torch_manual issues all-gathers where its depth of 1 puts them (issue_order 'gather_first', the only "
+            "order at depth 1), got {got}; use strategy 'manual' to choose the order",
+            {"got": repr(value)},
+        )
+    return value
+
+
 _FixedAtOne = Annotated[int, BeforeValidator(_fixed_at_one)]
 _Unsupported = Annotated[None, BeforeValidator(_unsupported)]
+_GatherFirst = Annotated[str, BeforeValidator(_gather_first)]
 
 
 class TorchManualPolicy(PolicyBase):
@@ -89,6 +116,8 @@ class TorchManualPolicy(PolicyBase):
     """Fixed at 1 upstream."""
     max_inflight_bytes: _Unsupported = None
     """Not supported upstream."""
+    issue_order: _GatherFirst = "gather_first"
+    """Fixed upstream (at depth 1 both orders give the same graph)."""
     insert_overlap_deps: bool = False
     """Passed through to upstream."""
     bucket_mode: BucketMode = "custom_ops"

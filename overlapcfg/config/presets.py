@@ -1,7 +1,13 @@
-"""Presets shipped in the Hydra config tree (``conf/overlap/<group>/*.yaml``), readable without Hydra.
+"""Presets shipped in the Hydra config tree (``presets/overlap/<group>/*.yaml``), readable without Hydra.
 
-The tree is the project's top-level ``conf/``; the wheel carries it as ``overlapcfg/conf``. Looking in both
-places keeps a source checkout, an editable install and a wheel install equivalent.
+Two trees, both found the same way (the project's top level in a checkout or an editable install; inside the
+package in a wheel, where hatch force-includes them), so every install reads the same files:
+
+- ``presets/`` (wheel: ``overlapcfg/presets``): the ``overlap`` groups user apps compose. The Hydra search-path
+  plugin puts this tree, and nothing else, on every Hydra app's search path;
+- ``conf/`` (wheel: ``overlapcfg/conf``): the ``overlapcfg`` command's own primary config (``overlapcfg.yaml``)
+  and the hardware profiles (``hardware/``, read by ``overlapcfg.config.hardware``). No user app sees it, so a
+  user's own ``hardware`` group or ``overlapcfg.yaml`` never collides with ours.
 
 Within ``from_hydra`` (``searching_hydra``), a name is also looked up on the composed Hydra search path, so a
 user's own ``overlap/plan/mine.yaml`` works as ``overlap.plan=mine`` exactly as it does as ``overlap/plan=mine``.
@@ -21,20 +27,30 @@ import yaml
 from overlapcfg.compat.omegaconf import hydra_group_option, hydra_group_options
 from overlapcfg.errors import natural_key
 
-__all__ = ["conf_dir", "load_preset", "preset_names", "searching_hydra"]
+__all__ = ["command_conf_dir", "conf_dir", "load_preset", "preset_names", "searching_hydra"]
 
 _SEARCH_HYDRA: ContextVar[bool] = ContextVar("_SEARCH_HYDRA", default=False)
 
 
+def _tree(name: str, marker: str) -> Path:
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / name, package.parent / name):
+        if (candidate / marker).exists():
+            return candidate
+    raise FileNotFoundError(f"overlapcfg's config tree {name}/ is missing (looked in {package / name} and "
+                            f"{package.parent / name}); the installation is broken")
+
+
 @cache
 def conf_dir() -> Path:
-    """The directory holding the ``overlap/`` config group tree."""
-    package = Path(__file__).resolve().parents[1]
-    for candidate in (package / "conf", package.parent / "conf"):
-        if (candidate / "overlap").is_dir():
-            return candidate
-    raise FileNotFoundError(f"overlapcfg's config tree is missing (looked in {package / 'conf'} and "
-                            f"{package.parent / 'conf'}); the installation is broken")
+    """The directory holding the ``overlap/`` config group tree (``presets/``): what user apps compose."""
+    return _tree("presets", "overlap")
+
+
+@cache
+def command_conf_dir() -> Path:
+    """The ``overlapcfg`` command's own config directory (``conf/``: ``overlapcfg.yaml``, ``hardware/``)."""
+    return _tree("conf", "overlapcfg.yaml")
 
 
 @contextmanager

@@ -19,10 +19,11 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
-from overlapcfg.config.presets import conf_dir
+from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_you_mean
 
 __all__ = ["ConfigError", "main"]
@@ -34,20 +35,25 @@ class ConfigError(CompactHydraException):
     """A config error, shown by Hydra as its message alone (exit status 1)."""
 
 
+def _console() -> Console:
+    console = Console()
+    if not console.is_terminal:  # piped or captured: the report is laid out for 100 columns, wider is roomier
+        console = Console(width=120)
+    console.quiet = os.environ.get("RANK", "0") != "0"  # under torchrun, rank 0 speaks for all
+    return console
+
+
 def _task(cfg: DictConfig) -> None:
     from overlapcfg.demo import job
 
-    console = Console()
-    if not console.is_terminal:  # piped or captured: 80 columns would wrap every bucket row
-        console = Console(width=160)
-    console.quiet = os.environ.get("RANK", "0") != "0"  # under torchrun, rank 0 speaks for all
+    console = _console()
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     mode = cfg.mode
     try:
         if mode == "run":
-            job.run_report(cfg, output_dir, console)
+            _sweep_job(job.run_report(cfg, output_dir, console))
         elif mode == "compare":
-            job.run_compare(cfg, output_dir, console)
+            job.run_compare(cfg, output_dir, console, overrides=HydraConfig.get().overrides.task)
         else:
             raise OverlapConfigError.single("mode", f"expected one of {', '.join(MODES)}, got {mode!r}"
                                                     f"{did_you_mean(str(mode), MODES)}")
@@ -55,10 +61,36 @@ def _task(cfg: DictConfig) -> None:
         raise ConfigError(str(err)) from None
 
 
+_SWEEP: list[tuple[list[str], Path]] = []
+"""``(overrides, report.json)`` of each ``mode=run`` job of a multirun, in order, for the summary after the last."""
+
+
+def _sweep_job(report: Path) -> None:
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        _SWEEP.append((list(hydra_cfg.overrides.task), report))
+
+
+def _sweep_summary() -> None:
+    """After a multirun: one table across its jobs. Jobs run in this process with Hydra's default launcher;
+    a launcher that runs them elsewhere leaves nothing here, and each job's report.json is the record."""
+    if not _SWEEP:
+        return
+    from overlapcfg.report import Report
+    from overlapcfg.report.sweep import sweep_table
+
+    console = _console()
+    jobs = [(overrides, Report.from_json(path.read_text())) for overrides, path in _SWEEP]
+    console.print(sweep_table(jobs))
+    console.print(f"reports: {', '.join(str(path) for _, path in _SWEEP)}", soft_wrap=True)
+    _SWEEP.clear()
+
+
 def main() -> None:
     """Console-script entry point. Hydra parses ``sys.argv`` itself."""
-    app = hydra.main(config_path=str(conf_dir()), config_name="overlapcfg", version_base="1.3")(_task)
+    app = hydra.main(config_path=str(command_conf_dir()), config_name="overlapcfg", version_base="1.3")(_task)
     app()
+    _sweep_summary()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,7 +43,8 @@ COMPARE_FILE = "compare.json"
 
 
 def demo_spec(cfg: DictConfig) -> DemoSettings:
-    """``model.*``, ``world_size``, ``reshard_after_forward``, ``batch``, ``seq_len`` of the composed config."""
+    """``model.*``, ``world_size``, ``parallel.*``, ``reshard_after_forward``, ``batch``, ``seq_len`` of the composed
+    config."""
     composed = OmegaConf.to_container(cfg, resolve=True)
     return demo_settings(composed if isinstance(composed, dict) else {})
 
@@ -109,7 +110,7 @@ def traced(spec: DemoSettings) -> TracedStep:
     if spec not in _TRACES:
         from overlapcfg.demo.tracing import trace_train_step
 
-        _TRACES[spec] = trace_train_step(spec.llama_config(), world_size=spec.world_size, rank=0,
+        _TRACES[spec] = trace_train_step(spec.llama_config(), parallel=spec.dims, rank=0,
                                          reshard_after_forward=spec.reshard_after_forward, batch=spec.batch,
                                          seq_len=spec.seq_len)
     return _TRACES[spec]
@@ -117,7 +118,8 @@ def traced(spec: DemoSettings) -> TracedStep:
 
 def _trace_stage(progress: Progress, spec: DemoSettings) -> TracedStep:
     cfg = spec.llama_config()
-    what = (f"traced {cfg.n_layers}-layer demo model (dim {cfg.dim}) for {spec.world_size} ranks, "
+    mesh = "" if spec.dims.is_1d else f" = {spec.dims.describe()}"
+    what = (f"traced {cfg.n_layers}-layer demo model (dim {cfg.dim}) for {spec.world_size} ranks{mesh}, "
             f"reshard_after_forward={spec.reshard_after_forward}")
     if spec in _TRACES:
         progress.console.print(f"[green]✓[/green] {what} [dim](cached)[/dim]")
@@ -142,7 +144,9 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     step = _trace_stage(progress, spec)
     with progress.stage(f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
         report = explain(step, overlap, hardware=hardware)
-    console.print(report_table(report))
+    # The untransformed step's prediction, so the table shows what the pass bought (step time before -> after).
+    baseline = None if hardware is None else explain(step, {"strategy": "none"}, hardware=hardware).simulation
+    console.print(report_table(report, baseline=baseline))
     path = output_dir / REPORT_FILE
     path.write_text(report.to_json())
     console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
@@ -203,17 +207,27 @@ def compare_configs(cfg: DictConfig) -> tuple[list[str], list[OverlapConfig]]:
     return names, configs
 
 
-def shadowed_keys(cfg: DictConfig) -> dict[str, list[str]]:
-    """For each ``overlap`` key, the ``compare`` rows that replace it: there, setting ``overlap.<key>`` on the
-    command line changes nothing, and the user should be told so."""
+def shadowed_keys(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, list[str]]:
+    """For each ``overlap`` key the user set on the command line (``overrides``, as Hydra lists them), the
+    ``compare`` rows that replace it: there the override changes nothing, and the user should be told so. Keys
+    nobody overrode are not reported: rows replacing the default ``policy`` is how ``compare`` works."""
     entries = OmegaConf.to_container(cfg.get("compare") or {}, resolve=True) or {}
     rows = {str(label): e for label, e in entries.items() if isinstance(e, Mapping)}
-    out = {key: [label for label, e in rows.items() if key in e] for key in cfg.overlap}
+    overridden = {key for key in cfg.overlap if any(_sets_overlap_key(o, str(key)) for o in overrides)}
+    out = {key: [label for label, e in rows.items() if key in e] for key in cfg.overlap if key in overridden}
     return {key: labels for key, labels in out.items() if labels}
 
 
-def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
-    """``mode=compare``: every ``compare`` entry on one trace; print the table, write JSON and the timeline."""
+def _sets_overlap_key(override: str, key: str) -> bool:
+    """Whether a command-line override (``overlap.policy.x=1``, ``overlap/policy=aggressive``, ``+overlap.plan=..``,
+    ``overlap=default``) sets ``overlap.<key>``."""
+    target = override.split("=", 1)[0].lstrip("~+").split("@", 1)[0].replace("/", ".")
+    return target in ("overlap", f"overlap.{key}") or target.startswith(f"overlap.{key}.")
+
+
+def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: Sequence[str] = ()) -> Path:
+    """``mode=compare``: every ``compare`` entry on one trace; print the table, write JSON and the timeline.
+    ``overrides``: the command line's, to say which of them the rows replace."""
     progress = Progress(console)
     with progress.stage("validated config"):
         spec = demo_spec(cfg)
@@ -236,7 +250,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     with progress.stage(f"compared {len(configs)} configs on {hardware.name}"):
         comparison = compare(step, configs, hardware=hardware, names=names)
     console.print(comparison_table(comparison))
-    for key, labels in shadowed_keys(cfg).items():
+    for key, labels in shadowed_keys(cfg, overrides).items():
         note = (f"note: rows {', '.join(labels)} set their own {key!r}, so overlap.{key} does not apply to them "
                 f"(change a row with compare.<label>.{key})")
         log.info(note)

@@ -64,7 +64,11 @@ LLAMA3_8B = LlamaConfig(
 
 
 class Attention(nn.Module):
-    """Causal self-attention through SDPA (no rotary embeddings, see the module docstring)."""
+    """Causal self-attention through SDPA (no rotary embeddings, see the module docstring).
+
+    Head counts are read from the projections' outputs (``view(..., -1, head_dim)``), not from the config: under
+    tensor parallelism (``overlapcfg.demo.parallel``) ``wq``/``wk``/``wv`` return this rank's heads only.
+    """
 
     def __init__(self, cfg: LlamaConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
@@ -76,9 +80,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q = self.wq(x).view(bsz, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(bsz, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(bsz, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
         if self.kv_heads != self.n_heads:
             repeat = self.n_heads // self.kv_heads
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)

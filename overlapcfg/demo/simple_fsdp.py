@@ -17,7 +17,7 @@ Mixed precision (``param_dtype`` / ``reduce_dtype``, FSDP2's ``MixedPrecisionPol
 gradients); it is cast to ``param_dtype`` *before* the all-gather, so the wire and the gathered weight are in
 ``param_dtype``; in backward the gathered weight's gradient (``param_dtype``) is cast to ``reduce_dtype``
 *before* the reduce-scatter, and the reduced shard gradient is cast back to the shard's dtype. A custom autograd
-function (``_MixedPrecisionGather``) is needed for the second part: the functional all-gather's own autograd
+function (``_ShardGather``) is needed for the second part: the functional all-gather's own autograd
 formula reduce-scatters in the dtype of the gathered tensor, so a plain ``all_gather(shard.to(bf16))`` would
 reduce in bf16. ``reduce_dtype=None`` reduces in the gathered dtype (FSDP2's default, not DTensor's). With both
 ``None`` nothing changes: the plain functional all-gather, as before. The traced aot graphs then contain, per
@@ -36,6 +36,23 @@ activation instead of a parameter. Compute runs in ``param_dtype`` wherever the 
 (torch's ``rms_norm`` computes in fp32 inside, the demo loss upcasts the logits). Double backward through the
 mixed-precision gather is not supported.
 
+HSDP (torchtitan SimpleFSDP's ``mode="hybrid_shard"``: placements ``(Replicate(), Shard(0))`` on a
+``(dp_replicate, dp_shard)`` mesh): give ``shard_module`` the shard group (``group``, ``world_size``, ``rank``:
+this rank's position in it) and the ``replicate_group``. Forward is unchanged (the all-gather runs on the shard
+group; a replicated dimension needs no communication); in backward the gradient is reduced on both groups, one
+group at a time as DTensor does it, in the order ``hsdp_reduce`` says::
+
+    all_reduce_first (torchtitan's graphs):  grad -> all_reduce (replicate, full size) -> wait
+                                                  -> reduce_scatter (shard) -> wait -> output
+    reduce_scatter_first (FSDP2's order):    grad -> reduce_scatter (shard) -> wait
+                                                  -> all_reduce (replicate, shard size) -> wait -> output
+
+Both sum over every data-parallel rank. Tensor parallel first (``parallelize_module``, see
+``overlapcfg.demo.parallel``): a DTensor parameter is sharded by its *local* tensor (this rank's TP shard) over the
+data-parallel groups only, and the gathered local tensor is wrapped back into a DTensor on the TP mesh with the
+parameter's TP placements (torchtitan's ``_distribute_dtensor`` / ``replicate_compute`` do the same with one
+spanned mesh). The TP plan's own activation collectives then run on the TP group, as they would without FSDP.
+
 Not supported, on purpose: padding of uneven dim 0 (parity with the unsharded model would need masking; we raise
 instead), tied/shared parameters.
 """
@@ -48,10 +65,13 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement
 from torch.nn.utils import parametrize
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from overlapcfg import compat
+from overlapcfg.demo.dims import HSDP_REDUCE_ORDERS, HsdpReduce
 from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.graph.attribution import user_fqn
 
@@ -82,35 +102,47 @@ def _recompute_collectives(ctx: object, op: object, *args: object, **kwargs: obj
     return CheckpointPolicy.MUST_RECOMPUTE if op in _RECOMPUTED_OPS else CheckpointPolicy.MUST_SAVE
 
 
-class _MixedPrecisionGather(torch.autograd.Function):
-    """All-gather in ``param_dtype``; reduce-scatter the gradient in ``reduce_dtype``; return it in the shard's dtype.
+class _ShardGather(torch.autograd.Function):
+    """All-gather in ``param_dtype``; reduce the gradient in ``reduce_dtype``; return it in the shard's dtype.
 
     The same contract as DTensor's ``Redistribute`` with ``forward_dtype`` / ``backward_dtype``, written with the
     functional collectives so traced graphs hold ``_c10d_functional`` ops only. The gradient is the SUM over ranks,
-    like the plain path's.
+    like the plain path's. With a ``replicate_group`` (HSDP) it is also all-reduced there, before or after the
+    reduce-scatter as ``order`` says.
     """
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, shard: torch.Tensor, group: dist.ProcessGroup,
-                param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> torch.Tensor:
+                param_dtype: torch.dtype, reduce_dtype: torch.dtype, replicate_group: dist.ProcessGroup | None,
+                order: HsdpReduce) -> torch.Tensor:
         ctx.group = group  # type: ignore[attr-defined]
         ctx.reduce_dtype = reduce_dtype  # type: ignore[attr-defined]
         ctx.shard_dtype = shard.dtype  # type: ignore[attr-defined]
+        ctx.replicate_group = replicate_group  # type: ignore[attr-defined]
+        ctx.order = order  # type: ignore[attr-defined]
         return compat.functional_collectives.all_gather_single(shard.to(param_dtype), gather_dim=0, group=group)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         group, reduce_dtype, shard_dtype = ctx.group, ctx.reduce_dtype, ctx.shard_dtype  # type: ignore[attr-defined]
-        reduced = compat.functional_collectives.reduce_scatter_tensor(grad.to(reduce_dtype), "sum", 0, group)
-        return reduced.to(shard_dtype), None, None, None
+        replicate_group, order = ctx.replicate_group, ctx.order  # type: ignore[attr-defined]
+        fc = compat.functional_collectives
+        reduced = grad.to(reduce_dtype)
+        if replicate_group is not None and order == "all_reduce_first":
+            reduced = fc.all_reduce(reduced, "sum", replicate_group)
+        reduced = fc.reduce_scatter_tensor(reduced, "sum", 0, group)
+        if replicate_group is not None and order == "reduce_scatter_first":
+            reduced = fc.all_reduce(reduced, "sum", replicate_group)
+        return reduced.to(shard_dtype), None, None, None, None, None
 
 
 def _gather(shard: torch.Tensor, group: dist.ProcessGroup, param_dtype: torch.dtype | None = None,
-            reduce_dtype: torch.dtype | None = None) -> torch.Tensor:
-    if param_dtype is None and reduce_dtype is None:
+            reduce_dtype: torch.dtype | None = None, replicate_group: dist.ProcessGroup | None = None,
+            order: HsdpReduce = "all_reduce_first") -> torch.Tensor:
+    if param_dtype is None and reduce_dtype is None and replicate_group is None:
         return compat.functional_collectives.all_gather_single(shard, gather_dim=0, group=group)
     gathered = param_dtype or shard.dtype
-    return _MixedPrecisionGather.apply(shard, group, gathered, reduce_dtype or gathered)
+    return _ShardGather.apply(shard, group, gathered, reduce_dtype or gathered, replicate_group, order)
 
 
 class AllGatherShard(nn.Module):
@@ -118,34 +150,53 @@ class AllGatherShard(nn.Module):
 
     ``group=None`` resolves to the default group at call time, so a model can be sharded before the process group
     exists (and re-used under a new fake group in another trace). ``param_dtype`` / ``reduce_dtype``: see the
-    module docstring (``None``: the shard's dtype / the gathered dtype).
+    module docstring (``None``: the shard's dtype / the gathered dtype). ``replicate_group`` / ``hsdp_reduce``:
+    HSDP's second group and reduction order; ``tp_mesh`` / ``tp_placements``: the parameter was a tensor-parallel
+    DTensor, and the gathered local tensor is wrapped back into one.
     """
 
     def __init__(self, group: dist.ProcessGroup | None, reshard_after_forward: bool,
-                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None) -> None:
+                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None, *,
+                 replicate_group: dist.ProcessGroup | None = None, hsdp_reduce: HsdpReduce = "all_reduce_first",
+                 tp_mesh: DeviceMesh | None = None, tp_placements: tuple[Placement, ...] = ()) -> None:
         super().__init__()
         self.group = group
         self.reshard_after_forward = reshard_after_forward
         self.param_dtype = param_dtype
         self.reduce_dtype = reduce_dtype
+        self.replicate_group = replicate_group
+        self.hsdp_reduce = hsdp_reduce
+        self.tp_mesh = tp_mesh
+        self.tp_placements = tp_placements
 
     def forward(self, shard: torch.Tensor) -> torch.Tensor:
         group = self.group if self.group is not None else dist.group.WORLD
         if group is None:
             raise RuntimeError("SimpleFSDP parameter accessed without a process group; init one first")
+        args = (shard, group, self.param_dtype, self.reduce_dtype, self.replicate_group, self.hsdp_reduce)
         if not self.reshard_after_forward:
-            return _gather(shard, group, self.param_dtype, self.reduce_dtype)
-        context_fn = functools.partial(create_selective_checkpoint_contexts, _recompute_collectives)
-        return checkpoint(_gather, shard, group, self.param_dtype, self.reduce_dtype, use_reentrant=False,
-                          context_fn=context_fn)
+            full = _gather(*args)
+        else:
+            context_fn = functools.partial(create_selective_checkpoint_contexts, _recompute_collectives)
+            full = checkpoint(_gather, *args, use_reentrant=False, context_fn=context_fn)
+        if self.tp_mesh is None:
+            return full
+        return DTensor.from_local(full, self.tp_mesh, self.tp_placements, run_check=False)
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel parameter's own shard (what data parallelism shards further); any other tensor as is."""
+    return param.to_local() if isinstance(param, DTensor) else param
 
 
 def _check_divisible(module: nn.Module, world_size: int) -> None:
+    tp_note = " (this rank's tensor-parallel shard)"
     faults = [
-        Fault(name, f"dim 0 has size {p.shape[0] if p.dim() else 'none (0-d)'}, not divisible by "
-                    f"world_size={world_size}; SimpleFSDP here shards dim 0 evenly and does not pad")
-        for name, p in module.named_parameters()
-        if p.dim() == 0 or p.shape[0] % world_size
+        Fault(name, f"dim 0 has size {p.shape[0] if p.dim() else 'none (0-d)'}"
+                    f"{tp_note if isinstance(param, DTensor) else ''}, not divisible by world_size={world_size}; "
+                    "SimpleFSDP here shards dim 0 evenly and does not pad")
+        for name, param in module.named_parameters()
+        if (p := _local(param)).dim() == 0 or p.shape[0] % world_size
     ]
     if faults:
         raise OverlapConfigError(faults, header="cannot shard module")
@@ -153,7 +204,8 @@ def _check_divisible(module: nn.Module, world_size: int) -> None:
 
 def shard_module(module: nn.Module, *, world_size: int, rank: int, group: dist.ProcessGroup | None = None,
                  reshard_after_forward: bool = False, param_dtype: torch.dtype | None = None,
-                 reduce_dtype: torch.dtype | None = None) -> nn.Module:
+                 reduce_dtype: torch.dtype | None = None, replicate_group: dist.ProcessGroup | None = None,
+                 hsdp_reduce: HsdpReduce = "all_reduce_first") -> nn.Module:
     """Shard every parameter of ``module`` in place (rank ``rank`` keeps chunk ``rank`` of dim 0); return it.
 
     Works on meta tensors. Parameters keep ``requires_grad`` and their dtype (the shards are the master weights).
@@ -162,6 +214,10 @@ def shard_module(module: nn.Module, *, world_size: int, rank: int, group: dist.P
     ``reduce_dtype``: dtype gradients are reduce-scattered in (``None``: the gathered dtype). Both ``None``: no
     casts at all. Raises ``OverlapConfigError`` listing every parameter whose dim 0 does not divide by
     ``world_size``, and ``ValueError`` for a dtype that is not floating point.
+
+    HSDP: ``group`` / ``world_size`` / ``rank`` describe the shard group, ``replicate_group`` the replicas, and
+    ``hsdp_reduce`` the order the gradient is reduced in (module docstring). DTensor parameters (tensor parallel
+    applied first) are sharded by their local tensor and wrapped back on their mesh after each all-gather.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got world_size={world_size}, rank={rank}")
@@ -169,6 +225,9 @@ def shard_module(module: nn.Module, *, world_size: int, rank: int, group: dist.P
         raise RuntimeError("shard_module: module is already sharded")
     if group is not None and group.size() != world_size:
         raise ValueError(f"shard_module: group has {group.size()} ranks but world_size={world_size}")
+    if hsdp_reduce not in HSDP_REDUCE_ORDERS:
+        raise ValueError(f"shard_module: hsdp_reduce must be one of {', '.join(HSDP_REDUCE_ORDERS)}, got "
+                         f"{hsdp_reduce!r}")
     for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"shard_module: {name} must be a floating-point torch.dtype or None, got {dtype!r}")
@@ -176,9 +235,12 @@ def shard_module(module: nn.Module, *, world_size: int, rank: int, group: dist.P
     owners = [(mod, name) for mod in module.modules() for name, _ in mod.named_parameters(recurse=False)]
     for mod, name in owners:
         full = getattr(mod, name)
-        shard = full.detach().chunk(world_size, dim=0)[rank].clone()
+        shard = _local(full.detach()).chunk(world_size, dim=0)[rank].clone()
         setattr(mod, name, nn.Parameter(shard, requires_grad=full.requires_grad))
-        gather = AllGatherShard(group, reshard_after_forward, param_dtype, reduce_dtype)
+        tp = (full.device_mesh, tuple(full.placements)) if isinstance(full, DTensor) else (None, ())
+        gather = AllGatherShard(group, reshard_after_forward, param_dtype, reduce_dtype,
+                                replicate_group=replicate_group, hsdp_reduce=hsdp_reduce,
+                                tp_mesh=tp[0], tp_placements=tp[1])
         parametrize.register_parametrization(mod, name, gather, unsafe=True)
     return module
 

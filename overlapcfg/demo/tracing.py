@@ -11,7 +11,9 @@ Attribution is the production one (``overlapcfg.graph.attribution``, from aot's 
 checks that every collective of its own SimpleFSDP sharding was attributed, since it knows they all are FSDP's.
 
 Graphs are rank-specific in general (torch's merge helpers write the rank into them), and the fake group's name
-is "0" in every trace.
+is "0" in every trace. On a mesh (``parallel=ParallelDims(...)``: HSDP, FSDP + TP, see ``overlapcfg.demo.parallel``)
+the fake group has the product size, the mesh's sub-groups are built first thing inside it (so their names are the
+same in every trace), and ``TracedStep.process_groups`` rebuilds them for the pass.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import torch
 from torch import fx, nn
 
 from overlapcfg import compat
+from overlapcfg.demo.dims import ParallelDims
 from overlapcfg.demo.llama import Llama, LlamaConfig, cross_entropy_loss
-from overlapcfg.demo.simple_fsdp import AllGatherShard, is_sharded, shard_module, sharded_parameters, user_fqn
+from overlapcfg.demo.parallel import build_mesh, parallelize
+from overlapcfg.demo.simple_fsdp import AllGatherShard, is_sharded, sharded_parameters, user_fqn
 from overlapcfg.graph.attribution import CollectiveOwner, module_fqn
 from overlapcfg.passes.backend import CapturedStep, GraphBackend, GraphName, GraphPass
 
@@ -65,6 +69,30 @@ class TracedStep(CapturedStep):
     """Dtype the shards were cast to before their all-gathers (``shard_module``'s option; ``None``: no cast)."""
     reduce_dtype: torch.dtype | None = None
     """Dtype gradients were reduce-scattered in (``None``: the gathered dtype, ``param_dtype`` if set)."""
+    parallel: ParallelDims | None = None
+    """The mesh the step was traced on (``dp_shard`` = ``world_size`` for plain FSDP)."""
+    mesh_groups: tuple[tuple[str, str], ...] = field(default=())
+    """``(mesh dimension, process-group name as the graphs state it)`` for each dimension that communicates, e.g.
+    ``(("dp_shard", "5"), ("tp", "9"))``; plain FSDP: ``(("dp_shard", "0"),)``."""
+
+    def group_of(self, dim: str) -> str:
+        """The process-group name the graphs use for mesh dimension ``dim`` (``dp_replicate``, ``dp_shard``, ``tp``)."""
+        found = dict(self.mesh_groups)
+        if dim not in found:
+            raise KeyError(f"TracedStep.group_of: no {dim!r} group in this trace; it has {', '.join(found) or 'none'}")
+        return found[dim]
+
+    @contextlib.contextmanager
+    def process_groups(self) -> Iterator[object]:
+        """The fake default group of the traced size with the mesh's sub-groups rebuilt under the names the graphs
+        state: merging resolves groups by name, so the pass needs them (``overlapcfg.report.apply_step``)."""
+        with compat.fake_process_group(self.world_size, self.rank) as group:
+            if self.parallel is not None and not self.parallel.is_1d:
+                rebuilt = build_mesh(self.parallel).group_names()
+                if tuple(rebuilt.items()) != self.mesh_groups:
+                    raise AssertionError(f"TracedStep.process_groups: rebuilt mesh groups {rebuilt} differ from the "
+                                         f"traced ones {dict(self.mesh_groups)}")
+            yield group
 
 
 def compile_with_pass(model: nn.Module, fw_pass: GraphPass | None = None, bw_pass: GraphPass | None = None, *,
@@ -109,12 +137,12 @@ def _user_module_fqns(model: nn.Module) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n))
 
 
-def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, world_size: int = 2, rank: int = 0,
-                     reshard_after_forward: bool = False, batch: int = 2, seq_len: int = 16,
+def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, world_size: int | None = None,
+                     rank: int = 0, reshard_after_forward: bool = False, batch: int = 2, seq_len: int = 16,
                      device: torch.device | str = "cpu", seed: int = 0,
                      inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
                      loss_fn: LossFn = cross_entropy_loss, param_dtype: torch.dtype | None = None,
-                     reduce_dtype: torch.dtype | None = None) -> TracedStep:
+                     reduce_dtype: torch.dtype | None = None, parallel: ParallelDims | None = None) -> TracedStep:
     """Trace one training step of a SimpleFSDP-sharded model under a fake process group of ``world_size``.
 
     ``model_or_config``: a ``LlamaConfig`` (built with ``seed`` on ``device``), an unsharded module (deep-copied,
@@ -123,31 +151,50 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
     computed. ``param_dtype`` / ``reduce_dtype`` are handed to ``shard_module`` (mixed precision: casts before
     the all-gathers and the reduce-scatters, see ``overlapcfg.demo.simple_fsdp``); an already sharded model
     keeps its own, and passing them with one raises ``TypeError``.
+    ``parallel``: the mesh (HSDP ``dp_replicate`` x ``dp_shard``, tensor parallel ``tp``); the fake group then has
+    ``parallel.world_size`` ranks (``world_size``, if given too, must agree) and ``rank`` is a rank of the whole
+    mesh. Without it: plain FSDP over ``world_size`` ranks (default 2). A mesh needs an unsharded model.
     Must not be called while a default process group exists (it opens its own fake one), and resets dynamo.
     """
+    dims = _dims(world_size, parallel)
     if isinstance(model_or_config, nn.Module):
         model = model_or_config if is_sharded(model_or_config) else copy.deepcopy(model_or_config)
     else:
         model = Llama(model_or_config, device=device, seed=seed)
     config: LlamaConfig | None = model.config if isinstance(model, Llama) else None
-    if not is_sharded(model):
-        shard_module(model, world_size=world_size, rank=rank, reshard_after_forward=reshard_after_forward,
-                     param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    elif param_dtype is not None or reduce_dtype is not None:
+    sharded = is_sharded(model)
+    if sharded and (param_dtype is not None or reduce_dtype is not None):
         raise TypeError("trace_train_step: the model is already sharded; give param_dtype/reduce_dtype to "
                         "shard_module instead")
+    if sharded and not dims.is_1d:
+        raise TypeError("trace_train_step: a mesh (parallel=...) needs an unsharded model: its groups exist only in "
+                        "the process group this call opens")
     if inputs is None:
         if config is None:
             raise TypeError("trace_train_step: pass inputs=(tokens, targets) for a model that is not a Llama")
         inputs = demo_batch(config.vocab_size, batch=batch, seq_len=seq_len, seed=seed, device=device)
     backend = StepBackend()
     start = time.perf_counter()
-    with compat.fake_process_group(world_size, rank), _quiet_checkpoint_notice():
+    with compat.fake_process_group(dims.world_size, rank), _quiet_checkpoint_notice():
+        mesh = build_mesh(dims)  # first: sub-group names depend on creation order (see TracedStep.process_groups)
+        groups = tuple(mesh.group_names().items())
+        if not sharded:
+            parallelize(model, mesh, reshard_after_forward=reshard_after_forward, param_dtype=param_dtype,
+                        reduce_dtype=reduce_dtype)
         train_step(compile_with_pass(model, backend=backend), *inputs, loss_fn=loss_fn)
     seconds = time.perf_counter() - start
     compat.dynamo_reset()
-    return _traced_step(model, backend, config=config, world_size=world_size, rank=rank,
+    return _traced_step(model, backend, config=config, parallel=dims, mesh_groups=groups, rank=rank,
                         reshard_after_forward=reshard_after_forward, seconds=seconds)
+
+
+def _dims(world_size: int | None, parallel: ParallelDims | None) -> ParallelDims:
+    if parallel is None:
+        return ParallelDims(dp_shard=2 if world_size is None else world_size)
+    if world_size is not None and world_size != parallel.world_size:
+        raise ValueError(f"trace_train_step: world_size={world_size} contradicts parallel={parallel.describe()} "
+                         f"({parallel.world_size} ranks); give one of them")
+    return parallel
 
 
 def _mixed_precision(model: nn.Module) -> tuple[torch.dtype | None, torch.dtype | None]:
@@ -156,15 +203,17 @@ def _mixed_precision(model: nn.Module) -> tuple[torch.dtype | None, torch.dtype 
     return (gather.param_dtype, gather.reduce_dtype) if gather is not None else (None, None)
 
 
-def _traced_step(model: nn.Module, backend: StepBackend, *, config: LlamaConfig | None, world_size: int, rank: int,
-                 reshard_after_forward: bool, seconds: float) -> TracedStep:
+def _traced_step(model: nn.Module, backend: StepBackend, *, config: LlamaConfig | None, parallel: ParallelDims,
+                 mesh_groups: tuple[tuple[str, str], ...], rank: int, reshard_after_forward: bool,
+                 seconds: float) -> TracedStep:
     if set(backend.graphs) != {"forward", "backward"}:
         raise AssertionError(f"tracing: expected forward and backward graphs, captured {sorted(backend.graphs)}")
     param_fqns = tuple(fqn for fqn, _ in sharded_parameters(model))
     owners = tuple(dict.fromkeys(p.rpartition(".")[0] for p in param_fqns))
     param_dtype, reduce_dtype = _mixed_precision(model)
+    fsdp_group = dict(mesh_groups)["dp_shard"]
     for name in ("forward", "backward"):
-        _check_all_attributed(backend.graphs[name], name, len(backend.collectives[name]))
+        _check_all_attributed(backend.graphs[name], name, fsdp_group, backend.collectives[name])
     step = TracedStep(
         forward=backend.graphs["forward"],
         backward=backend.graphs["backward"],
@@ -173,12 +222,14 @@ def _traced_step(model: nn.Module, backend: StepBackend, *, config: LlamaConfig 
         param_owners=owners,
         collectives=backend.collectives["forward"] + backend.collectives["backward"],
         config=config,
-        world_size=world_size,
+        world_size=parallel.world_size,
         rank=rank,
         reshard_after_forward=reshard_after_forward,
         trace_seconds=seconds,
         param_dtype=param_dtype,
         reduce_dtype=reduce_dtype,
+        parallel=parallel,
+        mesh_groups=mesh_groups,
     )
     log.info("traced %d-parameter step in %.2fs: %d forward / %d backward nodes, %d FSDP collectives",
              len(param_fqns), seconds, len(step.forward.graph.nodes), len(step.backward.graph.nodes),
@@ -186,11 +237,16 @@ def _traced_step(model: nn.Module, backend: StepBackend, *, config: LlamaConfig 
     return step
 
 
-def _check_all_attributed(gm: fx.GraphModule, name: str, attributed: int) -> None:
-    """Every collective of the demo's SimpleFSDP sharding is an FSDP one: all must carry an owner."""
-    from overlapcfg.graph.collectives import collective_kind
+def _check_all_attributed(gm: fx.GraphModule, name: str, fsdp_group: str,
+                          owners: tuple[CollectiveOwner, ...]) -> None:
+    """Every all-gather and reduce-scatter on the demo's SimpleFSDP group is an FSDP one: all must carry an owner.
+    (Other groups' collectives, tensor parallel's and HSDP's all-reduces, carry no parameter shard.)"""
+    from overlapcfg.graph.collectives import collective_kind, group_name
 
-    found = [n.name for n in gm.graph.nodes if collective_kind(n) in ("all_gather", "reduce_scatter")]
+    found = [n.name for n in gm.graph.nodes
+             if collective_kind(n) in ("all_gather", "reduce_scatter") and group_name(n) == fsdp_group]
+    owned = {o.node for o in owners}
+    attributed = sum(n in owned for n in found)
     if len(found) != attributed:
         raise AssertionError(f"tracing: {len(found) - attributed} of {len(found)} {name} collectives could not be "
                              "attributed to a parameter from the aot descriptors")

@@ -76,6 +76,9 @@ def ignored_settings(cfg: OverlapConfig, root: str) -> tuple[str, ...]:
         if cfg.policy.insert_overlap_deps:
             notes.append(f"{root}.policy.insert_overlap_deps is ignored: it orders a compiled graph for inductor; "
                          "FSDP2 issues its collectives from module hooks")
+        if cfg.policy.issue_order != OverlapPolicy.model_fields["issue_order"].default:
+            notes.append(f"{root}.policy.issue_order={cfg.policy.issue_order!r} is ignored: it orders collectives "
+                         "in a compiled graph; FSDP2 issues all-gathers and reduce-scatters on streams of its own")
         if cfg.policy.bucket_mode != OverlapPolicy.model_fields["bucket_mode"].default:
             notes.append(f"{root}.policy.bucket_mode={cfg.policy.bucket_mode!r} is ignored: FSDP2 merges a bucket's "
                          "parameters into one all-gather itself (fully_shard of the bucket's modules)")

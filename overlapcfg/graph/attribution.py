@@ -243,7 +243,10 @@ def _looks_like_parameter(node: fx.Node) -> bool:
 
 
 def parameter_fqn(placeholder: fx.Node, parameter_inputs: Sequence[str | None]) -> str | None:
-    index = _input_root_index(placeholder.meta.get("desc"))
+    from overlapcfg.graph.collectives import SAVED_VIEW_KEY
+
+    desc = placeholder.meta.get("desc") or placeholder.meta.get(META_KEY, {}).get(SAVED_VIEW_KEY)
+    index = _input_root_index(desc)
     if index is None or not 0 <= index < len(parameter_inputs):
         return None
     return parameter_inputs[index]
@@ -261,7 +264,7 @@ def _gradient_output_index(wait: fx.Node) -> int | None:
     """The dynamo input whose gradient ``wait`` is returned as: through single-user unary chains (casts, views),
     and through an ``add`` of reduce-scattered partial gradients (a parameter used by two modules, such as tied
     embeddings, gets one reduce-scatter per use, summed before it is returned)."""
-    from overlapcfg.graph.collectives import started_by
+    from overlapcfg.graph.collectives import collective_kind, started_by
 
     cur = wait
     for _ in range(32):
@@ -280,6 +283,8 @@ def _gradient_output_index(wait: fx.Node) -> int | None:
             started_by(i) is not None for i in inputs)
         if len(inputs) != 1 and not summed_partials:
             return None
+        if collective_kind(user) == "reduce_scatter":
+            return None  # reduced again (FSDP + TP: the tp half of a weight's gradient): the last one is FSDP's
         cur = user
     return None
 

@@ -21,6 +21,7 @@ from overlapcfg.graph.meta import META_KEY
 __all__ = [
     "Collective",
     "CollectiveKind",
+    "CollectiveRole",
     "Direction",
     "ModuleFqnFn",
     "find_collectives",
@@ -32,6 +33,8 @@ __all__ = [
     "is_collective_start",
     "is_parameter_gather",
     "is_parameter_placeholder",
+    "mark_saved_parameter_views",
+    "saved_parameter_views",
     "parameter_sources",
     "placeholder_sources",
     "started_by",
@@ -43,6 +46,17 @@ __all__ = [
 CollectiveKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "other"]
 """The one classification of ``_c10d_functional`` collectives (merged and coalesced forms included)."""
 Direction: TypeAlias = Literal["forward", "backward"]
+CollectiveRole: TypeAlias = Literal["fsdp_all_gather", "fsdp_reduce_scatter", "hsdp_all_reduce", "other"]
+"""What a collective does for data parallelism; the one vocabulary the passes, records and report use.
+
+- ``fsdp_all_gather``: gathers one parameter's shards (or a bucket of them) before use;
+- ``fsdp_reduce_scatter``: reduces a parameter's gradient and scatters it to its shard owners;
+- ``hsdp_all_reduce``: the replicate-group half of an HSDP gradient reduction: an all-reduce chained with an FSDP
+  reduce-scatter of the same gradient, before it (DTensor reduces one mesh dimension at a time: torchtitan's
+  SimpleFSDP ``hybrid_shard``) or after it (sharders that reduce-scatter first, then all-reduce the shard);
+- ``other``: everything else (tensor/sequence parallel activations, expert all-to-alls, user collectives). The
+  passes never merge or move these across their data dependencies.
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +67,15 @@ class Collective:
     waits: tuple[fx.Node, ...]
     """Usually one; a coalesced collective has one per output."""
     kind: CollectiveKind
-    fsdp: bool
-    """An FSDP parameter all-gather (one parameter in, see ``is_fsdp_all_gather``) or gradient reduce-scatter
-    (result flows to the graph outputs through unary ops only)."""
+    role: CollectiveRole
+    """See ``CollectiveRole``: an FSDP parameter all-gather (parameter inputs through transparent ops only), an
+    FSDP gradient reduce-scatter (result flows to the graph outputs through unary ops only, possibly through an
+    HSDP all-reduce), an HSDP all-reduce chained with one, or other."""
     direction: Direction
     group: str
+    group_size: int | None
+    """Ranks in the group as the graph states them (all-gathers and reduce-scatters carry it; an all-reduce
+    does not, so it is read from the live process group when there is one, else ``None``)."""
     dtype: torch.dtype
     unsharded_bytes: int
     """All-gather output / reduce-scatter input: the full-size tensor the collective makes or consumes."""
@@ -65,6 +83,13 @@ class Collective:
     params: tuple[str, ...] = ()
     """The parameters it carries: FQNs where the aot descriptors name them, else placeholder names (all-gathers),
     read before merging erases the original nodes. Several: an already merged bucket."""
+    partner: fx.Node | None = None
+    """HSDP: the other half of the gradient reduction (an all-reduce's reduce-scatter and vice versa)."""
+
+    @property
+    def fsdp(self) -> bool:
+        """Data-parallel parameter or gradient traffic the passes may bucket (every role but ``other``)."""
+        return self.role != "other"
 
 
 def group_name(start: fx.Node) -> str:
@@ -200,7 +225,53 @@ def is_parameter_placeholder(node: fx.Node) -> bool:
     desc = node.meta.get("desc")
     if desc is not None:
         return compat.is_plain_input_descriptor(desc)
+    if SAVED_VIEW_KEY in node.meta.get(META_KEY, {}):
+        return True
     return node.name.startswith("primals_")
+
+
+SAVED_VIEW_KEY = "saved_parameter_view"
+"""``node.meta[META_KEY][SAVED_VIEW_KEY]``: on a backward placeholder the forward saved, the aot descriptor of the
+parameter input it is a view or cast of (set by ``mark_saved_parameter_views``)."""
+
+
+def saved_parameter_views(forward: fx.GraphModule) -> dict[str, object]:
+    """Forward outputs saved for backward that are a parameter input seen through transparent ops only (the local
+    shard of a 2-D DTensor parameter, viewed), by node name -> that input's aot descriptor.
+
+    With reshard-after-forward on an FSDP + TP model, the backward re-gathers such a saved view instead of the
+    parameter input itself; the backward graph alone cannot tell it from a saved activation (its placeholder has
+    no descriptor), the forward graph can.
+    """
+    output = next((n for n in forward.graph.nodes if n.op == "output"), None)
+    descs = output.meta.get("desc") if output is not None else None
+    if output is None or not descs:
+        return {}
+    found: dict[str, object] = {}
+    for node, desc in zip(output.args[0], descs, strict=False):  # type: ignore[arg-type]
+        if not isinstance(node, fx.Node) or not compat.is_saved_for_backward_descriptor(desc):
+            continue
+        if node.op == "placeholder":
+            sources: tuple[fx.Node, ...] | None = (node,)
+        elif _is_transparent(node):
+            sources = placeholder_sources(node)
+        else:
+            continue
+        if sources is not None and len(sources) == 1 and is_parameter_placeholder(sources[0]) \
+                and sources[0].meta.get("desc") is not None:
+            found[node.name] = sources[0].meta["desc"]
+    return found
+
+
+def mark_saved_parameter_views(backward: fx.GraphModule, views: dict[str, object]) -> int:
+    """Stamp ``SAVED_VIEW_KEY`` on the backward placeholders ``saved_parameter_views`` names (same node name, no
+    descriptor of their own); returns how many."""
+    marked = 0
+    for node in backward.graph.nodes:
+        if node.op == "placeholder" and node.name in views and node.meta.get("desc") is None:
+            node.meta.setdefault(META_KEY, {})[SAVED_VIEW_KEY] = views[node.name]
+            marked += 1
+    return marked
 
 
 def is_partial_gradient_scatter(start: fx.Node, waits: tuple[fx.Node, ...] | list[fx.Node]) -> bool:
@@ -265,53 +336,190 @@ def _nbytes(node: object) -> int:
     return sum(int(t.numel()) * t.element_size() for t in _tensors(node.meta.get("val")))
 
 
+def _group_size(start: fx.Node, kind: CollectiveKind) -> int | None:
+    """The group size argument (all-gathers: ``args[1]``, reduce-scatters: ``args[2]``); all-reduces have none,
+    so the live process group answers when one is registered under that name."""
+    position = {"all_gather": 1, "reduce_scatter": 2}.get(kind)
+    if position is not None and len(start.args) > position and isinstance(start.args[position], int):
+        return int(start.args[position])
+    return compat.registered_group_size(group_name(start))
+
+
+def _flows_to_outputs(node: fx.Node) -> bool:
+    """Every path from ``node`` reaches the graph outputs through single-input ops only (a gradient that is
+    returned, perhaps cast or viewed): torch's ``is_fsdp_reduce_scatter`` rule, for any node."""
+    stack, seen = [node], set()
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        for user in cur.users:
+            if user.op == "output":
+                continue
+            if len(user.all_input_nodes) != 1:
+                return False
+            stack.append(user)
+    return True
+
+
+_CHAIN_LIMIT = 16
+
+
+def _reduce_scatter_fed_by(wait: fx.Node) -> fx.Node | None:
+    """AR -> RS: the reduce-scatter start that reads this all-reduce wait through single-user transparent ops."""
+    cur = wait
+    for _ in range(_CHAIN_LIMIT):
+        if len(cur.users) != 1:
+            return None
+        user = next(iter(cur.users))
+        if collective_kind(user) == "reduce_scatter" and user.args and user.args[0] is cur:
+            return user
+        if not _is_transparent(user) or len(user.all_input_nodes) != 1:
+            return None
+        cur = user
+    return None
+
+
+def _reduce_scatter_read_by(all_reduce: fx.Node) -> fx.Node | None:
+    """RS -> AR: the reduce-scatter whose wait this all-reduce reads through single-input transparent ops."""
+    cur = all_reduce.args[0] if all_reduce.args else None
+    for _ in range(_CHAIN_LIMIT):
+        if not isinstance(cur, fx.Node):
+            return None
+        start = started_by(cur)
+        if start is not None:
+            return start if collective_kind(start) == "reduce_scatter" and len(cur.users) == 1 else None
+        if not _is_transparent(cur) or len(cur.all_input_nodes) != 1 or len(cur.users) != 1:
+            return None
+        cur = cur.all_input_nodes[0]
+    return None
+
+
+def _hsdp_pairs(waits_of: dict[fx.Node, list[fx.Node]]) -> dict[fx.Node, fx.Node]:
+    """All-reduce <-> reduce-scatter pairs that reduce one gradient on two groups (both directions in the map).
+
+    AR -> RS: the all-reduce's one wait feeds the reduce-scatter, whose result is returned. RS -> AR: the
+    all-reduce reads the reduce-scatter's one wait and its own result is returned. Anything else (an all-reduce
+    of an activation, a loss, a norm) pairs with nothing and stays ``other``.
+    """
+    pairs: dict[fx.Node, fx.Node] = {}
+    for start, waits in waits_of.items():
+        if collective_kind(start) != "all_reduce" or len(waits) != 1:
+            continue
+        rs = _reduce_scatter_fed_by(waits[0])
+        if rs is not None and len(waits_of.get(rs, ())) == 1 and _flows_to_outputs(waits_of[rs][0]):
+            pairs[start], pairs[rs] = rs, start
+            continue
+        rs = _reduce_scatter_read_by(start)
+        if rs is not None and _flows_to_outputs(waits[0]):
+            pairs[start], pairs[rs] = rs, start
+    return pairs
+
+
+def _reduced_again(waits: list[fx.Node]) -> bool:
+    """The result goes through another reduce-scatter before the output: this one is the tensor-parallel half of
+    a 2-D gradient reduction (FSDP + TP without sequence parallel reduce-scatters a row-parallel weight's gradient
+    on the tp group, then on the dp group), and only the last one, nearest the output, is FSDP's. torch's
+    ``is_fsdp_reduce_scatter`` accepts both (a reduce-scatter and a wait are single-input ops)."""
+    stack, seen = list(waits), set()
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        for user in cur.users:
+            if collective_kind(user) == "reduce_scatter":
+                return True
+            # through views and casts, and through a merged bucket's copy-in (the dp half, already bucketed)
+            if user.op != "output" and (len(user.all_input_nodes) == 1 or _is_transparent(user)
+                                        or user.target is compat.pre_bucket_reduce_scatter):
+                stack.append(user)
+    return False
+
+
+def _role(start: fx.Node, kind: CollectiveKind, waits: list[fx.Node], partner: fx.Node | None) -> CollectiveRole:
+    """Evidence, strongest first: our bucketer merged it, the aot descriptors tied it to a parameter, or (for
+    graphs nobody annotated) its structure: an all-gather fed by parameter inputs through transparent ops only, a
+    reduce-scatter whose result flows to the graph outputs through unary ops only (directly or through its HSDP
+    all-reduce) and through no other reduce-scatter, an all-reduce chained with such a reduce-scatter."""
+    ours = start.meta.get(META_KEY, {})
+    merged = "bucket" in ours
+    if kind == "all_gather":
+        return "fsdp_all_gather" if merged or "owner" in ours or is_parameter_gather(start) else "other"
+    if kind == "reduce_scatter":
+        if not merged and _reduced_again(waits):
+            return "other"  # descriptors name the parameter for both halves: structure decides which is FSDP's
+        fsdp = (merged or "owner" in ours or partner is not None or compat.is_fsdp_reduce_scatter(start)
+                or is_partial_gradient_scatter(start, waits))
+        return "fsdp_reduce_scatter" if fsdp else "other"
+    if kind == "all_reduce" and ((merged and ours.get("kind") == "all_reduce") or partner is not None):
+        return "hsdp_all_reduce"
+    return "other"
+
+
 def find_collectives(
     graph: fx.Graph,
     module_fqn_fn: ModuleFqnFn,
     *,
     direction: Direction | None = None,
 ) -> list[Collective]:
-    """Every waited ``_c10d_functional`` collective in graph order.
+    """Every waited ``_c10d_functional`` collective in graph order, with its role (``CollectiveRole``).
 
     ``direction`` forces one direction for all (a forward or a backward graph from aot_autograd); ``None`` reads
-    it per node (joint graphs). Reduce-scatters are always backward.
+    it per node (joint graphs). Reduce-scatters and HSDP all-reduces are always backward.
     """
     waits_of: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.nodes:
         start = started_by(node)
         if start is not None:
             waits_of.setdefault(start, []).append(node)
+    partners = _hsdp_pairs(waits_of)
     out: list[Collective] = []
     for start, waits in waits_of.items():
         kind = collective_kind(start) or "other"
-        ours = start.meta.get(META_KEY, {})
-        # Evidence, strongest first: our bucketer merged it, the aot descriptors tied it to a parameter, or (for
-        # graphs nobody annotated) its structure: an all-gather fed by parameter inputs through transparent ops
-        # only, a reduce-scatter whose result flows to the graph outputs through unary ops only.
-        evidence = "bucket" in ours or "owner" in ours
-        if kind == "all_gather":
-            fsdp = evidence or is_parameter_gather(start)
-            size_node = start
-        elif kind == "reduce_scatter":
-            fsdp = evidence or compat.is_fsdp_reduce_scatter(start) or is_partial_gradient_scatter(start, waits)
+        partner = partners.get(start)
+        role = _role(start, kind, waits, partner)
+        fsdp = role != "other"
+        if kind == "reduce_scatter":
             size_node = start.args[0] if isinstance(start.args[0], (fx.Node, list, tuple)) else start
         else:
-            fsdp, size_node = False, start
+            size_node = start
         vals = _tensors(start.meta.get("val"))
         if fsdp and not vals:
             # Sizes drive the byte cap and the report: guessing 0 bytes would silently disable the cap.
             raise RuntimeError(f"overlapcfg.apply: FSDP collective {start.name} has no meta['val'] fake tensor; "
                                "run the pass on a traced graph (aot_autograd or inductor post-grad) that has them")
         dtype = vals[0].dtype if vals else torch.float32
-        if kind == "reduce_scatter":
-            dirn: Direction = "backward"
-        else:
-            dirn = direction or node_direction(start)
-        out.append(Collective(start, tuple(waits), kind, fsdp, dirn, group_name(start), dtype, _nbytes(size_node),
-                              module_fqn_fn(start) if fsdp else None, _params(start, kind) if fsdp else ()))
+        dirn: Direction = "backward" if role in ("fsdp_reduce_scatter", "hsdp_all_reduce") or kind == \
+            "reduce_scatter" else (direction or node_direction(start))
+        # An HSDP all-reduce belongs to whoever owns the gradient it reduces: its reduce-scatter.
+        owner_node = partner if role == "hsdp_all_reduce" and partner is not None else start
+        owner_kind = "reduce_scatter" if owner_node is not start else kind
+        out.append(Collective(start, tuple(waits), kind, role, dirn, group_name(start), _group_size(start, kind),
+                              dtype, _nbytes(size_node), module_fqn_fn(owner_node) if fsdp else None,
+                              _params(owner_node, owner_kind) if fsdp else (), partner))
     index = positions(graph)
     out.sort(key=lambda c: index[c.start])
-    return _one_owner_per_shared_gradient(out)
+    out = _no_hsdp_on_activation_groups(out)
+    out = _one_owner_per_shared_gradient(out)
+    owner_of = {c.start: c.module_fqn for c in out if c.role == "fsdp_reduce_scatter"}
+    return [dataclasses.replace(c, module_fqn=owner_of.get(c.partner, c.module_fqn))
+            if c.role == "hsdp_all_reduce" and c.partner is not None else c for c in out]
+
+
+def _no_hsdp_on_activation_groups(collectives: list[Collective]) -> list[Collective]:
+    """An all-reduce chained with an FSDP reduce-scatter is HSDP's replicate half only on a group that carries
+    gradients alone. On a group that also carries activations (a tensor-parallel group: sequence-parallel
+    gathers, row-parallel all-reduces), the same chain is tensor parallel's reduction of a replicated weight's
+    partial gradient (norm weights), and tensor-parallel collectives are never merged or moved."""
+    activation_groups = {c.group for c in collectives if c.role == "other"}
+    demoted = {c.start for c in collectives if c.role == "hsdp_all_reduce" and c.group in activation_groups
+               and "bucket" not in c.start.meta.get(META_KEY, {})}
+    if not demoted:
+        return collectives
+    return [dataclasses.replace(c, role="other", module_fqn=None, params=(), partner=None) if c.start in demoted
+            else dataclasses.replace(c, partner=None) if c.partner in demoted else c for c in collectives]
 
 
 def _one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collective]:

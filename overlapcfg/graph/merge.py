@@ -53,11 +53,12 @@ class MergedCollective:
 
 def attribute(collectives: Sequence[Collective], plan: ResolvedPlan) -> tuple[list[tuple[int, Collective]],
                                                                               list[Collective]]:
-    """Split FSDP collectives into ``(bucket index, collective)`` pairs and those in no bucket (graph order)."""
+    """Split data-parallel collectives (FSDP all-gathers and reduce-scatters, HSDP all-reduces) into
+    ``(bucket index, collective)`` pairs and those in no bucket (graph order)."""
     covered: list[tuple[int, Collective]] = []
     uncovered: list[Collective] = []
     for c in collectives:
-        if not c.fsdp or c.kind not in ("all_gather", "reduce_scatter"):
+        if not c.fsdp:
             continue
         index = plan.bucket_index(c.module_fqn) if c.module_fqn is not None else None
         if index is None:
@@ -99,7 +100,10 @@ def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]],
     # Merging inserts and erases nodes but never reorders the original ones, so one index serves every group.
     original = positions(graph)
     with compat.cached_merge_traces(fresh_fake_values=fresh_fake_values) as cache:
-        for (index, direction, kind, _), group in _groups(covered, plan, mode).items():
+        # Reduce-scatters before all-reduces: an HSDP chain (either order) is only a valid graph again once both of
+        # its halves are merged, and merging the all-reduces last inserts them where both orders end up valid.
+        groups = sorted(_groups(covered, plan, mode).items(), key=lambda item: item[0][2] == "all_reduce")
+        for (index, direction, kind, _), group in groups:
             merged.append(_merge_group(graph, original, index, direction, kind, group, mode))
     logger.debug("merged %d groups with %d distinct merge traces", len(merged), len(cache))
     index_of = positions(graph)
@@ -119,8 +123,10 @@ def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, dir
         new_nodes, _ = compat.merge_all_gather_bucket(
             graph, starts, wait_insertion_point=first_wait, insert_before=first.next, mode=mode
         )
-    else:
+    elif kind == "reduce_scatter":
         new_nodes, _ = compat.merge_reduce_scatter_bucket(graph, starts, insert_before=last.next, mode=mode)
+    else:  # HSDP all-reduces: one flat all-reduce per (group, op, dtype), after the last input is ready
+        new_nodes, _ = compat.merge_all_reduce_bucket(graph, starts, mode, insert_before=last.next)
     # Upstream copies module stacks and stack traces to the new nodes; which side of autograd they are on matters
     # to us (and to later passes) as much.
     for key in _INHERITED_META:

@@ -21,8 +21,8 @@ from overlapcfg.resolve.records import RecordModel, ResolvedBucket
 if TYPE_CHECKING:
     from overlapcfg.graph.collectives import Collective
 
-__all__ = ["RECORD_KEY", "BucketRecord", "CollectiveChange", "CollectiveCounts", "DepthDecision", "PassRecord",
-           "RecordModel", "Uncovered", "count_collectives"]
+__all__ = ["RECORD_KEY", "BucketRecord", "CollectiveChange", "CollectiveCounts", "DepthDecision", "GroupTraffic",
+           "PassRecord", "RecordModel", "Uncovered", "count_collectives", "group_traffic"]
 
 RECORD_KEY = META_KEY
 """``gm.meta[RECORD_KEY]`` holds the ``PassRecord`` of the last pass over ``gm``."""
@@ -105,6 +105,37 @@ def count_collectives(collectives: Iterable[Collective]) -> CollectiveCounts:
     return CollectiveCounts(fsdp=tuple((d, k, n) for (d, k), n in sorted(counts.items())), other=other)
 
 
+class GroupTraffic(RecordModel):
+    """What one process group carries for one role: how many collectives before and after the pass, and the bytes
+    they move (full-size side: all-gather outputs, reduce-scatter and all-reduce inputs). HSDP users read the
+    replicate group's row to see what the slow links carry."""
+
+    group: str
+    """The process-group name the graph states (``'1'``)."""
+    size: int | None
+    """Ranks in it, as the graph states them (None: an all-reduce whose group is not live in this process)."""
+    role: str
+    """``overlapcfg.graph.collectives.CollectiveRole``."""
+    before: int
+    after: int
+    unsharded_bytes: int
+
+
+def group_traffic(before: Iterable[Collective], after: Iterable[Collective]) -> tuple[GroupTraffic, ...]:
+    """Per (group, role), sorted by group then role: counts before and after, bytes (before; merging keeps them)."""
+    rows: dict[tuple[str, str], list[int]] = {}
+    sizes: dict[str, int | None] = {}
+    for which, collectives in ((0, before), (1, after)):
+        for c in collectives:
+            slot = rows.setdefault((c.group, c.role), [0, 0, 0])
+            slot[which] += 1
+            if which == 0:
+                slot[2] += c.unsharded_bytes
+            sizes[c.group] = sizes.get(c.group) or c.group_size
+    return tuple(GroupTraffic(group=g, size=sizes.get(g), role=r, before=v[0], after=v[1], unsharded_bytes=v[2])
+                 for (g, r), v in sorted(rows.items()))
+
+
 class Uncovered(RecordModel):
     """An FSDP collective no bucket covers: left where the trace put it."""
 
@@ -127,6 +158,8 @@ class PassRecord(RecordModel):
     """FSDP collectives in no bucket."""
     non_fsdp: tuple[str, ...]
     """Collectives that are not FSDP's, left where data dependencies put them (node names)."""
+    groups: tuple[GroupTraffic, ...] = ()
+    """Every collective by process group and role (``CollectiveRole``), before and after."""
     seconds: float
     notes: tuple[str, ...] = ()
     """Anything skipped or worth knowing, one line each."""

@@ -15,12 +15,29 @@ Backward all-gathers run the same in backward order. Reduce-scatters, ``reduce_s
 
     before: c2 rs2 w2 c1 rs1 w1 c0 rs0 w0          after: c2 rs2 c1 rs1 w2 c0 rs0 w1 w0
 
+HSDP all-reduces (the replicate-group half of a gradient's reduction, chained with its reduce-scatter in
+either order) are placed like reduce-scatters with ``all_reduce_delay``; whichever half of a chain comes second
+is issued as soon as its input is ready (right after the first half's wait), so the two delays add up::
+
+    AR -> RS, both delays 1:  c1 ar1 c0 ar0 w(ar1) rs1 w(ar0) rs0 w(rs1) w(rs0)
+
+Every placement is also a hard ordering edge of the emission below, so a requested delay is never cut short by
+a chained start that is emitted later than its original position.
+
 A ``max_inflight_bytes`` cap lowers the all-gather reach where the unsharded bytes issued but not yet waited
 would exceed it; the step record says where and why.
 
 Issue order: the starts of each kind (all-gather, reduce-scatter) keep their relative order within a process
 group, so every rank issues the same sequence; a prefetched all-gather may overtake a reduce-scatter issued
-before it in the original graph, as in upstream's schedule.
+before it in the original graph, as in upstream's schedule. One stream serves both kinds in issue order, so an
+all-gather prefetched far ahead delays every reduce-scatter issued after it. ``issue_order="reduce_scatter_first"``
+issues an all-gather two or more buckets ahead of its issuer just after the next reduce-scatter start instead,
+when that start comes before the previous bucket's wait (backward, ``k = 2``; ``ag3`` waits for ``rs1``)::
+
+    gather_first:          ag3 w1 c1 rs1 ag4 w2 c2 rs2 ...
+    reduce_scatter_first:  w1 c1 rs1 ag3 w2 c2 rs2 ag4 ...
+
+Depth-1 graphs have no such all-gather and are the same under both orders.
 """
 
 from __future__ import annotations
@@ -31,7 +48,8 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from overlapcfg.graph.collectives import Direction, is_compute_node, node_direction, positions
+from overlapcfg.config.policy import IssueOrder
+from overlapcfg.graph.collectives import Direction, is_collective_start, is_compute_node, node_direction, positions
 from overlapcfg.graph.merge import MergedCollective
 from overlapcfg.graph.reach import prefetch_reach
 from overlapcfg.graph.record import DepthDecision
@@ -96,7 +114,8 @@ def _exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> list[fx.N
 
 
 def _exclusive_descendants(waits: Sequence[fx.Node], index: dict[fx.Node, int]) -> list[fx.Node]:
-    """The waits and the nodes that read only them, breadth first from the waits (siblings in graph order).
+    """The waits and the nodes that read only them, breadth first from the waits (siblings in graph order), up to
+    but not including another collective's start (an HSDP chain's second half is placed on its own).
 
     Breadth-first, not graph order: a moved chain is emitted in this order, as upstream's
     ``_collect_nodes_must_be_after`` moves it. The two differ once the chain holds nodes that predate the merge,
@@ -110,7 +129,8 @@ def _exclusive_descendants(waits: Sequence[fx.Node], index: dict[fx.Node, int]) 
     i = 0
     while i < len(queue):
         for user in sorted(queue[i].users, key=index.__getitem__):
-            if user.op != "output" and user not in chain and all(x in chain for x in user.all_input_nodes):
+            if user.op != "output" and user not in chain and not is_collective_start(user) \
+                    and all(x in chain for x in user.all_input_nodes):
                 chain.add(user)
                 queue.append(user)
         i += 1
@@ -121,6 +141,8 @@ def _depth(plan: ResolvedPlan, step: Step) -> int:
     bucket = plan.buckets[step.bucket]
     if step.kind == "reduce_scatter":
         return bucket.reduce_scatter_delay
+    if step.kind == "all_reduce":
+        return bucket.all_reduce_delay
     return bucket.forward_prefetch if step.direction == "forward" else bucket.backward_prefetch
 
 
@@ -134,7 +156,7 @@ def _all_gather_reach(plan: ResolvedPlan, steps: Sequence[Step],
 
 
 def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[MergedCollective],
-                    max_inflight_bytes: int | None) -> ScheduleResult:
+                    max_inflight_bytes: int | None, issue_order: IssueOrder = "gather_first") -> ScheduleResult:
     """Reorder ``gm.graph`` in place; the caller lints and recompiles."""
     graph = gm.graph
     index = positions(graph)
@@ -149,9 +171,15 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
         # before the graph's first compute node.
         first_compute = next((n for n in graph.nodes if is_compute_node(n)
                               and (len(directions) < 2 or node_direction(n) == direction)), None)
-        records += _place_all_gathers(plan, steps, max_inflight_bytes, index, first_compute, keys, deps)
-    records += _place_reduce_scatters(plan, _steps(merged, "reduce_scatter", "backward", index), index, keys, deps)
-    _reorder(graph, keys)
+        scatters = sorted((m.start for m in merged if m.kind == "reduce_scatter"), key=index.__getitem__) \
+            if issue_order == "reduce_scatter_first" else []
+        records += _place_all_gathers(plan, steps, max_inflight_bytes, index, first_compute, keys, deps, scatters)
+    chained = _chained_starts(merged, index)
+    for kind in ("reduce_scatter", "all_reduce"):
+        records += _place_delayed(plan, _steps(merged, kind, "backward", index), index, keys, deps, chained)
+    for start in chained:  # the second half of an HSDP chain: issued as soon as the first half's result is ready
+        keys[start] = (-1, 0, 0, index[start])
+    _reorder(graph, keys, deps)
     order = positions(graph)
     overlap_deps = tuple(sorted(((n, tuple(d)) for n, d in deps.items()), key=lambda item: order[item[0]]))
     return ScheduleResult(tuple(records), overlap_deps)
@@ -159,8 +187,10 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
 
 def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | None, index: dict[fx.Node, int],
                        first_compute: fx.Node | None, keys: dict[fx.Node, Key],
-                       deps: dict[fx.Node, list[fx.Node]]) -> list[DepthDecision]:
-    """Key each step's start chain just before the wait of the first step whose reach covers it."""
+                       deps: dict[fx.Node, list[fx.Node]], scatters: Sequence[fx.Node] = ()) -> list[DepthDecision]:
+    """Key each step's start chain just before the wait of the first step whose reach covers it; one two or more
+    steps ahead of that, just after the first of ``scatters`` (reduce-scatter starts, graph order) between that
+    wait and the previous step's wait, if there is one (``issue_order="reduce_scatter_first"``)."""
     reach, records = _all_gather_reach(plan, steps, cap)
     issuer = 0
     for j, step in enumerate(steps):
@@ -173,6 +203,15 @@ def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | Non
                 continue
         else:
             anchor = min((w for c in steps[issuer].collectives for w in c.waits), key=index.__getitem__)
+            if j > issuer + 1 and scatters:
+                previous = min((w for c in steps[j - 1].collectives for w in c.waits), key=index.__getitem__)
+                later = [s for s in scatters if index[anchor] < index[s] < index[previous]]
+                if later:  # after that reduce-scatter on the stream, and still a bucket ahead of its own wait
+                    for c in step.collectives:
+                        for node in _exclusive_ancestors(c.start, index):
+                            keys[node] = (index[later[0]], 0, 1 + j, index[node])
+                        deps.setdefault(c.start, []).append(later[0])
+                    continue
         for c in step.collectives:
             for node in _exclusive_ancestors(c.start, index):
                 keys[node] = (index[anchor], -1, j, index[node])
@@ -181,9 +220,38 @@ def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | Non
     return list(records)
 
 
-def _place_reduce_scatters(plan: ResolvedPlan, steps: Sequence[Step], index: dict[fx.Node, int],
-                           keys: dict[fx.Node, Key], deps: dict[fx.Node, list[fx.Node]]) -> list[DepthDecision]:
-    """Key each step's wait chain just after the start of the step ``d`` later (sooner if a consumer needs it)."""
+def _chained_starts(merged: Sequence[MergedCollective], index: dict[fx.Node, int]) -> set[fx.Node]:
+    """Starts of merged backward collectives that read another merged collective's result (the second half of an
+    HSDP chain: the reduce-scatter after an all-reduce, or the all-reduce after a reduce-scatter)."""
+    waits = {w: m for m in merged if m.direction == "backward" for w in m.waits}
+    chained: set[fx.Node] = set()
+    for m in merged:
+        if m.direction != "backward" or m.kind == "all_gather":
+            continue
+        for node in _exclusive_ancestors(m.start, index):
+            for inp in node.all_input_nodes:
+                found = _first_wait_above(inp, waits)
+                if found is not None and found is not m:
+                    chained.add(m.start)
+    return chained
+
+
+def _first_wait_above(node: fx.Node, waits: dict[fx.Node, MergedCollective]) -> MergedCollective | None:
+    """The merged collective whose wait ``node`` is, or is read from through single-input ops (split, views)."""
+    for _ in range(8):
+        if node in waits:
+            return waits[node]
+        if node.op != "call_function" or len(node.all_input_nodes) != 1:
+            return None
+        node = node.all_input_nodes[0]
+    return None
+
+
+def _place_delayed(plan: ResolvedPlan, steps: Sequence[Step], index: dict[fx.Node, int], keys: dict[fx.Node, Key],
+                   deps: dict[fx.Node, list[fx.Node]], chained: set[fx.Node]) -> list[DepthDecision]:
+    """Key each step's wait chain just after the start of the step ``d`` later (sooner if a consumer needs it);
+    reduce-scatters with ``reduce_scatter_delay``, HSDP all-reduces with ``all_reduce_delay``. A chained start
+    that reads the result is not a consumer that needs it early: it is issued right after, wherever that is."""
     records: list[DepthDecision] = []
     last = len(steps) - 1
 
@@ -195,7 +263,8 @@ def _place_reduce_scatters(plan: ResolvedPlan, steps: Sequence[Step], index: dic
         target = min(i + requested, last)
         chains = [_exclusive_descendants(c.waits, index) for c in step.collectives]
         members = {n for chain in chains for n in chain}
-        outside = [index[u] for n in members for u in n.users if u.op != "output" and u not in members]
+        outside = [index[u] for n in members for u in n.users
+                   if u.op != "output" and u not in members and u not in chained]
         reason = "end of graph" if i + requested > last else None
         while target > i and outside and index[issue_point(steps[target])] > min(outside):
             target -= 1
@@ -210,22 +279,27 @@ def _place_reduce_scatters(plan: ResolvedPlan, steps: Sequence[Step], index: dic
         if target != i:
             for c in step.collectives:
                 deps.setdefault(c.waits[0], []).append(anchor)
-        records.append(_decision(plan.buckets[step.bucket].name, "backward", "reduce_scatter", i, requested,
+        records.append(_decision(plan.buckets[step.bucket].name, "backward", step.kind, i, requested,
                                   target - i, 0, reason))
     return records
 
 
-def _reorder(graph: fx.Graph, keys: dict[fx.Node, Key]) -> None:
-    """Emit nodes by smallest key among those whose inputs are placed (stable, deterministic topo sort)."""
+def _reorder(graph: fx.Graph, keys: dict[fx.Node, Key], deps: dict[fx.Node, list[fx.Node]]) -> None:
+    """Emit nodes by smallest key among those whose inputs and ``deps`` (must-run-after) are placed: a stable,
+    deterministic topological sort in which every placement decision also holds as an edge."""
     nodes = list(graph.nodes)
-    pending = {n: len(n.all_input_nodes) for n in nodes}
+    pending = {n: len(n.all_input_nodes) + len(set(deps.get(n, ()))) for n in nodes}
+    after: dict[fx.Node, list[fx.Node]] = {}
+    for node, befores in deps.items():
+        for before in set(befores):
+            after.setdefault(before, []).append(node)
     heap = [(keys[n], n.name, n) for n in nodes if pending[n] == 0]
     heapq.heapify(heap)
     order: list[fx.Node] = []
     while heap:
         _, _, node = heapq.heappop(heap)
         order.append(node)
-        for user in node.users:
+        for user in (*node.users, *after.get(node, ())):
             pending[user] -= 1
             if pending[user] == 0:
                 heapq.heappush(heap, (keys[user], user.name, user))

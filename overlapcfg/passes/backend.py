@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
@@ -37,6 +38,7 @@ from overlapcfg.graph.attribution import (
     stack_module_fqn,
     with_parents,
 )
+from overlapcfg.graph.collectives import mark_saved_parameter_views, saved_parameter_views
 
 __all__ = ["CapturedStep", "GraphBackend", "GraphCompiler", "GraphName", "GraphPass", "boxed_eager",
            "module_tree"]
@@ -92,6 +94,7 @@ class GraphBackend:
     param_inputs: tuple[str | None, ...] = ()
     module_fqns: tuple[str, ...] = ()
     """What the last compiled region's plan patterns are matched against."""
+    _saved_views: dict[str, object] = field(default_factory=dict)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
         self.param_inputs = dynamo_parameter_inputs(gm)
@@ -120,6 +123,12 @@ class GraphBackend:
     def _graph_compiler(self, name: GraphName, graph_pass: GraphPass | None,
                         compiler: GraphCompiler) -> GraphCompiler:
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
+            # A backward that re-gathers forward-saved views of parameters (FSDP + TP with reshard-after-forward)
+            # needs the forward to know they are parameters: aot gives the saved placeholders no descriptor.
+            if name == "forward":
+                self._saved_views = saved_parameter_views(gm)
+            else:
+                mark_saved_parameter_views(gm, self._saved_views)
             self.collectives[name] = annotate_owners(gm, name, self.param_inputs)
             if graph_pass is not None:
                 gm = graph_pass(gm)
@@ -150,6 +159,12 @@ class CapturedStep:
 
     def graph(self, name: GraphName) -> fx.GraphModule:
         return self.forward if name == "forward" else self.backward
+
+    def process_groups(self) -> AbstractContextManager[object]:
+        """A context in which the process groups the graphs name exist (merging resolves groups by name): a fake
+        default group of the traced size and rank. A step traced on a device mesh rebuilds its sub-groups too
+        (``overlapcfg.demo.tracing.TracedStep``)."""
+        return compat.fake_process_group(self.world_size, self.rank)
 
     def collectives_in(self, graph: GraphName, kind: str | None = None) -> tuple[CollectiveOwner, ...]:
         return tuple(c for c in self.collectives if c.graph == graph and (kind is None or c.kind == kind))

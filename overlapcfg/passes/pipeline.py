@@ -30,7 +30,13 @@ from overlapcfg.config import OverlapConfig
 from overlapcfg.config.plan import Bucket
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
-from overlapcfg.graph.collectives import Collective, Direction, find_collectives
+from overlapcfg.graph.collectives import (
+    Collective,
+    Direction,
+    find_collectives,
+    is_parameter_placeholder,
+    placeholder_sources,
+)
 from overlapcfg.graph.merge import MergedCollective, attribute
 from overlapcfg.graph.meta import META_KEY
 from overlapcfg.graph.record import (
@@ -41,6 +47,7 @@ from overlapcfg.graph.record import (
     PassRecord,
     Uncovered,
     count_collectives,
+    group_traffic,
 )
 from overlapcfg.graph.verify import summarize, verify
 from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
@@ -126,7 +133,7 @@ def apply(
     collectives = find_collectives(gm.graph, fn, direction=forced)
     fsdp = [c for c in collectives if c.fsdp]
     strategy = get_strategy(cfg.strategy)
-    notes = _ignored_settings(cfg, strategy, config_root)
+    notes = (*_ignored_settings(cfg, strategy, config_root), *_saved_tensor_gathers(collectives))
     if not fsdp:
         _no_fsdp_collectives(gm, cfg, collectives)
         _record(gm, cfg, graph_kind, ResolvedPlan(()), collectives, collectives, (), (), (), started,
@@ -172,11 +179,45 @@ def apply(
         raise
     gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced)
+    notes = (*notes, *result.notes, *_unbucketed_all_reduces(cfg, covered, result.merged))
     record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
-                     started, (*notes, *result.notes), strategy_uses_plan=strategy.uses_plan)
+                     started, notes, strategy_uses_plan=strategy.uses_plan)
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm
+
+
+def _saved_tensor_gathers(collectives: Sequence[Collective]) -> tuple[str, ...]:
+    """All-gathers of backward inputs that are saved forward tensors with no descriptor: with FSDP + TP and
+    reshard-after-forward they are parameter re-gathers of forward-saved shard views, but a backward graph alone
+    cannot tell them from gathers of saved activations. Left alone, said loudly, with what resolves it."""
+    found = [c.start.name for c in collectives if c.kind == "all_gather" and c.role == "other"
+             and (sources := placeholder_sources(c.start))
+             and all(s.meta.get("desc") is None and not is_parameter_placeholder(s) for s in sources)]
+    if not found:
+        return ()
+    shown = ", ".join(found[:4]) + (f" ... ({len(found)} in all)" if len(found) > 4 else "")
+    message = (f"overlapcfg: {len(found)} all-gathers read saved forward tensors directly ({shown}) and are left "
+               "alone: they may be parameter re-gathers of forward-saved shard views (FSDP + TP with "
+               "reshard-after-forward), which this graph alone cannot tell from saved activations; "
+               "overlapcfg.backend sees the forward graph and buckets them")
+    _warn_once(message)
+    return (message,)
+
+
+def _unbucketed_all_reduces(cfg: OverlapConfig, covered: Sequence[tuple[int, Collective]],
+                            merged: Sequence[object]) -> tuple[str, ...]:
+    """A strategy that buckets HSDP all-reduces emits merged all-reduces; one that does not (upstream's) leaves
+    one per parameter on the replicate group's links: say so, loudly, rather than report a bucketed step."""
+    ars = [c for _, c in covered if c.role == "hsdp_all_reduce"]
+    if not ars or any(getattr(m, "kind", None) == "all_reduce" for m in merged):
+        return ()
+    groups = ", ".join(sorted({repr(c.group) for c in ars}))
+    message = (f"overlapcfg[{cfg.strategy}]: {len(ars)} HSDP gradient all-reduces (group {groups}) left unbucketed "
+               "and unscheduled: this strategy does not handle them (upstream manual_overlap_bucketing skips "
+               "all-reduces); strategy 'manual' buckets them per bucket with all_reduce_delay")
+    _warn_once(message)
+    return (message,)
 
 
 def _no_fsdp_collectives(gm: fx.GraphModule, cfg: OverlapConfig, collectives: Sequence[Collective]) -> None:
@@ -277,6 +318,7 @@ def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: Resol
         after=count_collectives(after),
         uncovered=tuple(Uncovered(graph=name, node=c.start.name, owner=c.module_fqn) for c in uncovered),
         non_fsdp=tuple(c.start.name for c in before if not c.fsdp),
+        groups=group_traffic(before, after),
         seconds=time.perf_counter() - started,
         notes=notes,
     )

@@ -130,14 +130,21 @@ def collective_bytes(node: fx.Node, as_dtype: torch.dtype | None = None) -> int:
     return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
 
 
-def collective_seconds(kind: str, nbytes: int, hw: HardwareProfile, world_size: int) -> float:
-    """Ring alpha-beta model over ``world_size`` ranks of the full-size ``nbytes``.
+def collective_seconds(kind: str, nbytes: int, hw: HardwareProfile, world_size: int, *,
+                       inter_node: bool | None = None) -> float:
+    """Ring alpha-beta model over ``world_size`` ranks (the group's) of the full-size ``nbytes``.
 
     all-gather / reduce-scatter: ``(p-1)/p * bytes / bw + (p-1) * latency``; all-reduce (reduce-scatter then
-    all-gather) twice that. ``bw`` is per direction, intra-node while ``p <= gpus_per_node``.
+    all-gather) twice that. ``bw`` is per direction: ``inter_node`` says whether the ring crosses nodes (an HSDP
+    replicate group of 8 ranks strided over 8 nodes does; a shard group of the same size inside one node does
+    not); None decides by size alone (intra-node while ``p <= gpus_per_node``).
     """
     p = world_size
     if p <= 1 or nbytes <= 0:
         return 0.0
-    one = (p - 1) / p * nbytes / hw.link_bandwidth(p) + (p - 1) * hw.latency
+    if inter_node is None:
+        bw = hw.link_bandwidth(p)
+    else:
+        bw = (hw.inter_node_bandwidth if inter_node else hw.intra_node_bandwidth) * hw.comm_efficiency
+    one = (p - 1) / p * nbytes / bw + (p - 1) * hw.latency
     return 2 * one if kind in ("all_reduce", "other") else one

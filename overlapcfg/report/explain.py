@@ -45,7 +45,7 @@ _LAYER = re.compile(r"^(.*?)(\d+)(?:\.|$)")
 def apply_step(step: CapturedStep, cfg: OverlapConfig) -> dict[str, fx.GraphModule]:
     """The transformed copies of ``step``'s forward and backward graphs (``step`` is untouched)."""
     out: dict[str, fx.GraphModule] = {}
-    with compat.fake_process_group(step.world_size, step.rank):
+    with step.process_groups():  # a mesh step's sub-groups too: merging resolves groups by name
         for name in GRAPHS:
             out[name] = apply(copy.deepcopy(step.graph(name)), cfg, module_fqn_fn=step.module_fqn_fn(name),
                               module_fqns=step.module_fqns, graph_kind=name)
@@ -188,10 +188,18 @@ def _warnings(buckets: Sequence[BucketRecord], records: Mapping[str, PassRecord]
     return out
 
 
+def _roles(rec: PassRecord) -> tuple[tuple[str, int], ...]:
+    counts: dict[str, int] = {}
+    for g in rec.groups:
+        counts[g.role] = counts.get(g.role, 0) + g.before
+    return tuple(sorted(counts.items()))
+
+
 def _graph_report(name: str, gm: fx.GraphModule, rec: PassRecord, labels: Mapping[str, str]) -> GraphReport:
     return GraphReport(
         name=name, strategy=rec.strategy, nodes=len(gm.graph.nodes), collectives_before=rec.before.total_fsdp,
         collectives_after=rec.after.total_fsdp, non_fsdp=rec.non_fsdp,
+        roles=_roles(rec), groups=rec.groups,
         uncovered=tuple(u.model_copy(update={"graph": name}) for u in rec.uncovered),
         order=compact_order(gm, labels), pass_seconds=rec.seconds, notes=rec.notes,
     )

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-__all__ = ["KIND_LABELS", "fmt_bytes", "fmt_count", "fmt_seconds"]
+__all__ = ["KIND_LABELS", "LEGEND", "ROLE_LABELS", "SHOWN_ORDER", "fmt_bytes", "fmt_count", "fmt_order", "fmt_seconds"]
 
 KIND_LABELS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A", "wait": "W"}
 """Short names of collective kinds (and of a wait) in compact orders, tables and timeline labels."""
+ROLE_LABELS = {
+    "fsdp_all_gather": "FSDP parameter all-gather (bucketed)",
+    "fsdp_reduce_scatter": "FSDP gradient reduce-scatter (bucketed)",
+    "hsdp_all_reduce": "HSDP gradient all-reduce (bucketed)",
+    "other": "other: TP / EP / user (left alone)",
+}
+"""How the report names each ``overlapcfg.graph.collectives.CollectiveRole``."""
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -31,3 +38,22 @@ def fmt_count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
 
 
+
+
+LEGEND = (
+    "legend: AG all-gather · RS reduce-scatter · AR all-reduce · fw / bw: forward / backward graph",
+    "  9→1: nine collectives merged into one · d2: depth 2 (an all-gather issued 2 buckets ahead; a",
+    "  reduce-scatter or all-reduce waited 2 buckets later) · d2→1: asked for 2, placed at 1 (see why)",
+    "  order: AG[b] / RS[b] issued for bucket b · W[b] its wait · C×8 eight compute kernels in a row",
+)
+"""The abbreviations of every report, printed under it (README "Reading a report" says the same at length)."""
+SHOWN_ORDER = (40, 12)
+"""Order-line items shown before and after the elided middle of a long order (``report.json`` has all of it)."""
+
+
+def fmt_order(order: str, head: int = SHOWN_ORDER[0], tail: int = SHOWN_ORDER[1]) -> str:
+    """A compact order line, its middle elided past ``head + tail`` items (``report.json`` keeps it whole)."""
+    items = order.split()
+    if len(items) <= head + tail:
+        return order
+    return " ".join([*items[:head], f"… ({len(items) - head - tail} more, all in report.json) …", *items[-tail:]])

@@ -14,11 +14,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 from torch import fx
 
-from overlapcfg.graph.record import BucketRecord, Uncovered
+from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
 
 __all__ = ["SCHEMA", "Event", "GraphReport", "Report", "Simulation", "StreamTime"]
 
-SCHEMA = "overlapcfg.report/2"
+SCHEMA = "overlapcfg.report/3"
 """Bumped on any change to the fields (added, renamed, removed, or changed in meaning): reports are validated
 strictly (``extra="forbid"``), so a reader accepts exactly the version it was written for."""
 
@@ -38,6 +38,11 @@ class GraphReport(_Data):
     collectives_after: int
     non_fsdp: tuple[str, ...]
     """Collectives that are not FSDP's, left alone (node names)."""
+    roles: tuple[tuple[str, int], ...] = ()
+    """Collectives before the pass per role (``fsdp_all_gather``, ``fsdp_reduce_scatter``, ``hsdp_all_reduce``,
+    ``other``)."""
+    groups: tuple[GroupTraffic, ...] = ()
+    """Per process group and role: collectives before and after, bytes moved."""
     uncovered: tuple[Uncovered, ...]
     order: str
     """Collective/compute order, compact: ``AG[layers.0] W[tok_embeddings] C×12 ...``."""
@@ -82,7 +87,8 @@ class Simulation(_Data):
     overlap_ratio: float | None
     """Share of communication hidden behind compute; None without communication."""
     lower_bound_seconds: float
-    """max(compute, busiest comm stream): no schedule can beat it."""
+    """max(compute + collectives no schedule can hide (tensor-parallel activations), busiest comm stream): no
+    bucketing or reordering of data-parallel collectives can beat it."""
     peak_inflight_bytes: int
     """Peak unsharded bytes of all-gathers issued but not yet waited."""
     peak_unsharded_param_bytes: int

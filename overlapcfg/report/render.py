@@ -4,84 +4,84 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from overlapcfg.report.labels import KIND_LABELS, fmt_bytes, fmt_count, fmt_seconds
+from overlapcfg.report.bucket_table import bucket_table
+from overlapcfg.report.labels import LEGEND, ROLE_LABELS, fmt_bytes, fmt_order, fmt_seconds
 
 if TYPE_CHECKING:
     from overlapcfg.report.compare import Comparison
     from overlapcfg.report.model import Report, Simulation
 
-__all__ = ["comparison_table", "report_table"]
+__all__ = ["comparison_table", "groups_table", "report_table"]
 
-_DIR = {"forward": "fw", "backward": "bw"}
+SHOWN_UNCOVERED = 5
+"""Uncovered collectives the graphs table names before it counts the rest (``report.json`` holds them all)."""
 
 
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
 
 
-def _depths(report_bucket: object) -> str:
-    b = report_bucket
-    parts = []
-    for label, field, direction, kind in (("fw", "forward_prefetch", "forward", "all_gather"),
-                                          ("bw", "backward_prefetch", "backward", "all_gather"),
-                                          ("rs", "reduce_scatter_delay", "backward", "reduce_scatter")):
-        requested = getattr(b, field)
-        eff = [d.effective for d in b.decisions if (d.direction, d.kind) == (direction, kind)]
-        shown = str(requested) if not eff or eff == [requested] else f"{requested}→{eff[0]}"
-        parts.append(f"{label} {shown}")
-    return " ".join(parts)
+def _change(before: float, after: float) -> str:
+    return "" if not before else f" ({100 * (after - before) / before:+.0f}%)"
 
 
-def _simulation(sim: Simulation) -> Table:
-    table = Table(title=f"Prediction: {sim.hardware}, world size {sim.world_size}", show_header=False)
+def _simulation(sim: Simulation, baseline: Simulation | None = None) -> Table:
+    """The prediction; with ``baseline`` (the untransformed step), a "before" column and the change of each time."""
+    table = Table(title=f"Prediction: {sim.hardware}, world size {sim.world_size}", show_header=baseline is not None)
     table.add_column("metric", style="bold")
-    table.add_column("value", justify="right")
-    for label, value in (
-        ("step time", fmt_seconds(sim.step_seconds)),
-        ("lower bound max(compute, comm)", fmt_seconds(sim.lower_bound_seconds)),
-        ("compute", fmt_seconds(sim.compute_seconds)),
-        ("communication", fmt_seconds(sim.comm_seconds)),
-        ("exposed communication", fmt_seconds(sim.exposed_comm_seconds)),
-        ("overlap", _pct(sim.overlap_ratio)),
-        ("peak all-gathers in flight", fmt_bytes(sim.peak_inflight_bytes)),
-        ("peak unsharded parameters", fmt_bytes(sim.peak_unsharded_param_bytes)),
-        ("peak activations (graph-allocated)", fmt_bytes(sim.peak_activation_bytes)),
-    ):
-        table.add_row(label, value)
+    if baseline is not None:
+        table.add_column("before (no pass)", justify="right")
+    table.add_column("after" if baseline is not None else "value", justify="right")
+    rows = (
+        ("step time", lambda s: s.step_seconds, fmt_seconds),
+        ("lower bound max(compute, comm)", lambda s: s.lower_bound_seconds, fmt_seconds),
+        ("compute", lambda s: s.compute_seconds, fmt_seconds),
+        ("communication", lambda s: s.comm_seconds, fmt_seconds),
+        ("exposed communication", lambda s: s.exposed_comm_seconds, fmt_seconds),
+        ("overlap", lambda s: s.overlap_ratio, _pct),
+        ("peak all-gathers in flight", lambda s: s.peak_inflight_bytes, fmt_bytes),
+        ("peak unsharded parameters", lambda s: s.peak_unsharded_param_bytes, fmt_bytes),
+        ("peak activations (graph-allocated)", lambda s: s.peak_activation_bytes, fmt_bytes),
+    )
+    for label, value, fmt in rows:
+        if baseline is None:
+            table.add_row(label, fmt(value(sim)))
+            continue
+        after = fmt(value(sim))
+        if fmt is fmt_seconds:
+            after += _change(value(baseline), value(sim))
+        table.add_row(label, fmt(value(baseline)), after)
     return table
 
 
-def report_table(report: Report) -> Group:
-    buckets = Table(title=f"overlapcfg: strategy {report.strategy}"
-                          + (f", plan {report.plan_name}" if report.plan_name else ""))
-    for col, kw in (("bucket", {"style": "bold"}), ("entry", {}), ("modules", {}), ("params", {"justify": "right"}),
-                    ("elements", {"justify": "right"}), ("unsharded", {"justify": "right"}),
-                    ("sharded", {"justify": "right"}), ("collectives before → after", {}), ("depths", {}),
-                    ("why", {"style": "yellow"})):
-        buckets.add_column(col, **kw)
-    for b in report.buckets:
-        colls = ", ".join(f"{_DIR[c.direction]} {KIND_LABELS.get(c.kind, c.kind)} {c.before}→{c.after}"
-                          for c in b.collectives) or "none"
-        modules = ", ".join(b.modules) if len(b.modules) <= 3 else f"{b.modules[0]} … ({len(b.modules)})"
-        reasons = "; ".join(dict.fromkeys(d.reason for d in b.decisions if d.reason and d.reason != "end of graph"))
-        buckets.add_row(escape(b.name), escape(f"[{b.entry_index}] {b.entry_text}"), escape(modules),
-                        str(b.param_count), fmt_count(b.numel), fmt_bytes(b.unsharded_bytes),
-                        fmt_bytes(b.sharded_bytes), colls, _depths(b), escape(reasons))
+def report_table(report: Report, *, baseline: Simulation | None = None) -> Group:
+    """The whole report: buckets, graphs, order lines, notes, warnings, a legend, the prediction.
+
+    ``baseline``: the prediction for the untransformed step, shown as a "before" column next to the report's.
+    """
+    title = f"overlapcfg: strategy {report.strategy}" + (f", plan {report.plan_name}" if report.plan_name else "")
+    buckets = bucket_table(title, report.buckets, world_size=report.world_size)
     graphs = Table(title="graphs")
     for col in ("graph", "nodes", "FSDP collectives", "non-FSDP left alone", "uncovered", "pass time"):
         graphs.add_column(col)
     for g in report.graphs:
-        uncovered = ", ".join(f"{u.node} ({u.owner})" for u in g.uncovered) or "—"
+        uncovered = ", ".join(f"{u.node} ({u.owner})" for u in g.uncovered[:SHOWN_UNCOVERED]) or "—"
+        if len(g.uncovered) > SHOWN_UNCOVERED:
+            uncovered = f"{len(g.uncovered)}: {uncovered}, … (all in report.json)"
         graphs.add_row(g.name, str(g.nodes), f"{g.collectives_before} → {g.collectives_after}",
                        escape(", ".join(g.non_fsdp) or "—"), escape(uncovered), fmt_seconds(g.pass_seconds))
     parts: list[object] = [buckets, graphs]
+    groups = groups_table(report)
+    if groups is not None:
+        parts.append(groups)
     for g in report.graphs:
-        parts.append(Text.assemble((f"{g.name} order: ", "bold"), g.order))
+        parts.append(Text.assemble((f"{g.name} order: ", "bold"), fmt_order(g.order)))
     notes = list(dict.fromkeys(f"{g.name}: {n}" for g in report.graphs for n in g.notes))
     if notes:
         parts.append(Text("notes:", style="bold"))
@@ -89,18 +89,38 @@ def report_table(report: Report) -> Group:
     if report.warnings:
         parts.append(Text("warnings:", style="bold yellow"))
         parts.extend(Text(f"  • {w}", style="yellow") for w in report.warnings)
+    parts.append(Text("\n".join(LEGEND), style="dim"))
     if report.simulation is not None:
-        parts.append(_simulation(report.simulation))
+        parts.append(_simulation(report.simulation, baseline))
     return Group(*parts)
+
+
+def groups_table(report: Report) -> Table | None:
+    """Collectives per process group and role, before → after, with the bytes each group moves per step; shown
+    when there is more than one group or anything but FSDP traffic (HSDP, tensor parallel), so a 1-D FSDP
+    report stays as it was."""
+    rows = [(g.name, t) for g in report.graphs for t in g.groups]
+    if len({t.group for _, t in rows}) < 2 and all(t.role.startswith("fsdp_") for _, t in rows):
+        return None
+    table = Table(title="process groups (role: what the pass may do with it)")
+    for col, kw in (("graph", {}), ("group", {}), ("ranks", {"justify": "right"}), ("role", {}),
+                    ("collectives before → after", {}), ("bytes per step", {"justify": "right"})):
+        table.add_column(col, **kw)
+    for name, t in rows:
+        table.add_row(name, escape(t.group), "?" if t.size is None else str(t.size), ROLE_LABELS.get(t.role, t.role),
+                      f"{t.before} → {t.after}", fmt_bytes(t.unsharded_bytes))
+    return table
 
 
 def comparison_table(comparison: Comparison) -> Table:
     first = comparison.rows[0].simulation if comparison.rows else None
     title = "compare" + (f": {first.hardware}, world size {first.world_size}" if first else "")
-    table = Table(title=title)
+    # Light rules and no wrapping of names or values (a cut name is unreadable); only the headers wrap.
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     for col in ("config", "strategy", "step time", "lower bound", "exposed comm", "overlap", "peak in flight",
                 "peak unsharded", "collectives", "pass time"):
-        table.add_column(col, justify="left" if col in ("config", "strategy") else "right")
+        table.add_column(col, justify="left" if col in ("config", "strategy") else "right", no_wrap=True,
+                         min_width=min(len(col), 9))
     best = min((r.simulation.step_seconds for r in comparison.rows), default=None)
     for r in comparison.rows:
         s = r.simulation

@@ -16,14 +16,15 @@ contention), NCCL's channel tuning. Calibrate ``HardwareProfile.compute_efficien
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
-from overlapcfg.graph.collectives import group_name
+from overlapcfg.graph.collectives import find_collectives, group_name
 from overlapcfg.report.cost import (
     collective_bytes,
     collective_kind,
@@ -35,9 +36,39 @@ from overlapcfg.report.cost import (
 )
 from overlapcfg.report.model import Event, Simulation, StreamTime
 
-__all__ = ["COMPUTE_STREAM", "Event", "Simulation", "simulate"]
+__all__ = ["COMPUTE_STREAM", "Event", "GroupPlacement", "Simulation", "simulate"]
 
 COMPUTE_STREAM = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlacement:
+    """How one process group of the graph is laid out at the predicted scale: its ranks and whether its ring
+    crosses nodes. HSDP at 8 nodes x 8 GPUs: the shard group is ``GroupPlacement(8, inter_node=False)``, the
+    replicate group ``GroupPlacement(8, inter_node=True)`` (same size, very different links)."""
+
+    size: int
+    inter_node: bool | None = None
+    """None: decided by size (``size > gpus_per_node``)."""
+
+
+def _placements(g: fx.GraphModule, world_size: int, traced_world_size: int | None,
+                groups: Mapping[str, GroupPlacement] | None) -> tuple[dict[str, GroupPlacement], set[fx.Node]]:
+    """Each collective group's placement, and the collectives no schedule can hide (role ``other``: tensor and
+    sequence parallel activations sit between the compute that makes and the compute that reads them).
+
+    A group the caller does not place: the whole traced world scales to ``world_size``; a sub-group (HSDP, TP)
+    keeps its traced size, since nothing says how it would grow."""
+    out: dict[str, GroupPlacement] = dict(groups or {})
+    blocking: set[fx.Node] = set()
+    for c in find_collectives(g.graph, lambda _node: None):
+        if c.role == "other":
+            blocking.add(c.start)
+        if c.group in out:
+            continue
+        whole = c.group_size is None or traced_world_size is None or c.group_size == traced_world_size
+        out[c.group] = GroupPlacement(world_size if whole else int(c.group_size or world_size))
+    return out, blocking
 
 
 def _label(node: fx.Node, labels: dict[str, str] | None) -> str:
@@ -107,12 +138,14 @@ def _storage_plan(graph: fx.Graph) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node
 
 def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwareProfile | str, *, world_size: int,
              names: Sequence[str] | None = None, labels: dict[str, dict[str, str]] | None = None,
-             traced_world_size: int | None = None, as_dtype: torch.dtype | None = None) -> Simulation:
+             traced_world_size: int | None = None, as_dtype: torch.dtype | None = None,
+             groups: Mapping[str, GroupPlacement] | None = None) -> Simulation:
     """Predict one step of ``gm`` (or of several graphs run back to back: forward then backward) at ``world_size``.
 
     ``labels[graph][node]`` names events in the timeline (bucket names); ``traced_world_size`` lets the copy-in of
     merged buckets be costed at ``world_size`` (read from the graph's collectives when omitted). ``as_dtype``
     costs every floating tensor as that dtype (``torch.bfloat16``: mixed-precision training from an fp32 trace).
+    ``groups`` places process groups by name (``GroupPlacement``); each group has its own stream.
     """
     hw = load_hardware(hardware)
     graphs = [gm] if isinstance(gm, fx.GraphModule) else list(gm)
@@ -125,20 +158,26 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     exposed = compute = comm = 0.0
     inflight = peak_inflight = 0
     peak_param = peak_act = 0
+    blocking_comm = 0.0
     for graph_name, g in zip(names, graphs, strict=True):
         graph_labels = (labels or {}).get(graph_name, {})
         done: dict[fx.Node, tuple[float, int, bool]] = {}
         root, is_param, last = _storage_plan(g.graph)
         mem = _Memory()
         traced = traced_world_size or traced_group_size(g)
+        placement, blocking = _placements(g, world_size, traced_world_size, groups)
         for node in g.graph.nodes:
             kind = node_kind(node)
             if kind == "collective":
                 ckind = collective_kind(node)
                 nbytes = collective_bytes(node, as_dtype)
-                stream = f"comm:{group_name(node)}"
+                group = group_name(node)
+                stream = f"comm:{group}"
                 start = max(t, stream_end.get(stream, 0.0))
-                dur = collective_seconds(ckind, nbytes, hw, world_size)
+                place = placement.get(group, GroupPlacement(world_size))
+                dur = collective_seconds(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
+                if node in blocking:
+                    blocking_comm += dur
                 stream_end[stream] = start + dur
                 busy[stream] = busy.get(stream, 0.0) + dur
                 comm += dur
@@ -182,7 +221,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     return Simulation(
         hardware=hw.name, world_size=world_size, step_seconds=t, compute_seconds=compute, comm_seconds=comm,
         exposed_comm_seconds=exposed, overlap_ratio=max(0.0, 1.0 - exposed / comm) if comm > 0 else None,
-        lower_bound_seconds=max(compute, comm_bound), peak_inflight_bytes=peak_inflight,
+        lower_bound_seconds=max(compute + blocking_comm, comm_bound), peak_inflight_bytes=peak_inflight,
         peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,
         streams=tuple(StreamTime(stream=s, busy_seconds=b) for s, b in busy.items()),
     ).with_events(tuple(events))

@@ -8,6 +8,7 @@ their own on the compute stream: they are what a schedule should remove.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import Event, Simulation
 from overlapcfg.report.simulate import COMPUTE_STREAM
 
-__all__ = ["COLORS", "chrome_trace", "write_chrome_trace", "write_gantt_png", "write_timeline"]
+__all__ = ["COLORS", "backward_start", "chrome_trace", "write_chrome_trace", "write_gantt_png", "write_timeline"]
 
 COLORS = {
     "compute": "#4C72B0",
@@ -37,6 +38,10 @@ _LEGEND = {
     "other": "other collective",
 }
 Run = tuple[str, Simulation]
+_DPI = 110
+_CHAR_PX = 6.4
+"""Width of one character of a 7 pt bar label at ``_DPI`` (about 0.6 em), to judge whether a label fits."""
+_LAYER_INDEX = re.compile(r"\d+(?:-\d+)?")
 
 
 def _streams(sim: Simulation) -> list[str]:
@@ -60,6 +65,9 @@ def chrome_trace(runs: Sequence[Run]) -> dict[str, object]:
         tids = {s: i for i, s in enumerate(_streams(sim))}
         for stream, tid in tids.items():
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": stream}})
+        start = backward_start(sim)
+        if start is not None:  # a marker across the run's tracks where the backward graph begins
+            events.append({"ph": "i", "s": "p", "name": "backward starts", "pid": pid, "tid": 0, "ts": start * 1e6})
         for e in sim.events:
             args: dict[str, object] = {"graph": e.graph, "node": e.node}
             if e.label:
@@ -80,8 +88,20 @@ def write_chrome_trace(runs: Sequence[Run], path: str | Path) -> Path:
     return path
 
 
+def _short(label: str) -> str:
+    """A bucket label for a narrow bar: its layer index or range (``layers.12`` -> ``12``), else 3 letters."""
+    found = _LAYER_INDEX.findall(label)
+    return found[-1] if found else label[:3]
+
+
+def backward_start(sim: Simulation) -> float | None:
+    """When the step's backward graph starts (its first event), or None for a single graph."""
+    return min((e.start for e in sim.events if e.graph == "backward"), default=None)
+
+
 def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "") -> Path:
-    """One lane per (strategy, stream); collectives labelled with their bucket where the bar is wide enough."""
+    """One lane per (strategy, stream); collectives and stalls labelled with their bucket (in full where the bar
+    is wide enough, else its layer index), and a dashed line where the backward graph starts."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -92,15 +112,19 @@ def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "") -
     horizon = max((sim.step_seconds for _, sim in runs), default=0.0) or 1.0
     scale, unit = (1e3, "ms") if horizon >= 1e-3 else (1e6, "µs")
     fig_h = 1.2 + 0.42 * len(lanes) + 0.25 * len(runs)
-    fig, ax = plt.subplots(figsize=(16, max(3.0, fig_h)), dpi=110)
+    fig, ax = plt.subplots(figsize=(16, max(3.0, fig_h)), dpi=_DPI)
+    # Label widths are judged in pixels: the axes span about 85% of the figure over 1.02 x the horizon.
+    px_per_unit = 16 * _DPI * 0.85 / (horizon * scale * 1.02)
     used: dict[str, None] = {}
     yticks, ylabels = [], []
+    spans: dict[str, list[float]] = {}
     y = 0.0
     previous = None
     for name, stream, sim in reversed(lanes):
         if previous is not None and previous != name:
             y += 0.5  # a gap between strategies
         previous = name
+        spans.setdefault(name, []).append(y)
         events = [e for e in sim.events if e.stream == stream]
         by_kind: dict[str, list[tuple[float, float]]] = {}
         for e in events:
@@ -110,18 +134,29 @@ def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "") -
             # White edges keep back-to-back collectives apart; compute kernels are too many and too thin for it.
             edge = {"edgecolor": "white", "linewidth": 0.4} if stream != COMPUTE_STREAM else {"edgecolor": "none"}
             ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=COLORS.get(kind, "#777777"), **edge)
-        if stream != COMPUTE_STREAM:
-            for e in events:
-                width = (e.end - e.start) * scale
-                if width > horizon * scale * 0.035:
-                    ax.text((e.start + e.end) / 2 * scale, y, e.label or e.node, ha="center", va="center",
-                            fontsize=7, clip_on=True)
+        for e in events:
+            if stream == COMPUTE_STREAM and e.kind != "wait":
+                continue  # compute kernels: too many to name; a stall names the bucket it waits for
+            width_px = (e.end - e.start) * scale * px_per_unit
+            label = next((t for t in (e.label or e.node, _short(e.label or e.node))
+                          if len(t) * _CHAR_PX + 4 <= width_px), None)
+            if label is not None:
+                ax.text((e.start + e.end) / 2 * scale, y, label, ha="center", va="center", fontsize=7,
+                        clip_on=True, color="white" if e.kind == "wait" else "black")
         ax.plot([sim.step_seconds * scale] * 2, [y - 0.45, y + 0.45], color="black", linewidth=1.2)
         yticks.append(y)
         ylabels.append(f"{name} · {stream}")
         y += 1.0
+    for name, sim in runs:
+        start = backward_start(sim)
+        if start is None:
+            continue
+        low, high = min(spans[name]) - 0.5, max(spans[name]) + 0.5
+        ax.plot([start * scale] * 2, [low, high], color="black", linestyle="--", linewidth=0.9)
+        ax.text(start * scale, high - 0.08, " backward →", ha="left", va="bottom", fontsize=7)
     ax.set_yticks(yticks, ylabels, fontsize=9)
-    ax.set_xlabel(f"time ({unit}); black tick = predicted step end")
+    ax.set_xlabel(f"time ({unit}); black tick = predicted step end; dashed line = backward starts; "
+                  "bars name their bucket (or its layer index)")
     ax.set_xlim(0, horizon * scale * 1.02)
     ax.set_ylim(-0.7, y - 0.3)
     ax.grid(axis="x", linestyle=":", alpha=0.5)

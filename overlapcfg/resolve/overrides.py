@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from overlapcfg.config.plan import ModuleOverride
 from overlapcfg.errors import Fault
 from overlapcfg.resolve.matcher import Matcher, ancestors, show
-from overlapcfg.resolve.records import DEPTH_FIELDS, ResolvedBucket, ResolvedPlan
+from overlapcfg.resolve.records import DEPTH_FIELDS, FOLLOWS_REDUCE_SCATTER, ResolvedBucket, ResolvedPlan
 
 __all__ = ["apply_overrides"]
 
@@ -45,6 +45,10 @@ def _unreached(plan: ResolvedPlan, override: ModuleOverride, hits: list[str], wh
 
 def _override(bucket: ResolvedBucket, override: ModuleOverride, where: str) -> ResolvedBucket:
     changes = {k: v for k in DEPTH_FIELDS if (v := getattr(override, k)) is not None}
-    origins = tuple((k, where if k in changes else src) for k, src in bucket.origins)
+    if ("reduce_scatter_delay" in changes and "all_reduce_delay" not in changes
+            and bucket.origin("all_reduce_delay") == FOLLOWS_REDUCE_SCATTER):
+        changes["all_reduce_delay"] = changes["reduce_scatter_delay"]  # still following it: the origin stays
+    explicit = {k for k in DEPTH_FIELDS if getattr(override, k) is not None}
+    origins = tuple((k, where if k in explicit else src) for k, src in bucket.origins)
     return bucket.model_copy(update={**changes, "overridden_by": (*bucket.overridden_by, where),
                                      "origins": origins})

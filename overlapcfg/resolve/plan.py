@@ -45,7 +45,7 @@ from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.resolve.matcher import Matcher, ancestors, outermost, show
 from overlapcfg.resolve.names import bucket_name, unique_names
 from overlapcfg.resolve.overrides import apply_overrides
-from overlapcfg.resolve.records import DEPTH_FIELDS, DepthSource, ResolvedBucket, ResolvedPlan
+from overlapcfg.resolve.records import DEPTH_FIELDS, FOLLOWS_REDUCE_SCATTER, DepthSource, ResolvedBucket, ResolvedPlan
 
 __all__ = ["DEPTH_FIELDS", "DepthSource", "ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_plan"]
 
@@ -222,7 +222,12 @@ def _finish(d: _Draft, name: str, text: str, policy: DepthSource, path: str) -> 
     origins: list[tuple[str, str]] = []
     for key in DEPTH_FIELDS:
         own = d.values.get(key)
-        values[key] = own if own is not None else getattr(policy, key)
+        base = getattr(policy, key, None)  # a policy without all-reduces (torch_manual) has no all_reduce_delay
+        if own is None and base is None and key == "all_reduce_delay":
+            values[key] = values["reduce_scatter_delay"]
+            origins.append((key, FOLLOWS_REDUCE_SCATTER))
+            continue
+        values[key] = own if own is not None else base
         origins.append((key, f"{path}.buckets[{d.entry_index}]" if own is not None else "policy"))
     return ResolvedBucket(name=name, modules=d.modules, entry_index=d.entry_index, entry_text=text, **values,
                           origins=tuple(origins))

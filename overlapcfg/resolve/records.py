@@ -15,8 +15,10 @@ from overlapcfg.resolve.matcher import ancestors, show
 
 __all__ = ["DEPTH_FIELDS", "DepthSource", "RecordModel", "ResolvedBucket", "ResolvedPlan"]
 
-DEPTH_FIELDS: tuple[str, ...] = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")
+DEPTH_FIELDS: tuple[str, ...] = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay", "all_reduce_delay")
 """The per-bucket values an entry or an override may set."""
+FOLLOWS_REDUCE_SCATTER = "reduce_scatter_delay"
+"""The origin of an ``all_reduce_delay`` nobody set: it follows the bucket's reduce-scatter delay."""
 
 @runtime_checkable
 class DepthSource(Protocol):
@@ -50,6 +52,8 @@ class ResolvedBucket(RecordModel):
     forward_prefetch: int
     backward_prefetch: int
     reduce_scatter_delay: int
+    all_reduce_delay: int = 1
+    """HSDP all-reduce delay (``OverlapPolicy.all_reduce_delay``); the reduce-scatter delay unless set."""
     overridden_by: tuple[str, ...] = ()
     """Paths of the overrides that set a value here, in the order applied (``overrides[1]``)."""
     origins: tuple[tuple[str, str], ...] = ()

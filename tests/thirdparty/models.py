@@ -16,7 +16,9 @@ Models (each seeded and deterministic; tiny: 2 layers, hidden 64, vocab 128, bat
   parametrization that all-gathers with ``_functional_collectives.all_gather_single``), tied parameters handled.
 - ``torchtitan_llama3(mode)``: torchtitan 0.3.0's own ``Llama3Model`` sharded by torchtitan's own
   ``torchtitan.experiments.graph_trainer.simple_fsdp.data_parallel`` (DTensor parameters). Needs a default process
-  group (use ``fake_process_group``) because its DeviceMesh binds process groups at shard time.
+  group (use ``fake_process_group``) because its DeviceMesh binds process groups at shard time. Modes
+  ``fsdp_tp`` / ``fsdp_tp_no_sp``: FSDP + tensor parallel on a ``("fsdp", "tp")`` 2 x 2 mesh (4 ranks), TP by the
+  model's own ``parallelize`` (sequence parallel on / off), as graph_trainer's ``parallelize_llama`` does.
 - ``capture_graphs(model, inputs, loss_fn)``: ``torch.compile`` with an ``aot_autograd`` backend (min-cut
   partitioner, boxed eager), one forward + backward under a fake process group; returns the graphs.
 
@@ -339,7 +341,7 @@ def _torchtitan_config(vocab: int) -> Any:
 
 
 def torchtitan_llama3(mode: str = "fully_shard", *, seed: int = SEED, annotate: bool = True,
-                      ) -> tuple[nn.Module, Callable[[], Batch]]:
+                      reshard_after_forward: bool = False) -> tuple[nn.Module, Callable[[], Batch]]:
     """torchtitan 0.3.0 ``Llama3Model`` (2 layers, dim 64, 4 heads / 2 KV heads, fused ``wqkv``, vocab 128, SDPA),
     sharded by ``torchtitan.experiments.graph_trainer.simple_fsdp.data_parallel(model, mesh, mode)`` applied once
     to the whole model, as graph_trainer's ``apply_simple_fsdp`` does (fp32, no mixed precision).
@@ -349,9 +351,21 @@ def torchtitan_llama3(mode: str = "fully_shard", *, seed: int = SEED, annotate: 
     ``(2, world_size // 2)`` (world size 4 -> 2 x 2). ``annotate=True`` applies graph_trainer's
     ``annotate_module_fqns`` first (``node.meta["custom"]["module_fqn"]`` on traced nodes), as its
     ``parallelize_llama`` does. The model returns logits (a tensor); ``loss_fn(logits)``.
+
+    ``"fsdp_tp"`` / ``"fsdp_tp_no_sp"``: FSDP + TP on 4 ranks (see ``_torchtitan_llama3_fsdp_tp``).
+
+    ``reshard_after_forward=True``: each parameter's gather (``ReplicateComputation.replicate_compute``) runs under
+    selective activation checkpointing with MUST_RECOMPUTE on the ``_c10d_functional`` all-gather and wait, as
+    SimpleFSDP's ``fsdp_policy`` did before torchtitan moved resharding into graph passes; the backward graph then
+    all-gathers the parameters again (see ``_reshard_after_forward``).
     """
+    if mode in _TP_MODES:
+        model, make_batch = _torchtitan_llama3_fsdp_tp(sequence_parallel=mode == "fsdp_tp", seed=seed,
+                                                       annotate=annotate)
+        return (_reshard_after_forward(model) if reshard_after_forward else model), make_batch
     if mode not in ("fully_shard", "hybrid_shard"):
-        raise ValueError(f"mode must be 'fully_shard' or 'hybrid_shard', got {mode!r}")
+        raise ValueError(f"mode must be one of 'fully_shard', 'hybrid_shard', {', '.join(map(repr, _TP_MODES))}; "
+                         f"got {mode!r}")
     if not dist.is_initialized():
         raise RuntimeError("torchtitan_llama3 needs a default process group: wrap it in fake_process_group(...)")
     from torch.distributed.device_mesh import init_device_mesh
@@ -382,7 +396,132 @@ def torchtitan_llama3(mode: str = "fully_shard", *, seed: int = SEED, annotate: 
     simple_fsdp._wrap_class_cache.clear()
     model = data_parallel(model, mesh, mode)
     model.train()
-    return model, _batch_fn(VOCAB, seed)
+    return (_reshard_after_forward(model) if reshard_after_forward else model), _batch_fn(VOCAB, seed)
+
+
+def _reshard_after_forward(model: nn.Module) -> nn.Module:
+    """Wrap the forward of every SimpleFSDP ``ReplicateComputation`` of ``model`` in selective activation
+    checkpointing that recomputes the functional all-gather and its wait (``_sac_policy``): the forward saves
+    no gathered parameter, the backward gathers again. In torchtitan 0.3.0 the ``ReplicateComputation`` objects
+    live only in the closures of the parameter properties ``data_parallel`` puts on each ``SimpleFSDP<Class>``;
+    each gets an instance-level ``forward`` (the class is left alone). Returns ``model``."""
+    with torchtitan_stubs():
+        from torchtitan.experiments.graph_trainer import simple_fsdp
+
+    found: dict[int, nn.Module] = {}
+    for mod in model.modules():
+        for attr in vars(type(mod)).values():
+            closure = attr.fget.__closure__ if isinstance(attr, property) and attr.fget is not None else None
+            for cell in closure or ():
+                if isinstance(cell.cell_contents, simple_fsdp.ReplicateComputation):
+                    found.setdefault(id(cell.cell_contents), cell.cell_contents)
+    if not found:
+        raise AssertionError("_reshard_after_forward: no SimpleFSDP ReplicateComputation found on the model")
+    context_fn = functools.partial(create_selective_checkpoint_contexts, _sac_policy)
+
+    def resharded(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if not simple_fsdp._active_parametrization:
+            return x
+        return checkpoint(self.replicate_compute, x, use_reentrant=False, context_fn=context_fn)
+
+    for rc in found.values():
+        rc.forward = types.MethodType(resharded, rc)
+    return model
+
+
+_TP_MODES = ("fsdp_tp", "fsdp_tp_no_sp")
+
+
+@contextlib.contextmanager
+def _cpu_meshes() -> Iterator[None]:
+    """torchtitan 0.3.0 picks the mesh device type at import (``tools.utils.device_type``): ``"cuda"`` when no
+    accelerator is found, so ``ParallelDims.build_mesh`` and ``distribute_tensor`` would move tensors to CUDA on
+    the CPU wheel. Point ``parallel_dims.device_type`` at ``"cpu"`` while the meshes are built; restored on exit
+    (the DeviceMeshes remember their own device type)."""
+    import torchtitan.distributed.parallel_dims as parallel_dims
+
+    old = parallel_dims.device_type
+    parallel_dims.device_type = "cpu"
+    try:
+        yield
+    finally:
+        parallel_dims.device_type = old
+
+
+def _torchtitan_llama3_fsdp_tp(*, sequence_parallel: bool, seed: int, annotate: bool,
+                               ) -> tuple[nn.Module, Callable[[], Batch]]:
+    """torchtitan's FSDP + TP Llama3 exactly as graph_trainer's ``parallelize_llama`` builds it, on 4 ranks:
+
+    - ``ParallelDims(dp_shard=2, tp=2, spmd_backend="partial_dtensor")`` (graph_trainer's ``to_graph_trainer_config``
+      pins ``partial_dtensor``; ``set_spmd_backend`` is set to it, as the trainer does; a process global), whose
+      ``build_mesh`` unflattens the world into ``("pp", "dp_replicate", "fsdp", "tp")`` = ``(1, 1, 2, 2)``;
+    - ``set_llama3_sharding_config(config, enable_sp=sequence_parallel)`` (torchtitan's default is
+      ``enable_sequence_parallel=True``): ``wqkv``/``w1``/``w3``/``lm_head`` colwise, ``wo``/``w2`` rowwise,
+      ``tok_embeddings`` row-sharded (vocab), norms replicated; with SP the activations between blocks are
+      ``Shard(1)`` (sequence) and the block boundaries all-gather / reduce-scatter on the tp group, without SP
+      ``wo``/``w2``/the embedding all-reduce;
+    - ``annotate_module_fqns``, then ``model.parallelize(parallel_dims)``, then ``data_parallel`` on the ``fsdp``
+      mesh dimension, ``mode="fully_shard"`` (``apply_simple_fsdp``'s choice without ``dp_replicate``).
+
+    The model's output is a ``Shard(-1)`` (vocab) DTensor on the tp mesh. Returning a DTensor from the compiled
+    region makes aot's min-cut partitioner raise (torch 2.13: ``Node tangents_2 was invalid, but is output``; the
+    tangent's ``device_mesh`` input), so the root ``forward`` returns ``logits.to_local()``, the first step of
+    torchtitan's own loss for this layout (``components.loss.cross_entropy_loss``); ``loss_fn`` is the rest of it:
+    ``_LossParallelCrossEntropy`` over the tp group, sum reduction, outside the compiled region.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("torchtitan_llama3 needs a default process group: wrap it in fake_process_group(...)")
+    world = dist.get_world_size()
+    if world != 4:
+        raise ValueError(f"FSDP + TP runs on a 2 x 2 mesh: needs world size 4, got {world}")
+    with torchtitan_stubs():
+        from torchtitan.components.loss import _LossParallelCrossEntropy
+        from torchtitan.distributed import utils as dist_utils
+        from torchtitan.distributed.parallel_dims import ParallelDims
+        from torchtitan.experiments.graph_trainer import simple_fsdp
+        from torchtitan.experiments.graph_trainer.common_utils import annotate_module_fqns
+        from torchtitan.experiments.graph_trainer.simple_fsdp import data_parallel, disable_active_parametrization
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+        config = _torchtitan_config(VOCAB)
+    set_llama3_sharding_config(config, enable_sp=sequence_parallel)
+    dist_utils.set_spmd_backend("partial_dtensor")
+    dims = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=2, pp=1, ep=1, world_size=world,
+                        spmd_backend="partial_dtensor")
+    with _cpu_meshes():
+        dims.build_mesh()
+        torch.manual_seed(seed)
+        model = config.build()
+        with disable_active_parametrization():
+            model.init_states(buffer_device=torch.device("cpu"))
+        if annotate:
+            annotate_module_fqns(model)
+        model.parallelize(dims)
+    simple_fsdp._wrap_class_cache.clear()  # see torchtitan_llama3
+    model = data_parallel(model, dims.get_mesh(["fsdp"]), "fully_shard")
+    model.train()
+    if "forward" in vars(model):
+        raise AssertionError("torchtitan's parallelize wrapped the root forward; _torchtitan_llama3_fsdp_tp expects "
+                             "only submodules to be wrapped")
+
+    def local_logits(self: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return type(self).forward(self, *args, **kwargs).to_local()
+
+    # A bound method (not a closure over the model): dynamo's root stays ``L['self']``, so parameter sources read
+    # ``L['self']._modules['layers']...`` as for the other torchtitan modes.
+    model.forward = types.MethodType(local_logits, model)
+    tp_group = dims.get_mesh("tp").get_group()
+
+    def make_batch() -> Batch:
+        tokens, targets = _tokens(VOCAB, seed)
+
+        def loss_fn(local_logits: torch.Tensor) -> torch.Tensor:
+            return _LossParallelCrossEntropy.apply(local_logits.flatten(0, 1).float(), targets.flatten(0, 1),
+                                                   tp_group, VOCAB, "sum")
+
+        return (tokens,), loss_fn
+
+    return model, make_batch
 
 
 # --- graph capture ------------------------------------------------------------------------------------------------

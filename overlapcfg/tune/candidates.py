@@ -1,0 +1,125 @@
+"""Candidates: one grouping plus the schedule knobs, scored by the quick model, and turned into a config.
+
+A candidate's per-bucket values (from the refinement) are written as ``overrides`` matching one module of the
+bucket, so the tuned config stays a compact plan plus a short list of exceptions. Torch-free apart from scoring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.resolve import ResolvedPlan
+from overlapcfg.tune.quick import Grouped, Score, Stall, score
+from overlapcfg.tune.structure import Grouping
+
+__all__ = ["Arm", "Candidate", "Knobs", "PER_BUCKET_FIELDS"]
+
+PER_BUCKET_FIELDS = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """The schedule half of a candidate: global values and per-bucket exceptions."""
+
+    forward_prefetch: int
+    backward_prefetch: int
+    reduce_scatter_delay: int
+    issue_order: str
+    max_inflight_bytes: int | None
+    per_bucket: tuple[tuple[int, str, int], ...] = ()
+    """``(bucket index, field, value)``, sorted: where a bucket departs from the global value."""
+
+    def values(self, name: str, buckets: int) -> list[int]:
+        out = [getattr(self, name)] * buckets
+        for bucket, field_name, value in self.per_bucket:
+            if field_name == name:
+                out[bucket] = value
+        return out
+
+    def with_bucket(self, bucket: int, name: str, value: int) -> Knobs:
+        """These knobs with one per-bucket value set (dropped again when it equals the global one)."""
+        rest = [(b, f, v) for b, f, v in self.per_bucket if (b, f) != (bucket, name)]
+        if value != getattr(self, name):
+            rest.append((bucket, name, value))
+        return replace(self, per_bucket=tuple(sorted(rest)))
+
+
+@dataclass(slots=True)
+class Arm:
+    """One grouping, resolved and merged once, with everything its candidates share."""
+
+    grouping: Grouping
+    plan: dict[str, Any]
+    resolved: ResolvedPlan
+    grouped: Grouped
+    names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.names = tuple(b.name for b in self.resolved.buckets)
+
+    def score(self, knobs: Knobs, *, memory: bool = False, stalls: list[Stall] | None = None) -> Score:
+        n = len(self.names)
+        return score(self.grouped, forward_prefetch=knobs.values("forward_prefetch", n),
+                     backward_prefetch=knobs.values("backward_prefetch", n),
+                     reduce_scatter_delay=knobs.values("reduce_scatter_delay", n),
+                     max_inflight_bytes=knobs.max_inflight_bytes, issue_order=knobs.issue_order, memory=memory,
+                     stalls=stalls)
+
+    def config(self, knobs: Knobs) -> OverlapConfig:
+        """The candidate as an ``OverlapConfig``: the plan, the global policy, one override per bucket that
+        departs from it (matching the bucket's first module)."""
+        overrides: dict[int, dict[str, Any]] = {}
+        for bucket, name, value in knobs.per_bucket:
+            overrides.setdefault(bucket, {"match": self.resolved.buckets[bucket].modules[0]})[name] = value
+        return load_config({
+            "strategy": "manual", "plan": self.plan,
+            "policy": {"forward_prefetch": knobs.forward_prefetch, "backward_prefetch": knobs.backward_prefetch,
+                       "reduce_scatter_delay": knobs.reduce_scatter_delay, "issue_order": knobs.issue_order,
+                       "max_inflight_bytes": knobs.max_inflight_bytes},
+            "overrides": [overrides[b] for b in sorted(overrides)]})
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A scored point of the search."""
+
+    name: str
+    """``2 blocks/bucket fp2 bp3 rs2`` or a preset's name."""
+    arm: int
+    """Index of its grouping among the search's arms (-1: a preset scored through its own resolution)."""
+    knobs: Knobs
+    score: Score
+    config: OverlapConfig | None = None
+    """Filled for what the result shows (building configs for every grid point would cost more than scoring)."""
+
+    @property
+    def step_seconds(self) -> float:
+        return self.score.step_seconds
+
+    @property
+    def peak_inflight_bytes(self) -> int:
+        return self.score.peak_inflight_bytes
+
+
+def describe(grouping: Grouping, knobs: Knobs, cap_text: str | None) -> str:
+    """``attn|ffn split fp4 bp3 rs3 rs-first cap=2.0GiB +2 per-bucket``."""
+    text = f"{grouping.label} fp{knobs.forward_prefetch} bp{knobs.backward_prefetch} rs{knobs.reduce_scatter_delay}"
+    if knobs.issue_order != "gather_first":
+        text += " rs-first"
+    if cap_text:
+        text += f" cap={cap_text}"
+    if knobs.per_bucket:
+        text += f" +{len(knobs.per_bucket)} per-bucket"
+    return text
+
+
+def pareto(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
+    """The candidates no other beats on both step time and peak in-flight bytes, lightest first."""
+    front: list[Candidate] = []
+    for c in sorted(candidates, key=lambda c: (c.peak_inflight_bytes, c.step_seconds)):
+        if not front or c.step_seconds < front[-1].step_seconds:
+            front.append(c)
+    return tuple(front)

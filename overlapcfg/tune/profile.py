@@ -1,0 +1,338 @@
+"""The tuner's compact model of a traced step, read once from one real ``apply`` at the finest grouping.
+
+A *unit* is one module owning FSDP parameters (``layers.0.attention.wq``). Every candidate the tuner scores
+groups whole units into buckets, and merging changes only sizes and counts: a bucket's copy-in, collective and
+copy-out cost the sum of its units' (each is a bandwidth-bound copy or a bandwidth term, linear in bytes) plus one
+collective latency; its all-gather waits where its earliest unit waited and its reduce-scatter is issued where
+its latest unit was. Compute never moves. So one ``apply`` of the unit plan with every depth at 0 (each collective
+next to its use) holds everything needed to replay any grouping and schedule (``overlapcfg.tune.quick``) without
+touching a graph again.
+
+Per graph a profile keeps the nodes no schedule moves ("fixed": compute, and everything outside a collective's
+copy-in / copy-out chain) as prefix sums of their cost, and per unit and collective kind one record of its costs
+and positions. Positions are node indices of the unit graph, i.e. the manual scheduler's own sort keys: fixed
+nodes, all-gather waits and reduce-scatter starts keep their relative order under every grouping and schedule.
+Where the original graph issued an all-gather (the scheduler leaves the first bucket there when that is before
+the first compute) is read from the untransformed graph.
+
+Costs come from ``overlapcfg.report.cost``, the functions ``simulate`` uses, at the hardware, world size and
+dtype of the search; a profile is built per (hardware, world size, dtype).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from overlapcfg import compat
+from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.hardware import HardwareProfile
+from overlapcfg.errors import UnsupportedGraphError
+from overlapcfg.graph.collectives import collective_kind, group_name, is_collective_start, is_compute_node
+from overlapcfg.graph.meta import META_KEY
+from overlapcfg.passes.backend import CapturedStep
+from overlapcfg.report.cost import collective_bytes, compute_seconds, iter_tensors, node_kind, tensor_bytes
+from overlapcfg.report.explain import GRAPHS, apply_step
+
+__all__ = ["GraphProfile", "ParamCopy", "Profile", "UnitCollective", "build_profile", "unit_config"]
+
+log = logging.getLogger(__name__)
+
+MERGED_KINDS = ("all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True, slots=True)
+class ParamCopy:
+    """One parameter as a merged all-gather hands it out: a view of the gathered buffer when the collective
+    carries it alone, else its own copy (the merge helpers' ``reshape`` of a strided split)."""
+
+    bytes: int
+    """Unsharded bytes as costed."""
+    copy_seconds: float
+    """What the copy costs where one is made."""
+    last_reader: float
+    """Position of the last node reading it: where its storage (or, alone, the buffer's) is freed."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCollective:
+    """One unit's merged collective of one kind in one graph, with what moving or merging it needs."""
+
+    unit: int
+    """Index into ``Profile.units``."""
+    kind: str
+    """``all_gather`` or ``reduce_scatter``."""
+    key: str
+    """Units merge only with units of the same key (process group and dtype), as the bucketer does."""
+    group: str
+    """Process-group name: collectives of one group share one stream."""
+    cost_bytes: int
+    """Full-size bytes as costed (the search's dtype)."""
+    traced_bytes: int
+    """Full-size bytes as traced: what ``max_inflight_bytes`` counts."""
+    issue_cost: float
+    """Seconds of the copy-in chain issued with the collective."""
+    wait_cost: float
+    """Seconds of the chain after the wait, parameter copies left out (they depend on the bucket)."""
+    start: float
+    """Position of the start: reduce-scatter where merging puts it; all-gather where the original graph issued
+    it (only the first bucket of a direction can stay there)."""
+    wait: float
+    """Position of the all-gather's wait (it never moves); unused for reduce-scatters (their waits move)."""
+    consumer: float | None
+    """Reduce-scatter: the first node outside its wait chain reading the result (the wait may not move past it)."""
+    buffer_bytes: int
+    """All-gather: bytes of the gathered buffer, alive from issue until copied out (or, alone, until last read)."""
+    params: tuple[ParamCopy, ...]
+    """All-gather: the parameters it hands out."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphProfile:
+    """One graph (forward or backward) of the step, reduced to what a schedule can change."""
+
+    name: str
+    fixed: tuple[int, ...]
+    """Node indices of the fixed nodes, ascending."""
+    prefix: tuple[float, ...]
+    """``prefix[n]``: seconds of the first ``n`` fixed nodes (``len(fixed) + 1`` entries)."""
+    first_compute: int | None
+    """Node index of the first FLOP-counted node (where a direction's first all-gather is hoisted to)."""
+    collectives: tuple[UnitCollective, ...]
+    params: tuple[tuple[float, float, int], ...] = ()
+    """Unsharded-parameter storages made by fixed nodes (a cast of a gathered weight): ``(position, position of
+    the last reader, bytes)``; they live where they are under every schedule."""
+
+    def fixed_before(self, position: float) -> int:
+        """How many fixed nodes come before a node at ``position``."""
+        return bisect.bisect_left(self.fixed, position)
+
+    def compute_between(self, start: float, end: float) -> float:
+        """Seconds of the fixed nodes in ``[start, end)``."""
+        return self.prefix[self.fixed_before(end)] - self.prefix[self.fixed_before(start)]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Everything the quick model needs about one traced step at one hardware, world size and dtype."""
+
+    units: tuple[str, ...]
+    """Parameter-owning modules, model order."""
+    graphs: tuple[GraphProfile, ...]
+    """Forward, then backward."""
+    module_fqns: tuple[str, ...]
+    """The model's modules, for resolving candidate plans."""
+    hardware: HardwareProfile
+    world_size: int
+    as_dtype: torch.dtype | None
+    seconds: float
+    """Time taken to build it (the one real ``apply``)."""
+
+
+def unit_config(owners: Sequence[str]) -> OverlapConfig:
+    """The finest plan: one bucket per parameter-owning module, every depth 0, no verification (nothing runs)."""
+    return load_config({"strategy": "manual", "verify": False,
+                        "plan": {"buckets": list(owners), "require_full_coverage": True, "name": "units"},
+                        "policy": {"forward_prefetch": 0, "backward_prefetch": 0, "reduce_scatter_delay": 0}})
+
+
+def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: int,
+                  as_dtype: torch.dtype | None = None) -> Profile:
+    """Apply the unit plan once to copies of ``step``'s graphs and read the profile off the result."""
+    started = time.perf_counter()
+    owners = tuple(step.param_owners)
+    if not owners or "" in owners:
+        raise UnsupportedGraphError("tune: the step has no parameter-owning submodules to bucket"
+                                    if not owners else "tune: the root module owns FSDP parameters directly; "
+                                    "only submodules can be bucketed, so the tuner cannot group them")
+    graphs = apply_step(step, unit_config(owners))
+    costs = _Costs(hardware, world_size, step.world_size, as_dtype)
+    profiles = tuple(_graph_profile(name, graphs[name], step.graph(name), costs) for name in GRAPHS)
+    seconds = time.perf_counter() - started
+    log.info("tune: profiled %d units on %s at %d ranks in %.2fs", len(owners), hardware.name, world_size, seconds)
+    return Profile(units=owners, graphs=profiles, module_fqns=tuple(step.module_fqns), hardware=hardware,
+                   world_size=world_size, as_dtype=as_dtype, seconds=seconds)
+
+
+def _exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> set[fx.Node]:
+    """``start`` and the computed nodes feeding only it: what the scheduler moves with an all-gather (its rule,
+    ``overlapcfg.graph.schedule``, walked in the same order so both find the same set)."""
+    chain = {start}
+    heap = [(-index[n], n.name, n) for n in start.all_input_nodes]
+    heapq.heapify(heap)
+    seen: set[fx.Node] = set()
+    while heap:
+        _, _, node = heapq.heappop(heap)
+        if node in seen or node.op != "call_function":
+            continue
+        seen.add(node)
+        if all(u in chain for u in node.users):
+            chain.add(node)
+            for inp in node.all_input_nodes:
+                heapq.heappush(heap, (-index[inp], inp.name, inp))
+    return chain
+
+
+def _exclusive_descendants(waits: Sequence[fx.Node]) -> set[fx.Node]:
+    """The waits and the nodes reading only them, short of another collective: what the scheduler moves with a
+    reduce-scatter's wait."""
+    chain = set(waits)
+    queue = list(waits)
+    while queue:
+        node = queue.pop()
+        for user in node.users:
+            if user.op != "output" and user not in chain and not is_collective_start(user) \
+                    and all(x in chain for x in user.all_input_nodes):
+                chain.add(user)
+                queue.append(user)
+    return chain
+
+
+def _bytes(node: fx.Node, as_dtype: torch.dtype | None) -> int:
+    return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
+
+
+def _dtype(node: fx.Node) -> str:
+    return next((str(t.dtype) for t in iter_tensors(node.meta.get("val"))), "?")
+
+
+class _Costs:
+    """Node costs at the search's hardware, world size and dtype (``overlapcfg.report.cost``, as ``simulate``)."""
+
+    def __init__(self, hw: HardwareProfile, world_size: int, traced_world_size: int,
+                 as_dtype: torch.dtype | None) -> None:
+        self.kw = {"world_size": world_size, "traced_world_size": traced_world_size, "as_dtype": as_dtype}
+        self.hw = hw
+        self.as_dtype = as_dtype
+
+    def __call__(self, node: fx.Node) -> float:
+        return compute_seconds(node, self.hw, **self.kw).seconds  # type: ignore[arg-type]
+
+    def copy_of(self, node: fx.Node) -> float:
+        """What a copy of ``node``'s value costs: a one-node graph holding ``aten.clone`` of it, costed by the
+        same function (the merge helpers copy every parameter of a bucket holding two or more)."""
+        graph = fx.Graph()
+        source = graph.placeholder("source")
+        source.meta["val"] = node.meta.get("val")
+        clone = graph.call_function(torch.ops.aten.clone.default, (source,))
+        clone.meta["val"] = node.meta.get("val")
+        return self(clone)
+
+
+def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, costs: _Costs) -> GraphProfile:
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    original_names = {n.name for n in original.graph.nodes}
+    cost = {n: costs(n) for n in nodes if n.op == "call_function"}
+    chains = []
+    moved: set[fx.Node] = set()
+    for start in (n for n in nodes if is_collective_start(n)):
+        meta = start.meta.get(META_KEY)
+        kind = collective_kind(start)
+        if not isinstance(meta, dict) or meta.get("role") != "start" or kind not in MERGED_KINDS:
+            raise UnsupportedGraphError(
+                f"tune: {name} graph: collective {start.name} ({kind}) is not an FSDP all-gather or reduce-scatter "
+                "the pass bucketed; the tuner models graphs whose only collectives are FSDP's (no tensor-parallel "
+                "or HSDP all-reduce traffic yet)")
+        waits = sorted((u for u in start.users if compat.is_wait_tensor(u)), key=index.__getitem__)
+        if kind == "all_gather":
+            issue = _exclusive_ancestors(start, index)
+            after = {n for n in _exclusive_descendants(waits) if n in waits or n.name not in original_names}
+        else:  # the start and its copy-in stay where merging put them; the wait chain moves
+            issue = {n for n in _exclusive_ancestors(start, index) if n is start or n.name not in original_names}
+            after = _exclusive_descendants(waits)
+        chains.append((start, meta, kind, issue, waits, after))
+        moved |= issue | after
+    fixed_nodes = [n for n in nodes if n.op == "call_function" and n not in moved]
+    strays = [n.name for n in fixed_nodes if n.name not in original_names]
+    if strays:
+        raise AssertionError(f"tune: {name} graph: nodes made by merging outside every collective's chain: "
+                             f"{strays[:5]}")
+    fixed = tuple(index[n] for n in fixed_nodes)
+    prefix = [0.0]
+    for n in fixed_nodes:
+        prefix.append(prefix[-1] + cost[n])
+    first_compute = next((index[n] for n in fixed_nodes if is_compute_node(n)), None)
+    original_start = _original_starts(original, {n.name for n in fixed_nodes}, fixed)
+    root, param = _storages(nodes)
+    last: dict[fx.Node, int] = {}
+    for n in nodes:
+        for inp in n.all_input_nodes:
+            last[root[inp]] = index[n]
+    records = []
+    for start, meta, kind, issue, waits, after in chains:
+        consumer: float | None = None
+        buffer, params = 0, ()
+        wait_cost = sum(cost.get(n, 0.0) for n in after)
+        if kind == "all_gather":
+            where = min((original_start[s] for s in meta.get("sources", ()) if s in original_start),
+                        default=float(index[start]))
+            buffer = _bytes(root[start], costs.as_dtype)
+            leaves = sorted((n for n in after if any(u not in after for u in n.users)), key=index.__getitem__)
+            params = tuple(ParamCopy(bytes=_bytes(n, costs.as_dtype),
+                                     copy_seconds=cost[n] if root[n] is n else costs.copy_of(n),
+                                     last_reader=float(last.get(root[n], index[n]))) for n in leaves)
+            wait_cost -= sum(p.copy_seconds for p, n in zip(params, leaves, strict=True) if root[n] is n)
+        else:
+            where = float(index[start])
+            readers = [index[u] for n in after for u in n.users if u.op != "output" and u not in after]
+            consumer = float(min(readers)) if readers else None
+        records.append(UnitCollective(
+            unit=int(meta["bucket"]), kind=kind, key=f"{group_name(start)}:{_dtype(start)}", group=group_name(start),
+            cost_bytes=collective_bytes(start, costs.as_dtype), traced_bytes=collective_bytes(start),
+            issue_cost=sum(cost.get(n, 0.0) for n in issue), wait_cost=max(0.0, wait_cost),
+            start=where, wait=float(index[waits[0]]) if waits else float(index[start]), consumer=consumer,
+            buffer_bytes=buffer, params=params))
+    held = tuple((float(index[n]), float(last.get(n, index[n])), _bytes(n, costs.as_dtype)) for n in fixed_nodes
+                 if root[n] is n and n in param)
+    return GraphProfile(name=name, fixed=fixed, prefix=tuple(prefix), first_compute=first_compute,
+                        collectives=tuple(records), params=held)
+
+
+def _storages(nodes: Sequence[fx.Node]) -> tuple[dict[fx.Node, fx.Node], set[fx.Node]]:
+    """The storage each node's value lives in (views and waits alias their input) and the storages holding
+    unsharded parameters: the rule of ``overlapcfg.report.simulate`` (a gathered buffer, and any copy made only
+    of gathered weights), so both count the same bytes."""
+    root: dict[fx.Node, fx.Node] = {}
+    param: set[fx.Node] = set()
+    for node in nodes:
+        kind = node_kind(node)
+        inputs = node.all_input_nodes
+        if kind in ("free", "wait") and inputs:
+            root[node] = root[inputs[0]]
+        elif kind == "collective" and isinstance(node.kwargs.get("out"), fx.Node):
+            root[node] = root[node.kwargs["out"]]
+            if collective_kind(node) == "all_gather":
+                param.add(root[node])
+        else:
+            root[node] = node
+        if root[node] is node and node.op == "call_function":
+            if kind == "collective":
+                gathers = collective_kind(node) == "all_gather"
+            elif "_pre_bucket_all_gather" in str(node.target):
+                gathers = True
+            else:
+                gathers = kind == "memory" and bool(inputs) and all(root[i] in param for i in inputs)
+            if gathers:
+                param.add(node)
+    return root, param
+
+
+def _original_starts(original: fx.GraphModule, fixed_names: set[str], fixed: tuple[int, ...]) -> dict[str, float]:
+    """Position in the unit graph of each collective start of the untransformed graph: just after the fixed node
+    that preceded it there (fixed nodes are original nodes, so their names carry over)."""
+    out: dict[str, float] = {}
+    seen = 0
+    for node in original.graph.nodes:
+        if node.name in fixed_names:
+            seen += 1
+        elif is_collective_start(node):
+            out[node.name] = fixed[seen - 1] + 0.5 if seen else -0.5
+    return out

@@ -1,0 +1,91 @@
+"""The search space of ``overlapcfg.tune``: a pydantic model, and the Hydra group ``tune/space`` of the command.
+
+Torch-free, like every config model, so a typo in ``tune.space.*`` fails before anything is traced. Each list
+field is a dimension of the grid; the grid is their product, less the combinations that mean nothing (a block split
+in halves is one layer per bucket). ``per_bucket_rounds`` then refines the best few candidates bucket by bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from overlapcfg.config.base import ByteCount, ConfigModel, Depth
+from overlapcfg.config.load import validate_config
+from overlapcfg.config.plan import PatternText
+from overlapcfg.config.policy import IssueOrder
+
+__all__ = ["TuneSpace", "load_space"]
+
+class TuneSpace(ConfigModel):
+    """What ``overlapcfg.tune`` searches. The defaults fit Llama-style models (``layers.*`` blocks of attention and
+    feed-forward); narrow or widen any field (``tune.space.forward_prefetch=[1,2]`` on the command line)."""
+
+    blocks: PatternText = "layers.*"
+    """The model's repeated blocks, one match per block in model order: what ``layers_per_bucket`` counts and
+    ``split_blocks`` splits. Parameter owners before the first block (the embedding) form the first bucket, those
+    after the last block (final norm and head) the last bucket."""
+
+    block_parts: tuple[tuple[str, ...], ...] = (("attention_norm", "attention"), ("ffn_norm", "feed_forward"))
+    """Children of a block (names relative to it) that ``split_blocks`` gives buckets of their own, one tuple per
+    bucket, in the order they compute; together they must hold every parameter of the block."""
+
+    layers_per_bucket: Annotated[tuple[Annotated[int, Field(ge=1)], ...], Field(min_length=1)] = (1, 2)
+    """Blocks per bucket: fewer, larger collectives (less latency) against coarser overlap."""
+
+    split_blocks: Annotated[tuple[bool, ...], Field(min_length=1)] = (False, True)
+    """True: each block as ``block_parts`` buckets (attention and feed-forward apart); only with one block per
+    bucket."""
+
+    merge_first: Annotated[tuple[bool, ...], Field(min_length=1)] = (False, True)
+    """True: the owners before the blocks share the first block's bucket instead of a bucket of their own."""
+
+    merge_last: Annotated[tuple[bool, ...], Field(min_length=1)] = (False, True)
+    """True: the owners after the blocks share the last block's bucket."""
+
+    forward_prefetch: Annotated[tuple[Depth, ...], Field(min_length=1)] = (1, 2, 3, 4)
+    """Global forward prefetch depths to try."""
+
+    backward_prefetch: Annotated[tuple[Depth, ...], Field(min_length=1)] = (1, 2, 3, 4)
+    """Global backward prefetch depths to try."""
+
+    reduce_scatter_delay: Annotated[tuple[Depth, ...], Field(min_length=1)] = (1, 2, 3)
+    """Global reduce-scatter delays to try."""
+
+    issue_order: Annotated[tuple[IssueOrder, ...], Field(min_length=1)] = ("gather_first", "reduce_scatter_first")
+    """Issue orders to try (``OverlapPolicy.issue_order``)."""
+
+    max_inflight_bytes: Annotated[tuple[ByteCount | None, ...], Field(min_length=1)] = (None,)
+    """In-flight caps to try (traced bytes, as the policy counts them); null: no cap."""
+
+    cap_at_budget: bool = True
+    """Also try a cap at the memory budget (converted to traced bytes): each bucket prefetches as deep as the budget
+    allows, instead of one depth for all."""
+
+    per_bucket_rounds: int = Field(8, ge=0)
+    """Rounds of per-bucket refinement of the best candidates: each round tries deeper prefetch for the buckets
+    issuing an all-gather that stalled and a longer delay for a reduce-scatter that stalled, and keeps the best
+    move. 0: global values only."""
+
+    per_bucket_candidates: int = Field(3, ge=1)
+    """How many of the best grid candidates (distinct groupings first) are refined."""
+
+    max_depth: Depth = 6
+    """Deepest per-bucket prefetch depth or delay the refinement may set."""
+
+    max_candidates: int = Field(20000, ge=1)
+    """Grid candidates scored at most; a larger grid is sampled (seeded, so the same every run)."""
+
+    seed: int = 0
+    """Seed of the grid sample; the search is otherwise deterministic."""
+
+
+def load_space(space: TuneSpace | Mapping[str, Any] | None, *, root: str = "space") -> TuneSpace:
+    """A ``TuneSpace`` from a model, a mapping (faults at ``root.<field>``) or None (the defaults)."""
+    if space is None:
+        return TuneSpace()
+    if isinstance(space, TuneSpace):
+        return space
+    return validate_config(TuneSpace, dict(space), root=root, header="invalid tune space")
