@@ -80,18 +80,27 @@ def test_multirun_writes_one_report_per_job(tmp_path):
         depths[job] = report["config"]["policy"]["forward_prefetch"]
     assert depths == {"0": 0, "1": 2}
     assert "(cached)" in out.stdout  # the second job reuses the first job's trace
+    # the sweep ends with one summary table across its jobs (issue 11), after both jobs' reports
+    summary = out.stdout[out.stdout.index("sweep: 2 jobs (all with model.n_layers=2)"):]
+    assert out.stdout.count("report: ") == 2 and "report: " not in summary
+    rows = [line for line in summary.splitlines() if "overlap.policy.forward_prefetch=" in line]
+    assert [row.split()[:2] for row in rows] == [["0", "overlap.policy.forward_prefetch=0"],
+                                                 ["1", "overlap.policy.forward_prefetch=2"]]
 
 
 @pytest.mark.slow
 def test_compare_mode_writes_table_json_and_timeline(tmp_path):
     rows = "+compare={none:{strategy:none},deep:{policy:{forward_prefetch:2}}}"
-    out = run_cli(tmp_path, "mode=compare", "~compare", rows, *FAST, f"hydra.run.dir={tmp_path / 'run'}")
+    out = run_cli(tmp_path, "mode=compare", "~compare", rows, "overlap.policy.backward_prefetch=2", *FAST,
+                  f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr
     data = json.loads((tmp_path / "run" / "compare.json").read_text())
     assert [row["name"] for row in data["rows"]] == ["none", "deep"]
     assert (tmp_path / "run" / "timeline.png").is_file() and (tmp_path / "run" / "timeline.json").is_file()
-    # `deep` replaces the policy, so a command-line overlap.policy.* would not reach it: the user is told.
+    # `deep` replaces the policy, so the command-line overlap.policy.* does not reach it: the user is told; the
+    # row `none` replaces the strategy, which nobody overrode: no note (issue 11).
     assert "rows deep set their own 'policy', so overlap.policy does not apply to them" in out.stdout
+    assert "overlap.strategy does not apply" not in out.stdout
 
 
 @pytest.mark.slow  # spawns a process that imports torch (seconds)

@@ -8,6 +8,7 @@ gloo in ``test_parallel_parity.py``.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import Counter
 
 import pytest
@@ -191,7 +192,29 @@ def test_collectives_no_schedule_can_hide_raise_the_lower_bound() -> None:
     sim = simulate(syn.gm, hw, world_size=2)
     tp = next(s.busy_seconds for s in sim.streams if s.stream == "comm:7")
     assert tp > 0
-    assert sim.lower_bound_seconds == pytest.approx(max(sim.compute_seconds + tp,
-                                                        max(s.busy_seconds for s in sim.streams
-                                                            if s.stream.startswith("comm:"))))
+    busiest = max(s.busy_seconds for s in sim.streams if s.stream.startswith("comm:"))
+    assert sim.lower_bound_seconds == pytest.approx(max(sim.compute_seconds + tp, busiest))
     assert sim.step_seconds >= sim.lower_bound_seconds
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_the_verifier_catches_a_bucketed_all_reduce_handing_a_gradient_the_wrong_slice(order: str) -> None:
+    """The proof covers all-reduces too: swap two slices of a merged all-reduce's result and it names them."""
+    from overlapcfg.errors import OverlapVerificationError
+    from overlapcfg.graph.verify import verify
+
+    original, final = _run(order, {})
+    pairs = []
+    for start in _starts(final, "all_reduce"):
+        wait = next(iter(start.users))
+        for split in (u for u in wait.users if compat.op_name(u.target).startswith("aten.split")):
+            slices = sorted(split.users, key=lambda u: u.args[1])
+            pairs += [(a, b) for a, b in itertools.pairwise(slices) if a.meta["val"].shape == b.meta["val"].shape]
+    assert pairs, "LAYERS has a layer of two equal parameters (layers.3): its bucket's slices match in shape"
+    first, second = pairs[0]
+    split = first.args[0]
+    first.args, second.args = (split, second.args[1]), (split, first.args[1])
+    final.recompile()
+    swapped = r"graph output \d+ is (now the reduce-scattered gradient of|.* = all_reduce\[sum)"
+    with pytest.raises(OverlapVerificationError, match=swapped):
+        verify(original, final, direction="backward")

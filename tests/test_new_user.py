@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
@@ -171,3 +172,108 @@ def test_an_indivisible_world_size_is_reported_on_a_few_lines() -> None:
     assert len(info.value.faults) == 39 and len(lines) == 4, lines
     assert lines[2].startswith("  layers.0.attention_norm.weight, layers.0.attention.wq.weight, "
                                "layers.0.attention.wk.weight and 26 more: dim 0 has size 64")
+
+
+def _layer_bucket(name: str, entry: int = 1, *, bw_placed: int = 1, fw: int = 1, reason: str | None = None):
+    """A report bucket as the pass records it: 9 parameters, fw AG / bw AG / bw RS merged 9 -> 1."""
+    from overlapcfg.graph.record import BucketRecord, CollectiveChange, DepthDecision
+
+    kinds = (("forward", "all_gather"), ("backward", "all_gather"), ("backward", "reduce_scatter"))
+    return BucketRecord(
+        name=name, modules=(name,), entry_index=entry, entry_text="layers.*" if entry == 1 else name,
+        forward_prefetch=fw, backward_prefetch=1, reduce_scatter_delay=1, param_count=9, numel=41088,
+        unsharded_bytes=164352, sharded_bytes=82176,
+        collectives=tuple(CollectiveChange(direction=d, kind=k, before=9, after=1, unsharded_bytes=164352)
+                          for d, k in kinds),
+        decisions=(DepthDecision(bucket=name, direction="forward", kind="all_gather", position=0, requested=fw,
+                                 effective=fw, inflight_bytes=0),
+                   DepthDecision(bucket=name, direction="backward", kind="all_gather", position=0, requested=1,
+                                 effective=bw_placed, inflight_bytes=0, reason=reason)))
+
+
+def _render(renderable, width: int = 100) -> str:
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_identical_layer_rows_collapse_into_a_range_and_the_table_fits_100_columns() -> None:
+    """Issue: 32 per-layer rows, each wrapping over five lines at 100 columns."""
+    from overlapcfg.report.bucket_table import bucket_rows, bucket_table
+
+    buckets = [_layer_bucket("tok_embeddings", 0),
+               _layer_bucket("layers.0", bw_placed=0, reason="end of graph"),
+               *(_layer_bucket(f"layers.{i}", fw=2 if i == 5 else 1) for i in range(1, 32)),
+               _layer_bucket("norm+output", 2)]
+    rows = bucket_rows(buckets)
+    assert [(r.label, len(r.buckets)) for r in rows] == [
+        ("tok_embeddings", 1), ("layers.0", 1), ("layers.1–4, 6–31", 30), ("layers.5", 1), ("norm+output", 1)]
+    text = _render(bucket_table("t", buckets, world_size=2))
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "(30 buckets, identical)" in text and "…" not in text  # nothing cut
+    assert "bw AG: end of graph" in text  # the why column names end-of-graph clamps too
+    assert "9→1 d1→0" in text and "9→1 d2" in text
+    assert "plan entries: [0] tok_embeddings · [1] layers.* · [2] norm+output" in text
+
+
+def test_the_report_explains_its_abbreviations_and_elides_long_orders() -> None:
+    from overlapcfg.report.labels import LEGEND, fmt_order
+
+    legend = "\n".join(LEGEND)
+    for term in ("AG all-gather", "RS reduce-scatter", "AR all-reduce", "W[b]", "C×8", "9→1", "d2→1"):
+        assert term in legend, term
+    assert all(len(line) <= 100 for line in LEGEND)
+    order = " ".join(f"AG[layers.{i}] W[layers.{i}] C×8" for i in range(64))
+    short = fmt_order(order)
+    assert short.startswith("AG[layers.0] W[layers.0] C×8") and short.endswith("AG[layers.63] W[layers.63] C×8")
+    assert "(140 more, all in report.json)" in short
+    assert fmt_order("AG[a] W[a] C×1") == "AG[a] W[a] C×1"
+
+
+def test_compare_notes_shadowed_keys_only_for_what_the_user_overrode() -> None:
+    """Issue: mode=compare printed notes about rows replacing `policy` although the user set nothing."""
+    from omegaconf import OmegaConf
+
+    from overlapcfg.demo.job import shadowed_keys
+
+    cfg = OmegaConf.create({"overlap": {"strategy": "manual", "plan": "llama_layers", "policy": {}},
+                            "compare": {"none": {"strategy": "none"}, "d2": {"policy": {"forward_prefetch": 2}}}})
+    assert shadowed_keys(cfg) == {}
+    assert shadowed_keys(cfg, ["model.n_layers=2", "hardware=h100_nvlink"]) == {}
+    assert shadowed_keys(cfg, ["overlap.policy.forward_prefetch=3"]) == {"policy": ["d2"]}
+    assert shadowed_keys(cfg, ["overlap/policy=aggressive", "+overlap.strategy=auto"]) == {
+        "strategy": ["none"], "policy": ["d2"]}
+
+
+def test_a_sweep_summary_has_one_row_per_job_and_names_what_varied() -> None:
+    from overlapcfg.report import Report
+    from overlapcfg.report.model import Simulation
+    from overlapcfg.report.sweep import split_overrides, sweep_table
+
+    def report(step: float) -> Report:
+        sim = Simulation(hardware="cpu_gloo", world_size=2, step_seconds=step, compute_seconds=1e-3,
+                         comm_seconds=1e-3, exposed_comm_seconds=step - 1e-3, overlap_ratio=0.5,
+                         lower_bound_seconds=1e-3, peak_inflight_bytes=2**20, peak_unsharded_param_bytes=2**21,
+                         peak_activation_bytes=None)
+        return Report(strategy="manual", plan_name="llama_layers", config={}, world_size=2, buckets=(), graphs=(),
+                      simulation=sim)
+
+    jobs = [(["model.n_layers=2", f"overlap.policy.forward_prefetch={d}"], report(s))
+            for d, s in ((0, 3e-3), (2, 2e-3))]
+    assert split_overrides([o for o, _ in jobs]) == (["model.n_layers=2"], [["overlap.policy.forward_prefetch=0"],
+                                                                             ["overlap.policy.forward_prefetch=2"]])
+    text = _render(sweep_table(jobs))
+    assert "sweep: 2 jobs (all with model.n_layers=2)" in text
+    lines = [line for line in text.splitlines() if "forward_prefetch=" in line]
+    assert "3.00 ms" in lines[0] and "2.00 ms" in lines[1]
+
+
+def test_timeline_bars_are_labelled_with_what_fits() -> None:
+    from overlapcfg.report.timeline import bar_label
+
+    assert bar_label("layers.12", 200) == "layers.12"
+    assert bar_label("layers.12", 20) == "12"  # the layer index where the name does not fit
+    assert bar_label("norm+output", 30) == "nor"
+    assert bar_label("layers.12", 5) is None

@@ -150,6 +150,21 @@ def test_table_renders_buckets_order_and_prediction(report):
     console = Console(width=220, record=True)
     console.print(report_table(report))
     text = console.export_text()
-    for needle in ("layers.0", "[2] [norm, output]", "fw AG 9→1", "forward order: AG[tok_embeddings]",
-                   "Prediction: h100_nvlink", "lower bound"):
+    for needle in ("layers.0", "[2] [norm, output]", "fw AG", "9→1 d1", "forward order: AG[tok_embeddings]",
+                   "Prediction: h100_nvlink", "lower bound", "legend: AG all-gather"):
         assert needle in text
+
+
+def test_table_reads_at_100_columns_with_clamps_explained_and_step_time_before_after(report, traced_2l_reshard):
+    """Issue 11: rows wrapping over five lines at 100 columns, an empty why for end-of-graph clamps, and no way
+    to see what the pass bought."""
+    baseline = explain(traced_2l_reshard, {"strategy": "none"}, hardware="h100_nvlink").simulation
+    console = Console(width=100, record=True)
+    console.print(report_table(report, baseline=baseline))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 100
+    clamped = next(line for line in text.splitlines() if line.startswith("norm+output"))
+    assert "d1→0" in clamped and "fw AG: end of graph" in clamped
+    step = next(line for line in text.splitlines() if "step time" in line)
+    assert "before (no pass)" in text and step.count(" ms") + step.count(" µs") == 2 and "%)" in step
+    assert baseline.step_seconds > report.simulation.step_seconds

@@ -26,8 +26,8 @@ import torch
 from torch import fx
 
 import overlapcfg
-from overlapcfg.graph.collectives import find_collectives, group_name, is_collective_start
 from overlapcfg.graph.attribution import module_fqn
+from overlapcfg.graph.collectives import find_collectives, group_name, is_collective_start
 from overlapcfg.passes import apply
 from tests.thirdparty import conformance as C
 from tests.thirdparty import models as M

@@ -41,7 +41,7 @@ def test_comparison_table_lists_every_config(comparison):
     console = Console(width=220, record=True)
     console.print(comparison_table(comparison))
     text = console.export_text()
-    assert all(r.name in text for r in comparison.rows) and "exposed comm" in text
+    assert all(r.name in text for r in comparison.rows) and "exposed" in text and "…" not in text
 
 
 def test_names_must_match_configs(traced_2l_reshard):
@@ -62,3 +62,27 @@ def test_timeline_files_are_a_valid_chrome_trace_and_png(comparison, tmp_path):
     assert spans and all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
     assert {"all_gather", "reduce_scatter", "wait"} <= {e["cat"] for e in spans}
     assert any(e["name"] == "AG[layers.0]" for e in spans)
+    # the forward/backward boundary: one marker per run, where the backward graph's first event starts
+    markers = [e for e in events if e["ph"] == "i" and e["name"] == "backward starts"]
+    assert len(markers) == len(comparison.rows)
+    first = {e["pid"]: min(s["ts"] for s in spans if s["pid"] == e["pid"] and s["args"]["graph"] == "backward")
+             for e in markers}
+    assert all(e["ts"] == first[e["pid"]] > 0 for e in markers)
+
+
+def test_the_default_demo_size_makes_prefetch_depths_differ(tmp_path):
+    """Issue 11: the default demo was all stall, so depths 1-3 predicted (and drew) the same step. The command's
+    own defaults (vocabulary, batch, sequence; 2 layers here to keep it quick), its default hardware and its
+    default compare rows must tell depth 1 from depth 2."""
+    from hydra import compose, initialize_config_dir
+
+    from overlapcfg.config.presets import command_conf_dir
+    from overlapcfg.demo.job import compare_configs, demo_spec, hardware_of, traced
+
+    with initialize_config_dir(str(command_conf_dir()), version_base="1.3"):
+        cfg = compose("overlapcfg", overrides=["model.n_layers=2", "mode=compare"])
+    names, configs = compare_configs(cfg)
+    rows = {r.name: r.simulation for r in compare(traced(demo_spec(cfg)), configs, hardware=hardware_of(cfg),
+                                                  names=names).rows}
+    assert rows["none"].step_seconds > rows["manual_d1"].step_seconds > rows["manual_d2"].step_seconds
+    assert rows["manual_d1"].exposed_comm_seconds > 1.05 * rows["manual_d2"].exposed_comm_seconds

@@ -1,7 +1,8 @@
 """The ``overlapcfg`` command: a Hydra app around ``overlapcfg.demo.job`` (primary config ``conf/overlapcfg.yaml``).
 
 ``overlapcfg`` traces the demo model and reports what the configured strategy did; ``overlapcfg mode=compare``
-compares several configs; ``overlapcfg -m overlap.policy.forward_prefetch=0,1,2`` sweeps, one report per job.
+compares several configs; ``overlapcfg -m overlap.policy.forward_prefetch=0,1,2`` sweeps, one report per job;
+``overlapcfg mode=tune hardware=h100_nvlink tune.memory_budget=4GiB`` searches plans and depths (``tuned.yaml``).
 
 Errors: a user error in the task (a bad value, an unmatched pattern), or a rewritten graph failing verification
 (its message names the nodes), is re-raised as ``ConfigError``, a Hydra
@@ -28,7 +29,7 @@ from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_
 
 __all__ = ["ConfigError", "main"]
 
-MODES = ("run", "compare")
+MODES = ("run", "compare", "tune")
 
 
 class ConfigError(CompactHydraException):
@@ -54,6 +55,8 @@ def _task(cfg: DictConfig) -> None:
             _sweep_job(job.run_report(cfg, output_dir, console))
         elif mode == "compare":
             job.run_compare(cfg, output_dir, console, overrides=HydraConfig.get().overrides.task)
+        elif mode == "tune":
+            job.run_tune(cfg, output_dir, console)
         else:
             raise OverlapConfigError.single("mode", f"expected one of {', '.join(MODES)}, got {mode!r}"
                                                     f"{did_you_mean(str(mode), MODES)}")

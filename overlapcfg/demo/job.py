@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from overlapcfg.report import HardwareProfile
 
 __all__ = ["Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
-           "run_report", "traced"]
+           "run_report", "run_tune", "traced"]
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,14 @@ def _sets_overlap_key(override: str, key: str) -> bool:
     ``overlap=default``) sets ``overlap.<key>``."""
     target = override.split("=", 1)[0].lstrip("~+").split("@", 1)[0].replace("/", ".")
     return target in ("overlap", f"overlap.{key}") or target.startswith(f"overlap.{key}.")
+
+
+def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
+    """``mode=tune``: search plans and schedules for the demo step and write ``tuned.yaml``
+    (``overlapcfg.demo.tune_job``)."""
+    from overlapcfg.demo.tune_job import run_tune as tune_demo
+
+    return tune_demo(cfg, output_dir, console)
 
 
 def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: Sequence[str] = ()) -> Path:

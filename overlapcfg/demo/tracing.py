@@ -85,7 +85,7 @@ class TracedStep(CapturedStep):
     @contextlib.contextmanager
     def process_groups(self) -> Iterator[object]:
         """The fake default group of the traced size with the mesh's sub-groups rebuilt under the names the graphs
-        state: merging resolves groups by name, so the pass needs them (``overlapcfg.report.apply_step``)."""
+        state: merging resolves groups by name, so the pass needs them (``overlapcfg.report.explain.apply_step``)."""
         with compat.fake_process_group(self.world_size, self.rank) as group:
             if self.parallel is not None and not self.parallel.is_1d:
                 rebuilt = build_mesh(self.parallel).group_names()

@@ -66,6 +66,15 @@ def check_config(cfg: OverlapConfig, root: str) -> list[Fault]:
         if override.reduce_scatter_delay not in (None, NATIVE_REDUCE_SCATTER_DELAY):
             faults.append(Fault(f"{root}.overrides[{i}].reduce_scatter_delay",
                                 message.format(got=override.reduce_scatter_delay)))
+    # FSDP2's HSDP all-reduce runs right after its reduce-scatter inside post-backward: no knob to delay it.
+    no_delay = ("FSDP2 issues an HSDP bucket's all-reduce right after its reduce-scatter, with no per-bucket delay; "
+                "got {got}. Leave all_reduce_delay unset with overlapcfg.fully_shard")
+    places = [(f"{root}.policy", cfg.policy)] if isinstance(cfg.policy, OverlapPolicy) else []
+    places += [(f"{root}.plan.buckets[{i}]", e) for i, e in enumerate(cfg.plan.buckets if cfg.plan else ())
+               if isinstance(e, Bucket)]
+    places += [(f"{root}.overrides[{i}]", o) for i, o in enumerate(cfg.overrides)]
+    faults += [Fault(f"{where}.all_reduce_delay", no_delay.format(got=v))
+               for where, item in places if (v := item.all_reduce_delay) is not None]
     return faults
 
 

@@ -367,15 +367,18 @@ _CHAIN_LIMIT = 16
 
 
 def _reduce_scatter_fed_by(wait: fx.Node) -> fx.Node | None:
-    """AR -> RS: the reduce-scatter start that reads this all-reduce wait through single-user transparent ops."""
+    """AR -> RS: the reduce-scatter start that reads this all-reduce wait through single-user transparent ops,
+    or through the copy-in of reduce-scatters another pass already merged (upstream leaves the all-reduces)."""
     cur = wait
     for _ in range(_CHAIN_LIMIT):
         if len(cur.users) != 1:
             return None
         user = next(iter(cur.users))
-        if collective_kind(user) == "reduce_scatter" and user.args and user.args[0] is cur:
+        if collective_kind(user) == "reduce_scatter" and user.args and (user.args[0] is cur or (
+                isinstance(user.args[0], (list, tuple)) and cur in user.args[0])):
             return user
-        if not _is_transparent(user) or len(user.all_input_nodes) != 1:
+        copy_in = user.target is compat.pre_bucket_reduce_scatter
+        if not copy_in and (not _is_transparent(user) or len(user.all_input_nodes) != 1):
             return None
         cur = user
     return None

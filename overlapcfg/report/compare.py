@@ -20,7 +20,7 @@ from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.explain import GRAPHS, node_labels
 from overlapcfg.report.labels import fmt_bytes
 from overlapcfg.report.model import Report, Simulation
-from overlapcfg.report.simulate import simulate
+from overlapcfg.report.simulate import GroupPlacement, simulate
 
 __all__ = ["COMPARE_SCHEMA", "Comparison", "ComparisonRow", "compare", "compare_reports", "default_name"]
 
@@ -108,8 +108,10 @@ def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, A
 
 def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: HardwareProfile | str,
                     names: Sequence[str], world_size: int | None = None,
-                    as_dtype: torch.dtype | None = None) -> Comparison:
-    """``compare`` for reports already made by ``explain`` (re-predict one set of passes on many machines)."""
+                    as_dtype: torch.dtype | None = None,
+                    groups: Mapping[str, GroupPlacement] | None = None) -> Comparison:
+    """``compare`` for reports already made by ``explain`` (re-predict one set of passes on many machines);
+    ``groups`` places the process groups by name (HSDP: the replicate group across nodes)."""
     hw = load_hardware(hardware)
     ws = world_size or step.world_size
     rows = []
@@ -117,7 +119,7 @@ def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: 
         graphs = [explained.forward, explained.backward]
         node_names = {g: node_labels(gm, step.module_fqn_fn(g)) for g, gm in zip(GRAPHS, graphs, strict=True)}
         sim = simulate(graphs, hw, world_size=ws, names=GRAPHS, labels=node_names,
-                       traced_world_size=step.world_size, as_dtype=as_dtype)
+                       traced_world_size=step.world_size, as_dtype=as_dtype, groups=groups)
         report = explained.model_copy(update={"simulation": sim}).attach(*graphs)
         rows.append(ComparisonRow(name, report.strategy, report, sim))
     return Comparison(hw.name, ws, tuple(rows))

@@ -117,16 +117,15 @@ def comparison_table(comparison: Comparison) -> Table:
     title = "compare" + (f": {first.hardware}, world size {first.world_size}" if first else "")
     # Light rules and no wrapping of names or values (a cut name is unreadable); only the headers wrap.
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-    for col in ("config", "strategy", "step time", "lower bound", "exposed comm", "overlap", "peak in flight",
-                "peak unsharded", "collectives", "pass time"):
-        table.add_column(col, justify="left" if col in ("config", "strategy") else "right", no_wrap=True,
-                         min_width=min(len(col), 9))
+    for col in ("config", "strategy", "step\ntime", "lower\nbound", "exposed\ncomm", "overlap", "peak in\nflight",
+                "peak\nunsharded", "FSDP\ncolls", "pass\ntime"):  # pass time: wall clock, whole ms
+        table.add_column(col, justify="left" if col in ("config", "strategy") else "right", no_wrap=True)
     best = min((r.simulation.step_seconds for r in comparison.rows), default=None)
     for r in comparison.rows:
         s = r.simulation
         style = "bold green" if best is not None and s.step_seconds == best else None
         table.add_row(escape(r.name), r.strategy, fmt_seconds(s.step_seconds), fmt_seconds(s.lower_bound_seconds),
                       fmt_seconds(s.exposed_comm_seconds), _pct(s.overlap_ratio), fmt_bytes(s.peak_inflight_bytes),
-                      fmt_bytes(s.peak_unsharded_param_bytes), str(r.collectives), fmt_seconds(r.pass_seconds),
+                      fmt_bytes(s.peak_unsharded_param_bytes), str(r.collectives), f"{r.pass_seconds * 1e3:.0f} ms",
                       style=style)
     return table

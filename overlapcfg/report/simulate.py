@@ -200,7 +200,8 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                     if gathers:
                         inflight -= nbytes
             elif kind in ("compute", "memory"):
-                cost = compute_seconds(node, hw, world_size=world_size, traced_world_size=traced,
+                ws_now, traced_now = _copy_in_sizes(node, placement, world_size, traced)
+                cost = compute_seconds(node, hw, world_size=ws_now, traced_world_size=traced_now,
                                       as_dtype=as_dtype)
                 if cost.seconds > 0:
                     events.append(Event(graph_name, node.name, COMPUTE_STREAM, cost.bound, t, t + cost.seconds,
@@ -225,6 +226,21 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
         peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,
         streams=tuple(StreamTime(stream=s, busy_seconds=b) for s, b in busy.items()),
     ).with_events(tuple(events))
+
+
+def _copy_in_sizes(node: fx.Node, placement: Mapping[str, GroupPlacement], world_size: int,
+                   traced: int | None) -> tuple[int, int | None]:
+    """A merged all-gather's copy-in reads this rank's shards, whose size follows the all-gather's own group (the
+    shard group of an HSDP mesh, not the whole world): its traced size and its placed size."""
+    if "_pre_bucket_all_gather" not in str(node.target):
+        return world_size, traced
+    for user in node.users:
+        if node_kind(user) == "collective" and collective_kind(user) == "all_gather":
+            size = next((a for a in user.args if isinstance(a, int) and not isinstance(a, bool)), None)
+            place = placement.get(group_name(user))
+            if size and place is not None:
+                return place.size, size
+    return world_size, traced
 
 
 def traced_group_size(gm: fx.GraphModule) -> int | None:

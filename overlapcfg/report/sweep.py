@@ -36,7 +36,7 @@ def sweep_table(jobs: Sequence[Job]) -> Table:
     table = Table(title=escape(title), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     table.add_column("job", justify="right", no_wrap=True)
     table.add_column("overrides")
-    for col in ("buckets", "collectives fw + bw", "step time", "exposed comm", "overlap", "peak in flight"):
+    for col in ("buckets", "FSDP colls\nfw + bw", "step\ntime", "exposed\ncomm", "overlap", "peak in\nflight"):
         table.add_column(col, justify="right", no_wrap=True)
     steps = [r.simulation.step_seconds for _, r in jobs if r.simulation is not None]
     best = min(steps) if len(steps) > 1 else None

@@ -17,7 +17,8 @@ from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import Event, Simulation
 from overlapcfg.report.simulate import COMPUTE_STREAM
 
-__all__ = ["COLORS", "backward_start", "chrome_trace", "write_chrome_trace", "write_gantt_png", "write_timeline"]
+__all__ = ["COLORS", "backward_start", "bar_label", "chrome_trace", "write_chrome_trace", "write_gantt_png",
+           "write_timeline"]
 
 COLORS = {
     "compute": "#4C72B0",
@@ -94,6 +95,11 @@ def _short(label: str) -> str:
     return found[-1] if found else label[:3]
 
 
+def bar_label(label: str, width_px: float) -> str | None:
+    """What fits on a bar ``width_px`` wide: the whole bucket name, else its layer index, else nothing."""
+    return next((t for t in (label, _short(label)) if len(t) * _CHAR_PX + 4 <= width_px), None)
+
+
 def backward_start(sim: Simulation) -> float | None:
     """When the step's backward graph starts (its first event), or None for a single graph."""
     return min((e.start for e in sim.events if e.graph == "backward"), default=None)
@@ -137,9 +143,7 @@ def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "") -
         for e in events:
             if stream == COMPUTE_STREAM and e.kind != "wait":
                 continue  # compute kernels: too many to name; a stall names the bucket it waits for
-            width_px = (e.end - e.start) * scale * px_per_unit
-            label = next((t for t in (e.label or e.node, _short(e.label or e.node))
-                          if len(t) * _CHAR_PX + 4 <= width_px), None)
+            label = bar_label(e.label or e.node, (e.end - e.start) * scale * px_per_unit)
             if label is not None:
                 ax.text((e.start + e.end) / 2 * scale, y, label, ha="center", va="center", fontsize=7,
                         clip_on=True, color="white" if e.kind == "wait" else "black")

@@ -1,1 +1,25 @@
-"""Tuning: search bucket plans and depths with the cost model, under a memory budget (``overlapcfg.tune.tune``)."""
+"""Tuning: search bucket plans and schedules with the cost model, under a budget on bytes in flight.
+
+``tune(step, hardware=..., world_size=..., memory_budget=...)`` (``search``) returns a ``TuneResult``
+(``result``): the tuned ``OverlapConfig``, ``tuned.yaml``, the top candidates, the Pareto front and the shipped
+presets on the same trace. Underneath: ``profile`` (one real apply at the finest grouping, read into a compact
+model), ``quick`` (the scheduler and simulator replayed on it, about a millisecond a candidate), ``structure`` and
+``candidates`` (groupings written as plans), ``space`` (what is searched; the command's ``tune/space`` group),
+``render`` (tables and the Pareto PNG). Sits above ``report``, whose cost model it replays; the demo uses it.
+"""
+
+from __future__ import annotations
+
+from overlapcfg._lazy import lazy_exports
+
+_EXPORTS = {
+    "tune": "overlapcfg.tune.search",
+    "TuneProgress": "overlapcfg.tune.search",
+    "TuneResult": "overlapcfg.tune.result",
+    "TuneSpace": "overlapcfg.tune.space",
+    "load_space": "overlapcfg.tune.space",
+}
+
+__all__ = ["TuneProgress", "TuneResult", "TuneSpace", "load_space", "tune"]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

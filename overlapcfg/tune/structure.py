@@ -45,7 +45,8 @@ class Grouping:
     @property
     def label(self) -> str:
         """``2 blocks/bucket, first merged``: what tells groupings apart in a table."""
-        text = "attn|ffn split" if self.split_blocks else f"{self.layers_per_bucket} block{'s' * (self.layers_per_bucket > 1)}/bucket"
+        k = self.layers_per_bucket
+        text = "attn|ffn split" if self.split_blocks else f"{k} block{'s' if k > 1 else ''}/bucket"
         merged = [w for w, on in (("first", self.merge_first), ("last", self.merge_last)) if on]
         return text + (f", {' and '.join(merged)} merged" if merged else "")
 

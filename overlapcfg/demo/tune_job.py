@@ -1,0 +1,95 @@
+"""``overlapcfg mode=tune``: search plans and schedules for the demo step, print the evidence, write tuned.yaml.
+
+Stages, each shown while it runs: validate ``tune`` (torch-free: a typo in ``tune.space`` fails before the trace)
+→ trace the demo step → ``overlapcfg.tune.tune`` with a live progress line (candidates done, best so far,
+elapsed) → tables (summary, top candidates, Pareto front, presets, remaining stalls) → ``tuned.yaml``,
+``tune.json`` and ``tune_front.png`` in the run directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from overlapcfg.config.base import ByteCount, ConfigModel
+from overlapcfg.config.load import validate_config
+from overlapcfg.demo.job import Progress as Stages
+from overlapcfg.demo.job import demo_spec, hardware_of, traced
+from overlapcfg.errors import OverlapConfigError
+from overlapcfg.tune.space import TuneSpace
+
+__all__ = ["TUNED_FILE", "TuneSettings", "run_tune", "tune_settings"]
+
+TUNED_FILE = "tuned.yaml"
+TUNE_FILE = "tune.json"
+FRONT_FILE = "tune_front.png"
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+class TuneSettings(ConfigModel):
+    """The command's ``tune`` node."""
+
+    memory_budget: ByteCount | None = None
+    """Largest peak of all-gathered bytes in flight (as costed: ``dtype``) a candidate may reach; null: none."""
+    world_size: int | None = None
+    """Ranks the step is predicted at; null: the traced world size."""
+    dtype: Literal["bf16", "fp16", "fp32"] | None = None
+    """Cost floating tensors as this dtype (mixed precision from the fp32 trace); null: as traced."""
+    space: TuneSpace = TuneSpace()
+    """What is searched: the ``tune/space`` group (``tune/space=quick``) or its fields."""
+
+
+def tune_settings(cfg: DictConfig) -> TuneSettings:
+    node = cfg.get("tune")
+    data: Any = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    return validate_config(TuneSettings, data or {}, root="tune", header="invalid tune settings")
+
+
+def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
+    """``mode=tune``: tune the demo step on ``hardware``; returns the path of ``tuned.yaml``."""
+    import torch
+
+    from overlapcfg.report.labels import fmt_seconds
+    from overlapcfg.tune import TuneProgress, tune
+    from overlapcfg.tune.render import tune_tables, write_front_png
+
+    stages = Stages(console)
+    with stages.stage("validated config"):
+        spec = demo_spec(cfg)
+        settings = tune_settings(cfg)
+        if spec.sharding != "simple_fsdp":
+            raise OverlapConfigError.single("sharding", f"mode=tune scores schedules by replaying traced graphs; "
+                                                        f"sharding={spec.sharding} (eager) has none: use "
+                                                        "sharding=simple_fsdp")
+        hardware = hardware_of(cfg)
+        if hardware is None:
+            raise OverlapConfigError.single("hardware", "mode=tune predicts step times: choose a profile, e.g. "
+                                                        "hardware=h100_nvlink")
+    with stages.stage(f"traced {spec.model.n_layers}-layer demo model for {spec.world_size} ranks"):
+        step = traced(spec)
+    as_dtype = getattr(torch, _DTYPES[settings.dtype]) if settings.dtype else None
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), console=console, transient=True)
+
+    def show(p: TuneProgress) -> None:
+        best = fmt_seconds(p.best_seconds) if p.best_seconds is not None else "—"
+        bar.update(task, description=f"tune: {p.phase}", completed=p.done, total=max(p.total, 1), best=best)
+
+    with bar:
+        task = bar.add_task("tune: profile", total=1, best="—")
+        result = tune(step, hardware=hardware, world_size=settings.world_size, memory_budget=settings.memory_budget,
+                      space=settings.space, as_dtype=as_dtype, progress=show, config_root="tune")
+    stages.console.print(f"[green]✓[/green] tuned: {result.evaluated} candidates in {result.seconds:.1f} s")
+    console.print(tune_tables(result))
+    path = output_dir / TUNED_FILE
+    path.write_text(result.to_yaml())
+    (output_dir / TUNE_FILE).write_text(result.to_json())
+    png = write_front_png(result, output_dir / FRONT_FILE)
+    console.print(f"tuned config: {path}; evidence: {output_dir / TUNE_FILE}, {png}  "
+                  f"[dim](total {stages.total():.1f} s)[/dim]")
+    return path

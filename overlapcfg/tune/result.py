@@ -1,0 +1,154 @@
+"""What a search returns: the tuned config and the evidence for it (``TuneResult``), and ``tuned.yaml``.
+
+``tuned.yaml`` is the winner's ``OverlapConfig`` (``load_config`` reads it back; in a Hydra app it is a complete
+option of the ``overlap`` group) under a header of comments: predicted step time, exposed communication, peak
+in-flight and unsharded bytes, the two lower bounds, and the shipped presets on the same trace.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from overlapcfg.config import OverlapConfig
+from overlapcfg.config.load import dump_yaml
+from overlapcfg.report.labels import fmt_bytes, fmt_seconds
+from overlapcfg.report.model import Report, Simulation
+from overlapcfg.tune.candidates import Candidate
+from overlapcfg.tune.quick import Score, Stall
+from overlapcfg.tune.space import TuneSpace
+
+__all__ = ["AGREEMENT", "TUNE_SCHEMA", "TuneResult", "Verification"]
+
+TUNE_SCHEMA = "overlapcfg.tune/1"
+AGREEMENT = 0.01
+"""Largest relative difference between the quick score and the full simulation of the winner."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """The winner applied for real (the verifier on), and simulated."""
+
+    simulation: Simulation
+    agreement: float
+    """``|quick - full| / full`` of the step time."""
+    seconds: float
+    report: Report
+
+
+@dataclass(frozen=True, slots=True)
+class TuneResult:
+    config: OverlapConfig
+    """The tuned config: pass it to ``apply`` / ``backend``, or write it with ``to_yaml``."""
+    best: Candidate
+    top: tuple[Candidate, ...]
+    """The fastest candidates within the budget (at most 10), best first."""
+    pareto: tuple[Candidate, ...]
+    """Step time against peak in-flight bytes: no candidate beats one of these on both; lightest first."""
+    presets: tuple[Candidate, ...]
+    """Every shipped plan x policy preset and ``torch_manual`` that fits the model, quick-scored."""
+    skipped: tuple[str, ...]
+    """Presets left out, and why."""
+    candidates: tuple[Candidate, ...]
+    """Every distinct candidate scored, fastest first."""
+    verification: Verification | None
+    stalls: tuple[Stall, ...]
+    """Where the winner's compute still waits on communication (quick model)."""
+    hardware: str
+    world_size: int
+    memory_budget: int | None
+    as_dtype: torch.dtype | None
+    space: TuneSpace
+    evaluated: int
+    """Candidates scored (grid, presets and per-bucket trials)."""
+    profile_seconds: float
+    seconds: float
+    """The whole search, profile and verification included."""
+    arms: int
+    """Distinct groupings searched."""
+
+    @property
+    def score(self) -> Score:
+        return self.best.score
+
+    def fits(self, c: Candidate) -> bool:
+        return self.memory_budget is None or c.peak_inflight_bytes <= self.memory_budget
+
+    @property
+    def best_preset(self) -> Candidate | None:
+        """The fastest shipped preset within the budget."""
+        fitting = [c for c in self.presets if self.fits(c)]
+        return min(fitting, key=lambda c: c.step_seconds) if fitting else None
+
+    def header(self) -> list[str]:
+        """The comment lines above the config in ``tuned.yaml``."""
+        s = self.score
+        cost = f", costed as {str(self.as_dtype).removeprefix('torch.')}" if self.as_dtype is not None else ""
+        budget = f"peak all-gathers in flight <= {fmt_bytes(self.memory_budget)}" if self.memory_budget else "no budget"
+        lines = [f"overlapcfg tune: the fastest of {self.evaluated} candidates on {self.hardware} at {self.world_size} "
+                 f"ranks{cost}, {budget}",
+                 f"candidate: {self.best.name}"]
+        full = ""
+        if self.verification is not None:
+            full = (f" (full apply + verify + simulate: {fmt_seconds(self.verification.simulation.step_seconds)}, "
+                    f"{100 * self.verification.agreement:.3f}% apart)")
+        lines += [f"predicted step {fmt_seconds(s.step_seconds)}{full}",
+                  f"exposed communication {fmt_seconds(s.exposed_comm_seconds)}; peak all-gathers in flight "
+                  f"{fmt_bytes(s.peak_inflight_bytes)}; peak unsharded parameters "
+                  f"{fmt_bytes(s.peak_unsharded_param_bytes)}",
+                  f"lower bound max(compute, communication): {fmt_seconds(s.lower_bound_seconds)} "
+                  f"(this config {_over(s.step_seconds, s.lower_bound_seconds)})",
+                  f"lower bound with the unhidable first all-gather and last reduce-scatter: "
+                  f"{fmt_seconds(s.unhidable_bound_seconds)} (this config "
+                  f"{_over(s.step_seconds, s.unhidable_bound_seconds)})",
+                  "shipped presets on the same trace (quick model):"]
+        for p in sorted(self.presets, key=lambda c: c.step_seconds):
+            over = "" if self.fits(p) else " (over budget)"
+            lines.append(f"  {p.name}: {fmt_seconds(p.step_seconds)}, in flight {fmt_bytes(p.peak_inflight_bytes)}"
+                         f"{over}")
+        lines.append("load it: overlapcfg.load_config(pathlib.Path('tuned.yaml')), or as an option of your Hydra "
+                     "app's overlap group")
+        return lines
+
+    def to_yaml(self) -> str:
+        """``tuned.yaml``: the header as comments, then the config (``load_config`` reads it back)."""
+        body = dump_yaml({"strategy": self.config.strategy, **self.config.model_dump(mode="json", exclude_none=True)})
+        return "".join(f"# {line}\n" for line in self.header()) + body
+
+    def to_dict(self) -> dict[str, Any]:
+        def row(c: Candidate) -> dict[str, Any]:
+            return {"name": c.name, "score": _score(c.score),
+                    "config": c.config.model_dump(mode="json") if c.config is not None else None}
+
+        v = self.verification
+        return {
+            "schema": TUNE_SCHEMA, "hardware": self.hardware, "world_size": self.world_size,
+            "memory_budget": self.memory_budget,
+            "as_dtype": str(self.as_dtype).removeprefix("torch.") if self.as_dtype is not None else None,
+            "best": row(self.best),
+            "verification": None if v is None else {"simulation": v.simulation.model_dump(mode="json"),
+                                                    "agreement": v.agreement, "seconds": v.seconds},
+            "stalls": [{"graph": x.graph, "bucket": x.bucket, "kind": x.kind, "at": x.at, "seconds": x.seconds}
+                       for x in self.stalls],
+            "top": [row(c) for c in self.top], "pareto": [row(c) for c in self.pareto],
+            "presets": [row(c) for c in self.presets], "skipped": list(self.skipped),
+            "space": self.space.model_dump(mode="json"), "evaluated": self.evaluated, "arms": self.arms,
+            "profile_seconds": self.profile_seconds, "seconds": self.seconds,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+def _over(value: float, bound: float) -> str:
+    return f"+{100 * (value / bound - 1):.2f}%" if bound > 0 else "—"
+
+
+def _score(s: Score) -> dict[str, Any]:
+    return {"step_seconds": s.step_seconds, "exposed_comm_seconds": s.exposed_comm_seconds,
+            "compute_seconds": s.compute_seconds, "comm_seconds": s.comm_seconds,
+            "peak_inflight_bytes": s.peak_inflight_bytes, "peak_unsharded_param_bytes": s.peak_unsharded_param_bytes,
+            "lower_bound_seconds": s.lower_bound_seconds, "unhidable_bound_seconds": s.unhidable_bound_seconds}

@@ -1,0 +1,370 @@
+"""``overlapcfg.tune``: search groupings and schedules with the quick model, under a budget on in-flight bytes.
+
+The search, in order:
+
+1. profile the step once (``overlapcfg.tune.profile``: one real ``apply`` of the finest grouping);
+2. resolve each grouping of the space to a plan and merge the profile by it (an *arm*);
+3. score the grid: every arm x forward depth x backward depth x reduce-scatter delay x issue order x cap, plus
+   every shipped plan x policy preset and ``torch_manual`` that fits the model (so the winner is never worse
+   than a preset the budget allows);
+4. refine the best few, bucket by bucket: where the replay shows compute waiting on an all-gather, prefetch it
+   from further back; where it waits on a reduce-scatter, delay that wait; keep the best move, repeat;
+5. pick the fastest candidate within the budget (ties: fewer bytes in flight, fewer per-bucket exceptions), and
+   re-check it the slow way: a real ``apply`` (verified) and ``simulate``, which must agree within 1 %.
+
+Deterministic: the grid is enumerated in a fixed order (sampled with ``space.seed`` only when larger than
+``space.max_candidates``), and ties are broken by that order.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import TypeAdapter, ValidationError
+
+from overlapcfg.config import OverlapConfig, load_config, preset_names
+from overlapcfg.config.base import ByteCount
+from overlapcfg.config.hardware import HardwareProfile, load_hardware
+from overlapcfg.errors import OverlapConfigError
+from overlapcfg.passes.backend import CapturedStep
+from overlapcfg.report.compare import compare_reports
+from overlapcfg.report.explain import explain
+from overlapcfg.report.labels import fmt_bytes, fmt_seconds
+from overlapcfg.resolve import resolve_plan
+from overlapcfg.tune.candidates import Arm, Candidate, Knobs, describe, pareto
+from overlapcfg.tune.profile import Profile, build_profile
+from overlapcfg.tune.quick import Stall, group, score
+from overlapcfg.tune.result import AGREEMENT, TuneResult, Verification
+from overlapcfg.tune.space import TuneSpace, load_space
+from overlapcfg.tune.structure import Grouping, Structure, find_structure, plan_for
+
+__all__ = ["TuneProgress", "tune"]
+
+log = logging.getLogger(__name__)
+
+LOOKBACK = 4
+"""How many buckets before a stalled all-gather the refinement tries to issue it from."""
+
+
+@dataclass(frozen=True, slots=True)
+class TuneProgress:
+    """Where a search stands, for a progress display."""
+
+    phase: str
+    done: int
+    total: int
+    best_seconds: float | None
+    elapsed: float
+
+
+ProgressFn = Callable[[TuneProgress], None]
+
+
+def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None = None,
+         memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | None = None,
+         as_dtype: torch.dtype | None = None, progress: ProgressFn | None = None, verify: bool = True,
+         config_root: str | None = None) -> TuneResult:
+    """Search the ``space`` of plans and schedules for ``step`` on ``hardware`` at ``world_size`` ranks (default:
+    the trace's) for the fastest predicted step whose peak in-flight all-gather bytes stay within
+    ``memory_budget`` (bytes or ``"4GiB"``; None: no budget).
+
+    ``as_dtype`` costs floating tensors as that dtype (``torch.bfloat16``: mixed precision from an fp32 trace).
+    ``verify``: re-check the winner by a real apply + verify + simulate (the quick score must agree within 1 %).
+    ``config_root``: where the caller's tune settings sit (``tune``), so faults read ``tune.memory_budget``.
+    A budget no candidate fits raises ``OverlapConfigError`` naming the smallest feasible budget.
+    """
+    started = time.perf_counter()
+    prefix = f"{config_root}." if config_root else ""
+    space = load_space(space, root=f"{prefix}space")
+    budget = _budget(memory_budget, f"{prefix}memory_budget")
+    hw = load_hardware(hardware)
+    ws = world_size or step.world_size
+    report = _Reporter(progress, started)
+    report("profile", 0, 1, None)
+    profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype)
+    structure = find_structure(step.module_fqns, step.param_owners, space, root=f"{prefix}space")
+    arms = _arms(profile, structure, _groupings(space, structure, f"{prefix}space"), step)
+    caps = list(dict.fromkeys((*space.max_inflight_bytes,
+                               *((_traced(budget, profile),) if budget is not None and space.cap_at_budget else ()))))
+    grid = _grid(arms, space, caps)
+    scored: list[Candidate] = []
+    for i, (a, knobs) in enumerate(grid):
+        arm = arms[a]
+        scored.append(Candidate(describe(arm.grouping, knobs, _cap_text(knobs.max_inflight_bytes)), a, knobs,
+                                arm.score(knobs)))
+        if i % 50 == 0 or i == len(grid) - 1:
+            report("grid", i + 1, len(grid), _best(scored, budget))
+    presets, skipped = _presets(step, profile)
+    fits = [c for c in (*scored, *presets) if budget is None or c.peak_inflight_bytes <= budget]
+    if not fits:
+        smallest = min((*scored, *presets), key=lambda c: (c.peak_inflight_bytes, c.step_seconds))
+        raise OverlapConfigError.single(
+            f"{prefix}memory_budget",
+            f"{fmt_bytes(budget)} is below the peak in-flight all-gather bytes of every candidate; the smallest "
+            f"feasible budget in this space is {fmt_bytes(smallest.peak_inflight_bytes)} "
+            f"({smallest.peak_inflight_bytes} bytes, {smallest.name}); raise the budget, or add smaller depths to "
+            f"{prefix}space.forward_prefetch / backward_prefetch (0 issues each all-gather at its use)")
+    refined = _refine_best(arms, fits, space, budget, report)
+    pool = [*fits, *(c for c in refined if budget is None or c.peak_inflight_bytes <= budget)]
+    winner = min(pool, key=lambda c: (c.step_seconds, c.peak_inflight_bytes, len(c.knobs.per_bucket)))
+    everything = [*scored, *presets, *refined]
+    result = _result(step, profile, arms, winner, everything, presets, skipped, space, budget, as_dtype, verify,
+                     started, report)
+    log.info("tune: %d candidates in %.1fs, best %s (%s)", result.evaluated, result.seconds,
+             fmt_seconds(winner.step_seconds), winner.name)
+    return result
+
+
+class _Reporter:
+    def __init__(self, fn: ProgressFn | None, started: float) -> None:
+        self.fn, self.started = fn, started
+
+    def __call__(self, phase: str, done: int, total: int, best: float | None) -> None:
+        if self.fn is not None:
+            self.fn(TuneProgress(phase, done, total, best, time.perf_counter() - self.started))
+
+
+def _budget(value: int | str | None, path: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return TypeAdapter(ByteCount).validate_python(value)
+    except ValidationError as err:
+        raise OverlapConfigError.single(path, err.errors()[0]["msg"]) from None
+
+
+def _traced(budget: int, profile: Profile) -> int:
+    """The budget (costed bytes, what the simulator counts) in traced bytes (what ``max_inflight_bytes`` counts)."""
+    costed = sum(c.cost_bytes for g in profile.graphs for c in g.collectives if c.kind == "all_gather")
+    traced = sum(c.traced_bytes for g in profile.graphs for c in g.collectives if c.kind == "all_gather")
+    return max(1, budget * traced // costed) if costed else budget
+
+
+def _cap_text(cap: int | None) -> str | None:
+    return fmt_bytes(cap).replace(" ", "") if cap is not None else None
+
+
+def _best(candidates: list[Candidate], budget: int | None) -> float | None:
+    fits = [c.step_seconds for c in candidates if budget is None or c.peak_inflight_bytes <= budget]
+    return min(fits) if fits else None
+
+
+def _groupings(space: TuneSpace, structure: Structure, path: str) -> list[Grouping]:
+    if True in space.split_blocks and structure.parts is None and False not in space.split_blocks:
+        raise OverlapConfigError.single(f"{path}.split_blocks", f"blocks cannot be split: {structure.why_no_split}; "
+                                                                f"fix {path}.block_parts or set split_blocks [false]")
+    out = []
+    for split in space.split_blocks:
+        if split and structure.parts is None:
+            log.warning("tune: not splitting blocks: %s", structure.why_no_split)
+            continue
+        for per in ((1,) if split else space.layers_per_bucket):
+            for first in space.merge_first:
+                for last in space.merge_last:
+                    out.append(Grouping(per, split, first, last))
+    return list(dict.fromkeys(out))
+
+
+def _arms(profile: Profile, structure: Structure, groupings: list[Grouping], step: CapturedStep) -> list[Arm]:
+    arms: list[Arm] = []
+    seen: set[frozenset[frozenset[str]]] = set()
+    for g in groupings:
+        plan, resolved = plan_for(structure, g, step.module_fqns, step.param_owners)
+        key = frozenset(frozenset(b.modules) for b in resolved.buckets)
+        if key in seen:  # merge_first without a head, say: the same buckets as another grouping
+            continue
+        seen.add(key)
+        unit_bucket = [resolved.bucket_index(u) for u in profile.units]
+        if any(b is None for b in unit_bucket):
+            raise AssertionError(f"tune: grouping {g.label!r} leaves parameter owners unbucketed")
+        names = [b.name for b in resolved.buckets]
+        arms.append(Arm(g, plan, resolved, group(profile, unit_bucket, names)))  # type: ignore[arg-type]
+    return arms
+
+
+def _grid(arms: list[Arm], space: TuneSpace, caps: list[int | None]) -> list[tuple[int, Knobs]]:
+    grid = []
+    for a in range(len(arms)):
+        for cap in caps:
+            for fp in space.forward_prefetch:
+                for bp in space.backward_prefetch:
+                    for rs in space.reduce_scatter_delay:
+                        for order in space.issue_order:
+                            if order != "gather_first" and bp < 2:
+                                continue  # no all-gather is prefetched two buckets ahead: the same schedule
+                            grid.append((a, Knobs(fp, bp, rs, order, cap)))
+    if len(grid) > space.max_candidates:
+        keep = sorted(random.Random(space.seed).sample(range(len(grid)), space.max_candidates))
+        grid = [grid[i] for i in keep]
+    return grid
+
+
+def _presets(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], tuple[str, ...]]:
+    """Every shipped plan x manual policy preset, and ``torch_manual`` per plan, that fits the model."""
+    out: list[Candidate] = []
+    skipped: list[str] = []
+    for plan in preset_names("plan"):
+        for policy in (*preset_names("policy"), None):
+            name = f"torch_manual {plan}" if policy is None else f"{plan} / {policy}"
+            try:
+                cfg = load_config({"strategy": "torch_manual", "plan": plan} if policy is None
+                                  else {"plan": plan, "policy": policy})
+                resolved = resolve_plan(cfg.plan, step.module_fqns, step.param_owners, overrides=cfg.overrides,
+                                        policy=cfg.policy)  # type: ignore[arg-type]
+            except OverlapConfigError as err:
+                skipped.append(f"{name}: {err.faults[0].message}")
+                continue
+            if resolved.uncovered:
+                skipped.append(f"{name}: leaves {len(resolved.uncovered)} parameter owners unbucketed (their "
+                               "collectives stay as traced, which the quick model does not replay)")
+                continue
+            out.append(_score_config(name, cfg, resolved, profile))
+    return out, tuple(dict.fromkeys(skipped))
+
+
+def _score_config(name: str, cfg: OverlapConfig, resolved: Any, profile: Profile) -> Candidate:
+    """Any manual-style config, through its own resolution (presets; the winner's cross-check)."""
+    names = [b.name for b in resolved.buckets]
+    grouped = group(profile, [resolved.bucket_index(u) for u in profile.units], names)
+    policy = cfg.policy
+    order = getattr(policy, "issue_order", "gather_first")
+    cap = getattr(policy, "max_inflight_bytes", None)
+    knobs = Knobs(policy.forward_prefetch, policy.backward_prefetch, policy.reduce_scatter_delay,  # type: ignore[attr-defined]
+                  order, cap)
+    s = score(grouped, forward_prefetch=[b.forward_prefetch for b in resolved.buckets],
+              backward_prefetch=[b.backward_prefetch for b in resolved.buckets],
+              reduce_scatter_delay=[b.reduce_scatter_delay for b in resolved.buckets], max_inflight_bytes=cap,
+              issue_order=order, memory=True)
+    return Candidate(name, -1, knobs, s, cfg)
+
+
+def _refine_best(arms: list[Arm], fits: list[Candidate], space: TuneSpace, budget: int | None,
+                 report: _Reporter) -> list[Candidate]:
+    """Per-bucket refinement of the best candidates of distinct groupings (then the next best of any)."""
+    if not space.per_bucket_rounds:
+        return []
+    ranked = sorted((c for c in fits if c.arm >= 0), key=lambda c: (c.step_seconds, c.peak_inflight_bytes))
+    starts: list[Candidate] = []
+    for c in ranked:
+        if len(starts) < space.per_bucket_candidates and all(s.arm != c.arm for s in starts):
+            starts.append(c)
+    for c in ranked:
+        if len(starts) >= space.per_bucket_candidates:
+            break
+        if c not in starts:
+            starts.append(c)
+    out: list[Candidate] = []
+    for k, start in enumerate(starts):
+        out += _refine(arms[start.arm], start, space, budget)
+        report("per-bucket", k + 1, len(starts), _best([*fits, *out], budget))
+    return out
+
+
+def _refine(arm: Arm, start: Candidate, space: TuneSpace, budget: int | None) -> list[Candidate]:
+    index = {name: i for i, name in enumerate(arm.names)}
+    graphs = {g.profile.name: g for g in arm.grouped.graphs}
+    knobs, best = start.knobs, start.score
+    tried: list[Candidate] = []
+    for _ in range(space.per_bucket_rounds):
+        stalls: list[Stall] = []
+        arm.score(knobs, stalls=stalls)
+        moves: dict[tuple[int, str, int], None] = {}
+        for stall in stalls:
+            bucket = index[stall.bucket]
+            if stall.kind == "all_gather":
+                name = "forward_prefetch" if stall.graph == "forward" else "backward_prefetch"
+                order = [s.bucket for s in graphs[stall.graph].all_gathers]
+                j = order.index(bucket)
+                sources = order[max(0, j - LOOKBACK):j]
+            else:
+                name, sources = "reduce_scatter_delay", [bucket]
+            values = knobs.values(name, len(arm.names))
+            for b in sources:
+                for v in (values[b] + 1, values[b] + 2):
+                    if v <= space.max_depth:
+                        moves[(b, name, v)] = None
+        found = None
+        for b, name, v in moves:
+            trial = knobs.with_bucket(b, name, v)
+            s = arm.score(trial)
+            tried.append(Candidate(describe(arm.grouping, trial, _cap_text(trial.max_inflight_bytes)), start.arm,
+                                   trial, s))
+            if (budget is None or s.peak_inflight_bytes <= budget) and s.step_seconds < best.step_seconds - 1e-12 \
+                    and (found is None or s.step_seconds < found[1].step_seconds):
+                found = (trial, s)
+        if found is None:
+            break
+        knobs, best = found
+    return tried
+
+
+def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candidate, everything: list[Candidate],
+            presets: list[Candidate], skipped: tuple[str, ...], space: TuneSpace, budget: int | None,
+            as_dtype: torch.dtype | None, verify: bool, started: float, report: _Reporter) -> TuneResult:
+    def full(c: Candidate) -> Candidate:
+        """With its config and the memory replay (the bulk scores skip both)."""
+        if c.arm < 0:
+            return c
+        arm = arms[c.arm]
+        return Candidate(c.name, c.arm, c.knobs, arm.score(c.knobs, memory=True), arm.config(c.knobs))
+
+    best = full(winner)
+    assert best.config is not None
+    stalls: list[Stall] = []
+    if best.arm >= 0:
+        arms[best.arm].score(best.knobs, stalls=stalls)
+        _check_config(best, arms[best.arm], step, profile)
+    ranked = sorted(everything, key=lambda c: (c.step_seconds, c.peak_inflight_bytes, len(c.knobs.per_bucket)))
+    unique = list({(c.name, c.knobs): c for c in ranked}.values())
+    # For the tables, one candidate per outcome: a per-bucket value that changes nothing is not a new candidate.
+    distinct = list({(c.step_seconds, c.peak_inflight_bytes): c for c in reversed(unique)}.values())[::-1]
+    fitting = [c for c in distinct if budget is None or c.peak_inflight_bytes <= budget]
+    top = [full(c) for c in fitting[:10]]
+    front = tuple(full(c) for c in pareto(distinct))
+    verification = None
+    if verify:
+        report("verify", 0, 1, best.step_seconds)
+        verification = _verify(step, best, profile)
+    report("done", 1, 1, best.step_seconds)
+    return TuneResult(
+        config=best.config, best=best, top=tuple(top), pareto=front, presets=tuple(presets), skipped=skipped,
+        candidates=tuple(unique), verification=verification, stalls=tuple(stalls), hardware=profile.hardware.name,
+        world_size=profile.world_size, memory_budget=budget, as_dtype=as_dtype, space=space,
+        evaluated=len(everything), profile_seconds=profile.seconds, seconds=time.perf_counter() - started,
+        arms=len(arms))
+
+
+def _check_config(best: Candidate, arm: Arm, step: CapturedStep, profile: Profile) -> None:
+    """The emitted config, resolved on its own, must be the candidate (same buckets, same depths, same score)."""
+    assert best.config is not None
+    cfg = best.config
+    resolved = resolve_plan(cfg.plan, step.module_fqns, step.param_owners, overrides=cfg.overrides,  # type: ignore[arg-type]
+                            policy=cfg.policy)  # type: ignore[arg-type]
+    again = _score_config(best.name, cfg, resolved, profile)
+    if abs(again.step_seconds - best.step_seconds) > 1e-9 * best.step_seconds:
+        raise AssertionError(f"tune: the emitted config scores {again.step_seconds}, the candidate "
+                             f"{best.step_seconds}: the overrides do not say what the search chose")
+
+
+def _verify(step: CapturedStep, best: Candidate, profile: Profile) -> Verification:
+    """A real apply (with the verifier) and simulate of the winner, against its quick score."""
+    assert best.config is not None
+    started = time.perf_counter()
+    config = best.config if best.config.verify else best.config.model_copy(update={"verify": True})
+    explained = explain(step, config)
+    row = compare_reports(step, [explained], hardware=profile.hardware, names=["tuned"], world_size=profile.world_size,
+                          as_dtype=profile.as_dtype).rows[0]
+    sim = row.simulation
+    agreement = abs(best.step_seconds - sim.step_seconds) / sim.step_seconds if sim.step_seconds else 0.0
+    if agreement > AGREEMENT:
+        log.warning("tune: the quick model predicts %s for the winner, the full simulation %s (%.2f%% apart, more "
+                    "than %.0f%%): the profile does not describe this graph well; trust the full number",
+                    fmt_seconds(best.step_seconds), fmt_seconds(sim.step_seconds), 100 * agreement, 100 * AGREEMENT)
+    return Verification(simulation=sim, agreement=agreement, seconds=time.perf_counter() - started,
+                        report=row.report)
