@@ -48,6 +48,9 @@ _EXPORTS: dict[str, str] = {
     "explain": "overlapcfg.report",
     "simulate": "overlapcfg.report",
     "compare": "overlapcfg.report",
+    "tune": "overlapcfg.tune",
+    "TuneResult": "overlapcfg.tune",
+    "TuneSpace": "overlapcfg.tune",
     "Report": "overlapcfg.report",
     "HardwareProfile": "overlapcfg.config.hardware",
     "load_hardware": "overlapcfg.config.hardware",
@@ -73,6 +76,8 @@ __all__ = [
     "ResolvedPlan",
     "Strategy",
     "TorchManualPolicy",
+    "TuneResult",
+    "TuneSpace",
     "apply",
     "available_strategies",
     "backend",
@@ -89,6 +94,7 @@ __all__ = [
     "resolve_plan",
     "simulate",
     "trace_train_step",
+    "tune",
     "verify",
 ]
 
@@ -120,3 +126,4 @@ if TYPE_CHECKING:
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.strategies.base import PassContext, Strategy
     from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy
+    from overlapcfg.tune import TuneResult, TuneSpace, tune

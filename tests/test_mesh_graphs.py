@@ -23,6 +23,7 @@ from overlapcfg import load_config
 from overlapcfg.demo.job import run_report, traced
 from overlapcfg.demo.settings import demo_settings
 from overlapcfg.demo.tracing import TracedStep
+from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import collective_kind, find_collectives, group_name
 from overlapcfg.passes import apply
 from tests._mesh import counts_by_dim, group_signature
@@ -132,17 +133,19 @@ def test_tensor_parallel_activation_collectives_keep_their_order_inputs_and_read
     assert {kind for name, kind, _, _ in after if name not in names} <= {"all_reduce"}
 
 
-@pytest.mark.xfail(strict=False, reason="for the lead: the pass classifies these TP-group all-reduces (the gradient "
-                   "of sequence-parallel norms, chained AR(tp) -> RS(dp_shard) like HSDP's all-reduce-first) as "
-                   "hsdp_all_reduce and merges them; issue 13 says TP collectives are never merged. Decide: leave "
-                   "them alone, or bucket them under their own role/label, then make this test say which")
 def test_gradient_all_reduces_on_the_tensor_parallel_group_are_left_alone(
         step: TracedStep, applied: dict[str, fx.GraphModule]) -> None:
     tp, shard, original = step.group_of("tp"), step.group_of("dp_shard"), step.backward
     grads = _gradient_all_reduces(original, tp, shard)
     assert len(grads) == 1 + 2 * 2
     before = [entry for entry in group_signature(original, tp) if entry[0] in grads]
-    assert [entry for entry in group_signature(applied["backward"], tp) if entry[0] in grads] == before
+    # Same name, op and input, in the same order; the reader is now the merged dp-group reduce-scatter's copy-in.
+    after = [entry for entry in group_signature(applied["backward"], tp) if entry[0] in grads]
+    assert [entry[:3] for entry in after] == [entry[:3] for entry in before]
+    assert all("reduce_scatter" in reader for *_, readers in after for reader in readers)
+    # The chain looks like HSDP's all-reduce-first, but the group carries activations too: tensor parallel's.
+    roles = {c.start.name: c.role for c in find_collectives(applied["backward"].graph, module_fqn)}
+    assert {roles[name] for name in grads} == {"other"}
 
 
 def test_the_job_reports_a_3d_mesh_end_to_end(step: TracedStep, tmp_path: Path) -> None:

@@ -5,9 +5,10 @@ Each rank builds each mesh in the gloo group, tensor-parallelizes and shards the
 (``overlapcfg.demo.parallel``) and compiles one step once: the backend (``tests/_mesh.Variants``) keeps aot's
 untransformed graphs as the reference and applies every config to its own copy, as the production backend does
 (``verify`` runs inside). The same CPU kernels then run each variant from the same weights and batch; TP ranks of one
-group read the same batch. One spawn serves both meshes and all configs (4 processes on 2 cores: a compile per mesh,
-not per config). The graph summaries prove the pass did something: fewer all-gathers, one HSDP all-reduce per
-bucket, and TP collectives exactly where they were.
+group read the same batch. One run serves both meshes and all configs (4 processes on 2 cores: a compile per mesh,
+not per config), its ranks forked from a server that imported this module once (``run_on_gloo(preload=...)``).
+The graph summaries prove the pass did something: fewer all-gathers, one HSDP all-reduce per bucket, and TP
+collectives exactly where they were.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _mesh_worker(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def results() -> list[dict[str, Any]]:
-    return run_on_gloo(_mesh_worker, world_size=4, timeout_s=300)
+    return run_on_gloo(_mesh_worker, world_size=4, timeout_s=300, preload=[__name__])
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

@@ -12,7 +12,7 @@ from overlapcfg.config.hardware import HardwareProfile, PeakFlops, hardware_name
 from overlapcfg.report.compare import Comparison, ComparisonRow, compare
 from overlapcfg.report.explain import explain
 from overlapcfg.report.model import SCHEMA, Event, GraphReport, Report, Simulation
-from overlapcfg.report.simulate import simulate
+from overlapcfg.report.simulate import GroupPlacement, simulate
 
 __all__ = [
     "SCHEMA",
@@ -20,6 +20,7 @@ __all__ = [
     "ComparisonRow",
     "Event",
     "GraphReport",
+    "GroupPlacement",
     "HardwareProfile",
     "PeakFlops",
     "Report",

@@ -29,7 +29,7 @@ from overlapcfg.report.cost import node_kind
 from overlapcfg.report.fsdp2 import fsdp2_report, is_fsdp2_model
 from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import GraphReport, Report
-from overlapcfg.report.simulate import simulate, traced_group_size
+from overlapcfg.report.simulate import GroupPlacement, simulate, traced_group_size
 
 __all__ = ["apply_step", "explain", "node_labels", "compact_order"]
 
@@ -231,13 +231,15 @@ def _record(gm: fx.GraphModule) -> PassRecord:
 
 def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig | Mapping[str, Any], *,
             hardware: HardwareProfile | str | None = None, world_size: int | None = None,
-            graph_kind: GraphKind = "auto") -> Report:
+            graph_kind: GraphKind = "auto", groups: Mapping[str, GroupPlacement] | None = None) -> Report:
     """Apply ``cfg`` to copies of ``step``'s graphs and report per bucket; predict the step if ``hardware``.
 
     ``step`` may also be a model ``overlapcfg.fully_shard`` sharded (eager FSDP2: its record is reported), or one
     graph module: if ``apply`` already transformed it, its record is read and nothing is
     re-run; otherwise ``cfg`` is applied to a copy (``graph_kind`` as for ``apply``) and the copy is reported.
-    ``world_size``: the size the prediction is made for (default: the trace's).
+    ``world_size``: the size the prediction is made for (default: the trace's). ``groups`` places process groups
+    by name for the prediction (``overlapcfg.report.simulate.GroupPlacement``: HSDP's replicate group across
+    nodes); unplaced groups keep their traced size, the whole world scales to ``world_size``.
     """
     config = load_config(cfg)
     if is_fsdp2_model(step):
@@ -271,7 +273,7 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
     if hardware is not None:
         sim = simulate(list(graphs.values()), load_hardware(hardware), world_size=world_size or trace_ws,
                        names=list(graphs), labels=labels,
-                       traced_world_size=traced.world_size if traced is not None else None)
+                       traced_world_size=traced.world_size if traced is not None else None, groups=groups)
         simulation = sim
     report = Report(
         strategy=config.strategy, plan_name=config.plan.name if config.plan is not None else None,

@@ -50,15 +50,20 @@ MERGED_KINDS = ("all_gather", "reduce_scatter")
 
 @dataclass(frozen=True, slots=True)
 class ParamCopy:
-    """One parameter as a merged all-gather hands it out: a view of the gathered buffer when the collective
-    carries it alone, else its own copy (the merge helpers' ``reshape`` of a strided split)."""
+    """One parameter as a merged all-gather hands it out: the merge helpers ``reshape`` its slice of the gathered
+    buffer, a view where strides allow (the collective carries it alone, or its shard is one row), else a copy
+    (``overlapcfg.tune.quick`` decides per bucket)."""
 
+    shape: tuple[int, ...]
+    """Unsharded shape."""
+    numel: int
     bytes: int
     """Unsharded bytes as costed."""
     copy_seconds: float
     """What the copy costs where one is made."""
     last_reader: float
-    """Position of the last node reading it: where its storage (or, alone, the buffer's) is freed."""
+    """Position of the last node reading it (or a view of it): where its storage is freed, or, a view, where it
+    stops holding the buffer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,8 @@ class UnitCollective:
     """Units merge only with units of the same key (process group and dtype), as the bucketer does."""
     group: str
     """Process-group name: collectives of one group share one stream."""
+    group_size: int
+    """Ranks of the group as traced (the gathered buffer is laid out ``group_size`` x shard)."""
     cost_bytes: int
     """Full-size bytes as costed (the search's dtype)."""
     traced_bytes: int
@@ -180,6 +187,19 @@ def _exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> set[fx.No
     return chain
 
 
+def _made_by_merging(start: fx.Node, original: set[str]) -> set[fx.Node]:
+    """``start`` and the nodes merging inserted to feed it (a reduce-scatter's copy-in), up to the graph's own."""
+    chain = {start}
+    stack = [start]
+    while stack:
+        for node in stack.pop().all_input_nodes:
+            if node not in chain and node.op == "call_function" and node.name not in original \
+                    and not compat.is_wait_tensor(node) and all(u in chain for u in node.users):
+                chain.add(node)
+                stack.append(node)
+    return chain
+
+
 def _exclusive_descendants(waits: Sequence[fx.Node]) -> set[fx.Node]:
     """The waits and the nodes reading only them, short of another collective: what the scheduler moves with a
     reduce-scatter's wait."""
@@ -245,8 +265,8 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
         if kind == "all_gather":
             issue = _exclusive_ancestors(start, index)
             after = {n for n in _exclusive_descendants(waits) if n in waits or n.name not in original_names}
-        else:  # the start and its copy-in stay where merging put them; the wait chain moves
-            issue = {n for n in _exclusive_ancestors(start, index) if n is start or n.name not in original_names}
+        else:  # the start and the copy-in merging made for it stay together; the wait chain moves
+            issue = _made_by_merging(start, original_names)
             after = _exclusive_descendants(waits)
         chains.append((start, meta, kind, issue, waits, after))
         moved |= issue | after
@@ -276,9 +296,10 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
                         default=float(index[start]))
             buffer = _bytes(root[start], costs.as_dtype)
             leaves = sorted((n for n in after if any(u not in after for u in n.users)), key=index.__getitem__)
-            params = tuple(ParamCopy(bytes=_bytes(n, costs.as_dtype),
+            params = tuple(ParamCopy(shape=tuple(n.meta["val"].shape), numel=int(n.meta["val"].numel()),
+                                     bytes=_bytes(n, costs.as_dtype),
                                      copy_seconds=cost[n] if root[n] is n else costs.copy_of(n),
-                                     last_reader=float(last.get(root[n], index[n]))) for n in leaves)
+                                     last_reader=float(_last_alias_reader(n, root, index))) for n in leaves)
             wait_cost -= sum(p.copy_seconds for p, n in zip(params, leaves, strict=True) if root[n] is n)
         else:
             where = float(index[start])
@@ -286,6 +307,7 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
             consumer = float(min(readers)) if readers else None
         records.append(UnitCollective(
             unit=int(meta["bucket"]), kind=kind, key=f"{group_name(start)}:{_dtype(start)}", group=group_name(start),
+            group_size=next((a for a in start.args if isinstance(a, int) and not isinstance(a, bool)), 1),
             cost_bytes=collective_bytes(start, costs.as_dtype), traced_bytes=collective_bytes(start),
             issue_cost=sum(cost.get(n, 0.0) for n in issue), wait_cost=max(0.0, wait_cost),
             start=where, wait=float(index[waits[0]]) if waits else float(index[start]), consumer=consumer,
@@ -294,6 +316,18 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
                  if root[n] is n and n in param)
     return GraphProfile(name=name, fixed=fixed, prefix=tuple(prefix), first_compute=first_compute,
                         collectives=tuple(records), params=held)
+
+
+def _last_alias_reader(node: fx.Node, root: dict[fx.Node, fx.Node], index: dict[fx.Node, int]) -> int:
+    """Index of the last node reading ``node``'s value directly or through views of it."""
+    last, stack, seen = index[node], [node], {node}
+    while stack:
+        for user in stack.pop().users:
+            last = max(last, index[user])
+            if root.get(user) is root[node] and user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return last
 
 
 def _storages(nodes: Sequence[fx.Node]) -> tuple[dict[fx.Node, fx.Node], set[fx.Node]]:

@@ -19,8 +19,12 @@ model, against seconds for a real ``apply`` + ``simulate``; the tuner re-checks 
 from __future__ import annotations
 
 import bisect
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import torch
 
 from overlapcfg.graph.reach import prefetch_reach
 from overlapcfg.report.cost import collective_seconds
@@ -47,7 +51,8 @@ class Merged:
     consumer: float | None
     buffer_bytes: int
     buffer_last: float
-    """Where the buffer is freed: after the copy-out at the wait (-1), or after its only parameter's last reader."""
+    """Where the buffer is freed: after the copy-out at the wait (-1), or after the last reader of a parameter
+    left as a view of it."""
     copies: tuple[tuple[int, float], ...]
     """``(bytes, last reader)`` of each parameter copied out of the buffer (none for a lone parameter)."""
 
@@ -159,23 +164,38 @@ class Score:
     unhidable_bound_seconds: float
 
 
+@functools.cache
+def _stays_a_view(shape: tuple[int, ...], group_size: int, total: int) -> bool:
+    """Whether the merge helpers' ``reshape`` of a parameter's slice of a bucket buffer holding ``total`` elements
+    per rank is a view (else it copies). Asked of torch itself, on a meta tensor laid out like the buffer."""
+    numel = math.prod(shape) // group_size
+    piece = torch.empty((group_size, total), device="meta")[:, :numel]
+    try:
+        piece.view(shape)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _merge(units: Sequence[UnitCollective], profile: Profile) -> Merged:
     first = units[0]
     nbytes = sum(u.cost_bytes for u in units)
     kind = first.kind
     params = [p for u in units for p in u.params]
-    copied = len(params) > 1  # a lone parameter is a view of the buffer; two or more are each copied out
+    total = sum(p.numel for p in params) // first.group_size
+    views = [p for p in params if _stays_a_view(p.shape, first.group_size, total)]
+    copied = [p for p in params if p not in views]
     return Merged(
         kind=kind, group=first.group, cost_bytes=nbytes, traced_bytes=sum(u.traced_bytes for u in units),
         seconds=collective_seconds(kind, nbytes, profile.hardware, profile.world_size),
         issue_cost=sum(u.issue_cost for u in units),
-        wait_cost=sum(u.wait_cost for u in units) + (sum(p.copy_seconds for p in params) if copied else 0.0),
+        wait_cost=sum(u.wait_cost for u in units) + sum(p.copy_seconds for p in copied),
         start=(max if kind == "reduce_scatter" else min)(u.start for u in units),
         wait=min(u.wait for u in units),
         consumer=min((u.consumer for u in units if u.consumer is not None), default=None),
         buffer_bytes=sum(u.buffer_bytes for u in units),
-        buffer_last=-1.0 if copied or not params else params[0].last_reader,
-        copies=tuple((p.bytes, p.last_reader) for p in params) if copied else ())
+        buffer_last=max(p.last_reader for p in views) if views else -1.0,
+        copies=tuple((p.bytes, p.last_reader) for p in copied))
 
 
 def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str]) -> Grouped:
@@ -199,17 +219,31 @@ def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str]) ->
                           key=lambda s: (s.start, s.bucket))
         chains = sum(c.issue_cost + c.wait_cost for s in (*gathers, *scatters) for c in s.collectives)
         compute = g.prefix[-1] + chains
-        hidden = 0.0
-        if gathers:
-            first = gathers[0]
-            hidden += max(0.0, sum(c.seconds for c in first.collectives)
-                          - g.compute_between(float("-inf"), first.wait))
-        if scatters:
-            last = scatters[-1]
-            hidden += max(0.0, sum(c.seconds for c in last.collectives) - g.compute_between(last.start, float("inf")))
+        hidden = _unhidable(g, gathers, scatters)
         graphs.append(GroupedGraph(g, tuple(gathers), tuple(scatters), compute, hidden,
                                    tuple(sorted(m.start for s in scatters for m in s.collectives))))
     return Grouped(tuple(names), tuple(graphs), busy)
+
+
+def _unhidable(g: GraphProfile, gathers: Sequence[Step], scatters: Sequence[Step]) -> float:
+    """Communication no schedule of this grouping hides: the first all-gather beyond everything that could run
+    before its wait (fixed compute there, and the copy-ins of every other all-gather, which prefetching may move
+    there), and the last reduce-scatter beyond everything that could run after its start (fixed compute there,
+    the other reduce-scatters' wait chains, and the all-gathers waited there). The graph cannot start computing
+    before the one, nor end before the other; each graph starts once the previous one's streams are idle."""
+    out = 0.0
+    if gathers:
+        first = gathers[0]
+        before = g.compute_between(float("-inf"), first.wait) + sum(
+            c.issue_cost for s in gathers[1:] for c in s.collectives)
+        out += max(0.0, sum(c.seconds for c in first.collectives) - before)
+    if scatters:
+        last = scatters[-1]
+        after = g.compute_between(last.start, float("inf")) + sum(
+            c.wait_cost for s in scatters[:-1] for c in s.collectives) + sum(
+            c.issue_cost + c.wait_cost for s in gathers if s.wait > last.start for c in s.collectives)
+        out += max(0.0, sum(c.seconds for c in last.collectives) - after)
+    return out
 
 
 # Event codes, in the order the simulator meets them at one key.

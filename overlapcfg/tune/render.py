@@ -25,8 +25,9 @@ def _pct(value: float, base: float) -> str:
 def _candidates(title: str, rows: tuple[Candidate, ...], result: TuneResult) -> Table:
     base = result.best_preset
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for col in ("candidate", "step", "vs best preset", "exposed comm", "peak in flight", "peak unsharded", "fits"):
-        table.add_column(col, justify="left" if col == "candidate" else "right")
+    table.add_column("candidate", min_width=44)
+    for col in ("step", "vs best preset", "exposed comm", "peak in flight", "peak unsharded", "fits"):
+        table.add_column(col, justify="right")
     for c in rows:
         mark = "[bold green]★[/bold green] " if c is result.best or c.config == result.config else ""
         table.add_row(mark + c.name, fmt_seconds(c.step_seconds),
