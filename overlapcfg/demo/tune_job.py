@@ -66,6 +66,10 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
             raise OverlapConfigError.single("sharding", f"mode=tune scores schedules by replaying traced graphs; "
                                                         f"sharding={spec.sharding} (eager) has none: use "
                                                         "sharding=simple_fsdp")
+        if not spec.dims.is_1d:
+            raise OverlapConfigError.single("parallel", f"mode=tune models plain FSDP graphs (every collective an "
+                                                        f"FSDP all-gather or reduce-scatter); {spec.dims.describe()} "
+                                                        "adds HSDP or tensor-parallel traffic: drop parallel.*")
         hardware = hardware_of(cfg)
         if hardware is None:
             raise OverlapConfigError.single("hardware", "mode=tune predicts step times: choose a profile, e.g. "

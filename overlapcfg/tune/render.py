@@ -88,41 +88,60 @@ def tune_tables(result: TuneResult) -> Group:
     return Group(*parts)
 
 
+def _preset_points(result: TuneResult) -> list[tuple[float, float, list[str]]]:
+    """Presets at the same point (``torch_manual`` and ``default`` of one plan) share a marker, fastest first."""
+    points: dict[tuple[int, float], list[str]] = {}
+    for p in sorted(result.presets, key=lambda c: (c.step_seconds, c.name)):
+        points.setdefault((p.peak_inflight_bytes, round(p.step_seconds, 9)), []).append(p.name)
+    return [(b / 2**30, 1e3 * s, names) for (b, s), names in points.items()]
+
+
 def write_front_png(result: TuneResult, path: Path) -> Path:
-    """Every candidate (grey), the Pareto front, the presets (labelled) and the winner, step time against peak
-    in-flight bytes, with the budget and both lower bounds drawn in."""
+    """Every candidate (grey), the Pareto front, the presets (numbered, listed beside) and the winner, step time
+    against peak in-flight bytes, with the budget and both lower bounds. The view is the region around the front
+    and the tuned point; presets outside it are listed with their numbers all the same."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
     gib = 2**30
-    fig, ax = plt.subplots(figsize=(11, 6.5), dpi=110)
+    s, best = result.score, result.best
+    top = 1e3 * max(1.15 * best.step_seconds, min(p.step_seconds for p in result.presets) * 1.02
+                    if result.presets else 0.0)
+    bottom = 1e3 * s.lower_bound_seconds * 0.98
+    right = 1.15 * max([best.peak_inflight_bytes / gib, (result.memory_budget or 0) / gib,
+                        *(c.peak_inflight_bytes / gib for c in result.pareto if 1e3 * c.step_seconds <= top)])
+    fig, ax = plt.subplots(figsize=(15, 6.5), dpi=110)
     ax.scatter([c.peak_inflight_bytes / gib for c in result.candidates],
                [1e3 * c.step_seconds for c in result.candidates], s=6, color="#BBBBBB", label="candidates")
     front = result.pareto
     ax.plot([c.peak_inflight_bytes / gib for c in front], [1e3 * c.step_seconds for c in front], "-o",
             color="#1f77b4", markersize=4, label="Pareto front")
-    for p in result.presets:
-        ax.scatter([p.peak_inflight_bytes / gib], [1e3 * p.step_seconds], marker="s", s=28, color="#FF7F0E")
-        ax.annotate(p.name, (p.peak_inflight_bytes / gib, 1e3 * p.step_seconds), fontsize=7,
-                    xytext=(4, 3), textcoords="offset points")
-    ax.scatter([], [], marker="s", color="#FF7F0E", label="shipped presets")
-    best = result.best
+    listing = []
+    for k, (x, y, names) in enumerate(_preset_points(result), start=1):
+        ax.scatter([x], [y], marker="s", s=30, color="#FF7F0E", zorder=4)
+        ax.annotate(str(k), (x, y), fontsize=8, xytext=(4, 3), textcoords="offset points")
+        where = "" if x <= right and y <= top else ", off the view"
+        shown = names[0] + (f" (+{len(names) - 1} alike)" if len(names) > 1 else "")
+        listing.append(f"{k}. {shown}: {y:.1f} ms, {x:.2f} GiB{where}")
+    ax.scatter([], [], marker="s", color="#FF7F0E", label="shipped presets (numbered)")
     ax.scatter([best.peak_inflight_bytes / gib], [1e3 * best.step_seconds], marker="*", s=220, color="#2CA02C",
                zorder=5, label=f"tuned: {fmt_seconds(best.step_seconds)}")
-    s = result.score
     ax.axhline(1e3 * s.lower_bound_seconds, ls="--", color="#555555", lw=1, label="max(compute, comm)")
     ax.axhline(1e3 * s.unhidable_bound_seconds, ls=":", color="#555555", lw=1,
                label="+ unhidable first all-gather / last reduce-scatter")
     if result.memory_budget:
         ax.axvline(result.memory_budget / gib, color="#D62728", lw=1, label=f"budget {fmt_bytes(result.memory_budget)}")
+    ax.set_xlim(0, right)
+    ax.set_ylim(bottom, top)
     ax.set_xlabel("peak all-gathers in flight (GiB)")
     ax.set_ylabel("predicted step (ms)")
     ax.set_title(f"overlapcfg tune: {result.hardware}, {result.world_size} ranks, {result.evaluated} candidates")
     ax.legend(fontsize=8, loc="upper right")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.text(0.63, 0.5, "shipped presets\n" + "\n".join(listing), fontsize=7, va="center", family="monospace")
+    fig.subplots_adjust(left=0.06, right=0.61, top=0.93, bottom=0.09)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)

@@ -228,7 +228,8 @@ def _presets(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], tup
     return out, tuple(dict.fromkeys(skipped))
 
 
-def _score_config(name: str, cfg: OverlapConfig, resolved: Any, profile: Profile) -> Candidate:
+def _score_config(name: str, cfg: OverlapConfig, resolved: Any, profile: Profile,
+                  stalls: list[Stall] | None = None) -> Candidate:
     """Any manual-style config, through its own resolution (presets; the winner's cross-check)."""
     names = [b.name for b in resolved.buckets]
     grouped = group(profile, [resolved.bucket_index(u) for u in profile.units], names)
@@ -240,7 +241,7 @@ def _score_config(name: str, cfg: OverlapConfig, resolved: Any, profile: Profile
     s = score(grouped, forward_prefetch=[b.forward_prefetch for b in resolved.buckets],
               backward_prefetch=[b.backward_prefetch for b in resolved.buckets],
               reduce_scatter_delay=[b.reduce_scatter_delay for b in resolved.buckets], max_inflight_bytes=cap,
-              issue_order=order, memory=True)
+              issue_order=order, memory=True, stalls=stalls)
     return Candidate(name, -1, knobs, s, cfg)
 
 
@@ -320,6 +321,11 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
     if best.arm >= 0:
         arms[best.arm].score(best.knobs, stalls=stalls)
         _check_config(best, arms[best.arm], step, profile)
+    else:  # a preset won: replay it through its own resolution for the stalls
+        cfg = best.config
+        _score_config(best.name, cfg, resolve_plan(cfg.plan, step.module_fqns, step.param_owners,  # type: ignore[arg-type]
+                                                   overrides=cfg.overrides, policy=cfg.policy),  # type: ignore[arg-type]
+                      profile, stalls)
     ranked = sorted(everything, key=lambda c: (c.step_seconds, c.peak_inflight_bytes, len(c.knobs.per_bucket)))
     unique = list({(c.name, c.knobs): c for c in ranked}.values())
     # For the tables, one candidate per outcome: a per-bucket value that changes nothing is not a new candidate.
