@@ -218,3 +218,17 @@ def test_the_verifier_catches_a_bucketed_all_reduce_handing_a_gradient_the_wrong
     swapped = r"graph output \d+ is (now the reduce-scattered gradient of|.* = all_reduce\[sum)"
     with pytest.raises(OverlapVerificationError, match=swapped):
         verify(original, final, direction="backward")
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_reduce_scatter_first_issue_order_with_delayed_all_reduces(order: str) -> None:
+    """``issue_order: reduce_scatter_first`` ties far prefetches to reduce-scatter starts; with HSDP those can sit
+    behind a delayed all-reduce wait. Deep prefetch and long delays together still schedule, verified."""
+    syn = backward_graph(LAYERS, hsdp=order, regather=True)  # type: ignore[arg-type]
+    policy = {"backward_prefetch": 3, "reduce_scatter_delay": 2, "all_reduce_delay": 3,
+              "issue_order": "reduce_scatter_first"}
+    cfg = overlapcfg.load_config({"plan": {"name": "layers", "buckets": ["layers.*"]}, "policy": policy})
+    with compat.fake_process_group(2):
+        final = apply(syn.gm, cfg, graph_kind="backward", module_fqns=syn.module_fqns)
+    assert len(_starts(final, "all_reduce")) == 4
+    assert _delays(final, "all_reduce") == [min(3, 3 - i) for i in range(4)]

@@ -164,6 +164,7 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
     deps: dict[fx.Node, list[fx.Node]] = {}
     records: list[DepthDecision] = []
     directions = {m.direction for m in merged if m.kind == "all_gather"}
+    chained = _chained_starts(merged, index)
     for direction in ("forward", "backward"):
         steps = _steps(merged, "all_gather", direction, index)
         # A joint graph holds both directions: the first backward bucket is hoisted before the first backward
@@ -171,10 +172,11 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
         # before the graph's first compute node.
         first_compute = next((n for n in graph.nodes if is_compute_node(n)
                               and (len(directions) < 2 or node_direction(n) == direction)), None)
-        scatters = sorted((m.start for m in merged if m.kind == "reduce_scatter"), key=index.__getitem__) \
-            if issue_order == "reduce_scatter_first" else []
+        # A reduce-scatter chained after an HSDP all-reduce is issued when that all-reduce's (delayed) wait is
+        # done, not at its position here: tying a prefetch to it could close a cycle through the delay.
+        scatters = sorted((m.start for m in merged if m.kind == "reduce_scatter" and m.start not in chained),
+                          key=index.__getitem__) if issue_order == "reduce_scatter_first" else []
         records += _place_all_gathers(plan, steps, max_inflight_bytes, index, first_compute, keys, deps, scatters)
-    chained = _chained_starts(merged, index)
     for kind in ("reduce_scatter", "all_reduce"):
         records += _place_delayed(plan, _steps(merged, kind, "backward", index), index, keys, deps, chained)
     for start in chained:  # the second half of an HSDP chain: issued as soon as the first half's result is ready
