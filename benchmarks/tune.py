@@ -27,8 +27,8 @@ from rich.table import Table
 from overlapcfg.demo import LLAMA3_8B
 from overlapcfg.demo.tracing import trace_train_step
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
-from overlapcfg.tune import tune
-from overlapcfg.tune.render import write_front_png
+from overlapcfg.tuning import tune
+from overlapcfg.tuning.render import write_front_png
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HARDWARE = ("h100_nvlink", "a100_ib")

@@ -48,9 +48,9 @@ _EXPORTS: dict[str, str] = {
     "explain": "overlapcfg.report",
     "simulate": "overlapcfg.report",
     "compare": "overlapcfg.report",
-    "tune": "overlapcfg.tune",
-    "TuneResult": "overlapcfg.tune",
-    "TuneSpace": "overlapcfg.tune",
+    "tune": "overlapcfg.tuning",
+    "TuneResult": "overlapcfg.tuning",
+    "TuneSpace": "overlapcfg.tuning",
     "Report": "overlapcfg.report",
     "HardwareProfile": "overlapcfg.config.hardware",
     "load_hardware": "overlapcfg.config.hardware",
@@ -126,4 +126,4 @@ if TYPE_CHECKING:
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.strategies.base import PassContext, Strategy
     from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy
-    from overlapcfg.tune import TuneResult, TuneSpace, tune
+    from overlapcfg.tuning import TuneResult, TuneSpace, tune

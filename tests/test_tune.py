@@ -30,10 +30,10 @@ from overlapcfg.passes import apply
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare
 from overlapcfg.resolve import resolve_plan
-from overlapcfg.tune import TuneSpace, load_space, tune
-from overlapcfg.tune.profile import build_profile
-from overlapcfg.tune.quick import group, score
-from overlapcfg.tune.structure import Grouping, find_structure, plan_for
+from overlapcfg.tuning import TuneSpace, load_space, tune
+from overlapcfg.tuning.profile import build_profile
+from overlapcfg.tuning.quick import group, score
+from overlapcfg.tuning.structure import Grouping, find_structure, plan_for
 from tests.synthetic import backward_graph, forward_graph
 
 LAYERS = [[2, 1], [1], [3, 2], [1, 1], [2], [1, 3]]
@@ -277,9 +277,10 @@ def test_tuned_demo_is_no_slower_than_any_preset_within_the_budget(traced_2l_res
 
 @pytest.mark.slow
 def test_the_search_is_the_same_under_another_hash_seed() -> None:
-    code = ("import hashlib; from tests.test_tune import synthetic_step, SYNTHETIC_SPACE; from overlapcfg.tune import "
-            "tune; r = tune(synthetic_step(), hardware='h100_nvlink', world_size=8, memory_budget=None, "
-            "space=SYNTHETIC_SPACE, verify=False); print(hashlib.sha256(r.to_yaml().encode()).hexdigest())")
+    code = ("import hashlib; from tests.test_tune import synthetic_step, SYNTHETIC_SPACE; "
+            "from overlapcfg.tuning import tune; r = tune(synthetic_step(), hardware='h100_nvlink', world_size=8, "
+            "memory_budget=None, space=SYNTHETIC_SPACE, verify=False); "
+            "print(hashlib.sha256(r.to_yaml().encode()).hexdigest())")
     here = tune(synthetic_step(), hardware="h100_nvlink", world_size=8, memory_budget=None, space=SYNTHETIC_SPACE,
                 verify=False)
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
@@ -314,9 +315,11 @@ def test_tuning_leaves_the_step_as_it_was() -> None:
     assert {name: [n.name for n in step.graph(name).graph.nodes] for name in before} == before
 
 
-def test_overlapcfg_tune_is_the_search_function_in_any_import_order() -> None:
-    """``from overlapcfg.tune import ...`` binds the package as ``overlapcfg.tune``; it still calls the search."""
-    import overlapcfg.tune.space  # the import that binds the package
+def test_overlapcfg_tune_is_the_search_function_after_the_package_is_imported() -> None:
+    """The search lives in ``overlapcfg.tuning``: importing it never rebinds ``overlapcfg.tune``."""
+    import overlapcfg.tuning.space
 
+    assert overlapcfg.tune is overlapcfg.tuning.tune
     with pytest.raises(TypeError, match="hardware"):
         overlapcfg.tune(synthetic_step([[1]]))
+

@@ -1,7 +1,7 @@
 """``overlapcfg mode=tune``: search plans and schedules for the demo step, print the evidence, write tuned.yaml.
 
 Stages, each shown while it runs: validate ``tune`` (torch-free: a typo in ``tune.space`` fails before the trace)
-→ trace the demo step → ``overlapcfg.tune.tune`` with a live progress line (candidates done, best so far,
+→ trace the demo step → ``overlapcfg.tuning.tune`` with a live progress line (candidates done, best so far,
 elapsed) → tables (summary, top candidates, Pareto front, presets, remaining stalls) → ``tuned.yaml``,
 ``tune.json`` and ``tune_front.png`` in the run directory.
 """
@@ -20,7 +20,7 @@ from overlapcfg.config.load import validate_config
 from overlapcfg.demo.job import Progress as Stages
 from overlapcfg.demo.job import demo_spec, hardware_of, traced
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.tune.space import TuneSpace
+from overlapcfg.tuning.space import TuneSpace
 
 __all__ = ["TUNED_FILE", "TuneSettings", "run_tune", "tune_settings"]
 
@@ -55,8 +55,8 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     import torch
 
     from overlapcfg.report.labels import fmt_seconds
-    from overlapcfg.tune import TuneProgress, tune
-    from overlapcfg.tune.render import tune_tables, write_front_png
+    from overlapcfg.tuning import TuneProgress, tune
+    from overlapcfg.tuning.render import tune_tables, write_front_png
 
     stages = Stages(console)
     with stages.stage("validated config"):

@@ -225,7 +225,7 @@ def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | Non
 def _chained_starts(merged: Sequence[MergedCollective], index: dict[fx.Node, int]) -> set[fx.Node]:
     """Starts of merged backward collectives that read another merged collective's result (the second half of an
     HSDP chain: the reduce-scatter after an all-reduce, or the all-reduce after a reduce-scatter)."""
-    waits = {w: m for m in merged if m.direction == "backward" for w in m.waits}
+    waits = {w: m for m in merged if m.direction == "backward" and m.kind != "all_gather" for w in m.waits}
     chained: set[fx.Node] = set()
     for m in merged:
         if m.direction != "backward" or m.kind == "all_gather":

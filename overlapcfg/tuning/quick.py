@@ -28,7 +28,7 @@ import torch
 
 from overlapcfg.graph.reach import prefetch_reach
 from overlapcfg.report.cost import collective_seconds
-from overlapcfg.tune.profile import GraphProfile, Profile, UnitCollective
+from overlapcfg.tuning.profile import GraphProfile, Profile, UnitCollective
 
 __all__ = ["GraphScore", "Grouped", "GroupedGraph", "Score", "Stall", "Step", "group", "score"]
 

@@ -5,7 +5,7 @@ groups whole units into buckets, and merging changes only sizes and counts: a bu
 copy-out cost the sum of its units' (each is a bandwidth-bound copy or a bandwidth term, linear in bytes) plus one
 collective latency; its all-gather waits where its earliest unit waited and its reduce-scatter is issued where
 its latest unit was. Compute never moves. So one ``apply`` of the unit plan with every depth at 0 (each collective
-next to its use) holds everything needed to replay any grouping and schedule (``overlapcfg.tune.quick``) without
+next to its use) holds everything needed to replay any grouping and schedule (``overlapcfg.tuning.quick``) without
 touching a graph again.
 
 Per graph a profile keeps the nodes no schedule moves ("fixed": compute, and everything outside a collective's
@@ -52,7 +52,7 @@ MERGED_KINDS = ("all_gather", "reduce_scatter")
 class ParamCopy:
     """One parameter as a merged all-gather hands it out: the merge helpers ``reshape`` its slice of the gathered
     buffer, a view where strides allow (the collective carries it alone, or its shard is one row), else a copy
-    (``overlapcfg.tune.quick`` decides per bucket)."""
+    (``overlapcfg.tuning.quick`` decides per bucket)."""
 
     shape: tuple[int, ...]
     """Unsharded shape."""

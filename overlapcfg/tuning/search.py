@@ -2,7 +2,7 @@
 
 The search, in order:
 
-1. profile the step once (``overlapcfg.tune.profile``: one real ``apply`` of the finest grouping);
+1. profile the step once (``overlapcfg.tuning.profile``: one real ``apply`` of the finest grouping);
 2. resolve each grouping of the space to a plan and merge the profile by it (an *arm*);
 3. score the grid: every arm x forward depth x backward depth x reduce-scatter delay x issue order x cap, plus
    every shipped plan x policy preset and ``torch_manual`` that fits the model (so the winner is never worse
@@ -37,12 +37,12 @@ from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
 from overlapcfg.resolve import resolve_plan
-from overlapcfg.tune.candidates import Arm, Candidate, Knobs, describe, pareto
-from overlapcfg.tune.profile import Profile, build_profile
-from overlapcfg.tune.quick import Stall, group, score
-from overlapcfg.tune.result import AGREEMENT, TuneResult, Verification
-from overlapcfg.tune.space import TuneSpace, load_space
-from overlapcfg.tune.structure import Grouping, Structure, find_structure, plan_for
+from overlapcfg.tuning.candidates import Arm, Candidate, Knobs, describe, pareto
+from overlapcfg.tuning.profile import Profile, build_profile
+from overlapcfg.tuning.quick import Stall, group, score
+from overlapcfg.tuning.result import AGREEMENT, TuneResult, Verification
+from overlapcfg.tuning.space import TuneSpace, load_space
+from overlapcfg.tuning.structure import Grouping, Structure, find_structure, plan_for
 
 __all__ = ["TuneProgress", "tune"]
 

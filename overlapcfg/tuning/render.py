@@ -10,8 +10,8 @@ from rich.console import Group
 from rich.table import Table
 
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
-from overlapcfg.tune.candidates import Candidate
-from overlapcfg.tune.result import TuneResult
+from overlapcfg.tuning.candidates import Candidate
+from overlapcfg.tuning.result import TuneResult
 
 __all__ = ["tune_tables", "write_front_png"]
 

@@ -17,9 +17,9 @@ from overlapcfg.config import OverlapConfig
 from overlapcfg.config.load import dump_yaml
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
 from overlapcfg.report.model import Report, Simulation
-from overlapcfg.tune.candidates import Candidate
-from overlapcfg.tune.quick import Score, Stall
-from overlapcfg.tune.space import TuneSpace
+from overlapcfg.tuning.candidates import Candidate
+from overlapcfg.tuning.quick import Score, Stall
+from overlapcfg.tuning.space import TuneSpace
 
 __all__ = ["AGREEMENT", "TUNE_SCHEMA", "TuneResult", "Verification"]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.resolve import ResolvedPlan
-from overlapcfg.tune.quick import Grouped, Score, Stall, score
-from overlapcfg.tune.structure import Grouping
+from overlapcfg.tuning.quick import Grouped, Score, Stall, score
+from overlapcfg.tuning.structure import Grouping
 
 __all__ = ["Arm", "Candidate", "Knobs", "PER_BUCKET_FIELDS"]
 

@@ -10,32 +10,16 @@ model), ``quick`` (the scheduler and simulator replayed on it, about a milliseco
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
 from overlapcfg._lazy import lazy_exports
 
 _EXPORTS = {
-    "tune": "overlapcfg.tune.search",
-    "TuneProgress": "overlapcfg.tune.search",
-    "TuneResult": "overlapcfg.tune.result",
-    "TuneSpace": "overlapcfg.tune.space",
-    "load_space": "overlapcfg.tune.space",
+    "tune": "overlapcfg.tuning.search",
+    "TuneProgress": "overlapcfg.tuning.search",
+    "TuneResult": "overlapcfg.tuning.result",
+    "TuneSpace": "overlapcfg.tuning.space",
+    "load_space": "overlapcfg.tuning.space",
 }
 
 __all__ = ["TuneProgress", "TuneResult", "TuneSpace", "load_space", "tune"]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-
-class _Package(types.ModuleType):
-    """``overlapcfg.tune`` names both this package and the search function. Importing a submodule (``from
-    overlapcfg.tune import TuneSpace``) binds the package as ``overlapcfg.tune``, so the package itself must be
-    callable for ``overlapcfg.tune(step, ...)`` to work in every import order."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.tune(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -28,7 +28,7 @@ from overlapcfg.config import BucketPlan
 from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.resolve import ResolvedPlan, resolve_plan
 from overlapcfg.resolve.matcher import show
-from overlapcfg.tune.space import TuneSpace
+from overlapcfg.tuning.space import TuneSpace
 
 __all__ = ["Grouping", "Structure", "find_structure", "plan_for"]
 
