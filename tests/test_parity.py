@@ -113,7 +113,7 @@ def _parity_worker(rank: int, world_size: int, reshard: bool, configs: dict[str,
 
 @pytest.fixture(scope="module", params=[False, True], ids=["keep", "reshard"])
 def results(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return run_on_gloo(_parity_worker, request.param, CONFIGS, world_size=2, timeout_s=240)
+    return run_on_gloo(_parity_worker, request.param, CONFIGS, world_size=2, timeout_s=240, preload=[__name__])
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
