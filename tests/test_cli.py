@@ -168,3 +168,18 @@ def test_compare_mode_refuses_fsdp2_with_the_reason(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "sharding: mode=compare predicts step times by replaying traced graphs" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("parallel.dp_shrd=2", "parallel.dp_shrd: unknown field (did you mean 'dp_shard'"),
+    ("overlap.policy.all_reduce_dlay=1",
+     "overlap.policy.all_reduce_dlay: unknown field (did you mean 'all_reduce_delay'"),
+    ("model.n_layer=2", "model.n_layer: unknown field (did you mean 'n_layers'"),
+])
+def test_a_misspelled_key_is_named_with_the_closest_fields_before_hydra(override: str, expected: str) -> None:
+    """Hydra would answer ``Key 'dp_shrd' is not in struct`` and suggest ``+parallel.dp_shrd=2``."""
+    from overlapcfg.demo.cli import unknown_override_keys
+
+    faults = unknown_override_keys([override, "overlap/plan=llama_layers", "+extra=1", "hydra.run.dir=x"])
+    assert len(faults) == 1 and faults[0].startswith(expected) and "valid fields:" in faults[0]
+    assert unknown_override_keys(["parallel.dp_shard=2", "overlap.policy.all_reduce_delay=1", "mode=tune"]) == []

@@ -232,3 +232,43 @@ def test_reduce_scatter_first_issue_order_with_delayed_all_reduces(order: str) -
         final = apply(syn.gm, cfg, graph_kind="backward", module_fqns=syn.module_fqns)
     assert len(_starts(final, "all_reduce")) == 4
     assert _delays(final, "all_reduce") == [min(3, 3 - i) for i in range(4)]
+
+
+def _with_extra_all_reduce(order: str, *, into_compute: bool) -> fx.GraphModule:
+    """An HSDP graph plus one all-reduce of an activation on the same group, read by compute or only returned."""
+    syn = backward_graph(LAYERS, hsdp=order)  # type: ignore[arg-type]
+    graph = syn.gm.graph
+    out = next(n for n in graph.nodes if n.op == "output")
+    gy = out.args[0][-1]
+    with graph.inserting_before(out):
+        ar = graph.call_function(compat.ALL_REDUCE, (gy, "sum", "0"))
+        wait = graph.call_function(compat.WAIT_TENSOR, (ar,))
+        last = graph.call_function(torch.ops.aten.add.Tensor, (wait, gy)) if into_compute else wait
+    for n in (ar, wait, last):
+        n.meta["val"] = gy.meta["val"]
+    out.args = ((*out.args[0][:-1], last),)
+    syn.gm.recompile()
+    return syn.gm
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_group_carrying_activations_is_not_an_hsdp_group_and_the_record_says_so(order: str) -> None:
+    """The same chain on a group whose collectives also feed compute is tensor parallel's (sequence-parallel
+    norms): never bucketed, and the pass record and a warning say why, instead of leaving it silently."""
+    gm = _with_extra_all_reduce(order, into_compute=True)
+    roles = Counter(c.role for c in find_collectives(gm.graph, module_fqn, direction="backward"))
+    assert roles == {"fsdp_reduce_scatter": 7, "other": 8}
+    cfg = overlapcfg.load_config({"plan": {"name": "layers", "buckets": ["layers.*"]}})
+    with compat.fake_process_group(2):
+        final = apply(gm, cfg, graph_kind="backward", module_fqns=backward_graph(LAYERS).module_fqns)
+    assert len(_starts(final, "all_reduce")) == 8
+    assert any("7 all-reduce(s) on group(s) '0' are chained with FSDP reduce-scatters" in n and "left alone" in n
+               for n in final.meta["overlapcfg"].notes)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_returned_all_reduce_on_the_group_does_not_turn_hsdp_off(order: str) -> None:
+    """A user all-reduce whose result is only returned (a metric) moves no activation: HSDP stays HSDP."""
+    gm = _with_extra_all_reduce(order, into_compute=False)
+    roles = Counter(c.role for c in find_collectives(gm.graph, module_fqn, direction="backward"))
+    assert roles == {"fsdp_reduce_scatter": 7, "hsdp_all_reduce": 7, "other": 1}

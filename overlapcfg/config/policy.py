@@ -96,7 +96,18 @@ def _gather_first(value: Any) -> str:
     return value
 
 
+def _no_all_reduces(value: Any) -> None:
+    if value is not None:
+        raise PydanticCustomError(
+            "torch_manual_all_reduce",
+            "torch_manual does not bucket or schedule HSDP all-reduces (upstream manual_overlap_bucketing skips "
+            "all-reduces), got {got}; use strategy 'manual' for all_reduce_delay",
+            {"got": repr(value)},
+        )
+
+
 _FixedAtOne = Annotated[int, BeforeValidator(_fixed_at_one)]
+_NoAllReduces = Annotated[None, BeforeValidator(_no_all_reduces)]
 _Unsupported = Annotated[None, BeforeValidator(_unsupported)]
 _GatherFirst = Annotated[str, BeforeValidator(_gather_first)]
 
@@ -114,6 +125,8 @@ class TorchManualPolicy(PolicyBase):
     """Fixed at 1 upstream."""
     reduce_scatter_delay: _FixedAtOne = 1
     """Fixed at 1 upstream."""
+    all_reduce_delay: _NoAllReduces = None
+    """Upstream leaves HSDP all-reduces alone: unset only (so the shipped policy presets, which list it, apply)."""
     max_inflight_bytes: _Unsupported = None
     """Not supported upstream."""
     issue_order: _GatherFirst = "gather_first"

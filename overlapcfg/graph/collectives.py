@@ -24,6 +24,7 @@ __all__ = [
     "CollectiveRole",
     "Direction",
     "ModuleFqnFn",
+    "feeds_compute",
     "find_collectives",
     "data_inputs",
     "group_name",
@@ -85,6 +86,8 @@ class Collective:
     read before merging erases the original nodes. Several: an already merged bucket."""
     partner: fx.Node | None = None
     """HSDP: the other half of the gradient reduction (an all-reduce's reduce-scatter and vice versa)."""
+    note: str | None = None
+    """Why a collective that looks like data-parallel traffic was left as ``other`` (said in the pass record)."""
 
     @property
     def fsdp(self) -> bool:
@@ -456,7 +459,8 @@ def _role(start: fx.Node, kind: CollectiveKind, waits: list[fx.Node], partner: f
         fsdp = (merged or "owner" in ours or partner is not None or compat.is_fsdp_reduce_scatter(start)
                 or is_partial_gradient_scatter(start, waits))
         return "fsdp_reduce_scatter" if fsdp else "other"
-    if kind == "all_reduce" and ((merged and ours.get("kind") == "all_reduce") or partner is not None):
+    # The plain op only: torch's all-reduce merge takes single tensors (a coalesced all-reduce is left alone).
+    if start.target is compat.ALL_REDUCE and ((merged and ours.get("kind") == "all_reduce") or partner is not None):
         return "hsdp_all_reduce"
     return "other"
 
@@ -516,13 +520,39 @@ def _no_hsdp_on_activation_groups(collectives: list[Collective]) -> list[Collect
     gradients alone. On a group that also carries activations (a tensor-parallel group: sequence-parallel
     gathers, row-parallel all-reduces), the same chain is tensor parallel's reduction of a replicated weight's
     partial gradient (norm weights), and tensor-parallel collectives are never merged or moved."""
-    activation_groups = {c.group for c in collectives if c.role == "other"}
+    activation_groups = {c.group for c in collectives if c.role == "other" and feeds_compute(c)}
     demoted = {c.start for c in collectives if c.role == "hsdp_all_reduce" and c.group in activation_groups
                and "bucket" not in c.start.meta.get(META_KEY, {})}
     if not demoted:
         return collectives
-    return [dataclasses.replace(c, role="other", module_fqn=None, params=(), partner=None) if c.start in demoted
-            else dataclasses.replace(c, partner=None) if c.partner in demoted else c for c in collectives]
+    note = (f"{len(demoted)} all-reduce(s) on group(s) "
+            f"{', '.join(sorted({repr(c.group) for c in collectives if c.start in demoted}))} are chained with FSDP "
+            "reduce-scatters like HSDP's, but their group also carries activation collectives (tensor parallel): "
+            "left alone, never bucketed")
+    return [dataclasses.replace(c, role="other", module_fqn=None, params=(), partner=None, note=note)
+            if c.start in demoted else dataclasses.replace(c, partner=None) if c.partner in demoted else c
+            for c in collectives]
+
+
+def feeds_compute(c: Collective) -> bool:
+    """Whether the collective's result is read by compute (through views, casts and splits): an activation
+    collective (tensor / sequence parallel, expert all-to-all), on the critical path between the compute that
+    makes and the compute that reads it. A gradient's reduction, which flows to the outputs or into another
+    collective, is not."""
+    stack, seen = list(c.waits), set()
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        for user in cur.users:
+            if user.op == "output" or is_collective_start(user) or started_by(user) is not None:
+                continue
+            if user.op == "call_function" and not _is_transparent(user) \
+                    and user.target is not compat.pre_bucket_reduce_scatter:
+                return True
+            stack.append(user)
+    return False
 
 
 def _one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collective]:

@@ -190,9 +190,10 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
 def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | None, index: dict[fx.Node, int],
                        first_compute: fx.Node | None, keys: dict[fx.Node, Key],
                        deps: dict[fx.Node, list[fx.Node]], scatters: Sequence[fx.Node] = ()) -> list[DepthDecision]:
-    """Key each step's start chain just before the wait of the first step whose reach covers it; one two or more
-    steps ahead of that, just after the first of ``scatters`` (reduce-scatter starts, graph order) between that
-    wait and the previous step's wait, if there is one (``issue_order="reduce_scatter_first"``)."""
+    """Key each step's start chain just before the wait of the first step whose reach covers it. With
+    ``scatters`` (reduce-scatter starts in graph order, ``issue_order="reduce_scatter_first"``), a step reached two
+    or more buckets ahead is keyed instead just after the first of those reduce-scatters issued between that wait
+    and the previous step's wait, if there is one: still a bucket ahead of its own wait."""
     reach, records = _all_gather_reach(plan, steps, cap)
     issuer = 0
     for j, step in enumerate(steps):

@@ -94,7 +94,6 @@ class GraphBackend:
     param_inputs: tuple[str | None, ...] = ()
     module_fqns: tuple[str, ...] = ()
     """What the last compiled region's plan patterns are matched against."""
-    _saved_views: dict[str, object] = field(default_factory=dict)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
         self.param_inputs = dynamo_parameter_inputs(gm)
@@ -108,9 +107,13 @@ class GraphBackend:
         else:
             self.module_fqns = module_tree(gm, self.param_inputs)
         extra = {"decompositions": self.decompositions} if self.decompositions is not None else {}
+        # Per compiled region: with graph breaks, aot compiles a region's backward lazily, after later regions'
+        # forwards, so what a forward saved must travel with its own region.
+        saved_views: dict[str, object] = {}
         return compat.aot_autograd(
-            fw_compiler=self._graph_compiler("forward", self.fw_pass, self.compiler),
-            bw_compiler=self._graph_compiler("backward", self.bw_pass, self.bw_compiler or self.compiler),
+            fw_compiler=self._graph_compiler("forward", self.fw_pass, self.compiler, saved_views),
+            bw_compiler=self._graph_compiler("backward", self.bw_pass, self.bw_compiler or self.compiler,
+                                             saved_views),
             partition_fn=self._partition,
             **extra,
         )(gm, example_inputs)
@@ -120,15 +123,16 @@ class GraphBackend:
             self.graphs["joint"] = copy.deepcopy(joint)
         return compat.min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
-    def _graph_compiler(self, name: GraphName, graph_pass: GraphPass | None,
-                        compiler: GraphCompiler) -> GraphCompiler:
+    def _graph_compiler(self, name: GraphName, graph_pass: GraphPass | None, compiler: GraphCompiler,
+                        saved_views: dict[str, object]) -> GraphCompiler:
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
             # A backward that re-gathers forward-saved views of parameters (FSDP + TP with reshard-after-forward)
             # needs the forward to know they are parameters: aot gives the saved placeholders no descriptor.
             if name == "forward":
-                self._saved_views = saved_parameter_views(gm)
+                saved_views.clear()
+                saved_views.update(saved_parameter_views(gm))
             else:
-                mark_saved_parameter_views(gm, self._saved_views)
+                mark_saved_parameter_views(gm, saved_views)
             self.collectives[name] = annotate_owners(gm, name, self.param_inputs)
             if graph_pass is not None:
                 gm = graph_pass(gm)

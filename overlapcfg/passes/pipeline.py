@@ -133,7 +133,8 @@ def apply(
     collectives = find_collectives(gm.graph, fn, direction=forced)
     fsdp = [c for c in collectives if c.fsdp]
     strategy = get_strategy(cfg.strategy)
-    notes = (*_ignored_settings(cfg, strategy, config_root), *_saved_tensor_gathers(collectives))
+    notes = (*_ignored_settings(cfg, strategy, config_root), *_saved_tensor_gathers(collectives),
+             *_left_alone_chains(collectives))
     if not fsdp:
         _no_fsdp_collectives(gm, cfg, collectives)
         _record(gm, cfg, graph_kind, ResolvedPlan(()), collectives, collectives, (), (), (), started,
@@ -185,6 +186,14 @@ def apply(
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm
+
+
+def _left_alone_chains(collectives: Sequence[Collective]) -> tuple[str, ...]:
+    """Collectives shaped like data-parallel traffic that classification deliberately left alone, said once."""
+    notes = tuple(dict.fromkeys(c.note for c in collectives if c.note))
+    for note in notes:
+        _warn_once(f"overlapcfg: {note}")
+    return notes
 
 
 def _saved_tensor_gathers(collectives: Sequence[Collective]) -> tuple[str, ...]:

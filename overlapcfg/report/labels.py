@@ -7,9 +7,9 @@ __all__ = ["KIND_LABELS", "LEGEND", "ROLE_LABELS", "SHOWN_ORDER", "fmt_bytes", "
 KIND_LABELS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A", "wait": "W"}
 """Short names of collective kinds (and of a wait) in compact orders, tables and timeline labels."""
 ROLE_LABELS = {
-    "fsdp_all_gather": "FSDP parameter all-gather (bucketed)",
-    "fsdp_reduce_scatter": "FSDP gradient reduce-scatter (bucketed)",
-    "hsdp_all_reduce": "HSDP gradient all-reduce (bucketed)",
+    "fsdp_all_gather": "FSDP parameter all-gather (bucketable)",
+    "fsdp_reduce_scatter": "FSDP gradient reduce-scatter (bucketable)",
+    "hsdp_all_reduce": "HSDP gradient all-reduce (bucketable)",
     "other": "other: TP / EP / user (left alone)",
 }
 """How the report names each ``overlapcfg.graph.collectives.CollectiveRole``."""

@@ -24,7 +24,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
-from overlapcfg.graph.collectives import find_collectives, group_name
+from overlapcfg.graph.collectives import feeds_compute, find_collectives, group_name
 from overlapcfg.report.cost import (
     collective_bytes,
     collective_kind,
@@ -53,22 +53,30 @@ class GroupPlacement:
 
 
 def _placements(g: fx.GraphModule, world_size: int, traced_world_size: int | None,
-                groups: Mapping[str, GroupPlacement] | None) -> tuple[dict[str, GroupPlacement], set[fx.Node]]:
+                groups: Mapping[str, GroupPlacement] | None,
+                ) -> tuple[dict[str, GroupPlacement], set[fx.Node], set[fx.Node]]:
     """Each collective group's placement, and the collectives no schedule can hide (role ``other``: tensor and
     sequence parallel activations sit between the compute that makes and the compute that reads them).
 
     A group the caller does not place: the whole traced world scales to ``world_size``; a sub-group (HSDP, TP)
-    keeps its traced size, since nothing says how it would grow."""
+    keeps its traced size, since nothing says how it would grow. Last: the parameter all-gathers, the only ones
+    in-flight and unsharded-parameter memory count (an activation all-gather is neither)."""
     out: dict[str, GroupPlacement] = dict(groups or {})
     blocking: set[fx.Node] = set()
-    for c in find_collectives(g.graph, lambda _node: None):
-        if c.role == "other":
+    found = find_collectives(g.graph, lambda _node: None)
+    sizes = {c.start: c.group_size for c in found}
+    for c in found:
+        if c.role == "other" and feeds_compute(c):
             blocking.add(c.start)
         if c.group in out:
             continue
-        whole = c.group_size is None or traced_world_size is None or c.group_size == traced_world_size
-        out[c.group] = GroupPlacement(world_size if whole else int(c.group_size or world_size))
-    return out, blocking
+        size = c.group_size
+        if size is None and c.partner is not None and traced_world_size and sizes.get(c.partner):
+            size = traced_world_size // int(sizes[c.partner] or 1)  # HSDP: replicas = world / shard group
+        whole = size is None or traced_world_size is None or size == traced_world_size
+        out[c.group] = GroupPlacement(world_size if whole else int(size or world_size))
+    gathers = {c.start for c in found if c.role == "fsdp_all_gather"}
+    return out, blocking, gathers
 
 
 def _label(node: fx.Node, labels: dict[str, str] | None) -> str:
@@ -107,7 +115,8 @@ def _val_bytes(node: fx.Node, as_dtype: torch.dtype | None) -> int:
     return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
 
 
-def _storage_plan(graph: fx.Graph) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node, bool], dict[fx.Node, fx.Node]]:
+def _storage_plan(graph: fx.Graph, gathers: set[fx.Node],
+                  ) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node, bool], dict[fx.Node, fx.Node]]:
     """(alias root of each node, root holds unsharded params, last reader of each root)."""
     root: dict[fx.Node, fx.Node] = {}
     param: dict[fx.Node, bool] = {}
@@ -118,13 +127,13 @@ def _storage_plan(graph: fx.Graph) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node
             root[node] = root[inputs[0]]
         elif kind == "collective" and isinstance(node.kwargs.get("out"), fx.Node):
             root[node] = root[node.kwargs["out"]]  # writes into a bucket buffer allocated by its copy-in
-            if collective_kind(node) == "all_gather":  # whoever allocated it, it now holds gathered parameters
+            if node in gathers:  # whoever allocated it, it now holds gathered parameters
                 param[root[node]] = True
         else:
             root[node] = node
         if root[node] is node:
             if kind == "collective":
-                param[node] = collective_kind(node) == "all_gather"
+                param[node] = node in gathers  # a parameter all-gather, not an activation one (sequence parallel)
             elif "_pre_bucket_all_gather" in str(node.target):
                 param[node] = True
             else:  # a copy of gathered weights (the copy-out of a merged bucket) is still an unsharded weight
@@ -162,10 +171,10 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     for graph_name, g in zip(names, graphs, strict=True):
         graph_labels = (labels or {}).get(graph_name, {})
         done: dict[fx.Node, tuple[float, int, bool]] = {}
-        root, is_param, last = _storage_plan(g.graph)
+        placement, blocking, param_gathers = _placements(g, world_size, traced_world_size, groups)
+        root, is_param, last = _storage_plan(g.graph, param_gathers)
         mem = _Memory()
         traced = traced_world_size or traced_group_size(g)
-        placement, blocking = _placements(g, world_size, traced_world_size, groups)
         for node in g.graph.nodes:
             kind = node_kind(node)
             if kind == "collective":
@@ -181,7 +190,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                 stream_end[stream] = start + dur
                 busy[stream] = busy.get(stream, 0.0) + dur
                 comm += dur
-                gathers = ckind == "all_gather"
+                gathers = node in param_gathers
                 done[node] = (start + dur, nbytes, gathers)
                 if gathers:
                     inflight += nbytes
@@ -232,7 +241,7 @@ def _copy_in_sizes(node: fx.Node, placement: Mapping[str, GroupPlacement], world
                    traced: int | None) -> tuple[int, int | None]:
     """A merged all-gather's copy-in reads this rank's shards, whose size follows the all-gather's own group (the
     shard group of an HSDP mesh, not the whole world): its traced size and its placed size."""
-    if "_pre_bucket_all_gather" not in str(node.target):
+    if node.target is not compat.pre_bucket_all_gather:
         return world_size, traced
     for user in node.users:
         if node_kind(user) == "collective" and collective_kind(user) == "all_gather":

@@ -42,7 +42,8 @@ Run = tuple[str, Simulation]
 _DPI = 110
 _CHAR_PX = 6.4
 """Width of one character of a 7 pt bar label at ``_DPI`` (about 0.6 em), to judge whether a label fits."""
-_LAYER_INDEX = re.compile(r"\d+(?:-\d+)?")
+_LAYER_INDEX = re.compile(r"(?:^|\.)(\d+(?:[-–]\d+)?)(?=\.|$)")
+"""A whole dotted numeric segment (``layers.12``, ``layers.0-3``), not digits inside a name (``w3``)."""
 
 
 def _streams(sim: Simulation) -> list[str]:
@@ -92,7 +93,7 @@ def write_chrome_trace(runs: Sequence[Run], path: str | Path) -> Path:
 def _short(label: str) -> str:
     """A bucket label for a narrow bar: its layer index or range (``layers.12`` -> ``12``), else 3 letters."""
     found = _LAYER_INDEX.findall(label)
-    return found[-1] if found else label[:3]
+    return found[0] if found else label[:3]
 
 
 def bar_label(label: str, width_px: float) -> str | None:
