@@ -59,20 +59,29 @@ def test_each_all_reduce_is_paired_with_its_gradients_reduce_scatter(order: str)
         assert c.direction == "backward"
 
 
-def test_an_all_reduce_of_an_activation_is_other() -> None:
-    """An all-reduce whose result feeds compute (a row-parallel layer's output, a loss) reduces no gradient: it
-    is left alone, whatever group it runs on."""
-    syn = backward_graph(LAYERS)
+def _append_all_reduce(order: str | None, *, into_compute: bool, group: str = "0") -> tuple[fx.GraphModule, fx.Node]:
+    """The backward graph (HSDP in ``order``, or plain FSDP for None) plus one all-reduce of the last activation
+    gradient on ``group``, read by compute (an activation collective) or only returned (a metric)."""
+    syn = backward_graph(LAYERS, hsdp=order)  # type: ignore[arg-type]
     graph = syn.gm.graph
     out = next(n for n in graph.nodes if n.op == "output")
     gy = out.args[0][-1]
     with graph.inserting_before(out):
-        ar = graph.call_function(compat.ALL_REDUCE, (gy, "sum", "0"))
+        ar = graph.call_function(compat.ALL_REDUCE, (gy, "sum", group))
         wait = graph.call_function(compat.WAIT_TENSOR, (ar,))
-        used = graph.call_function(torch.ops.aten.add.Tensor, (wait, gy))  # compute on the reduced activation
-    for n in (ar, wait):
+        last = graph.call_function(torch.ops.aten.add.Tensor, (wait, gy)) if into_compute else wait
+    for n in (ar, wait, last):
         n.meta["val"] = gy.meta["val"]
-    out.args = ((*out.args[0][:-1], used),)
+    out.args = ((*out.args[0][:-1], last),)
+    syn.gm.recompile()
+    return syn.gm, ar
+
+
+def test_an_all_reduce_of_an_activation_is_other() -> None:
+    """An all-reduce whose result feeds compute (a row-parallel layer's output, a loss) reduces no gradient: it
+    is left alone, whatever group it runs on."""
+    gm, ar = _append_all_reduce(None, into_compute=True)
+    graph = gm.graph
     roles = {c.start.name: c.role for c in find_collectives(graph, module_fqn, direction="backward")}
     assert roles[ar.name] == "other"
     assert Counter(roles.values()) == {"fsdp_reduce_scatter": 7, "other": 1}
@@ -177,23 +186,18 @@ def test_collectives_no_schedule_can_hide_raise_the_lower_bound() -> None:
     from overlapcfg.report import HardwareProfile
     from overlapcfg.report.simulate import simulate
 
-    syn = backward_graph(LAYERS)
-    graph = syn.gm.graph
-    out = next(n for n in graph.nodes if n.op == "output")
-    gy = out.args[0][-1]
-    with graph.inserting_before(out):
-        ar = graph.call_function(compat.ALL_REDUCE, (gy, "sum", "7"))
-        wait = graph.call_function(compat.WAIT_TENSOR, (ar,))
-        used = graph.call_function(torch.ops.aten.add.Tensor, (wait, gy))
-    for n in (ar, wait, used):
-        n.meta["val"] = gy.meta["val"]
-    out.args = ((*out.args[0][:-1], used),)
+    from overlapcfg.report.simulate import GroupPlacement
+
+    gm, _ = _append_all_reduce(None, into_compute=True, group="7")
     hw = HardwareProfile(name="net", **NET)  # type: ignore[arg-type]
-    sim = simulate(syn.gm, hw, world_size=2)
+    # The tp group across nodes (10x slower) makes the activation all-reduce the busiest stream, so compute plus
+    # it exceeds max(compute, busiest stream): the old bound.
+    sim = simulate(gm, hw, world_size=2, groups={"7": GroupPlacement(2, inter_node=True)})
     tp = next(s.busy_seconds for s in sim.streams if s.stream == "comm:7")
-    assert tp > 0
     busiest = max(s.busy_seconds for s in sim.streams if s.stream.startswith("comm:"))
-    assert sim.lower_bound_seconds == pytest.approx(max(sim.compute_seconds + tp, busiest))
+    assert tp == busiest > sim.compute_seconds > 0
+    assert sim.lower_bound_seconds == pytest.approx(sim.compute_seconds + tp)
+    assert sim.lower_bound_seconds > max(sim.compute_seconds, busiest)
     assert sim.step_seconds >= sim.lower_bound_seconds
 
 
@@ -234,28 +238,11 @@ def test_reduce_scatter_first_issue_order_with_delayed_all_reduces(order: str) -
     assert _delays(final, "all_reduce") == [min(3, 3 - i) for i in range(4)]
 
 
-def _with_extra_all_reduce(order: str, *, into_compute: bool) -> fx.GraphModule:
-    """An HSDP graph plus one all-reduce of an activation on the same group, read by compute or only returned."""
-    syn = backward_graph(LAYERS, hsdp=order)  # type: ignore[arg-type]
-    graph = syn.gm.graph
-    out = next(n for n in graph.nodes if n.op == "output")
-    gy = out.args[0][-1]
-    with graph.inserting_before(out):
-        ar = graph.call_function(compat.ALL_REDUCE, (gy, "sum", "0"))
-        wait = graph.call_function(compat.WAIT_TENSOR, (ar,))
-        last = graph.call_function(torch.ops.aten.add.Tensor, (wait, gy)) if into_compute else wait
-    for n in (ar, wait, last):
-        n.meta["val"] = gy.meta["val"]
-    out.args = ((*out.args[0][:-1], last),)
-    syn.gm.recompile()
-    return syn.gm
-
-
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_group_carrying_activations_is_not_an_hsdp_group_and_the_record_says_so(order: str) -> None:
     """The same chain on a group whose collectives also feed compute is tensor parallel's (sequence-parallel
     norms): never bucketed, and the pass record and a warning say why, instead of leaving it silently."""
-    gm = _with_extra_all_reduce(order, into_compute=True)
+    gm, _ = _append_all_reduce(order, into_compute=True)
     roles = Counter(c.role for c in find_collectives(gm.graph, module_fqn, direction="backward"))
     assert roles == {"fsdp_reduce_scatter": 7, "other": 8}
     cfg = overlapcfg.load_config({"plan": {"name": "layers", "buckets": ["layers.*"]}})
@@ -269,6 +256,6 @@ def test_a_group_carrying_activations_is_not_an_hsdp_group_and_the_record_says_s
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_returned_all_reduce_on_the_group_does_not_turn_hsdp_off(order: str) -> None:
     """A user all-reduce whose result is only returned (a metric) moves no activation: HSDP stays HSDP."""
-    gm = _with_extra_all_reduce(order, into_compute=False)
+    gm, _ = _append_all_reduce(order, into_compute=False)
     roles = Counter(c.role for c in find_collectives(gm.graph, module_fqn, direction="backward"))
     assert roles == {"fsdp_reduce_scatter": 7, "hsdp_all_reduce": 7, "other": 1}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -348,22 +349,29 @@ def _group_size(start: fx.Node, kind: CollectiveKind) -> int | None:
     return compat.registered_group_size(group_name(start))
 
 
-def _flows_to_outputs(node: fx.Node) -> bool:
-    """Every path from ``node`` reaches the graph outputs through single-input ops only (a gradient that is
-    returned, perhaps cast or viewed): torch's ``is_fsdp_reduce_scatter`` rule, for any node."""
-    stack, seen = [node], set()
+def _reached_users(starts: Iterable[fx.Node], follow: Callable[[fx.Node], bool]) -> Iterator[fx.Node]:
+    """Every user reachable from ``starts``, depth first, walking on through the users ``follow`` accepts (each
+    node once): the one walk the structural tests below share."""
+    stack, seen = list(starts), set()
     while stack:
         cur = stack.pop()
         if cur in seen:
             continue
         seen.add(cur)
         for user in cur.users:
-            if user.op == "output":
-                continue
-            if len(user.all_input_nodes) != 1:
-                return False
-            stack.append(user)
-    return True
+            yield user
+            if follow(user):
+                stack.append(user)
+
+
+def _is_unary(node: fx.Node) -> bool:
+    return node.op != "output" and len(node.all_input_nodes) == 1
+
+
+def _flows_to_outputs(node: fx.Node) -> bool:
+    """Every path from ``node`` reaches the graph outputs through single-input ops only (a gradient that is
+    returned, perhaps cast or viewed): torch's ``is_fsdp_reduce_scatter`` rule, for any node."""
+    return all(user.op == "output" or _is_unary(user) for user in _reached_users([node], _is_unary))
 
 
 _CHAIN_LIMIT = 16
@@ -428,21 +436,11 @@ def _reduced_again(waits: list[fx.Node]) -> bool:
     a 2-D gradient reduction (FSDP + TP without sequence parallel reduce-scatters a row-parallel weight's gradient
     on the tp group, then on the dp group), and only the last one, nearest the output, is FSDP's. torch's
     ``is_fsdp_reduce_scatter`` accepts both (a reduce-scatter and a wait are single-input ops)."""
-    stack, seen = list(waits), set()
-    while stack:
-        cur = stack.pop()
-        if cur in seen:
-            continue
-        seen.add(cur)
-        for user in cur.users:
-            if collective_kind(user) == "reduce_scatter":
-                return True
-            # through views and casts, and through a merged bucket's copy-in (the dp half, already bucketed)
-            if user.op != "output" and (len(user.all_input_nodes) == 1 or _is_transparent(user)
-                                        or user.target is compat.pre_bucket_reduce_scatter):
-                stack.append(user)
-    return False
+    def follow(user: fx.Node) -> bool:  # views and casts, and a merged bucket's copy-in (the dp half, bucketed)
+        return user.op != "output" and (len(user.all_input_nodes) == 1 or _is_transparent(user)
+                                        or user.target is compat.pre_bucket_reduce_scatter)
 
+    return any(collective_kind(user) == "reduce_scatter" for user in _reached_users(waits, follow))
 
 def _role(start: fx.Node, kind: CollectiveKind, waits: list[fx.Node], partner: fx.Node | None) -> CollectiveRole:
     """Evidence, strongest first: our bucketer merged it, the aot descriptors tied it to a parameter, or (for
@@ -539,21 +537,14 @@ def feeds_compute(c: Collective) -> bool:
     collective (tensor / sequence parallel, expert all-to-all), on the critical path between the compute that
     makes and the compute that reads it. A gradient's reduction, which flows to the outputs or into another
     collective, is not."""
-    stack, seen = list(c.waits), set()
-    while stack:
-        cur = stack.pop()
-        if cur in seen:
-            continue
-        seen.add(cur)
-        for user in cur.users:
-            if user.op == "output" or is_collective_start(user) or started_by(user) is not None:
-                continue
-            if user.op == "call_function" and not _is_transparent(user) \
-                    and user.target is not compat.pre_bucket_reduce_scatter:
-                return True
-            stack.append(user)
-    return False
+    def passes(user: fx.Node) -> bool:  # not the output, nor into another collective or its wait
+        return user.op != "output" and not is_collective_start(user) and started_by(user) is None
 
+    def computes(user: fx.Node) -> bool:
+        return passes(user) and user.op == "call_function" and not _is_transparent(user) \
+            and user.target is not compat.pre_bucket_reduce_scatter
+
+    return any(computes(user) for user in _reached_users(c.waits, passes))
 
 def _one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collective]:
     """Partial gradients of one shared parameter (tied embeddings: one reduce-scatter per use, summed) belong to

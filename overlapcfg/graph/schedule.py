@@ -55,7 +55,7 @@ from overlapcfg.graph.reach import prefetch_reach
 from overlapcfg.graph.record import DepthDecision
 from overlapcfg.resolve import ResolvedPlan
 
-__all__ = ["ScheduleResult", "Step", "schedule_manual"]
+__all__ = ["ScheduleResult", "Step", "exclusive_ancestors", "schedule_manual"]
 
 Key = tuple[int, int, int, int]
 
@@ -95,7 +95,7 @@ def _steps(merged: Sequence[MergedCollective], kind: str, direction: Direction,
     return [Step(b, direction, kind, tuple(ms)) for b, ms in ordered]
 
 
-def _exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> list[fx.Node]:
+def exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> list[fx.Node]:
     """``start`` and the computed nodes that feed only it (the copy-in of a merged all-gather), graph order."""
     chain = {start}
     heap = [(-index[n], n.name, n) for n in start.all_input_nodes]
@@ -211,12 +211,12 @@ def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | Non
                 later = [s for s in scatters if index[anchor] < index[s] < index[previous]]
                 if later:  # after that reduce-scatter on the stream, and still a bucket ahead of its own wait
                     for c in step.collectives:
-                        for node in _exclusive_ancestors(c.start, index):
+                        for node in exclusive_ancestors(c.start, index):
                             keys[node] = (index[later[0]], 0, 1 + j, index[node])
                         deps.setdefault(c.start, []).append(later[0])
                     continue
         for c in step.collectives:
-            for node in _exclusive_ancestors(c.start, index):
+            for node in exclusive_ancestors(c.start, index):
                 keys[node] = (index[anchor], -1, j, index[node])
             if issuer != j:
                 deps.setdefault(anchor, []).append(c.start)
@@ -231,7 +231,7 @@ def _chained_starts(merged: Sequence[MergedCollective], index: dict[fx.Node, int
     for m in merged:
         if m.direction != "backward" or m.kind == "all_gather":
             continue
-        for node in _exclusive_ancestors(m.start, index):
+        for node in exclusive_ancestors(m.start, index):
             for inp in node.all_input_nodes:
                 found = _first_wait_above(inp, waits)
                 if found is not None and found is not m:

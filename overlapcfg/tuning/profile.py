@@ -22,7 +22,6 @@ dtype of the search; a profile is built per (hardware, world size, dtype).
 from __future__ import annotations
 
 import bisect
-import heapq
 import logging
 import time
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from overlapcfg.config.hardware import HardwareProfile
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.collectives import collective_kind, group_name, is_collective_start, is_compute_node
 from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.schedule import exclusive_ancestors
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.cost import collective_bytes, compute_seconds, iter_tensors, node_kind, tensor_bytes
 from overlapcfg.report.explain import GRAPHS, apply_step
@@ -168,25 +168,6 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
                    world_size=world_size, as_dtype=as_dtype, seconds=seconds)
 
 
-def _exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> set[fx.Node]:
-    """``start`` and the computed nodes feeding only it: what the scheduler moves with an all-gather (its rule,
-    ``overlapcfg.graph.schedule``, walked in the same order so both find the same set)."""
-    chain = {start}
-    heap = [(-index[n], n.name, n) for n in start.all_input_nodes]
-    heapq.heapify(heap)
-    seen: set[fx.Node] = set()
-    while heap:
-        _, _, node = heapq.heappop(heap)
-        if node in seen or node.op != "call_function":
-            continue
-        seen.add(node)
-        if all(u in chain for u in node.users):
-            chain.add(node)
-            for inp in node.all_input_nodes:
-                heapq.heappush(heap, (-index[inp], inp.name, inp))
-    return chain
-
-
 def _made_by_merging(start: fx.Node, original: set[str]) -> set[fx.Node]:
     """``start`` and the nodes merging inserted to feed it (a reduce-scatter's copy-in), up to the graph's own."""
     chain = {start}
@@ -263,7 +244,7 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
                 "or HSDP all-reduce traffic yet)")
         waits = sorted((u for u in start.users if compat.is_wait_tensor(u)), key=index.__getitem__)
         if kind == "all_gather":
-            issue = _exclusive_ancestors(start, index)
+            issue = set(exclusive_ancestors(start, index))  # what the scheduler moves with the all-gather
             after = {n for n in _exclusive_descendants(waits) if n in waits or n.name not in original_names}
         else:  # the start and the copy-in merging made for it stay together; the wait chain moves
             issue = _made_by_merging(start, original_names)
