@@ -184,9 +184,7 @@ def test_collectives_no_schedule_can_hide_raise_the_lower_bound() -> None:
     """An activation all-reduce (role other: tensor parallel) sits between compute that makes and compute that
     reads it, so the bound is compute plus its time, not max(compute, comm)."""
     from overlapcfg.report import HardwareProfile
-    from overlapcfg.report.simulate import simulate
-
-    from overlapcfg.report.simulate import GroupPlacement
+    from overlapcfg.report.simulate import GroupPlacement, simulate
 
     gm, _ = _append_all_reduce(None, into_compute=True, group="7")
     hw = HardwareProfile(name="net", **NET)  # type: ignore[arg-type]

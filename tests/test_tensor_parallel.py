@@ -26,6 +26,7 @@ import torch
 from torch import fx
 
 import overlapcfg
+from overlapcfg import compat
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import find_collectives, group_name, is_collective_start
 from overlapcfg.passes import apply
@@ -45,12 +46,12 @@ def _compile(mode: str, reshard: bool) -> dict[str, Any]:
         groups = {dim: mesh.get_group(dim).group_name for dim in mesh.mesh_dim_names}
         be, dynamo, pre = overlapcfg.backend(dict(CFG)), [], {}
         inputs, loss_fn = make_batch()
-        torch._dynamo.reset()
+        compat.dynamo_reset()
         try:
             compiled = torch.compile(model, backend=C.spied_backend(be, dynamo, pre), fullgraph=True)
             loss_fn(compiled(*inputs)).backward()
         finally:
-            torch._dynamo.reset()
+            compat.dynamo_reset()
         # apply on the bare backward graph, as a user holding only that graph would (nothing overlapcfg stamped)
         bare = M.copy_graph_module(pre["backward"])
         for node in bare.graph.nodes:

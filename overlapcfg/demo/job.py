@@ -49,6 +49,20 @@ def demo_spec(cfg: DictConfig) -> DemoSettings:
     return demo_settings(composed if isinstance(composed, dict) else {})
 
 
+def replay_hardware(cfg: DictConfig, spec: DemoSettings, mode: str, eager_hint: str = "") -> HardwareProfile:
+    """The profile a mode that predicts by replaying traced graphs needs (compare, tune): a traced sharding and
+    a hardware profile, each missing one a config fault at its key."""
+    if spec.sharding != "simple_fsdp":
+        raise OverlapConfigError.single("sharding", f"mode={mode} predicts step times by replaying traced graphs; "
+                                                    f"sharding={spec.sharding} (eager) has none: use "
+                                                    f"sharding=simple_fsdp{eager_hint}")
+    hardware = hardware_of(cfg)
+    if hardware is None:
+        raise OverlapConfigError.single("hardware", f"mode={mode} predicts step times: choose a profile, e.g. "
+                                                    "hardware=h100_nvlink")
+    return hardware
+
+
 def hardware_of(cfg: DictConfig) -> HardwareProfile | None:
     """The ``hardware`` node as a profile, or None where the group is unset (``hardware=null``)."""
     node = cfg.get("hardware")
@@ -239,14 +253,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
     progress = Progress(console)
     with progress.stage("validated config"):
         spec = demo_spec(cfg)
-        if spec.sharding != "simple_fsdp":
-            raise OverlapConfigError.single("sharding", f"mode=compare predicts step times by replaying traced "
-                                                        f"graphs; sharding={spec.sharding} (eager) has none: use "
-                                                        "sharding=simple_fsdp, or mode=run for the FSDP2 report")
-        hardware = hardware_of(cfg)
-        if hardware is None:
-            raise OverlapConfigError.single("hardware", "mode=compare predicts step times: choose a profile, "
-                                                        "e.g. hardware=h100_nvlink")
+        hardware = replay_hardware(cfg, spec, "compare", ", or mode=run for the FSDP2 report")
         names, configs = compare_configs(cfg)
         for name, overlap in zip(names, configs, strict=True):
             check_plan(overlap, spec, root=f"compare.{name}")

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from overlapcfg.config.base import ByteCount, ConfigModel
 from overlapcfg.config.load import validate_config
 from overlapcfg.demo.job import Progress as Stages
-from overlapcfg.demo.job import demo_spec, hardware_of, traced
+from overlapcfg.demo.job import demo_spec, replay_hardware, traced
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.tuning.space import TuneSpace
 
@@ -62,18 +62,11 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     with stages.stage("validated config"):
         spec = demo_spec(cfg)
         settings = tune_settings(cfg)
-        if spec.sharding != "simple_fsdp":
-            raise OverlapConfigError.single("sharding", f"mode=tune scores schedules by replaying traced graphs; "
-                                                        f"sharding={spec.sharding} (eager) has none: use "
-                                                        "sharding=simple_fsdp")
+        hardware = replay_hardware(cfg, spec, "tune")
         if not spec.dims.is_1d:
             raise OverlapConfigError.single("parallel", f"mode=tune models plain FSDP graphs (every collective an "
                                                         f"FSDP all-gather or reduce-scatter); {spec.dims.describe()} "
                                                         "adds HSDP or tensor-parallel traffic: drop parallel.*")
-        hardware = hardware_of(cfg)
-        if hardware is None:
-            raise OverlapConfigError.single("hardware", "mode=tune predicts step times: choose a profile, e.g. "
-                                                        "hardware=h100_nvlink")
     with stages.stage(f"traced {spec.model.n_layers}-layer demo model for {spec.world_size} ranks"):
         step = traced(spec)
     as_dtype = getattr(torch, _DTYPES[settings.dtype]) if settings.dtype else None
