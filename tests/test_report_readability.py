@@ -109,6 +109,19 @@ def test_a_strategy_without_plan_buckets_gets_no_plan_title_and_no_empty_table()
     assert "plan layers" in manual and "why (depth lowered)" in manual
 
 
+def test_torchs_bucketing_summary_stays_off_the_console_unless_asked_for() -> None:
+    """The trial's ``strategy: auto`` run printed ``[rank0]:I... pre_bucket_fsdp_collectives: ...`` twice in the
+    middle of the report: torch sets that module's logger to INFO at import. It follows the ``torch`` logger's
+    level again (WARNING unless ``TORCH_LOGS`` says otherwise)."""
+    import logging
+
+    import overlapcfg.compat  # noqa: F401  (imports torch's module and undoes its import-time level)
+
+    fsdp = logging.getLogger("torch._inductor.fx_passes.fsdp")
+    assert fsdp.level == logging.NOTSET
+    assert fsdp.getEffectiveLevel() == logging.getLogger("torch._inductor").getEffectiveLevel()
+
+
 @pytest.mark.slow
 def test_an_hsdp_demo_report_names_its_groups_by_mesh_dimension() -> None:
     from overlapcfg.demo import LlamaConfig
