@@ -93,8 +93,9 @@ class TuneResult:
         s = self.score
         cost = f", costed as {str(self.as_dtype).removeprefix('torch.')}" if self.as_dtype is not None else ""
         budget = f"peak all-gathers in flight <= {fmt_bytes(self.memory_budget)}" if self.memory_budget else "no budget"
-        lines = [f"overlapcfg tune: the fastest of {self.evaluated} candidates on {self.hardware} at {self.world_size} "
-                 f"ranks{cost}, {budget}",
+        lines = [f"overlapcfg tune: the best of {self.evaluated} candidates on {self.hardware} at {self.world_size} "
+                 f"ranks{cost}, {budget} (steps within {100 * self.tie_tolerance:g}% of the fastest are a tie, won "
+                 "by fewer bytes in flight)",
                  f"candidate: {self.best.name}"]
         tie = self.tie_note()
         if tie:

@@ -217,6 +217,9 @@ def _presets(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], tup
             try:
                 cfg = load_config({"strategy": "torch_manual", "plan": plan} if policy is None
                                   else {"plan": plan, "policy": policy})
+                if cfg.strategy not in ("manual", "torch_manual"):  # policy auto selects its own strategy
+                    skipped.append(f"{name}: strategy {cfg.strategy!r} (the quick model replays plan schedules)")
+                    continue
                 resolved = resolve_plan(cfg.plan, step.module_fqns, step.param_owners, overrides=cfg.overrides,
                                         policy=cfg.policy)  # type: ignore[arg-type]
             except OverlapConfigError as err:
