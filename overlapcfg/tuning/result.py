@@ -99,7 +99,7 @@ class TuneResult:
                  f"candidate: {self.best.name}"]
         tie = self.tie_note()
         if tie:
-            lines.append(tie)
+            lines.append(f"fastest found: {tie}")
         full = ""
         if self.verification is not None:
             full = (f" (full apply + verify + simulate: {fmt_seconds(self.verification.simulation.step_seconds)}, "
