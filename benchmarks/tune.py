@@ -26,7 +26,7 @@ from rich.table import Table
 
 from overlapcfg.demo import LLAMA3_8B
 from overlapcfg.demo.tracing import trace_train_step
-from overlapcfg.report.labels import fmt_bytes, fmt_seconds
+from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_seconds
 from overlapcfg.tuning import tune
 from overlapcfg.tuning.render import write_front_png
 
@@ -36,7 +36,7 @@ WORLD_SIZES = (8, 64)
 
 
 def _pct(value: float, base: float) -> str:
-    return f"{100 * (value / base - 1):+.2f}%"
+    return fmt_change(value, base)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import fx
@@ -38,7 +38,10 @@ from torch._functorch._aot_autograd.descriptors import PlainAOTInput
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-__all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "forward_graph", "layer_fqns"]
+if TYPE_CHECKING:
+    from overlapcfg.passes.backend import CapturedStep
+
+__all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "captured_step", "forward_graph", "layer_fqns"]
 
 DIM = 4
 """Columns of every parameter; a parameter with ``rows`` shard rows gathers to ``world_size * rows`` x ``DIM``."""
@@ -192,3 +195,16 @@ def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = F
         if hsdp == "reduce_scatter_first":
             grads[k] = b.all_reduce(grads[k], fqn)
     return b.finish((*(grads[k] for k in range(len(params))), gy), "backward", layers)
+
+
+def captured_step(layers: Layers, *, world_size: int = 2) -> CapturedStep:
+    """A two-graph step (forward, and backward re-gathering every weight) built without tracing: what
+    ``explain``, ``compare`` and ``tune`` take."""
+    from overlapcfg.passes.backend import CapturedStep
+
+    fw, bw = forward_graph(layers, world_size=world_size), backward_graph(layers, world_size=world_size,
+                                                                          regather=True)
+    owners = tuple(dict.fromkeys(fw.owners.values()))
+    return CapturedStep(forward=fw.gm, backward=bw.gm, module_fqns=fw.module_fqns,
+                        param_fqns=tuple(f"{o}.weight" for o in owners), param_owners=owners, collectives=(),
+                        world_size=world_size, rank=0)

@@ -47,8 +47,10 @@ def test_default_run_writes_the_report_json_into_the_run_dir(default_run):
 
 
 BAD_OVERRIDES = {
-    "unknown_group_option": (["overlap/plan=llama_layer"], ["Could not find 'overlap/plan/llama_layer'",
-                                                             "llama_layers"]),
+    "unknown_group_option": (["overlap/plan=llama_layer"], ["no option 'llama_layer' in group overlap/plan",
+                                                             "did you mean 'llama_layers'"]),
+    "unknown_hardware": (["hardware=h100"], ["no option 'h100' in group hardware", "'h100_nvlink'"]),
+    "appended_unknown_key": (["+modle.n_layers=2"], ["unknown top-level key 'modle'", "did you mean", "'model'"]),
     "bad_value": (["overlap.policy.forward_prefetch=abc"], ["overlap.policy.forward_prefetch",
                                                              "expected an integer"]),
     "unmatched_pattern": (["overlap.plan.buckets=[layer.*]"], ["overlap.plan.buckets[0]", "did you mean 'layers.*'"]),
@@ -173,13 +175,68 @@ def test_compare_mode_refuses_fsdp2_with_the_reason(tmp_path):
 @pytest.mark.parametrize(("override", "expected"), [
     ("parallel.dp_shrd=2", "parallel.dp_shrd: unknown field (did you mean 'dp_shard'"),
     ("overlap.policy.all_reduce_dlay=1",
-     "overlap.policy.all_reduce_dlay: unknown field (did you mean 'all_reduce_delay'"),
+     "overlap.policy.all_reduce_dlay: unknown field of the policy of strategy 'manual' (did you mean "
+     "'all_reduce_delay'"),
     ("model.n_layer=2", "model.n_layer: unknown field (did you mean 'n_layers'"),
 ])
 def test_a_misspelled_key_is_named_with_the_closest_fields_before_hydra(override: str, expected: str) -> None:
     """Hydra would answer ``Key 'dp_shrd' is not in struct`` and suggest ``+parallel.dp_shrd=2``."""
     from overlapcfg.demo.cli import unknown_override_keys
 
-    faults = unknown_override_keys([override, "overlap/plan=llama_layers", "+extra=1", "hydra.run.dir=x"])
+    faults = unknown_override_keys([override, "overlap/plan=llama_layers", "+compare.deep={strategy:none}",
+                                    "hydra.run.dir=x"])
     assert len(faults) == 1 and faults[0].startswith(expected) and "valid fields:" in faults[0]
     assert unknown_override_keys(["parallel.dp_shard=2", "overlap.policy.all_reduce_delay=1", "mode=tune"]) == []
+
+
+@pytest.mark.parametrize("override", ["modle.n_layers=2", "+modle.n_layers=2", "++modle.n_layers=2"])
+def test_a_misspelled_top_level_key_is_rejected_appended_or_not(override: str) -> None:
+    """The trial: ``modle.n_layers=2`` got Hydra's "use +modle.n_layers=2", and that was accepted silently."""
+    from overlapcfg.demo.cli import unknown_override_keys
+
+    (fault,) = unknown_override_keys([override])
+    assert fault.startswith("modle.n_layers: unknown top-level key 'modle'") and "'model'" in fault
+    assert unknown_override_keys(["+compare.deep={strategy:none}", "+model.n_kv_heads=2", "world_size=4",
+                                  "~compare.none", "hydra/job_logging=disabled"]) == []
+
+
+def test_policy_field_suggestions_are_the_active_strategys() -> None:
+    """The trial: a typo under overlap.policy listed the fields of every strategy's policy at once."""
+    from overlapcfg.demo.cli import unknown_override_keys
+
+    (typo,) = unknown_override_keys(["overlap.policy.forward_prefetc=2"])
+    assert "did you mean 'forward_prefetch'" in typo and "max_in_flight_gb" not in typo
+    (other,) = unknown_override_keys(["overlap.policy.max_in_flight_gb=2"])
+    assert "not a field of the policy of strategy 'manual'" in other and "(overlap/policy=auto)" in other
+    for auto in (["overlap/policy=auto"], ["overlap.policy=auto"], ["overlap.strategy=auto"]):
+        (fault,) = unknown_override_keys([*auto, "overlap.policy.forward_prefetch=2"])
+        assert "strategy 'auto'" in fault and "max_in_flight_gb" in fault and "issue_order" not in fault
+        assert unknown_override_keys([*auto, "overlap.policy.max_in_flight_gb=2"]) == []
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("hardware=h100", "hardware=h100: no option 'h100' in group hardware (did you mean 'a100_ib', 'h100_nvlink'?)"),
+    ("tune/space=quik", "tune/space=quik: no option 'quik' in group tune/space (did you mean 'quick'?)"),
+    ("overlap/policy=agressive", "no option 'agressive' in group overlap/policy (did you mean 'aggressive'?)"),
+    ("hardware=h100_nvlink,a10", "no option 'a10' in group hardware"),
+])
+def test_a_missing_group_option_names_the_closest_first(override: str, expected: str) -> None:
+    """The trial: ``hardware=h100`` listed the options with no closest one."""
+    from overlapcfg.demo.cli import unknown_override_keys
+
+    (fault,) = unknown_override_keys([override])
+    assert expected in fault
+    assert unknown_override_keys(["hardware=h100_nvlink,a100_ib", "hardware=null", "tune/space=quick"]) == []
+    assert unknown_override_keys([override, "hydra.searchpath=[file:///elsewhere]"]) == []  # options we cannot see
+
+
+def test_the_command_reads_exactly_its_top_level_keys() -> None:
+    """The list the override check holds keys against is the composed config's: neither can drift."""
+    from hydra import compose, initialize_config_dir
+
+    from overlapcfg.config.presets import command_conf_dir
+    from overlapcfg.demo.overrides import top_level_keys
+
+    with initialize_config_dir(str(command_conf_dir()), version_base="1.3"):
+        cfg = compose("overlapcfg")
+    assert sorted(map(str, cfg)) == sorted(top_level_keys())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from overlapcfg import OverlapConfig, OverlapConfigError, from_hydra
 from overlapcfg.config.presets import command_conf_dir, conf_dir
@@ -127,14 +127,30 @@ def test_mounted_fault_paths_start_at_the_mount_point(tmp_path):
     assert [f.path for f in err.value.faults] == ["trainer.overlap.policy.forward_prefetch"]
 
 
-def test_mounted_auto_policy_fails_loudly_instead_of_running_manual(tmp_path):
-    # policy/auto.yaml writes at the absolute package `overlap` (it also sets the strategy), so mounted elsewhere
-    # the mount's policy stays `???`: an error, never a silent manual run with default depths.
-    cfg = _mounted(tmp_path, ["overlap/policy@trainer.overlap.policy=auto"])
-    with pytest.raises(OverlapConfigError, match=r"trainer\.overlap\.policy"):
-        from_hydra(cfg.trainer.overlap)
+@pytest.mark.parametrize("switch", ["overlap/policy@trainer.overlap.policy=auto", "trainer.overlap.policy=auto"])
+def test_mounted_auto_policy_selects_the_auto_strategy(tmp_path, switch):
+    # The trial: the group option wrote at the absolute package `overlap`, left the mount's policy `???`, and the
+    # error read `trainer.overlap.trainer.overlap.policy: MissingMandatoryValue: ... object_type=dict`.
+    cfg = _mounted(tmp_path, [switch])
+    overlap = from_hydra(cfg.trainer.overlap)
+    assert overlap.strategy == "auto" and type(overlap.policy).__name__ == "AutoPolicy"
+    assert "overlap" not in cfg  # nothing lands outside the mount
     fixed = _mounted(tmp_path, ["trainer.overlap.strategy=auto", "~trainer.overlap.policy"])
     assert from_hydra(fixed.trainer.overlap).strategy == "auto"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_group_switch_and_preset_name_give_equal_configs(policy):
+    assert _overlap([f"overlap/policy={policy}"]) == _overlap([f"overlap.policy={policy}"])
+
+
+def test_a_missing_value_is_named_once_from_the_mount_point():
+    cfg = OmegaConf.create({"trainer": {"overlap": {"strategy": "manual", "plan": "llama_layers", "policy": "???"}}})
+    with pytest.raises(OverlapConfigError) as err:
+        from_hydra(cfg.trainer.overlap)
+    (fault,) = err.value.faults
+    assert fault.path == "trainer.overlap.policy"
+    assert fault.message.startswith("required value is missing") and "full_key" not in fault.message
 
 
 def test_a_user_apps_own_hardware_group_and_overlapcfg_yaml_do_not_collide_with_ours(tmp_path):

@@ -25,9 +25,17 @@ def test_an_unknown_policy_name_lists_the_presets_closest_first() -> None:
     assert "unknown policy preset 'agressive'" in fault.message and "did you mean 'aggressive'" in fault.message
 
 
-def test_a_policy_preset_never_switches_the_strategy_silently() -> None:
-    with pytest.raises(OverlapConfigError, match="is for strategy 'auto', but the strategy is 'manual'"):
-        load_config({"plan": "llama_layers", "policy": "auto"})
+def test_a_policy_preset_of_another_strategy_selects_it_unless_another_was_chosen() -> None:
+    """The trial: ``overlap.policy=auto`` by name failed where ``overlap/policy=auto`` worked. ``manual`` is the
+    default (Hydra always writes it), so only another chosen strategy contradicts the policy."""
+    assert load_config({"plan": "llama_layers", "policy": "auto"}).strategy == "auto"
+    assert load_config({"strategy": "manual", "policy": "auto"}).strategy == "auto"
+    assert load_config({"policy": {"strategy": "auto", "max_in_flight_gb": 2}}).policy.max_in_flight_gb == 2
+    with pytest.raises(OverlapConfigError) as info:
+        load_config({"strategy": "torch_manual", "plan": "llama_layers", "policy": "auto"})
+    (fault,) = info.value.faults
+    assert fault.path == "overlap.policy"
+    assert "policy preset 'auto' is for strategy 'auto', but the strategy is 'torch_manual'" in fault.message
 
 
 @pytest.mark.slow  # a subprocess importing torch

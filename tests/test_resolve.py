@@ -412,3 +412,19 @@ def test_result_is_frozen() -> None:
     assert isinstance(result, ResolvedPlan)
     with pytest.raises((AttributeError, ValueError)):  # a frozen pydantic model raises ValidationError
         result.buckets[0].name = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("entry", "fix"), [
+    ("layers.0:8", "write 'layers.0:4' or 'layers.*'"),
+    ("layers.2:8", "write 'layers.2:4'"),
+    ("layers.3:5", "write 'layers.3'"),
+])
+def test_a_range_reaching_past_the_model_is_an_error_naming_the_fit(entry: str, fix: str) -> None:
+    """The trial: ``layers.0:8`` on a 4-layer model was accepted without a word. Indices 4-7 match nothing, like
+    an unmatched pattern: the config was written for another model, and "the first 8" now means all of them."""
+    (fault,) = faults_of(plan("tok_embeddings", entry, ["norm", "output"]))
+    assert fault.startswith(f"plan.buckets[1]: pattern {entry!r} reaches past the model: 'layers' has indices up "
+                            "to 3") and fault.endswith(fix)
+    (override,) = faults_of(LLAMA_LAYERS, overrides=(ModuleOverride(match="layers.0:6.**", forward_prefetch=0),))
+    assert "pattern 'layers.0:6.**' reaches past the model" in override
+    resolve_plan(plan("tok_embeddings", "layers.0:2", "layers.2:4", ["norm", "output"]), FQNS, OWNERS)  # to the end

@@ -57,7 +57,7 @@ def test_timeline_files_are_a_valid_chrome_trace_and_png(comparison, tmp_path):
     processes = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
     assert processes == [r.name for r in comparison.rows]
     threads = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert {(1, "compute"), (1, "comm:0")} <= threads
+    assert {(1, "compute"), (1, "comm: dp_shard (group 0)")} <= threads  # named by mesh dimension
     spans = [e for e in events if e["ph"] == "X"]
     assert spans and all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
     assert {"all_gather", "reduce_scatter", "wait"} <= {e["cat"] for e in spans}

@@ -31,10 +31,11 @@ from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare
 from overlapcfg.resolve import resolve_plan
 from overlapcfg.tuning import TuneSpace, load_space, tune
+from overlapcfg.tuning.candidates import TIE_TOLERANCE
 from overlapcfg.tuning.profile import build_profile
 from overlapcfg.tuning.quick import group, score
 from overlapcfg.tuning.structure import Grouping, find_structure, plan_for
-from tests.synthetic import backward_graph, forward_graph
+from tests.synthetic import backward_graph, captured_step, forward_graph
 
 LAYERS = [[2, 1], [1], [3, 2], [1, 1], [2], [1, 3]]
 SYNTHETIC_SPACE = {"split_blocks": [False], "block_parts": [], "layers_per_bucket": [1, 2]}
@@ -42,11 +43,7 @@ SYNTHETIC_SPACE = {"split_blocks": [False], "block_parts": [], "layers_per_bucke
 
 def synthetic_step(layers: list[list[int]] = LAYERS) -> CapturedStep:
     """A two-graph step (forward, and backward re-gathering every weight) built without tracing."""
-    fw, bw = forward_graph(layers), backward_graph(layers, regather=True)
-    owners = tuple(dict.fromkeys(fw.owners.values()))
-    return CapturedStep(forward=fw.gm, backward=bw.gm, module_fqns=fw.module_fqns,
-                        param_fqns=tuple(f"{o}.weight" for o in owners), param_owners=owners, collectives=(),
-                        world_size=2, rank=0)
+    return captured_step(layers)
 
 
 def _random_config(rng: random.Random, n_layers: int) -> dict[str, Any]:
@@ -271,8 +268,10 @@ def test_tuned_demo_is_no_slower_than_any_preset_within_the_budget(traced_2l_res
     assert result.verification.agreement <= 1e-9
     fitting = [r for r in rows if r.simulation.peak_inflight_bytes <= budget]
     assert fitting and len(fitting) < len(rows)
-    for row in fitting:
-        assert full.step_seconds <= row.simulation.step_seconds * (1 + 1e-9), row.name
+    for row in fitting:  # never slower, but for a tie (within the tolerance) won by fewer bytes in flight
+        if full.step_seconds > row.simulation.step_seconds * (1 + 1e-9):
+            assert full.step_seconds <= row.simulation.step_seconds * (1 + TIE_TOLERANCE), row.name
+            assert full.peak_inflight_bytes < row.simulation.peak_inflight_bytes, row.name
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ Like ``overlapcfg.compat._torch``, reached as ``overlapcfg.compat.<name>``; noth
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch as _torch
@@ -20,6 +21,7 @@ __all__: list[str] = []
 from torch._guards import detect_fake_mode
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.fx_passes import bucketing as _bucketing
+from torch._inductor.fx_passes import fsdp as _fsdp
 from torch._inductor.fx_passes.bucketing import (
     _get_collective_node_from_wait as collective_of_wait,
 )
@@ -41,6 +43,14 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.fx.traceback import NodeSource, NodeSourceAction
 from torch.utils._ordered_set import OrderedSet
 from torch.utils._pytree import tree_leaves
+
+# ``torch/_inductor/fx_passes/fsdp.py`` sets its own logger to INFO at import (``logger.setLevel(logging.INFO)``),
+# so the automatic scheduler's one-line summary per graph ("pre_bucket_fsdp_collectives: ...") reaches torch's
+# console handler whatever the user configured; the overlapcfg command printed two of them in the middle of its
+# report. Put that logger back under the hierarchy (the ``torch`` logger's level, ``TORCH_LOGS``), unless someone
+# chose another level for it since.
+if logging.getLogger(_fsdp.__name__).level == logging.INFO:
+    logging.getLogger(_fsdp.__name__).setLevel(logging.NOTSET)
 
 __all__ += [
     "CustomGraphPass",

@@ -14,7 +14,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 from overlapcfg.compat.omegaconf import full_key, root_of
@@ -194,9 +194,7 @@ def _from_omegaconf(node: DictConfig | ListConfig, root: str) -> Any:
         at = (*parse_key_path(full_key(node)), *inner)
         whole = OmegaConf.to_container(top, resolve=False, throw_on_missing=False)
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None)
-        where = f"{root}.{key}" if key else root
-        raise OverlapConfigError.single(where, f"{type(err).__name__}: {getattr(err, 'msg', err)}") from None
+        raise OverlapConfigError.single(_omegaconf_path(err, node, root), _omegaconf_problem(err)) from None
     except RecursionError:
         raise OverlapConfigError.single(root, "the config nests too deeply to read") from None
 
@@ -205,6 +203,26 @@ def _from_omegaconf(node: DictConfig | ListConfig, root: str) -> Any:
         return _show_path(root, p[len(at):]) if p[: len(at)] == at else format_path(p) or "<root>"
 
     return _resolve(whole, at, show, root)
+
+
+def _omegaconf_path(err: OmegaConfBaseException, node: DictConfig | ListConfig, root: str) -> str:
+    """Where OmegaConf's fault is, from ``root``: its ``full_key`` counts from the top of the composed config,
+    so the node's own path comes off first (``trainer.overlap.policy`` under root ``trainer.overlap`` is
+    ``policy``; it used to read ``trainer.overlap.trainer.overlap.policy``)."""
+    key = str(getattr(err, "full_key", None) or "")
+    own = full_key(node)
+    if own and (key == own or key.startswith((f"{own}.", f"{own}["))):
+        key = key[len(own):].lstrip(".")
+    return _show_path(root, parse_key_path(key)) if key else root
+
+
+def _omegaconf_problem(err: OmegaConfBaseException) -> str:
+    """OmegaConf's fault in our words, one line: its message carries ``full_key``/``object_type`` lines (the path
+    is already the fault's), and a missing value says how the config came to lack it."""
+    if isinstance(err, MissingMandatoryValue):
+        return "required value is missing: the config has '???' here (a group option nobody chose, or a value to fill)"
+    message = str(getattr(err, "msg", err)).strip().splitlines()
+    return f"{type(err).__name__}: {message[0] if message else ''}".rstrip(": ")
 
 
 def _resolve(whole: Any, at: KeyPath, show: Callable[[KeyPath], str], root: str) -> Any:

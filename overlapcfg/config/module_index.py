@@ -117,12 +117,18 @@ class ModuleIndex:
         if isinstance(seg, AnySegment):
             return kids.values()
         assert isinstance(seg, IndexRange)
-        if node not in self._numbered:
-            self._numbered[node] = sorted((int(k), c) for k, c in kids.items() if _INDEX.fullmatch(k))
+        self.numbered_children(node)
         numbered = self._numbered[node]
         lo = bisect.bisect_left(numbered, (seg.start, ""))
         hi = len(numbered) if seg.stop is None else bisect.bisect_left(numbered, (seg.stop, ""))
         return [c for _, c in numbered[lo:hi]]
+
+    def numbered_children(self, node: str) -> list[int]:
+        """The indices of ``node``'s numbered children (a ``ModuleList``'s ``0..n-1``), ascending."""
+        if node not in self._numbered:
+            self._numbered[node] = sorted((int(k), c) for k, c in self._kids.get(node, {}).items()
+                                          if _INDEX.fullmatch(k))
+        return [i for i, _ in self._numbered[node]]
 
     @property
     def vocabulary(self) -> list[str]:

@@ -6,6 +6,7 @@ Validation order matters and is deliberate: ``strategy`` first, because it selec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import (
@@ -42,7 +43,10 @@ class OverlapConfig(ConfigModel):
     strategies that bucket by plan (``manual``, ``torch_manual``); others may leave it out."""
 
     policy: SerializeAsAny[PolicyBase] = Field(None, validate_default=True)  # type: ignore[assignment]
-    """Depths and limits, validated against the strategy's own policy model; defaults to that model's defaults."""
+    """Depths and limits, validated against the strategy's own policy model; defaults to that model's defaults.
+    A preset name (``aggressive``), or a mapping. A policy that belongs to another strategy says so with a
+    ``strategy`` key (the ``auto`` preset has ``strategy: auto``): choosing it selects that strategy where the
+    strategy is the default ``manual``, and is an error against any other."""
 
     overrides: tuple[ModuleOverride, ...] = ()
     """Per-module depths; each applies to the buckets holding a module it matches, later entries win."""
@@ -75,6 +79,22 @@ class OverlapConfig(ConfigModel):
         return type(other) is type(self) and self.__dict__ == other.__dict__
 
     __hash__ = ConfigModel.__hash__
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strategy_of_policy(cls, data: Any) -> Any:
+        """``policy: auto`` (by name, or the group option a Hydra app selected, mounted anywhere) selects strategy
+        ``auto`` where the strategy is the default ``manual``: Hydra always writes ``strategy: manual`` from the
+        group's default, so "left at the default" and "written as manual" cannot be told apart there, and both
+        mean "no other strategy chosen". A strategy other than the default that disagrees stays, and the policy
+        reports the contradiction at its own path."""
+        if not isinstance(data, Mapping):
+            return data
+        wanted = _policy_strategy(data.get("policy"))
+        default = cls.model_fields["strategy"].default
+        if wanted is not None and data.get("strategy", default) == default:
+            return {**data, "strategy": wanted}
+        return data
 
     @field_validator("strategy", mode="after")
     @classmethod
@@ -130,6 +150,8 @@ class OverlapConfig(ConfigModel):
             value = value.model_dump(exclude_unset=True)
         if isinstance(value, str):
             value = _policy_preset(value, strategy)
+        elif isinstance(value, Mapping) and "strategy" in value:
+            value = _own_strategy(dict(value), strategy, "this policy")
         return model.model_validate(value)
 
     @model_validator(mode="after")
@@ -150,11 +172,35 @@ class OverlapConfig(ConfigModel):
         return dump_yaml(self.model_dump(mode="json"))
 
 
+def _policy_strategy(policy: Any) -> str | None:
+    """The strategy a policy belongs to, where it says: a mapping's ``strategy`` key, or a preset's (a preset
+    written at the overlap node, ``strategy`` + ``policy``, as user apps may still have, counts too)."""
+    if isinstance(policy, str):
+        try:
+            policy = load_preset("policy", policy)
+        except KeyError:
+            return None  # the policy's own validation names the unknown preset
+    wanted = policy.get("strategy") if isinstance(policy, Mapping) else None
+    return wanted if isinstance(wanted, str) else None
+
+
+def _own_strategy(data: dict[str, Any], strategy: str, what: str) -> dict[str, Any]:
+    """``data`` without its ``strategy`` key, which must be the config's strategy."""
+    wanted = data.pop("strategy")
+    if wanted != strategy:
+        raise PydanticCustomError(
+            "preset_strategy", "{what} is for strategy {wanted}, but the strategy is {strategy}; choose one: "
+            "strategy: {wanted} (with this policy) or another policy", {"what": what, "wanted": repr(wanted),
+                                                                       "strategy": repr(strategy)})
+    return data
+
+
 def _policy_preset(name: str, strategy: str) -> dict[str, Any]:
     """A policy written as a name is a shipped preset (``overlap/policy/<name>.yaml``), like a plan.
 
-    A preset that also selects a strategy (``auto`` is written at the overlap node: ``strategy`` + ``policy``)
-    must agree with the config's strategy: picking a policy by name never switches the strategy silently.
+    A preset that belongs to another strategy (``auto``: ``strategy: auto`` among its fields) has selected it
+    already where the strategy was the default (``OverlapConfig._strategy_of_policy``); against another strategy
+    it is an error.
     """
     try:
         data = load_preset("policy", name)
@@ -164,15 +210,9 @@ def _policy_preset(name: str, strategy: str) -> dict[str, Any]:
             "unknown_preset", "unknown policy preset {name}; available (closest first): {names}{hint}",
             {"name": repr(name), "names": _listing(closest_first(name, names)), "hint": did_you_mean(name, names)},
         ) from None
-    if "policy" in data and isinstance(data["policy"], dict):
-        wanted = data.get("strategy", strategy)
-        if wanted != strategy:
-            raise PydanticCustomError(
-                "preset_strategy", "policy preset {name} is for strategy {wanted}, but the strategy is {strategy}; "
-                "set strategy: {wanted} as well", {"name": repr(name), "wanted": repr(wanted),
-                                                   "strategy": repr(strategy)})
-        return dict(data["policy"])
-    return data
+    if "policy" in data and isinstance(data["policy"], dict):  # written at the overlap node
+        data = {**data["policy"], **({"strategy": data["strategy"]} if "strategy" in data else {})}
+    return _own_strategy(dict(data), strategy, f"policy preset {name!r}") if "strategy" in data else data
 
 
 def _listing(names: list[str], limit: int = 5) -> str:

@@ -25,9 +25,10 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from overlapcfg.config.presets import command_conf_dir
+from overlapcfg.demo.overrides import unknown_override_keys
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_you_mean
 
-__all__ = ["ConfigError", "main"]
+__all__ = ["ConfigError", "main", "unknown_override_keys"]
 
 MODES = ("run", "compare", "tune")
 
@@ -87,35 +88,6 @@ def _sweep_summary() -> None:
     console.print(sweep_table(jobs))
     console.print(f"reports: {', '.join(str(path) for _, path in _SWEEP)}", soft_wrap=True)
     _SWEEP.clear()
-
-
-def _known_fields() -> dict[str, tuple[str, ...]]:
-    """Keys under each config node the command validates with a pydantic model (torch-free imports)."""
-    from overlapcfg.config.overlap import OverlapConfig
-    from overlapcfg.config.policy import AutoPolicy, OverlapPolicy, TorchManualPolicy
-    from overlapcfg.demo.settings import DemoModel, DemoParallel
-
-    policy = {f for model in (OverlapPolicy, TorchManualPolicy, AutoPolicy) for f in model.model_fields}
-    return {"model": tuple(DemoModel.model_fields), "parallel": tuple(DemoParallel.model_fields),
-            "overlap": tuple(OverlapConfig.model_fields), "overlap.policy": tuple(sorted(policy))}
-
-
-def unknown_override_keys(args: list[str]) -> list[str]:
-    """Faults for command-line overrides that set a key no model has (``parallel.dp_shrd=2``), in the project's
-    words: Hydra would say ``Key 'dp_shrd' is not in struct`` and suggest ``+parallel.dp_shrd=2``, which then
-    fails validation anyway. Group selections (``overlap/plan=x``), appends (``+``), deletions (``~``) and Hydra's
-    own keys are left to Hydra."""
-    known = _known_fields()
-    faults = []
-    for arg in args:
-        key = arg.split("=", 1)[0]
-        if "=" not in arg or key.startswith(("-", "+", "~", "hydra")) or "/" in key:
-            continue
-        parent, _, leaf = key.rpartition(".")
-        if parent in known and leaf not in known[parent]:
-            valid = ", ".join(sorted(known[parent]))
-            faults.append(f"{key}: unknown field{did_you_mean(leaf, known[parent])}; valid fields: {valid}")
-    return faults
 
 
 def main() -> None:

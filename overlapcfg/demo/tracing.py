@@ -23,7 +23,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import torch
@@ -71,9 +71,6 @@ class TracedStep(CapturedStep):
     """Dtype gradients were reduce-scattered in (``None``: the gathered dtype, ``param_dtype`` if set)."""
     parallel: ParallelDims | None = None
     """The mesh the step was traced on (``dp_shard`` = ``world_size`` for plain FSDP)."""
-    mesh_groups: tuple[tuple[str, str], ...] = field(default=())
-    """``(mesh dimension, process-group name as the graphs state it)`` for each dimension that communicates, e.g.
-    ``(("dp_shard", "5"), ("tp", "9"))``; plain FSDP: ``(("dp_shard", "0"),)``."""
 
     def group_of(self, dim: str) -> str:
         """The process-group name the graphs use for mesh dimension ``dim`` (``dp_replicate``, ``dp_shard``, ``tp``)."""

@@ -160,6 +160,10 @@ class CapturedStep:
     """Every attributed FSDP collective: forward graph first, then backward, each in graph order."""
     world_size: int
     rank: int
+    mesh_groups: tuple[tuple[str, str], ...] = ()
+    """``(mesh dimension, process-group name as the graphs state it)`` for each dimension that communicates, e.g.
+    ``(("dp_shard", "5"), ("tp", "9"))``, where the step knows its device mesh; reports then name groups by
+    dimension. Empty: unknown (groups are named by their process-group names alone)."""
 
     def graph(self, name: GraphName) -> fx.GraphModule:
         return self.forward if name == "forward" else self.backward

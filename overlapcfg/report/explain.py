@@ -18,6 +18,7 @@ from torch import fx, nn
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.contracts import contract_of
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.attribution import module_fqn
@@ -232,7 +233,8 @@ def _record(gm: fx.GraphModule) -> PassRecord:
 def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig | Mapping[str, Any], *,
             hardware: HardwareProfile | str | None = None, world_size: int | None = None,
             graph_kind: GraphKind = "auto", groups: Mapping[str, GroupPlacement] | None = None) -> Report:
-    """Apply ``cfg`` to copies of ``step``'s graphs and report per bucket; predict the step if ``hardware``.
+    """Apply ``cfg`` to copies of ``step``'s graphs and report per bucket; predict the step if ``hardware`` (and
+    the untransformed step, ``Report.baseline``, where the untransformed graphs are at hand).
 
     ``step`` may also be a model ``overlapcfg.fully_shard`` sharded (eager FSDP2: its record is reported), or one
     graph module: if ``apply`` already transformed it, its record is read and nothing is
@@ -252,7 +254,9 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
         if found is None and world_size is None:
             raise TypeError("explain: this graph has no collective that names its group size; pass world_size=")
         trace_ws = found or world_size or 1
+        untransformed: list[fx.GraphModule] = []
         if not isinstance(step.meta.get(RECORD_KEY), PassRecord):
+            untransformed = [step]
             step = _apply_copy(step, config, graph_kind, trace_ws)
         rec = _record(step)
         graphs = {rec.graph_kind if rec.graph_kind in GRAPHS else "graph": step}
@@ -260,6 +264,7 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
     else:
         graphs = apply_step(step, config)
         traced, trace_ws = step, step.world_size
+        untransformed = [step.graph(name) for name in graphs]
     records = {name: _record(gm) for name, gm in graphs.items()}
     fqn_fns = {name: (traced.module_fqn_fn(name) if traced is not None else module_fqn) for name in graphs}
     labels = {name: node_labels(gm, fqn_fns[name]) for name, gm in graphs.items()}
@@ -269,17 +274,22 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
             by_name.setdefault(b.name, []).append(b)
     sizes = _param_sizes(traced) if traced is not None else {}
     buckets = tuple(_bucket(n, recs, traced, sizes, trace_ws) for n, recs in by_name.items())
-    simulation = None
+    simulation = baseline = None
     if hardware is not None:
-        sim = simulate(list(graphs.values()), load_hardware(hardware), world_size=world_size or trace_ws,
-                       names=list(graphs), labels=labels,
-                       traced_world_size=traced.world_size if traced is not None else None, groups=groups)
-        simulation = sim
+        hw = load_hardware(hardware)
+        ws, traced_ws = world_size or trace_ws, traced.world_size if traced is not None else None
+        simulation = simulate(list(graphs.values()), hw, world_size=ws, names=list(graphs), labels=labels,
+                              traced_world_size=traced_ws, groups=groups)
+        if untransformed:  # the "before" the table shows, kept in the report so report.json says it too
+            baseline = simulate(untransformed, hw, world_size=ws, names=list(graphs), traced_world_size=traced_ws,
+                                groups=groups)
     report = Report(
-        strategy=config.strategy, plan_name=config.plan.name if config.plan is not None else None,
+        strategy=config.strategy,
+        plan_name=config.plan.name if config.plan is not None and contract_of(config.strategy).uses_plan else None,
         config=config.model_dump(mode="json"),
         world_size=trace_ws, buckets=buckets,
         graphs=tuple(_graph_report(n, gm, records[n], labels[n]) for n, gm in graphs.items()),
-        warnings=tuple(_warnings(buckets, records)), simulation=simulation,
+        warnings=tuple(_warnings(buckets, records)), simulation=simulation, baseline=baseline,
+        mesh=traced.mesh_groups if traced is not None else (),
     )
     return report.attach(graphs.get("forward"), graphs.get("backward"))

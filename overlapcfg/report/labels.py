@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["KIND_LABELS", "LEGEND", "ROLE_LABELS", "SHOWN_ORDER", "fmt_bytes", "fmt_count", "fmt_order", "fmt_seconds"]
+__all__ = ["KIND_LABELS", "LEGEND", "ROLE_LABELS", "SHOWN_ORDER", "byte_unit", "fmt_bytes", "fmt_change", "fmt_count",
+           "fmt_order", "fmt_seconds", "time_unit"]
 
 KIND_LABELS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A", "wait": "W"}
 """Short names of collective kinds (and of a wait) in compact orders, tables and timeline labels."""
@@ -15,29 +16,49 @@ ROLE_LABELS = {
 """How the report names each ``overlapcfg.graph.collectives.CollectiveRole``."""
 
 
+def byte_unit(n: float) -> tuple[str, int]:
+    """The unit ``n`` bytes read in, and its size: ``(MiB, 2**20)`` for 4.6 MiB. Axes pick one for all values."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return unit, size
+    return "B", 1
+
+
+def time_unit(s: float) -> tuple[str, float]:
+    """The unit ``s`` seconds read in, and seconds per unit: ``(µs, 1e-6)`` for 132 µs."""
+    if abs(s) >= 1:
+        return "s", 1.0
+    if abs(s) >= 1e-3:
+        return "ms", 1e-3
+    return "µs", 1e-6
+
+
 def fmt_bytes(n: int | None) -> str:
     if n is None:
         return "—"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+    unit, size = byte_unit(n)
+    return f"{n} B" if size == 1 else f"{n / size:.1f} {unit}"
 
 
 def fmt_seconds(s: float | None) -> str:
     if s is None:
         return "—"
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} µs"
+    unit, scale = time_unit(s)
+    digits = {"s": 3, "ms": 2}.get(unit, 1)
+    return f"{s / scale:.{digits}f} {unit}"
 
 
 def fmt_count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
 
 
+def fmt_change(value: float, base: float, digits: int = 2) -> str:
+    """``value`` against ``base`` as a signed percentage (``+4.93%``, ``-0.28%``); a change that rounds to zero at
+    ``digits`` reads ``0.00%``, never ``-0.00%`` or ``+0.00%`` (a sign would claim a direction nobody can see)."""
+    if base <= 0:
+        return "—"
+    text = f"{100 * (value / base - 1):+.{digits}f}%"
+    return text[1:] if float(text[:-1]) == 0 else text
 
 
 LEGEND = (

@@ -18,7 +18,7 @@ from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
 
 __all__ = ["SCHEMA", "Event", "GraphReport", "Report", "Simulation", "StreamTime"]
 
-SCHEMA = "overlapcfg.report/3"
+SCHEMA = "overlapcfg.report/4"
 """Bumped on any change to the fields (added, renamed, removed, or changed in meaning): reports are validated
 strictly (``extra="forbid"``), so a reader accepts exactly the version it was written for."""
 
@@ -58,7 +58,8 @@ class StreamTime(_Data):
 @dataclass(frozen=True, slots=True)
 class Event:
     """One interval on one stream, for timelines (never in JSON). ``kind``: compute, memory (bandwidth-bound
-    kernel), all_gather, reduce_scatter, all_reduce, other, or wait (the compute stream stalled on ``node``)."""
+    kernel), all_gather, reduce_scatter, all_reduce, other, or wait (the compute stream stalled on ``node``, a
+    collective of kind ``waits_on``)."""
 
     graph: str
     node: str
@@ -68,6 +69,8 @@ class Event:
     end: float
     label: str = ""
     nbytes: int = 0
+    waits_on: str = ""
+    """For a wait: the kind of the collective waited on (``all_gather``, ``reduce_scatter``, ...)."""
 
 
 class Simulation(_Data):
@@ -123,6 +126,12 @@ class Report(_Data):
     graphs: tuple[GraphReport, ...]
     warnings: tuple[str, ...] = ()
     simulation: Simulation | None = None
+    baseline: Simulation | None = None
+    """The untransformed step predicted on the same hardware (what the table's "before" column shows), so the
+    JSON says what the pass bought too. None without hardware, or for a graph that arrived already transformed."""
+    mesh: tuple[tuple[str, str], ...] = ()
+    """``(mesh dimension, process-group name)`` where the trace knows its device mesh (``dp_shard``, ``dp_replicate``,
+    ``tp``): reports name groups by dimension, ``dp_shard (group 3)``. Empty: groups by their names alone."""
 
     _forward: fx.GraphModule | None = PrivateAttr(None)
     _backward: fx.GraphModule | None = PrivateAttr(None)
@@ -140,6 +149,11 @@ class Report(_Data):
             if g.name == name:
                 return g
         raise KeyError(f"no graph {name!r} in this report; have {[g.name for g in self.graphs]}")
+
+    def group_label(self, group: str) -> str:
+        """``dp_shard (group 3)`` where the mesh names ``group``, else ``group 3``."""
+        dims = {g: dim for dim, g in self.mesh}
+        return f"{dims[group]} (group {group})" if group in dims else f"group {group}"
 
     def bucket(self, name: str) -> BucketRecord:
         for b in self.buckets:

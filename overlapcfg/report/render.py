@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich import box
@@ -11,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from overlapcfg.report.bucket_table import bucket_table
-from overlapcfg.report.labels import LEGEND, ROLE_LABELS, fmt_bytes, fmt_order, fmt_seconds
+from overlapcfg.report.labels import LEGEND, ROLE_LABELS, fmt_bytes, fmt_change, fmt_order, fmt_seconds
 
 if TYPE_CHECKING:
     from overlapcfg.report.compare import Comparison
@@ -28,45 +29,73 @@ def _pct(x: float | None) -> str:
 
 
 def _change(before: float, after: float) -> str:
-    return "" if not before else f" ({100 * (after - before) / before:+.0f}%)"
+    return "" if not before else f" ({fmt_change(after, before, 0)})"
 
 
-def _simulation(sim: Simulation, baseline: Simulation | None = None) -> Table:
-    """The prediction; with ``baseline`` (the untransformed step), a "before" column and the change of each time."""
+def _busy(stream: str) -> Callable[[Simulation], float]:
+    return lambda s: next((t.busy_seconds for t in s.streams if t.stream == stream), 0.0)
+
+
+def _simulation(report: Report, sim: Simulation, baseline: Simulation | None = None) -> Table:
+    """The prediction; with ``baseline`` (the untransformed step), a "before" column and the change of each time.
+
+    The lower bound bounds the step time (it sits under it); with several process groups, communication is their
+    sum while the bound counts the busiest group alone, so each group's own time is shown under the sum."""
     table = Table(title=f"Prediction: {sim.hardware}, world size {sim.world_size}", show_header=baseline is not None)
     table.add_column("metric", style="bold")
     if baseline is not None:
         table.add_column("before (no pass)", justify="right")
     table.add_column("after" if baseline is not None else "value", justify="right")
-    rows = (
+    comm = [t.stream for t in sim.streams if t.stream.startswith("comm:")]  # one per process group
+    several = len(comm) > 1
+    rows: list[tuple[str, Callable[[Simulation], float | int | None], Callable[..., str]]] = [
         ("step time", lambda s: s.step_seconds, fmt_seconds),
-        ("lower bound max(compute + unhidable, comm)", lambda s: s.lower_bound_seconds, fmt_seconds),
+        ("  lower bound: max(compute + unhidable, busiest group)" if several else
+         "  lower bound: max(compute + unhidable, communication)", lambda s: s.lower_bound_seconds, fmt_seconds),
         ("compute", lambda s: s.compute_seconds, fmt_seconds),
-        ("communication", lambda s: s.comm_seconds, fmt_seconds),
+        ("communication, all groups summed" if several else "communication", lambda s: s.comm_seconds, fmt_seconds),
+    ]
+    if several:
+        rows += [(f"  {report.group_label(stream.removeprefix('comm:'))}", _busy(stream), fmt_seconds)
+                 for stream in comm]
+    rows += [
         ("exposed communication", lambda s: s.exposed_comm_seconds, fmt_seconds),
         ("overlap", lambda s: s.overlap_ratio, _pct),
         ("peak all-gathers in flight", lambda s: s.peak_inflight_bytes, fmt_bytes),
         ("peak unsharded parameters", lambda s: s.peak_unsharded_param_bytes, fmt_bytes),
         ("peak activations (graph-allocated)", lambda s: s.peak_activation_bytes, fmt_bytes),
-    )
+    ]
     for label, value, fmt in rows:
         if baseline is None:
-            table.add_row(label, fmt(value(sim)))
+            table.add_row(escape(label), fmt(value(sim)))
             continue
         after = fmt(value(sim))
         if fmt is fmt_seconds:
-            after += _change(value(baseline), value(sim))
-        table.add_row(label, fmt(value(baseline)), after)
+            after += _change(value(baseline), value(sim))  # type: ignore[arg-type]
+        table.add_row(escape(label), fmt(value(baseline)), after)
     return table
+
+
+def _no_buckets(report: Report) -> Text:
+    """What stands in for an empty bucket table (``auto`` merges by itself, ``none`` leaves the graph): the counts,
+    not a table with headers and no rows."""
+    before = sum(g.collectives_before for g in report.graphs)
+    after = sum(g.collectives_after for g in report.graphs)
+    what = (f"the strategy merged FSDP collectives by itself, {before} → {after} (graphs table and order lines "
+            "below)" if after < before else f"nothing merged, the {before} FSDP collectives stay as traced")
+    return Text.assemble((f"overlapcfg: strategy {report.strategy}", "bold"), f"\nno plan buckets: {what}")
 
 
 def report_table(report: Report, *, baseline: Simulation | None = None) -> Group:
     """The whole report: buckets, graphs, order lines, notes, warnings, a legend, the prediction.
 
-    ``baseline``: the prediction for the untransformed step, shown as a "before" column next to the report's.
+    ``baseline``: the prediction for the untransformed step, shown as a "before" column next to the report's;
+    default: the report's own (``Report.baseline``).
     """
+    baseline = baseline if baseline is not None else report.baseline
     title = f"overlapcfg: strategy {report.strategy}" + (f", plan {report.plan_name}" if report.plan_name else "")
-    buckets = bucket_table(title, report.buckets, world_size=report.world_size)
+    buckets = (bucket_table(title, report.buckets, world_size=report.world_size) if report.buckets
+               else _no_buckets(report))
     graphs = Table(title="graphs")
     for col in ("graph", "nodes", "FSDP collectives", "non-FSDP left alone", "uncovered", "pass time"):
         graphs.add_column(col)
@@ -91,7 +120,7 @@ def report_table(report: Report, *, baseline: Simulation | None = None) -> Group
         parts.extend(Text(f"  • {w}", style="yellow") for w in report.warnings)
     parts.append(Text("\n".join(LEGEND), style="dim"))
     if report.simulation is not None:
-        parts.append(_simulation(report.simulation, baseline))
+        parts.append(_simulation(report, report.simulation, baseline))
     return Group(*parts)
 
 
@@ -114,8 +143,8 @@ def groups_table(report: Report) -> Table | None:
                     ("collectives before → after", {}), ("bytes per step", {"justify": "right"})):
         table.add_column(col, **kw)
     for name, t in rows:
-        table.add_row(name, escape(t.group), "?" if t.size is None else str(t.size), ROLE_LABELS.get(t.role, t.role),
-                      f"{t.before} → {t.after}", fmt_bytes(t.unsharded_bytes))
+        table.add_row(name, escape(report.group_label(t.group)), "?" if t.size is None else str(t.size),
+                      ROLE_LABELS.get(t.role, t.role), f"{t.before} → {t.after}", fmt_bytes(t.unsharded_bytes))
     return table
 
 

@@ -170,7 +170,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     blocking_comm = 0.0
     for graph_name, g in zip(names, graphs, strict=True):
         graph_labels = (labels or {}).get(graph_name, {})
-        done: dict[fx.Node, tuple[float, int, bool]] = {}
+        done: dict[fx.Node, tuple[float, int, bool, str]] = {}
         placement, blocking, param_gathers = _placements(g, world_size, traced_world_size, groups)
         root, is_param, last = _storage_plan(g.graph, param_gathers)
         mem = _Memory()
@@ -191,7 +191,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                 busy[stream] = busy.get(stream, 0.0) + dur
                 comm += dur
                 gathers = node in param_gathers
-                done[node] = (start + dur, nbytes, gathers)
+                done[node] = (start + dur, nbytes, gathers, ckind)
                 if gathers:
                     inflight += nbytes
                     peak_inflight = max(peak_inflight, inflight)
@@ -200,10 +200,10 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
             elif kind == "wait":
                 start_node = compat.collective_of_wait(node)
                 if start_node in done:
-                    end, nbytes, gathers = done.pop(start_node)
+                    end, nbytes, gathers, waited = done.pop(start_node)
                     if end > t:
                         events.append(Event(graph_name, node.name, COMPUTE_STREAM, "wait", t, end,
-                                            _label(node, graph_labels)))
+                                            _label(node, graph_labels), waits_on=waited))
                         exposed += end - t
                         t = end
                     if gathers:

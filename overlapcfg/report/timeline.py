@@ -1,15 +1,17 @@
 """Timelines of simulated steps: a Chrome trace (Perfetto) and a PNG Gantt chart (matplotlib, Agg backend).
 
-One "process" per strategy, one "thread" per stream (``compute`` first, then ``comm:<group>``), so several
-strategies line up on the same time axis. Stalls (the compute stream waiting on a collective) are events of
-their own on the compute stream: they are what a schedule should remove.
+One "process" per strategy, one "thread" per stream (``compute`` first, then ``comm:<group>``, named by mesh
+dimension where the report knows the mesh: ``comm: dp_shard (group 3)``), so several strategies line up on the
+same time axis. Stalls (the compute stream waiting on a collective) are events of their own on the compute
+stream, and say which kind of collective they wait on (``wait AG[layers.0]``; in the PNG the collective's colour,
+hatched): they are what a schedule should remove.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from overlapcfg.report.compare import Comparison
@@ -17,8 +19,8 @@ from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import Event, Simulation
 from overlapcfg.report.simulate import COMPUTE_STREAM
 
-__all__ = ["COLORS", "backward_start", "bar_label", "chrome_trace", "write_chrome_trace", "write_gantt_png",
-           "write_timeline"]
+__all__ = ["COLORS", "backward_start", "bar_label", "chrome_trace", "stream_label", "write_chrome_trace",
+           "write_gantt_png", "write_timeline"]
 
 COLORS = {
     "compute": "#4C72B0",
@@ -33,6 +35,9 @@ _LEGEND = {
     "compute": "compute (FLOP-bound)",
     "memory": "compute (memory-bound)",
     "wait": "stall: waiting on a collective",
+    "wait:all_gather": "stall: waiting on an all-gather",
+    "wait:reduce_scatter": "stall: waiting on a reduce-scatter",
+    "wait:all_reduce": "stall: waiting on an all-reduce",
     "all_gather": "all-gather",
     "reduce_scatter": "reduce-scatter",
     "all_reduce": "all-reduce",
@@ -52,21 +57,39 @@ def _streams(sim: Simulation) -> list[str]:
 
 
 def _name(e: Event) -> str:
+    """``AG[layers.0]`` for a collective, ``wait AG[layers.0]`` for compute stalled on one, else the node."""
+    if e.kind == "wait":
+        return f"wait {KIND_LABELS.get(e.waits_on, 'COLL')}[{e.label or e.node}]"
     prefix = KIND_LABELS.get(e.kind)
     if prefix:
         return f"{prefix}[{e.label or e.node}]"
     return e.node
 
 
-def chrome_trace(runs: Sequence[Run]) -> dict[str, object]:
-    """The Chrome trace-event JSON object (``traceEvents``, microseconds)."""
+def _wait_key(e: Event) -> str:
+    """How a bar is coloured and listed in the legend: a stall by the kind it waits on."""
+    return f"wait:{e.waits_on}" if e.kind == "wait" and f"wait:{e.waits_on}" in _LEGEND else e.kind
+
+
+def stream_label(stream: str, mesh: Mapping[str, str] | None = None) -> str:
+    """``comm:3`` -> ``comm: dp_shard (group 3)`` where ``mesh`` (group name -> mesh dimension) names it."""
+    group = stream.removeprefix("comm:")
+    if mesh and stream != group and group in mesh:
+        return f"comm: {mesh[group]} (group {group})"
+    return stream
+
+
+def chrome_trace(runs: Sequence[Run], mesh: Mapping[str, str] | None = None) -> dict[str, object]:
+    """The Chrome trace-event JSON object (``traceEvents``, microseconds); ``mesh``: group name -> mesh dimension,
+    to name the communication threads."""
     events: list[dict[str, object]] = []
     for pid, (name, sim) in enumerate(runs, start=1):
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
         tids = {s: i for i, s in enumerate(_streams(sim))}
         for stream, tid in tids.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": stream}})
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                           "args": {"name": stream_label(stream, mesh)}})
         start = backward_start(sim)
         if start is not None:  # a marker across the run's tracks where the backward graph begins
             events.append({"ph": "i", "s": "p", "name": "backward starts", "pid": pid, "tid": 0, "ts": start * 1e6})
@@ -76,6 +99,8 @@ def chrome_trace(runs: Sequence[Run]) -> dict[str, object]:
                 args["module"] = e.label
             if e.nbytes:
                 args["bytes"] = e.nbytes
+            if e.waits_on:
+                args["waits_on"] = e.waits_on
             events.append({"ph": "X", "name": _name(e), "cat": e.kind, "pid": pid, "tid": tids[e.stream],
                            "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6, "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ms",
@@ -84,9 +109,9 @@ def chrome_trace(runs: Sequence[Run]) -> dict[str, object]:
                                     "step_seconds": s.step_seconds} for n, s in runs]}}
 
 
-def write_chrome_trace(runs: Sequence[Run], path: str | Path) -> Path:
+def write_chrome_trace(runs: Sequence[Run], path: str | Path, mesh: Mapping[str, str] | None = None) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(chrome_trace(runs)))
+    path.write_text(json.dumps(chrome_trace(runs, mesh)))
     return path
 
 
@@ -96,9 +121,22 @@ def _short(label: str) -> str:
     return found[0] if found else label[:3]
 
 
-def bar_label(label: str, width_px: float) -> str | None:
-    """What fits on a bar ``width_px`` wide: the whole bucket name, else its layer index, else nothing."""
-    return next((t for t in (label, _short(label)) if len(t) * _CHAR_PX + 4 <= width_px), None)
+def bar_label(label: str, width_px: float, *, prefix: str = "") -> str | None:
+    """What fits on a bar ``width_px`` wide: ``prefix`` and the whole bucket name, else ``prefix`` and its layer
+    index, else the prefix alone (a stall's ``AG``), else nothing."""
+    tries = (prefix + label, prefix + _short(label), prefix.strip()) if prefix else (label, _short(label))
+    return next((t for t in tries if t and len(t) * _CHAR_PX + 4 <= width_px), None)
+
+
+def _bar_style(kind: str, stream: str) -> dict[str, object]:
+    """Colours of one kind of bar. A stall wears the colour of the collective it waits on, hatched in the stall
+    red, so an all-gather stall and a reduce-scatter stall are told apart at a glance. White edges keep
+    back-to-back collectives apart; compute kernels are too many and too thin for them."""
+    if kind.startswith("wait:"):
+        return {"facecolor": COLORS.get(kind.removeprefix("wait:"), "#777777"), "edgecolor": COLORS["wait"],
+                "hatch": "////", "linewidth": 0.6}
+    edge = {"edgecolor": "white", "linewidth": 0.4} if stream != COMPUTE_STREAM else {"edgecolor": "none"}
+    return {"facecolor": COLORS.get(kind, "#777777"), **edge}
 
 
 def backward_start(sim: Simulation) -> float | None:
@@ -106,9 +144,11 @@ def backward_start(sim: Simulation) -> float | None:
     return min((e.start for e in sim.events if e.graph == "backward"), default=None)
 
 
-def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "") -> Path:
+def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "",
+                    mesh: Mapping[str, str] | None = None) -> Path:
     """One lane per (strategy, stream); collectives and stalls labelled with their bucket (in full where the bar
-    is wide enough, else its layer index), and a dashed line where the backward graph starts."""
+    is wide enough, else its layer index), a stall drawn in the colour of the collective it waits on, hatched, and
+    a dashed line where the backward graph starts. ``mesh``: group name -> mesh dimension, for lane names."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -135,22 +175,21 @@ def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "") -
         events = [e for e in sim.events if e.stream == stream]
         by_kind: dict[str, list[tuple[float, float]]] = {}
         for e in events:
-            by_kind.setdefault(e.kind, []).append((e.start * scale, (e.end - e.start) * scale))
+            by_kind.setdefault(_wait_key(e), []).append((e.start * scale, (e.end - e.start) * scale))
         for kind, bars in by_kind.items():
             used.setdefault(kind)
-            # White edges keep back-to-back collectives apart; compute kernels are too many and too thin for it.
-            edge = {"edgecolor": "white", "linewidth": 0.4} if stream != COMPUTE_STREAM else {"edgecolor": "none"}
-            ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=COLORS.get(kind, "#777777"), **edge)
+            ax.broken_barh(bars, (y - 0.38, 0.76), **_bar_style(kind, stream))
         for e in events:
             if stream == COMPUTE_STREAM and e.kind != "wait":
                 continue  # compute kernels: too many to name; a stall names the bucket it waits for
-            label = bar_label(e.label or e.node, (e.end - e.start) * scale * px_per_unit)
+            prefix = f"{KIND_LABELS.get(e.waits_on, '')} " if e.kind == "wait" else ""
+            label = bar_label(e.label or e.node, (e.end - e.start) * scale * px_per_unit, prefix=prefix)
             if label is not None:
                 ax.text((e.start + e.end) / 2 * scale, y, label, ha="center", va="center", fontsize=7,
-                        clip_on=True, color="white" if e.kind == "wait" else "black")
+                        clip_on=True, color="black")
         ax.plot([sim.step_seconds * scale] * 2, [y - 0.45, y + 0.45], color="black", linewidth=1.2)
         yticks.append(y)
-        ylabels.append(f"{name} · {stream}")
+        ylabels.append(f"{name} · {stream_label(stream, mesh)}")
         y += 1.0
     for name, sim in runs:
         start = backward_start(sim)
@@ -166,7 +205,7 @@ def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "") -
     ax.set_ylim(-0.7, y - 0.3)
     ax.grid(axis="x", linestyle=":", alpha=0.5)
     ax.set_title(title or "simulated step timeline")
-    ax.legend(handles=[Patch(color=COLORS.get(k, "#777777"), label=_LEGEND.get(k, k)) for k in COLORS if k in used],
+    ax.legend(handles=[Patch(label=_LEGEND.get(k, k), **_bar_style(k, "")) for k in _LEGEND if k in used],
               loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(6, len(used)) or 1, fontsize=9,
               frameon=False)
     fig.tight_layout()
@@ -182,7 +221,8 @@ def write_timeline(comparison: Comparison, directory: str | Path, *, stem: str =
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     runs = [(r.name, r.simulation) for r in comparison.rows]
-    trace = write_chrome_trace(runs, directory / f"{stem}.json")
+    mesh = {group: dim for r in comparison.rows for dim, group in r.report.mesh}
+    trace = write_chrome_trace(runs, directory / f"{stem}.json", mesh)
     png = write_gantt_png(runs, directory / f"{stem}.png",
-                          title=f"{comparison.hardware}, world size {comparison.world_size}")
+                          title=f"{comparison.hardware}, world size {comparison.world_size}", mesh=mesh)
     return trace, png

@@ -15,7 +15,7 @@ import torch
 
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.load import dump_yaml
-from overlapcfg.report.labels import fmt_bytes, fmt_seconds
+from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_seconds
 from overlapcfg.report.model import Report, Simulation
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.quick import Score, Stall
@@ -23,7 +23,7 @@ from overlapcfg.tuning.space import TuneSpace
 
 __all__ = ["AGREEMENT", "TUNE_SCHEMA", "TuneResult", "Verification"]
 
-TUNE_SCHEMA = "overlapcfg.tune/1"
+TUNE_SCHEMA = "overlapcfg.tune/2"
 AGREEMENT = 0.01
 """Largest relative difference between the quick score and the full simulation of the winner."""
 
@@ -44,6 +44,11 @@ class TuneResult:
     config: OverlapConfig
     """The tuned config: pass it to ``apply`` / ``backend``, or write it with ``to_yaml``."""
     best: Candidate
+    """The winner: of the candidates within ``tie_tolerance`` of the fastest, the fewest bytes in flight."""
+    fastest: Candidate
+    """The fastest candidate within the budget (``best`` itself unless a tie went to a lighter one)."""
+    tie_tolerance: float
+    """Steps within this fraction of the fastest count as equal (``overlapcfg.tuning.candidates.TIE_TOLERANCE``)."""
     top: tuple[Candidate, ...]
     """The fastest candidates within the budget (at most 10), best first."""
     pareto: tuple[Candidate, ...]
@@ -88,9 +93,13 @@ class TuneResult:
         s = self.score
         cost = f", costed as {str(self.as_dtype).removeprefix('torch.')}" if self.as_dtype is not None else ""
         budget = f"peak all-gathers in flight <= {fmt_bytes(self.memory_budget)}" if self.memory_budget else "no budget"
-        lines = [f"overlapcfg tune: the fastest of {self.evaluated} candidates on {self.hardware} at {self.world_size} "
-                 f"ranks{cost}, {budget}",
+        lines = [f"overlapcfg tune: the best of {self.evaluated} candidates on {self.hardware} at {self.world_size} "
+                 f"ranks{cost}, {budget} (steps within {100 * self.tie_tolerance:g}% of the fastest are a tie, won "
+                 "by fewer bytes in flight)",
                  f"candidate: {self.best.name}"]
+        tie = self.tie_note()
+        if tie:
+            lines.append(f"fastest found: {tie}")
         full = ""
         if self.verification is not None:
             full = (f" (full apply + verify + simulate: {fmt_seconds(self.verification.simulation.step_seconds)}, "
@@ -100,10 +109,10 @@ class TuneResult:
                   f"{fmt_bytes(s.peak_inflight_bytes)}; peak unsharded parameters "
                   f"{fmt_bytes(s.peak_unsharded_param_bytes)}",
                   f"lower bound max(compute, communication): {fmt_seconds(s.lower_bound_seconds)} "
-                  f"(this config {_over(s.step_seconds, s.lower_bound_seconds)})",
+                  f"(this config {fmt_change(s.step_seconds, s.lower_bound_seconds)})",
                   f"lower bound with the unhidable first all-gather and last reduce-scatter: "
                   f"{fmt_seconds(s.unhidable_bound_seconds)} (this config "
-                  f"{_over(s.step_seconds, s.unhidable_bound_seconds)})",
+                  f"{fmt_change(s.step_seconds, s.unhidable_bound_seconds)})",
                   "shipped presets on the same trace (quick model):"]
         for p in sorted(self.presets, key=lambda c: c.step_seconds):
             over = "" if self.fits(p) else " (over budget)"
@@ -112,6 +121,16 @@ class TuneResult:
         lines.append("load it: overlapcfg.load_config(pathlib.Path('tuned.yaml')), or as an option of your Hydra "
                      "app's overlap group")
         return lines
+
+    def tie_note(self) -> str | None:
+        """Why the winner is not the fastest candidate (a tie went to fewer bytes in flight), or None."""
+        fast, best = self.fastest, self.best
+        if fast is best or (fast.step_seconds, fast.peak_inflight_bytes) == (best.step_seconds,
+                                                                             best.peak_inflight_bytes):
+            return None
+        return (f"{fast.name}: {fmt_change(fast.step_seconds, best.step_seconds, 3)} step for "
+                f"{fmt_change(fast.peak_inflight_bytes, best.peak_inflight_bytes, 0)} bytes in flight; steps within "
+                f"{100 * self.tie_tolerance:g}% of the fastest are a tie, won by the fewest bytes in flight")
 
     def to_yaml(self) -> str:
         """``tuned.yaml``: the header as comments, then the config (``load_config`` reads it back)."""
@@ -128,7 +147,7 @@ class TuneResult:
             "schema": TUNE_SCHEMA, "hardware": self.hardware, "world_size": self.world_size,
             "memory_budget": self.memory_budget,
             "as_dtype": str(self.as_dtype).removeprefix("torch.") if self.as_dtype is not None else None,
-            "best": row(self.best),
+            "best": row(self.best), "fastest": row(self.fastest), "tie_tolerance": self.tie_tolerance,
             "verification": None if v is None else {"simulation": v.simulation.model_dump(mode="json"),
                                                     "agreement": v.agreement, "seconds": v.seconds},
             "stalls": [{"graph": x.graph, "bucket": x.bucket, "kind": x.kind, "at": x.at, "seconds": x.seconds}
@@ -141,10 +160,6 @@ class TuneResult:
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
-
-
-def _over(value: float, bound: float) -> str:
-    return f"+{100 * (value / bound - 1):.2f}%" if bound > 0 else "—"
 
 
 def _score(s: Score) -> dict[str, Any]:

@@ -6,11 +6,12 @@ The search, in order:
 2. resolve each grouping of the space to a plan and merge the profile by it (an *arm*);
 3. score the grid: every arm x forward depth x backward depth x reduce-scatter delay x issue order x cap, plus
    every shipped plan x policy preset and ``torch_manual`` that fits the model (so the winner is never worse
-   than a preset the budget allows);
+   than a preset the budget allows, beyond the tie tolerance and only where it then needs fewer bytes in flight);
 4. refine the best few, bucket by bucket: where the replay shows compute waiting on an all-gather, prefetch it
    from further back; where it waits on a reduce-scatter, delay that wait; keep the best move, repeat;
-5. pick the fastest candidate within the budget (ties: fewer bytes in flight, fewer per-bucket exceptions), and
-   re-check it the slow way: a real ``apply`` (verified) and ``simulate``, which must agree within 1 %.
+5. pick the winner within the budget: of the candidates within ``TIE_TOLERANCE`` (0.1 %) of the fastest step,
+   the one with the fewest bytes in flight (then the fastest, then the fewest per-bucket exceptions), and re-check
+   it the slow way: a real ``apply`` (verified) and ``simulate``, which must agree within 1 %.
 
 Deterministic: the grid is enumerated in a fixed order (sampled with ``space.seed`` only when larger than
 ``space.max_candidates``), and ties are broken by that order.
@@ -37,7 +38,7 @@ from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
 from overlapcfg.resolve import resolve_plan
-from overlapcfg.tuning.candidates import Arm, Candidate, Knobs, describe, pareto
+from overlapcfg.tuning.candidates import TIE_TOLERANCE, Arm, Candidate, Knobs, choose, describe, pareto
 from overlapcfg.tuning.profile import Profile, build_profile
 from overlapcfg.tuning.quick import Stall, group, score
 from overlapcfg.tuning.result import AGREEMENT, TuneResult, Verification
@@ -72,7 +73,8 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
          config_root: str | None = None) -> TuneResult:
     """Search the ``space`` of plans and schedules for ``step`` on ``hardware`` at ``world_size`` ranks (default:
     the trace's) for the fastest predicted step whose peak in-flight all-gather bytes stay within
-    ``memory_budget`` (bytes or ``"4GiB"``; None: no budget).
+    ``memory_budget`` (bytes or ``"4GiB"``; None: no budget). Steps within ``TIE_TOLERANCE`` (0.1 %) of the fastest
+    are a tie, won by the candidate with the fewest bytes in flight (``TuneResult.fastest`` keeps the fastest).
 
     ``as_dtype`` costs floating tensors as that dtype (``torch.bfloat16``: mixed precision from an fp32 trace).
     ``verify``: re-check the winner by a real apply + verify + simulate (the quick score must agree within 1 %).
@@ -112,7 +114,7 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
             f"{prefix}space.forward_prefetch / backward_prefetch (0 issues each all-gather at its use)")
     refined = _refine_best(arms, fits, space, budget, report)
     pool = [*fits, *(c for c in refined if budget is None or c.peak_inflight_bytes <= budget)]
-    winner = min(pool, key=lambda c: (c.step_seconds, c.peak_inflight_bytes, len(c.knobs.per_bucket)))
+    winner = choose(pool)
     everything = [*scored, *presets, *refined]
     result = _result(step, profile, arms, winner, everything, presets, skipped, space, budget, as_dtype, verify,
                      started, report)
@@ -215,6 +217,9 @@ def _presets(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], tup
             try:
                 cfg = load_config({"strategy": "torch_manual", "plan": plan} if policy is None
                                   else {"plan": plan, "policy": policy})
+                if cfg.strategy not in ("manual", "torch_manual"):  # policy auto selects its own strategy
+                    skipped.append(f"{name}: strategy {cfg.strategy!r} (the quick model replays plan schedules)")
+                    continue
                 resolved = resolve_plan(cfg.plan, step.module_fqns, step.param_owners, overrides=cfg.overrides,
                                         policy=cfg.policy)  # type: ignore[arg-type]
             except OverlapConfigError as err:
@@ -317,6 +322,8 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
 
     best = full(winner)
     assert best.config is not None
+    fastest = full(min((c for c in everything if budget is None or c.peak_inflight_bytes <= budget),
+                       key=lambda c: (c.step_seconds, c.peak_inflight_bytes)))
     stalls: list[Stall] = []
     if best.arm >= 0:
         arms[best.arm].score(best.knobs, stalls=stalls)
@@ -339,7 +346,8 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
         verification = _verify(step, best, profile)
     report("done", 1, 1, best.step_seconds)
     return TuneResult(
-        config=best.config, best=best, top=tuple(top), pareto=front, presets=tuple(presets), skipped=skipped,
+        config=best.config, best=best, fastest=fastest, tie_tolerance=TIE_TOLERANCE, top=tuple(top), pareto=front,
+        presets=tuple(presets), skipped=skipped,
         candidates=tuple(unique), verification=verification, stalls=tuple(stalls), hardware=profile.hardware.name,
         world_size=profile.world_size, memory_budget=budget, as_dtype=as_dtype, space=space,
         evaluated=len(everything), profile_seconds=profile.seconds, seconds=time.perf_counter() - started,
