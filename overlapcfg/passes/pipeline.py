@@ -50,6 +50,7 @@ from overlapcfg.graph.record import (
     group_traffic,
 )
 from overlapcfg.graph.verify import summarize, verify
+from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting
 from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
 from overlapcfg.strategies import PassContext, Strategy, get_strategy
 
@@ -82,10 +83,11 @@ def _ignored_settings(cfg: OverlapConfig, strategy: Strategy, root: str) -> tupl
         notes.append(f"{root}.overrides are ignored: strategy {cfg.strategy!r} does not bucket by plan")
     if not strategy.reads_policy and cfg.policy != type(cfg.policy)():
         notes.append(f"{root}.policy is ignored: strategy {cfg.strategy!r} reads no policy")
-    for i, entry in enumerate(cfg.plan.buckets if cfg.plan is not None else ()):
-        if isinstance(entry, Bucket) and entry.reshard_after_forward is not None:
-            notes.append(f"{root}.plan.buckets[{i}].reshard_after_forward is ignored: it applies to "
-                         "overlapcfg.fully_shard (eager FSDP2); a compiled graph's resharding is fixed when traced")
+    if not strategy.uses_plan:
+        for i, entry in enumerate(cfg.plan.buckets if cfg.plan is not None else ()):
+            if isinstance(entry, Bucket) and entry.reshard_after_forward is not None:
+                notes.append(f"{root}.plan.buckets[{i}].reshard_after_forward is ignored: strategy "
+                             f"{cfg.strategy!r} does not bucket by plan")
     return tuple(notes)
 
 
@@ -165,24 +167,32 @@ def apply(
             "helpers write this rank into the graph), and none is initialized. Run the pass where the graph is "
             "compiled (overlapcfg.backend does), inside torch.distributed.init_process_group, or for a graph "
             "inspected offline inside overlapcfg.compat.fake_process_group(world_size)")
-    ctx = PassContext(plan, cfg.policy, tuple(collectives), tuple(covered), tuple(uncovered), forced, fn,
-                      fresh_fake_values=for_compiler)
     summary = summarize(gm, direction=forced) if cfg.verify else None
     backup = compat.copy_graph(gm.graph)
+    kept = KeepResult()
     try:
+        now, scheduled, left = collectives, covered, uncovered
+        if strategy.uses_plan and plan.buckets:
+            kept = keep_unsharded(gm, cfg, plan, covered, forced=forced, root=config_root)
+        if kept.removed:  # the strategy schedules what is left; the record counts from the original graph
+            now = find_collectives(gm.graph, fn, direction=forced)
+            scheduled, left = attribute(now, plan)
+        ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
+                          fresh_fake_values=for_compiler)
         result = strategy.run(gm, ctx)
         gm.graph.lint()
         if summary is not None:
-            verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]")
+            verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]",
+                   reused_regathers=kept.removed)
     except BaseException:
         gm.graph = backup  # nothing half-applied: the caller gets the graph it gave us
         gm.recompile()
         raise
     gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced)
-    notes = (*notes, *result.notes, *_unbucketed_all_reduces(cfg, covered, result.merged))
+    notes = (*notes, *kept.notes, *result.notes, *_unbucketed_all_reduces(cfg, covered, result.merged))
     record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
-                     started, notes, strategy_uses_plan=strategy.uses_plan)
+                     started, notes, strategy_uses_plan=strategy.uses_plan, kept=kept)
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm
@@ -271,9 +281,9 @@ def _nothing_covered(cfg: OverlapConfig, fsdp: Sequence[Collective], root: str) 
     _warn_once(message)
 
 
-def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]],
+def _bucket_records(cfg: OverlapConfig, plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]],
                     merged: Sequence[MergedCollective], after: Sequence[Collective],
-                    decisions: Sequence[DepthDecision]) -> tuple[BucketRecord, ...]:
+                    decisions: Sequence[DepthDecision], kept: KeepResult) -> tuple[BucketRecord, ...]:
     before_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     nbytes: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     params: list[dict[str, None]] = [{} for _ in plan.buckets]
@@ -304,7 +314,8 @@ def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]
 
     return tuple(
         BucketRecord(**dict(b), params=tuple(params[i]), param_count=len(params[i]), unsharded_bytes=gathered[i],
-                     collectives=changes(i), decisions=tuple(d for d in decisions if d.bucket == b.name))
+                     collectives=changes(i), decisions=tuple(d for d in decisions if d.bucket == b.name),
+                     reshard_after_forward=reshard_setting(cfg, plan, i), held_bytes=kept.held_bytes(i))
         for i, b in enumerate(plan.buckets)
     )
 
@@ -312,7 +323,7 @@ def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]
 def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: ResolvedPlan,
             before: Sequence[Collective], after: Sequence[Collective], covered: Sequence[tuple[int, Collective]],
             merged: Sequence[MergedCollective], decisions: Sequence[DepthDecision], started: float,
-            notes: tuple[str, ...], *, strategy_uses_plan: bool = True) -> PassRecord:
+            notes: tuple[str, ...], *, strategy_uses_plan: bool = True, kept: KeepResult | None = None) -> PassRecord:
     if strategy_uses_plan:
         _, uncovered = attribute(before, plan) if plan.buckets else ((), [c for c in before if c.fsdp])
     else:  # the strategy buckets by its own rules (auto) or not at all (none): "uncovered" would mislead
@@ -321,7 +332,7 @@ def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: Resol
     record = PassRecord(
         strategy=cfg.strategy,
         graph_kind=graph_kind,
-        buckets=_bucket_records(plan, covered, merged, after, decisions),
+        buckets=_bucket_records(cfg, plan, covered, merged, after, decisions, kept or KeepResult()),
         decisions=tuple(decisions),
         before=count_collectives(before),
         after=count_collectives(after),
