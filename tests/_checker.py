@@ -35,6 +35,9 @@ from overlapcfg.demo.tracing import GraphName, TracedStep
 
 __all__ = [
     "Merged",
+    "joint_merged",
+    "joint_order",
+    "torchtitan_bucket",
     "achieved_delays",
     "achieved_prefetch",
     "bucket_sizes",
@@ -96,6 +99,79 @@ def merged_collectives(gm: fx.GraphModule, step: TracedStep, graph: GraphName,
         if len(waits) != 1:
             raise AssertionError(f"{node.name} has {len(waits)} waits")
         out.append(Merged(buckets.pop(), tag["kind"], tag["direction"], node, waits[0], tuple(tag["sources"])))
+    return out
+
+
+def torchtitan_bucket(module_fqn: str) -> str:
+    """torchtitan's graph-trainer plan written out: ``tok_embeddings``, one bucket per block, ``[norm, lm_head]``."""
+    parts = module_fqn.split(".")
+    if parts[0] == "layers":
+        return f"layers.{parts[1]}"
+    if parts[0] in ("norm", "lm_head"):
+        return "lm_head+norm"
+    return parts[0]
+
+
+# --- whole-step (joint) graphs ------------------------------------------------------------------------------------
+# Owners and directions come from the ORIGINAL graph's own annotations (torchtitan writes the owning module into
+# ``meta["custom"]["module_fqn"]`` of every collective, backward copies included, and marks backward nodes
+# ``meta["autograd_backward"]``), never from overlapcfg's attribution.
+
+_AG_OUT = _c10d.all_gather_into_tensor_out.default
+
+
+def _joint_kind(node: fx.Node) -> str | None:
+    return "all_gather" if node.target is _AG_OUT else _KIND.get(node.target)  # type: ignore[arg-type]
+
+
+def _joint_direction(node: fx.Node) -> str:
+    return "backward" if node.meta.get("autograd_backward") else "forward"
+
+
+def _joint_owner(node: fx.Node) -> str:
+    fqn = node.meta.get("custom", {}).get("module_fqn")
+    if not fqn:
+        raise AssertionError(f"{node.name}: the original graph names no owning module")
+    return str(fqn)
+
+
+def joint_order(original: fx.GraphModule, kind: str, direction: str,
+                bucket_of: BucketOf = torchtitan_bucket) -> dict[str, list[str]]:
+    """The original graph's collectives of one kind and direction: bucket -> start names, buckets in compute order
+    (all-gathers by first wait, reduce-scatters by first start)."""
+    index = {n: i for i, n in enumerate(original.graph.nodes)}
+    found: dict[str, list[str]] = {}
+    first: dict[str, int] = {}
+    for node in original.graph.nodes:
+        if node.op != "call_function" or _joint_kind(node) != kind or _joint_direction(node) != direction:
+            continue
+        bucket = bucket_of(_joint_owner(node))
+        found.setdefault(bucket, []).append(node.name)
+        waits = [u for u in node.users if u.target is _WAIT]
+        at = index[waits[0]] if kind == "all_gather" and waits else index[node]
+        first[bucket] = min(first.get(bucket, at), at)
+    return {b: found[b] for b in sorted(found, key=first.__getitem__)}
+
+
+def joint_merged(gm: fx.GraphModule, original: fx.GraphModule,
+                 bucket_of: BucketOf = torchtitan_bucket) -> list[Merged]:
+    """Every merged collective of a transformed whole-step graph, graph order, with the bucket, kind and direction
+    its sources have in ``original``; a merge across buckets, kinds or directions is an error."""
+    by_name = {n.name: n for n in original.graph.nodes}
+    out: list[Merged] = []
+    for node in gm.graph.nodes:
+        tag = node.meta.get("overlapcfg")
+        if not isinstance(tag, dict) or tag.get("role") != "start":
+            continue
+        sources = [by_name[s] for s in tag["sources"]]
+        found = {(bucket_of(_joint_owner(s)), _joint_kind(s), _joint_direction(s)) for s in sources}
+        if len(found) != 1:
+            raise AssertionError(f"{node.name} merges collectives of several buckets/kinds/directions: {found}")
+        waits = [u for u in node.users if u.target is _WAIT]
+        if len(waits) != 1:
+            raise AssertionError(f"{node.name} has {len(waits)} waits")
+        bucket, kind, direction = found.pop()
+        out.append(Merged(bucket, str(kind), direction, node, waits[0], tuple(tag["sources"])))
     return out
 
 

@@ -38,7 +38,7 @@ from torch._functorch._aot_autograd.descriptors import PlainAOTInput
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-__all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "forward_graph", "layer_fqns"]
+__all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "forward_graph", "joint_graph", "layer_fqns"]
 
 DIM = 4
 """Columns of every parameter; a parameter with ``rows`` shard rows gathers to ``world_size * rows`` x ``DIM``."""
@@ -60,7 +60,7 @@ class Synthetic:
     """A built graph and the facts a test needs to judge a pass over it without asking overlapcfg."""
 
     gm: fx.GraphModule
-    kind: Literal["forward", "backward"]
+    kind: Literal["forward", "backward", "joint"]
     module_fqns: tuple[str, ...]
     """Every module of the model, parents first: ``("", "layers", "layers.0", "layers.0.wq", ...)``."""
     owners: dict[str, str]
@@ -124,7 +124,7 @@ class _Builder:
         self.owners[start.name] = fqn
         return self.call(_c10d.wait_tensor.default, (start,), fqn, True)
 
-    def finish(self, outputs: object, kind: Literal["forward", "backward"], layers: Layers) -> Synthetic:
+    def finish(self, outputs: object, kind: Literal["forward", "backward", "joint"], layers: Layers) -> Synthetic:
         self.graph.output(outputs)
         gm = fx.GraphModule(torch.nn.Module(), self.graph)
         with FakeTensorMode() as mode:
@@ -192,3 +192,41 @@ def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = F
         if hsdp == "reduce_scatter_first":
             grads[k] = b.all_reduce(grads[k], fqn)
     return b.finish((*(grads[k] for k in range(len(params))), gy), "backward", layers)
+
+
+def joint_graph(layers: Layers, *, world_size: int = 2, regather: bool = True,
+                write_shard: int | None = None) -> Synthetic:
+    """A whole-step graph of ``layers`` (forward, then backward tagged ``autograd_backward``), as torchtitan's
+    graph trainer traces one: parameters are aot-described inputs; the forward is ``forward_graph``'s; the backward
+    reads the forward's activations directly and, with ``regather`` (reshard-after-forward), all-gathers every
+    weight again from its shard (the recomputed re-gather), else reads the forward's gathered weight. Returns the
+    last activation, the input gradient and every reduce-scattered gradient (parameter order).
+
+    ``write_shard=k``: an in-place ``add_`` on parameter ``k``'s shard between the forward and the backward (what
+    a traced optimizer step must never do before the backward's re-gather)."""
+    _check(layers)
+    b = _Builder(world_size, descriptors=True)
+    params = _params(layers)
+    shards = [b.placeholder(_param_name(k, True), (rows, DIM), parameter=True) for k, (_, _, rows) in enumerate(params)]
+    x = b.placeholder("x", (BATCH, DIM), parameter=False)
+    acts: list[tuple[fx.Node, fx.Node]] = []  # (input of the parameter's first mm, gathered weight)
+    for shard, (_, fqn, _) in zip(shards, params, strict=True):
+        w = b.all_gather(shard, fqn, backward=False)
+        acts.append((x, w))
+        h = b.call(_aten.mm.default, (x, b.call(_aten.t.default, (w,), fqn, False)), fqn, False)
+        x = b.call(_aten.mm.default, (h, w), fqn, False)
+    if write_shard is not None:
+        b.call(_aten.add_.Tensor, (shards[write_shard], 1.0), params[write_shard][1], True)
+    gy = x
+    grads: dict[int, fx.Node] = {}
+    for k in reversed(range(len(params))):
+        fqn = params[k][1]
+        inp, w = acts[k]
+        if regather:
+            w = b.all_gather(shards[k], fqn, backward=True)
+        w_t = b.call(_aten.t.default, (w,), fqn, True)
+        h = b.call(_aten.mm.default, (inp, w_t), fqn, True)
+        grads[k] = b.reduce_scatter(b.call(_aten.mm.default, (b.call(_aten.t.default, (h,), fqn, True), gy), fqn,
+                                           True), fqn)
+        gy = b.call(_aten.mm.default, (b.call(_aten.mm.default, (gy, w_t), fqn, True), w), fqn, True)
+    return b.finish((x, gy, *(grads[k] for k in range(len(params)))), "joint", layers)

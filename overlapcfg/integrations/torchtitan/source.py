@@ -18,7 +18,7 @@ A preset name wins over a file of the same name; a value that is neither is an `
 variable, the closest preset and the missing file. Configs select registered names only, as everywhere: nothing
 is imported or instantiated from the value or the file.
 
-No torch and no torchtitan here: the lookup is testable and fails before anything is traced.
+No torch and no torchtitan here: the trainer's post-init hook runs the lookup before anything is traced.
 """
 
 from __future__ import annotations
