@@ -318,18 +318,18 @@ def test_registered_pipeline_buckets_every_fsdp_collective_at_the_depths_asked(
 @pytest.mark.slow
 def test_the_readme_command_line_runs_a_graph_trainer_step_through_the_pipeline(
         environ: Callable[[str | None], None], monkeypatch: pytest.MonkeyPatch) -> None:
-    """README's ``torchrun ... -m overlapcfg.integrations.torchtitan --module graph_trainer.llama3 --config
-    graph_trainer_llama3_debugmodel`` without a GPU: the entry point's arguments parsed by torchtitan's
-    ``ConfigManager`` select the pipeline; a ``GraphTrainer`` with that compile config (CPU: ``cudagraph_pass``
-    disabled; the fixture's 2-layer Llama3 in place of the debug model) traces, runs the registered pipeline,
-    and executes the step."""
+    """README's ``torchrun ... -m overlapcfg.integrations.torchtitan ARGS`` without a GPU: ``ARGS`` as README writes
+    them (plus ``--compile.disable_passes cudagraph_pass``: CPU), completed by the entry point and parsed by
+    torchtitan's ``ConfigManager``, select the pipeline; a ``GraphTrainer`` with that compile config (the
+    fixture's 2-layer Llama3 in place of the 8B model, a policy preset in place of README's 32-layer file) traces,
+    runs the registered pipeline and executes the step."""
+    from test_readme import readme_torchtitan_args
     from thirdparty import graph_trainer as G
     from thirdparty import models as M
 
     from overlapcfg.integrations.torchtitan.__main__ import with_pipeline
 
-    args = with_pipeline(["--module", "graph_trainer.llama3", "--config", "graph_trainer_llama3_debugmodel",
-                          "--compile.disable_passes", "cudagraph_pass"])
+    args = with_pipeline([*readme_torchtitan_args(), "--compile.disable_passes", "cudagraph_pass"])
     with G.graph_trainer_stubs():
         from torchtitan.config import ConfigManager
         from torchtitan.experiments.graph_trainer import registry
