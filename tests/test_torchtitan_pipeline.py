@@ -179,6 +179,29 @@ def test_the_post_init_hook_loads_the_config_before_tracing(environ: Callable[[s
         check_trainer(_trainer())
 
 
+def test_a_config_files_plan_is_resolved_against_the_model_before_tracing(
+        environ: Callable[[str | None], None], tmp_path: Path) -> None:
+    from overlapcfg.integrations.torchtitan import check_trainer
+
+    model = torch.nn.Module()
+    model.tok_embeddings = torch.nn.Embedding(8, 4)
+    model.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
+    model.lm_head = torch.nn.Linear(4, 8)
+    trainer = _trainer()
+    trainer.model_parts = [model]
+    path = tmp_path / "overlap.yaml"
+    path.write_text("plan: {buckets: [tok_embeddings, layers.*, lm_head], require_full_coverage: true}\n")
+    environ(str(path))
+    check_trainer(trainer)
+    path.write_text("plan: {buckets: [tok_embeddings, layer.*], require_full_coverage: true}\n")
+    with pytest.raises(OverlapConfigError) as err:
+        check_trainer(trainer)
+    text = str(err.value)
+    assert "overlap.plan.buckets[1]: pattern 'layer.*' matches no module" in text and "'layers.*'" in text
+    environ("aggressive")  # torchtitan's own plan is built at trace time, for the model being traced
+    check_trainer(trainer)
+
+
 @pytest.mark.slow
 def test_the_entry_point_selects_the_pipeline_unless_one_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     from thirdparty import graph_trainer as G

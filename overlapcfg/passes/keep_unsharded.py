@@ -121,7 +121,8 @@ def keep_unsharded(gm: fx.GraphModule, cfg: OverlapConfig, plan: ResolvedPlan,
         by_content.setdefault(_key(contents.get(c.waits[0])), c.waits[0])
     kept: list[Kept] = []
     for i in wanted:
-        removed, params, held, left = [], [], 0, []
+        removed, params, left = [], [], []
+        held: dict[fx.Node, int] = {}  # per forward value now kept alive (two re-gathers of one value hold it once)
         for c in regathers[i]:
             source = by_content.get(_key(contents.get(c.waits[0]))) if len(c.waits) == 1 else None
             why = _why_not(c, source, index)
@@ -130,13 +131,13 @@ def keep_unsharded(gm: fx.GraphModule, cfg: OverlapConfig, plan: ResolvedPlan,
                 continue
             _replace(gm.graph, c, source)  # type: ignore[arg-type]
             removed.append(c.start.name)
-            params.extend(c.params)
-            held += c.unsharded_bytes
+            params.extend(p for p in c.params if p not in params)
+            held[source] = c.unsharded_bytes  # type: ignore[index]
         if left:
             notes.append(f"{path[i]}: bucket {plan.buckets[i].name} keeps {len(left)} backward re-gather(s): "
                          + "; ".join(left))
         if removed:
-            kept.append(Kept(i, tuple(removed), tuple(params), held))
+            kept.append(Kept(i, tuple(removed), tuple(params), sum(held.values())))
     return KeepResult(tuple(kept), tuple(notes))
 
 
@@ -157,6 +158,8 @@ def _why_not(regather: Collective, source: fx.Node | None, index: dict[fx.Node, 
     if source is None:
         return "no forward all-gather of the same elements over the same group"
     wait = regather.waits[0]
+    if index[source] > min((index[u] for u in wait.users), default=index[wait]):
+        return f"the forward's gathered value {source.name} comes after the re-gather's first reader"
     last_reader = max((index[u] for u in wait.users), default=index[wait])
     shards = placeholder_sources(regather.start) or ()
     for shard in shards:

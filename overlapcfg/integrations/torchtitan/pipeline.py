@@ -35,8 +35,10 @@ from torch import fx
 
 from overlapcfg.config import OverlapConfig
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
-from overlapcfg.integrations.torchtitan.source import ENV_VAR, find_config
+from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config
 from overlapcfg.passes import RECORD_KEY, PassRecord, apply
+from overlapcfg.resolve import DepthSource, resolve_plan
+from overlapcfg.strategies import get_strategy
 
 __all__ = ["PASS_NAME", "PIPELINE_NAME", "REPLACED_PASS", "check_trainer", "overlapcfg_bucketing_pass",
            "overlapcfg_pipeline"]
@@ -116,7 +118,22 @@ def check_trainer(trainer: Any) -> None:
                                                                     "per-stage path, not the whole-step graph"))
     if faults:
         raise OverlapConfigError(faults, header=f"compile.pass_pipeline={PIPELINE_NAME} cannot run here")
-    find_config(("tok_embeddings",))  # the plan is torchtitan's at trace time; here only the source is checked
+    cfg = find_config(("tok_embeddings",))  # torchtitan's own plan is known at trace time; a file's is checked now
+    parts = getattr(trainer, "model_parts", None) or ()
+    if cfg.plan is not None and cfg.plan.name != TORCHTITAN_PLAN_NAME and get_strategy(cfg.strategy).uses_plan \
+            and len(parts) == 1:
+        _check_plan_fits(cfg, parts[0])
+
+
+def _check_plan_fits(cfg: OverlapConfig, model: Any) -> None:
+    """Resolve a config file's plan against the model's modules now: a pattern that matches nothing, or a
+    parameter owner outside every bucket under ``require_full_coverage``, fails before minutes of tracing."""
+    modules = [name for name, _ in model.named_modules()]
+    owners = list(dict.fromkeys(name.rpartition(".")[0] for name, p in model.named_parameters() if p.requires_grad))
+    root = cfg.config_root
+    resolve_plan(cfg.plan, modules, owners, overrides=cfg.overrides,  # type: ignore[arg-type]
+                 policy=cfg.policy if isinstance(cfg.policy, DepthSource) else None, path=f"{root}.plan",
+                 overrides_path=f"{root}.overrides")
 
 
 def _function(graph_pass: object) -> Callable[..., Any]:
