@@ -319,8 +319,8 @@ def check_joint(gm: fx.GraphModule, original: fx.GraphModule, depth: int,
     return found
 
 
-WHOLE_STEPS = [("llama3", "always", False), ("llama3", "never", False), ("llama3", "always", True),
-               ("llama3", "never", True)]
+WHOLE_STEPS = [(model, reshard, optimizer) for model in ("llama3", "qwen3_tied") for reshard in ("always", "never")
+               for optimizer in (False, True)]
 
 
 @pytest.mark.slow
