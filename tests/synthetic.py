@@ -18,8 +18,11 @@ one to three parameters, and is built in milliseconds:
   and the graph returns every reduce-scattered gradient (primal order) and the last ``gy``: each reduce-scatter
   flows to the outputs through its wait only, as ``is_fsdp_reduce_scatter`` wants.
 
-Parameters are graph inputs named ``primals_N`` (what inductor's post-grad graphs keep) or, with
-``descriptors=True``, carry aot's ``PlainAOTInput(idx)`` descriptor under ordinary names. Every collective, wait
+Parameters are graph inputs named ``primals_N`` (aot's names) or, with ``descriptors=True``, ordinary names. A
+forward graph carries aot's ``PlainAOTInput(idx)`` descriptors only with ``descriptors=True`` (without them the
+structure says which inputs are parameters: every input of a forward graph is the step's own); a backward graph
+always carries them on its saved parameters, as aot's does (torch 2.13 keeps them through inductor's post-grad
+passes): without them a backward graph cannot tell a saved parameter from a saved activation. Every collective, wait
 and compute node has ``meta["custom"]["module_fqn"]`` (torchtitan's ``annotate_module_fqns`` form), so the
 default attribution works, and every node has a ``meta["val"]`` fake tensor (``FakeTensorProp``), as the merge
 helpers need. Building needs no process group: the group is named ``"0"``, which is what
@@ -84,19 +87,19 @@ def _check(layers: Layers) -> None:
 
 
 class _Builder:
-    def __init__(self, world_size: int, descriptors: bool) -> None:
+    def __init__(self, world_size: int, descriptors: bool, *, stamp: bool | None = None) -> None:
         self.graph = fx.Graph()
         self.world_size = world_size
         self.descriptors = descriptors
+        self.stamp = descriptors if stamp is None else stamp
         self.inputs: list[tuple[fx.Node, tuple[int, ...]]] = []
         self.owners: dict[str, str] = {}
 
     def placeholder(self, name: str, shape: tuple[int, ...], *, parameter: bool) -> fx.Node:
         node = self.graph.placeholder(name)
-        if self.descriptors:
-            if parameter:
-                node.meta["desc"] = PlainAOTInput(len(self.inputs))
-        elif parameter and not name.startswith("primals_"):
+        if self.stamp and parameter:
+            node.meta["desc"] = PlainAOTInput(len(self.inputs))
+        if not self.descriptors and parameter and not name.startswith("primals_"):
             raise AssertionError(f"parameter placeholder {name} must be named primals_N without descriptors")
         self.inputs.append((node, shape))
         return node
@@ -168,7 +171,7 @@ def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = F
     group serves): ``"all_reduce_first"`` as torchtitan's DTensor does (``all_reduce -> wait -> reduce_scatter``),
     ``"reduce_scatter_first"`` as FSDP2 does (``reduce_scatter -> wait -> all_reduce -> wait -> output``)."""
     _check(layers)
-    b = _Builder(world_size, descriptors)
+    b = _Builder(world_size, descriptors, stamp=True)
     params = _params(layers)
     weights: list[fx.Node] = []
     for k, (_, _, rows) in enumerate(params):
