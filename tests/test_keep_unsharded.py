@@ -182,9 +182,7 @@ def test_torchtitan_pipeline_keeps_a_bucket_unsharded_from_a_config_file(
 
 def kept_transform(gm: fx.GraphModule, cfg: dict[str, Any]) -> fx.GraphModule:
     """The parity worker's transform (runs on each gloo rank): overlapcfg with one bucket kept unsharded."""
-    from test_torchtitan_pipeline import parameters_by_descriptor
-
-    return apply(parameters_by_descriptor(gm), load_config(cfg), graph_kind="joint")
+    return apply(gm, load_config(cfg), graph_kind="joint")
 
 
 @pytest.mark.slow

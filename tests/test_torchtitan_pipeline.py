@@ -33,7 +33,7 @@ from _checker import (
 )
 from torch import fx
 
-from overlapcfg import OverlapConfigError, compat
+from overlapcfg import OverlapConfigError
 from overlapcfg.errors import UnsupportedGraphError
 
 TORCHTITAN_PLAN = ["tok_embeddings", "layers.0", "layers.1", ["norm", "lm_head"]]
@@ -247,16 +247,6 @@ def test_a_pass_list_without_torchtitans_bucketing_pass_is_refused(monkeypatch: 
 
 # --- whole-step graphs through the registered pipeline ------------------------------------------------------------
 
-def parameters_by_descriptor(gm: fx.GraphModule) -> fx.GraphModule:
-    """Test-only scaffold until parameters are recognized by structure on these graphs: mark every floating graph
-    input as a plain aot input (only the parameter shards among them reach an all-gather)."""
-    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.is_floating_point():
-            node.meta["desc"] = compat.PlainAOTInput(i)
-    return gm
-
-
 def _trainer_config(reshard: str) -> Any:
     """The slice of ``GraphTrainer.Config`` the pipeline reads for the fixture's 2-layer dense models."""
     from thirdparty import graph_trainer as G
@@ -292,7 +282,7 @@ def run_registered(step: Any) -> fx.GraphModule:
 
     graph_pass = registered_pass(step)
     with M.fake_process_group(step.world_size, step.rank):
-        return graph_pass(parameters_by_descriptor(step.copy()), step.traced.example_inputs)
+        return graph_pass(step.copy(), step.traced.example_inputs)
 
 
 def check_joint(gm: fx.GraphModule, original: fx.GraphModule, depth: int,
@@ -340,7 +330,7 @@ def test_registered_pipeline_buckets_every_fsdp_collective_at_the_depths_asked(
 
 @pytest.mark.slow
 def test_the_readme_command_line_runs_a_graph_trainer_step_through_the_pipeline(
-        environ: Callable[[str | None], None], monkeypatch: pytest.MonkeyPatch) -> None:
+        environ: Callable[[str | None], None]) -> None:
     """README's ``torchrun ... -m overlapcfg.integrations.torchtitan ARGS`` without a GPU: ``ARGS`` as README writes
     them (plus ``--compile.disable_passes cudagraph_pass``: CPU), completed by the entry point and parsed by
     torchtitan's ``ConfigManager``, select the pipeline; a ``GraphTrainer`` with that compile config (the
@@ -364,14 +354,7 @@ def test_the_readme_command_line_runs_a_graph_trainer_step_through_the_pipeline(
         config = ConfigManager().parse_args(args)
     assert config.compile.pass_pipeline == "overlapcfg" and config.compile.mode == "aot_fx_trace"
     environ("aggressive")
-    pipeline = registry.PASS_PIPELINE_REGISTRY[config.compile.pass_pipeline]
-    assert pipeline is integration.overlapcfg_pipeline
-
-    def scaffolded(traced: Any, trainer_config: Any, *, parallel_dims: Any = None) -> list[Any]:
-        parameters_by_descriptor(traced.gm)
-        return pipeline(traced, trainer_config, parallel_dims=parallel_dims)
-
-    monkeypatch.setitem(registry.PASS_PIPELINE_REGISTRY, "overlapcfg", scaffolded)
+    assert registry.PASS_PIPELINE_REGISTRY[config.compile.pass_pipeline] is integration.overlapcfg_pipeline
     with M.fake_process_group(2):
         model = G.build_model("llama3")
         trainer = build_minimal_trainer(model, model.config, GraphTrainer, fsdp_reshard_after_forward="always")

@@ -39,7 +39,8 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.plan import Bucket
-from overlapcfg.graph.collectives import Collective, placeholder_sources, positions
+from overlapcfg.graph.collectives import Collective, positions
+from overlapcfg.graph.parameters import placeholder_sources
 from overlapcfg.graph.provenance import interpret
 from overlapcfg.resolve import ResolvedPlan
 

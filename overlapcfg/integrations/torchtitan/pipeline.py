@@ -35,6 +35,7 @@ from torch import fx
 
 from overlapcfg.config import OverlapConfig
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
+from overlapcfg.graph.parameters import state_input_names
 from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config
 from overlapcfg.passes import RECORD_KEY, PassRecord, apply
 from overlapcfg.resolve import DepthSource, resolve_plan
@@ -56,11 +57,15 @@ GraphPass: TypeAlias = Callable[..., fx.GraphModule]
 
 
 def overlapcfg_bucketing_pass(gm: fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
-                              cfg: OverlapConfig) -> fx.GraphModule:
+                              cfg: OverlapConfig, state_fqns: Sequence[str] = (),
+                              flat_counts: Sequence[int] = ()) -> fx.GraphModule:
     """``overlapcfg.apply(gm, cfg, graph_kind="joint")`` with torchtitan's pass signature; logs the per-bucket table
-    on rank 0 and leaves the record on ``gm.meta["overlapcfg"]``. ``for_compiler``: torchtitan's inductor passes
+    on rank 0 and leaves the record on ``gm.meta["overlapcfg"]``. ``state_fqns`` / ``flat_counts``: the model
+    state the tracer fed in as the graph's first inputs (``TracedResult.state_fqns``, each entry's flat input
+    count), evidence of which inputs are parameters and their FQNs. ``for_compiler``: torchtitan's inductor passes
     may follow and read fake-tensor metadata."""
-    gm = apply(gm, cfg, graph_kind="joint", for_compiler=True)
+    state = state_input_names(gm.graph, list(state_fqns), list(flat_counts)) if state_fqns else None
+    gm = apply(gm, cfg, graph_kind="joint", for_compiler=True, state_inputs=state)
     record = gm.meta.get(RECORD_KEY)
     if isinstance(record, PassRecord) and (not dist.is_initialized() or dist.get_rank() == 0):
         logger.info("%s", _rendered(record))
@@ -90,8 +95,16 @@ def overlapcfg_pipeline(traced_result: Any, config: Any, *, parallel_dims: Any =
     cfg = find_config(plans)
     logger.info("overlapcfg: %s %s; strategy %s, plan %s", ENV_VAR, _source_text(), cfg.strategy,
                 cfg.plan.name if cfg.plan is not None and cfg.plan.name else "(unnamed)")
-    passes[index] = functools.partial(overlapcfg_bucketing_pass, cfg=cfg)
+    passes[index] = functools.partial(overlapcfg_bucketing_pass, cfg=cfg, **_state(traced_result))
     return passes
+
+
+def _state(traced_result: Any) -> dict[str, tuple[Any, ...]]:
+    """``TracedResult``'s model state: its FQNs and how many flat graph inputs each became (a DTensor: two)."""
+    fqns = tuple(traced_result.state_fqns)
+    layouts = traced_result.input_subclass_layouts
+    return {"state_fqns": fqns,
+            "flat_counts": tuple(layouts[i].num_tensors if i in layouts else 1 for i in range(len(fqns)))}
 
 
 def check_trainer(trainer: Any) -> None:
