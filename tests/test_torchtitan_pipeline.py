@@ -326,6 +326,8 @@ def test_registered_pipeline_buckets_every_fsdp_collective_at_the_depths_asked(
     record = gm.meta["overlapcfg"]
     assert [b.name for b in record.buckets] == ["tok_embeddings", "layers.0", "layers.1", "lm_head+norm"]
     assert not record.uncovered
+    params = [p for b in record.buckets for p in b.params]  # named from the tracer's state list, not arg<N>_1
+    assert params and set(params) <= set(step.traced.state_fqns), params
 
 
 @pytest.mark.slow
