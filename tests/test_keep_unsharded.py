@@ -206,3 +206,39 @@ def test_a_kept_bucket_is_bitwise_identical_on_two_gloo_ranks() -> None:
             assert all(torch.equal(got["params"][p], ref["params"][p]) for p in ref["params"]), (rank, name)
             if name.endswith("optim"):  # the optimizer step really ran: parameters changed
                 assert got["params"]
+
+
+_SEEDED = """
+import hashlib, sys
+sys.path.insert(0, sys.argv[1])
+from synthetic import joint_graph
+from overlapcfg import compat, load_config
+from overlapcfg.passes import apply
+
+built = joint_graph([[2, 1], [1, 3], [2]])
+kept = {"reshard_after_forward": False}
+buckets = [{"modules": ["layers.0"], **kept}, "layers.1", {"modules": ["layers.2"], **kept}]
+cfg = load_config({"plan": {"buckets": buckets},
+                   "policy": {"forward_prefetch": 2, "backward_prefetch": 2, "reduce_scatter_delay": 2}})
+with compat.fake_process_group(2):
+    gm = apply(built.gm, cfg, module_fqns=built.module_fqns, graph_kind="joint")
+print("RESULT", hashlib.sha256(gm.code.encode()).hexdigest(), sum(b.held_bytes for b in gm.meta["overlapcfg"].buckets))
+"""
+
+
+@pytest.mark.slow
+def test_keeping_buckets_is_the_same_whatever_the_hash_seed() -> None:
+    import os
+    import subprocess
+    import sys
+
+    tests = str(Path(__file__).resolve().parent)
+    procs = [subprocess.Popen([sys.executable, "-c", _SEEDED, tests], env={**os.environ, "PYTHONHASHSEED": seed},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in ("0", "4242")]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(next(line for line in out.splitlines() if line.startswith("RESULT")))
+    assert results[0] == results[1]
+    assert results[0].split()[2] == str(2 * (2 + 1 + 2) * DIM * 4)  # layers.0 and layers.2 held, 2 ranks, fp32
