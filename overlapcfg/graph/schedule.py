@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
+from overlapcfg import compat
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.graph.collectives import Direction, is_collective_start, is_compute_node, node_direction, positions
 from overlapcfg.graph.merge import MergedCollective
@@ -181,6 +182,7 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
         records += _place_delayed(plan, _steps(merged, kind, "backward", index), index, keys, deps, chained)
     for start in chained:  # the second half of an HSDP chain: issued as soon as the first half's result is ready
         keys[start] = (-1, 0, 0, index[start])
+    _keep_writes_in_place(graph, index, deps)
     _reorder(graph, keys, deps)
     order = positions(graph)
     overlap_deps = tuple(sorted(((n, tuple(d)) for n, d in deps.items()), key=lambda item: order[item[0]]))
@@ -285,6 +287,27 @@ def _place_delayed(plan: ResolvedPlan, steps: Sequence[Step], index: dict[fx.Nod
         records.append(_decision(plan.buckets[step.bucket].name, "backward", step.kind, i, requested,
                                   target - i, 0, reason))
     return records
+
+
+def _keep_writes_in_place(graph: fx.Graph, index: dict[fx.Node, int], deps: dict[fx.Node, list[fx.Node]]) -> None:
+    """Order every in-place write after the reads of its target that came before it, and before those after it.
+
+    A whole-step graph with the optimizer traced in updates the parameters and the optimizer's moments in place
+    (``_foreach_addcdiv_(params, ...)``); data edges alone would let a read of a parameter move past the update of
+    that parameter. Reads are the other users of the written node and of the nodes whose storage it shares (views
+    of a graph input, an in-place op's result).
+    """
+    for node in graph.nodes:
+        written = compat.written_inputs(node) if node.op == "call_function" else ()
+        for target in written:
+            aliases = {target, *(u for u in target.users if compat.may_alias_input(u))}
+            for reader in {u for a in aliases for u in a.users} - {node}:
+                if reader.op == "output":
+                    continue
+                if index[reader] < index[node]:
+                    deps.setdefault(node, []).append(reader)
+                else:
+                    deps.setdefault(reader, []).append(node)
 
 
 def _reorder(graph: fx.Graph, keys: dict[fx.Node, Key], deps: dict[fx.Node, list[fx.Node]]) -> None:

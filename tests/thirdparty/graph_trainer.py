@@ -63,6 +63,7 @@ __all__ = [
     "MODELS",
     "RESHARD",
     "WholeStep",
+    "batch",
     "build_model",
     "capture_whole_step",
     "graph_trainer_stubs",
@@ -175,7 +176,7 @@ def _model_config(model: nn.Module) -> Any:
     return model.config
 
 
-def _batch(seed: int = M.SEED) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch(seed: int = M.SEED) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(tokens, labels, global_valid_tokens)``, identical on every rank (each rank computes the full batch: only
     parameters are sharded)."""
     tokens, labels = M._tokens(M.VOCAB, seed)
@@ -199,8 +200,17 @@ def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 
 def _step_fn(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Callable[..., Any]:
-    """The graph trainer's ``make_fwd_bwd_step`` (forward, annotated loss, ``torch.autograd.grad``), and with an
-    optimizer: the gradients assigned to the parameters and ``optimizer.step()`` traced in; returns ``[loss]``."""
+    """The graph trainer's ``make_fwd_bwd_step`` (forward, annotated loss, ``torch.autograd.grad``); with an
+    optimizer, the gradients are then summed per live parameter and ``optimizer.step()`` is traced in too; the step
+    returns ``[loss]``.
+
+    Tied parameters: ``minimal_fx_tracer`` wraps each *name* of a tied parameter in its own DTensor (one local
+    input, two wrappers), so ``torch.autograd.grad`` returns one partial gradient per use; without an optimizer the
+    graph returns both and the trainer sums them outside the graph (``accumulate_param_grads_`` on the live, tied
+    parameter). Inside the graph the trainer's helper would not sum them (the wrappers are distinct tensors) and the
+    optimizer, which holds one wrapper per live parameter, would drop the other use's partial; so the partials are
+    summed here by the live parameter's identity, as eager accumulation does: ``add(rs_tok_embeddings,
+    rs_lm_head)`` feeds the update."""
     with graph_trainer_stubs():
         from torchtitan.components.loss import CrossEntropyLoss
         from torchtitan.experiments.graph_trainer.trainer import make_fwd_bwd_step
@@ -208,12 +218,17 @@ def _step_fn(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Calla
     fwd_bwd = make_fwd_bwd_step(model, CrossEntropyLoss(CrossEntropyLoss.Config()))
     if optimizer is None:
         return fwd_bwd
+    live = [p for _, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
+    group = [next(i for i, q in enumerate(live) if q is p) for p in live]  # first name of the same live parameter
 
     def fwd_bwd_opt(inputs: Any, labels: Any, global_valid_tokens: Any, extra_kwargs: Any) -> list[torch.Tensor]:
         loss, *grads = fwd_bwd(inputs, labels, global_valid_tokens, extra_kwargs)
         params = [p for _, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
-        for p, g in zip(params, grads, strict=True):
-            p.grad = g
+        totals: dict[int, torch.Tensor] = {}
+        for g, first in zip(grads, group, strict=True):
+            totals[first] = g if first not in totals else totals[first] + g
+        for p, first in zip(params, group, strict=True):
+            p.grad = totals[first]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return [loss]
@@ -323,7 +338,7 @@ def trace(model: nn.Module, *, reshard: str, optimizer: torch.optim.Optimizer | 
     with graph_trainer_stubs():
         from torchtitan.experiments.graph_trainer.make_fx_tracer import minimal_fx_tracer
 
-    tokens, labels, valid = _batch()
+    tokens, labels, valid = batch()
     traced = minimal_fx_tracer(_step_fn(model, optimizer), module=model, optimizer=optimizer)(
         tokens, labels, valid, {})
     gm, bucketing, names, plans = _normalize(traced, _trainer_config(model, reshard))
@@ -349,7 +364,7 @@ def run_whole_step(traced: Any, model: nn.Module, optimizer: torch.optim.Optimiz
     with graph_trainer_stubs():
         from torchtitan.experiments.graph_trainer.make_fx_tracer import run_traced
 
-    tokens, labels, valid = _batch()
+    tokens, labels, valid = batch()
     return list(run_traced(traced, module=model, optimizer=optimizer)(tokens, labels, valid, {}))
 
 
