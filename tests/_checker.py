@@ -115,7 +115,8 @@ def torchtitan_bucket(module_fqn: str) -> str:
 # --- whole-step (joint) graphs ------------------------------------------------------------------------------------
 # Owners and directions come from the ORIGINAL graph's own annotations (torchtitan writes the owning module into
 # ``meta["custom"]["module_fqn"]`` of every collective, backward copies included, and marks backward nodes
-# ``meta["autograd_backward"]``), never from overlapcfg's attribution.
+# ``meta["autograd_backward"]``), never from overlapcfg's attribution; a tied weight's summed partial gradients go
+# to its first user in forward, the documented rule, found here from the graph's add trees.
 
 _AG_OUT = _c10d.all_gather_into_tensor_out.default
 
@@ -135,21 +136,50 @@ def _joint_owner(node: fx.Node) -> str:
     return str(fqn)
 
 
+def _shared_gradient_owners(original: fx.GraphModule) -> dict[str, str]:
+    """Reduce-scatters whose waits are summed with other reduce-scatters' waits (a tied weight's partial
+    gradients, ``add`` trees): the documented rule gives the sum to the module that used the parameter first in
+    forward, whose partial the backward reduce-scatters last. Start name -> that owner."""
+    index = {n: i for i, n in enumerate(original.graph.nodes)}
+    trees: dict[fx.Node, list[fx.Node]] = {}
+    for node in original.graph.nodes:
+        if node.op != "call_function" or _joint_kind(node) != "reduce_scatter":
+            continue
+        waits = [u for u in node.users if u.target is _WAIT]
+        cur, root = (waits[0] if len(waits) == 1 else node), None
+        while len(cur.users) == 1 and next(iter(cur.users)).target is torch.ops.aten.add.Tensor:
+            cur = root = next(iter(cur.users))
+        if root is not None:
+            trees.setdefault(root, []).append(node)
+    owners: dict[str, str] = {}
+    for starts in trees.values():
+        if len(starts) > 1:
+            owner = _joint_owner(max(starts, key=index.__getitem__))
+            owners.update((s.name, owner) for s in starts)
+    return owners
+
+
 def joint_order(original: fx.GraphModule, kind: str, direction: str,
                 bucket_of: BucketOf = torchtitan_bucket) -> dict[str, list[str]]:
-    """The original graph's collectives of one kind and direction: bucket -> start names, buckets in compute order
-    (all-gathers by first wait, reduce-scatters by first start)."""
+    """The original graph's collectives of one kind and direction: bucket -> start names, buckets in compute order:
+    all-gathers by first wait (when the bucket is first needed), reduce-scatters by last start (when the bucket's
+    last gradient is ready, so the earliest its merged reduce-scatter can be issued: a tied weight's summed partial
+    gradients make a bucket whose first partial comes long before its last)."""
     index = {n: i for i, n in enumerate(original.graph.nodes)}
+    shared = _shared_gradient_owners(original)
     found: dict[str, list[str]] = {}
     first: dict[str, int] = {}
     for node in original.graph.nodes:
         if node.op != "call_function" or _joint_kind(node) != kind or _joint_direction(node) != direction:
             continue
-        bucket = bucket_of(_joint_owner(node))
+        bucket = bucket_of(shared.get(node.name) or _joint_owner(node))
         found.setdefault(bucket, []).append(node.name)
-        waits = [u for u in node.users if u.target is _WAIT]
-        at = index[waits[0]] if kind == "all_gather" and waits else index[node]
-        first[bucket] = min(first.get(bucket, at), at)
+        if kind == "all_gather":
+            waits = [u for u in node.users if u.target is _WAIT]
+            at = index[waits[0]] if waits else index[node]
+            first[bucket] = min(first.get(bucket, at), at)
+        else:
+            first[bucket] = max(first.get(bucket, index[node]), index[node])
     return {b: found[b] for b in sorted(found, key=first.__getitem__)}
 
 
@@ -158,13 +188,15 @@ def joint_merged(gm: fx.GraphModule, original: fx.GraphModule,
     """Every merged collective of a transformed whole-step graph, graph order, with the bucket, kind and direction
     its sources have in ``original``; a merge across buckets, kinds or directions is an error."""
     by_name = {n.name: n for n in original.graph.nodes}
+    shared = _shared_gradient_owners(original)
     out: list[Merged] = []
     for node in gm.graph.nodes:
         tag = node.meta.get("overlapcfg")
         if not isinstance(tag, dict) or tag.get("role") != "start":
             continue
         sources = [by_name[s] for s in tag["sources"]]
-        found = {(bucket_of(_joint_owner(s)), _joint_kind(s), _joint_direction(s)) for s in sources}
+        found = {(bucket_of(shared.get(s.name) or _joint_owner(s)), _joint_kind(s), _joint_direction(s))
+                 for s in sources}
         if len(found) != 1:
             raise AssertionError(f"{node.name} merges collectives of several buckets/kinds/directions: {found}")
         waits = [u for u in node.users if u.target is _WAIT]

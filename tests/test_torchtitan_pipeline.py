@@ -363,7 +363,7 @@ def test_the_readme_command_line_runs_a_graph_trainer_step_through_the_pipeline(
         trainer.config.compile = config.compile
         trainer.device = torch.device("cpu")
         registry.POST_INIT_HOOKS[config.compile.pass_pipeline](trainer)
-        tokens, labels, valid = G._batch()
+        tokens, labels, valid = G.batch()
         with G._cpu_sdpa_saved():
             loss = trainer.forward_backward_step(input_dict={"input": tokens}, labels=labels,
                                                  global_valid_tokens=valid)
