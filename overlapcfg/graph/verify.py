@@ -28,6 +28,7 @@ Cost is linear in graph size (one interpretation pass per graph, see ``provenanc
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
@@ -374,8 +375,7 @@ def _without_regathers(summary: GraphSummary, names: frozenset[str], problems: l
         if c is None or c.kind != "all_gather" or c.direction != "backward":
             what = "no collective" if c is None else f"a {c.direction} {c.kind}"
             problems.append(f"{name}: reported as a removed backward re-gather, but before the pass it was {what}")
-    kept = tuple(c for c in summary.collectives if c.start not in found)
-    return GraphSummary(summary.calls, summary.outputs, kept)
+    return dataclasses.replace(summary, collectives=tuple(c for c in summary.collectives if c.start not in found))
 
 
 def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, direction: str | None = None,
