@@ -124,6 +124,34 @@ def test_a_write_to_the_shard_between_the_gathers_keeps_the_regather_and_says_wh
                for n in record.notes), record.notes
 
 
+def test_a_regather_of_other_elements_than_the_forwards_is_kept_and_says_why() -> None:
+    """The backward gathers a bf16 cast of the shard, the forward the fp32 shard: not the same elements."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    built = joint_graph([[2], [1]])
+    start = next(n for n in built.gm.graph.nodes if n.target is _AG and n.meta.get("autograd_backward")
+                 and n.args[0].name == "param_0")
+    wait = next(iter(start.users))
+    graph = built.gm.graph
+    with graph.inserting_before(start):
+        cast = graph.call_function(torch.ops.prims.convert_element_type.default, (start.args[0], torch.bfloat16))
+    start.replace_input_with(start.args[0], cast)
+    with graph.inserting_after(wait):
+        back = graph.call_function(torch.ops.prims.convert_element_type.default, (wait, torch.float32))
+    wait.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
+    for node in (cast, back):
+        node.meta.update(autograd_backward=True, custom={"module_fqn": "layers.0.wq"})
+    inputs = [n.meta["val"] for n in graph.find_nodes(op="placeholder")]
+    FakeTensorProp(built.gm, inputs[0].fake_mode).propagate_dont_convert_inputs(*inputs)
+    built.gm.recompile()
+    cfg = load_config({"plan": {"buckets": [{"modules": ["layers.0"], "reshard_after_forward": False}, "layers.1"]}})
+    with compat.fake_process_group(2):
+        gm = apply(built.gm, cfg, module_fqns=built.module_fqns, graph_kind="joint")
+    assert len(_gathers_of(gm, "param_0", backward=True)) == 1
+    assert any("keeps 1 backward re-gather(s)" in n and "gathers other elements than the forward's" in n
+               for n in gm.meta["overlapcfg"].notes), gm.meta["overlapcfg"].notes
+
+
 @pytest.mark.parametrize(("setting", "regather", "said"), [
     (True, False, "is ignored for bucket layers.0: this graph has no backward re-gather of it"),
     (False, False, "bucket layers.0 has no backward re-gather in this graph; its parameters already stay unsharded"),

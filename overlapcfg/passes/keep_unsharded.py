@@ -31,7 +31,7 @@ gathered value now lives from its forward gather to its last backward use instea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from torch import fx
@@ -114,26 +114,25 @@ def keep_unsharded(gm: fx.GraphModule, cfg: OverlapConfig, plan: ResolvedPlan,
             wanted.append(i)
     if not wanted:
         return KeepResult(notes=tuple(notes))
-    forward = [c for _, c in covered if c.kind == "all_gather" and c.direction == "forward" and len(c.waits) == 1]
-    contents, _ = interpret(gm.graph)
+    forward: dict[tuple[object, ...], list[Collective]] = {}  # candidates, graph order, by shard and group
+    for _, c in covered:
+        if c.kind == "all_gather" and c.direction == "forward" and len(c.waits) == 1:
+            forward.setdefault(_gathered_from(c), []).append(c)
+    content_of = _contents(gm)
     index = positions(gm.graph)
-    by_content: dict[object, fx.Node] = {}
-    for c in forward:  # graph order: the earliest forward gather of the same elements wins
-        by_content.setdefault(_key(contents.get(c.waits[0])), c.waits[0])
     kept: list[Kept] = []
     for i in wanted:
         removed, params, left = [], [], []
         held: dict[fx.Node, int] = {}  # per forward value now kept alive (two re-gathers of one value hold it once)
         for c in regathers[i]:
-            source = by_content.get(_key(contents.get(c.waits[0]))) if len(c.waits) == 1 else None
-            why = _why_not(c, source, index)
-            if why is not None:
+            source, why = _forward_value(c, forward.get(_gathered_from(c), []), content_of, index)
+            if source is None:
                 left.append(f"{c.start.name} ({why})")
                 continue
-            _replace(gm.graph, c, source)  # type: ignore[arg-type]
+            _replace(gm.graph, c, source)
             removed.append(c.start.name)
             params.extend(p for p in c.params if p not in params)
-            held[source] = c.unsharded_bytes  # type: ignore[index]
+            held[source] = c.unsharded_bytes
         if left:
             notes.append(f"{path[i]}: bucket {plan.buckets[i].name} keeps {len(left)} backward re-gather(s): "
                          + "; ".join(left))
@@ -142,34 +141,49 @@ def keep_unsharded(gm: fx.GraphModule, cfg: OverlapConfig, plan: ResolvedPlan,
     return KeepResult(tuple(kept), tuple(notes))
 
 
-def _key(content: object) -> object:
-    return content if content is not None and _hashable(content) else object()  # unknown content matches nothing
+def _gathered_from(c: Collective) -> tuple[object, ...]:
+    """Which shard(s), over which group: where to look for a forward gather a re-gather could reuse."""
+    return (tuple(placeholder_sources(c.start) or (c.start,)), c.group, c.group_size)
 
 
-def _hashable(value: object) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
+def _contents(gm: fx.GraphModule) -> Callable[[fx.Node], object]:
+    """``node -> the elements it holds`` (``overlapcfg.graph.provenance``); None where unknown."""
+    contents, _ = interpret(gm.graph)
+    return contents.get
 
 
-def _why_not(regather: Collective, source: fx.Node | None, index: dict[fx.Node, int]) -> str | None:
-    """Why ``regather`` cannot read the forward gather's value ``source``; None if it can."""
-    if source is None:
-        return "no forward all-gather of the same elements over the same group"
+def _forward_value(regather: Collective, candidates: Sequence[Collective], content_of: Callable[[fx.Node], object],
+                   index: dict[fx.Node, int]) -> tuple[fx.Node | None, str]:
+    """The first forward gather's wait (graph order) that ``regather``'s readers can read instead, or None and why
+    none can: the same shard over the same group, nothing writing the shard between the two gathers or the
+    forward's gathered value before the last reader, and the same elements (equal provenance: same cast, view and
+    group size)."""
+    if len(regather.waits) != 1 or not candidates:
+        return None, "no forward all-gather of the same shard over the same group"
     wait = regather.waits[0]
-    if index[source] > min((index[u] for u in wait.users), default=index[wait]):
-        return f"the forward's gathered value {source.name} comes after the re-gather's first reader"
+    first_reader = min((index[u] for u in wait.users), default=index[wait])
     last_reader = max((index[u] for u in wait.users), default=index[wait])
-    shards = placeholder_sources(regather.start) or ()
-    for shard in shards:
+    why = ""
+    for candidate in candidates:
+        source = candidate.waits[0]
+        if index[source] > first_reader:
+            why = f"the forward's gathered value {source.name} comes after the re-gather's first reader"
+        elif (writer := _first_writer(regather, source, index)) is not None:
+            why = writer
+        elif (mine := content_of(wait)) is None or mine != content_of(source):
+            why = f"it gathers other elements than the forward's {candidate.start.name} (another cast or view)"
+        elif (writer := _writer(source, index[source], last_reader, index)) is not None:
+            why = f"{writer.name} writes the forward's gathered value before the backward reads it"
+        else:
+            return source, ""
+    return None, why
+
+
+def _first_writer(regather: Collective, source: fx.Node, index: dict[fx.Node, int]) -> str | None:
+    for shard in placeholder_sources(regather.start) or ():
         writer = _writer(shard, index[source], index[regather.start], index)
         if writer is not None:
             return f"{writer.name} writes the shard {shard.name} between the forward gather and the re-gather"
-    writer = _writer(source, index[source], last_reader, index)
-    if writer is not None:
-        return f"{writer.name} writes the forward's gathered value before the backward reads it"
     return None
 
 
