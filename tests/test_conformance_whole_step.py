@@ -15,7 +15,12 @@ step on 2 real gloo ranks is bit for bit the untransformed step's.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -184,6 +189,35 @@ def test_no_backward_all_gather_is_issued_before_the_last_forward_compute(
         starts = [pos[c.start] for c in C.collectives(final) if c.kind == "all_gather"
                   and C.direction(c.start) == "backward"]
         assert starts and min(starts) > last_forward_compute
+
+
+_SEEDED = textwrap.dedent("""
+    import hashlib, sys
+    sys.path.insert(0, sys.argv[1])
+    from conftest import whole_step_capture
+    import overlapcfg
+    from overlapcfg import compat
+    from overlapcfg.passes import apply
+
+    step = whole_step_capture("llama3", "always", True)
+    cfg = {"strategy": "manual", "plan": "torchtitan_layers",
+           "policy": {"forward_prefetch": 2, "backward_prefetch": 2, "reduce_scatter_delay": 2}}
+    with compat.fake_process_group(2):
+        gm = apply(step.copy(), overlapcfg.load_config(cfg), graph_kind="joint")
+    print("RESULT " + hashlib.sha256(gm.code.encode()).hexdigest())
+""")
+
+
+def test_a_whole_step_schedule_is_the_same_under_two_hash_seeds(joint: Callable[..., fx.GraphModule]) -> None:
+    """Capture, recognition and scheduling (in-place write edges included) are functions of the model: a fresh
+    interpreter with another ``PYTHONHASHSEED`` than this one's emits this process's code."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    proc = subprocess.run([sys.executable, "-c", _SEEDED, tests], env={**os.environ, "PYTHONHASHSEED": seed},
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    digest = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")).removeprefix("RESULT ")
+    assert digest == hashlib.sha256(joint("llama3", "always", True, 2).code.encode()).hexdigest()
 
 
 def test_joint_and_auto_graph_kinds_schedule_a_whole_step_alike(joint: Callable[..., fx.GraphModule]) -> None:
