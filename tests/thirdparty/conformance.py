@@ -38,10 +38,14 @@ __all__ = [
     "collectives",
     "compute_order_numels",
     "counts",
+    "custom_module",
+    "direction",
     "expected_depths",
     "exit_without_reporting",
     "gathered_param",
+    "joint_apply",
     "merged",
+    "of_direction",
     "param_shapes",
     "parity_worker",
     "prefetch_depths",
@@ -49,6 +53,7 @@ __all__ = [
     "reduced_param",
     "signature",
     "summed_partials",
+    "whole_step_bucket_numels",
     "source_fqn",
     "spied_backend",
 ]
@@ -266,6 +271,65 @@ def reduce_scatter_delays(gm: fx.GraphModule, rss: Sequence[Coll]) -> list[int]:
 
 def expected_depths(k: int, n: int) -> list[int]:
     return [min(k, n - 1 - j) for j in range(n)]
+
+
+# --- whole-step graphs: both directions in one graph -----------------------------------------------------------------
+
+def direction(node: fx.Node) -> str:
+    """``backward`` for nodes autograd (or torchtitan's remat pass, for recomputed forward ops) tagged
+    ``autograd_backward``, else ``forward``; merged collectives inherit the tag of what they merge."""
+    return "backward" if node.meta.get("autograd_backward", False) else "forward"
+
+
+def of_direction(colls: Sequence[Coll], which: str) -> list[Coll]:
+    return [c for c in colls if direction(c.start) == which]
+
+
+def custom_module(node: fx.Node) -> str:
+    """torchtitan's own annotation of the module a node belongs to (``annotate_module_fqns``)."""
+    fqn = (node.meta.get("custom") or {}).get("module_fqn")
+    if not isinstance(fqn, str):
+        raise AssertionError(f"{node.name}: no meta['custom']['module_fqn']")
+    return fqn
+
+
+def whole_step_bucket_numels(original: fx.GraphModule, kind: str, which: str,
+                             bucket_of: Callable[[str], str]) -> dict[str, int]:
+    """Full-size elements per bucket over the original collectives of ``kind`` in direction ``which``, first use
+    order (all-gathers: by first wait; reduce-scatters: by first start). A collective's module is torchtitan's
+    annotation; the partial gradients of one shared weight (reduce-scatter waits summed by a tree of adds) all
+    belong to the module whose partial is issued last (its first user in forward)."""
+    pos = _positions(original)
+    colls = of_direction([c for c in collectives(original) if c.kind == kind], which)
+    owner: dict[fx.Node, str] = {c.start: custom_module(c.start) for c in colls}
+    if kind == "reduce_scatter":
+        trees: dict[fx.Node, list[Coll]] = {}
+        for c in colls:
+            root = summed_partials(c.wait)
+            if root is not None:
+                trees.setdefault(root, []).append(c)
+        for members in trees.values():
+            last = max(members, key=lambda c: pos[c.start])
+            for c in members:
+                owner[c.start] = owner[last.start]
+    firsts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for c in colls:
+        bucket = bucket_of(owner[c.start])
+        sizes[bucket] = sizes.get(bucket, 0) + c.numel
+        at = pos[c.wait] if kind == "all_gather" else pos[c.start]
+        firsts[bucket] = min(firsts.get(bucket, at), at)
+    return {b: sizes[b] for b in sorted(firsts, key=firsts.__getitem__)}
+
+
+def joint_apply(gm: fx.GraphModule, cfg: Mapping[str, Any]) -> fx.GraphModule:
+    """``overlapcfg.apply(gm, cfg, graph_kind="joint")``: the transform the whole-step gloo parity worker
+    (``graph_trainer.whole_step_parity_worker``) runs on each rank; with ``parity_worker`` the only use of
+    overlapcfg in this module."""
+    import overlapcfg
+    from overlapcfg.passes import apply
+
+    return apply(gm, overlapcfg.load_config(dict(cfg)), graph_kind="joint")
 
 
 # --- which parameter a collective carries, from aot descriptors and dynamo sources ------------------------------

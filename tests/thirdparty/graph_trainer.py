@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import sys
 import time
@@ -301,9 +302,31 @@ class WholeStep:
         """An independent copy of the normalized graph (same node names, ``meta`` shallow-copied)."""
         return M.copy_graph_module(self.traced.gm)
 
-    def torchtitan_bucketing(self) -> fx.GraphModule:
-        """torchtitan's own joint bucketing pass on a copy (needs a process group of ``world_size``, e.g. fake)."""
-        return self.bucketing_pass(self.copy(), self.traced.example_inputs)
+    def torchtitan_bucketing(self, *, fsdp2_order: bool = True,
+                             module_bucket_plans: list[Any] | None = None) -> fx.GraphModule:
+        """torchtitan's own joint bucketing pass on a copy (needs a process group of ``world_size``, e.g. fake; on a
+        CPU-only torch its scheduler also needs triton's bandwidth estimate faked). ``fsdp2_order=False``: bound
+        with an empty ``fsdp_param_module_order``, so each bucket is packed as upstream ``manual_overlap_bucketing``
+        packs it (plan module by plan module, graph order within) instead of in FSDP2's parameter order.
+        ``module_bucket_plans``: another plan than the one ``compile_time_passes`` builds."""
+        keywords = dict(self.bucketing_pass.keywords)
+        if not fsdp2_order:
+            keywords["fsdp_param_module_order"] = {}
+        if module_bucket_plans is not None:
+            keywords["module_bucket_plans"] = module_bucket_plans
+        pass_fn = functools.partial(self.bucketing_pass.func, **keywords)
+        return pass_fn(self.copy(), self.traced.example_inputs)
+
+    def input_fqns(self) -> dict[str, str]:
+        """``{placeholder name: state FQN}`` for the model-state inputs, from torchtitan's ``TracedResult``
+        (``state_fqns`` in flat order, each DTensor flattened into ``num_tensors`` inputs, its local shard first)."""
+        placeholders = [n.name for n in self.gm.graph.find_nodes(op="placeholder")]
+        layouts = self.traced.input_subclass_layouts
+        out, position = {}, 0
+        for i, fqn in enumerate(self.traced.state_fqns):
+            out[placeholders[position]] = fqn
+            position += layouts[i].num_tensors if i in layouts else 1
+        return out
 
     def with_graph(self, gm: fx.GraphModule) -> Any:
         """A shallow copy of ``traced`` whose graph is ``gm`` (what ``run_traced`` runs)."""
