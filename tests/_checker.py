@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from thirdparty.conformance import custom_module, summed_partials
+from thirdparty.conformance import direction as side
 from torch import fx
 
 from overlapcfg.demo.tracing import GraphName, TracedStep
@@ -125,17 +127,6 @@ def _joint_kind(node: fx.Node) -> str | None:
     return "all_gather" if node.target is _AG_OUT else _KIND.get(node.target)  # type: ignore[arg-type]
 
 
-def _joint_direction(node: fx.Node) -> str:
-    return "backward" if node.meta.get("autograd_backward") else "forward"
-
-
-def _joint_owner(node: fx.Node) -> str:
-    fqn = node.meta.get("custom", {}).get("module_fqn")
-    if not fqn:
-        raise AssertionError(f"{node.name}: the original graph names no owning module")
-    return str(fqn)
-
-
 def _shared_gradient_owners(original: fx.GraphModule) -> dict[str, str]:
     """Reduce-scatters whose waits are summed with other reduce-scatters' waits (a tied weight's partial
     gradients, ``add`` trees): the documented rule gives the sum to the module that used the parameter first in
@@ -146,15 +137,13 @@ def _shared_gradient_owners(original: fx.GraphModule) -> dict[str, str]:
         if node.op != "call_function" or _joint_kind(node) != "reduce_scatter":
             continue
         waits = [u for u in node.users if u.target is _WAIT]
-        cur, root = (waits[0] if len(waits) == 1 else node), None
-        while len(cur.users) == 1 and next(iter(cur.users)).target is torch.ops.aten.add.Tensor:
-            cur = root = next(iter(cur.users))
+        root = summed_partials(waits[0]) if len(waits) == 1 else None
         if root is not None:
             trees.setdefault(root, []).append(node)
     owners: dict[str, str] = {}
     for starts in trees.values():
         if len(starts) > 1:
-            owner = _joint_owner(max(starts, key=index.__getitem__))
+            owner = custom_module(max(starts, key=index.__getitem__))
             owners.update((s.name, owner) for s in starts)
     return owners
 
@@ -170,9 +159,9 @@ def joint_order(original: fx.GraphModule, kind: str, direction: str,
     found: dict[str, list[str]] = {}
     first: dict[str, int] = {}
     for node in original.graph.nodes:
-        if node.op != "call_function" or _joint_kind(node) != kind or _joint_direction(node) != direction:
+        if node.op != "call_function" or _joint_kind(node) != kind or side(node) != direction:
             continue
-        bucket = bucket_of(shared.get(node.name) or _joint_owner(node))
+        bucket = bucket_of(shared.get(node.name) or custom_module(node))
         found.setdefault(bucket, []).append(node.name)
         if kind == "all_gather":
             waits = [u for u in node.users if u.target is _WAIT]
@@ -195,7 +184,7 @@ def joint_merged(gm: fx.GraphModule, original: fx.GraphModule,
         if not isinstance(tag, dict) or tag.get("role") != "start":
             continue
         sources = [by_name[s] for s in tag["sources"]]
-        found = {(bucket_of(shared.get(s.name) or _joint_owner(s)), _joint_kind(s), _joint_direction(s))
+        found = {(bucket_of(shared.get(s.name) or custom_module(s)), _joint_kind(s), side(s))
                  for s in sources}
         if len(found) != 1:
             raise AssertionError(f"{node.name} merges collectives of several buckets/kinds/directions: {found}")
