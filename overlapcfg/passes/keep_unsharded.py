@@ -133,9 +133,10 @@ def keep_unsharded(gm: fx.GraphModule, cfg: OverlapConfig, plan: ResolvedPlan,
             removed.append(c.start.name)
             params.extend(p for p in c.params if p not in params)
             held[source] = c.unsharded_bytes
-        if left:
+        if left:  # the first few with their reasons: a 32-block model would otherwise print hundreds
+            more = f"; ... ({len(left)} in all)" if len(left) > 3 else ""
             notes.append(f"{path[i]}: bucket {plan.buckets[i].name} keeps {len(left)} backward re-gather(s): "
-                         + "; ".join(left))
+                         + "; ".join(left[:3]) + more)
         if removed:
             kept.append(Kept(i, tuple(removed), tuple(params), sum(held.values())))
     return KeepResult(tuple(kept), tuple(notes))
