@@ -29,12 +29,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from thirdparty.conformance import custom_module, summed_partials
+from thirdparty.conformance import direction as side
 from torch import fx
 
 from overlapcfg.demo.tracing import GraphName, TracedStep
 
 __all__ = [
     "Merged",
+    "joint_merged",
+    "joint_order",
+    "torchtitan_bucket",
     "achieved_delays",
     "achieved_prefetch",
     "bucket_sizes",
@@ -96,6 +101,98 @@ def merged_collectives(gm: fx.GraphModule, step: TracedStep, graph: GraphName,
         if len(waits) != 1:
             raise AssertionError(f"{node.name} has {len(waits)} waits")
         out.append(Merged(buckets.pop(), tag["kind"], tag["direction"], node, waits[0], tuple(tag["sources"])))
+    return out
+
+
+def torchtitan_bucket(module_fqn: str) -> str:
+    """torchtitan's graph-trainer plan written out: ``tok_embeddings``, one bucket per block, ``[norm, lm_head]``."""
+    parts = module_fqn.split(".")
+    if parts[0] == "layers":
+        return f"layers.{parts[1]}"
+    if parts[0] in ("norm", "lm_head"):
+        return "lm_head+norm"
+    return parts[0]
+
+
+# --- whole-step (joint) graphs ------------------------------------------------------------------------------------
+# Owners and directions come from the ORIGINAL graph's own annotations (torchtitan writes the owning module into
+# ``meta["custom"]["module_fqn"]`` of every collective, backward copies included, and marks backward nodes
+# ``meta["autograd_backward"]``), never from overlapcfg's attribution; a tied weight's summed partial gradients go
+# to its first user in forward, the documented rule, found here from the graph's add trees.
+
+_AG_OUT = _c10d.all_gather_into_tensor_out.default
+
+
+def _joint_kind(node: fx.Node) -> str | None:
+    return "all_gather" if node.target is _AG_OUT else _KIND.get(node.target)  # type: ignore[arg-type]
+
+
+def _shared_gradient_owners(original: fx.GraphModule) -> dict[str, str]:
+    """Reduce-scatters whose waits are summed with other reduce-scatters' waits (a tied weight's partial
+    gradients, ``add`` trees): the documented rule gives the sum to the module that used the parameter first in
+    forward, whose partial the backward reduce-scatters last. Start name -> that owner."""
+    index = {n: i for i, n in enumerate(original.graph.nodes)}
+    trees: dict[fx.Node, list[fx.Node]] = {}
+    for node in original.graph.nodes:
+        if node.op != "call_function" or _joint_kind(node) != "reduce_scatter":
+            continue
+        waits = [u for u in node.users if u.target is _WAIT]
+        root = summed_partials(waits[0]) if len(waits) == 1 else None
+        if root is not None:
+            trees.setdefault(root, []).append(node)
+    owners: dict[str, str] = {}
+    for starts in trees.values():
+        if len(starts) > 1:
+            owner = custom_module(max(starts, key=index.__getitem__))
+            owners.update((s.name, owner) for s in starts)
+    return owners
+
+
+def joint_order(original: fx.GraphModule, kind: str, direction: str,
+                bucket_of: BucketOf = torchtitan_bucket) -> dict[str, list[str]]:
+    """The original graph's collectives of one kind and direction: bucket -> start names, buckets in compute order:
+    all-gathers by first wait (when the bucket is first needed), reduce-scatters by last start (when the bucket's
+    last gradient is ready, so the earliest its merged reduce-scatter can be issued: a tied weight's summed partial
+    gradients make a bucket whose first partial comes long before its last)."""
+    index = {n: i for i, n in enumerate(original.graph.nodes)}
+    shared = _shared_gradient_owners(original)
+    found: dict[str, list[str]] = {}
+    first: dict[str, int] = {}
+    for node in original.graph.nodes:
+        if node.op != "call_function" or _joint_kind(node) != kind or side(node) != direction:
+            continue
+        bucket = bucket_of(shared.get(node.name) or custom_module(node))
+        found.setdefault(bucket, []).append(node.name)
+        if kind == "all_gather":
+            waits = [u for u in node.users if u.target is _WAIT]
+            at = index[waits[0]] if waits else index[node]
+            first[bucket] = min(first.get(bucket, at), at)
+        else:
+            first[bucket] = max(first.get(bucket, index[node]), index[node])
+    return {b: found[b] for b in sorted(found, key=first.__getitem__)}
+
+
+def joint_merged(gm: fx.GraphModule, original: fx.GraphModule,
+                 bucket_of: BucketOf = torchtitan_bucket) -> list[Merged]:
+    """Every merged collective of a transformed whole-step graph, graph order, with the bucket, kind and direction
+    its sources have in ``original``; a merge across buckets, kinds or directions is an error."""
+    by_name = {n.name: n for n in original.graph.nodes}
+    shared = _shared_gradient_owners(original)
+    out: list[Merged] = []
+    for node in gm.graph.nodes:
+        tag = node.meta.get("overlapcfg")
+        if not isinstance(tag, dict) or tag.get("role") != "start":
+            continue
+        sources = [by_name[s] for s in tag["sources"]]
+        found = {(bucket_of(shared.get(s.name) or custom_module(s)), _joint_kind(s), side(s))
+                 for s in sources}
+        if len(found) != 1:
+            raise AssertionError(f"{node.name} merges collectives of several buckets/kinds/directions: {found}")
+        waits = [u for u in node.users if u.target is _WAIT]
+        if len(waits) != 1:
+            raise AssertionError(f"{node.name} has {len(waits)} waits")
+        bucket, kind, direction = found.pop()
+        out.append(Merged(bucket, str(kind), direction, node, waits[0], tuple(tag["sources"])))
     return out
 
 

@@ -70,3 +70,25 @@ def traced_4l_reshard() -> TracedStep:
 def applied() -> ApplyFn:
     """``applied(step, graph_name, cfg) -> GraphModule``: the pass on a fresh copy, verified (see ``apply_to``)."""
     return apply_to
+
+
+_WHOLE_STEPS: dict[tuple[str, str, bool], Any] = {}
+
+
+def whole_step_capture(model: str = "llama3", reshard: str = "always", optimizer: bool = False) -> Any:
+    """torchtitan graph_trainer's whole-step graph of ``model`` (``llama3`` / ``qwen3_tied``), normalized by
+    torchtitan's own passes, captured once per session under a fake group of 2 (``tests/thirdparty/graph_trainer``;
+    no overlapcfg involved). Shared read-only: transform ``.copy()``."""
+    key = (model, reshard, optimizer)
+    if key not in _WHOLE_STEPS:
+        from thirdparty import graph_trainer, models
+
+        with models.fake_process_group(2):
+            _WHOLE_STEPS[key] = graph_trainer.capture_whole_step(model, reshard=reshard, optimizer=optimizer)
+    return _WHOLE_STEPS[key]
+
+
+@pytest.fixture(scope="session")
+def whole_step() -> Callable[..., Any]:
+    """``whole_step(model="llama3", reshard="always", optimizer=False) -> WholeStep`` (see ``whole_step_capture``)."""
+    return whole_step_capture

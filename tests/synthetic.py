@@ -18,8 +18,11 @@ one to three parameters, and is built in milliseconds:
   and the graph returns every reduce-scattered gradient (primal order) and the last ``gy``: each reduce-scatter
   flows to the outputs through its wait only, as ``is_fsdp_reduce_scatter`` wants.
 
-Parameters are graph inputs named ``primals_N`` (what inductor's post-grad graphs keep) or, with
-``descriptors=True``, carry aot's ``PlainAOTInput(idx)`` descriptor under ordinary names. Every collective, wait
+Parameters are graph inputs named ``primals_N`` (aot's names) or, with ``descriptors=True``, ordinary names. A
+forward graph carries aot's ``PlainAOTInput(idx)`` descriptors only with ``descriptors=True`` (without them the
+structure says which inputs are parameters: every input of a forward graph is the step's own); a backward graph
+always carries them on its saved parameters, as aot's does (torch 2.13 keeps them through inductor's post-grad
+passes): without them a backward graph cannot tell a saved parameter from a saved activation. Every collective, wait
 and compute node has ``meta["custom"]["module_fqn"]`` (torchtitan's ``annotate_module_fqns`` form), so the
 default attribution works, and every node has a ``meta["val"]`` fake tensor (``FakeTensorProp``), as the merge
 helpers need. Building needs no process group: the group is named ``"0"``, which is what
@@ -41,7 +44,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 if TYPE_CHECKING:
     from overlapcfg.passes.backend import CapturedStep
 
-__all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "captured_step", "forward_graph", "layer_fqns"]
+__all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "captured_step", "forward_graph",
+           "joint_graph", "layer_fqns"]
 
 DIM = 4
 """Columns of every parameter; a parameter with ``rows`` shard rows gathers to ``world_size * rows`` x ``DIM``."""
@@ -63,7 +67,7 @@ class Synthetic:
     """A built graph and the facts a test needs to judge a pass over it without asking overlapcfg."""
 
     gm: fx.GraphModule
-    kind: Literal["forward", "backward"]
+    kind: Literal["forward", "backward", "joint"]
     module_fqns: tuple[str, ...]
     """Every module of the model, parents first: ``("", "layers", "layers.0", "layers.0.wq", ...)``."""
     owners: dict[str, str]
@@ -87,19 +91,19 @@ def _check(layers: Layers) -> None:
 
 
 class _Builder:
-    def __init__(self, world_size: int, descriptors: bool) -> None:
+    def __init__(self, world_size: int, descriptors: bool, *, stamp: bool | None = None) -> None:
         self.graph = fx.Graph()
         self.world_size = world_size
         self.descriptors = descriptors
+        self.stamp = descriptors if stamp is None else stamp
         self.inputs: list[tuple[fx.Node, tuple[int, ...]]] = []
         self.owners: dict[str, str] = {}
 
     def placeholder(self, name: str, shape: tuple[int, ...], *, parameter: bool) -> fx.Node:
         node = self.graph.placeholder(name)
-        if self.descriptors:
-            if parameter:
-                node.meta["desc"] = PlainAOTInput(len(self.inputs))
-        elif parameter and not name.startswith("primals_"):
+        if self.stamp and parameter:
+            node.meta["desc"] = PlainAOTInput(len(self.inputs))
+        if not self.descriptors and parameter and not name.startswith("primals_"):
             raise AssertionError(f"parameter placeholder {name} must be named primals_N without descriptors")
         self.inputs.append((node, shape))
         return node
@@ -127,7 +131,7 @@ class _Builder:
         self.owners[start.name] = fqn
         return self.call(_c10d.wait_tensor.default, (start,), fqn, True)
 
-    def finish(self, outputs: object, kind: Literal["forward", "backward"], layers: Layers) -> Synthetic:
+    def finish(self, outputs: object, kind: Literal["forward", "backward", "joint"], layers: Layers) -> Synthetic:
         self.graph.output(outputs)
         gm = fx.GraphModule(torch.nn.Module(), self.graph)
         with FakeTensorMode() as mode:
@@ -171,7 +175,7 @@ def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = F
     group serves): ``"all_reduce_first"`` as torchtitan's DTensor does (``all_reduce -> wait -> reduce_scatter``),
     ``"reduce_scatter_first"`` as FSDP2 does (``reduce_scatter -> wait -> all_reduce -> wait -> output``)."""
     _check(layers)
-    b = _Builder(world_size, descriptors)
+    b = _Builder(world_size, descriptors, stamp=True)
     params = _params(layers)
     weights: list[fx.Node] = []
     for k, (_, _, rows) in enumerate(params):
@@ -208,3 +212,40 @@ def captured_step(layers: Layers, *, world_size: int = 2) -> CapturedStep:
     return CapturedStep(forward=fw.gm, backward=bw.gm, module_fqns=fw.module_fqns,
                         param_fqns=tuple(f"{o}.weight" for o in owners), param_owners=owners, collectives=(),
                         world_size=world_size, rank=0)
+
+def joint_graph(layers: Layers, *, world_size: int = 2, regather: bool = True,
+                write_shard: int | None = None) -> Synthetic:
+    """A whole-step graph of ``layers`` (forward, then backward tagged ``autograd_backward``), as torchtitan's
+    graph trainer traces one: parameters are aot-described inputs; the forward is ``forward_graph``'s; the backward
+    reads the forward's activations directly and, with ``regather`` (reshard-after-forward), all-gathers every
+    weight again from its shard (the recomputed re-gather), else reads the forward's gathered weight. Returns the
+    last activation, the input gradient and every reduce-scattered gradient (parameter order).
+
+    ``write_shard=k``: an in-place ``add_`` on parameter ``k``'s shard between the forward and the backward (what
+    a traced optimizer step must never do before the backward's re-gather)."""
+    _check(layers)
+    b = _Builder(world_size, descriptors=True)
+    params = _params(layers)
+    shards = [b.placeholder(_param_name(k, True), (rows, DIM), parameter=True) for k, (_, _, rows) in enumerate(params)]
+    x = b.placeholder("x", (BATCH, DIM), parameter=False)
+    acts: list[tuple[fx.Node, fx.Node]] = []  # (input of the parameter's first mm, gathered weight)
+    for shard, (_, fqn, _) in zip(shards, params, strict=True):
+        w = b.all_gather(shard, fqn, backward=False)
+        acts.append((x, w))
+        h = b.call(_aten.mm.default, (x, b.call(_aten.t.default, (w,), fqn, False)), fqn, False)
+        x = b.call(_aten.mm.default, (h, w), fqn, False)
+    if write_shard is not None:
+        b.call(_aten.add_.Tensor, (shards[write_shard], 1.0), params[write_shard][1], True)
+    gy = x
+    grads: dict[int, fx.Node] = {}
+    for k in reversed(range(len(params))):
+        fqn = params[k][1]
+        inp, w = acts[k]
+        if regather:
+            w = b.all_gather(shards[k], fqn, backward=True)
+        w_t = b.call(_aten.t.default, (w,), fqn, True)
+        h = b.call(_aten.mm.default, (inp, w_t), fqn, True)
+        grads[k] = b.reduce_scatter(b.call(_aten.mm.default, (b.call(_aten.t.default, (h,), fqn, True), gy), fqn,
+                                           True), fqn)
+        gy = b.call(_aten.mm.default, (b.call(_aten.mm.default, (gy, w_t), fqn, True), w), fqn, True)
+    return b.finish((x, gy, *(grads[k] for k in range(len(params)))), "joint", layers)

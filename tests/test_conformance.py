@@ -60,6 +60,13 @@ EXPECTED: dict[str, dict[str, tuple[dict[str, int], dict[str, int]]]] = {
                 "backward": ({"all_gather": 20, "reduce_scatter": 21}, {"all_gather": 4, "reduce_scatter": 4})},
     "tt_fully_shard": {"forward": ({"all_gather": 17}, {"all_gather": 4}),
                        "backward": ({"reduce_scatter": 17}, {"reduce_scatter": 4})},
+    # One embedding weight serves encoder, decoder and the tied head: its gradient is the sum of three
+    # reduce-scattered partials, all merged into the bucket of its first user (encoder.embed_tokens).
+    "hf_t5": {"forward": ({"all_gather": 47}, {"all_gather": 7}),
+              "backward": ({"all_gather": 45, "reduce_scatter": 49}, {"all_gather": 7, "reduce_scatter": 7})},
+    # torchtitan's Qwen3 ties tok_embeddings to lm_head: two partial gradients, one owner (tok_embeddings).
+    "tt_qwen3_tied": {"forward": ({"all_gather": 20}, {"all_gather": 4}),
+                      "backward": ({"reduce_scatter": 21}, {"reduce_scatter": 4})},
     "tt_hybrid_shard": {"forward": ({"all_gather": 17}, {"all_gather": 4}),
                         # HSDP: each gradient all-reduced on the replicate group, then reduce-scattered on the
                         # shard group; both halves bucketed (one all-reduce and one reduce-scatter per bucket).
@@ -143,7 +150,7 @@ def _backend(run: Run, model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn:
 
 def _run(case: C.Case) -> Run:
     ws = case.world_size
-    torchtitan = case.torchtitan is not None
+    torchtitan = case.needs_group
     # torchtitan's mesh binds process groups at shard time: one group for build, capture, backend and apply.
     with M.fake_process_group(ws) if torchtitan else contextlib.nullcontext():
         model, make_batch = C.build(case)
@@ -386,7 +393,7 @@ def test_backend_attributes_each_collective_to_the_parameter_it_carries(runs: Ca
 def test_backend_module_tree_has_no_dynamo_root_segment(runs: Callable[[str], Run], case: str) -> None:
     run = runs(case).require("backend")
     fqns = run.backend.module_fqns
-    layer = "model.layers.0" if run.case.hf else "layers.0"
+    layer = {"hf_t5": "encoder.block.0"}.get(case, "model.layers.0" if run.case.hf else "layers.0")
     assert layer in fqns
     assert not [f for f in fqns if f.split(".")[0].isdigit() or "args" in f or "[" in f]
 
@@ -457,28 +464,45 @@ def _ancestors(node: fx.Node, depth: int) -> set[fx.Node]:
     return seen
 
 
+SHARED = {  # case -> (the shared weight as dynamo names it (first access), its uses, the bucket owning its gradient)
+    "hf_tied": ("model.embed_tokens.weight", 2, "model.embed_tokens"),
+    "hf_t5": ("encoder.embed_tokens.weight", 3, "encoder.embed_tokens"),
+    "tt_qwen3_tied": ("tok_embeddings.weight", 2, "tok_embeddings"),
+}
+
+
+def _partials(run: Run, original: fx.GraphModule, dynamo: fx.GraphModule) -> list[C.Coll]:
+    return [c for c in C.collectives(original) if c.kind == "reduce_scatter"
+            and C.reduced_param(c.wait, dynamo, through_sum=False) is None]
+
+
 @pytest.mark.slow
-def test_apply_buckets_the_tied_weights_partial_gradient_reduce_scatters(runs: Callable[[str], Run]) -> None:
-    """On a captured graph, the tied weight's gradient is the sum of two reduce-scatters (``wait -> add ->
-    output``): torch's ``is_fsdp_reduce_scatter`` misses them, overlapcfg recognizes them as the partial
-    gradients of one parameter and buckets them, as the backend (which has the descriptors) does."""
-    run = runs("hf_tied").require("apply")
+@pytest.mark.parametrize("case", list(SHARED))
+def test_apply_buckets_a_shared_weights_partial_gradient_reduce_scatters(runs: Callable[[str], Run],
+                                                                        case: str) -> None:
+    """On a captured graph, a weight used by N modules has one reduce-scatter per use, summed before the output
+    (``add(add(rs_a, rs_b), rs_c)`` for T5's embedding, shared by encoder, decoder and the tied head): torch's
+    ``is_fsdp_reduce_scatter`` misses them; overlapcfg recognizes every partial as FSDP's and merges all of them
+    into the bucket of the weight's first user, as the backend (which has the descriptors) does. On the tied
+    torchtitan Qwen3 the backend once raised an AttributionError (descriptor: tok_embeddings; custom: lm_head)."""
+    run = runs(case).require("apply", "backend")
+    param, uses, owner = SHARED[case]
     original, final = run.original("backward"), run.applied[1]["backward"]
     record = final.meta["overlapcfg"]
     assert record.non_fsdp == ()
-    summed = [c for c in C.collectives(original) if c.kind == "reduce_scatter"
-              and C.reduced_param(c.wait, run.captured.dynamo_graph, through_sum=False) is None]
-    assert len(summed) == 2
-    assert all(C.reduced_param(c.wait, run.captured.dynamo_graph) == "model.embed_tokens.weight" for c in summed)
-    assert record.after.get("backward", "reduce_scatter") == 4
-
-
-@pytest.mark.slow
-def test_tied_gradient_reduce_scatters_are_bucketed_alike_by_apply_and_backend(runs: Callable[[str], Run]) -> None:
-    run = runs("hf_tied").require("apply", "backend")
-    by_apply = run.applied[1]["backward"].meta["overlapcfg"]
+    summed = _partials(run, original, run.captured.dynamo_graph)
+    assert len(summed) == uses
+    assert all(C.reduced_param(c.wait, run.captured.dynamo_graph) == param for c in summed)
+    buckets = {b.name: b for b in record.buckets}
+    before_rs = sum(n for k, n in EXPECTED[case]["backward"][0].items() if k == "reduce_scatter")
+    assert record.before.get("backward", "reduce_scatter") == before_rs
+    assert any(b.name.startswith(owner) for b in buckets.values())
     by_backend = run.backend.graphs["backward"].meta["overlapcfg"]
-    assert (by_apply.before, by_apply.after) == (by_backend.before, by_backend.after)
+    assert (record.before, record.after) == (by_backend.before, by_backend.after)
+    for rec in (record, by_backend):  # the partials' bucket, by the bytes it reduces: the owner's plus the rest
+        (bucket,) = [b for b in rec.buckets if b.name.startswith(owner)]
+        change = bucket.changes("backward", "reduce_scatter")
+        assert change is not None and change.before >= uses and change.after == 1
 
 
 # --- explain with no process group, on a graph that names mesh sub-groups --------------------------------------

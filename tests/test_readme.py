@@ -41,3 +41,35 @@ def test_setup_commands_are_the_first_block():
     assert len(first) == 2
     assert "torch==2.13.0" in first[0] and first[0].rstrip().endswith(".venv/bin/overlapcfg")
     assert first[1].startswith(".venv/bin/python -m pytest")
+
+
+def test_the_torchtitan_keep_unsharded_example_config_loads():
+    cfg = load_config(_block_after("**Keeping a bucket unsharded", "yaml"))
+    kept = [b for b in cfg.plan.buckets if not isinstance(b, (str, tuple))]
+    assert [(b.modules, b.reshard_after_forward) for b in kept] == [(("layers.31",), False)]
+    assert cfg.policy.forward_prefetch == 2
+
+
+def readme_torchtitan_args() -> list[str]:
+    """The torchtitan arguments of README's ``torchrun ... -m overlapcfg.integrations.torchtitan ...`` line."""
+    import shlex
+
+    words = shlex.split(_block_after("## torchtitan graph trainer", "bash").replace("\\\n", " "))
+    return words[words.index("overlapcfg.integrations.torchtitan") + 1:]
+
+
+@pytest.mark.slow
+def test_the_torchtitan_config_module_example_selects_the_pipeline(tmp_path, monkeypatch):
+    """README's ``my_configs.py``, imported by torchtitan's ``ConfigManager`` as ``--module my_configs``."""
+    from thirdparty import graph_trainer as G
+
+    (tmp_path / "my_configs.py").write_text(_block_after("register the pipeline from your own config module", "python"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with G.graph_trainer_stubs():
+        from torchtitan.config import ConfigManager
+        from torchtitan.experiments.graph_trainer.registry import PASS_PIPELINE_REGISTRY
+
+        config = ConfigManager().parse_args(["--module", "my_configs", "--config", "llama3_8b_overlapcfg"])
+    assert config.compile.pass_pipeline == "overlapcfg"
+    assert PASS_PIPELINE_REGISTRY["overlapcfg"].__module__ == "overlapcfg.integrations.torchtitan.pipeline"
+    assert readme_torchtitan_args()[:4] == ["--module", "graph_trainer.llama3", "--config", "graph_trainer_llama3_8b"]

@@ -10,7 +10,7 @@
   activations: left alone;
 - with reshard-after-forward, the backward re-gathers forward-saved *views* of the parameters (no aot descriptor
   on those placeholders): the backend reads them from the forward graph and buckets them; ``apply`` on the
-  backward graph alone cannot tell, leaves them and says so.
+  backward graph alone cannot tell: it leaves them, counts them as uncovered and says why.
 
 Evidence and per-collective dumps: ``python -m tests.thirdparty.dump_tp``.
 """
@@ -27,6 +27,7 @@ from torch import fx
 
 import overlapcfg
 from overlapcfg import compat
+from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import find_collectives, group_name, is_collective_start
 from overlapcfg.passes import apply
@@ -56,8 +57,14 @@ def _compile(mode: str, reshard: bool) -> dict[str, Any]:
         bare = M.copy_graph_module(pre["backward"])
         for node in bare.graph.nodes:
             node.meta = {k: v for k, v in node.meta.items() if k != "overlapcfg"}
-        alone = apply(bare, overlapcfg.load_config(CFG), graph_kind="backward")
-    return {"pre": pre, "final": be.graphs, "groups": groups, "alone": alone}
+        refused: Exception | None = None
+        try:  # torchtitan_layers requires full coverage
+            apply(M.copy_graph_module(bare), overlapcfg.load_config(CFG), graph_kind="backward")
+        except OverlapConfigError as err:
+            refused = err
+        lenient = {**CFG, "plan": {"buckets": ["tok_embeddings", "layers.*", ["norm", "lm_head"]]}}
+        alone = apply(bare, overlapcfg.load_config(lenient), graph_kind="backward")
+    return {"pre": pre, "final": be.graphs, "groups": groups, "alone": alone, "refused": refused}
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +119,16 @@ def test_backward_regathers_of_saved_parameter_views_are_bucketed_by_the_backend
     assert (after.before.get("backward", "all_gather"), after.after.get("backward", "all_gather")) == (16, 3)
 
 
-def test_apply_on_the_backward_alone_leaves_saved_view_gathers_and_says_so(runs: dict[str, dict[str, Any]]) -> None:
-    record = runs["sp_reshard"]["alone"].meta["overlapcfg"]
+def test_apply_on_the_backward_alone_counts_saved_view_gathers_as_uncovered_and_says_why(
+        runs: dict[str, dict[str, Any]]) -> None:
+    """The backward graph alone cannot tell a forward-saved parameter view from a saved activation: the 11
+    re-gathers of such views are left alone, counted as uncovered (so ``require_full_coverage`` refuses the graph)
+    and the cause is named. The tp group's sequence-parallel gathers are not FSDP-shaped traffic: not counted."""
+    run = runs["sp_reshard"]
+    record = run["alone"].meta["overlapcfg"]
     assert record.before.get("backward", "all_gather") == 5
-    assert any(note.startswith("overlapcfg: 11 all-gathers read saved forward tensors") and "overlapcfg.backend"
-               in note for note in record.notes)
+    assert len(record.uncovered) == 11 and all(u.owner is None for u in record.uncovered)
+    assert any("11 all-gathers look like FSDP parameter gathers" in note and "no aot descriptor" in note
+               and "overlapcfg.backend" in note for note in record.notes)
+    assert isinstance(run["refused"], OverlapConfigError)
+    assert "require_full_coverage: 11 all-gather(s) look like FSDP parameter gathers" in str(run["refused"])

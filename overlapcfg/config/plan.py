@@ -71,10 +71,13 @@ class Bucket(ConfigModel):
     """HSDP all-reduce delay for these buckets; None keeps the policy's value (by default the reduce-scatter
     delay)."""
     reshard_after_forward: ReshardAfterForward = None
-    """Eager FSDP2 driver only (``overlapcfg.fully_shard``), FSDP2's own meaning: true frees these buckets'
-    unsharded parameters after forward (all-gathered again in backward), false keeps them until backward, an
-    integer N reshards them to groups of N ranks (a divisor of the shard world size). None keeps the value given
-    to ``fully_shard`` (FSDP2's default: true). Compiled graphs fix resharding when the step is traced."""
+    """FSDP2's own meaning: true frees these buckets' unsharded parameters after forward (all-gathered again in
+    backward), false keeps them until backward, an integer N reshards them to groups of N ranks (a divisor of the
+    shard world size). None keeps the value given to ``fully_shard`` (FSDP2's default: true), or on a graph what
+    was traced. ``overlapcfg.fully_shard`` passes it to FSDP2. On a whole-step graph traced with resharding,
+    false makes the backward read the forward's gathered parameters instead of re-gathering them
+    (``overlapcfg.passes.keep_unsharded``); true and integers cannot add all-gathers to a graph and are noted as
+    ignored there, as is any value on aot's separate forward and backward graphs."""
 
 
 

@@ -35,6 +35,7 @@ from overlapcfg import compat
 from overlapcfg.config.patterns import WRAPPER_SEGMENTS, is_inside
 from overlapcfg.errors import natural_key
 from overlapcfg.graph.meta import META_KEY, OWNER_KEY
+from overlapcfg.graph.parameters import SAVED_VIEW_KEY, placeholder_sources
 
 __all__ = [
     "AttributionError",
@@ -243,8 +244,6 @@ def _looks_like_parameter(node: fx.Node) -> bool:
 
 
 def parameter_fqn(placeholder: fx.Node, parameter_inputs: Sequence[str | None]) -> str | None:
-    from overlapcfg.graph.collectives import SAVED_VIEW_KEY
-
     desc = placeholder.meta.get("desc") or placeholder.meta.get(META_KEY, {}).get(SAVED_VIEW_KEY)
     index = _input_root_index(desc)
     if index is None or not 0 <= index < len(parameter_inputs):
@@ -254,19 +253,20 @@ def parameter_fqn(placeholder: fx.Node, parameter_inputs: Sequence[str | None]) 
 
 def _single_placeholder_source(start: fx.Node) -> fx.Node | None:
     """The one placeholder an all-gather reads through non-compute ops (None if none or several)."""
-    from overlapcfg.graph.collectives import placeholder_sources
-
     sources = placeholder_sources(start)
     return sources[0] if sources is not None and len(sources) == 1 else None
 
 
-def _gradient_output_index(wait: fx.Node) -> int | None:
-    """The dynamo input whose gradient ``wait`` is returned as: through single-user unary chains (casts, views),
-    and through an ``add`` of reduce-scattered partial gradients (a parameter used by two modules, such as tied
-    embeddings, gets one reduce-scatter per use, summed before it is returned)."""
-    from overlapcfg.graph.collectives import collective_kind, started_by
+def _gradient_output_index(wait: fx.Node) -> tuple[int | None, bool]:
+    """The dynamo input whose gradient ``wait`` is returned as, through single-user unary chains (casts, views),
+    and whether it is one partial of a shared parameter's gradient: a parameter used by N >= 2 modules (tied or
+    shared embeddings) gets one reduce-scatter per use, summed before it is returned (``gradients.partial_sum_
+    root``)."""
+    from overlapcfg.graph.collectives import collective_kind
+    from overlapcfg.graph.gradients import partial_sum_root
 
-    cur = wait
+    root = partial_sum_root(wait)
+    cur = root if root is not None else wait
     for _ in range(32):
         users = list(cur.users)
         outputs = [u for u in users if u.op == "output"]
@@ -274,19 +274,14 @@ def _gradient_output_index(wait: fx.Node) -> int | None:
             flat = list(outputs[0].args[0])
             position = flat.index(cur)
             desc = outputs[0].meta.get("desc")
-            return _grad_root_index(desc[position]) if desc is not None and position < len(desc) else None
-        if len(users) != 1:
-            return None
-        user = users[0]
-        inputs = user.all_input_nodes
-        summed_partials = compat.op_name(user.target) == "aten.add" and all(
-            started_by(i) is not None for i in inputs)
-        if len(inputs) != 1 and not summed_partials:
-            return None
-        if collective_kind(user) == "reduce_scatter":
-            return None  # reduced again (FSDP + TP: the tp half of a weight's gradient): the last one is FSDP's
-        cur = user
-    return None
+            index = _grad_root_index(desc[position]) if desc is not None and position < len(desc) else None
+            return index, root is not None
+        if len(users) != 1 or len(users[0].all_input_nodes) != 1:
+            return None, False
+        if collective_kind(users[0]) == "reduce_scatter":
+            return None, False  # reduced again (FSDP + TP: the tp half of a weight's gradient): the last is FSDP's
+        cur = users[0]
+    return None, False
 
 
 def annotate_owners(gm: fx.GraphModule, graph: str,
@@ -308,16 +303,18 @@ def annotate_owners(gm: fx.GraphModule, graph: str,
         if wait is None:
             continue
         param: str | None = None
+        partial = False
         if kind == "all_gather":
             placeholder = _single_placeholder_source(node)
             param = parameter_fqn(placeholder, parameter_inputs) if placeholder is not None else None
         else:
-            index = _gradient_output_index(wait)
+            index, partial = _gradient_output_index(wait)
             param = parameter_inputs[index] if index is not None and 0 <= index < len(parameter_inputs) else None
         if not param:
             continue
         owner = CollectiveOwner(graph, node.name, kind, parameter_owner(param), param, wait.name)
-        check_agreement(node, owner.module_fqn)
+        if not partial:  # a shared gradient's partial: metadata names its use, the one-owner rule its owner
+            check_agreement(node, owner.module_fqn)
         for n in (node, wait):
             n.meta.setdefault(META_KEY, {})[OWNER_KEY] = owner
         records.append(owner)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -18,6 +18,8 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.graph.attribution import ModuleFqnFn
 from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.parameters import InputEvidence, graph_inputs, placeholder_sources
+from overlapcfg.graph.parameters import is_transparent as _is_transparent
 
 __all__ = [
     "Collective",
@@ -34,11 +36,7 @@ __all__ = [
     "collective_kind",
     "is_collective_start",
     "is_parameter_gather",
-    "is_parameter_placeholder",
-    "mark_saved_parameter_views",
-    "saved_parameter_views",
     "parameter_sources",
-    "placeholder_sources",
     "started_by",
     "positions",
     "wait_of",
@@ -89,6 +87,9 @@ class Collective:
     """HSDP: the other half of the gradient reduction (an all-reduce's reduce-scatter and vice versa)."""
     note: str | None = None
     """Why a collective that looks like data-parallel traffic was left as ``other`` (said in the pass record)."""
+    unattributed: str | None = None
+    """An all-gather shaped like an FSDP parameter gather whose inputs the graph cannot confirm as parameters:
+    why (``overlapcfg.graph.parameters``). Left alone as ``other``, and counted as uncovered by the pass."""
 
     @property
     def fsdp(self) -> bool:
@@ -162,151 +163,33 @@ def is_compute_node(node: fx.Node) -> bool:
     return compat.flop_formula(node.target) is not None
 
 
-def _is_transparent(node: fx.Node) -> bool:
-    """Ops that move a parameter's elements without computing on them: views, dtype casts, copies, and the
-    copy-in of torch's merged buckets. The only ops allowed between a parameter and its FSDP all-gather."""
-    if node.op != "call_function":
-        return False
-    target = node.target
-    if target is operator.getitem or getattr(target, "is_view", False):
-        return True
-    return compat.op_name(target) in _TRANSPARENT_OPS
-
-
-_TRANSPARENT_OPS = frozenset({
-    "aten._to_copy", "prims.convert_element_type", "aten.clone", "aten.contiguous", "aten.copy", "aten.copy_",
-    "aten.detach", "aten.alias", "aten.lift_fresh_copy", "aten.cat", "aten.reshape", "aten.flatten",
-    "aten.split_with_sizes", "aten.split_with_sizes_copy", "aten.split", "aten.empty", "aten.new_empty",
-    "aten.empty_strided", "aten.view", "aten.t", "aten.permute", "aten.expand",
-    "bucketing._pre_bucket_all_gather", "fsdp.all_gather_copy_in", "aten.foreach_copy", "aten._foreach_copy",
-})
-
-
-def placeholder_sources(start: fx.Node) -> tuple[fx.Node, ...] | None:
-    """The placeholders an all-gather reads through transparent ops alone (views, casts, copies, a merged bucket's
-    copy-in), in discovery order; ``None`` if any other op lies between (an activation gather: sequence or tensor
-    parallel, or a gather of an embedding's *output*).
-
-    One placeholder: an FSDP gather; two or more: a bucket torch's merge helpers (any bucket mode) already merged.
-    The walk stops at placeholders and at the first non-transparent op, so it is linear in the copy-in region.
-    """
-    seen: set[fx.Node] = set()
-    stack = list(data_inputs(start))
-    found: list[fx.Node] = []
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if node.op == "placeholder":
-            found.append(node)
-        elif node.op == "get_attr" or _is_transparent(node):
-            stack.extend(data_inputs(node))
-        else:
-            return None
-    return tuple(found)
-
-
 def parameter_sources(start: fx.Node) -> tuple[str, ...] | None:
     """Names of ``placeholder_sources(start)`` (see there)."""
     found = placeholder_sources(start)
     return None if found is None else tuple(n.name for n in found)
 
 
-def is_parameter_placeholder(node: fx.Node) -> bool:
-    """A graph input that can be a parameter (shard): a floating tensor that is one of the step's own inputs, not a
-    saved activation or a tangent.
-
-    aot marks the step's inputs with a ``PlainAOTInput`` descriptor (possibly wrapped for tensor subclasses such
-    as DTensor), in forward and, for saved parameters, in backward; saved activations and tangents carry other
-    descriptors or none. Graphs without descriptors (inductor's post-grad graph) keep aot's ``primals_N`` names.
-    """
-    if node.op != "placeholder":
-        return False
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor) and not val.is_floating_point():
-        return False  # token ids, masks, sizes: never a parameter
-    desc = node.meta.get("desc")
-    if desc is not None:
-        return compat.is_plain_input_descriptor(desc)
-    if SAVED_VIEW_KEY in node.meta.get(META_KEY, {}):
-        return True
-    return node.name.startswith("primals_")
+def is_parameter_gather(start: fx.Node, inputs: InputEvidence) -> bool:
+    """An FSDP all-gather by the graph's own evidence: it gathers graph inputs through transparent ops alone (one
+    input: FSDP; several: a merged bucket) that ``inputs`` confirms as parameter shards, and (where only the
+    structure confirms them) the gathered value feeds compute."""
+    return _gather_verdict(start, inputs) == "parameter"
 
 
-SAVED_VIEW_KEY = "saved_parameter_view"
-"""``node.meta[META_KEY][SAVED_VIEW_KEY]``: on a backward placeholder the forward saved, the aot descriptor of the
-parameter input it is a view or cast of (set by ``mark_saved_parameter_views``)."""
-
-
-def saved_parameter_views(forward: fx.GraphModule) -> dict[str, object]:
-    """Forward outputs saved for backward that are a parameter input seen through transparent ops only (the local
-    shard of a 2-D DTensor parameter, viewed), by node name -> that input's aot descriptor.
-
-    With reshard-after-forward on an FSDP + TP model, the backward re-gathers such a saved view instead of the
-    parameter input itself; the backward graph alone cannot tell it from a saved activation (its placeholder has
-    no descriptor), the forward graph can.
-    """
-    output = next((n for n in forward.graph.nodes if n.op == "output"), None)
-    descs = output.meta.get("desc") if output is not None else None
-    if output is None or not descs:
-        return {}
-    found: dict[str, object] = {}
-    for node, desc in zip(output.args[0], descs, strict=False):  # type: ignore[arg-type]
-        if not isinstance(node, fx.Node) or not compat.is_saved_for_backward_descriptor(desc):
-            continue
-        if node.op == "placeholder":
-            sources: tuple[fx.Node, ...] | None = (node,)
-        elif _is_transparent(node):
-            sources = placeholder_sources(node)
-        else:
-            continue
-        if sources is not None and len(sources) == 1 and is_parameter_placeholder(sources[0]) \
-                and sources[0].meta.get("desc") is not None:
-            found[node.name] = sources[0].meta["desc"]
-    return found
-
-
-def mark_saved_parameter_views(backward: fx.GraphModule, views: dict[str, object]) -> int:
-    """Stamp ``SAVED_VIEW_KEY`` on the backward placeholders ``saved_parameter_views`` names (same node name, no
-    descriptor of their own); returns how many."""
-    marked = 0
-    for node in backward.graph.nodes:
-        if node.op == "placeholder" and node.name in views and node.meta.get("desc") is None:
-            node.meta.setdefault(META_KEY, {})[SAVED_VIEW_KEY] = views[node.name]
-            marked += 1
-    return marked
-
-
-def is_partial_gradient_scatter(start: fx.Node, waits: tuple[fx.Node, ...] | list[fx.Node]) -> bool:
-    """A reduce-scatter of one use's gradient of a parameter used twice (tied embeddings): its wait is summed with
-    other reduce-scattered partial gradients, and the sum flows to a graph output through unary ops only.
-
-    torch's ``is_fsdp_reduce_scatter`` wants the wait to flow to the output alone, so it misses these; the
-    backend's descriptors see them as the parameter's gradient. Both routes must classify them alike.
-    """
-    if len(waits) != 1 or len(waits[0].users) != 1:
-        return False
-    total = next(iter(waits[0].users))
-    if compat.op_name(total.target) != "aten.add" or not all(started_by(i) is not None
-                                                               for i in total.all_input_nodes):
-        return False
-    cur = total
-    for _ in range(32):
-        users = list(cur.users)
-        if any(u.op == "output" for u in users):
-            return True
-        if len(users) != 1 or len(users[0].all_input_nodes) != 1:
-            return False
-        cur = users[0]
-    return False
-
-
-def is_parameter_gather(start: fx.Node) -> bool:
-    """An all-gather of parameter inputs through transparent ops alone (one input: FSDP; several: a merged
-    bucket)."""
+def _gather_verdict(start: fx.Node, inputs: InputEvidence) -> str:
+    """``parameter``, ``undecided`` (shaped like an FSDP gather, inputs unconfirmed) or ``other``."""
     sources = placeholder_sources(start)
-    return bool(sources) and all(is_parameter_placeholder(s) for s in sources)  # type: ignore[union-attr]
+    if not sources:
+        return "other"  # an activation gather (sequence / tensor parallel), or a gather of a constant
+    verdicts = [inputs.verdict(s) for s in sources]
+    if any(v is False for v in verdicts):
+        return "other"  # a tangent, an integer input, a user input the tracer's state list does not name
+    if all(v in ("descriptor", "saved_view") for v in verdicts):
+        return "parameter"
+    waits = [u for u in start.users if started_by(u) is start]
+    if not any(_computes_from(waits)):
+        return "other"
+    return "parameter" if None not in verdicts else "undecided"
 
 
 def node_direction(node: fx.Node) -> Direction:
@@ -314,13 +197,14 @@ def node_direction(node: fx.Node) -> Direction:
     return "backward" if node.meta.get("autograd_backward", False) else "forward"
 
 
-def _params(start: fx.Node, kind: str) -> tuple[str, ...]:
+def _params(start: fx.Node, kind: str, inputs: InputEvidence) -> tuple[str, ...]:
     owner = start.meta.get(META_KEY, {}).get("owner")
     if owner is not None:
         return (owner.param_fqn,)
     if kind != "all_gather":
         return ()
-    return parameter_sources(start) or ()
+    names = inputs.state or {}
+    return tuple(names.get(name, name) for name in parameter_sources(start) or ())
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
@@ -349,7 +233,7 @@ def _group_size(start: fx.Node, kind: CollectiveKind) -> int | None:
     return compat.registered_group_size(group_name(start))
 
 
-def _reached_users(starts: Iterable[fx.Node], follow: Callable[[fx.Node], bool]) -> Iterator[fx.Node]:
+def reached_users(starts: Iterable[fx.Node], follow: Callable[[fx.Node], bool]) -> Iterator[fx.Node]:
     """Every user reachable from ``starts``, depth first, walking on through the users ``follow`` accepts (each
     node once): the one walk the structural tests below share."""
     stack, seen = list(starts), set()
@@ -364,98 +248,25 @@ def _reached_users(starts: Iterable[fx.Node], follow: Callable[[fx.Node], bool])
                 stack.append(user)
 
 
-def _is_unary(node: fx.Node) -> bool:
-    return node.op != "output" and len(node.all_input_nodes) == 1
+def _role(start: fx.Node, kind: CollectiveKind, waits: list[fx.Node], partner: fx.Node | None,
+          inputs: InputEvidence) -> CollectiveRole:
+    """Evidence, strongest first: our bucketer merged it, the aot descriptors tied it to a parameter, or its
+    structure: an all-gather of confirmed parameter inputs through transparent ops only (``is_parameter_gather``),
+    a reduce-scatter whose result ends as a gradient (``gradients``: returned through unary ops, directly or
+    through its HSDP all-reduce, summed with other uses' partials, or consumed by an optimizer update traced into
+    the graph) and goes through no other reduce-scatter, an all-reduce chained with such a reduce-scatter."""
+    from overlapcfg.graph import gradients  # builds on this module's op vocabulary
 
-
-def _flows_to_outputs(node: fx.Node) -> bool:
-    """Every path from ``node`` reaches the graph outputs through single-input ops only (a gradient that is
-    returned, perhaps cast or viewed): torch's ``is_fsdp_reduce_scatter`` rule, for any node."""
-    return all(user.op == "output" or _is_unary(user) for user in _reached_users([node], _is_unary))
-
-
-_CHAIN_LIMIT = 16
-
-
-def _reduce_scatter_fed_by(wait: fx.Node) -> fx.Node | None:
-    """AR -> RS: the reduce-scatter start that reads this all-reduce wait through single-user transparent ops,
-    or through the copy-in of reduce-scatters another pass already merged (upstream leaves the all-reduces)."""
-    cur = wait
-    for _ in range(_CHAIN_LIMIT):
-        if len(cur.users) != 1:
-            return None
-        user = next(iter(cur.users))
-        if collective_kind(user) == "reduce_scatter" and user.args and (user.args[0] is cur or (
-                isinstance(user.args[0], (list, tuple)) and cur in user.args[0])):
-            return user
-        copy_in = user.target is compat.pre_bucket_reduce_scatter
-        if not copy_in and (not _is_transparent(user) or len(user.all_input_nodes) != 1):
-            return None
-        cur = user
-    return None
-
-
-def _reduce_scatter_read_by(all_reduce: fx.Node) -> fx.Node | None:
-    """RS -> AR: the reduce-scatter whose wait this all-reduce reads through single-input transparent ops."""
-    cur = all_reduce.args[0] if all_reduce.args else None
-    for _ in range(_CHAIN_LIMIT):
-        if not isinstance(cur, fx.Node):
-            return None
-        start = started_by(cur)
-        if start is not None:
-            return start if collective_kind(start) == "reduce_scatter" and len(cur.users) == 1 else None
-        if not _is_transparent(cur) or len(cur.all_input_nodes) != 1 or len(cur.users) != 1:
-            return None
-        cur = cur.all_input_nodes[0]
-    return None
-
-
-def _hsdp_pairs(waits_of: dict[fx.Node, list[fx.Node]]) -> dict[fx.Node, fx.Node]:
-    """All-reduce <-> reduce-scatter pairs that reduce one gradient on two groups (both directions in the map).
-
-    AR -> RS: the all-reduce's one wait feeds the reduce-scatter, whose result is returned. RS -> AR: the
-    all-reduce reads the reduce-scatter's one wait and its own result is returned. Anything else (an all-reduce
-    of an activation, a loss, a norm) pairs with nothing and stays ``other``.
-    """
-    pairs: dict[fx.Node, fx.Node] = {}
-    for start, waits in waits_of.items():
-        if collective_kind(start) != "all_reduce" or len(waits) != 1:
-            continue
-        rs = _reduce_scatter_fed_by(waits[0])
-        if rs is not None and len(waits_of.get(rs, ())) == 1 and _flows_to_outputs(waits_of[rs][0]):
-            pairs[start], pairs[rs] = rs, start
-            continue
-        rs = _reduce_scatter_read_by(start)
-        if rs is not None and _flows_to_outputs(waits[0]):
-            pairs[start], pairs[rs] = rs, start
-    return pairs
-
-
-def _reduced_again(waits: list[fx.Node]) -> bool:
-    """The result goes through another reduce-scatter before the output: this one is the tensor-parallel half of
-    a 2-D gradient reduction (FSDP + TP without sequence parallel reduce-scatters a row-parallel weight's gradient
-    on the tp group, then on the dp group), and only the last one, nearest the output, is FSDP's. torch's
-    ``is_fsdp_reduce_scatter`` accepts both (a reduce-scatter and a wait are single-input ops)."""
-    def follow(user: fx.Node) -> bool:  # views and casts, and a merged bucket's copy-in (the dp half, bucketed)
-        return user.op != "output" and (len(user.all_input_nodes) == 1 or _is_transparent(user)
-                                        or user.target is compat.pre_bucket_reduce_scatter)
-
-    return any(collective_kind(user) == "reduce_scatter" for user in _reached_users(waits, follow))
-
-def _role(start: fx.Node, kind: CollectiveKind, waits: list[fx.Node], partner: fx.Node | None) -> CollectiveRole:
-    """Evidence, strongest first: our bucketer merged it, the aot descriptors tied it to a parameter, or (for
-    graphs nobody annotated) its structure: an all-gather fed by parameter inputs through transparent ops only, a
-    reduce-scatter whose result flows to the graph outputs through unary ops only (directly or through its HSDP
-    all-reduce) and through no other reduce-scatter, an all-reduce chained with such a reduce-scatter."""
     ours = start.meta.get(META_KEY, {})
     merged = "bucket" in ours
     if kind == "all_gather":
-        return "fsdp_all_gather" if merged or "owner" in ours or is_parameter_gather(start) else "other"
+        return "fsdp_all_gather" if merged or "owner" in ours or is_parameter_gather(start, inputs) else "other"
     if kind == "reduce_scatter":
-        if not merged and _reduced_again(waits):
+        if not merged and gradients.reduced_again(waits):
             return "other"  # descriptors name the parameter for both halves: structure decides which is FSDP's
         fsdp = (merged or "owner" in ours or partner is not None or compat.is_fsdp_reduce_scatter(start)
-                or is_partial_gradient_scatter(start, waits))
+                or gradients.is_partial_gradient_scatter(start, waits)
+                or (len(waits) == 1 and gradients.ends_as_gradient(waits[0])))
         return "fsdp_reduce_scatter" if fsdp else "other"
     # The plain op only: torch's all-reduce merge takes single tensors (a coalesced all-reduce is left alone).
     if start.target is compat.ALL_REDUCE and ((merged and ours.get("kind") == "all_reduce") or partner is not None):
@@ -468,23 +279,28 @@ def find_collectives(
     module_fqn_fn: ModuleFqnFn,
     *,
     direction: Direction | None = None,
+    state_inputs: Mapping[str, str] | None = None,
 ) -> list[Collective]:
     """Every waited ``_c10d_functional`` collective in graph order, with its role (``CollectiveRole``).
 
     ``direction`` forces one direction for all (a forward or a backward graph from aot_autograd); ``None`` reads
-    it per node (joint graphs). Reduce-scatters and HSDP all-reduces are always backward.
+    it per node (whole-step graphs). Reduce-scatters and HSDP all-reduces are always backward. ``state_inputs``:
+    the tracer's ``{placeholder name: parameter FQN}`` (``overlapcfg.graph.parameters``), further evidence.
     """
+    from overlapcfg.graph import gradients  # builds on this module's op vocabulary
+
     waits_of: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.nodes:
         start = started_by(node)
         if start is not None:
             waits_of.setdefault(start, []).append(node)
-    partners = _hsdp_pairs(waits_of)
+    inputs = graph_inputs(graph, backward=_is_backward_graph(graph, direction), state=state_inputs)
+    partners = gradients.hsdp_pairs(waits_of)
     out: list[Collective] = []
     for start, waits in waits_of.items():
         kind = collective_kind(start) or "other"
         partner = partners.get(start)
-        role = _role(start, kind, waits, partner)
+        role = _role(start, kind, waits, partner, inputs)
         fsdp = role != "other"
         if kind == "reduce_scatter":
             size_node = start.args[0] if isinstance(start.args[0], (fx.Node, list, tuple)) else start
@@ -503,33 +319,15 @@ def find_collectives(
         owner_kind = "reduce_scatter" if owner_node is not start else kind
         out.append(Collective(start, tuple(waits), kind, role, dirn, group_name(start), _group_size(start, kind),
                               dtype, _nbytes(size_node), module_fqn_fn(owner_node) if fsdp else None,
-                              _params(owner_node, owner_kind) if fsdp else (), partner))
+                              _params(owner_node, owner_kind, inputs) if fsdp else (), partner))
     index = positions(graph)
     out.sort(key=lambda c: index[c.start])
-    out = _no_hsdp_on_activation_groups(out)
-    out = _one_owner_per_shared_gradient(out)
+    out = _undecided_gathers(out, inputs)
+    out = gradients.no_hsdp_on_activation_groups(out)
+    out = gradients.one_owner_per_shared_gradient(out)
     owner_of = {c.start: c.module_fqn for c in out if c.role == "fsdp_reduce_scatter"}
     return [dataclasses.replace(c, module_fqn=owner_of.get(c.partner, c.module_fqn))
             if c.role == "hsdp_all_reduce" and c.partner is not None else c for c in out]
-
-
-def _no_hsdp_on_activation_groups(collectives: list[Collective]) -> list[Collective]:
-    """An all-reduce chained with an FSDP reduce-scatter is HSDP's replicate half only on a group that carries
-    gradients alone. On a group that also carries activations (a tensor-parallel group: sequence-parallel
-    gathers, row-parallel all-reduces), the same chain is tensor parallel's reduction of a replicated weight's
-    partial gradient (norm weights), and tensor-parallel collectives are never merged or moved."""
-    activation_groups = {c.group for c in collectives if c.role == "other" and feeds_compute(c)}
-    demoted = {c.start for c in collectives if c.role == "hsdp_all_reduce" and c.group in activation_groups
-               and "bucket" not in c.start.meta.get(META_KEY, {})}
-    if not demoted:
-        return collectives
-    note = (f"{len(demoted)} all-reduce(s) on group(s) "
-            f"{', '.join(sorted({repr(c.group) for c in collectives if c.start in demoted}))} are chained with FSDP "
-            "reduce-scatters like HSDP's, but their group also carries activation collectives (tensor parallel): "
-            "left alone, never bucketed")
-    return [dataclasses.replace(c, role="other", module_fqn=None, params=(), partner=None, note=note)
-            if c.start in demoted else dataclasses.replace(c, partner=None) if c.partner in demoted else c
-            for c in collectives]
 
 
 def feeds_compute(c: Collective) -> bool:
@@ -537,29 +335,36 @@ def feeds_compute(c: Collective) -> bool:
     collective (tensor / sequence parallel, expert all-to-all), on the critical path between the compute that
     makes and the compute that reads it. A gradient's reduction, which flows to the outputs or into another
     collective, is not."""
+    return any(_computes_from(c.waits))
+
+
+def _computes_from(waits: Iterable[fx.Node]) -> Iterator[bool]:
+    """For each node reached from ``waits`` through anything but the output and collectives: whether it computes
+    (is neither transparent nor a merged bucket's copy-in)."""
     def passes(user: fx.Node) -> bool:  # not the output, nor into another collective or its wait
         return user.op != "output" and not is_collective_start(user) and started_by(user) is None
 
-    def computes(user: fx.Node) -> bool:
-        return passes(user) and user.op == "call_function" and not _is_transparent(user) \
+    for user in reached_users(waits, passes):
+        yield passes(user) and user.op == "call_function" and not _is_transparent(user) \
             and user.target is not compat.pre_bucket_reduce_scatter
 
-    return any(computes(user) for user in _reached_users(c.waits, passes))
 
-def _one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collective]:
-    """Partial gradients of one shared parameter (tied embeddings: one reduce-scatter per use, summed) belong to
-    one module, the one that used the parameter first in forward: the partial whose reduce-scatter backward issues
-    last. That is also the owner the aot descriptors name (dynamo names a parameter by its first access), so a
-    graph with and without descriptors buckets the same way."""
-    sums: dict[fx.Node, list[int]] = {}
-    for i, c in enumerate(collectives):
-        if c.kind == "reduce_scatter" and c.fsdp and len(c.waits) == 1 and len(c.waits[0].users) == 1:
-            total = next(iter(c.waits[0].users))
-            if compat.op_name(total.target) == "aten.add":
-                sums.setdefault(total, []).append(i)
-    for members in sums.values():
-        owner = collectives[members[-1]].module_fqn  # graph order: the last issued
-        if len(members) > 1 and owner is not None:
-            for i in members:
-                collectives[i] = dataclasses.replace(collectives[i], module_fqn=owner)
-    return collectives
+def _is_backward_graph(graph: fx.Graph, direction: Direction | None) -> bool:
+    """A split backward graph: forced, or every compute node tagged ``autograd_backward`` (a whole-step graph holds
+    forward compute too)."""
+    if direction is not None:
+        return direction == "backward"
+    compute = [n for n in graph.nodes if n.op == "call_function" and is_compute_node(n)]
+    return bool(compute) and all(node_direction(n) == "backward" for n in compute)
+
+
+def _undecided_gathers(collectives: list[Collective], inputs: InputEvidence) -> list[Collective]:
+    """All-gathers shaped like FSDP's whose inputs the graph cannot confirm as parameters, on a group that carries
+    FSDP traffic (a tensor-parallel group's activation gathers are not FSDP-shaped in this sense): left alone and
+    marked ``unattributed`` with the cause, so the pass counts them as uncovered and ``strict`` /
+    ``require_full_coverage`` refuse the graph instead of silently leaving them unbucketed."""
+    dp_groups = {c.group for c in collectives if c.fsdp}
+    reason = inputs.undecided_reason()
+    return [dataclasses.replace(c, unattributed=reason)
+            if c.kind == "all_gather" and not c.fsdp and c.group in dp_groups
+            and _gather_verdict(c.start, inputs) == "undecided" else c for c in collectives]

@@ -75,6 +75,12 @@ class BucketRecord(ResolvedBucket):
     """Bytes each rank holds: ``unsharded_bytes / world_size``."""
     collectives: tuple[CollectiveChange, ...] = ()
     decisions: tuple[DepthDecision, ...] = ()
+    reshard_after_forward: bool | int | None = None
+    """The plan entry's ``reshard_after_forward`` (None: not set). On a whole-step graph ``false`` makes the backward
+    read the forward's gathered parameters instead of re-gathering them (``overlapcfg.passes.keep_unsharded``)."""
+    held_bytes: int = 0
+    """Unsharded bytes the pass keeps alive from their forward gather to their last backward use instead of
+    re-gathering them (``reshard_after_forward: false``): memory held for the backward half of the step."""
 
     def changes(self, direction: str, kind: str) -> CollectiveChange | None:
         return next((c for c in self.collectives if (c.direction, c.kind) == (direction, kind)), None)

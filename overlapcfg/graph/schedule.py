@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
+from overlapcfg import compat
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.graph.collectives import Direction, is_collective_start, is_compute_node, node_direction, positions
 from overlapcfg.graph.merge import MergedCollective
@@ -181,7 +182,7 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
         records += _place_delayed(plan, _steps(merged, kind, "backward", index), index, keys, deps, chained)
     for start in chained:  # the second half of an HSDP chain: issued as soon as the first half's result is ready
         keys[start] = (-1, 0, 0, index[start])
-    _reorder(graph, keys, deps)
+    _reorder(graph, keys, deps, _writes_in_place(graph, index))
     order = positions(graph)
     overlap_deps = tuple(sorted(((n, tuple(d)) for n, d in deps.items()), key=lambda item: order[item[0]]))
     return ScheduleResult(tuple(records), overlap_deps)
@@ -287,14 +288,42 @@ def _place_delayed(plan: ResolvedPlan, steps: Sequence[Step], index: dict[fx.Nod
     return records
 
 
-def _reorder(graph: fx.Graph, keys: dict[fx.Node, Key], deps: dict[fx.Node, list[fx.Node]]) -> None:
-    """Emit nodes by smallest key among those whose inputs and ``deps`` (must-run-after) are placed: a stable,
-    deterministic topological sort in which every placement decision also holds as an edge."""
+def _writes_in_place(graph: fx.Graph, index: dict[fx.Node, int]) -> dict[fx.Node, list[fx.Node]]:
+    """``(node, must-run-after)`` edges ordering every in-place write after the reads of its target that came
+    before it, and before those after it (graph order).
+
+    A whole-step graph with the optimizer traced in updates the parameters and the optimizer's moments in place
+    (``_foreach_addcdiv_(params, ...)``); data edges alone would let a read of a parameter move past the update of
+    that parameter. Reads are the other users of the written node and of the nodes whose storage it shares (views
+    of a graph input, an in-place op's result). Emission only: these are not overlap decisions, so they are not
+    handed to ``insert_overlap_deps`` (inductor orders mutations itself).
+    """
+    edges: dict[fx.Node, list[fx.Node]] = {}
+    for node in graph.nodes:
+        written = compat.written_inputs(node) if node.op == "call_function" else ()
+        for target in written:
+            aliases = [target, *(u for u in target.users if compat.may_alias_input(u))]
+            readers = sorted({u for a in aliases for u in a.users} - {node}, key=index.__getitem__)
+            for reader in readers:
+                if reader.op == "output":
+                    continue
+                if index[reader] < index[node]:
+                    edges.setdefault(node, []).append(reader)
+                else:
+                    edges.setdefault(reader, []).append(node)
+    return edges
+
+
+def _reorder(graph: fx.Graph, keys: dict[fx.Node, Key], deps: dict[fx.Node, list[fx.Node]],
+             writes: dict[fx.Node, list[fx.Node]] | None = None) -> None:
+    """Emit nodes by smallest key among those whose inputs and ``deps`` / ``writes`` (must-run-after) are placed: a
+    stable, deterministic topological sort in which every placement decision also holds as an edge."""
     nodes = list(graph.nodes)
-    pending = {n: len(n.all_input_nodes) + len(set(deps.get(n, ()))) for n in nodes}
+    must = {n: {*deps.get(n, ()), *(writes or {}).get(n, ())} - set(n.all_input_nodes) for n in nodes}
+    pending = {n: len(n.all_input_nodes) + len(must[n]) for n in nodes}
     after: dict[fx.Node, list[fx.Node]] = {}
-    for node, befores in deps.items():
-        for before in set(befores):
+    for node, befores in must.items():
+        for before in befores:
             after.setdefault(before, []).append(node)
     heap = [(keys[n], n.name, n) for n in nodes if pending[n] == 0]
     heapq.heapify(heap)

@@ -38,7 +38,7 @@ from overlapcfg.graph.attribution import (
     stack_module_fqn,
     with_parents,
 )
-from overlapcfg.graph.collectives import mark_saved_parameter_views, saved_parameter_views
+from overlapcfg.graph.parameters import mark_saved_parameter_views, saved_parameter_views
 
 __all__ = ["CapturedStep", "GraphBackend", "GraphCompiler", "GraphName", "GraphPass", "boxed_eager",
            "module_tree"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal, TypeAlias
 
 from torch import fx
@@ -30,13 +30,7 @@ from overlapcfg.config import OverlapConfig
 from overlapcfg.config.plan import Bucket
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
-from overlapcfg.graph.collectives import (
-    Collective,
-    Direction,
-    find_collectives,
-    is_parameter_placeholder,
-    placeholder_sources,
-)
+from overlapcfg.graph.collectives import Collective, Direction, find_collectives
 from overlapcfg.graph.merge import MergedCollective, attribute
 from overlapcfg.graph.meta import META_KEY
 from overlapcfg.graph.record import (
@@ -50,6 +44,7 @@ from overlapcfg.graph.record import (
     group_traffic,
 )
 from overlapcfg.graph.verify import summarize, verify
+from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting
 from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
 from overlapcfg.strategies import PassContext, Strategy, get_strategy
 
@@ -82,10 +77,11 @@ def _ignored_settings(cfg: OverlapConfig, strategy: Strategy, root: str) -> tupl
         notes.append(f"{root}.overrides are ignored: strategy {cfg.strategy!r} does not bucket by plan")
     if not strategy.reads_policy and cfg.policy != type(cfg.policy)():
         notes.append(f"{root}.policy is ignored: strategy {cfg.strategy!r} reads no policy")
-    for i, entry in enumerate(cfg.plan.buckets if cfg.plan is not None else ()):
-        if isinstance(entry, Bucket) and entry.reshard_after_forward is not None:
-            notes.append(f"{root}.plan.buckets[{i}].reshard_after_forward is ignored: it applies to "
-                         "overlapcfg.fully_shard (eager FSDP2); a compiled graph's resharding is fixed when traced")
+    if not strategy.uses_plan:
+        for i, entry in enumerate(cfg.plan.buckets if cfg.plan is not None else ()):
+            if isinstance(entry, Bucket) and entry.reshard_after_forward is not None:
+                notes.append(f"{root}.plan.buckets[{i}].reshard_after_forward is ignored: strategy "
+                             f"{cfg.strategy!r} does not bucket by plan")
     return tuple(notes)
 
 
@@ -107,19 +103,25 @@ def apply(
     config_root: str | None = None,
     for_compiler: bool = False,
     strict: bool | None = None,
+    state_inputs: Mapping[str, str] | None = None,
 ) -> fx.GraphModule:
     """Bucket and schedule the FSDP collectives of ``gm`` as ``cfg`` says; returns ``gm`` (modified in place).
 
     ``cfg``: a validated config (``overlapcfg.load_config`` turns YAML, dicts and Hydra nodes into one).
     ``module_fqn_fn(node)`` names the module a node belongs to; by default the evidence order of
-    ``overlapcfg.graph.attribution`` (aot descriptors as annotated by the backend, ``meta["custom"]``, module
-    stacks of any dynamo root). ``module_fqns``: the model's module FQNs for pattern matching (default: those seen
-    in the graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``auto`` reads each
-    node's metadata. ``config_root``: where the config sits in the user's tree, so plan faults read
-    ``trainer.overlap.plan.buckets[1]: ...`` (default: where ``load_config``/``from_hydra`` found it,
-    ``cfg.config_root``). ``for_compiler=True``: the graph goes on to a compiler that reads
-    fake-tensor metadata (inductor), so every new node gets its own ``meta["val"]``. ``strict``: overrides
-    ``cfg.strict`` (nothing reaching a bucket is an error instead of a warning).
+    ``overlapcfg.graph.attribution`` (aot descriptors as annotated by the backend, ``meta["custom"]``, module stacks
+    of any dynamo root). ``module_fqns``: the model's module FQNs for pattern matching (default: those seen in the
+    graph). ``graph_kind``: ``forward``/``backward`` for aot_autograd's separate graphs; ``joint`` for a whole-step
+    graph (forward, loss, backward and perhaps the optimizer in one: torchtitan graph_trainer's ``make_fx`` trace),
+    whose direction is read per node from ``autograd_backward`` (recomputed forward ops are the backward's);
+    ``auto`` reads each node's metadata likewise. ``config_root``: where the config sits in the user's tree, so plan
+    faults read ``trainer.overlap.plan.buckets[1]: ...`` (default: where ``load_config``/``from_hydra`` found it,
+    ``cfg.config_root``). ``for_compiler=True``: the graph goes on to a compiler that reads fake-tensor metadata
+    (inductor), so every new node gets its own ``meta["val"]``. ``strict``: overrides ``cfg.strict`` (nothing
+    reaching a bucket, or an FSDP-shaped all-gather nobody can attribute, is an error instead of a warning).
+    ``state_inputs``: ``{placeholder name: parameter FQN}`` for the inputs the tracer fed from the model's state
+    (``overlapcfg.graph.parameters.state_input_names``): further evidence; an input it does not name is never a
+    parameter, and the record names parameters by these FQNs.
     """
     if not isinstance(cfg, OverlapConfig):
         raise TypeError(f"apply takes a validated OverlapConfig, got {type(cfg).__name__}; build one with "
@@ -130,10 +132,10 @@ def apply(
         cfg = cfg.model_copy(update={"strict": strict})
     fn = module_fqn_fn or module_fqn
     forced = _forced_direction(graph_kind)
-    collectives = find_collectives(gm.graph, fn, direction=forced)
+    collectives = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
     fsdp = [c for c in collectives if c.fsdp]
     strategy = get_strategy(cfg.strategy)
-    notes = (*_ignored_settings(cfg, strategy, config_root), *_saved_tensor_gathers(collectives),
+    notes = (*_ignored_settings(cfg, strategy, config_root), *_unattributed_gathers(collectives),
              *_left_alone_chains(collectives))
     if not fsdp:
         _no_fsdp_collectives(gm, cfg, collectives)
@@ -148,7 +150,7 @@ def apply(
         depths = cfg.policy if isinstance(cfg.policy, DepthSource) else None
         plan = resolve_plan(cfg.plan, fqns, owners, overrides=cfg.overrides, policy=depths,
                             path=f"{config_root}.plan", overrides_path=f"{config_root}.overrides")
-        _check_attributed(fsdp, cfg, config_root)
+        _check_attributed(collectives, cfg, config_root)
         merged_before = _already_merged(fsdp)
         if merged_before and plan.buckets:
             raise UnsupportedGraphError(
@@ -159,30 +161,40 @@ def apply(
     covered, uncovered = attribute(collectives, plan)
     if strategy.uses_plan and cfg.plan is not None and not covered:
         _nothing_covered(cfg, fsdp, config_root)
+    if strategy.uses_plan and plan.buckets and cfg.strict:
+        _refuse_unattributed(collectives, cfg)
     if covered and not compat.process_group_initialized():
         raise UnsupportedGraphError(
             "overlapcfg.apply: merging collectives needs the process group the graph was traced for (torch's merge "
             "helpers write this rank into the graph), and none is initialized. Run the pass where the graph is "
             "compiled (overlapcfg.backend does), inside torch.distributed.init_process_group, or for a graph "
             "inspected offline inside overlapcfg.compat.fake_process_group(world_size)")
-    ctx = PassContext(plan, cfg.policy, tuple(collectives), tuple(covered), tuple(uncovered), forced, fn,
-                      fresh_fake_values=for_compiler)
     summary = summarize(gm, direction=forced) if cfg.verify else None
     backup = compat.copy_graph(gm.graph)
+    kept = KeepResult()
     try:
+        now, scheduled, left = collectives, covered, uncovered
+        if strategy.uses_plan and plan.buckets:
+            kept = keep_unsharded(gm, cfg, plan, covered, forced=forced, root=config_root)
+        if kept.removed:  # the strategy schedules what is left; the record counts from the original graph
+            now = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
+            scheduled, left = attribute(now, plan)
+        ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
+                          fresh_fake_values=for_compiler)
         result = strategy.run(gm, ctx)
         gm.graph.lint()
         if summary is not None:
-            verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]")
+            verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]",
+                   reused_regathers=kept.removed)
     except BaseException:
         gm.graph = backup  # nothing half-applied: the caller gets the graph it gave us
         gm.recompile()
         raise
     gm.recompile()
-    after = find_collectives(gm.graph, fn, direction=forced)
-    notes = (*notes, *result.notes, *_unbucketed_all_reduces(cfg, covered, result.merged))
+    after = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
+    notes = (*notes, *kept.notes, *result.notes, *_unbucketed_all_reduces(cfg, covered, result.merged))
     record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
-                     started, notes, strategy_uses_plan=strategy.uses_plan)
+                     started, notes, strategy_uses_plan=strategy.uses_plan, kept=kept)
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm
@@ -196,22 +208,25 @@ def _left_alone_chains(collectives: Sequence[Collective]) -> tuple[str, ...]:
     return notes
 
 
-def _saved_tensor_gathers(collectives: Sequence[Collective]) -> tuple[str, ...]:
-    """All-gathers of backward inputs that are saved forward tensors with no descriptor: with FSDP + TP and
-    reshard-after-forward they are parameter re-gathers of forward-saved shard views, but a backward graph alone
-    cannot tell them from gathers of saved activations. Left alone, said loudly, with what resolves it."""
-    found = [c.start.name for c in collectives if c.kind == "all_gather" and c.role == "other"
-             and (sources := placeholder_sources(c.start))
-             and all(s.meta.get("desc") is None and not is_parameter_placeholder(s) for s in sources)]
+def _unattributed_gathers(collectives: Sequence[Collective]) -> tuple[str, ...]:
+    """All-gathers shaped like FSDP parameter gathers whose inputs the graph cannot confirm as parameters
+    (``Collective.unattributed``): left where they are, counted as uncovered, said loudly with the cause."""
+    found = [c for c in collectives if c.unattributed]
     if not found:
         return ()
-    shown = ", ".join(found[:4]) + (f" ... ({len(found)} in all)" if len(found) > 4 else "")
-    message = (f"overlapcfg: {len(found)} all-gathers read saved forward tensors directly ({shown}) and are left "
-               "alone: they may be parameter re-gathers of forward-saved shard views (FSDP + TP with "
-               "reshard-after-forward), which this graph alone cannot tell from saved activations; "
-               "overlapcfg.backend sees the forward graph and buckets them")
+    names = [c.start.name for c in found]
+    shown = ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
+    causes = "; ".join(dict.fromkeys(c.unattributed for c in found if c.unattributed))
+    message = (f"overlapcfg: {len(found)} all-gathers look like FSDP parameter gathers ({shown}) but are left "
+               f"unbucketed and counted as uncovered: {causes}")
     _warn_once(message)
     return (message,)
+
+
+def _refuse_unattributed(collectives: Sequence[Collective], cfg: OverlapConfig) -> None:
+    found = [c for c in collectives if c.unattributed]
+    if found:
+        raise UnsupportedGraphError(f"{_unattributed_gathers(found)[0]} (overlap.strict is set)")
 
 
 def _unbucketed_all_reduces(cfg: OverlapConfig, covered: Sequence[tuple[int, Collective]],
@@ -244,18 +259,30 @@ def _no_fsdp_collectives(gm: fx.GraphModule, cfg: OverlapConfig, collectives: Se
         _warn_once(message)
 
 
-def _check_attributed(fsdp: Sequence[Collective], cfg: OverlapConfig, root: str) -> None:
-    """With ``require_full_coverage``, a collective nobody can attribute is a coverage fault, not a silent skip."""
+def _check_attributed(collectives: Sequence[Collective], cfg: OverlapConfig, root: str) -> None:
+    """With ``require_full_coverage``, a collective nobody can attribute is a coverage fault, not a silent skip:
+    an FSDP collective without an owning module, or an FSDP-shaped all-gather whose inputs the graph cannot
+    confirm as parameters."""
     if cfg.plan is None or not cfg.plan.require_full_coverage:
         return
-    unknown = [c.start.name for c in fsdp if c.module_fqn is None]
+    faults = []
+    unknown = [c.start.name for c in collectives if c.fsdp and c.module_fqn is None]
     if unknown:
-        raise OverlapConfigError([Fault(
+        faults.append(Fault(
             f"{root}.plan.require_full_coverage",
             f"{len(unknown)} FSDP collective(s) cannot be attributed to a module ({', '.join(unknown[:6])}"
             f"{' ...' if len(unknown) > 6 else ''}): the graph has no aot descriptors, meta['custom']"
-            "['module_fqn'] or module stacks for them; pass module_fqn_fn= to apply")],
-            header="the bucket plan does not fit the model")
+            "['module_fqn'] or module stacks for them; pass module_fqn_fn= to apply"))
+    undecided = [c for c in collectives if c.unattributed]
+    if undecided:
+        names = [c.start.name for c in undecided]
+        faults.append(Fault(
+            f"{root}.plan.require_full_coverage",
+            f"{len(undecided)} all-gather(s) look like FSDP parameter gathers ({', '.join(names[:6])}"
+            f"{' ...' if len(names) > 6 else ''}) but cannot be attributed: "
+            f"{'; '.join(dict.fromkeys(c.unattributed for c in undecided if c.unattributed))}"))
+    if faults:
+        raise OverlapConfigError(faults, header="the bucket plan does not fit the model")
 
 
 def _nothing_covered(cfg: OverlapConfig, fsdp: Sequence[Collective], root: str) -> None:
@@ -271,9 +298,9 @@ def _nothing_covered(cfg: OverlapConfig, fsdp: Sequence[Collective], root: str) 
     _warn_once(message)
 
 
-def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]],
+def _bucket_records(cfg: OverlapConfig, plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]],
                     merged: Sequence[MergedCollective], after: Sequence[Collective],
-                    decisions: Sequence[DepthDecision]) -> tuple[BucketRecord, ...]:
+                    decisions: Sequence[DepthDecision], kept: KeepResult) -> tuple[BucketRecord, ...]:
     before_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     nbytes: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     params: list[dict[str, None]] = [{} for _ in plan.buckets]
@@ -304,7 +331,8 @@ def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]
 
     return tuple(
         BucketRecord(**dict(b), params=tuple(params[i]), param_count=len(params[i]), unsharded_bytes=gathered[i],
-                     collectives=changes(i), decisions=tuple(d for d in decisions if d.bucket == b.name))
+                     collectives=changes(i), decisions=tuple(d for d in decisions if d.bucket == b.name),
+                     reshard_after_forward=reshard_setting(cfg, plan, i), held_bytes=kept.held_bytes(i))
         for i, b in enumerate(plan.buckets)
     )
 
@@ -312,16 +340,17 @@ def _bucket_records(plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]
 def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: ResolvedPlan,
             before: Sequence[Collective], after: Sequence[Collective], covered: Sequence[tuple[int, Collective]],
             merged: Sequence[MergedCollective], decisions: Sequence[DepthDecision], started: float,
-            notes: tuple[str, ...], *, strategy_uses_plan: bool = True) -> PassRecord:
+            notes: tuple[str, ...], *, strategy_uses_plan: bool = True, kept: KeepResult | None = None) -> PassRecord:
     if strategy_uses_plan:
         _, uncovered = attribute(before, plan) if plan.buckets else ((), [c for c in before if c.fsdp])
     else:  # the strategy buckets by its own rules (auto) or not at all (none): "uncovered" would mislead
         uncovered = []
+    uncovered = [*uncovered, *(c for c in before if c.unattributed and strategy_uses_plan)]
     name = graph_kind if graph_kind in ("forward", "backward") else "graph"
     record = PassRecord(
         strategy=cfg.strategy,
         graph_kind=graph_kind,
-        buckets=_bucket_records(plan, covered, merged, after, decisions),
+        buckets=_bucket_records(cfg, plan, covered, merged, after, decisions, kept or KeepResult()),
         decisions=tuple(decisions),
         before=count_collectives(before),
         after=count_collectives(after),

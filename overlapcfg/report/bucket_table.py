@@ -6,7 +6,8 @@ and a ``why`` cell for every depth that was lowered, the end of the graph includ
 index, its text once under the table. Buckets that differ only in their layer index (same entry, sizes,
 collectives, depths and reasons) are one row named by the range (``layers.1`` to ``layers.31`` with an en dash
 between 1 and 31) with ``(31 buckets, identical)`` under it, so a 32-layer model is a handful of rows;
-``report.json`` keeps every bucket.
+``report.json`` keeps every bucket. A ``held`` column appears where a bucket keeps its gathered parameters from
+forward to backward (``reshard_after_forward: false`` on a whole-step graph): the memory that costs.
 
 Rendering only: every value comes from the report's ``BucketRecord``s.
 """
@@ -85,7 +86,7 @@ def _why(b: BucketRecord) -> str:
 
 def _signature(b: BucketRecord, kinds: Sequence[tuple[str, str]]) -> tuple[object, ...]:
     """Everything a row shows except the name: rows with equal signatures say the same thing."""
-    return (b.entry_index, b.param_count, b.numel, b.unsharded_bytes, b.sharded_bytes,
+    return (b.entry_index, b.param_count, b.numel, b.unsharded_bytes, b.sharded_bytes, b.held_bytes,
             tuple(_cell(b, *k) for k in kinds), _why(b))
 
 
@@ -164,15 +165,22 @@ def bucket_table(title: str, buckets: Sequence[BucketRecord], *, world_size: int
     table.add_column("entry", justify="right", no_wrap=True)
     table.add_column("params", justify="right", no_wrap=True)
     table.add_column("unsharded", justify="right", no_wrap=True)
+    held = any(b.held_bytes for b in buckets)
+    if held:
+        table.add_column("held", justify="right", no_wrap=True)
     for direction, kind in kinds:
         table.add_column(_header(direction, kind), no_wrap=True)
     table.add_column("why (depth lowered)", style="yellow", min_width=12)
     for row in rows:
         b = row.bucket
+        held_cell = [fmt_bytes(b.held_bytes) if b.held_bytes else ""] if held else []
         table.add_row(_bucket_cell(row), f"[{b.entry_index}]", str(b.param_count), fmt_bytes(b.unsharded_bytes),
-                      *(_cell(b, *k) for k in kinds), escape(_why(b)))
+                      *held_cell, *(_cell(b, *k) for k in kinds), escape(_why(b)))
     entries = plan_entries(buckets)
     one_line = "plan entries: " + " · ".join(entries)
     text = one_line if len(one_line) <= _ENTRIES_ON_ONE_LINE else "\n  ".join(["plan entries:", *entries])
     sharded = f"unsharded: bytes one all-gather brings in; each of the {world_size} ranks keeps 1/{world_size} of it"
+    if held:
+        sharded += ("\nheld: unsharded bytes kept from the forward gather to the backward instead of gathered again "
+                    "(reshard_after_forward: false)")
     return Group(table, Text("\n".join([text, sharded]) if entries else sharded, style="dim"))

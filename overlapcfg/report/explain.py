@@ -138,6 +138,7 @@ def _bucket(name: str, recs: Sequence[BucketRecord], step: CapturedStep | None,
         "collectives": tuple(CollectiveChange(direction=d, kind=k, before=v[0], after=v[1], unsharded_bytes=v[2])
                              for (d, k), v in sorted(changes.items(), key=_change_order)),
         "decisions": tuple(d for rec in recs for d in rec.decisions),
+        "held_bytes": sum(rec.held_bytes for rec in recs),
     })
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from . import graph_trainer as G
 from . import models as M
 
 __all__ = [
@@ -37,16 +38,22 @@ __all__ = [
     "collectives",
     "compute_order_numels",
     "counts",
+    "custom_module",
+    "direction",
     "expected_depths",
     "exit_without_reporting",
     "gathered_param",
+    "joint_apply",
     "merged",
+    "of_direction",
     "param_shapes",
     "parity_worker",
     "prefetch_depths",
     "reduce_scatter_delays",
     "reduced_param",
     "signature",
+    "summed_partials",
+    "whole_step_bucket_numels",
     "source_fqn",
     "spied_backend",
 ]
@@ -95,6 +102,28 @@ def _tt_bucket(fqn: str) -> str:
     raise AssertionError(f"no bucket for {fqn}")
 
 
+def _t5_bucket(fqn: str) -> str:
+    """``T5_PLAN`` by hand. The shared embedding's owner is the module that uses it first (``encoder.embed_tokens``),
+    whichever use a collective serves; ``decoder.embed_tokens`` and ``lm_head`` own nothing else."""
+    parts = fqn.split(".")
+    if parts[0] in ("shared", "lm_head") or parts[1:2] == ["embed_tokens"]:
+        return "embed"
+    if parts[1] == "block":
+        return f"{parts[0]}.block.{parts[2]}"
+    if fqn == "encoder.final_layer_norm":
+        return "encoder.final_layer_norm"
+    if fqn == "decoder.final_layer_norm":
+        return "head"
+    raise AssertionError(f"no bucket for {fqn}")
+
+
+T5_PLAN: dict[str, Any] = {
+    "buckets": ["encoder.embed_tokens", "encoder.block.*", "encoder.final_layer_norm", "decoder.block.*",
+                ["decoder.final_layer_norm", "lm_head"]],
+    "require_full_coverage": True,
+}
+
+
 MIXTRAL_PLAN: dict[str, Any] = {
     "buckets": [
         "model.embed_tokens",
@@ -116,6 +145,12 @@ class Case:
     bucket_of: Callable[[str], str]
     hf: str | None = None  # models.<hf> builder
     torchtitan: str | None = None  # data_parallel mode
+    graph_trainer: str | None = None  # graph_trainer.build_model name (torchtitan's graph-trainer models)
+
+    @property
+    def needs_group(self) -> bool:
+        """torchtitan's DeviceMesh binds the process group at shard time: build inside it."""
+        return self.torchtitan is not None or self.graph_trainer is not None
 
     def config(self, depth: int, **extra: Any) -> dict[str, Any]:
         """A ``manual`` config asking for ``depth`` everywhere (prefetch both ways, reduce-scatter delay)."""
@@ -130,6 +165,8 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("hf_tied", 2, "hf_decoder_layers", _hf_bucket, hf="hf_tied"),
     Case("tt_fully_shard", 2, "torchtitan_layers", _tt_bucket, torchtitan="fully_shard"),
     Case("tt_hybrid_shard", 4, "torchtitan_layers", _tt_bucket, torchtitan="hybrid_shard"),
+    Case("hf_t5", 2, T5_PLAN, _t5_bucket, hf="hf_t5"),
+    Case("tt_qwen3_tied", 2, "torchtitan_layers", _tt_bucket, graph_trainer="qwen3_tied"),
 )}
 
 
@@ -137,6 +174,14 @@ def build(case: Case, rank: int = 0) -> tuple[nn.Module, Callable[[], M.Batch]]:
     """The case's model sharded for ``rank`` (torchtitan: needs the default process group already open)."""
     if case.torchtitan is not None:
         return M.torchtitan_llama3(case.torchtitan)
+    if case.graph_trainer is not None:
+        model = G.build_model(case.graph_trainer)
+        tokens, labels, _ = G.batch()
+
+        def make_batch() -> M.Batch:
+            return (tokens,), M._logits_loss(labels)
+
+        return model, make_batch
     assert case.hf is not None
     model, make_batch = getattr(M, case.hf)()
     M.shard_simple_fsdp(model, world_size=case.world_size, rank=rank, reshard_after_forward=True)
@@ -144,10 +189,11 @@ def build(case: Case, rank: int = 0) -> tuple[nn.Module, Callable[[], M.Batch]]:
 
 
 def param_shapes(model: nn.Module, world_size: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """``user FQN -> (local shard shape, full shape)``. DTensor parameters know both; ``shard_simple_fsdp`` shards
-    are dim-0 chunks of ``world_size``."""
+    """``user FQN -> (local shard shape, full shape)``, every name of a shared parameter included (dynamo names a
+    shared weight by its first access: T5's ``encoder.embed_tokens.weight``, not ``shared.weight``). DTensor
+    parameters know both shapes; ``shard_simple_fsdp`` shards are dim-0 chunks of ``world_size``."""
     out: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    for name, p in model.named_parameters():
+    for name, p in model.named_parameters(remove_duplicate=False):
         to_local = getattr(p, "to_local", None)
         if to_local is not None:  # DTensor
             out[name] = (tuple(to_local().shape), tuple(p.shape))
@@ -227,6 +273,65 @@ def expected_depths(k: int, n: int) -> list[int]:
     return [min(k, n - 1 - j) for j in range(n)]
 
 
+# --- whole-step graphs: both directions in one graph -----------------------------------------------------------------
+
+def direction(node: fx.Node) -> str:
+    """``backward`` for nodes autograd (or torchtitan's remat pass, for recomputed forward ops) tagged
+    ``autograd_backward``, else ``forward``; merged collectives inherit the tag of what they merge."""
+    return "backward" if node.meta.get("autograd_backward", False) else "forward"
+
+
+def of_direction(colls: Sequence[Coll], which: str) -> list[Coll]:
+    return [c for c in colls if direction(c.start) == which]
+
+
+def custom_module(node: fx.Node) -> str:
+    """torchtitan's own annotation of the module a node belongs to (``annotate_module_fqns``)."""
+    fqn = (node.meta.get("custom") or {}).get("module_fqn")
+    if not isinstance(fqn, str):
+        raise AssertionError(f"{node.name}: no meta['custom']['module_fqn']")
+    return fqn
+
+
+def whole_step_bucket_numels(original: fx.GraphModule, kind: str, which: str,
+                             bucket_of: Callable[[str], str]) -> dict[str, int]:
+    """Full-size elements per bucket over the original collectives of ``kind`` in direction ``which``, first use
+    order (all-gathers: by first wait; reduce-scatters: by first start). A collective's module is torchtitan's
+    annotation; the partial gradients of one shared weight (reduce-scatter waits summed by a tree of adds) all
+    belong to the module whose partial is issued last (its first user in forward)."""
+    pos = _positions(original)
+    colls = of_direction([c for c in collectives(original) if c.kind == kind], which)
+    owner: dict[fx.Node, str] = {c.start: custom_module(c.start) for c in colls}
+    if kind == "reduce_scatter":
+        trees: dict[fx.Node, list[Coll]] = {}
+        for c in colls:
+            root = summed_partials(c.wait)
+            if root is not None:
+                trees.setdefault(root, []).append(c)
+        for members in trees.values():
+            last = max(members, key=lambda c: pos[c.start])
+            for c in members:
+                owner[c.start] = owner[last.start]
+    firsts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for c in colls:
+        bucket = bucket_of(owner[c.start])
+        sizes[bucket] = sizes.get(bucket, 0) + c.numel
+        at = pos[c.wait] if kind == "all_gather" else pos[c.start]
+        firsts[bucket] = min(firsts.get(bucket, at), at)
+    return {b: sizes[b] for b in sorted(firsts, key=firsts.__getitem__)}
+
+
+def joint_apply(gm: fx.GraphModule, cfg: Mapping[str, Any]) -> fx.GraphModule:
+    """``overlapcfg.apply(gm, cfg, graph_kind="joint")``: the transform the whole-step gloo parity worker
+    (``graph_trainer.whole_step_parity_worker``) runs on each rank; with ``parity_worker`` the only use of
+    overlapcfg in this module."""
+    import overlapcfg
+    from overlapcfg.passes import apply
+
+    return apply(gm, overlapcfg.load_config(dict(cfg)), graph_kind="joint")
+
+
 # --- which parameter a collective carries, from aot descriptors and dynamo sources ------------------------------
 
 _ROOT = re.compile(r"^[LG]\['[^']*'\](?:\[\d+\])?")
@@ -280,14 +385,32 @@ def gathered_param(start: fx.Node, dynamo_gm: fx.GraphModule) -> str:
     return _input_fqn(src.meta["desc"], dynamo_gm)
 
 
+def summed_partials(wait: fx.Node) -> fx.Node | None:
+    """If ``wait`` is one leaf of a tree of ``add`` ops whose leaves are all collective waits (the partial
+    gradients of a parameter used by several modules), the root of that tree; else None."""
+    def leaves_ok(node: fx.Node) -> bool:
+        if node.target is _WAIT:
+            return True
+        return node.op == "call_function" and "add" in str(node.target) and all(
+            leaves_ok(i) for i in node.all_input_nodes)
+
+    node, root = wait, None
+    while len(node.users) == 1:
+        user = next(iter(node.users))
+        if not (user.op == "call_function" and "add" in str(user.target) and leaves_ok(user)):
+            break
+        node = root = user
+    return root
+
+
 def reduced_param(wait: fx.Node, dynamo_gm: fx.GraphModule, *, through_sum: bool = True) -> str | None:
     """The parameter whose gradient an (original) reduce-scatter's wait is returned as. ``through_sum``: also
-    through one ``add`` of two reduce-scatter waits (a tied weight's partial gradients, FINDINGS.md); else None."""
+    through a tree of ``add`` ops summing reduce-scatter waits (a shared weight's partial gradients, one per use:
+    two for tied embeddings, three for T5's shared embedding; FINDINGS.md); else None."""
     node = wait
-    users = list(node.users)
-    if through_sum and len(users) == 1 and users[0].op == "call_function" and "add" in str(users[0].target) and all(
-            i.target is _WAIT for i in users[0].all_input_nodes):
-        node = users[0]
+    root = summed_partials(wait) if through_sum else None
+    if root is not None:
+        node = root
     outputs = [u for u in node.users if u.op == "output"]
     if not outputs:
         return None

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import fx
 
 import overlapcfg
-from overlapcfg.graph import attribution, collectives
+from overlapcfg.graph import attribution, collectives, gradients, parameters
 from tests.thirdparty import conformance as C
 from tests.thirdparty import models as M
 
@@ -77,7 +77,7 @@ def input_walk(start: fx.Node, dyn: fx.GraphModule, forward: fx.GraphModule | No
             fqn = _primal_fqn(node, dyn)
             lines.append(" <- ".join([*path, f"PLACEHOLDER {node.name} {val(node)} desc={desc!r}"
                                       + (f" param={fqn}" if fqn else "")
-                                      + f" is_parameter_placeholder={collectives.is_parameter_placeholder(node)}"]))
+                                      + f" is_parameter_placeholder={parameters.is_parameter_placeholder(node)}"]))
             saved = _forward_node(forward, node.name) if desc is None and forward is not None else None
             if saved is not None:
                 out = next(n for n in forward.graph.nodes if n.op == "output")  # type: ignore[union-attr]
@@ -86,7 +86,7 @@ def input_walk(start: fx.Node, dyn: fx.GraphModule, forward: fx.GraphModule | No
                 lines.append(f"    = forward node {saved.name}:{op(saved)} saved as forward OUTPUT[{', '.join(where)}]")
                 lines.extend(f"      forward: {saved.name} <- {line}" for line in input_walk_node(saved, dyn))
             return
-        transparent = node.op == "get_attr" or collectives._is_transparent(node)
+        transparent = node.op == "get_attr" or parameters.is_transparent(node)
         if not transparent or depth > 12:
             ins = ", ".join(f"{i.name}:{op(i)}" for i in node.all_input_nodes[:4])
             lines.append(" <- ".join([*path, f"STOP at {label} (non-transparent; reads {ins})"]))
@@ -203,14 +203,15 @@ def dump_graph(w: io.StringIO, graph: str, gm: fx.GraphModule, dyn: fx.GraphModu
                     f"params={c.params} direction={c.direction} bytes={c.unsharded_bytes}\n")
         extra = []
         if "all_gather" in op(s):
-            srcs = collectives.placeholder_sources(s)
+            srcs = parameters.placeholder_sources(s)
             extra.append(f"placeholder_sources={None if srcs is None else [n.name for n in srcs]}")
-            extra.append(f"is_parameter_gather={collectives.is_parameter_gather(s)}")
+            verdicts = [parameters.graph_inputs(s.graph, backward=graph == "backward").verdict(n) for n in srcs or ()]
+            extra.append(f"input verdicts={verdicts}")
         if "reduce_scatter" in op(s) and wait is not None:
             from overlapcfg import compat
 
             extra.append(f"torch is_fsdp_reduce_scatter={compat.is_fsdp_reduce_scatter(s)}")
-            extra.append(f"is_partial_gradient_scatter={collectives.is_partial_gradient_scatter(s, (wait,))}")
+            extra.append(f"is_partial_gradient_scatter={gradients.is_partial_gradient_scatter(s, (wait,))}")
         o = owners.get(s.name)
         extra.append(f"descriptor owner (backend route)={o.param_fqn if o else None}")
         w.write("   overlapcfg checks: " + ", ".join(extra) + "\n")

@@ -4,7 +4,8 @@ Nothing here imports ``overlapcfg``. It backs a conformance suite: overlapcfg mu
 
 Models (each seeded and deterministic; tiny: 2 layers, hidden 64, vocab 128, batch 2, seq 16; nothing downloads):
 
-- ``hf_llama()``, ``hf_qwen2()``, ``hf_mixtral()``, ``hf_tied()``: Hugging Face ``transformers`` models (5.x) built
+- ``hf_llama()``, ``hf_qwen2()``, ``hf_mixtral()``, ``hf_tied()``, ``hf_t5()`` (encoder-decoder, one embedding
+  shared by three modules): Hugging Face ``transformers`` models (5.x) built
   from a config in-process. Each returns ``(model, make_batch)``: ``model`` is the unsharded ``nn.Module`` exactly as
   HF builds it (FQNs ``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``, ...); ``make_batch()`` returns
   ``(inputs, loss_fn)`` where ``inputs`` is the tuple of positional arguments of the compiled call
@@ -70,6 +71,7 @@ __all__ = [
     "hf_llama",
     "hf_mixtral",
     "hf_qwen2",
+    "hf_t5",
     "hf_tied",
     "shard_simple_fsdp",
     "torchtitan_llama3",
@@ -159,6 +161,39 @@ def hf_tied(seed: int = SEED) -> tuple[nn.Module, Callable[[], Batch]]:
     if model.lm_head.weight is not model.model.embed_tokens.weight:
         raise AssertionError("hf_tied: transformers did not tie lm_head.weight to model.embed_tokens.weight")
     return model, _batch_fn(VOCAB, seed)
+
+
+def hf_t5(seed: int = SEED) -> tuple[nn.Module, Callable[[], Batch]]:
+    """``T5ForConditionalGeneration`` (encoder-decoder), 2 + 2 blocks, d_model 64, 4 heads, vocab 128, tied head.
+
+    One embedding weight serves three modules: ``shared.weight`` is also ``encoder.embed_tokens.weight``,
+    ``decoder.embed_tokens.weight`` and (tied) ``lm_head.weight``; each use gets its own partial gradient, so the
+    shared weight's gradient is ``add(add(rs_a, rs_b), rs_c)`` of three reduce-scattered partials once sharded.
+    ``make_batch()`` -> ``((input_ids, None, decoder_input_ids), loss_fn)`` (positional ``forward`` arguments:
+    ``attention_mask`` is None); ``loss_fn(output)``: cross entropy of ``output.logits`` against the shifted
+    targets."""
+    import transformers
+
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=HIDDEN, d_kv=16, d_ff=128, num_layers=LAYERS, num_decoder_layers=LAYERS,
+        num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=SEQ_LEN,
+        dropout_rate=0.0, tie_word_embeddings=True, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
+        attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    model = transformers.T5ForConditionalGeneration(config)
+    model.train()
+    shared = model.shared.weight
+    if not (model.encoder.embed_tokens.weight is shared and model.decoder.embed_tokens.weight is shared
+            and model.lm_head.weight is shared):
+        raise AssertionError("hf_t5: transformers did not share the embedding between encoder, decoder and head")
+
+    def make_batch() -> Batch:
+        gen = torch.Generator().manual_seed(seed + 1)
+        source = torch.randint(1, VOCAB, (BATCH, SEQ_LEN), generator=gen)
+        target = torch.randint(1, VOCAB, (BATCH, SEQ_LEN + 1), generator=gen)
+        return (source, None, target[:, :-1].contiguous()), _logits_loss(target[:, 1:].contiguous())
+
+    return model, make_batch
 
 
 # --- minimal SimpleFSDP (no DTensor, no overlapcfg) -----------------------------------------------------------------

@@ -1,0 +1,247 @@
+"""Which reduce-scatters and all-reduces reduce a parameter's gradient, read from where their results go.
+
+A gradient ends in one of two places, and nowhere else: at the graph outputs (returned, perhaps cast or viewed:
+aot's backward graph, graph_trainer's whole step), or in an update of the step's state (an optimizer traced into a
+whole-step graph writes the parameters and its moments in place: ``_foreach_lerp_(exp_avgs, grads, ...)``). An
+activation's reduction (tensor or sequence parallel) instead feeds more compute on its way to the loss's gradient.
+
+A parameter used by several modules (T5 and BART share one embedding between encoder, decoder and the tied head;
+tied embeddings) gets one partial gradient per use, each reduce-scattered, summed before it ends:
+``add(add(rs_a, rs_b), rs_c)``. Every partial is FSDP's, and all belong to one module (``one_owner_per_shared_
+gradient``).
+
+Builds on ``overlapcfg.graph.collectives``' op vocabulary (``started_by``, ``collective_kind``), which imports this
+module only when it classifies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from torch import fx
+
+from overlapcfg import compat
+from overlapcfg.graph.collectives import (
+    Collective,
+    collective_kind,
+    feeds_compute,
+    is_collective_start,
+    is_compute_node,
+    reached_users,
+    started_by,
+)
+from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.parameters import is_transparent
+
+__all__ = [
+    "ends_as_gradient",
+    "hsdp_pairs",
+    "is_partial_gradient_scatter",
+    "no_hsdp_on_activation_groups",
+    "one_owner_per_shared_gradient",
+    "partial_sum_root",
+    "reduced_again",
+]
+
+_CHAIN_LIMIT = 16
+
+
+def _is_unary(node: fx.Node) -> bool:
+    return node.op != "output" and len(node.all_input_nodes) == 1
+
+
+def _flows_to_outputs(node: fx.Node) -> bool:
+    """Every path from ``node`` reaches the graph outputs through single-input ops only (a gradient that is
+    returned, perhaps cast or viewed): torch's ``is_fsdp_reduce_scatter`` rule, for any node."""
+    return all(user.op == "output" or _is_unary(user) for user in reached_users([node], _is_unary))
+
+
+def _storage_root(node: fx.Node) -> fx.Node:
+    """The node whose storage ``node`` shares (through views and in-place ops returning their input)."""
+    for _ in range(_CHAIN_LIMIT):
+        if node.op != "call_function" or not compat.may_alias_input(node) or not node.args \
+                or not isinstance(node.args[0], fx.Node):
+            return node
+        node = node.args[0]
+    return node
+
+
+def _updates_state(node: fx.Node) -> bool:
+    """Every path from ``node`` ends in an in-place write into a graph input (an optimizer step traced into the
+    graph: the parameters, its moments) or at the outputs, meeting no compute (matmuls, attention) and no
+    collective on the way: a gradient consumed by the step's own update."""
+    stack, seen, updated = [node], set(), False
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        for user in cur.users:
+            if user.op == "output":
+                continue
+            if is_collective_start(user) or started_by(user) is not None or is_compute_node(user):
+                return False
+            written = [_storage_root(w) for w in compat.written_inputs(user)]
+            if written and all(w.op == "placeholder" for w in written) and cur not in compat.written_inputs(user):
+                updated = True  # read into an update of the step's state: this path ends here
+                continue
+            if not user.users and not written:
+                return False  # a dead end: not a gradient's
+            stack.append(user)
+            stack.extend(w for w in written if w.op != "placeholder")
+    return updated
+
+
+def ends_as_gradient(node: fx.Node) -> bool:
+    """Where a gradient ends (module docstring): the outputs through single-input ops, or the step's state."""
+    return _flows_to_outputs(node) or _updates_state(node)
+
+
+def partial_sum_root(wait: fx.Node) -> fx.Node | None:
+    """If ``wait`` (a collective's wait) is summed with other collective waits in a tree of ``add`` ops (and with
+    nothing else), the root of that tree; else None. ``add(add(w_a, w_b), w_c)`` -> the outer add, for each w."""
+    if len(wait.users) != 1:
+        return None
+    cur, root = wait, None
+    for _ in range(_CHAIN_LIMIT):
+        if len(cur.users) != 1:
+            break
+        user = next(iter(cur.users))
+        if compat.op_name(user.target) != "aten.add" or not all(
+                started_by(i) is not None or _is_partial_sum(i) for i in user.all_input_nodes):
+            break
+        cur = root = user
+    return root
+
+
+def _is_partial_sum(node: fx.Node) -> bool:
+    """An ``add`` whose inputs are all collective waits or such adds (the inner nodes of a partial-sum tree)."""
+    for _ in range(_CHAIN_LIMIT):
+        if compat.op_name(node.target) != "aten.add":
+            return False
+        inner = [i for i in node.all_input_nodes if started_by(i) is None]
+        if not inner:
+            return True
+        if len(inner) != 1:
+            return all(_is_partial_sum(i) for i in inner)
+        node = inner[0]
+    return False
+
+
+def is_partial_gradient_scatter(start: fx.Node, waits: Sequence[fx.Node]) -> bool:
+    """A reduce-scatter of one use's gradient of a parameter used by N >= 2 modules: its wait is summed with the
+    other uses' reduce-scattered partials (``partial_sum_root``) and the sum ends as a gradient.
+
+    torch's ``is_fsdp_reduce_scatter`` wants the wait to flow to the output alone, so it misses these; the
+    backend's descriptors see them as the parameter's gradient. Both routes must classify them alike.
+    """
+    if len(waits) != 1:
+        return False
+    root = partial_sum_root(waits[0])
+    return root is not None and ends_as_gradient(root)
+
+
+def _reduce_scatter_fed_by(wait: fx.Node) -> fx.Node | None:
+    """AR -> RS: the reduce-scatter start that reads this all-reduce wait through single-user transparent ops,
+    or through the copy-in of reduce-scatters another pass already merged (upstream leaves the all-reduces)."""
+    cur = wait
+    for _ in range(_CHAIN_LIMIT):
+        if len(cur.users) != 1:
+            return None
+        user = next(iter(cur.users))
+        if collective_kind(user) == "reduce_scatter" and user.args and (user.args[0] is cur or (
+                isinstance(user.args[0], (list, tuple)) and cur in user.args[0])):
+            return user
+        copy_in = user.target is compat.pre_bucket_reduce_scatter
+        if not copy_in and (not is_transparent(user) or len(user.all_input_nodes) != 1):
+            return None
+        cur = user
+    return None
+
+
+def _reduce_scatter_read_by(all_reduce: fx.Node) -> fx.Node | None:
+    """RS -> AR: the reduce-scatter whose wait this all-reduce reads through single-input transparent ops."""
+    cur = all_reduce.args[0] if all_reduce.args else None
+    for _ in range(_CHAIN_LIMIT):
+        if not isinstance(cur, fx.Node):
+            return None
+        start = started_by(cur)
+        if start is not None:
+            return start if collective_kind(start) == "reduce_scatter" and len(cur.users) == 1 else None
+        if not is_transparent(cur) or len(cur.all_input_nodes) != 1 or len(cur.users) != 1:
+            return None
+        cur = cur.all_input_nodes[0]
+    return None
+
+
+def hsdp_pairs(waits_of: dict[fx.Node, list[fx.Node]]) -> dict[fx.Node, fx.Node]:
+    """All-reduce <-> reduce-scatter pairs that reduce one gradient on two groups (both directions in the map).
+
+    AR -> RS: the all-reduce's one wait feeds the reduce-scatter, whose result ends as a gradient. RS -> AR: the
+    all-reduce reads the reduce-scatter's one wait and its own result ends as one. Anything else (an all-reduce of
+    an activation, a loss, a norm) pairs with nothing and stays ``other``.
+    """
+    pairs: dict[fx.Node, fx.Node] = {}
+    for start, waits in waits_of.items():
+        if collective_kind(start) != "all_reduce" or len(waits) != 1:
+            continue
+        rs = _reduce_scatter_fed_by(waits[0])
+        if rs is not None and len(waits_of.get(rs, ())) == 1 and ends_as_gradient(waits_of[rs][0]):
+            pairs[start], pairs[rs] = rs, start
+            continue
+        rs = _reduce_scatter_read_by(start)
+        if rs is not None and ends_as_gradient(waits[0]):
+            pairs[start], pairs[rs] = rs, start
+    return pairs
+
+
+def reduced_again(waits: Sequence[fx.Node]) -> bool:
+    """The result goes through another reduce-scatter before the output: this one is the tensor-parallel half of
+    a 2-D gradient reduction (FSDP + TP without sequence parallel reduce-scatters a row-parallel weight's gradient
+    on the tp group, then on the dp group), and only the last one, nearest the output, is FSDP's. torch's
+    ``is_fsdp_reduce_scatter`` accepts both (a reduce-scatter and a wait are single-input ops)."""
+    def follow(user: fx.Node) -> bool:  # views and casts, and a merged bucket's copy-in (the dp half, bucketed)
+        return user.op != "output" and (len(user.all_input_nodes) == 1 or is_transparent(user)
+                                        or user.target is compat.pre_bucket_reduce_scatter)
+
+    return any(collective_kind(user) == "reduce_scatter" for user in reached_users(waits, follow))
+
+
+def no_hsdp_on_activation_groups(collectives: list[Collective]) -> list[Collective]:
+    """An all-reduce chained with an FSDP reduce-scatter is HSDP's replicate half only on a group that carries
+    gradients alone. On a group that also carries activations (a tensor-parallel group: sequence-parallel
+    gathers, row-parallel all-reduces), the same chain is tensor parallel's reduction of a replicated weight's
+    partial gradient (norm weights), and tensor-parallel collectives are never merged or moved."""
+    activation_groups = {c.group for c in collectives if c.role == "other" and feeds_compute(c)}
+    demoted = {c.start for c in collectives if c.role == "hsdp_all_reduce" and c.group in activation_groups
+               and "bucket" not in c.start.meta.get(META_KEY, {})}
+    if not demoted:
+        return collectives
+    note = (f"{len(demoted)} all-reduce(s) on group(s) "
+            f"{', '.join(sorted({repr(c.group) for c in collectives if c.start in demoted}))} are chained with FSDP "
+            "reduce-scatters like HSDP's, but their group also carries activation collectives (tensor parallel): "
+            "left alone, never bucketed")
+    return [dataclasses.replace(c, role="other", module_fqn=None, params=(), partner=None, note=note)
+            if c.start in demoted else dataclasses.replace(c, partner=None) if c.partner in demoted else c
+            for c in collectives]
+
+
+def one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collective]:
+    """The partial gradients of one shared parameter (one reduce-scatter per use, summed: ``partial_sum_root``)
+    belong to one module: **the one that used the parameter first in forward**, i.e. the partial whose
+    reduce-scatter backward issues last (graph order). That is also the owner the aot descriptors name (dynamo
+    names a parameter by its first access), so a graph with descriptors (``overlapcfg.backend``) and one without
+    (``apply`` on a captured graph) bucket a shared gradient in the same bucket, whatever the number of uses."""
+    sums: dict[fx.Node, list[int]] = {}
+    for i, c in enumerate(collectives):
+        if c.kind == "reduce_scatter" and c.fsdp and len(c.waits) == 1:
+            root = partial_sum_root(c.waits[0])
+            if root is not None:
+                sums.setdefault(root, []).append(i)
+    for members in sums.values():
+        owner = collectives[members[-1]].module_fqn  # graph order: the last issued
+        if len(members) > 1 and owner is not None:
+            for i in members:
+                collectives[i] = dataclasses.replace(collectives[i], module_fqn=owner)
+    return collectives

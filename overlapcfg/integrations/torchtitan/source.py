@@ -1,0 +1,85 @@
+"""Which overlap config torchtitan's ``overlapcfg`` pipeline runs: one environment variable, ``OVERLAPCFG_CONFIG``.
+
+Why an environment variable and not a field: torchtitan's trainer config is a closed tree of dataclasses parsed
+by tyro (``--compile.pass_pipeline`` names a pipeline, nothing more), so a pipeline cannot add a flag of its own
+without a subclassed trainer config; and ``torchrun`` hands the environment to every rank, so every rank reads the
+same config. The value is one of:
+
+- **unset or empty**: torchtitan's own buckets for the model being trained (the ``module_bucket_plans`` its joint
+  bucketing pass would get: ``tok_embeddings``, ``layers.N``, ``[norm, lm_head]``, MoE splits included) with the
+  default policy (depth 1): the pipeline does what torchtitan's default does, verified;
+- **a policy preset name** (``aggressive``, ``memory_saving``, ``default``, ``auto``; ``overlapcfg.preset_names
+  ("policy")``): that policy with torchtitan's buckets (``auto`` switches the strategy as the preset says);
+- **anything else is a YAML file path** (``~`` expanded, relative to the working directory): a complete overlap
+  config, read as ``overlapcfg.load_config(pathlib.Path(value))`` reads it (an ``overlap:`` key is unwrapped, so
+  a recipe file works; ``plan: torchtitan_layers`` names torchtitan's dense buckets as a preset).
+
+A preset name wins over a file of the same name; a value that is neither is an ``OverlapConfigError`` naming the
+variable, the closest preset and the missing file. Configs select registered names only, as everywhere: nothing
+is imported or instantiated from the value or the file.
+
+No torch and no torchtitan here: the trainer's post-init hook runs the lookup before anything is traced.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from overlapcfg.config import OverlapConfig, load_config, load_preset, preset_names
+from overlapcfg.errors import Fault, OverlapConfigError, closest_first, did_you_mean
+
+__all__ = ["ENV_VAR", "TORCHTITAN_PLAN_NAME", "find_config", "torchtitan_plan"]
+
+ENV_VAR = "OVERLAPCFG_CONFIG"
+"""The environment variable naming the overlap config (see the module docstring)."""
+
+TORCHTITAN_PLAN_NAME = "torchtitan"
+"""The plan's name in reports when it is torchtitan's own ``module_bucket_plans``."""
+
+ModuleBucketPlans = Sequence["str | Sequence[str]"]
+"""torchtitan's plan: an exact module FQN per bucket, or a list of FQNs sharing one bucket."""
+
+
+def torchtitan_plan(module_bucket_plans: ModuleBucketPlans) -> dict[str, Any]:
+    """torchtitan's ``module_bucket_plans`` as an overlapcfg plan: each FQN an exact pattern (one bucket), each list
+    one bucket. Every module must be covered, as torchtitan's pass assumes."""
+    buckets: list[str | list[str]] = []
+    for entry in module_bucket_plans:
+        buckets.append(entry if isinstance(entry, str) else list(entry))
+    return {"name": TORCHTITAN_PLAN_NAME, "buckets": buckets, "require_full_coverage": True}
+
+
+def find_config(module_bucket_plans: ModuleBucketPlans, environ: Mapping[str, str] | None = None) -> OverlapConfig:
+    """The overlap config ``OVERLAPCFG_CONFIG`` selects (module docstring), or ``OverlapConfigError``.
+
+    ``module_bucket_plans``: torchtitan's own plan for this model, used unless a file gives a plan."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+    if not value:
+        return load_config({"plan": torchtitan_plan(module_bucket_plans)}, root=ENV_VAR)
+    policies = preset_names("policy")
+    if value in policies:
+        return load_config(_with_policy(value, module_bucket_plans), root=f"{ENV_VAR}={value}")
+    path = Path(value).expanduser()
+    if not path.exists():
+        near = did_you_mean(value, policies)
+        raise OverlapConfigError([Fault(ENV_VAR, (
+            f"{value!r} is neither a policy preset{near} nor an existing file (looked for {str(path.absolute())!r}); "
+            f"policy presets: {', '.join(closest_first(value, policies))}; a whole config goes in a YAML file"))],
+            header="invalid overlap config")
+    try:
+        return load_config(path)
+    except OverlapConfigError as err:
+        raise OverlapConfigError(err.faults, header=f"invalid overlap config in {str(path)!r} ({ENV_VAR})") from None
+
+
+def _with_policy(name: str, module_bucket_plans: ModuleBucketPlans) -> dict[str, Any]:
+    """A policy preset with torchtitan's buckets; a preset that selects its own strategy (``auto``: torch's
+    automatic scheduler, which buckets by its own estimates and takes no plan) brings it along."""
+    preset = load_preset("policy", name)
+    strategy = preset.get("strategy") if isinstance(preset.get("policy"), dict) else None
+    if strategy is not None:
+        return {"strategy": strategy, "policy": name}
+    return {"plan": torchtitan_plan(module_bucket_plans), "policy": name}
