@@ -1,7 +1,9 @@
 """The graph layer: everything that reads or rewrites a ``torch.fx`` graph, and nothing that knows about configs
 beyond a resolved plan.
 
-``collectives`` (find and classify), ``attribution`` (which parameter and module each collective serves),
-``merge`` (bucketing), ``schedule`` (reordering), ``verify`` (proof), ``record`` (what a pass did) and ``meta``
-(where our data lives on nodes). Private torch APIs are reached through ``overlapcfg.compat`` only.
+``collectives`` (find and classify), ``parameters`` (which graph inputs are parameter shards), ``gradients``
+(which reductions reduce a gradient; shared weights' partials), ``attribution`` (which parameter and module each
+collective serves), ``merge`` (bucketing), ``schedule`` (reordering), ``verify`` (proof), ``record`` (what a pass
+did) and ``meta`` (where our data lives on nodes). Private torch APIs are reached through ``overlapcfg.compat``
+only.
 """

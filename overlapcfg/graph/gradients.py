@@ -69,27 +69,25 @@ def _storage_root(node: fx.Node) -> fx.Node:
 
 def _updates_state(node: fx.Node) -> bool:
     """Every path from ``node`` ends in an in-place write into a graph input (an optimizer step traced into the
-    graph: the parameters, its moments) or at the outputs, meeting no compute (matmuls, attention) and no
-    collective on the way: a gradient consumed by the step's own update."""
-    stack, seen, updated = [node], set(), False
-    while stack:
-        cur = stack.pop()
-        if cur in seen:
+    graph: the parameters, its moments) or at the outputs, meeting no compute (matmuls, attention), no collective
+    and no dead end on the way: a gradient consumed by the step's own update."""
+    def writes_state(user: fx.Node) -> bool:  # reads the value into an update of a graph input: the path ends
+        written = [_storage_root(w) for w in compat.written_inputs(user)]
+        return bool(written) and all(w.op == "placeholder" for w in written)
+
+    def follow(user: fx.Node) -> bool:
+        return user.op != "output" and not writes_state(user)
+
+    updated = False
+    for user in reached_users([node], follow):
+        if user.op == "output":
             continue
-        seen.add(cur)
-        for user in cur.users:
-            if user.op == "output":
-                continue
-            if is_collective_start(user) or started_by(user) is not None or is_compute_node(user):
-                return False
-            written = [_storage_root(w) for w in compat.written_inputs(user)]
-            if written and all(w.op == "placeholder" for w in written) and cur not in compat.written_inputs(user):
-                updated = True  # read into an update of the step's state: this path ends here
-                continue
-            if not user.users and not written:
-                return False  # a dead end: not a gradient's
-            stack.append(user)
-            stack.extend(w for w in written if w.op != "placeholder")
+        if is_collective_start(user) or started_by(user) is not None or is_compute_node(user):
+            return False
+        if writes_state(user):
+            updated = True
+        elif not user.users:
+            return False  # a dead end: not a gradient's
     return updated
 
 
