@@ -228,13 +228,13 @@ def _group_facts(group: dist.ProcessGroup | None, world_size: int | None,
             raise TypeError("shard_module: no process group exists yet; pass world_size= (the ranks you shard for) "
                             "and rank= (default 0)")
         world_size = live.size()
+    if live is not None and live.size() != world_size:
+        which = "group" if group is not None else "the default process group"
+        raise ValueError(f"shard_module: {which} has {live.size()} ranks but world_size={world_size}")
     if rank is None:
         rank = dist.get_rank(live) if live is not None else 0
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got world_size={world_size}, rank={rank}")
-    if live is not None and live.size() != world_size:
-        which = "group" if group is not None else "the default process group"
-        raise ValueError(f"shard_module: {which} has {live.size()} ranks but world_size={world_size}")
     return world_size, rank
 
 

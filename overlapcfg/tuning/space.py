@@ -35,7 +35,7 @@ class TuneSpace(ConfigModel):
     block_parts: tuple[tuple[str, ...], ...] | None = None
     """Children of a block (names relative to it) that ``split_blocks`` gives buckets of their own, one tuple per
     bucket, in the order they compute; together they must hold every parameter of the block. ``None``: the
-    block's parameter-owning children in compute order, a child under 1 % of the block's bytes (a norm) sharing
+    block's parameter-owning children in compute order, a child under 5 % of the block's bytes (a norm) sharing
     the next one's bucket (the demo: ``[[attention_norm, attention], [ffn_norm, feed_forward]]``)."""
 
     layers_per_bucket: Annotated[tuple[Annotated[int, Field(ge=1)], ...], Field(min_length=1)] = (1, 2)
