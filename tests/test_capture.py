@@ -1,9 +1,10 @@
 """From your own model to a ``CapturedStep``: the public sharder, ``capture_step``, process groups that come from the
 job when one exists, the backend's own capture, and ``print(report)``.
 
-Fast tier: hand-built graphs and small modules, no tracing. Slow tier: Hugging Face Llama and Mixtral, torchtitan's
-Llama3 and a timm-style model, each captured once, tuned with no ``space=``, and the winner compiled through
-``overlapcfg.backend`` on the same model.
+Fast tier: hand-built graphs and small modules, no tracing. Slow tier: Hugging Face Mixtral (MoE), torchtitan's
+Llama3 and a timm-style model, each captured, tuned with no ``space=``, and the winner compiled through
+``overlapcfg.backend`` on the same model. Hugging Face Llama takes the same path in README's "Your own model"
+(``tests/test_readme.py`` runs it, alone and on 2 gloo ranks, and checks what it captured, found and compiled).
 """
 
 from __future__ import annotations
@@ -266,46 +267,6 @@ def _assert_winner_applied(be: Any, result: overlapcfg.TuneResult) -> None:
                                          for b in be.graphs[n].meta["overlapcfg"].buckets}) == buckets
 
 
-@pytest.fixture(scope="module")
-def hf_llama() -> tuple[nn.Module, CapturedStep, torch.Tensor]:
-    from thirdparty import models as M
-
-    model, _ = M.hf_llama()
-    tokens = torch.randint(0, M.VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
-    shard_module(model, world_size=2, reshard_after_forward=True)
-    return model, overlapcfg.capture_step(model, (tokens,), {"labels": tokens}), tokens
-
-
-@pytest.mark.slow
-def test_a_hugging_face_step_is_captured_with_its_model_facts_and_left_untouched(hf_llama) -> None:
-    model, step, _ = hf_llama
-    assert (step.world_size, step.rank) == (2, 0) and not dist.is_initialized()
-    assert len(step.param_fqns) == 21 and step.param_owners[0] == "model.embed_tokens"
-    assert step.param_owners[-1] == "lm_head" and step.param_fqns[-1] == "lm_head.weight"
-    assert dict(zip(step.module_fqns, step.module_types, strict=True))["model.layers.1"] == "LlamaDecoderLayer"
-    assert len(step.collectives_in("forward", "all_gather")) == 21
-    assert len(step.collectives_in("backward", "reduce_scatter")) == 21
-    assert all(p.grad is None for p in model.parameters())  # the capture's gradients were not left behind
-    assert "hf_decoder_layers" in repr(overlapcfg.explain(step, {"plan": "hf_decoder_layers"}))
-
-
-@pytest.mark.slow
-def test_tune_finds_hugging_face_llama_blocks_and_its_winner_compiles(hf_llama) -> None:
-    model, step, tokens = hf_llama
-    result = overlapcfg.tune(step, hardware="h100_nvlink", world_size=64, memory_budget=None)
-    assert result.space.blocks == "model.layers.*"
-    assert result.space.block_parts == (("input_layernorm", "self_attn"), ("post_attention_layernorm", "mlp"))
-    with _group():
-        be = _run_winner(model, result.config, lambda m: m(tokens, labels=tokens).loss.backward())
-    _assert_winner_applied(be, result)
-    # the backend kept what it compiled before the pass: the same step as capture_step's
-    again = be.step()
-    assert (again.param_fqns, again.module_fqns) == (step.param_fqns, step.module_fqns)
-    reports = [overlapcfg.explain(s, result.config) for s in (again, step)]
-    assert reports[0].buckets == reports[1].buckets
-    assert [g.order for g in reports[0].graphs] == [g.order for g in reports[1].graphs]
-
-
 @pytest.mark.slow
 def test_tune_finds_mixtral_blocks_and_its_winner_compiles() -> None:
     """Sharded by the test suite's own SimpleFSDP (the sharding a user already applied); a user loss_fn."""
@@ -369,9 +330,17 @@ class _TinyViT(nn.Module):
 
 @pytest.mark.slow
 def test_a_timm_style_model_with_a_dict_output_is_captured_and_tuned_with_no_space() -> None:
+    """Also: the capture leaves the model as it was (no gradients, same weights and RNG state)."""
     torch.manual_seed(0)
     model = shard_module(_TinyViT(), world_size=2)
-    step = overlapcfg.capture_step(model, torch.randn(4, 8, 12))  # default loss: the sum of both outputs
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    images = torch.randn(4, 8, 12)
+    rng = torch.get_rng_state()
+    step = overlapcfg.capture_step(model, images)  # default loss: the sum of both outputs
+    assert torch.equal(torch.get_rng_state(), rng) and not dist.is_initialized()
+    assert all(p.grad is None and torch.equal(p, weights[n]) for n, p in model.named_parameters())
+    assert (step.world_size, step.rank) == (2, 0) and step.param_owners[0] == "patch_embed"
+    assert dict(zip(step.module_fqns, step.module_types, strict=True))["blocks.2"] == "_Block"
     result = overlapcfg.tune(step, hardware="h100_nvlink", world_size=8, memory_budget=None,
                              space={"per_bucket_rounds": 1})
     assert result.space.blocks == "blocks.*"
