@@ -1,9 +1,10 @@
 """overlapcfg: declarative bucketing and overlap of FSDP collectives over torch.fx graphs.
 
-The pipeline a config flows through, one sub-package or module per stage:
-``schema`` (what users write) → ``patterns`` / ``resolve`` (patterns matched against a model's modules) →
-``registry`` / ``strategies`` (bucketer + scheduler) → ``passes`` / ``verify`` (rewrite the graph, then prove it)
-→ ``report`` (what happened and what it will cost).
+The pipeline a config flows through, one sub-package per stage:
+``config`` (what users write) → ``resolve`` (patterns matched against a model's modules) → ``graph`` (collectives,
+attribution, merge, schedule, verify) → ``strategies`` → ``passes`` (rewrite the graph, then prove it; the
+``torch.compile`` backend; the ``CapturedStep``) | ``fsdp2`` → ``report`` (what happened and what it will cost) |
+``capture`` (your model's step as a ``CapturedStep``) → ``tuning`` → ``demo``.
 
 Names are exported lazily so ``import overlapcfg`` stays cheap and imports no torch until a graph is touched.
 """
@@ -42,6 +43,10 @@ _EXPORTS: dict[str, str] = {
     "Strategy": "overlapcfg.strategies.base",
     "PassContext": "overlapcfg.strategies.base",
     "trace_train_step": "overlapcfg.demo.tracing",
+    "capture_step": "overlapcfg.capture.trace",
+    "CapturedStep": "overlapcfg.passes.step",
+    "ensure_process_group": "overlapcfg.passes.step",
+    "shard_module": "overlapcfg.capture.simple_fsdp",
     "backend": "overlapcfg.passes.compile",
     "inductor_pass": "overlapcfg.passes.compile",
     "fully_shard": "overlapcfg.fsdp2",
@@ -60,6 +65,7 @@ __all__ = [
     "__version__",
     "AutoPolicy",
     "Bucket",
+    "CapturedStep",
     "BucketPlan",
     "Fault",
     "HardwareProfile",
@@ -81,7 +87,9 @@ __all__ = [
     "apply",
     "available_strategies",
     "backend",
+    "capture_step",
     "compare",
+    "ensure_process_group",
     "explain",
     "from_hydra",
     "fully_shard",
@@ -92,6 +100,7 @@ __all__ = [
     "preset_names",
     "register_strategy",
     "resolve_plan",
+    "shard_module",
     "simulate",
     "trace_train_step",
     "tune",
@@ -103,6 +112,8 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:
+    from overlapcfg.capture.simple_fsdp import shard_module
+    from overlapcfg.capture.trace import capture_step
     from overlapcfg.config import (
         AutoPolicy,
         Bucket,
@@ -122,6 +133,7 @@ if TYPE_CHECKING:
     from overlapcfg.graph.verify import verify
     from overlapcfg.passes import PassRecord, apply
     from overlapcfg.passes.compile import backend, inductor_pass
+    from overlapcfg.passes.step import CapturedStep, ensure_process_group
     from overlapcfg.report import HardwareProfile, Report, compare, explain, load_hardware, simulate
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.strategies.base import PassContext, Strategy

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from overlapcfg import compat, load_config
-from overlapcfg.demo import Llama, LlamaConfig, shard_module
+from overlapcfg.capture import shard_module
+from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, trace_train_step, train_step
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from overlapcfg import compat, load_config
-from overlapcfg.demo import Llama, LlamaConfig, shard_module
+from overlapcfg.capture import shard_module
+from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.tracing import StepBackend, demo_batch, module_fqn, train_step
 from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.passes import apply

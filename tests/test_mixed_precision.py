@@ -28,7 +28,8 @@ from _checker import (
 from conftest import apply_to
 from torch import fx
 
-from overlapcfg.demo import Llama, LlamaConfig, shard_module
+from overlapcfg.capture import shard_module
+from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import (
     GraphName,

@@ -6,19 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from overlapcfg.capture import gather_full_grads, shard_module, sharded_parameters
 from overlapcfg.compat import fake_process_group
-from overlapcfg.demo import (
-    LLAMA3_8B,
-    Llama,
-    LlamaConfig,
-    gather_full_grads,
-    shard_module,
-    sharded_parameters,
-    user_fqn,
-)
+from overlapcfg.demo import LLAMA3_8B, Llama, LlamaConfig
 from overlapcfg.demo.gloo import RankFailedError, run_on_gloo
 from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.graph.attribution import user_fqn
 
 SMALL = LlamaConfig()
 

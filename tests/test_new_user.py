@@ -171,8 +171,8 @@ def test_faults_sharing_a_message_are_one_line_with_a_count_and_the_first_paths(
 
 
 def test_an_indivisible_world_size_is_reported_on_a_few_lines() -> None:
+    from overlapcfg.capture.simple_fsdp import shard_module
     from overlapcfg.demo.llama import Llama, LlamaConfig
-    from overlapcfg.demo.simple_fsdp import shard_module
 
     with pytest.raises(OverlapConfigError) as info:
         shard_module(Llama(LlamaConfig(n_layers=4), device="meta"), world_size=3, rank=0)

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from overlapcfg.demo import Llama, LlamaConfig, shard_module
+from overlapcfg.capture import shard_module
+from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, train_step
 from overlapcfg.passes.compile import backend

@@ -168,7 +168,8 @@ def test_apply_outside_a_process_group_says_what_is_needed() -> None:
 def test_the_backend_checks_attribution_against_the_model_it_is_given() -> None:
     """With ``model=``, patterns match its named_modules() and every attributed parameter must be one of its own:
     a parameter the model does not have is an AttributionError, not a silent assignment."""
-    from overlapcfg.demo import Llama, LlamaConfig, shard_module
+    from overlapcfg.capture import shard_module
+    from overlapcfg.demo import Llama, LlamaConfig
     from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
     from overlapcfg.graph.attribution import AttributionError
     from overlapcfg.passes.compile import backend

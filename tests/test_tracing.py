@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import fx
 
+from overlapcfg.capture import shard_module
 from overlapcfg.compat import fake_process_group
-from overlapcfg.demo import Llama, LlamaConfig, shard_module
+from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.tracing import (
     GraphPass,
     StepBackend,

@@ -33,7 +33,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import overlapcfg
-from overlapcfg.demo import Llama, LlamaConfig, shard_module
+from overlapcfg.capture import shard_module
+from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.llama import cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
 from overlapcfg.errors import OverlapConfigError, did_you_mean

@@ -43,6 +43,9 @@ from torch._guards import Source
 # Importing fake_pg registers the "fake" backend with torch.distributed as a side effect.
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+# --- pytree: the tensors in a model's output (tuples, dicts, Hugging Face ``ModelOutput``, which registers itself) --
+from torch.utils._pytree import tree_leaves
+
 __all__ = [
     "FakeStore",
     "GradAOTOutput",
@@ -53,6 +56,7 @@ __all__ = [
     "fake_process_group",
     "make_boxed_func",
     "min_cut_rematerialization_partition",
+    "tree_leaves",
 ]
 
 # ``Source.name`` became a cached property in torch 2.13 (a method before): probe once here.

@@ -1,5 +1,6 @@
-"""The demo, on top of everything: a small Llama, SimpleFSDP-style sharding for any module, train-step tracing,
-the ``overlapcfg`` command and the gloo harness. Nothing below this package imports it.
+"""The demo, on top of everything: a small Llama, its train-step tracing on meshes, the ``overlapcfg`` command and
+the gloo harness. Nothing below this package imports it. The SimpleFSDP sharder it uses is public API in
+``overlapcfg.capture`` (``overlapcfg.shard_module``).
 
 Exports are lazy so the command validates its config before paying for torch's import.
 """
@@ -15,36 +16,11 @@ _EXPORTS = {
     "Llama": "overlapcfg.demo.llama",
     "LlamaConfig": "overlapcfg.demo.llama",
     "cross_entropy_loss": "overlapcfg.demo.llama",
-    "AllGatherShard": "overlapcfg.demo.simple_fsdp",
-    "gather_full_grads": "overlapcfg.demo.simple_fsdp",
-    "is_sharded": "overlapcfg.demo.simple_fsdp",
-    "shard_module": "overlapcfg.demo.simple_fsdp",
-    "sharded_parameters": "overlapcfg.demo.simple_fsdp",
-    "user_fqn": "overlapcfg.demo.simple_fsdp",
 }
 
-__all__ = [
-    "AllGatherShard",
-    "LLAMA3_8B",
-    "Llama",
-    "LlamaConfig",
-    "cross_entropy_loss",
-    "gather_full_grads",
-    "is_sharded",
-    "shard_module",
-    "sharded_parameters",
-    "user_fqn",
-]
+__all__ = ["LLAMA3_8B", "Llama", "LlamaConfig", "cross_entropy_loss"]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 if TYPE_CHECKING:
     from overlapcfg.demo.llama import LLAMA3_8B, Llama, LlamaConfig, cross_entropy_loss
-    from overlapcfg.demo.simple_fsdp import (
-        AllGatherShard,
-        gather_full_grads,
-        is_sharded,
-        shard_module,
-        sharded_parameters,
-        user_fqn,
-    )

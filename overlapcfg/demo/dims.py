@@ -7,18 +7,13 @@ before torch is imported; ``overlapcfg.demo.parallel`` builds the mesh and appli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypeAlias, get_args
+
+from overlapcfg.capture.hsdp import HSDP_REDUCE_ORDERS, HsdpReduce
 
 __all__ = ["HSDP_REDUCE_ORDERS", "MESH_DIMS", "HsdpReduce", "ParallelDims", "tensor_parallel_faults"]
 
 MESH_DIMS: tuple[str, str, str] = ("dp_replicate", "dp_shard", "tp")
 """Outermost first, as torchtitan lays them out: TP innermost (neighbouring ranks), replicas outermost."""
-
-HsdpReduce: TypeAlias = Literal["all_reduce_first", "reduce_scatter_first"]
-"""The order an HSDP gradient is reduced in: ``all_reduce_first`` is what torchtitan SimpleFSDP's DTensor
-``hybrid_shard`` does (full-size all-reduce on the replicate group, then the reduce-scatter), ``reduce_scatter_first``
-FSDP2's (reduce-scatter, then an all-reduce of the shard). See ``overlapcfg.demo.simple_fsdp``."""
-HSDP_REDUCE_ORDERS: tuple[str, ...] = get_args(HsdpReduce)
 
 
 @dataclass(frozen=True, slots=True)

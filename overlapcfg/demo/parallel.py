@@ -30,8 +30,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from overlapcfg.capture.simple_fsdp import is_sharded, shard_module
 from overlapcfg.demo.dims import MESH_DIMS, ParallelDims, tensor_parallel_faults
-from overlapcfg.demo.simple_fsdp import is_sharded, shard_module
 from overlapcfg.errors import Fault, OverlapConfigError
 
 __all__ = ["DemoMesh", "ParallelDims", "apply_tensor_parallel", "build_mesh", "parallelize"]

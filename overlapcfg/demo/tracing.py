@@ -1,11 +1,10 @@
-"""Capture the forward and backward FX graphs of one SimpleFSDP training step, and say who owns each collective.
+"""Trace one training step of the demo Llama (or any module) on a demo mesh, on top of the public capture.
 
-Route: ``torch.compile(model, backend=StepBackend(...), fullgraph=True)`` where ``StepBackend`` is the
-production backend (``overlapcfg.passes.backend.GraphBackend``: aot_autograd with the min-cut partitioner);
-one forward + backward triggers both compilers. With the fake process group
-(``overlapcfg.compat.fake_process_group``) this runs on one CPU; on ``device="meta"`` it computes nothing.
-The same backend, given passes, is what executes transformed graphs on real ranks (``compile_with_pass``), so
-traced graphs and executed graphs come from one construction.
+``trace_train_step`` builds the model, opens a fake process group of the mesh's size, builds the mesh and shards
+(``overlapcfg.demo.parallel``), then captures the step with ``overlapcfg.capture_step`` (the production backend,
+``overlapcfg.passes.backend.GraphBackend``: aot_autograd with the min-cut partitioner). On ``device="meta"`` it
+computes nothing. The same backend, given passes, is what executes transformed graphs on real ranks
+(``compile_with_pass``), so traced graphs and executed graphs come from one construction.
 
 Attribution is the production one (``overlapcfg.graph.attribution``, from aot's descriptors); the demo also
 checks that every collective of its own SimpleFSDP sharding was attributed, since it knows they all are FSDP's.
@@ -20,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -30,10 +30,11 @@ import torch
 from torch import fx, nn
 
 from overlapcfg import compat
+from overlapcfg.capture.simple_fsdp import AllGatherShard, is_sharded, sharded_parameters
+from overlapcfg.capture.trace import capture_step
 from overlapcfg.demo.dims import ParallelDims
 from overlapcfg.demo.llama import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.parallel import build_mesh, parallelize
-from overlapcfg.demo.simple_fsdp import AllGatherShard, is_sharded, sharded_parameters, user_fqn
 from overlapcfg.graph.attribution import CollectiveOwner, module_fqn
 from overlapcfg.passes.backend import CapturedStep, GraphBackend, GraphName, GraphPass
 
@@ -58,7 +59,7 @@ StepBackend = GraphBackend
 """The demo traces with the production backend (no pass): the graphs it captures are the graphs users get."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class TracedStep(CapturedStep):
     """A captured step of the demo Llama, with how it was sharded and traced."""
 
@@ -81,8 +82,13 @@ class TracedStep(CapturedStep):
 
     @contextlib.contextmanager
     def process_groups(self) -> Iterator[object]:
-        """The fake default group of the traced size with the mesh's sub-groups rebuilt under the names the graphs
-        state: merging resolves groups by name, so the pass needs them (``overlapcfg.report.explain.apply_step``)."""
+        """Outside a job, the fake default group of the traced size with the mesh's sub-groups rebuilt under the
+        names the graphs state: merging resolves groups by name, so the pass needs them
+        (``overlapcfg.report.explain.apply_step``). Inside a job, the job's groups (``CapturedStep``'s rule)."""
+        if compat.process_group_initialized():
+            with CapturedStep.process_groups(self) as group:
+                yield group
+            return
         with compat.fake_process_group(self.world_size, self.rank) as group:
             if self.parallel is not None and not self.parallel.is_1d:
                 rebuilt = build_mesh(self.parallel).group_names()
@@ -129,11 +135,6 @@ def train_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, *,
 
 # --- tracing ---------------------------------------------------------------------------------------------------
 
-def _user_module_fqns(model: nn.Module) -> tuple[str, ...]:
-    names = (user_fqn(name) for name, _ in model.named_modules())
-    return tuple(dict.fromkeys(n for n in names if n))
-
-
 def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, world_size: int | None = None,
                      rank: int = 0, reshard_after_forward: bool = False, batch: int = 2, seq_len: int = 16,
                      device: torch.device | str = "cpu", seed: int = 0,
@@ -146,12 +147,13 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
     then sharded; the caller's module is untouched) or an already sharded one (used as is). ``inputs`` default
     to ``demo_batch`` for models with ``config.vocab_size``. Use ``device="meta"`` for big shapes: nothing is
     computed. ``param_dtype`` / ``reduce_dtype`` are handed to ``shard_module`` (mixed precision: casts before
-    the all-gathers and the reduce-scatters, see ``overlapcfg.demo.simple_fsdp``); an already sharded model
+    the all-gathers and the reduce-scatters, see ``overlapcfg.capture.simple_fsdp``); an already sharded model
     keeps its own, and passing them with one raises ``TypeError``.
     ``parallel``: the mesh (HSDP ``dp_replicate`` x ``dp_shard``, tensor parallel ``tp``); the fake group then has
     ``parallel.world_size`` ranks (``world_size``, if given too, must agree) and ``rank`` is a rank of the whole
     mesh. Without it: plain FSDP over ``world_size`` ranks (default 2). A mesh needs an unsharded model.
-    Must not be called while a default process group exists (it opens its own fake one), and resets dynamo.
+    Must not be called while a default process group exists (it opens its own fake one; inside a job use
+    ``overlapcfg.capture_step``), and resets dynamo.
     """
     dims = _dims(world_size, parallel)
     if isinstance(model_or_config, nn.Module):
@@ -170,18 +172,17 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
         if config is None:
             raise TypeError("trace_train_step: pass inputs=(tokens, targets) for a model that is not a Llama")
         inputs = demo_batch(config.vocab_size, batch=batch, seq_len=seq_len, seed=seed, device=device)
-    backend = StepBackend()
+    tokens, targets = inputs
     start = time.perf_counter()
-    with compat.fake_process_group(dims.world_size, rank), _quiet_checkpoint_notice():
+    with compat.fake_process_group(dims.world_size, rank):
         mesh = build_mesh(dims)  # first: sub-group names depend on creation order (see TracedStep.process_groups)
         groups = tuple(mesh.group_names().items())
         if not sharded:
             parallelize(model, mesh, reshard_after_forward=reshard_after_forward, param_dtype=param_dtype,
                         reduce_dtype=reduce_dtype)
-        train_step(compile_with_pass(model, backend=backend), *inputs, loss_fn=loss_fn)
+        step = capture_step(model, (tokens,), loss_fn=lambda logits: loss_fn(logits, targets))
     seconds = time.perf_counter() - start
-    compat.dynamo_reset()
-    return _traced_step(model, backend, config=config, parallel=dims, mesh_groups=groups, rank=rank,
+    return _traced_step(model, step, config=config, parallel=dims, mesh_groups=groups,
                         reshard_after_forward=reshard_after_forward, seconds=seconds)
 
 
@@ -200,27 +201,19 @@ def _mixed_precision(model: nn.Module) -> tuple[torch.dtype | None, torch.dtype 
     return (gather.param_dtype, gather.reduce_dtype) if gather is not None else (None, None)
 
 
-def _traced_step(model: nn.Module, backend: StepBackend, *, config: LlamaConfig | None, parallel: ParallelDims,
-                 mesh_groups: tuple[tuple[str, str], ...], rank: int, reshard_after_forward: bool,
+def _traced_step(model: nn.Module, step: CapturedStep, *, config: LlamaConfig | None, parallel: ParallelDims,
+                 mesh_groups: tuple[tuple[str, str], ...], reshard_after_forward: bool,
                  seconds: float) -> TracedStep:
-    if set(backend.graphs) != {"forward", "backward"}:
-        raise AssertionError(f"tracing: expected forward and backward graphs, captured {sorted(backend.graphs)}")
-    param_fqns = tuple(fqn for fqn, _ in sharded_parameters(model))
-    owners = tuple(dict.fromkeys(p.rpartition(".")[0] for p in param_fqns))
     param_dtype, reduce_dtype = _mixed_precision(model)
     fsdp_group = dict(mesh_groups)["dp_shard"]
     for name in ("forward", "backward"):
-        _check_all_attributed(backend.graphs[name], name, fsdp_group, backend.collectives[name])
-    step = TracedStep(
-        forward=backend.graphs["forward"],
-        backward=backend.graphs["backward"],
-        module_fqns=_user_module_fqns(model),
-        param_fqns=param_fqns,
-        param_owners=owners,
-        collectives=backend.collectives["forward"] + backend.collectives["backward"],
+        _check_all_attributed(step.graph(name), name, fsdp_group, step.collectives_in(name))
+    unattributed = [fqn for fqn, _ in sharded_parameters(model) if fqn not in step.param_fqns]
+    if unattributed:
+        raise AssertionError(f"tracing: no collective was attributed to {', '.join(unattributed[:4])}")
+    traced = TracedStep(
+        **{f.name: getattr(step, f.name) for f in dataclasses.fields(CapturedStep)},
         config=config,
-        world_size=parallel.world_size,
-        rank=rank,
         reshard_after_forward=reshard_after_forward,
         trace_seconds=seconds,
         param_dtype=param_dtype,
@@ -229,9 +222,9 @@ def _traced_step(model: nn.Module, backend: StepBackend, *, config: LlamaConfig 
         mesh_groups=mesh_groups,
     )
     log.info("traced %d-parameter step in %.2fs: %d forward / %d backward nodes, %d FSDP collectives",
-             len(param_fqns), seconds, len(step.forward.graph.nodes), len(step.backward.graph.nodes),
-             len(step.collectives))
-    return step
+             len(traced.param_fqns), seconds, len(traced.forward.graph.nodes), len(traced.backward.graph.nodes),
+             len(traced.collectives))
+    return traced
 
 
 def _check_all_attributed(gm: fx.GraphModule, name: str, fsdp_group: str,
@@ -247,17 +240,3 @@ def _check_all_attributed(gm: fx.GraphModule, name: str, fsdp_group: str,
     if len(found) != attributed:
         raise AssertionError(f"tracing: {len(found) - attributed} of {len(found)} {name} collectives could not be "
                              "attributed to a parameter from the aot descriptors")
-
-
-@contextlib.contextmanager
-def _quiet_checkpoint_notice() -> Iterator[None]:
-    """torch logs a 4-line WARNING that ``context_fn`` is passed to checkpoint under torch.compile, meant for
-    regions with in-place ops; the SimpleFSDP reshard policy's region holds one all-gather and none. Silenced for
-    this trace only (the logger's level is put back)."""
-    logger = logging.getLogger("torch._higher_order_ops.wrap")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

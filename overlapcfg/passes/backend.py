@@ -11,39 +11,37 @@ and Hugging Face models behind decorated ``forward`` methods (dynamo root ``L['a
 same attribution. Collectives that are not FSDP's (tensor-parallel activations, ``all_to_all``, user
 all-reduces) are classified and left alone.
 
-``GraphBackend`` keeps what it compiled (``graphs``, ``collectives``), which is also how the demo's tracer
-captures a step (``CapturedStep``).
+``GraphBackend`` keeps what it compiled (``graphs``, after the pass), what it was given (``captured``, before the
+pass) and who owns each collective (``collectives``); ``GraphBackend.step()`` is that capture as the
+``CapturedStep`` ``explain``, ``compare`` and ``tune`` take (``overlapcfg.capture_step`` is built on it).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import TypeAlias
 
+import torch.distributed as dist
 from torch import fx, nn
 
 from overlapcfg import compat
 from overlapcfg.graph.attribution import (
     AttributionError,
     CollectiveOwner,
-    ModuleFqnFn,
     annotate_owners,
     clean_path,
     dynamo_parameter_inputs,
-    module_fqn,
     parameter_owner,
     stack_module_fqn,
     with_parents,
 )
 from overlapcfg.graph.parameters import mark_saved_parameter_views, saved_parameter_views
+from overlapcfg.passes.step import CapturedStep, GraphName
 
 __all__ = ["CapturedStep", "GraphBackend", "GraphCompiler", "GraphName", "GraphPass", "boxed_eager",
-           "module_tree"]
-
-GraphName: TypeAlias = Literal["forward", "backward"]
+           "model_facts", "module_tree"]
 GraphPass: TypeAlias = Callable[[fx.GraphModule], fx.GraphModule]
 """A graph pass as the backend applies it: takes aot's graph module, returns the one to run."""
 GraphCompiler: TypeAlias = Callable[[fx.GraphModule, Sequence[object]], Callable[..., object]]
@@ -69,6 +67,22 @@ def model_facts(model: nn.Module) -> tuple[tuple[str, ...], frozenset[str]]:
     return tuple(modules), params
 
 
+def module_types(model: nn.Module, fqns: Sequence[str]) -> tuple[str, ...]:
+    """The class name of each of ``fqns`` (``model_facts``' module FQNs): the innermost module under a cleaned path,
+    so a wrapper (``_orig_mod``, ``_checkpoint_wrapped_module``) names what it wraps; parametrization modules
+    (which clean to their owner's path) are not the owner."""
+    found: dict[str, str] = {}
+    for name, module in model.named_modules():
+        fqn = clean_path(name) or ""
+        if fqn and "parametrizations" not in name.split("."):
+            found[fqn] = type(module).__name__
+    return tuple(found.get(f, "") for f in fqns)
+
+
+def _param_order(model: nn.Module) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(clean_path(name) or name for name, _ in model.named_parameters(remove_duplicate=False)))
+
+
 @dataclass(slots=True)
 class GraphBackend:
     """A ``torch.compile`` backend: aot_autograd + min-cut partitioner, attribution, an optional pass per graph.
@@ -90,12 +104,20 @@ class GraphBackend:
     """Also keep a copy of aot's joint forward+backward graph (before partitioning) in ``graphs["joint"]``."""
     model: nn.Module | None = None
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
+    captured: dict[str, fx.GraphModule] = field(default_factory=dict)
+    """The forward and backward graphs as aot handed them over, before the pass (copies where a pass runs)."""
     collectives: dict[str, tuple[CollectiveOwner, ...]] = field(default_factory=dict)
     param_inputs: tuple[str | None, ...] = ()
     module_fqns: tuple[str, ...] = ()
     """What the last compiled region's plan patterns are matched against."""
+    regions: int = 0
+    """Compiled regions so far (dynamo calls the backend once per region: graph breaks and recompiles add some)."""
+    world: tuple[int, int] | None = None
+    """``(world size, rank)`` of the default process group when the last region was compiled."""
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
+        self.regions += 1
+        self.world = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else None
         self.param_inputs = dynamo_parameter_inputs(gm)
         if self.model is not None:
             modules, params = model_facts(self.model)
@@ -134,6 +156,7 @@ class GraphBackend:
             else:
                 mark_saved_parameter_views(gm, saved_views)
             self.collectives[name] = annotate_owners(gm, name, self.param_inputs)
+            self.captured[name] = copy.deepcopy(gm) if graph_pass is not None else gm
             if graph_pass is not None:
                 gm = graph_pass(gm)
                 if not isinstance(gm, fx.GraphModule):
@@ -143,51 +166,33 @@ class GraphBackend:
 
         return compile_graph
 
+    def step(self) -> CapturedStep:
+        """What this backend compiled, before any pass, as the ``CapturedStep`` ``explain``, ``compare`` and
+        ``tune`` take. Needs exactly one compiled region (``torch.compile(..., fullgraph=True)``, one input shape)
+        whose forward and backward both ran."""
+        missing = [name for name in ("forward", "backward") if name not in self.captured]
+        if self.regions != 1 or missing:
+            why = (f"{self.regions} regions were compiled (graph breaks or recompiles); a step is one region: compile "
+                   "with fullgraph=True and one input shape" if self.regions > 1 else
+                   f"no {' or '.join(missing)} graph was compiled yet: run one forward and backward first")
+            raise RuntimeError(f"GraphBackend.step: {why}")
+        if self.world is None:
+            raise RuntimeError("GraphBackend.step: no process group existed when the step was compiled, so it has no "
+                               "FSDP collectives to bucket")
+        collectives = self.collectives["forward"] + self.collectives["backward"]
+        attributed = dict.fromkeys(c.param_fqn for c in collectives)
+        order = _param_order(self.model) if self.model is not None else tuple(p for p in self.param_inputs if p)
+        params = (*(p for p in order if p in attributed), *(p for p in attributed if p not in order))
+        types = module_types(self.model, self.module_fqns) if self.model is not None else ()
+        return CapturedStep(
+            forward=self.captured["forward"], backward=self.captured["backward"], module_fqns=self.module_fqns,
+            param_fqns=params, param_owners=tuple(dict.fromkeys(parameter_owner(p) for p in params)),
+            collectives=collectives, world_size=self.world[0], rank=self.world[1], module_types=types)
 
-@dataclass(frozen=True, slots=True)
-class CapturedStep:
-    """The forward and backward graphs of one training step plus the model facts plan resolution needs."""
-
-    forward: fx.GraphModule
-    backward: fx.GraphModule
-    module_fqns: tuple[str, ...]
-    """Every module FQN in model order (root, wrappers and parametrization internals excluded)."""
-    param_fqns: tuple[str, ...]
-    """FSDP-sharded parameters, user FQNs, model order."""
-    param_owners: tuple[str, ...]
-    """Module FQNs that own FSDP parameters, model order."""
-    collectives: tuple[CollectiveOwner, ...]
-    """Every attributed FSDP collective: forward graph first, then backward, each in graph order."""
-    world_size: int
-    rank: int
-    mesh_groups: tuple[tuple[str, str], ...] = ()
-    """``(mesh dimension, process-group name as the graphs state it)`` for each dimension that communicates, e.g.
-    ``(("dp_shard", "5"), ("tp", "9"))``, where the step knows its device mesh; reports then name groups by
-    dimension. Empty: unknown (groups are named by their process-group names alone)."""
-
-    def graph(self, name: GraphName) -> fx.GraphModule:
-        return self.forward if name == "forward" else self.backward
-
-    def process_groups(self) -> AbstractContextManager[object]:
-        """A context in which the process groups the graphs name exist (merging resolves groups by name): a fake
-        default group of the traced size and rank. A step traced on a device mesh rebuilds its sub-groups too
-        (``overlapcfg.demo.tracing.TracedStep``)."""
-        return compat.fake_process_group(self.world_size, self.rank)
-
-    def collectives_in(self, graph: GraphName, kind: str | None = None) -> tuple[CollectiveOwner, ...]:
-        return tuple(c for c in self.collectives if c.graph == graph and (kind is None or c.kind == kind))
-
-    def module_fqn_fn(self, graph: GraphName) -> ModuleFqnFn:
-        """Attribution for nodes of ``graph``: the recorded owners for collective starts and waits (by node name,
-        so it also works on a copy of the graph), the default evidence order for everything else."""
-        by_name: dict[str, str] = {}
-        for rec in self.collectives_in(graph):
-            by_name[rec.node] = by_name[rec.wait] = rec.module_fqn
-
-        def lookup(node: fx.Node) -> str | None:
-            return by_name.get(node.name) or module_fqn(node)
-
-        return lookup
-
-
-__all__ += ["model_facts"]
+    def __repr__(self) -> str:
+        """Short, and never touches the model: ``torch.compile`` calls ``str(backend)``, and a model's repr reads
+        parametrized (sharded) weights, i.e. runs all-gathers."""
+        passes = [n for n, p in (("forward", self.fw_pass), ("backward", self.bw_pass)) if p is not None]
+        model = f", model={type(self.model).__name__}" if self.model is not None else ""
+        return (f"GraphBackend(passes=[{', '.join(passes)}]{model}, compiled={sorted(self.graphs)}, "
+                f"regions={self.regions})")

@@ -22,12 +22,15 @@ from torch import fx, nn
 
 from overlapcfg import compat
 from overlapcfg._version import __version__
-from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config import BucketPlan, OverlapConfig, load_config
 from overlapcfg.config.load import ConfigSource
-from overlapcfg.passes.backend import GraphBackend, GraphCompiler, GraphName
+from overlapcfg.passes.backend import GraphBackend, GraphCompiler, GraphName, model_facts
 from overlapcfg.passes.pipeline import apply
+from overlapcfg.resolve import DepthSource, resolve_plan
+from overlapcfg.strategies.registry import get_strategy
 
-__all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "inductor_pass", "source_hash"]
+__all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "check_plan_fits", "inductor_pass",
+           "source_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,24 @@ def _inductor_compiler(graph: GraphName) -> GraphCompiler:
     return compile_graph
 
 
+def check_plan_fits(cfg: OverlapConfig, model: nn.Module, *, config_root: str | None = None) -> None:
+    """Resolve ``cfg``'s plan and overrides against ``model.named_modules()`` now: a pattern that matches no module,
+    two entries claiming one module, an override that matches nothing are ``OverlapConfigError``s here, with the
+    config path and the closest names, instead of a ``BackendCompilerFailed`` at the first forward.
+
+    Coverage (``require_full_coverage``) is left to the pass: which parameters are FSDP's is known only from the
+    graph (a model may keep some parameters unsharded).
+    """
+    if cfg.plan is None or not get_strategy(cfg.strategy).uses_plan:
+        return
+    root = config_root or cfg.config_root
+    plan = BucketPlan.model_validate({**cfg.plan.model_dump(), "require_full_coverage": False})
+    modules, _ = model_facts(model)
+    depths = cfg.policy if isinstance(cfg.policy, DepthSource) else None
+    resolve_plan(plan, modules, overrides=cfg.overrides, policy=depths, path=f"{root}.plan",
+                 overrides_path=f"{root}.overrides")
+
+
 def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Module | None = None,
             config_root: str | None = None, strict: bool | None = None) -> GraphBackend:
     """A ``torch.compile`` backend applying ``cfg`` to the forward and backward graphs of aot_autograd.
@@ -78,9 +99,10 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
     ``cfg`` is validated now (``OverlapConfigError`` before any compile). Any model whose FSDP collectives appear
     in the graph works (SimpleFSDP-style parametrizations, torchtitan's ``data_parallel``, Hugging Face models);
     other collectives are left alone. ``model``: the model being compiled, to match plan patterns against its
-    ``named_modules()`` and check attribution against its parameters (default: the modules the graph shows).
-    The returned backend keeps the transformed graphs in ``.graphs`` (each with its ``PassRecord`` in
-    ``gm.meta["overlapcfg"]``) and the attributed collectives in ``.collectives``.
+    ``named_modules()`` (checked now: ``check_plan_fits``) and check attribution against its parameters (default:
+    the modules the graph shows). The returned backend keeps the transformed graphs in ``.graphs`` (each with its
+    ``PassRecord`` in ``gm.meta["overlapcfg"]``), the attributed collectives in ``.collectives``, and what it was
+    given before the pass as a ``CapturedStep``: ``.step()``, for ``explain`` / ``compare`` / ``tune``.
 
     ``compiler="inductor"`` lowers the transformed graphs with inductor (``compile_fx_inner``) under
     ``INDUCTOR_SETTINGS``; on a CPU-only torch that needs a C++ compiler.
@@ -88,6 +110,8 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
     loaded = load_config(cfg, root=config_root) if config_root else load_config(cfg)
     if compiler not in ("eager", "inductor"):
         raise TypeError(f"backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
+    if model is not None:
+        check_plan_fits(loaded, model, config_root=config_root)
     lowered = compiler == "inductor"
     if lowered:
         # Inductor lowers only decomposed aten (``aten.t`` has no lowering, just a decomposition), so aot traces

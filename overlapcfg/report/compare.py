@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from rich.console import RenderableType
 
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
@@ -20,6 +21,7 @@ from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.explain import GRAPHS, node_labels
 from overlapcfg.report.labels import fmt_bytes
 from overlapcfg.report.model import Report, Simulation
+from overlapcfg.report.render import comparison_table, plain_text
 from overlapcfg.report.simulate import GroupPlacement, simulate
 
 __all__ = ["COMPARE_SCHEMA", "Comparison", "ComparisonRow", "compare", "compare_reports", "default_name"]
@@ -67,6 +69,18 @@ class Comparison:
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
+
+    def __rich__(self) -> RenderableType:
+        """``rich.print(comparison)``: the table, in colour."""
+        return comparison_table(self)
+
+    def __str__(self) -> str:
+        """``print(comparison)``: the table as plain text (``render.comparison_table``)."""
+        return plain_text(comparison_table(self))
+
+    def __repr__(self) -> str:
+        return (f"Comparison({self.hardware}, world size {self.world_size}, rows "
+                f"{', '.join(repr(r.name) for r in self.rows)})")
 
 
 def default_name(cfg: OverlapConfig) -> str:

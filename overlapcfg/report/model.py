@@ -3,6 +3,8 @@
 Plain frozen pydantic models so the JSON form is the schema (``Report.to_json()`` / ``Report.from_json()``,
 versioned by ``SCHEMA``). Building a report lives in ``explain.py``, drawing it in ``render.py``, the cost model in
 ``simulate.py``. The transformed graph modules ride along on the ``Report`` object but never into JSON.
+``print(report)`` shows the rendered tables (``render.report_table``: the renderer stays a free function over the
+data, which it imports only for type checking), ``repr(report)`` one line.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
+from rich.console import RenderableType
 from torch import fx
 
 from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
+from overlapcfg.report.labels import fmt_seconds
+from overlapcfg.report.render import plain_text, report_table
 
 __all__ = ["SCHEMA", "Event", "GraphReport", "Report", "Simulation", "StreamTime"]
 
@@ -185,3 +190,18 @@ class Report(_Data):
     def attach(self, forward: fx.GraphModule | None, backward: fx.GraphModule | None) -> Report:
         self._forward, self._backward = forward, backward
         return self
+
+    def __rich__(self) -> RenderableType:
+        """``rich.print(report)``: the tables, in colour."""
+        return report_table(self)
+
+    def __str__(self) -> str:
+        """``print(report)``: the tables as plain text (``render.report_table``)."""
+        return plain_text(report_table(self))
+
+    def __repr__(self) -> str:
+        graphs = ", ".join(f"{g.name} {g.collectives_before}→{g.collectives_after}" for g in self.graphs)
+        plan = f", plan={self.plan_name!r}" if self.plan_name else ""
+        sim = f", predicted step {fmt_seconds(self.simulation.step_seconds)} on {self.simulation.hardware}" \
+            if self.simulation is not None else ""
+        return f"Report(strategy={self.strategy!r}{plan}, {len(self.buckets)} buckets, {graphs}{sim})"

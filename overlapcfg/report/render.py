@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import shutil
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich import box
-from rich.console import Group
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -18,10 +21,22 @@ if TYPE_CHECKING:
     from overlapcfg.report.compare import Comparison
     from overlapcfg.report.model import Report, Simulation
 
-__all__ = ["comparison_table", "groups_table", "report_table"]
+__all__ = ["PIPED_WIDTH", "comparison_table", "groups_table", "plain_text", "report_table"]
+
+PIPED_WIDTH = 120
+"""Columns of text rendered for a pipe or a file (a terminal uses its own width)."""
 
 SHOWN_UNCOVERED = 5
 """Uncovered collectives the graphs table names before it counts the rest (``report.json`` holds them all)."""
+
+
+def plain_text(renderable: RenderableType) -> str:
+    """``renderable`` as plain text (no colour codes): what ``str(report)`` and ``print(report)`` show. As wide as
+    the terminal when standard output is one, else ``PIPED_WIDTH`` columns."""
+    width = shutil.get_terminal_size((PIPED_WIDTH, 24)).columns if sys.stdout.isatty() else PIPED_WIDTH
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None, force_terminal=False, highlight=False).print(renderable)
+    return out.getvalue().rstrip("\n")
 
 
 def _pct(x: float | None) -> str:

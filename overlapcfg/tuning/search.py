@@ -90,7 +90,11 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     report = _Reporter(progress, started)
     report("profile", 0, 1, None)
     profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype)
-    structure = find_structure(step.module_fqns, step.param_owners, space, root=f"{prefix}space")
+    structure = find_structure(step.module_fqns, step.param_owners, space, root=f"{prefix}space",
+                               module_types=step.module_types, facts=_unit_facts(profile))
+    if structure.found:
+        log.info("tune: from the module tree: %s", structure.found)
+    space = _as_searched(space, structure)
     arms = _arms(profile, structure, _groupings(space, structure, f"{prefix}space"), step)
     caps = list(dict.fromkeys((*space.max_inflight_bytes,
                                *((_traced(budget, profile),) if budget is not None and space.cap_at_budget else ()))))
@@ -130,6 +134,32 @@ class _Reporter:
     def __call__(self, phase: str, done: int, total: int, best: float | None) -> None:
         if self.fn is not None:
             self.fn(TuneProgress(phase, done, total, best, time.perf_counter() - self.started))
+
+
+def _unit_facts(profile: Profile) -> dict[str, tuple[float, int]]:
+    """Each unit's first forward all-gather wait (compute order) and unsharded bytes, for ``find_parts``."""
+    facts: dict[str, tuple[float, int]] = {}
+    for g in profile.graphs:
+        if g.name != "forward":
+            continue
+        for c in g.collectives:
+            if c.kind == "all_gather":
+                unit = profile.units[c.unit]
+                at, size = facts.get(unit, (c.wait, 0))
+                facts[unit] = (min(at, c.wait), size + c.traced_bytes)
+    return facts
+
+
+def _as_searched(space: TuneSpace, structure: Structure) -> TuneSpace:
+    """The space with the blocks and parts that were used (found ones filled in), for the result and
+    ``tune.json``."""
+    if space.blocks is not None and space.block_parts is not None:
+        return space
+    data = space.model_dump()
+    data["blocks"] = structure.pattern
+    if space.block_parts is None:
+        data["block_parts"] = [list(p) for p in structure.parts or ()]
+    return TuneSpace.model_validate(data)
 
 
 def _budget(value: int | str | None, path: str) -> int | None:

@@ -20,17 +20,23 @@ from overlapcfg.config.policy import IssueOrder
 __all__ = ["TuneSpace", "load_space"]
 
 class TuneSpace(ConfigModel):
-    """What ``overlapcfg.tune`` searches. The defaults fit Llama-style models (``layers.*`` blocks of attention and
-    feed-forward); narrow or widen any field (``tune.space.forward_prefetch=[1,2]`` on the command line)."""
+    """What ``overlapcfg.tune`` searches. By default the grouping comes from the model (its repeated blocks and
+    their parts, ``overlapcfg.tuning.structure``); narrow or widen any field (``tune.space.forward_prefetch=[1,2]``
+    on the command line)."""
 
-    blocks: PatternText = "layers.*"
+    blocks: PatternText | None = None
     """The model's repeated blocks, one match per block in model order: what ``layers_per_bucket`` counts and
     ``split_blocks`` splits. Parameter owners before the first block (the embedding) form the first bucket, those
-    after the last block (final norm and head) the last bucket."""
+    after the last block (final norm and head) the last bucket. ``None``: found from the module tree (the
+    ``ModuleList`` / ``Sequential`` / numbered ``ModuleDict`` of same-class blocks holding the most parameter owners:
+    ``model.layers.*`` in Hugging Face decoders, ``layers.*`` in torchtitan). Set it where that is not the run to
+    group (an encoder-decoder's two stacks: owners between the blocks are an error)."""
 
-    block_parts: tuple[tuple[str, ...], ...] = (("attention_norm", "attention"), ("ffn_norm", "feed_forward"))
+    block_parts: tuple[tuple[str, ...], ...] | None = None
     """Children of a block (names relative to it) that ``split_blocks`` gives buckets of their own, one tuple per
-    bucket, in the order they compute; together they must hold every parameter of the block."""
+    bucket, in the order they compute; together they must hold every parameter of the block. ``None``: the
+    block's parameter-owning children in compute order, a child under 5 % of the block's bytes (a norm) sharing
+    the next one's bucket (the demo: ``[[attention_norm, attention], [ffn_norm, feed_forward]]``)."""
 
     layers_per_bucket: Annotated[tuple[Annotated[int, Field(ge=1)], ...], Field(min_length=1)] = (1, 2)
     """Blocks per bucket: fewer, larger collectives (less latency) against coarser overlap."""

@@ -1,4 +1,12 @@
-"""SimpleFSDP-style sharding (arXiv 2411.00284) for any ``nn.Module``, compact and without DTensor.
+"""SimpleFSDP-style sharding (arXiv 2411.00284) for any ``nn.Module``, compact and without DTensor: the sharder
+``overlapcfg.shard_module`` documents for models that are not sharded yet (Hugging Face, timm, your own).
+
+Why ours and not torchtitan's ``data_parallel``: torchtitan is an optional install (``--no-deps``, a pinned
+version, a triton-only module to stub on CPU) that Hugging Face users do not have; its DTensor parameters need a
+device mesh, so a process group must exist before the model is sharded; and it caches one wrapper class per module
+class across models. This one needs torch only, shards before any group exists (the group is looked up when a
+parameter is used), and handles tied parameters, mixed precision and HSDP. A model torchtitan already sharded is
+captured as it is (``overlapcfg.capture_step``); so is any other sharder whose collectives are in the graph.
 
 Each parameter is replaced by its dim-0 shard and a ``torch.nn.utils.parametrize`` parametrization that all-gathers
 it with the functional collective ``all_gather_single`` on every access. Traced by ``torch.compile`` this yields
@@ -53,8 +61,12 @@ data-parallel groups only, and the gathered local tensor is wrapped back into a 
 parameter's TP placements (torchtitan's ``_distribute_dtensor`` / ``replicate_compute`` do the same with one
 spanned mesh). The TP plan's own activation collectives then run on the TP group, as they would without FSDP.
 
+Tied parameters (``lm_head.weight is embed_tokens.weight``) stay tied: one shard and one all-gather
+parametrization serve every owner, so ``named_parameters()`` lists the shard once and its gradient sums what each
+use contributes (two partial reduce-scatters, added: the pass recognizes the pair).
+
 Not supported, on purpose: padding of uneven dim 0 (parity with the unsharded model would need masking; we raise
-instead), tied/shared parameters.
+instead).
 """
 
 from __future__ import annotations
@@ -71,7 +83,7 @@ from torch.nn.utils import parametrize
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from overlapcfg import compat
-from overlapcfg.demo.dims import HSDP_REDUCE_ORDERS, HsdpReduce
+from overlapcfg.capture.hsdp import HSDP_REDUCE_ORDERS, HsdpReduce
 from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.graph.attribution import user_fqn
 
@@ -152,14 +164,19 @@ class AllGatherShard(nn.Module):
     exists (and re-used under a new fake group in another trace). ``param_dtype`` / ``reduce_dtype``: see the
     module docstring (``None``: the shard's dtype / the gathered dtype). ``replicate_group`` / ``hsdp_reduce``:
     HSDP's second group and reduction order; ``tp_mesh`` / ``tp_placements``: the parameter was a tensor-parallel
-    DTensor, and the gathered local tensor is wrapped back into one.
+    DTensor, and the gathered local tensor is wrapped back into one. ``world_size`` / ``rank``: what the shard was
+    cut for (``capture_step`` traces at that size when no process group exists).
     """
 
     def __init__(self, group: dist.ProcessGroup | None, reshard_after_forward: bool,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None, *,
                  replicate_group: dist.ProcessGroup | None = None, hsdp_reduce: HsdpReduce = "all_reduce_first",
-                 tp_mesh: DeviceMesh | None = None, tp_placements: tuple[Placement, ...] = ()) -> None:
+                 tp_mesh: DeviceMesh | None = None, tp_placements: tuple[Placement, ...] = (),
+                 world_size: int | None = None, rank: int = 0) -> None:
         super().__init__()
+        self.world_size = world_size
+        """The ranks ``shard_module`` sharded for (``None``: not recorded), and this shard's rank."""
+        self.rank = rank
         self.group = group
         self.reshard_after_forward = reshard_after_forward
         self.param_dtype = param_dtype
@@ -202,29 +219,61 @@ def _check_divisible(module: nn.Module, world_size: int) -> None:
         raise OverlapConfigError(faults, header="cannot shard module")
 
 
-def shard_module(module: nn.Module, *, world_size: int, rank: int, group: dist.ProcessGroup | None = None,
-                 reshard_after_forward: bool = False, param_dtype: torch.dtype | None = None,
-                 reduce_dtype: torch.dtype | None = None, replicate_group: dist.ProcessGroup | None = None,
+def _group_facts(group: dist.ProcessGroup | None, world_size: int | None,
+                 rank: int | None) -> tuple[int, int]:
+    """``(world_size, rank)`` to shard for: as given, else from ``group`` (or the live default group)."""
+    live = group if group is not None else (dist.group.WORLD if dist.is_initialized() else None)
+    if world_size is None:
+        if live is None:
+            raise TypeError("shard_module: no process group exists yet; pass world_size= (the ranks you shard for) "
+                            "and rank= (default 0)")
+        world_size = live.size()
+    if live is not None and live.size() != world_size:
+        which = "group" if group is not None else "the default process group"
+        raise ValueError(f"shard_module: {which} has {live.size()} ranks but world_size={world_size}")
+    if rank is None:
+        rank = dist.get_rank(live) if live is not None else 0
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got world_size={world_size}, rank={rank}")
+    return world_size, rank
+
+
+def _owners(module: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Each distinct parameter's ``(owner module, attribute)`` pairs, model order: a tied parameter has several."""
+    uses: dict[int, list[tuple[nn.Module, str]]] = {}
+    for mod in module.modules():
+        for name, param in mod.named_parameters(recurse=False, remove_duplicate=False):
+            uses.setdefault(id(param), []).append((mod, name))
+    return list(uses.values())
+
+
+def shard_module(module: nn.Module, *, world_size: int | None = None, rank: int | None = None,
+                 group: dist.ProcessGroup | None = None, reshard_after_forward: bool = False,
+                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
+                 replicate_group: dist.ProcessGroup | None = None,
                  hsdp_reduce: HsdpReduce = "all_reduce_first") -> nn.Module:
     """Shard every parameter of ``module`` in place (rank ``rank`` keeps chunk ``rank`` of dim 0); return it.
 
-    Works on meta tensors. Parameters keep ``requires_grad`` and their dtype (the shards are the master weights).
-    ``module.named_parameters()`` then yields ``<owner>.parametrizations.<name>.original`` shards; ``user_fqn``
-    maps them back. ``param_dtype``: dtype the shard is cast to before its all-gather (the dtype compute sees);
-    ``reduce_dtype``: dtype gradients are reduce-scattered in (``None``: the gathered dtype). Both ``None``: no
-    casts at all. Raises ``OverlapConfigError`` listing every parameter whose dim 0 does not divide by
-    ``world_size``, and ``ValueError`` for a dtype that is not floating point.
+    ``world_size`` / ``rank``: the ranks to shard for and this one's position; by default those of ``group`` or of
+    the default process group (under ``torchrun``: nothing to pass). Before any group exists, give ``world_size``
+    (rank defaults to 0): the all-gathers look the group up when a parameter is used, so the model can be sharded
+    first and captured later, under a live or a fake group of that size.
+
+    Works on meta tensors. Parameters keep ``requires_grad`` and their dtype (the shards are the master weights);
+    tied parameters stay tied (one shard). ``module.named_parameters()`` then yields
+    ``<owner>.parametrizations.<name>.original`` shards; ``user_fqn`` maps them back. ``param_dtype``: dtype the
+    shard is cast to before its all-gather (the dtype compute sees); ``reduce_dtype``: dtype gradients are
+    reduce-scattered in (``None``: the gathered dtype). Both ``None``: no casts at all. Raises
+    ``OverlapConfigError`` listing every parameter whose dim 0 does not divide by ``world_size``, and
+    ``ValueError`` for a dtype that is not floating point.
 
     HSDP: ``group`` / ``world_size`` / ``rank`` describe the shard group, ``replicate_group`` the replicas, and
     ``hsdp_reduce`` the order the gradient is reduced in (module docstring). DTensor parameters (tensor parallel
     applied first) are sharded by their local tensor and wrapped back on their mesh after each all-gather.
     """
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got world_size={world_size}, rank={rank}")
+    world_size, rank = _group_facts(group, world_size, rank)
     if is_sharded(module):
         raise RuntimeError("shard_module: module is already sharded")
-    if group is not None and group.size() != world_size:
-        raise ValueError(f"shard_module: group has {group.size()} ranks but world_size={world_size}")
     if hsdp_reduce not in HSDP_REDUCE_ORDERS:
         raise ValueError(f"shard_module: hsdp_reduce must be one of {', '.join(HSDP_REDUCE_ORDERS)}, got "
                          f"{hsdp_reduce!r}")
@@ -232,16 +281,18 @@ def shard_module(module: nn.Module, *, world_size: int, rank: int, group: dist.P
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"shard_module: {name} must be a floating-point torch.dtype or None, got {dtype!r}")
     _check_divisible(module, world_size)
-    owners = [(mod, name) for mod in module.modules() for name, _ in mod.named_parameters(recurse=False)]
-    for mod, name in owners:
-        full = getattr(mod, name)
-        shard = _local(full.detach()).chunk(world_size, dim=0)[rank].clone()
-        setattr(mod, name, nn.Parameter(shard, requires_grad=full.requires_grad))
+    for uses in _owners(module):
+        first, attr = uses[0]
+        full = getattr(first, attr)
+        shard = nn.Parameter(_local(full.detach()).chunk(world_size, dim=0)[rank].clone(),
+                             requires_grad=full.requires_grad)
         tp = (full.device_mesh, tuple(full.placements)) if isinstance(full, DTensor) else (None, ())
         gather = AllGatherShard(group, reshard_after_forward, param_dtype, reduce_dtype,
                                 replicate_group=replicate_group, hsdp_reduce=hsdp_reduce,
-                                tp_mesh=tp[0], tp_placements=tp[1])
-        parametrize.register_parametrization(mod, name, gather, unsafe=True)
+                                tp_mesh=tp[0], tp_placements=tp[1], world_size=world_size, rank=rank)
+        for mod, name in uses:  # a tied parameter: every owner gets the same shard and the same all-gather
+            setattr(mod, name, shard)
+            parametrize.register_parametrization(mod, name, gather, unsafe=True)
     return module
 
 
