@@ -40,8 +40,16 @@ def _python_blocks() -> list[tuple[str, str]]:
 BLOCKS = _python_blocks()
 
 
+MODULE_BLOCK = re.compile(r"^# (\w+)\.py$")
+"""A block whose first line names a module file (``# my_configs.py``) is a module another program imports, not a
+script: it is run by the test written for that program (torchtitan's ``ConfigManager`` below)."""
+MODULE_BLOCK_TESTS = {"my_configs": "test_the_torchtitan_config_module_example_selects_the_pipeline"}
+
+
 def _modes(code: str) -> list[str]:
     first = code.splitlines()[0]
+    if MODULE_BLOCK.match(first):
+        return []
     if first.startswith(f"# {JOB}"):
         return ["job"]
     return ["single", "job"] if JOB in first else ["single"]
@@ -118,6 +126,8 @@ def test_the_python_blocks_are_found_and_each_says_how_it_runs() -> None:
     assert {"In Python", "Your own model"} <= set(headings)
     assert [m for h, c in BLOCKS if h == "Your own model" for m in _modes(c)] == ["single", "job"]
     assert any(_modes(c) == ["job"] for h, c in BLOCKS if h.startswith("Eager FSDP2"))
+    modules = [m.group(1) for _, c in BLOCKS if (m := MODULE_BLOCK.match(c.splitlines()[0]))]
+    assert modules and all(MODULE_BLOCK_TESTS.get(name) in globals() for name in modules), modules
 
 
 def _block_after(heading: str, lang: str) -> str:

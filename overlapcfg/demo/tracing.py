@@ -212,7 +212,7 @@ def _traced_step(model: nn.Module, step: CapturedStep, *, config: LlamaConfig | 
     if unattributed:
         raise AssertionError(f"tracing: no collective was attributed to {', '.join(unattributed[:4])}")
     traced = TracedStep(
-        **{f.name: getattr(step, f.name) for f in dataclasses.fields(CapturedStep)},
+        **{f.name: getattr(step, f.name) for f in dataclasses.fields(CapturedStep) if f.name != "mesh_groups"},
         config=config,
         reshard_after_forward=reshard_after_forward,
         trace_seconds=seconds,
