@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -587,11 +586,11 @@ def test_run_on_gloo_reports_a_rank_that_died_without_waiting_for_the_timeout() 
     bootstrap) used to be noticed only after the whole ``timeout_s``, reported as a time-out."""
     from overlapcfg.demo.gloo import RankFailedError
 
-    started = time.monotonic()
+    # No clock in the assertion: a time-out long enough that a loaded machine never reaches it, so only a harness
+    # that waits for it (the bug) reports "timed out"; a working one names the dead rank's exit code at once.
     with pytest.raises(RankFailedError) as failed:
-        run_on_gloo(C.exit_without_reporting, 3, world_size=2, timeout_s=15)
+        run_on_gloo(C.exit_without_reporting, 3, world_size=2, timeout_s=600)
     assert "timed out" not in str(failed.value) and "3" in str(failed.value)
-    assert time.monotonic() - started < 15
 
 
 # --- the independent checker itself (no capture) ----------------------------------------------------------------

@@ -234,12 +234,8 @@ def test_backward_schedule_reaches_the_specified_depths_and_delays(case: Case, r
 
 
 def test_synthetic_graphs_have_what_the_pass_needs() -> None:
-    """The builder's promises: fake values everywhere, FSDP reduce-scatters, builds well under a second."""
-    import time
-
-    started = time.perf_counter()
+    """The builder's promises: fake values everywhere, FSDP reduce-scatters."""
     syn = backward_graph([[1, 2], [3], [1, 1, 1]], regather=True)
-    assert time.perf_counter() - started < 1.0
     nodes = [n for n in syn.gm.graph.nodes if n.op != "output"]
     assert all(isinstance(n.meta.get("val"), torch.Tensor) for n in nodes)
     rs = [n for n in nodes if n.target is _c10d.reduce_scatter_tensor.default]

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from overlapcfg.config import BucketPlan, ModuleOverride
@@ -113,8 +111,8 @@ def test_superscript_digits_in_module_names_do_not_break_suggestions() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)  # a hang guard, not a speed bound: quadratic matching took about 240 s, indexed 0.3 s
 def test_ten_thousand_literals_resolve_in_seconds() -> None:
     fqns = ["", "blocks", *(f"blocks.{i}" for i in range(10_000))]
-    start = time.perf_counter()
-    resolve_plan(BucketPlan(buckets=tuple(fqns[2:])), fqns)
-    assert time.perf_counter() - start < 20  # was about 240 s; about 0.3 s now
+    result = resolve_plan(BucketPlan(buckets=tuple(fqns[2:])), fqns)
+    assert len(result.buckets) == 10_000
