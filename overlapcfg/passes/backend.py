@@ -69,7 +69,7 @@ def model_facts(model: nn.Module) -> tuple[tuple[str, ...], frozenset[str]]:
     return tuple(modules), params
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class GraphBackend:
     """A ``torch.compile`` backend: aot_autograd + min-cut partitioner, attribution, an optional pass per graph.
 
@@ -94,6 +94,17 @@ class GraphBackend:
     param_inputs: tuple[str | None, ...] = ()
     module_fqns: tuple[str, ...] = ()
     """What the last compiled region's plan patterns are matched against."""
+
+    def __repr__(self) -> str:
+        """Names and counts only. ``torch.compile`` calls ``str(backend)`` when it wraps it, and a model's repr
+        runs every ``extra_repr``, which reads parametrized parameters: under SimpleFSDP or torchtitan's
+        ``data_parallel`` that is one all-gather per read, issued on some ranks (the ones that log) and never
+        waited. So nothing here touches the model, its parameters or the captured graphs' tensors."""
+        model = type(self.model).__name__ if self.model is not None else None
+        graphs = ", ".join(f"{name}: {len(gm.graph.nodes)} nodes" for name, gm in self.graphs.items())
+        return (f"GraphBackend(model={model}, compiler={_name(self.compiler)}, "
+                f"bw_compiler={_name(self.bw_compiler)}, passes={self.fw_pass is not None}/{self.bw_pass is not None},"
+                f" graphs={{{graphs}}})")
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
         self.param_inputs = dynamo_parameter_inputs(gm)
@@ -142,6 +153,10 @@ class GraphBackend:
             return compiler(gm, example_inputs)
 
         return compile_graph
+
+
+def _name(fn: object) -> str | None:
+    return None if fn is None else getattr(fn, "__qualname__", type(fn).__name__)
 
 
 @dataclass(frozen=True, slots=True)
