@@ -144,13 +144,23 @@ def test_explain_refuses_a_model_it_did_not_shard() -> None:
 # --- bad input: an error before anything is sharded -----------------------------------------------------------------
 
 
-def _snapshot(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[tuple[str, type]]]:
-    return ({k: v.clone() for k, v in model.state_dict().items()}, [(n, type(m)) for n, m in model.named_modules()])
+Snapshot = tuple[dict[str, torch.Tensor], list[tuple[str, type]], list[tuple[str, dict[str, list[Any]]]],
+                 list[tuple[str, type]]]
 
 
-def _assert_untouched(model: nn.Module, before: tuple[dict[str, torch.Tensor], list[tuple[str, type]]]) -> None:
-    state, types = _snapshot(model)
+def _snapshot(model: nn.Module) -> Snapshot:
+    """State dict values, module types, every hook of every module, parameter types: what "untouched" means."""
+    hooks = [(n, {k: list(v.items()) for k, v in vars(m).items() if "hook" in k and isinstance(v, dict)})
+             for n, m in model.named_modules()]
+    return ({k: v.clone() for k, v in model.state_dict().items()}, [(n, type(m)) for n, m in model.named_modules()],
+            hooks, [(n, type(p)) for n, p in model.named_parameters()])
+
+
+def _assert_untouched(model: nn.Module, before: Snapshot) -> None:
+    state, types, hooks, params = _snapshot(model)
     assert types == before[1]
+    assert hooks == before[2]
+    assert params == before[3]
     assert state.keys() == before[0].keys()
     assert all(torch.equal(state[k], before[0][k]) and not isinstance(state[k], DTensor) for k in state)
     assert not any(isinstance(m, FSDPModule) for m in model.modules())
@@ -225,6 +235,63 @@ def test_tied_parameters_in_one_bucket_are_one_tensor(mesh: Any) -> None:
     tied = explain(model).bucket("model.embed_tokens+lm_head")
     assert tied.params == ("model.embed_tokens.weight",)
     assert tied.unsharded_bytes == M.VOCAB * 64 * 4
+
+
+def _with_scalar(model: nn.Module) -> nn.Module:
+    model.layers["1"].scale = nn.Parameter(torch.tensor(1.0))  # type: ignore[index]
+    return model
+
+
+REFUSED_BY_TORCH = {
+    # torch refuses these at one bucket's fully_shard, after earlier buckets (or parameters) were sharded.
+    "a ModuleDict bucket": (_demo, {"plan": {"buckets": ["tok_embeddings", "layers", ["norm", "output"]]}},
+                            "overlap.plan.buckets[1]", "'layers', a ModuleDict with no forward of its own"),
+    "a 0-dim parameter": (lambda: _with_scalar(_demo(2)), {"plan": "llama_layers"}, "overlap.plan.buckets[1]",
+                          "parameter 'layers.1.scale' in bucket 'layers.1' is a 0-dim tensor"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_BY_TORCH))
+def test_what_fsdp2_would_refuse_half_way_is_refused_before_any_module_is_sharded(case: str, mesh: Any) -> None:
+    build, cfg, path, text = REFUSED_BY_TORCH[case]
+    model = build()
+    before = _snapshot(model)
+    with pytest.raises(OverlapConfigError) as err:
+        overlapcfg.fully_shard(model, cfg, mesh=mesh)
+    assert any(f.path == path and text in f.message for f in err.value.faults), str(err.value)
+    _assert_untouched(model, before)
+
+
+def test_a_failure_inside_torchs_fully_shard_rolls_the_model_back(mesh: Any) -> None:
+    """A ``shard_placement_fn`` raising at the second bucket, after the first was sharded (and, inside the
+    failing bucket, after some parameters were replaced): the model comes back as given and can be sharded."""
+    model = _demo(2)
+    before = _snapshot(model)
+    calls: list[tuple[int, ...]] = []
+
+    def placement(param: nn.Parameter) -> None:
+        calls.append(tuple(param.shape))
+        if len(calls) == 13:  # layers.0 has 9 parameters: the 4th of layers.1
+            raise RuntimeError("placement refused")
+
+    with pytest.raises(RuntimeError, match="placement refused"):
+        overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh, shard_placement_fn=placement)
+    assert len(calls) == 13
+    _assert_untouched(model, before)
+    overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh)
+    assert isinstance(model.layers["0"], FSDPModule) and isinstance(model.layers["1"].attention.wq.weight, DTensor)
+    model(torch.zeros(1, 4, dtype=torch.long))  # hooks work: the fake group's all-gathers return garbage
+
+
+def test_a_3d_mesh_is_refused_with_the_sub_mesh_to_pass() -> None:
+    with fake_process_group(8, 0):
+        mesh3 = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+        model = _demo(1)
+        before = _snapshot(model)
+        with pytest.raises(ValueError, match=r'mesh has 3 dims \(dp_replicate=2 x dp_shard=2 x tp=2\).*'
+                                             r'sub-mesh \(mesh\["dp_replicate", "dp_shard"\]\)'):
+            overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh3)
+        _assert_untouched(model, before)
 
 
 def test_unknown_keyword_is_a_type_error_before_sharding(mesh: Any) -> None:

@@ -119,6 +119,8 @@ def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None,
     param_dtype = _param_dtype(kwargs)
     homes = _homes(tree, plan, ignored)
     faults += _shared_params(homes, ordered, root)
+    faults += _containers(ordered, tree, root)
+    faults += _scalars(homes, root)
     homes = _once(homes)
     buckets = []
     for b in ordered:
@@ -230,6 +232,36 @@ def _shared_params(homes: list[_Home], ordered: list[ResolvedBucket], root: str)
         faults.append(Fault(path, f"parameter {fqn!r} is the same tensor as {seen[0]!r} (tied), held by {groups}; "
                                   "FSDP2 shards a parameter in one group only: put both modules in one bucket "
                                   f"([{seen[0].rpartition('.')[0]}, {owner}])"))
+    return faults
+
+
+def _containers(buckets: list[ResolvedBucket], tree: ModuleTree, root: str) -> list[Fault]:
+    """A ``ModuleList`` / ``ModuleDict`` without a ``forward`` of its own: FSDP2 hooks a group's modules' forward,
+    and a container's is never called, so torch refuses it (at that bucket's ``fully_shard``, after deeper buckets
+    were already sharded)."""
+    faults = []
+    for b in buckets:
+        for fqn in b.modules:
+            module = tree.modules[fqn]
+            if isinstance(module, (nn.ModuleList, nn.ModuleDict)) and type(module).forward is nn.Module.forward:
+                faults.append(Fault(f"{root}.plan.buckets[{b.entry_index}]",
+                                    f"entry {b.entry_text} selects {fqn!r}, a {type(module).__name__} with no forward "
+                                    f"of its own: FSDP2 hooks forward calls, and a container is never called; "
+                                    f"select what it holds ({fqn}.*)"))
+    return faults
+
+
+def _scalars(homes: list[_Home], root: str) -> list[Fault]:
+    """0-dim parameters: FSDP2 shards along a dimension, a scalar has none (torch refuses it midway through a
+    group, after the group's earlier parameters were replaced)."""
+    faults = []
+    for owner, name, p, b in homes:
+        if p.dim() == 0:
+            fqn = f"{owner}.{name}" if owner else name
+            where = f"{root}.plan.buckets[{b.entry_index}]" if b is not None else f"{root}.plan"
+            group = f"bucket {b.name!r}" if b is not None else "the root group (no bucket holds it)"
+            faults.append(Fault(where, f"parameter {fqn!r} in {group} is a 0-dim tensor, which FSDP2 cannot shard: "
+                                       "give it shape (1,), or pass it in fully_shard(ignored_params=...)"))
     return faults
 
 
