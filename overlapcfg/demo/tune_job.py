@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from overlapcfg.config.base import ByteCount, ConfigModel
+from overlapcfg.config.base import ByteCount, ConfigModel, RankCount
 from overlapcfg.config.load import validate_config
 from overlapcfg.demo.job import Progress as Stages
 from overlapcfg.demo.job import demo_spec, replay_hardware, traced
@@ -36,8 +36,8 @@ class TuneSettings(ConfigModel):
 
     memory_budget: ByteCount | None = None
     """Largest peak of all-gathered bytes in flight (as costed: ``dtype``) a candidate may reach; null: none."""
-    world_size: int | None = None
-    """Ranks the step is predicted at; null: the traced world size."""
+    world_size: RankCount | None = None
+    """Ranks the step is predicted at (1 or more); null: the traced world size."""
     dtype: Literal["bf16", "fp16", "fp32"] | None = None
     """Cost floating tensors as this dtype (mixed precision from the fp32 trace); null: as traced."""
     space: TuneSpace = TuneSpace()
