@@ -11,6 +11,8 @@ The one place in the package with side effects on the model, in three steps:
    holds (FSDP2 requires inner modules to be sharded before the modules containing them).
 3. **Prefetch**: ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` on every group, from
    the plan's depths (``overlapcfg.fsdp2.prefetch``), then the record is attached (``overlapcfg.fsdp2.record``).
+   The first forward checks the bucket order the lists assume and re-plans them if the model runs its buckets
+   in another order (``overlapcfg.fsdp2.observe``).
 
 Steps 2 and 3 fail only for what torch alone can see (a ``shard_placement_fn`` that raises, say); then the model
 is restored from a snapshot taken before step 2 (``overlapcfg.fsdp2.rollback``) and torch's error propagates.
@@ -35,6 +37,7 @@ from overlapcfg.config import load_config
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.fsdp2.checks import check_kwargs, check_mesh, check_unsharded, shard_size
 from overlapcfg.fsdp2.layout import ShardLayout, plan_layout
+from overlapcfg.fsdp2.observe import watch_first_forward
 from overlapcfg.fsdp2.record import RECORD_ATTR, build_record
 from overlapcfg.fsdp2.rollback import Snapshot
 
@@ -77,6 +80,12 @@ def fully_shard(model: M, cfg: ConfigSource, *, mesh: DeviceMesh | None = None, 
     except BaseException:
         snapshot.restore()  # whatever torch refused half-way, the model comes back as it was given
         raise
+
+    def replan(measured: ShardLayout) -> None:
+        _set_prefetch(model, measured, groups)
+        setattr(model, RECORD_ATTR, build_record(measured, config, seconds=record.record.seconds))
+
+    watch_first_forward(model, layout, replan)
     logger.info("overlapcfg.fully_shard: %d FSDP2 groups + root (%d root parameters), %.3fs", len(groups),
                 len(layout.root_params), record.record.seconds)
     return model
