@@ -19,14 +19,13 @@ from overlapcfg.config.base import ByteCount, ConfigModel, RankCount
 from overlapcfg.config.load import validate_config
 from overlapcfg.demo.job import Progress as Stages
 from overlapcfg.demo.job import demo_spec, replay_hardware, traced
+from overlapcfg.demo.outputs import FRONT_FILE, TUNE_FILE, TUNED_FILE
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.files import write_atomic
 from overlapcfg.tuning.space import TuneSpace
 
 __all__ = ["TUNED_FILE", "TuneSettings", "run_tune", "tune_settings"]
 
-TUNED_FILE = "tuned.yaml"
-TUNE_FILE = "tune.json"
-FRONT_FILE = "tune_front.png"
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -83,9 +82,8 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
                       space=settings.space, as_dtype=as_dtype, progress=show, config_root="tune")
     stages.console.print(f"[green]✓[/green] tuned: {result.evaluated} candidates in {result.seconds:.1f} s")
     console.print(tune_tables(result))
-    path = output_dir / TUNED_FILE
-    path.write_text(result.to_yaml())
-    (output_dir / TUNE_FILE).write_text(result.to_json())
+    path = write_atomic(output_dir / TUNED_FILE, result.to_yaml())
+    write_atomic(output_dir / TUNE_FILE, result.to_json())
     png = write_front_png(result, output_dir / FRONT_FILE)
     console.print(f"tuned config: {path}; evidence: {output_dir / TUNE_FILE}, {png}  "
                   f"[dim](total {stages.total():.1f} s)[/dim]")

@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Group
 from rich.table import Table
 
+from overlapcfg.files import write_atomic
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.result import TuneResult
@@ -142,7 +143,7 @@ def write_front_png(result: TuneResult, path: Path) -> Path:
     ax.grid(alpha=0.3)
     fig.text(0.63, 0.5, "shipped presets\n" + "\n".join(listing), fontsize=7, va="center", family="monospace")
     fig.subplots_adjust(left=0.06, right=0.61, top=0.93, bottom=0.09)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    try:
+        return write_atomic(path, fig.savefig)
+    finally:
+        plt.close(fig)
