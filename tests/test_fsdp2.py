@@ -197,15 +197,18 @@ BAD_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_CONFIGS))
-def test_bad_config_raises_before_any_module_is_sharded(case: str, mesh: Any) -> None:
-    cfg, path, text = BAD_CONFIGS[case]
-    model = _demo(2)
+def _assert_refused_untouched(model: nn.Module, cfg: Any, mesh: Any, path: str, text: str) -> None:
     before = _snapshot(model)
     with pytest.raises(OverlapConfigError) as err:
         overlapcfg.fully_shard(model, cfg, mesh=mesh)
     assert any(f.path == path and text in f.message for f in err.value.faults), str(err.value)
     _assert_untouched(model, before)
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_raises_before_any_module_is_sharded(case: str, mesh: Any) -> None:
+    cfg, path, text = BAD_CONFIGS[case]
+    _assert_refused_untouched(_demo(2), cfg, mesh, path, text)
 
 
 def test_every_fault_is_reported_at_once_under_the_users_mount_point(mesh: Any) -> None:
@@ -322,12 +325,7 @@ REFUSED_BY_TORCH = {
 @pytest.mark.parametrize("case", list(REFUSED_BY_TORCH))
 def test_what_fsdp2_would_refuse_half_way_is_refused_before_any_module_is_sharded(case: str, mesh: Any) -> None:
     build, cfg, path, text = REFUSED_BY_TORCH[case]
-    model = build()
-    before = _snapshot(model)
-    with pytest.raises(OverlapConfigError) as err:
-        overlapcfg.fully_shard(model, cfg, mesh=mesh)
-    assert any(f.path == path and text in f.message for f in err.value.faults), str(err.value)
-    _assert_untouched(model, before)
+    _assert_refused_untouched(build(), cfg, mesh, path, text)
 
 
 def test_a_failure_inside_torchs_fully_shard_rolls_the_model_back(mesh: Any) -> None:
