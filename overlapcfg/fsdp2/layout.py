@@ -196,8 +196,10 @@ def _apart(buckets: list[LayoutBucket], chain: tuple[int, ...], starts: Sequence
     """A note for each bucket whose modules run apart, other buckets' forward in between (a tied embedding and
     head): FSDP2 keeps it gathered all that time, and backward reaches it before those buckets."""
     notes = []
-    for i in chain:
-        inside = [buckets[j].name for j in chain if starts[j] > starts[i] and ends[j] < ends[i]]
+    for p, i in enumerate(chain):
+        if p + 1 == len(chain) or ends[i] < starts[chain[p + 1]]:  # ends before the next one starts: the usual case
+            continue
+        inside = [buckets[j].name for j in chain[p + 1:] if ends[j] < ends[i]]
         if inside:
             first, last = buckets[i].resolved.modules[0], buckets[i].resolved.modules[-1]
             shown = ", ".join(inside[:3]) + (f" ... ({len(inside)} buckets)" if len(inside) > 3 else "")
