@@ -21,6 +21,8 @@ __all__ = [
     "closest",
     "closest_first",
     "natural_key",
+    "shorten",
+    "show_value",
 ]
 
 
@@ -31,12 +33,46 @@ SHOWN_PATHS = 3
 """Paths a line names for faults that share a message, before "and N more"."""
 
 
+SHOWN_CHARS = 80
+"""Most characters of a user's value an error message repeats: a 1 MB string is named, not echoed."""
+SHOWN_PATH_CHARS = 300
+"""Most characters of a fault's path (a path is made of the user's keys, and a key can be a megabyte)."""
+SHOWN_MESSAGE_CHARS = 4000
+"""Most characters of one fault's message; longer ones are cut (the cap is a backstop, see ``Fault``)."""
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text``, or its first ``limit`` characters and how long it was: ``'aaaa…' (1,048,576 characters)``."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def show_value(value: object) -> str:
+    """A user's value in an error message: ``repr``, shortened (``shorten``); a huge integer by its size (its
+    ``repr`` alone can be megabytes, and Python refuses to print one of more than 4,300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        return f"an integer of {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]!r}… ({len(value):,} characters)"
+    return shorten(repr(value))
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One thing wrong with a config: where (dotted config path) and what."""
+    """One thing wrong with a config: where (dotted config path) and what.
+
+    Both are capped (``SHOWN_PATH_CHARS``, ``SHOWN_MESSAGE_CHARS``): where a message names a user's value it is
+    shortened at the source (``show_value``), and the cap is the backstop that keeps a 1 MB key or value out of
+    a message whatever path it took.
+    """
 
     path: str
     message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", shorten(self.path, SHOWN_PATH_CHARS))
+        object.__setattr__(self, "message", shorten(self.message, SHOWN_MESSAGE_CHARS))
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
@@ -120,15 +156,24 @@ def natural_key(text: str) -> tuple[object, ...]:
     return tuple(int(p) if i % 2 else p for i, p in enumerate(_NUM.split(text)))
 
 
+_LONGEST_TYPO = 1000
+"""Names longer than this are compared with nothing: no valid name is a typo away, and difflib's work grows with
+the length (a megabyte-long key would take seconds to be told it is unknown)."""
+
+
 def closest(name: str, candidates: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
     """The candidates most similar to ``name``, best first (difflib ratio; ties in natural order)."""
     pool = sorted(dict.fromkeys(candidates), key=natural_key)
+    if len(name) > _LONGEST_TYPO:
+        return []
     return difflib.get_close_matches(name, pool, n=n, cutoff=cutoff)
 
 
 def closest_first(name: str, candidates: Iterable[str]) -> list[str]:
     """Every candidate, most similar to ``name`` first: how a list of valid options is shown after a typo."""
     pool = sorted(dict.fromkeys(candidates), key=natural_key)
+    if len(name) > _LONGEST_TYPO:
+        return pool
     return difflib.get_close_matches(name, pool, n=len(pool), cutoff=0.0) if pool else []
 
 

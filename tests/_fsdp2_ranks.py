@@ -145,8 +145,16 @@ def hf_model() -> tuple[nn.Module, Callable[[int], tuple[tuple[torch.Tensor, ...
     return model, batch
 
 
-MODELS = {"demo": demo_model, "hf": hf_model}
-BLOCKS = {"demo": "layers", "hf": "model.layers"}
+def _hf(build: Callable[[], tuple[nn.Module, Any]]) -> Callable[[], tuple[nn.Module, Callable[[int], Any]]]:
+    """A thirdparty HF builder with this module's per-rank batch (the loss reads ``output.logits``)."""
+    def make() -> tuple[nn.Module, Callable[[int], Any]]:
+        model, _ = build()
+        return model, hf_model()[1]
+    return make
+
+
+MODELS = {"demo": demo_model, "hf": hf_model, "gpt2": _hf(M.hf_gpt2), "gemma2": _hf(M.hf_gemma2)}
+BLOCKS = {"demo": "layers", "hf": "model.layers", "gpt2": "transformer.h", "gemma2": "model.layers"}
 """Where each model keeps its blocks: plain per-block FSDP2 shards each child of this module, then the root."""
 
 

@@ -91,6 +91,33 @@ def test_multirun_writes_one_report_per_job(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_sweep_with_a_failing_job_still_summarizes_the_jobs_that_finished(tmp_path):
+    out = run_cli(tmp_path, "-m", "overlap.policy.forward_prefetch=0,-1,2", *FAST, f"hydra.sweep.dir={tmp_path / 'sw'}")
+    assert out.returncode == 1  # Hydra reports the failed job
+    assert "overlap.policy.forward_prefetch: expected an integer >= 0, got -1" in out.stderr + out.stdout
+    summary = out.stdout[out.stdout.index("sweep: 2 jobs (all with model.n_layers=2)"):]
+    rows = [line.split()[:2] for line in summary.splitlines() if "overlap.policy.forward_prefetch=" in line]
+    assert rows[:2] == [["0", "overlap.policy.forward_prefetch=0"], ["2", "overlap.policy.forward_prefetch=2"]]
+    assert "failed: 1 of 3 jobs" in summary
+    assert ("job 1 (overlap.policy.forward_prefetch=-1 model.n_layers=2): overlap.policy.forward_prefetch: "
+            "expected an integer >= 0, got -1") in " ".join(summary.split())
+
+
+@pytest.mark.slow  # spawns a process that imports torch (seconds)
+def test_a_rerun_into_the_same_directory_leaves_no_output_of_the_earlier_run(tmp_path):
+    """Hydra rewrites .hydra/ at the start of a run: an earlier tuned.yaml must not stay beside the new config,
+    even when the new run stops early."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tuned.yaml").write_text("overlap:\n  plan: llama_layers\n")
+    (run / "report.json").write_text("{}")
+    out = run_cli(tmp_path, "mode=tune", "hardware=h100_nvlink", "tune.world_size=0", f"hydra.run.dir={run}")
+    assert out.returncode == 1 and "tune.world_size: expected a number of ranks" in out.stderr
+    assert "tune.world_size=0" in (run / ".hydra" / "overrides.yaml").read_text()
+    assert not (run / "tuned.yaml").exists() and not (run / "report.json").exists()
+
+
+@pytest.mark.slow
 def test_compare_mode_writes_table_json_and_timeline(tmp_path):
     rows = "+compare={none:{strategy:none},deep:{policy:{forward_prefetch:2}}}"
     out = run_cli(tmp_path, "mode=compare", "~compare", rows, "overlap.policy.backward_prefetch=2", *FAST,

@@ -53,6 +53,26 @@ def test_backend_rejects_an_unknown_compiler() -> None:
         backend(MANUAL, compiler="aot_eager")  # type: ignore[arg-type]
 
 
+def test_printing_the_backend_never_reads_a_parameter() -> None:
+    """``torch.compile`` calls ``str(backend)``; a repr that printed the model would run every ``extra_repr``
+    (HF's ``LlamaRMSNorm`` reads ``self.weight``), and each read of a SimpleFSDP-parametrized weight is an
+    all-gather that nobody waits for."""
+    from thirdparty import models as M
+
+    with compat.fake_process_group(2, 0):
+        model = M.shard_simple_fsdp(M.hf_llama()[0], world_size=2)
+        reads: list[str] = []
+        for name, module in model.named_modules():
+            if isinstance(module, M.GatherShard):
+                module.register_forward_hook(lambda m, *_, name=name: reads.append(name))
+        model.model.norm.weight.sum()  # the counter counts (and the all-gather is waited: .sum() uses it)
+        assert len(reads) == 1
+        built = backend({"plan": "hf_decoder_layers"}, model=model)  # a plan that fits: checked when built
+        text = f"{built} {built!r}"
+    assert len(reads) == 1, f"printing the backend read {len(reads) - 1} parametrized weight(s)"
+    assert "model=LlamaForCausalLM" in text
+
+
 def test_inductor_pass_uuid_is_stable_for_equal_configs_and_changes_with_the_config() -> None:
     first = inductor_pass(MANUAL)
     assert isinstance(first, compat.CustomGraphPass)

@@ -144,13 +144,23 @@ def test_explain_refuses_a_model_it_did_not_shard() -> None:
 # --- bad input: an error before anything is sharded -----------------------------------------------------------------
 
 
-def _snapshot(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[tuple[str, type]]]:
-    return ({k: v.clone() for k, v in model.state_dict().items()}, [(n, type(m)) for n, m in model.named_modules()])
+Snapshot = tuple[dict[str, torch.Tensor], list[tuple[str, type]], list[tuple[str, dict[str, list[Any]]]],
+                 list[tuple[str, type]]]
 
 
-def _assert_untouched(model: nn.Module, before: tuple[dict[str, torch.Tensor], list[tuple[str, type]]]) -> None:
-    state, types = _snapshot(model)
+def _snapshot(model: nn.Module) -> Snapshot:
+    """State dict values, module types, every hook of every module, parameter types: what "untouched" means."""
+    hooks = [(n, {k: list(v.items()) for k, v in vars(m).items() if "hook" in k and isinstance(v, dict)})
+             for n, m in model.named_modules()]
+    return ({k: v.clone() for k, v in model.state_dict().items()}, [(n, type(m)) for n, m in model.named_modules()],
+            hooks, [(n, type(p)) for n, p in model.named_parameters()])
+
+
+def _assert_untouched(model: nn.Module, before: Snapshot) -> None:
+    state, types, hooks, params = _snapshot(model)
     assert types == before[1]
+    assert hooks == before[2]
+    assert params == before[3]
     assert state.keys() == before[0].keys()
     assert all(torch.equal(state[k], before[0][k]) and not isinstance(state[k], DTensor) for k in state)
     assert not any(isinstance(m, FSDPModule) for m in model.modules())
@@ -187,15 +197,18 @@ BAD_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_CONFIGS))
-def test_bad_config_raises_before_any_module_is_sharded(case: str, mesh: Any) -> None:
-    cfg, path, text = BAD_CONFIGS[case]
-    model = _demo(2)
+def _assert_refused_untouched(model: nn.Module, cfg: Any, mesh: Any, path: str, text: str) -> None:
     before = _snapshot(model)
     with pytest.raises(OverlapConfigError) as err:
         overlapcfg.fully_shard(model, cfg, mesh=mesh)
     assert any(f.path == path and text in f.message for f in err.value.faults), str(err.value)
     _assert_untouched(model, before)
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_raises_before_any_module_is_sharded(case: str, mesh: Any) -> None:
+    cfg, path, text = BAD_CONFIGS[case]
+    _assert_refused_untouched(_demo(2), cfg, mesh, path, text)
 
 
 def test_every_fault_is_reported_at_once_under_the_users_mount_point(mesh: Any) -> None:
@@ -225,6 +238,126 @@ def test_tied_parameters_in_one_bucket_are_one_tensor(mesh: Any) -> None:
     tied = explain(model).bucket("model.embed_tokens+lm_head")
     assert tied.params == ("model.embed_tokens.weight",)
     assert tied.unsharded_bytes == M.VOCAB * 64 * 4
+
+
+GPT2_PLAN = {"buckets": [["transformer.wte", "lm_head"], "transformer.wpe", "transformer.h.*", "transformer.ln_f"],
+             "require_full_coverage": True}
+GPT2_TIED = "transformer.wte+lm_head"
+
+
+def test_a_tied_bucket_is_first_in_backward_and_the_record_says_why(mesh: Any) -> None:
+    """``[transformer.wte, lm_head]`` (the fix FSDP2's tie error suggests) starts forward at ``wte`` and backward
+    at ``lm_head``: backward is not the reverse of forward, and the lists must follow backward's own order."""
+    model, _ = M.hf_gpt2()
+    overlapcfg.fully_shard(model, {"plan": GPT2_PLAN, "policy": {"backward_prefetch": 2}}, mesh=mesh)
+    record = explain(model)
+    assert record.forward_order == (GPT2_TIED, "transformer.wpe", "transformer.h.0", "transformer.h.1",
+                                    "transformer.ln_f")
+    assert record.backward_order == (GPT2_TIED, "transformer.ln_f", "transformer.h.1", "transformer.h.0",
+                                     "transformer.wpe")
+    backward = dict(record.backward_prefetch)
+    assert backward[ROOT] == (GPT2_TIED,)
+    assert backward[GPT2_TIED] == ("transformer.ln_f", "transformer.h.1")
+    assert backward["transformer.wpe"] == ()
+    tied = [d for d in record.bucket(GPT2_TIED).decisions if (d.direction, d.kind) == ("backward", "all_gather")]
+    assert [(d.position, d.effective, d.reason) for d in tied] == [(0, 2, None)]
+    assert any(n.startswith(f"bucket {GPT2_TIED!r} runs apart: transformer.wte runs before and lm_head after "
+                            "transformer.wpe, transformer.h.0, transformer.h.1 ...") for n in record.record.notes)
+
+
+class _NormFirst(nn.Module):
+    """Registers ``norm`` before the blocks it follows: registration order is not the order forward runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+
+def test_the_first_forward_measures_the_bucket_order_and_replans_the_lists(mesh: Any) -> None:
+    model = _NormFirst()
+    overlapcfg.fully_shard(model, {"plan": {"buckets": ["norm", "blocks.*"]},
+                                   "policy": {"forward_prefetch": 1, "backward_prefetch": 1}}, mesh=mesh)
+    assert explain(model).forward_order == ("norm", "blocks.0", "blocks.1")  # registration order, a guess
+    model(torch.zeros(2, 8))  # the fake group's all-gathers return garbage; only the order matters
+    record = explain(model)
+    assert record.forward_order == ("blocks.0", "blocks.1", "norm")
+    assert record.backward_order == ("norm", "blocks.1", "blocks.0")
+    assert dict(record.forward_prefetch)["blocks.0"] == ("blocks.1",)
+    assert dict(record.backward_prefetch)["norm"] == ("blocks.1",)
+    assert any("differs from registration order, prefetch re-planned" in n for n in record.record.notes)
+    state = torch_fully_shard.state  # what FSDP2 itself holds now
+    assert state(model.blocks[0])._states_to_forward_prefetch == [state(model.blocks[1])]
+    assert state(model.norm)._states_to_backward_prefetch == [state(model.blocks[1])]
+    model(torch.zeros(2, 8))  # the hooks are gone: nothing is measured twice
+    assert sum("bucket order" in n for n in explain(model).record.notes) == 1
+
+
+def test_a_model_run_in_registration_order_keeps_its_lists_and_says_it_checked(mesh: Any) -> None:
+    model = _demo(2)
+    overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh)
+    before = explain(model)
+    model(torch.zeros(1, 4, dtype=torch.long))
+    after = explain(model)
+    assert after.forward_prefetch == before.forward_prefetch and after.backward_prefetch == before.backward_prefetch
+    assert "bucket order checked on the first forward: as planned" in after.record.notes
+
+
+def _with_scalar(model: nn.Module) -> nn.Module:
+    model.layers["1"].scale = nn.Parameter(torch.tensor(1.0))  # type: ignore[index]
+    return model
+
+
+REFUSED_BY_TORCH = {
+    # torch refuses these at one bucket's fully_shard, after earlier buckets (or parameters) were sharded.
+    "a ModuleDict bucket": (_demo, {"plan": {"buckets": ["tok_embeddings", "layers", ["norm", "output"]]}},
+                            "overlap.plan.buckets[1]", "'layers', a ModuleDict with no forward of its own"),
+    "a 0-dim parameter": (lambda: _with_scalar(_demo(2)), {"plan": "llama_layers"}, "overlap.plan.buckets[1]",
+                          "parameter 'layers.1.scale' in bucket 'layers.1' is a 0-dim tensor"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_BY_TORCH))
+def test_what_fsdp2_would_refuse_half_way_is_refused_before_any_module_is_sharded(case: str, mesh: Any) -> None:
+    build, cfg, path, text = REFUSED_BY_TORCH[case]
+    _assert_refused_untouched(build(), cfg, mesh, path, text)
+
+
+def test_a_failure_inside_torchs_fully_shard_rolls_the_model_back(mesh: Any) -> None:
+    """A ``shard_placement_fn`` raising at the second bucket, after the first was sharded (and, inside the
+    failing bucket, after some parameters were replaced): the model comes back as given and can be sharded."""
+    model = _demo(2)
+    before = _snapshot(model)
+    calls: list[tuple[int, ...]] = []
+
+    def placement(param: nn.Parameter) -> None:
+        calls.append(tuple(param.shape))
+        if len(calls) == 13:  # layers.0 has 9 parameters: the 4th of layers.1
+            raise RuntimeError("placement refused")
+
+    with pytest.raises(RuntimeError, match="placement refused"):
+        overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh, shard_placement_fn=placement)
+    assert len(calls) == 13
+    _assert_untouched(model, before)
+    overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh)
+    assert isinstance(model.layers["0"], FSDPModule) and isinstance(model.layers["1"].attention.wq.weight, DTensor)
+    model(torch.zeros(1, 4, dtype=torch.long))  # hooks work: the fake group's all-gathers return garbage
+
+
+def test_a_3d_mesh_is_refused_with_the_sub_mesh_to_pass() -> None:
+    with fake_process_group(8, 0):
+        mesh3 = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+        model = _demo(1)
+        before = _snapshot(model)
+        with pytest.raises(ValueError, match=r'mesh has 3 dims \(dp_replicate=2 x dp_shard=2 x tp=2\).*'
+                                             r'sub-mesh \(mesh\["dp_replicate", "dp_shard"\]\)'):
+            overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh3)
+        _assert_untouched(model, before)
 
 
 def test_unknown_keyword_is_a_type_error_before_sharding(mesh: Any) -> None:
@@ -278,11 +411,30 @@ HF_VARIANTS: dict[str, Any] = {
 }
 
 
+# Tied embedding and head in one bucket (FSDP2 refuses them in two): forward starts at the embedding, backward at
+# the head, so each direction has its own order (``overlapcfg.fsdp2.layout``).
+GPT2_BUCKETS = {GPT2_TIED: ["transformer.wte", "lm_head"], "transformer.wpe": ["transformer.wpe"],
+                "transformer.h.0": ["transformer.h.0"], "transformer.h.1": ["transformer.h.1"],
+                "transformer.ln_f": ["transformer.ln_f"]}
+GPT2_BACKWARD = [GPT2_TIED, "transformer.ln_f", "transformer.h.1", "transformer.h.0", "transformer.wpe"]
+GEMMA2_TIED = "model.embed_tokens+lm_head"
+GEMMA2_BUCKETS = {GEMMA2_TIED: ["model.embed_tokens", "lm_head"], "model.layers.0": ["model.layers.0"],
+                  "model.layers.1": ["model.layers.1"], "model.norm": ["model.norm"]}
+GEMMA2_BACKWARD = [GEMMA2_TIED, "model.norm", "model.layers.1", "model.layers.0"]
+GEMMA2_PLAN = {"buckets": [["model.embed_tokens", "lm_head"], "model.layers.*", "model.norm"],
+               "require_full_coverage": True}
+TIED_VARIANTS: dict[str, dict[str, Any]] = {
+    "gpt2": {"plain": None, "depth 1": _depth(GPT2_PLAN, 1), "depth 2": _depth(GPT2_PLAN, 2)},
+    "gemma2": {"plain": None, "depth 2": _depth(GEMMA2_PLAN, 2)},
+}
+
+
 @pytest.fixture(scope="module")
 def gloo_runs() -> list[dict[str, dict[str, dict[str, Any]]]]:
-    """Both models, every variant, 2 ranks, one spawn: ``runs[rank][model][variant]``."""
-    jobs = {"demo": (DEMO_VARIANTS, DEMO_BUCKETS), "hf": (HF_VARIANTS, HF_BUCKETS)}
-    return run_on_gloo(train_models, jobs, world_size=2, timeout_s=170)
+    """Every model, every variant, 2 ranks, one spawn: ``runs[rank][model][variant]``."""
+    jobs = {"demo": (DEMO_VARIANTS, DEMO_BUCKETS), "hf": (HF_VARIANTS, HF_BUCKETS),
+            "gpt2": (TIED_VARIANTS["gpt2"], GPT2_BUCKETS), "gemma2": (TIED_VARIANTS["gemma2"], GEMMA2_BUCKETS)}
+    return run_on_gloo(train_models, jobs, world_size=2, timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -369,11 +521,12 @@ HF_EXPECTED: dict[str, tuple[list[int], list[int], set[str] | None]] = {
 
 
 def _assert_measured(runs: list[dict[str, dict[str, Any]]], buckets: dict[str, Any], variant: str,
-                     expected: tuple[list[int], list[int], set[str] | None]) -> None:
+                     expected: tuple[list[int], list[int], set[str] | None],
+                     backward_order: list[str] | None = None) -> None:
     order = list(buckets)
     forward, backward, gathered = expected
     want_forward = _windows(order, forward)
-    want_backward = _windows(order[::-1], backward, gathered)
+    want_backward = _windows(backward_order or order[::-1], backward, gathered)
     for rank, results in enumerate(runs):
         for step, events in enumerate(results[variant]["events"]):
             assert _issued_when_starting(events, "forward") == want_forward, (variant, rank, step, "forward")
@@ -390,6 +543,27 @@ def test_demo_buckets_start_with_exactly_the_requested_all_gathers_issued(demo_r
 @pytest.mark.parametrize("variant", list(HF_EXPECTED))
 def test_hf_buckets_start_with_exactly_the_requested_all_gathers_issued(hf_runs: Any, variant: str) -> None:
     _assert_measured(hf_runs, HF_BUCKETS, variant, HF_EXPECTED[variant])
+
+
+TIED_CASES = [("gpt2", "depth 1"), ("gpt2", "depth 2"), ("gemma2", "depth 2")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "variant"), TIED_CASES)
+def test_tied_hf_models_match_plain_fsdp2_bit_for_bit(gloo_runs: Any, kind: str, variant: str) -> None:
+    _assert_bitwise_like_plain([per_rank[kind] for per_rank in gloo_runs], variant)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "variant"), TIED_CASES)
+def test_a_tied_bucket_prefetches_at_its_depth_from_the_first_backward_kernel(gloo_runs: Any, kind: str,
+                                                                             variant: str) -> None:
+    """Measured on GPT-2 and Gemma2: the tied bucket computes first in backward and prefetches as deep as asked
+    (before, it was handed no list: depths [0, 2, 1, 0] where [2, 2, 1, 0] was asked and recorded)."""
+    buckets, order = (GPT2_BUCKETS, GPT2_BACKWARD) if kind == "gpt2" else (GEMMA2_BUCKETS, GEMMA2_BACKWARD)
+    k = int(variant.rsplit(maxsplit=1)[-1])
+    _assert_measured([per_rank[kind] for per_rank in gloo_runs], buckets, variant,
+                     (_uniform(len(buckets), k), _uniform(len(buckets), k), None), backward_order=order)
 
 
 @pytest.mark.slow

@@ -184,3 +184,128 @@ def test_path_like_objects_are_read_as_files(tmp_path: Path) -> None:
 
     (tmp_path / "o.yaml").write_text("plan: llama_layers\n")
     assert load_config(Where()).plan is not None
+
+
+# --- work bounded by the input's size, never by waiting ------------------------------------------------------------
+
+
+def test_yaml_text_over_the_byte_limit_is_refused_before_it_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from overlapcfg.config import load as loader
+
+    def never(text: str) -> object:
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(loader, "load_yaml", never)
+    msg = fault_text("plan: " + "x" * (loader.MAX_FILE_BYTES + 1))
+    assert f"config text is at most {loader.MAX_FILE_BYTES:,} bytes" in msg and len(msg) < 300
+
+
+def test_a_file_over_the_byte_limit_is_refused_after_reading_one_byte_past_it(tmp_path: Path) -> None:
+    from overlapcfg.config.load import MAX_FILE_BYTES
+
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"plan: " + b"x" * MAX_FILE_BYTES)
+    assert f"is more than {MAX_FILE_BYTES:,} bytes" in fault_text(big)
+
+
+def test_values_are_counted_before_the_document_is_composed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 600,000-value list (about 4 MB, under the byte limit) stops at value 500,001 of the event stream: it is
+    never composed (the old check composed all of it, then counted: ~56 s and 3.5 GB at 16 MB)."""
+    import yaml
+
+    from overlapcfg.config import safe_yaml
+
+    events = []
+    parse = yaml.parse
+
+    def counting_parse(*args: object, **kwargs: object) -> object:
+        for event in parse(*args, **kwargs):
+            events.append(1)
+            yield event
+
+    def never(self: object) -> object:
+        raise AssertionError("composed")
+
+    monkeypatch.setattr(yaml, "parse", counting_parse)
+    for loader in (safe_yaml._Loader, getattr(safe_yaml, "_CLoader", safe_yaml._Loader)):
+        monkeypatch.setattr(loader, "get_single_node", never)
+    text = "plan:\n  buckets:\n" + "".join(f"  - l{i}\n" for i in range(600_000))
+    assert "more than 500,000 values (line" in fault_text(text)
+    assert len(events) < 500_010
+
+
+def test_the_pure_python_composer_stops_at_the_value_limit_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    from overlapcfg.config import safe_yaml
+
+    monkeypatch.setattr(safe_yaml, "MAX_NODES", 1_000)  # the pure-Python parser is slow; the rule is the same
+    loader = safe_yaml._Loader("[" + "1, " * 1_000 + "]")
+    with pytest.raises(safe_yaml.YamlLimitError, match=r"more than 1,000 values \(line 1, column 2999\)"):
+        loader.get_single_node()
+    loader.dispose()
+
+
+@pytest.mark.skipif(not os.access("/proc/kmsg", os.R_OK), reason="/proc/kmsg is readable by root only")
+def test_a_kernel_file_that_looks_regular_never_blocks() -> None:
+    """procfs says ``/proc/kmsg`` is a regular file of size 0; reading it to the end waits for kernel messages
+    forever. (Run in a child: a blocked read is not interruptible from here. As root, it consumes the kernel
+    messages pending right now, as any reader of ``/proc/kmsg`` does.)"""
+    import subprocess
+    import sys
+
+    code = ("from pathlib import Path\nfrom overlapcfg import load_config, OverlapConfigError\n"
+            "try:\n    load_config(Path('/proc/kmsg'))\nexcept OverlapConfigError as e:\n    print('refused', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and "refused" in out.stdout, out.stderr[-2000:]
+    assert "/proc/kmsg" in out.stdout
+
+
+def test_a_fifo_with_a_writer_is_refused_without_reading_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "overlap.yaml"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a writer that never writes: a read would wait forever
+    try:
+        assert "is not a file" in fault_text(fifo)
+    finally:
+        os.close(writer)
+
+
+# --- text that is not Unicode, values that are huge ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["dict", "DictConfig"])
+def test_a_lone_surrogate_is_refused_at_load_with_its_path(kind: str) -> None:
+    """``layers.\\udcff`` (what ``surrogateescape`` makes of a stray byte) used to load, then crash ``to_yaml``."""
+    data = {"plan": {"buckets": ["layers.\udcff"]}}
+    msg = fault_text(data if kind == "dict" else OmegaConf.create(data))
+    assert "overlap.plan.buckets[0]: 'layers.\\udcff' holds a lone surrogate '\\udcff' at character 7" in msg
+
+
+def test_yaml_holding_a_lone_surrogate_is_refused_with_its_position() -> None:
+    msg = fault_text("plan: llama_layers\npolicy: {x\udcff: 1}\n")
+    assert "YAML text holds a lone surrogate '\\udcff' (line 2, column 11)" in msg
+    assert "invalid Unicode character escape" in fault_text('plan: {buckets: ["layers.\\udcff"]}\n')  # PyYAML's
+
+
+def test_a_lone_surrogate_in_a_key_is_refused() -> None:
+    assert "(a key): 'forward\\udcff' holds a lone surrogate" in fault_text({"policy": {"forward\udcff": 1}})
+
+
+MEGABYTE = "x" * 2**20
+HUGE_VALUES = {
+    "unknown strategy": {"strategy": MEGABYTE},
+    "unknown plan preset": {"plan": MEGABYTE},
+    "unknown key": {MEGABYTE: 1},
+    "unknown policy key": {"plan": "llama_layers", "policy": {MEGABYTE: 1}},
+    "bad depth": {"plan": "llama_layers", "policy": {"forward_prefetch": MEGABYTE}},
+    "bad literal": {"plan": "llama_layers", "policy": {"issue_order": MEGABYTE}},
+    "a 5,000-digit depth": {"plan": "llama_layers", "policy": {"forward_prefetch": 10**5000}},
+    "a 5,000-digit pattern": {"plan": {"buckets": [10**5000]}},
+    "YAML text": f"strategy: {MEGABYTE}\n",
+}
+
+
+@pytest.mark.parametrize("case", list(HUGE_VALUES))
+def test_errors_name_huge_values_without_echoing_them(case: str) -> None:
+    msg = fault_text(HUGE_VALUES[case])
+    assert len(msg) < 1500, msg[:300]
+    assert "characters)" in msg or "digits" in msg

@@ -70,3 +70,28 @@ def test_recipe_fsdp2_eager_and_compiled_losses_equal_fsdp2_without_prefetch(tmp
     text = "\n".join(graphs)
     assert "Forward graph" in text and "Backward graph" in text and "aten.mm" in text, text[-2000:]
     assert not any(op in text for op in ("all_gather", "reduce_scatter", "c10d")), text[-2000:]
+
+
+
+EXIT_PROBE = Path(__file__).resolve().parent / "_recipe_exit.py"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc")
+def test_the_recipe_never_finalizes_python_under_live_gloo_threads(tmp_path):
+    """The cause of the recipe test's rare abort (rank 0, exit -6, "terminate called without an active exception",
+    after the last step): FSDP2 leaves the gloo group alive past ``destroy_process_group``, so its worker threads
+    run into Python's finalization, and one releasing a just-finished collective's tensors takes the GIL there,
+    which ends the thread through a ``noexcept`` destructor (a core dump shows exactly that). The recipe's ranks
+    now end without finalizing Python: the atexit hook of ``tests/_recipe_exit.py``, which runs when finalization
+    starts and records the threads alive then, never runs. (On the old recipe it ran on every rank, with gloo's
+    three threads alive.)"""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           str(EXIT_PROBE), str(run_dir), "steps=1", "sharding=fsdp2", f"losses_file={tmp_path / 'losses.json'}"]
+    out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(json.loads((tmp_path / "losses.json").read_text())) == 1  # it trained, wrote, and then left
+    finalized = {p.name: json.loads(p.read_text()) for p in run_dir.glob("finalized_rank*.json")}
+    assert finalized == {}, f"ranks finalized Python with these threads alive: {finalized}"

@@ -158,6 +158,40 @@ def test_a_budget_below_every_candidate_names_the_smallest_feasible_one() -> Non
     assert result.score.peak_inflight_bytes <= smallest
 
 
+@pytest.mark.parametrize("world_size", [-4, 0, 2.5, True, "8", 10**400])
+def test_a_world_size_no_cluster_has_is_a_fault_at_its_path_in_tune_explain_and_compare(world_size: Any) -> None:
+    """-4 used to tune "at -4 ranks" with no communication, 0 meant the traced size, 2.5 gave pydantic's raw
+    error and 10**400 an OverflowError."""
+    step = synthetic_step([[1], [2]])
+    cfg = {"plan": {"buckets": ["layers.*"]}}
+    calls = {
+        "tune.world_size": lambda: tune(step, hardware="cpu_gloo", world_size=world_size, memory_budget=None,
+                                        space=SYNTHETIC_SPACE, verify=False, config_root="tune"),
+        "world_size": lambda: overlapcfg.explain(step, cfg, hardware="cpu_gloo", world_size=world_size),
+    }
+    calls["world_size "] = lambda: compare(step, [cfg], hardware="cpu_gloo", world_size=world_size)
+    for path, call in calls.items():
+        with pytest.raises(OverlapConfigError) as err:
+            call()
+        (fault,) = err.value.faults
+        assert fault.path == path.strip() and "expected a number of ranks: an integer from 1" in fault.message
+        assert len(str(err.value)) < 200
+
+
+def test_the_tune_settings_refuse_world_size_0_instead_of_reading_it_as_the_traced_size() -> None:
+    from overlapcfg.demo.tune_job import tune_settings
+
+    with pytest.raises(OverlapConfigError, match=r"tune\.world_size: expected a number of ranks"):
+        tune_settings(OmegaConf.create({"tune": {"world_size": 0}}))
+
+
+def test_a_memory_budget_of_10_to_the_400_is_a_fault_not_an_overflow() -> None:
+    with pytest.raises(OverlapConfigError, match=r"tune\.memory_budget: expected a positive byte count of at most "
+                                                 r"2\*\*63-1 .* got an integer of 401 digits"):
+        tune(synthetic_step([[1]]), hardware="cpu_gloo", memory_budget=10**400, space=SYNTHETIC_SPACE, verify=False,
+             config_root="tune")
+
+
 def test_the_search_is_deterministic() -> None:
     step = synthetic_step()
     runs = [tune(step, hardware="h100_nvlink", world_size=8, memory_budget=None, space=SYNTHETIC_SPACE,

@@ -264,3 +264,19 @@ def may_alias_input(node: _fx.Node) -> bool:
 
 
 __all__ += ["may_alias_input", "written_inputs"]
+
+# --- FSDP2 rollback (overlapcfg.fsdp2.rollback) ---------------------------------------------------------------
+# ``fully_shard`` records each module's state in a private module-level registry besides the module's own
+# ``__dict__``; a module whose sharding is rolled back must leave it, or a later ``fully_shard`` of that module
+# fails ("Inserting ... more than once", or "State has already been garbage collected").
+from torch.distributed import _composable_state  # noqa: E402
+
+
+def forget_module_states(modules: list[_torch.nn.Module]) -> None:
+    """Drop ``modules`` from torch's composable-API state registry (what ``fully_shard`` inserted)."""
+    mapping = _composable_state._module_state_mapping
+    for module in modules:
+        mapping.pop(module, None)
+
+
+__all__ += ["forget_module_states"]

@@ -15,9 +15,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
 from pydantic_core import PydanticCustomError
 
-from overlapcfg.errors import did_you_mean
+from overlapcfg.errors import did_you_mean, show_value
 
-__all__ = ["TARGET_KEY", "ByteCount", "ConfigModel", "Depth", "collect_unknown_field_hints"]
+__all__ = ["MAX_BYTES", "MAX_RANKS", "TARGET_KEY", "ByteCount", "ConfigModel", "Depth", "RankCount",
+           "collect_unknown_field_hints"]
 
 TARGET_KEY = "_target_"
 TARGET_MESSAGE = (
@@ -50,7 +51,7 @@ class ConfigModel(BaseModel):
         valid = tuple(sorted(cls.model_fields))
         hints = _unknown_field_hints.get()
         if hints is None:  # a direct model_validate: say it here, with the suggestion pydantic would not give
-            parts = [f"{k!r}{did_you_mean(str(k), valid, n=1)}" for k in unknown]
+            parts = [f"{show_value(k)}{did_you_mean(str(k), valid, n=1)}" for k in unknown]
             raise PydanticCustomError("unknown_field", "unknown field {fields}; valid fields: {valid}",
                                       {"fields": ", ".join(parts), "valid": ", ".join(valid)})
         for key in unknown:
@@ -73,8 +74,14 @@ def _check_depth(value: Any) -> int:
     # bool is an int subclass; `forward_prefetch: true` is a mistake, not a depth of 1.
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise PydanticCustomError("depth", "expected an integer >= 0, got {got}", {"got": _show(value)})
+    if value > MAX_DEPTH_VALUE:
+        raise PydanticCustomError("depth", "expected an integer from 0 to 2**31-1, got {got}", {"got": _show(value)})
     return value
 
+
+MAX_DEPTH_VALUE = 2**31 - 1
+"""Largest depth or delay: any depth past the last bucket means "all of them", and a bounded one dumps and costs
+like any other integer (a 5,000-digit one cannot even be printed)."""
 
 Depth = Annotated[int, BeforeValidator(_check_depth)]
 """A prefetch depth or delay: how many buckets ahead. 0 disables overlap for that direction."""
@@ -87,6 +94,10 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
+MAX_BYTES = 2**63 - 1
+"""Largest byte count: torch sizes tensors in int64, and cost arithmetic in floats must not overflow."""
+
+
 def _check_bytes(value: Any) -> int:
     """Accept ``1073741824``, ``1e9`` (whole floats, as Hydra parses them) or ``"1GiB"`` / ``"512 MB"``."""
     if isinstance(value, bool):
@@ -94,12 +105,12 @@ def _check_bytes(value: Any) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, int):
-        if value < 1:
+        if not 1 <= value <= MAX_BYTES:
             raise _bytes_error(value)
         return value
-    if isinstance(value, str) and (m := _SIZE.match(value)) and m.group(2).lower() in _UNITS:
+    if isinstance(value, str) and len(value) <= 64 and (m := _SIZE.match(value)) and m.group(2).lower() in _UNITS:
         n = float(m.group(1)) * _UNITS[m.group(2).lower()]
-        if n >= 1 and float(n).is_integer():
+        if 1 <= n <= MAX_BYTES and float(n).is_integer():
             return int(n)
     raise _bytes_error(value)
 
@@ -107,7 +118,8 @@ def _check_bytes(value: Any) -> int:
 def _bytes_error(value: Any) -> PydanticCustomError:
     return PydanticCustomError(
         "byte_count",
-        "expected a positive byte count (an integer, or a string such as '2GiB' or '512MB'), got {got}",
+        "expected a positive byte count of at most 2**63-1 (an integer, or a string such as '2GiB' or '512MB'), "
+        "got {got}",
         {"got": _show(value)},
     )
 
@@ -116,5 +128,21 @@ ByteCount = Annotated[int, BeforeValidator(_check_bytes), PlainSerializer(int)]
 """A positive number of bytes; strings with units (``"4GiB"``) are converted on load and dumped as integers."""
 
 
+MAX_RANKS = 2**31 - 1
+"""Largest world size: c10d numbers ranks with 32-bit integers."""
+
+
+def _check_ranks(value: Any) -> int:
+    # bool is an int subclass, and a whole float is not a rank count anyone meant (2.0 from 4 / 2, 2.5 a typo).
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RANKS:
+        raise PydanticCustomError("rank_count", "expected a number of ranks: an integer from 1 to 2**31-1, got {got}",
+                                  {"got": _show(value)})
+    return value
+
+
+RankCount = Annotated[int, BeforeValidator(_check_ranks)]
+"""A world size: how many ranks a prediction or a search is made for."""
+
+
 def _show(value: Any) -> str:
-    return repr(value) if not isinstance(value, (dict, list, tuple)) else type(value).__name__
+    return show_value(value) if not isinstance(value, (dict, list, tuple)) else type(value).__name__

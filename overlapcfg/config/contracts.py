@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, TypeAlias
 
 from overlapcfg.config.policy import AutoPolicy, OverlapPolicy, PolicyBase, TorchManualPolicy
-from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean
+from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean, show_value
 
 if TYPE_CHECKING:
     from overlapcfg.config.overlap import OverlapConfig
@@ -145,7 +145,7 @@ def contract_of(name: str) -> StrategyContract:
     if contract is None:
         names = strategy_names()
         raise OverlapConfigError.single(
-            "strategy", f"unknown strategy {name!r}; available (closest first): "
+            "strategy", f"unknown strategy {show_value(name)}; available (closest first): "
                         f"{', '.join(closest_first(name, names))}{did_you_mean(name, names)}"
         )
     return contract

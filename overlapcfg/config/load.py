@@ -8,6 +8,7 @@ Nothing a user passes escapes as anything but ``OverlapConfigError`` (a wrong Py
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
@@ -15,7 +16,7 @@ from typing import Any, TypeAlias, TypeVar
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from overlapcfg.compat.omegaconf import full_key, root_of
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
@@ -29,7 +30,7 @@ from overlapcfg.config.interpolate import (
 from overlapcfg.config.overlap import OverlapConfig
 from overlapcfg.config.presets import searching_hydra
 from overlapcfg.config.safe_yaml import YamlLimitError, dump_yaml, load_yaml, measure
-from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
+from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean, show_value
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -39,6 +40,7 @@ __all__ = [
     "from_hydra",
     "load_config",
     "validate_config",
+    "validate_value",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -46,7 +48,8 @@ M = TypeVar("M", bound=BaseModel)
 HEADER = "invalid overlap config"
 
 MAX_FILE_BYTES = 16 * 2**20
-"""Largest config file read; a plan for the largest models is well under 1 MiB."""
+"""Largest config file (or YAML text) read, checked before parsing; a plan for the largest models is well under
+1 MiB. Parsing is bounded further by ``safe_yaml.MAX_NODES`` values, counted before anything is composed."""
 
 ConfigSource: TypeAlias = OverlapConfig | Mapping[str, Any] | DictConfig | str | os.PathLike[str]
 """Anything ``load_config`` turns into an ``OverlapConfig``."""
@@ -79,6 +82,8 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
         raise OverlapConfigError.single(root, f"expected a mapping, got {_describe(data, src)}")
     if targets := list(_target_paths(data, root)):
         raise OverlapConfigError([Fault(p, TARGET_MESSAGE) for p in targets], header=HEADER)
+    if surrogates := list(_surrogate_faults(data, root)):
+        raise OverlapConfigError(surrogates, header=HEADER)
     return validate_config(OverlapConfig, dict(data), root=root).mounted_at(root)
 
 
@@ -90,6 +95,15 @@ def validate_config(model: type[M], data: Any, *, root: str, header: str = HEADE
         except ValidationError as err:
             faults = faults_from_validation_error(err, root, hints)
     raise OverlapConfigError(faults, header=header)
+
+
+def validate_value(kind: Any, value: Any, *, path: str, header: str | None = None) -> Any:
+    """One value that is not part of a config model (a function's argument such as ``world_size=``) validated as
+    the ``Annotated`` type ``kind`` (``RankCount``, ``ByteCount``), its fault under ``path``."""
+    try:
+        return TypeAdapter(kind).validate_python(value)
+    except ValidationError as err:
+        raise OverlapConfigError(faults_from_validation_error(err, path), header=header) from None
 
 
 def from_hydra(node: DictConfig) -> OverlapConfig:
@@ -152,25 +166,72 @@ def _to_container(src: Any, root: str) -> Any:
     )
 
 
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+"""Opening never waits (a FIFO without a writer) and never adopts a terminal; reading never waits either: a file
+that has nothing to give now (``/proc/kmsg`` reports a regular file of size 0, then blocks) says so instead."""
+
+
 def _read_file(path: Path, root: str) -> str:
+    """The file's text, read from one open descriptor (what is checked is what is read) and at most
+    ``MAX_FILE_BYTES`` + 1 bytes of it, whatever size the file reports."""
+    name = show_value(str(path))
     try:
-        if not path.is_file():
-            what = "is not a file" if path.exists() else "does not exist"
-            raise OverlapConfigError.single(root, f"config file {str(path)!r} {what}")
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise OverlapConfigError.single(
-                root, f"config file {str(path)!r} is {size:,} bytes; config files are at most {MAX_FILE_BYTES:,}")
-        return path.read_bytes().decode("utf-8")
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise OverlapConfigError.single(root, f"config file {name} does not exist") from None
+    except OSError as err:
+        raise OverlapConfigError.single(root, f"config file {name} cannot be read: {err.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OverlapConfigError.single(root, f"config file {name} is not a file")
+        data = _read_capped(fd, name, root)
+    except BlockingIOError:
+        raise OverlapConfigError.single(root, f"config file {name} cannot be read without waiting (a kernel or "
+                                              "device file that only looks like a file, such as /proc/kmsg)") from None
+    except OSError as err:
+        raise OverlapConfigError.single(root, f"config file {name} cannot be read: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise OverlapConfigError.single(
-            root, f"config file {str(path)!r} is not UTF-8 text (byte {err.start} of {size:,})") from None
-    except OSError as err:
-        raise OverlapConfigError.single(root, f"config file {str(path)!r} cannot be read: {err.strerror}") from None
+            root, f"config file {name} is not UTF-8 text (byte {err.start} of {len(data):,})") from None
+
+
+def _read_capped(fd: int, name: str, root: str) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := os.read(fd, min(2**20, MAX_FILE_BYTES + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > MAX_FILE_BYTES:
+            raise OverlapConfigError.single(
+                root, f"config file {name} is more than {MAX_FILE_BYTES:,} bytes; config files are at most that")
+    return b"".join(chunks)
+
+
+def _check_text(text: str, root: str) -> None:
+    """YAML text is held to the file limit before it is parsed, and must be valid Unicode: a lone surrogate
+    (``'\\udcff'``, what ``surrogateescape`` makes of an undecodable byte) cannot be written back as YAML."""
+    if len(text) > MAX_FILE_BYTES:  # every character is at least one byte: no need to encode to know
+        raise OverlapConfigError.single(root, f"YAML text of {len(text):,} characters refused; config text is at "
+                                              f"most {MAX_FILE_BYTES:,} bytes")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        line = text.count("\n", 0, err.start) + 1
+        column = err.start - (text.rfind("\n", 0, err.start) + 1) + 1
+        raise OverlapConfigError.single(root, f"YAML text holds a lone surrogate {text[err.start]!r} (line {line}, "
+                                              f"column {column}): not valid Unicode text") from None
+    if size > MAX_FILE_BYTES:
+        raise OverlapConfigError.single(root, f"YAML text of {size:,} bytes refused; config text is at most "
+                                              f"{MAX_FILE_BYTES:,} bytes")
 
 
 def _from_text(text: str, root: str, path: Path | None) -> Any:
-    where = f"YAML file {str(path)!r}" if path is not None else "YAML"
+    where = f"YAML file {show_value(str(path))}" if path is not None else "YAML"
+    _check_text(text, root)
     try:
         data = load_yaml(text)
     except YamlLimitError as err:
@@ -312,6 +373,27 @@ def _target_paths(data: Any, path: str) -> Iterator[str]:
             yield from _target_paths(value, f"{path}[{i}]")
 
 
+def _surrogate_faults(data: Any, path: str) -> Iterator[Fault]:
+    """Strings (keys included) holding a lone surrogate: Python strings may, Unicode text may not. Such a name
+    matches no module, cannot be written to YAML or JSON, and crashes whoever prints it to a UTF-8 stream."""
+    if isinstance(data, str):
+        if not data.isascii():
+            try:
+                data.encode("utf-8")
+            except UnicodeEncodeError as err:
+                yield Fault(path, f"{show_value(data)} holds a lone surrogate {data[err.start]!r} at character "
+                                  f"{err.start}: not valid Unicode text")
+    elif isinstance(data, Mapping):
+        for key, value in data.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and not key.isascii():
+                yield from _surrogate_faults(key, f"{path} (a key)" if path else "(a key)")
+            yield from _surrogate_faults(value, sub)
+    elif isinstance(data, (list, tuple)):
+        for i, value in enumerate(data):
+            yield from _surrogate_faults(value, f"{path}[{i}]")
+
+
 def _join(root: str, loc: tuple[int | str, ...]) -> str:
     out = root
     for part in loc:
@@ -329,7 +411,7 @@ def _show(value: Any) -> str:
         return "a mapping"
     if isinstance(value, (list, tuple)):
         return "a list"
-    return repr(value)
+    return show_value(value)
 
 
 _EXPECTED = {
@@ -411,6 +493,8 @@ def _is_pattern_position(error: Mapping[str, Any]) -> bool:
 
 def _integer_pattern(value: int) -> str:
     """Hydra's override parser and YAML read ``0`` (and YAML 1.1 ``4:8``) as integers; say how to quote them."""
+    if value.bit_length() > 100:
+        return f"got {show_value(value)}; module names are strings"
     msg = f"got an integer {value}; module names are strings: quote it ('{value}')"
     high, low = divmod(value, 60)
     if value >= 60 and high < 60:

@@ -26,7 +26,7 @@ from overlapcfg.config.plan import BucketPlan, ModuleOverride
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.config.presets import load_preset, preset_names
 from overlapcfg.config.safe_yaml import dump_yaml
-from overlapcfg.errors import closest_first, did_you_mean
+from overlapcfg.errors import closest_first, did_you_mean, show_value
 
 __all__ = ["OverlapConfig"]
 
@@ -104,7 +104,8 @@ class OverlapConfig(ConfigModel):
             raise PydanticCustomError(
                 "unknown_strategy",
                 "unknown strategy {name}; available (closest first): {names}{hint}",
-                {"name": repr(name), "names": _listing(closest_first(name, names)), "hint": did_you_mean(name, names)},
+                {"name": show_value(name), "names": _listing(closest_first(name, names)),
+                 "hint": did_you_mean(name, names)},
             )
         return name
 
@@ -129,7 +130,7 @@ class OverlapConfig(ConfigModel):
             raise PydanticCustomError(
                 "unknown_preset",
                 "unknown plan preset {name}; available (closest first): {names}{hint}",
-                {"name": repr(value), "names": _listing(closest_first(value, names)),
+                {"name": show_value(value), "names": _listing(closest_first(value, names)),
                  "hint": did_you_mean(value, names)},
             ) from None
         data.setdefault("name", value)
@@ -208,7 +209,8 @@ def _policy_preset(name: str, strategy: str) -> dict[str, Any]:
         names = preset_names("policy")
         raise PydanticCustomError(
             "unknown_preset", "unknown policy preset {name}; available (closest first): {names}{hint}",
-            {"name": repr(name), "names": _listing(closest_first(name, names)), "hint": did_you_mean(name, names)},
+            {"name": show_value(name), "names": _listing(closest_first(name, names)),
+                 "hint": did_you_mean(name, names)},
         ) from None
     if "policy" in data and isinstance(data["policy"], dict):  # written at the overlap node
         data = {**data["policy"], **({"strategy": data["strategy"]} if "strategy" in data else {})}

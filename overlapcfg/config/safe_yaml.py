@@ -102,14 +102,20 @@ class _Loader(_NoDuplicateKeys, yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._nodes = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:  # type: ignore[override]
-        # Counted here, before the recursion, so a 10,000-deep flow list fails fast instead of blowing the stack.
+        # Counted here, before the recursion, so a 10,000-deep flow list fails fast instead of blowing the stack,
+        # and a document of a million values stops at the 500,001st instead of being composed whole.
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark
                 raise YamlLimitError(f"nesting deeper than {MAX_DEPTH} levels", mark.line + 1, mark.column + 1)
+            if self._nodes > MAX_NODES:
+                mark = self.peek_event().start_mark
+                raise YamlLimitError(_too_many(), mark.line + 1, mark.column + 1)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -126,25 +132,42 @@ if yaml.__with_libyaml__:
         yaml_implicit_resolvers = CONFIG_RESOLVERS
 
 
-def _check_depth(text: str) -> None:
-    depth = 0
+def _too_many() -> str:
+    return f"more than {MAX_NODES:,} values"
+
+
+_OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+_NODE = (yaml.ScalarEvent, yaml.AliasEvent, *_OPEN)
+
+
+def _check_events(text: str) -> None:
+    """Nesting depth and value count on the (flat) event stream, before libyaml composes anything: the work is
+    bounded by the limits, not by the document (a 16 MiB list of a million values stops at value 500,001)."""
+    depth = nodes = 0
     for event in yaml.parse(text, Loader=_CLoader):
-        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+        if isinstance(event, _NODE):
+            nodes += 1
+            if nodes > MAX_NODES:
+                mark = event.start_mark
+                raise YamlLimitError(_too_many(), mark.line + 1, mark.column + 1)
+        if isinstance(event, _OPEN):
             depth += 1
             if depth > MAX_DEPTH:
                 mark = event.start_mark
                 raise YamlLimitError(f"nesting deeper than {MAX_DEPTH} levels", mark.line + 1, mark.column + 1)
-        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+        elif isinstance(event, _CLOSE):
             depth -= 1
 
 
 def load_yaml(text: str) -> Any:
     """The one document in ``text`` as plain Python data; ``YamlLimitError`` or ``yaml.YAMLError`` if refused.
 
-    An empty document is ``None``; several documents are a ``yaml.YAMLError``.
+    An empty document is ``None``; several documents are a ``yaml.YAMLError``. Callers bound ``text``'s size
+    first (``overlapcfg.config.load.MAX_FILE_BYTES``); here the values are counted before anything is built.
     """
     if yaml.__with_libyaml__:
-        _check_depth(text)
+        _check_events(text)
         loader: yaml.SafeLoader = _CLoader(text)
     else:
         loader = _Loader(text)

@@ -47,9 +47,11 @@ def _console() -> Console:
 
 def _task(cfg: DictConfig) -> None:
     from overlapcfg.demo import job
+    from overlapcfg.demo.outputs import clear_outputs
 
     console = _console()
     output_dir = Path(HydraConfig.get().runtime.output_dir)
+    clear_outputs(output_dir)  # .hydra/ already holds this run's config: nothing of an earlier run may stay beside it
     mode = cfg.mode
     try:
         if mode == "run":
@@ -61,33 +63,60 @@ def _task(cfg: DictConfig) -> None:
         else:
             raise OverlapConfigError.single("mode", f"expected one of {', '.join(MODES)}, got {mode!r}"
                                                     f"{did_you_mean(str(mode), MODES)}")
-    except (OverlapConfigError, OverlapVerificationError) as err:
-        raise ConfigError(str(err)) from None
+    except Exception as err:
+        _sweep_failure(err)
+        if isinstance(err, (OverlapConfigError, OverlapVerificationError)):
+            raise ConfigError(str(err)) from None
+        raise
 
 
-_SWEEP: list[tuple[list[str], Path]] = []
-"""``(overrides, report.json)`` of each ``mode=run`` job of a multirun, in order, for the summary after the last."""
+_SWEEP: list[tuple[int, list[str], Path]] = []
+"""``(job number, overrides, report.json)`` of each ``mode=run`` job of a multirun that finished, in order, for the
+summary after the last."""
+_FAILED: list[tuple[int, list[str], str]] = []
+"""``(job number, overrides, what went wrong)`` of each multirun job that raised."""
 
 
 def _sweep_job(report: Path) -> None:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        _SWEEP.append((list(hydra_cfg.overrides.task), report))
+        _SWEEP.append((hydra_cfg.job.num, list(hydra_cfg.overrides.task), report))
+
+
+def _sweep_failure(err: Exception) -> None:
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return
+    if isinstance(err, OverlapConfigError) and err.faults:
+        what = str(err.faults[0]) + (f" (and {len(err.faults) - 1} more)" if len(err.faults) > 1 else "")
+    else:
+        what = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    _FAILED.append((hydra_cfg.job.num, list(hydra_cfg.overrides.task), what))
 
 
 def _sweep_summary() -> None:
-    """After a multirun: one table across its jobs. Jobs run in this process with Hydra's default launcher;
-    a launcher that runs them elsewhere leaves nothing here, and each job's report.json is the record."""
-    if not _SWEEP:
+    """After a multirun: one table across the jobs that finished, and the jobs that failed with why (Hydra then
+    exits 1 for them). Jobs run in this process with Hydra's default launcher; a launcher that runs them
+    elsewhere leaves nothing here, and each job's report.json is the record."""
+    if not _SWEEP and not _FAILED:
         return
-    from overlapcfg.report import Report
-    from overlapcfg.report.sweep import sweep_table
+    from rich.markup import escape
 
     console = _console()
-    jobs = [(overrides, Report.from_json(path.read_text())) for overrides, path in _SWEEP]
-    console.print(sweep_table(jobs))
-    console.print(f"reports: {', '.join(str(path) for _, path in _SWEEP)}", soft_wrap=True)
+    if _SWEEP:
+        from overlapcfg.report import Report
+        from overlapcfg.report.sweep import sweep_table
+
+        jobs = [(overrides, Report.from_json(path.read_text())) for _, overrides, path in _SWEEP]
+        console.print(sweep_table(jobs, numbers=[num for num, _, _ in _SWEEP]))
+        console.print(f"reports: {', '.join(str(path) for _, _, path in _SWEEP)}", soft_wrap=True)
+    if _FAILED:
+        total = len(_SWEEP) + len(_FAILED)
+        console.print(f"[red]failed: {len(_FAILED)} of {total} jobs[/red]")
+        for num, overrides, what in _FAILED:
+            console.print(f"  job {num} ({escape(' '.join(overrides))}): {escape(what)}", soft_wrap=True)
     _SWEEP.clear()
+    _FAILED.clear()
 
 
 def main() -> None:
@@ -96,8 +125,10 @@ def main() -> None:
     if faults:
         sys.exit(f"invalid overrides ({len(faults)} fault{'s' if len(faults) > 1 else ''}):\n  " + "\n  ".join(faults))
     app = hydra.main(config_path=str(command_conf_dir()), config_name="overlapcfg", version_base="1.3")(_task)
-    app()
-    _sweep_summary()
+    try:
+        app()
+    finally:  # also when a job failed: Hydra reports the first failure and exits 1 after all jobs ran
+        _sweep_summary()
 
 
 if __name__ == "__main__":

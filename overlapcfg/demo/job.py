@@ -26,8 +26,10 @@ from rich.console import Console
 from overlapcfg.compat.omegaconf import full_key
 from overlapcfg.config import OverlapConfig, from_hydra, load_config
 from overlapcfg.config.contracts import contract_of
+from overlapcfg.demo.outputs import COMPARE_FILE, REPORT_FILE, TIMELINE_STEM
 from overlapcfg.demo.settings import DemoSettings, demo_settings
 from overlapcfg.errors import Fault, OverlapConfigError
+from overlapcfg.files import write_atomic
 
 if TYPE_CHECKING:
     from overlapcfg.demo.tracing import TracedStep
@@ -38,8 +40,6 @@ __all__ = ["Progress", "check_plan", "compare_configs", "demo_spec", "hardware_o
 
 log = logging.getLogger(__name__)
 
-REPORT_FILE = "report.json"
-COMPARE_FILE = "compare.json"
 
 
 def demo_spec(cfg: DictConfig) -> DemoSettings:
@@ -159,8 +159,7 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     with progress.stage(f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
         report = explain(step, overlap, hardware=hardware)
     console.print(report_table(report))  # with the untransformed step's prediction (report.baseline) as "before"
-    path = output_dir / REPORT_FILE
-    path.write_text(report.to_json())
+    path = write_atomic(output_dir / REPORT_FILE, report.to_json())
     console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
     return path
 
@@ -188,7 +187,7 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
                       "traced graphs; eager FSDP2 has none)[/dim]")
     path = output_dir / REPORT_FILE
     if not rank:
-        path.write_text(report.to_json())
+        write_atomic(path, report.to_json())
     console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
     return path
 
@@ -268,10 +267,9 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
                 f"(change a row with compare.<label>.{key})")
         log.info(note)
         console.print(f"[yellow]{note}[/yellow]")
-    path = output_dir / COMPARE_FILE
-    path.write_text(comparison.to_json())
+    path = write_atomic(output_dir / COMPARE_FILE, comparison.to_json())
     with progress.stage("wrote timeline"):
-        files = write_timeline(comparison, output_dir)
+        files = write_timeline(comparison, output_dir, stem=TIMELINE_STEM)
     console.print(f"comparison: {path}; timeline: {', '.join(str(f) for f in files)}")
     return path
 

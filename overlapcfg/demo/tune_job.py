@@ -15,18 +15,17 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from overlapcfg.config.base import ByteCount, ConfigModel
+from overlapcfg.config.base import ByteCount, ConfigModel, RankCount
 from overlapcfg.config.load import validate_config
 from overlapcfg.demo.job import Progress as Stages
 from overlapcfg.demo.job import demo_spec, replay_hardware, traced
+from overlapcfg.demo.outputs import FRONT_FILE, TUNE_FILE, TUNED_FILE
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.files import write_atomic
 from overlapcfg.tuning.space import TuneSpace
 
 __all__ = ["TUNED_FILE", "TuneSettings", "run_tune", "tune_settings"]
 
-TUNED_FILE = "tuned.yaml"
-TUNE_FILE = "tune.json"
-FRONT_FILE = "tune_front.png"
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -36,8 +35,8 @@ class TuneSettings(ConfigModel):
 
     memory_budget: ByteCount | None = None
     """Largest peak of all-gathered bytes in flight (as costed: ``dtype``) a candidate may reach; null: none."""
-    world_size: int | None = None
-    """Ranks the step is predicted at; null: the traced world size."""
+    world_size: RankCount | None = None
+    """Ranks the step is predicted at (1 or more); null: the traced world size."""
     dtype: Literal["bf16", "fp16", "fp32"] | None = None
     """Cost floating tensors as this dtype (mixed precision from the fp32 trace); null: as traced."""
     space: TuneSpace = TuneSpace()
@@ -83,9 +82,8 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
                       space=settings.space, as_dtype=as_dtype, progress=show, config_root="tune")
     stages.console.print(f"[green]✓[/green] tuned: {result.evaluated} candidates in {result.seconds:.1f} s")
     console.print(tune_tables(result))
-    path = output_dir / TUNED_FILE
-    path.write_text(result.to_yaml())
-    (output_dir / TUNE_FILE).write_text(result.to_json())
+    path = write_atomic(output_dir / TUNED_FILE, result.to_yaml())
+    write_atomic(output_dir / TUNE_FILE, result.to_json())
     png = write_front_png(result, output_dir / FRONT_FILE)
     console.print(f"tuned config: {path}; evidence: {output_dir / TUNE_FILE}, {png}  "
                   f"[dim](total {stages.total():.1f} s)[/dim]")

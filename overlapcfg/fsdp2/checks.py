@@ -15,14 +15,17 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from overlapcfg.config import Bucket, OverlapConfig, OverlapPolicy
 from overlapcfg.errors import Fault, closest_first, did_you_mean
 
-__all__ = ["NATIVE_REDUCE_SCATTER_DELAY", "check_config", "check_kwargs", "check_unsharded", "ignored_settings"]
+__all__ = ["NATIVE_REDUCE_SCATTER_DELAY", "check_config", "check_kwargs", "check_mesh", "check_unsharded",
+           "ignored_settings", "shard_size"]
 
 NATIVE_REDUCE_SCATTER_DELAY = 1
 """FSDP2's own reduce-scatter overlap, in the policy's terms. In post-backward a bucket issues its reduce-scatter
@@ -115,3 +118,46 @@ def check_unsharded(model: nn.Module) -> None:
             where = f"module {name!r}" if name else "the model itself"
             raise RuntimeError(f"overlapcfg.fully_shard: {where} is already sharded with FSDP2; pass the unsharded "
                                "model (the driver calls torch's fully_shard on every bucket and on the root)")
+
+
+def check_mesh(mesh: object, kwargs: Mapping[str, Any]) -> None:
+    """``TypeError`` / ``ValueError`` for a mesh FSDP2 would refuse, before anything is sharded.
+
+    FSDP2 takes a 1-D mesh (FSDP), a 2-D mesh with named dims (HSDP: replicate, shard), or any mesh together with
+    ``dp_mesh_dims`` naming its data-parallel dims. A 3-D mesh (say data parallel x tensor parallel) is the
+    common mistake: it is the sub-mesh of the data-parallel dims that FSDP2 wants.
+    """
+    if mesh is None:
+        return
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"overlapcfg.fully_shard: mesh must be a DeviceMesh or None, got {type(mesh).__name__}")
+    if kwargs.get("dp_mesh_dims") is not None:
+        return  # torch checks the names against the mesh; shard_size reads them
+    names = mesh.mesh_dim_names
+    shape = " x ".join(f"{n}={s}" if names else str(s) for n, s in zip(names or [""] * mesh.ndim, mesh.shape,
+                                                                       strict=True))
+    if mesh.ndim > 2:
+        dp = [n for n in names or () if n.startswith("dp")]
+        example = f'mesh["{dp[0]}"]' if len(dp) == 1 else (
+            "mesh[" + ", ".join(f'"{n}"' for n in dp) + "]" if dp else 'mesh["dp"]')
+        raise ValueError(f"overlapcfg.fully_shard: mesh has {mesh.ndim} dims ({shape}); FSDP2 shards over a 1-D mesh "
+                         f"(FSDP) or a 2-D one (HSDP: replicate, shard). Pass the data-parallel sub-mesh ({example}), "
+                         "or the whole mesh with dp_mesh_dims=DataParallelMeshDims(shard=..., replicate=...)")
+    if mesh.ndim == 2 and names is None:
+        raise ValueError(f"overlapcfg.fully_shard: a 2-D mesh ({shape}) is HSDP, and FSDP2 needs its dims named: "
+                         'init_device_mesh(..., mesh_dim_names=("replicate", "shard"))')
+
+
+def shard_size(mesh: DeviceMesh | None, kwargs: Mapping[str, Any]) -> int | None:
+    """Ranks a parameter is sharded over: the mesh's shard dims (``dp_mesh_dims.shard``, else its last dim: HSDP is
+    ``(replicate, shard)``), else the default group's size; None if no group exists yet (torch will say so at the
+    first ``fully_shard``)."""
+    dims = kwargs.get("dp_mesh_dims")
+    if mesh is not None and dims is not None:
+        size = 1
+        for name in dims.shard_names:
+            size *= mesh.size(mesh.mesh_dim_names.index(name)) if name in (mesh.mesh_dim_names or ()) else 1
+        return size
+    if mesh is not None:
+        return mesh.size(mesh.ndim - 1)
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None

@@ -4,15 +4,26 @@ and whom each group prefetches. Derived from the config and the module tree alon
 Every fault is collected and raised as one ``OverlapConfigError`` (the plan's own faults from
 ``overlapcfg.resolve`` included), so a config that fails here leaves the model exactly as it was.
 
-Forward order is the order of each bucket's first module in ``model.named_modules()`` (registration order):
-FSDP2 sets prefetch lists before any forward has run, so it cannot observe the order, and transformer stacks
-register their modules in the order they run (embedding, blocks, norm, head). The record lists the order used.
+Prefetch lists follow the order buckets start computing, in each direction. FSDP2 takes the lists before any
+forward has run, so the order is read from ``model.named_modules()`` (registration order), which is the order a
+transformer stack runs its modules in (embedding, blocks, norm, head):
+
+- forward: a bucket starts at its first module (FSDP2 all-gathers a group at the first of its modules to run);
+- backward: a bucket starts where its *last* module's forward ended (autograd runs backward in reverse), so
+  backward is the reverse of forward only for buckets whose modules run together. A tied embedding and head,
+  ``[transformer.wte, lm_head]``, is first in forward *and* first in backward (``lm_head`` ran last), and FSDP2
+  keeps it gathered from ``wte``'s forward to ``lm_head``'s and from ``lm_head``'s backward to the end::
+
+      forward:   wte+lm_head  wpe  h.0  h.1  ln_f          (each bucket at its first module)
+      backward:  wte+lm_head  ln_f  h.1  h.0  wpe          (each bucket at its last module, reversed)
+
+The record lists both orders and says which buckets run apart.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +38,7 @@ from overlapcfg.fsdp2.prefetch import DirectionPlan, plan_direction
 from overlapcfg.fsdp2.tree import ModuleTree, ParamInfo, module_tree, param_info
 from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
 
-__all__ = ["LayoutBucket", "ShardLayout", "plan_layout", "reshards"]
+__all__ = ["LayoutBucket", "ShardLayout", "plan_layout", "reordered", "reshards"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,17 +72,19 @@ class ShardLayout:
     """Everything ``overlapcfg.fully_shard`` does, decided up front. Bucket indices refer to ``buckets``."""
 
     buckets: tuple[LayoutBucket, ...]
-    """In forward order (see the module docstring)."""
+    """In registration order of their first modules (see the module docstring); ``chain`` is the order used."""
     root_params: tuple[ParamInfo, ...]
     """Parameters in no bucket: the root's ``fully_shard`` groups them."""
     uncovered: tuple[str, ...]
     """Modules owning parameters that no bucket holds (``ResolvedPlan.uncovered``)."""
     chain: tuple[int, ...]
     """Buckets that have parameters (a bucket without any has no all-gather to prefetch), forward order."""
+    backward_chain: tuple[int, ...]
+    """The same buckets in the order backward reaches them (see the module docstring)."""
     forward: DirectionPlan
     """Positions are indices into ``chain``."""
     backward: DirectionPlan
-    """Positions are indices into ``reversed(chain)``."""
+    """Positions are indices into ``backward_chain``."""
     forward_lists: tuple[tuple[int, ...], ...]
     """Per bucket, the buckets it prefetches in forward (``set_modules_to_forward_prefetch``)."""
     backward_lists: tuple[tuple[int, ...], ...]
@@ -79,9 +92,13 @@ class ShardLayout:
     root_forward: tuple[int, ...]
     """What the root prefetches in its pre-forward: the first bucket unless its forward depth is 0."""
     root_backward: tuple[int, ...]
-    """What the root prefetches in its pre-backward: the last bucket unless its backward depth is 0."""
+    """What the root prefetches in its pre-backward: the first bucket of backward unless its backward depth is 0."""
     shard_size: int | None
+    max_inflight_bytes: int | None
+    """The policy's cap the lists were planned under (kept to re-plan them for a measured order)."""
     notes: tuple[str, ...]
+    order_notes: tuple[str, ...] = ()
+    """What the bucket order implies (buckets running apart), and how it was established."""
 
 
 def reshards(value: bool | int | None) -> bool:
@@ -119,6 +136,8 @@ def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None,
     param_dtype = _param_dtype(kwargs)
     homes = _homes(tree, plan, ignored)
     faults += _shared_params(homes, ordered, root)
+    faults += _containers(ordered, tree, root)
+    faults += _scalars(homes, root)
     homes = _once(homes)
     buckets = []
     for b in ordered:
@@ -132,14 +151,26 @@ def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None,
         raise OverlapConfigError(list(dict.fromkeys(faults)), header=HEADER)
     root_params = tuple(param_info(owner, name, p, shard_size=shard_size, param_dtype=param_dtype)
                         for owner, name, p, home in homes if home is None)
-    return _with_prefetch(buckets, root_params, plan, shard_size, policy.max_inflight_bytes,
+    starts = [min(tree.order[m] for m in b.resolved.modules) for b in buckets]
+    ends = [max(tree.ends[m] for m in b.resolved.modules) for b in buckets]
+    return _with_prefetch(buckets, root_params, plan.uncovered, shard_size, policy.max_inflight_bytes, starts, ends,
                           (*ignored_settings(cfg, root), *_notes(buckets, root_params)))
 
 
-def _with_prefetch(buckets: list[LayoutBucket], root_params: tuple[ParamInfo, ...], plan: ResolvedPlan,
-                   shard_size: int | None, cap: int | None, notes: tuple[str, ...]) -> ShardLayout:
-    chain = tuple(i for i, b in enumerate(buckets) if b.params)
-    back = tuple(reversed(chain))
+def reordered(layout: ShardLayout, starts: Sequence[int], ends: Sequence[int]) -> ShardLayout:
+    """``layout`` with its prefetch planned for another order of the buckets (measured on the first forward:
+    ``starts[i]`` / ``ends[i]`` are when bucket ``i``'s first / last module was called)."""
+    return _with_prefetch(list(layout.buckets), layout.root_params, layout.uncovered, layout.shard_size,
+                          layout.max_inflight_bytes, starts, ends, layout.notes)
+
+
+def _with_prefetch(buckets: list[LayoutBucket], root_params: tuple[ParamInfo, ...], uncovered: tuple[str, ...],
+                   shard_size: int | None, cap: int | None, starts: Sequence[int], ends: Sequence[int],
+                   notes: tuple[str, ...]) -> ShardLayout:
+    """Prefetch lists for buckets that start forward at ``starts`` and whose forward ends at ``ends`` (any
+    consistent positions: registration order, or call order)."""
+    chain = tuple(sorted((i for i, b in enumerate(buckets) if b.params), key=lambda i: starts[i]))
+    back = tuple(sorted(chain, key=lambda i: -ends[i]))  # backward reaches a bucket where its forward ended
     fwd = plan_direction([buckets[i].name for i in chain], [buckets[i].resolved.forward_prefetch for i in chain],
                          [buckets[i].unsharded_bytes for i in chain], cap, "forward")
     bwd = plan_direction([buckets[i].name for i in back], [buckets[i].resolved.backward_prefetch for i in back],
@@ -155,8 +186,27 @@ def _with_prefetch(buckets: list[LayoutBucket], root_params: tuple[ParamInfo, ..
     # schedule issues it before the first compute, unless the bucket's own depth is 0.
     root_forward = chain[:1] if chain and buckets[chain[0]].resolved.forward_prefetch > 0 else ()
     root_backward = back[:1] if back and buckets[back[0]].resolved.backward_prefetch > 0 else ()
-    return ShardLayout(tuple(buckets), root_params, plan.uncovered, chain, fwd, bwd, tuple(forward_lists),
-                       tuple(backward_lists), root_forward, root_backward, shard_size, notes)
+    return ShardLayout(tuple(buckets), root_params, uncovered, chain, back, fwd, bwd, tuple(forward_lists),
+                       tuple(backward_lists), root_forward, root_backward, shard_size, cap, notes,
+                       tuple(_apart(buckets, chain, starts, ends)))
+
+
+def _apart(buckets: list[LayoutBucket], chain: tuple[int, ...], starts: Sequence[int],
+           ends: Sequence[int]) -> list[str]:
+    """A note for each bucket whose modules run apart, other buckets' forward in between (a tied embedding and
+    head): FSDP2 keeps it gathered all that time, and backward reaches it before those buckets."""
+    notes = []
+    for p, i in enumerate(chain):
+        if p + 1 == len(chain) or ends[i] < starts[chain[p + 1]]:  # ends before the next one starts: the usual case
+            continue
+        inside = [buckets[j].name for j in chain[p + 1:] if ends[j] < ends[i]]
+        if inside:
+            first, last = buckets[i].resolved.modules[0], buckets[i].resolved.modules[-1]
+            shown = ", ".join(inside[:3]) + (f" ... ({len(inside)} buckets)" if len(inside) > 3 else "")
+            notes.append(f"bucket {buckets[i].name!r} runs apart: {first} runs before and {last} after {shown}; "
+                         f"FSDP2 keeps it gathered from {first}'s forward to {last}'s, and backward reaches it at "
+                         f"{last}, before them: the backward prefetch order has it there")
+    return notes
 
 
 def _check_default_reshard(value: object, shard_size: int | None) -> None:
@@ -230,6 +280,36 @@ def _shared_params(homes: list[_Home], ordered: list[ResolvedBucket], root: str)
         faults.append(Fault(path, f"parameter {fqn!r} is the same tensor as {seen[0]!r} (tied), held by {groups}; "
                                   "FSDP2 shards a parameter in one group only: put both modules in one bucket "
                                   f"([{seen[0].rpartition('.')[0]}, {owner}])"))
+    return faults
+
+
+def _containers(buckets: list[ResolvedBucket], tree: ModuleTree, root: str) -> list[Fault]:
+    """A ``ModuleList`` / ``ModuleDict`` without a ``forward`` of its own: FSDP2 hooks a group's modules' forward,
+    and a container's is never called, so torch refuses it (at that bucket's ``fully_shard``, after deeper buckets
+    were already sharded)."""
+    faults = []
+    for b in buckets:
+        for fqn in b.modules:
+            module = tree.modules[fqn]
+            if isinstance(module, (nn.ModuleList, nn.ModuleDict)) and type(module).forward is nn.Module.forward:
+                faults.append(Fault(f"{root}.plan.buckets[{b.entry_index}]",
+                                    f"entry {b.entry_text} selects {fqn!r}, a {type(module).__name__} with no forward "
+                                    f"of its own: FSDP2 hooks forward calls, and a container is never called; "
+                                    f"select what it holds ({fqn}.*)"))
+    return faults
+
+
+def _scalars(homes: list[_Home], root: str) -> list[Fault]:
+    """0-dim parameters: FSDP2 shards along a dimension, a scalar has none (torch refuses it midway through a
+    group, after the group's earlier parameters were replaced)."""
+    faults = []
+    for owner, name, p, b in homes:
+        if p.dim() == 0:
+            fqn = f"{owner}.{name}" if owner else name
+            where = f"{root}.plan.buckets[{b.entry_index}]" if b is not None else f"{root}.plan"
+            group = f"bucket {b.name!r}" if b is not None else "the root group (no bucket holds it)"
+            faults.append(Fault(where, f"parameter {fqn!r} in {group} is a 0-dim tensor, which FSDP2 cannot shard: "
+                                       "give it shape (1,), or pass it in fully_shard(ignored_params=...)"))
     return faults
 
 

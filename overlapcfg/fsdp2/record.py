@@ -46,7 +46,12 @@ class Fsdp2Record(RecordModel):
     world_size: int | None
     """Ranks each parameter is sharded over (None where it was not known at sharding)."""
     forward_order: tuple[str, ...]
-    """Bucket names in the order prefetch assumes they run (module registration order)."""
+    """Bucket names (those with parameters) in the order forward starts them, each at its first module: in
+    registration order, or as measured on the first forward where that differed (a note says so)."""
+    backward_order: tuple[str, ...] = ()
+    """Bucket names in the order backward starts them (each where its last module's forward ended, latest first):
+    the reverse of ``forward_order`` except for buckets whose modules run apart (a tied embedding and head is
+    first in both). Buckets without parameters are left out (nothing to gather)."""
     reshard_after_forward: tuple[tuple[str, bool | int | None], ...]
     """``(bucket, value passed to fully_shard)``; None: not passed, FSDP2's default (true)."""
     forward_prefetch: tuple[tuple[str, tuple[str, ...]], ...]
@@ -85,7 +90,8 @@ def explain(model: nn.Module) -> Fsdp2Record:
 def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float) -> Fsdp2Record:
     """The record of sharding by ``layout`` (after it was applied)."""
     names = [b.name for b in layout.buckets]
-    # Reduce-scatters are issued in backward order, like the compiled record's positions.
+    # A bucket's reduce-scatter is issued when its backward is complete: where its *first* module's backward ends,
+    # so in reverse forward order (a tied embedding + head, first to start backward, is the last to reduce).
     issued = [layout.buckets[i] for i in reversed(layout.chain)]
     decisions = (*layout.forward.decisions, *layout.backward.decisions,
                  *(_reduce_scatter_decision(b, p) for p, b in enumerate(issued)))
@@ -101,7 +107,7 @@ def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float) -> 
         uncovered=tuple(Uncovered(graph="fsdp2", node=ROOT, owner=o) for o in layout.uncovered),
         non_fsdp=(),
         seconds=seconds,
-        notes=layout.notes,
+        notes=(*layout.notes, *layout.order_notes),
     )
 
     def lists(per_bucket: tuple[tuple[int, ...], ...], root: tuple[int, ...]) -> tuple[tuple[str, tuple[str, ...]],
@@ -112,7 +118,8 @@ def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float) -> 
     return Fsdp2Record(
         record=record,
         world_size=layout.shard_size,
-        forward_order=tuple(names),
+        forward_order=tuple(names[i] for i in layout.chain),
+        backward_order=tuple(names[i] for i in layout.backward_chain),
         reshard_after_forward=tuple((b.name, b.reshard_after_forward) for b in layout.buckets),
         forward_prefetch=lists(layout.forward_lists, layout.root_forward),
         backward_prefetch=lists(layout.backward_lists, layout.root_backward),

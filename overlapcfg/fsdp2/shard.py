@@ -2,14 +2,20 @@
 
 The one place in the package with side effects on the model, in three steps:
 
-1. **Decide everything** (``overlapcfg.fsdp2.layout``): load the config, check the keywords, resolve the plan
-   against ``model.named_modules()``, size every bucket, plan the prefetch lists. Any fault raises here, before
-   a single module is sharded, so the model comes back exactly as it was given.
+1. **Decide everything** (``overlapcfg.fsdp2.layout``): load the config, check the keywords and the mesh,
+   resolve the plan against ``model.named_modules()``, refuse what FSDP2 would refuse (container modules, 0-dim
+   parameters), size every bucket, plan the prefetch lists. Any fault raises here, before a single module is
+   sharded, so the model comes back exactly as it was given.
 2. **Shard**: torch's ``fully_shard`` once per bucket (a list of modules where the bucket holds several, so FSDP2
    all-gathers them as one group), deepest buckets first, then once on the root for the parameters no bucket
    holds (FSDP2 requires inner modules to be sharded before the modules containing them).
 3. **Prefetch**: ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` on every group, from
    the plan's depths (``overlapcfg.fsdp2.prefetch``), then the record is attached (``overlapcfg.fsdp2.record``).
+   The first forward checks the bucket order the lists assume and re-plans them if the model runs its buckets
+   in another order (``overlapcfg.fsdp2.observe``).
+
+Steps 2 and 3 fail only for what torch alone can see (a ``shard_placement_fn`` that raises, say); then the model
+is restored from a snapshot taken before step 2 (``overlapcfg.fsdp2.rollback``) and torch's error propagates.
 
 Not done: choosing a mesh (``mesh=None`` is FSDP2's default, every rank of the default group), mixed precision or
 offload (pass them through as ``fully_shard`` keywords), activation checkpointing (apply it before, it is
@@ -22,7 +28,6 @@ import logging
 import time
 from typing import Any, TypeVar
 
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
@@ -30,9 +35,11 @@ from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from overlapcfg.config import load_config
 from overlapcfg.config.load import ConfigSource
-from overlapcfg.fsdp2.checks import check_kwargs, check_unsharded
+from overlapcfg.fsdp2.checks import check_kwargs, check_mesh, check_unsharded, shard_size
 from overlapcfg.fsdp2.layout import ShardLayout, plan_layout
+from overlapcfg.fsdp2.observe import watch_first_forward
 from overlapcfg.fsdp2.record import RECORD_ATTR, build_record
+from overlapcfg.fsdp2.rollback import Snapshot
 
 __all__ = ["fully_shard"]
 
@@ -52,31 +59,36 @@ def fully_shard(model: M, cfg: ConfigSource, *, mesh: DeviceMesh | None = None, 
     ``fully_shard_kwargs``: passed to every ``torch.distributed.fsdp.fully_shard`` call (``mp_policy``,
     ``offload_policy``, ``reshard_after_forward`` as the default of buckets that set none, ...).
 
-    Raises ``OverlapConfigError`` (every fault, with its config path), ``TypeError`` for an unknown keyword and
-    ``RuntimeError`` for a model FSDP2 already manages, all before anything is sharded.
+    Raises ``OverlapConfigError`` (every fault, with its config path), ``TypeError`` for an unknown keyword,
+    ``ValueError`` for a mesh FSDP2 cannot shard over (3-D without ``dp_mesh_dims``) and ``RuntimeError`` for a
+    model FSDP2 already manages, all before anything is sharded. An error torch raises while sharding comes after
+    the model was restored.
     """
     started = time.perf_counter()
     config = load_config(cfg, root=config_root)
     check_kwargs(fully_shard_kwargs)
     check_unsharded(model)
-    if mesh is not None and not isinstance(mesh, DeviceMesh):
-        raise TypeError(f"overlapcfg.fully_shard: mesh must be a DeviceMesh or None, got {type(mesh).__name__}")
-    layout = plan_layout(model, config, shard_size=_shard_size(mesh), kwargs=fully_shard_kwargs, root=config_root)
-    groups = _shard(model, layout, mesh, fully_shard_kwargs)
-    _set_prefetch(model, layout, groups)
-    record = build_record(layout, config, seconds=time.perf_counter() - started)
-    setattr(model, RECORD_ATTR, record)
+    check_mesh(mesh, fully_shard_kwargs)
+    layout = plan_layout(model, config, shard_size=shard_size(mesh, fully_shard_kwargs), kwargs=fully_shard_kwargs,
+                         root=config_root)
+    snapshot = Snapshot.take(model)
+    try:
+        groups = _shard(model, layout, mesh, fully_shard_kwargs)
+        _set_prefetch(model, layout, groups)
+        record = build_record(layout, config, seconds=time.perf_counter() - started)
+        setattr(model, RECORD_ATTR, record)
+    except BaseException:
+        snapshot.restore()  # whatever torch refused half-way, the model comes back as it was given
+        raise
+
+    def replan(measured: ShardLayout) -> None:
+        _set_prefetch(model, measured, groups)
+        setattr(model, RECORD_ATTR, build_record(measured, config, seconds=record.record.seconds))
+
+    watch_first_forward(model, layout, replan)
     logger.info("overlapcfg.fully_shard: %d FSDP2 groups + root (%d root parameters), %.3fs", len(groups),
                 len(layout.root_params), record.record.seconds)
     return model
-
-
-def _shard_size(mesh: DeviceMesh | None) -> int | None:
-    """Ranks a parameter is sharded over: the mesh's last dimension (HSDP: ``(replicate, shard)``), else the
-    default group's size; None if no group exists yet (torch will say so at the first ``fully_shard``)."""
-    if mesh is not None:
-        return mesh.size(mesh.ndim - 1)
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
 
 
 def _shard(model: nn.Module, layout: ShardLayout, mesh: DeviceMesh | None,

@@ -48,6 +48,9 @@ class ModuleTree:
     """``owner fqn -> ((name, parameter), ...)``: each module's own parameters (``recurse=False``)."""
     order: Mapping[str, int]
     """``fqn -> position`` in ``fqns``."""
+    ends: Mapping[str, int]
+    """``fqn -> position`` of the last module of its subtree (``named_modules()`` lists a subtree contiguously):
+    where the module's forward ends, if modules run in the order they are registered."""
 
 
 def module_tree(model: nn.Module) -> ModuleTree:
@@ -64,7 +67,20 @@ def module_tree(model: nn.Module) -> ModuleTree:
             direct[fqn] = own
     order = {f: i for i, f in enumerate(modules)}
     return ModuleTree(tuple(modules), MappingProxyType(modules), tuple(direct), MappingProxyType(direct),
-                      MappingProxyType(order))
+                      MappingProxyType(order), MappingProxyType(_subtree_ends(tuple(modules))))
+
+
+def _subtree_ends(fqns: tuple[str, ...]) -> dict[str, int]:
+    """For pre-order ``fqns`` (``""`` the root): the position of each one's last descendant (itself if none)."""
+    ends: dict[str, int] = {}
+    open_: list[str] = []
+    for i, fqn in enumerate(fqns):
+        while open_ and not (open_[-1] == "" or fqn.startswith(open_[-1] + ".")):
+            ends[open_.pop()] = i - 1
+        open_.append(fqn)
+    for fqn in open_:
+        ends[fqn] = len(fqns) - 1
+    return ends
 
 
 def param_info(owner: str, name: str, param: nn.Parameter, *, shard_size: int | None,

@@ -16,7 +16,9 @@ import torch
 from rich.console import RenderableType
 
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.base import RankCount
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
+from overlapcfg.config.load import validate_value
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.explain import GRAPHS, node_labels
 from overlapcfg.report.labels import fmt_bytes
@@ -107,6 +109,8 @@ def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, A
     from overlapcfg.report.explain import explain
 
     loaded = [load_config(c) for c in configs]
+    if world_size is not None:  # before the configs are applied, not after
+        validate_value(RankCount, world_size, path="world_size")
     if names is not None and len(names) != len(loaded):
         raise TypeError(f"compare: {len(names)} names for {len(loaded)} configs")
     labels = list(names) if names is not None else [default_name(c) for c in loaded]
@@ -127,7 +131,7 @@ def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: 
     """``compare`` for reports already made by ``explain`` (re-predict one set of passes on many machines);
     ``groups`` places the process groups by name (HSDP: the replicate group across nodes)."""
     hw = load_hardware(hardware)
-    ws = world_size or step.world_size
+    ws = step.world_size if world_size is None else validate_value(RankCount, world_size, path="world_size")
     rows = []
     for name, explained in zip(names, reports, strict=True):
         graphs = [explained.forward, explained.backward]

@@ -18,8 +18,10 @@ from torch import fx, nn
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.base import RankCount
 from overlapcfg.config.contracts import contract_of
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
+from overlapcfg.config.load import validate_value
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import collective_kind, find_collectives
@@ -245,6 +247,8 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
     nodes); unplaced groups keep their traced size, the whole world scales to ``world_size``.
     """
     config = load_config(cfg)
+    if world_size is not None:  # 0 is a fault, not "the trace's size"
+        world_size = validate_value(RankCount, world_size, path="world_size")
     if is_fsdp2_model(step):
         if hardware is not None:
             raise TypeError("explain: no prediction for eager FSDP2 (the cost model replays graphs); pass no hardware")

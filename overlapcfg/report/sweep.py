@@ -28,9 +28,10 @@ def split_overrides(jobs: Sequence[Sequence[str]]) -> tuple[list[str], list[list
     return shared, [[o for o in job if o not in shared] for job in jobs]
 
 
-def sweep_table(jobs: Sequence[Job]) -> Table:
+def sweep_table(jobs: Sequence[Job], numbers: Sequence[int] | None = None) -> Table:
     """One row per job in sweep order; the fastest predicted step is highlighted (jobs without a prediction,
-    such as ``sharding=fsdp2``, show ``—``)."""
+    such as ``sharding=fsdp2``, show ``—``). ``numbers``: the jobs' own numbers (Hydra's), where some jobs of the
+    sweep are missing (failed); default 0, 1, ..."""
     shared, varying = split_overrides([overrides for overrides, _ in jobs])
     title = f"sweep: {len(jobs)} jobs" + (f" (all with {' '.join(shared)})" if shared else "")
     table = Table(title=escape(title), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
@@ -45,7 +46,8 @@ def sweep_table(jobs: Sequence[Job]) -> Table:
         collectives = " + ".join(f"{g.collectives_after}" for g in report.graphs) or "—"
         overlap = "—" if sim is None or sim.overlap_ratio is None else f"{100 * sim.overlap_ratio:.1f}%"
         style = "bold green" if sim is not None and sim.step_seconds == best else None
-        table.add_row(str(i), escape(" ".join(changed) or "(none)"), str(len(report.buckets)), collectives,
+        number = numbers[i] if numbers is not None else i
+        table.add_row(str(number), escape(" ".join(changed) or "(none)"), str(len(report.buckets)), collectives,
                       fmt_seconds(sim.step_seconds if sim else None),
                       fmt_seconds(sim.exposed_comm_seconds if sim else None), overlap,
                       fmt_bytes(sim.peak_inflight_bytes if sim else None), style=style)

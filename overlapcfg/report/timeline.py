@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from overlapcfg.files import write_atomic
 from overlapcfg.report.compare import Comparison
 from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import Event, Simulation
@@ -110,9 +111,7 @@ def chrome_trace(runs: Sequence[Run], mesh: Mapping[str, str] | None = None) -> 
 
 
 def write_chrome_trace(runs: Sequence[Run], path: str | Path, mesh: Mapping[str, str] | None = None) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(chrome_trace(runs, mesh)))
-    return path
+    return write_atomic(path, json.dumps(chrome_trace(runs, mesh)))
 
 
 def _short(label: str) -> str:
@@ -209,10 +208,10 @@ def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "",
               loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(6, len(used)) or 1, fontsize=9,
               frameon=False)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    try:
+        return write_atomic(path, fig.savefig)
+    finally:
+        plt.close(fig)
 
 
 def write_timeline(comparison: Comparison, directory: str | Path, *, stem: str = "timeline") -> tuple[Path, Path]:

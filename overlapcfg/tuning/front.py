@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlapcfg.files import write_atomic
 from overlapcfg.report.labels import byte_unit, fmt_bytes, fmt_seconds, time_unit
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.result import TuneResult
@@ -237,10 +238,10 @@ def write_front_png(result: TuneResult, path: Path) -> Path:
     side.text(0, bottom - 0.04, LISTING_HEADER + "\n" +
               "\n".join(p.line(width) for p in view.presets), transform=side.transAxes, va="top", ha="left",
               fontsize=7, family="monospace")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    try:
+        return write_atomic(path, fig.savefig)
+    finally:
+        plt.close(fig)
 
 
 def _number_presets(fig: object, ax: object, view: FrontView, shown: list[PresetPoint], best: Candidate) -> None:

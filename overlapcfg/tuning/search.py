@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import TypeAdapter, ValidationError
 
 from overlapcfg.config import OverlapConfig, load_config, preset_names
-from overlapcfg.config.base import ByteCount
+from overlapcfg.config.base import ByteCount, RankCount
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
+from overlapcfg.config.load import validate_value
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare_reports
@@ -84,9 +84,10 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     started = time.perf_counter()
     prefix = f"{config_root}." if config_root else ""
     space = load_space(space, root=f"{prefix}space")
-    budget = _budget(memory_budget, f"{prefix}memory_budget")
+    budget = None if memory_budget is None else validate_value(ByteCount, memory_budget, path=f"{prefix}memory_budget")
     hw = load_hardware(hardware)
-    ws = world_size or step.world_size
+    # 0 is not "the traced size": None is. A size a cluster cannot have is a fault, not a search at -4 ranks.
+    ws = step.world_size if world_size is None else validate_value(RankCount, world_size, path=f"{prefix}world_size")
     report = _Reporter(progress, started)
     report("profile", 0, 1, None)
     profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype)
@@ -160,15 +161,6 @@ def _as_searched(space: TuneSpace, structure: Structure) -> TuneSpace:
     if space.block_parts is None:
         data["block_parts"] = [list(p) for p in structure.parts or ()]
     return TuneSpace.model_validate(data)
-
-
-def _budget(value: int | str | None, path: str) -> int | None:
-    if value is None:
-        return None
-    try:
-        return TypeAdapter(ByteCount).validate_python(value)
-    except ValidationError as err:
-        raise OverlapConfigError.single(path, err.errors()[0]["msg"]) from None
 
 
 def _traced(budget: int, profile: Profile) -> int:

@@ -196,6 +196,32 @@ def hf_t5(seed: int = SEED) -> tuple[nn.Module, Callable[[], Batch]]:
     return model, make_batch
 
 
+def hf_gpt2(seed: int = SEED) -> tuple[nn.Module, Callable[[], Batch]]:
+    """``GPT2LMHeadModel``, 2 blocks, hidden 64, 4 heads, vocab 128; ``lm_head.weight is transformer.wte.weight``
+    (GPT-2 ties them), learned position embeddings (``transformer.wpe``), no dropout."""
+    import transformers
+
+    config = transformers.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                                     bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(config)
+    model.train()
+    if model.lm_head.weight is not model.transformer.wte.weight:
+        raise AssertionError("hf_gpt2: transformers did not tie lm_head.weight to transformer.wte.weight")
+    return model, _batch_fn(VOCAB, seed)
+
+
+def hf_gemma2(seed: int = SEED) -> tuple[nn.Module, Callable[[], Batch]]:
+    """``Gemma2ForCausalLM``, same sizes (head_dim 16), tied head (Gemma's default), eager attention (Gemma2 has
+    no SDPA path in transformers 5)."""
+    model = _hf_build("Gemma2Config", "Gemma2ForCausalLM", seed, head_dim=16, attn_implementation="eager",
+                      tie_word_embeddings=True)
+    if model.lm_head.weight is not model.model.embed_tokens.weight:
+        raise AssertionError("hf_gemma2: transformers did not tie lm_head.weight to model.embed_tokens.weight")
+    return model, _batch_fn(VOCAB, seed)
+
+
 # --- minimal SimpleFSDP (no DTensor, no overlapcfg) -----------------------------------------------------------------
 
 _RECOMPUTE = frozenset({
