@@ -49,6 +49,11 @@ _EXPORTS: dict[str, str] = {
     "simulate": "overlapcfg.report",
     "compare": "overlapcfg.report",
     "tune": "overlapcfg.tuning",
+    "calibrate": "overlapcfg.measuring",
+    "measure": "overlapcfg.measuring",
+    "Measurement": "overlapcfg.measuring",
+    "NodeCosts": "overlapcfg.report.node_costs",
+    "save_hardware": "overlapcfg.config.hardware",
     "TuneResult": "overlapcfg.tuning",
     "TuneSpace": "overlapcfg.tuning",
     "Report": "overlapcfg.report",
@@ -63,7 +68,9 @@ __all__ = [
     "BucketPlan",
     "Fault",
     "HardwareProfile",
+    "Measurement",
     "ModuleOverride",
+    "NodeCosts",
     "OverlapConfig",
     "OverlapConfigError",
     "OverlapPolicy",
@@ -81,6 +88,7 @@ __all__ = [
     "apply",
     "available_strategies",
     "backend",
+    "calibrate",
     "compare",
     "explain",
     "from_hydra",
@@ -89,9 +97,11 @@ __all__ = [
     "inductor_pass",
     "load_config",
     "load_hardware",
+    "measure",
     "preset_names",
     "register_strategy",
     "resolve_plan",
+    "save_hardware",
     "simulate",
     "trace_train_step",
     "tune",
@@ -116,13 +126,16 @@ if TYPE_CHECKING:
         load_config,
         preset_names,
     )
+    from overlapcfg.config.hardware import save_hardware
     from overlapcfg.demo.tracing import trace_train_step
     from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
     from overlapcfg.fsdp2 import fully_shard
     from overlapcfg.graph.verify import verify
+    from overlapcfg.measuring import Measurement, calibrate, measure
     from overlapcfg.passes import PassRecord, apply
     from overlapcfg.passes.compile import backend, inductor_pass
     from overlapcfg.report import HardwareProfile, Report, compare, explain, load_hardware, simulate
+    from overlapcfg.report.node_costs import NodeCosts
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.strategies.base import PassContext, Strategy
     from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy

@@ -29,6 +29,7 @@ from overlapcfg.report.cost import node_kind
 from overlapcfg.report.fsdp2 import fsdp2_report, is_fsdp2_model
 from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import GraphReport, Report
+from overlapcfg.report.node_costs import NodeCosts
 from overlapcfg.report.simulate import GroupPlacement, simulate, traced_group_size
 
 __all__ = ["apply_step", "explain", "node_labels", "compact_order"]
@@ -231,7 +232,8 @@ def _record(gm: fx.GraphModule) -> PassRecord:
 
 def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig | Mapping[str, Any], *,
             hardware: HardwareProfile | str | None = None, world_size: int | None = None,
-            graph_kind: GraphKind = "auto", groups: Mapping[str, GroupPlacement] | None = None) -> Report:
+            graph_kind: GraphKind = "auto", groups: Mapping[str, GroupPlacement] | None = None,
+            node_costs: NodeCosts | None = None) -> Report:
     """Apply ``cfg`` to copies of ``step``'s graphs and report per bucket; predict the step if ``hardware``.
 
     ``step`` may also be a model ``overlapcfg.fully_shard`` sharded (eager FSDP2: its record is reported), or one
@@ -273,7 +275,8 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
     if hardware is not None:
         sim = simulate(list(graphs.values()), load_hardware(hardware), world_size=world_size or trace_ws,
                        names=list(graphs), labels=labels,
-                       traced_world_size=traced.world_size if traced is not None else None, groups=groups)
+                       traced_world_size=traced.world_size if traced is not None else None, groups=groups,
+                       node_costs=node_costs)
         simulation = sim
     report = Report(
         strategy=config.strategy, plan_name=config.plan.name if config.plan is not None else None,

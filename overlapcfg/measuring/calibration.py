@@ -1,0 +1,226 @@
+"""``overlapcfg.calibrate``: measure this cluster and write a hardware profile the cost model reads.
+
+Run on every rank of an initialized default process group (``torchrun``), in this order:
+
+1. collectives (``overlapcfg.measuring.collectives``): each given group (the FSDP group; HSDP's replicate and the
+   tensor-parallel group of a mesh) times all-gather, reduce-scatter and all-reduce over log-spaced sizes within
+   its share of the budget; fits per kind of link (inside a host or across hosts) and kind;
+2. kernels (``overlapcfg.measuring.kernels``): an elementwise kernel over log-spaced sizes (per-kernel overhead and
+   memory bandwidth), then the step's matmul shapes in its dtype (the achieved FLOP/s at the model's mix);
+3. rank 0 builds the profile from the slowest rank's timings and broadcasts it: every rank returns the same
+   numbers, and rank 0 alone writes the YAML (``hardware_home()/<name>.yaml`` unless told otherwise).
+
+What is not measured comes from ``base`` (a datasheet profile) and is named in ``calibration.notes``: the
+inter-node links when every group stayed inside one host, the other dtype's peak (scaled by the base's ratio).
+On CUDA (NCCL) the same code times with CUDA events on the compute stream; issuing a collective costs the compute
+stream nothing there, so no issue time is fitted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import fx
+
+from overlapcfg._version import __version__
+from overlapcfg.config.calibration import Calibration, CollectiveFits, KernelSamples
+from overlapcfg.config.hardware import HardwareProfile, PeakFlops, hardware_from, load_hardware, save_hardware
+from overlapcfg.errors import OverlapConfigError
+from overlapcfg.measuring.clock import Clock
+from overlapcfg.measuring.collectives import KINDS, fit_collectives, group_hosts, log_sizes, time_group
+from overlapcfg.measuring.kernels import (
+    chosen_shapes,
+    default_shapes,
+    matmul_samples,
+    matmul_shapes,
+    memory_samples,
+    memory_sizes,
+    time_matmuls,
+    time_memory,
+)
+from overlapcfg.passes.backend import CapturedStep
+
+__all__ = ["CalibrationProgress", "calibrate", "profile_header"]
+
+MIN_BYTES = 4096
+COLLECTIVE_SHARE = 0.75
+"""Of the budget, what the collectives get (the kernels take the rest, and at least their few sizes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationProgress:
+    """Where a calibration stands, for a progress display."""
+
+    phase: str
+    """``dp_shard all_gather``, ``memory``, ``matmuls``, ``done``."""
+    done: int
+    total: int
+    """Timings planned (sizes cut short by the budget are counted as done)."""
+    elapsed: float
+
+
+def _default_device() -> torch.device:
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
+              step: CapturedStep | Sequence[fx.GraphModule] | None = None, name: str = "calibrated",
+              base: HardwareProfile | str | None = None, budget_s: float = 60.0, max_bytes: int | None = None,
+              dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+              save: bool | Path = True, progress: Callable[[CalibrationProgress], None] | None = None,
+              ) -> HardwareProfile:
+    """Measure collectives on ``groups`` (``{name: group}``; default the whole world as ``world``) and kernels at
+    ``step``'s matmul shapes and dtype; return the calibrated profile, the same on every rank.
+
+    ``base``: the datasheet profile unmeasured numbers come from (default ``cpu_gloo`` on CPU, ``h100_nvlink``
+    on CUDA). ``budget_s``: wall seconds to aim for (each kind times at least a few sizes whatever the budget).
+    ``max_bytes``: the largest collective (default 64 MiB on CPU, 1 GiB on CUDA). ``dtype``: of collectives and
+    matmuls (default: the step's matmuls', else float32). ``save``: rank 0 writes the YAML to
+    ``hardware_home()/<name>.yaml`` (True), to a given path, or not at all (False).
+    Every rank of the default group must call it with the same arguments.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("calibrate: no process group; run under torchrun (or init_process_group) on every rank")
+    started = time.perf_counter()
+    clock = Clock(device if device is not None else _default_device())
+    base_hw = load_hardware(base if base is not None else ("h100_nvlink" if clock.cuda else "cpu_gloo"))
+    graphs = [step.forward, step.backward] if isinstance(step, CapturedStep) else list(step or ())
+    shapes, step_dtype = matmul_shapes(graphs)
+    if not shapes:
+        shapes = default_shapes(clock)
+    dtype = dtype or step_dtype or torch.float32
+    max_bytes = max_bytes or (2**30 if clock.cuda else 2**26)
+    hosts: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    live = {n: g for n, g in (groups or {"world": dist.group.WORLD}).items() if dist.get_world_size(g) > 1}
+    crosses = group_hosts(live, hosts)
+    sizes = log_sizes(MIN_BYTES, max_bytes, per_octave=2)
+    mem_sizes = memory_sizes(min(max_bytes, 2**28))
+    chosen = chosen_shapes(shapes)
+    ticker = _Ticker(progress, started, len(live) * len(KINDS) * len(sizes) + len(mem_sizes) + len(chosen))
+
+    timings = []
+    for group_name, group in live.items():
+        timings.append(time_group(group_name, group, sizes=sizes, dtype=dtype, clock=clock,
+                                  inter_node=crosses[group_name], budget_s=COLLECTIVE_SHARE * budget_s / len(live),
+                                  progress=ticker.size(sizes)))
+    memory = _slowest(time_memory(mem_sizes, clock, progress=ticker.one), clock)
+    matmuls = _slowest(time_matmuls(chosen, dtype, clock, progress=ticker.one), clock)
+    ticker("done", final=True)
+
+    profile = None
+    if dist.get_rank() == 0:
+        fits, samples = fit_collectives(timings, measured_issue=not clock.cuda) if timings else (None, ())
+        mem = memory_samples(mem_sizes, memory)
+        mm = matmul_samples(shapes, chosen, matmuls, dtype, overhead=mem.overhead)
+        built = _profile(name, base_hw, fits, mem, mm, dtype, clock, hosts, Calibration(
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            torch_version=torch.__version__, overlapcfg_version=__version__, backend=str(dist.get_backend()),
+            device=clock.describe(), world_size=dist.get_world_size(), hosts=len(set(hosts)), base=base_hw.name,
+            budget_seconds=budget_s, seconds=time.perf_counter() - started, groups=samples, kernels=(mem, mm),
+            notes=()))
+        profile = built.model_dump(mode="json", exclude_none=True)
+    box = [profile]
+    dist.broadcast_object_list(box, src=0)
+    result = hardware_from(box[0], path="calibrate")
+    if save is not False and dist.get_rank() == 0:
+        save_hardware(result, None if save is True else Path(save), root="calibrate.name",
+                      header=profile_header(result))
+    return result
+
+
+def _slowest(seconds: Sequence[float], clock: Clock) -> list[float]:
+    """Per entry, the slowest rank's value (a step waits for its slowest rank)."""
+    t = torch.tensor(list(seconds), dtype=torch.float64, device=clock.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+class _Ticker:
+    def __init__(self, fn: Callable[[CalibrationProgress], None] | None, started: float, total: int) -> None:
+        self.fn, self.started, self.total, self.done = fn, started, total, 0
+        self.phase = ""
+
+    def __call__(self, phase: str, final: bool = False) -> None:
+        self.phase = phase
+        if final:
+            self.done = self.total
+        if self.fn is not None:
+            self.fn(CalibrationProgress(phase, min(self.done, self.total), self.total,
+                                        time.perf_counter() - self.started))
+
+    def one(self, phase: str, _: int) -> None:
+        self.done += 1
+        self(phase)
+
+    def size(self, sizes: Sequence[int]) -> Callable[[str, int], None]:
+        """Per timed size; when a kind stops early on the budget, its remaining sizes count as done."""
+        seen: dict[str, int] = {}
+
+        def tick(phase: str, nbytes: int) -> None:
+            if phase != self.phase and self.phase in seen:
+                self.done += len(sizes) - seen[self.phase]  # the previous kind stopped early
+            seen[phase] = seen.get(phase, 0) + 1
+            self.done += 1
+            self(phase)
+
+        return tick
+
+
+def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem: KernelSamples, mm: KernelSamples,
+             dtype: torch.dtype, clock: Clock, hosts: Sequence[str], record: Calibration) -> HardwareProfile:
+    notes = []
+    low = dtype in (torch.bfloat16, torch.float16)
+    ratio = base.peak_flops.bf16 / base.peak_flops.fp32
+    peak = PeakFlops(bf16=mm.rate, fp32=mm.rate / ratio) if low else PeakFlops(bf16=mm.rate * ratio, fp32=mm.rate)
+    other = "fp32" if low else "bf16"
+    notes.append(f"peak_flops.{other}: not measured; the measured rate scaled by {base.name}'s bf16/fp32 ratio "
+                 f"({ratio:.1f})")
+    intra = fits.intra_node if fits is not None else None
+    inter = fits.inter_node if fits is not None else None
+    if intra is None or intra.all_gather is None:
+        notes.append(f"intra-node links: not measured (no group inside one host); {base.name}'s datasheet numbers")
+    if inter is None or inter.all_gather is None:
+        notes.append(f"inter-node links: not measured (no group crossed hosts); {base.name}'s datasheet numbers")
+    per_host = max(hosts.count(h) for h in set(hosts))
+    gpus = torch.cuda.device_count() if clock.cuda else max(per_host, base.gpus_per_node)
+    if not clock.cuda:
+        notes.append(f"gpus_per_node: {gpus} (the larger of {per_host} ranks on a host here and {base.name}'s "
+                     f"{base.gpus_per_node}): groups up to that size are priced with the intra-node fits")
+    intra_ag = intra.all_gather if intra is not None else None
+    inter_ag = inter.all_gather if inter is not None else None
+    try:
+        return HardwareProfile(
+            name=name,
+            description=f"calibrated on {record.device}, {record.backend} x {record.world_size} "
+                        f"({record.hosts} host{'s' if record.hosts > 1 else ''}), {record.date[:10]}; "
+                        f"unmeasured numbers from {base.name}",
+            peak_flops=peak, mem_bandwidth=mem.rate,
+            intra_node_bandwidth=intra_ag.bandwidth if intra_ag else base.intra_node_bandwidth,
+            inter_node_bandwidth=inter_ag.bandwidth if inter_ag else base.inter_node_bandwidth,
+            latency=(intra_ag or inter_ag).latency if (intra_ag or inter_ag) else base.latency,
+            gpus_per_node=gpus, compute_efficiency=1.0, comm_efficiency=1.0, kernel_overhead=mem.overhead,
+            collectives=fits, calibration=record.model_copy(update={"notes": tuple(notes)}))
+    except ValueError as err:  # pydantic: a fitted number out of range
+        raise OverlapConfigError.single("calibrate", f"the calibrated profile is invalid: {err}") from None
+
+
+def profile_header(profile: HardwareProfile) -> str:
+    """The comment a calibrated profile's YAML starts with: what the numbers are and where they came from."""
+    cal = profile.calibration
+    assert cal is not None
+    return (f"Calibrated by overlapcfg {cal.overlapcfg_version} (torch {cal.torch_version}) on {cal.date}: "
+            f"{cal.device}, {cal.backend} x {cal.world_size}, {cal.seconds:.0f} s.\n"
+            "collectives: per link and kind, the ring model's latency (per step) and bus bandwidth fitted by least "
+            "squares\nto the timings under calibration.groups (residual: RMS relative error). kernel_overhead and "
+            "mem_bandwidth: a + b\nover sizes; peak_flops: the achieved rate at the model's matmuls. Read by "
+            "overlapcfg hardware=<name> / load_hardware.")
