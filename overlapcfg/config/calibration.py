@@ -97,7 +97,8 @@ class KernelSamples(ConfigModel):
     rate: float
     """FLOP/s or bytes/s: total work over total time at the model's mix (matmuls), or the fit's slope (memory)."""
     overhead: float
-    """The fit's intercept: seconds per kernel whatever its size (launch or dispatch)."""
+    """The fit's intercept: seconds per kernel whatever its size (launch or dispatch); 0 for matmuls (their rate
+    folds it in). Recorded, not priced: the roofline has no per-kernel constant."""
     residual: float
 
 

@@ -72,9 +72,6 @@ class HardwareProfile(ConfigModel):
     comm_efficiency: float = Field(1.0, gt=0, le=1)
     """Fraction of link bandwidth collectives reach (bus bandwidth / link bandwidth); 1.0 is optimistic. Not
     applied to measured ``collectives`` fits (they are what was reached)."""
-    kernel_overhead: float = Field(0.0, ge=0)
-    """Seconds every compute or memory kernel costs on top of the roofline (launch, dispatch): what a tiny
-    kernel takes. 0 in datasheet profiles; measured by calibration, where it matters for small models on CPU."""
     collectives: CollectiveFits | None = None
     """Measured per-kind fits (``overlapcfg.calibrate``) that replace the ring model's datasheet numbers for the
     kinds and links they cover; null: the datasheet numbers above for everything."""

@@ -5,8 +5,9 @@ Run on every rank of an initialized default process group (``torchrun``), in thi
 1. collectives (``overlapcfg.measuring.collectives``): each given group (the FSDP group; HSDP's replicate and the
    tensor-parallel group of a mesh) times all-gather, reduce-scatter and all-reduce over log-spaced sizes within
    its share of the budget; fits per kind of link (inside a host or across hosts) and kind;
-2. kernels (``overlapcfg.measuring.kernels``): an elementwise kernel over log-spaced sizes (per-kernel overhead and
-   memory bandwidth), then the step's matmul shapes in its dtype (the achieved FLOP/s at the model's mix);
+2. kernels (``overlapcfg.measuring.kernels``): an elementwise kernel over log-spaced sizes (memory bandwidth; the
+   per-kernel overhead is recorded), then the step's matmul shapes in its dtype (the achieved FLOP/s at the
+   model's mix);
 3. rank 0 builds the profile from the slowest rank's timings and broadcasts it: every rank returns the same
    numbers, and rank 0 alone writes the YAML (``hardware_home()/<name>.yaml`` unless told otherwise).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import datetime
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +36,16 @@ from overlapcfg.config.calibration import Calibration, CollectiveFits, KernelSam
 from overlapcfg.config.hardware import HardwareProfile, PeakFlops, hardware_from, load_hardware, save_hardware
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock
-from overlapcfg.measuring.collectives import KINDS, fit_collectives, group_hosts, log_sizes, time_group
+from overlapcfg.measuring.collectives import (
+    KINDS,
+    GroupTimings,
+    fit_collectives,
+    group_hosts,
+    log_sizes,
+    time_group,
+)
 from overlapcfg.measuring.kernels import (
+    MatmulShape,
     chosen_shapes,
     default_shapes,
     matmul_samples,
@@ -117,25 +127,50 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     matmuls = _slowest(time_matmuls(chosen, dtype, clock, progress=ticker.one), clock)
     ticker("done", final=True)
 
-    profile = None
+    box: list[object] = [None]
     if dist.get_rank() == 0:
-        fits, samples = fit_collectives(timings, measured_issue=not clock.cuda) if timings else (None, ())
-        mem = memory_samples(mem_sizes, memory)
-        mm = matmul_samples(shapes, chosen, matmuls, dtype, overhead=mem.overhead)
-        built = _profile(name, base_hw, fits, mem, mm, dtype, clock, hosts, Calibration(
-            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            torch_version=torch.__version__, overlapcfg_version=__version__, backend=str(dist.get_backend()),
-            device=clock.describe(), world_size=dist.get_world_size(), hosts=len(set(hosts)), base=base_hw.name,
-            budget_seconds=budget_s, seconds=time.perf_counter() - started, groups=samples, kernels=(mem, mm),
-            notes=()))
-        profile = built.model_dump(mode="json", exclude_none=True)
-    box = [profile]
+        try:
+            box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
+                                                     hosts), clock, budget_s, started)
+        except (ValueError, OverlapConfigError) as err:  # every rank must hear of it, or they wait forever
+            box[0] = err
     dist.broadcast_object_list(box, src=0)
-    result = hardware_from(box[0], path="calibrate")
+    if isinstance(box[0], Exception):
+        raise box[0]
+    result = hardware_from(box[0], path="calibrate")  # type: ignore[arg-type]
     if save is not False and dist.get_rank() == 0:
         save_hardware(result, None if save is True else Path(save), root="calibrate.name",
                       header=profile_header(result))
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    """Every rank's timings, reduced to the slowest rank's (what rank 0 fits)."""
+
+    collectives: Sequence[GroupTimings]
+    memory_sizes: Sequence[int]
+    memory: Sequence[float]
+    shapes: Counter[MatmulShape]
+    chosen: Sequence[MatmulShape]
+    matmuls: Sequence[float]
+    dtype: torch.dtype
+    hosts: Sequence[str]
+
+
+def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, budget_s: float,
+           started: float) -> dict[str, object]:
+    """Rank 0: fit everything and assemble the profile (JSON form, for the broadcast)."""
+    fits, samples = fit_collectives(m.collectives, measured_issue=not clock.cuda) if m.collectives else (None, ())
+    mem = memory_samples(m.memory_sizes, m.memory)
+    mm = matmul_samples(m.shapes, m.chosen, m.matmuls, m.dtype)
+    record = Calibration(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torch_version=torch.__version__, overlapcfg_version=__version__, backend=str(dist.get_backend()),
+        device=clock.describe(), world_size=dist.get_world_size(), hosts=len(set(m.hosts)), base=base.name,
+        budget_seconds=budget_s, seconds=time.perf_counter() - started, groups=samples, kernels=(mem, mm))
+    built = _profile(name, base, fits, mem, mm, m.dtype, clock, m.hosts, record)
+    return built.model_dump(mode="json", exclude_none=True)
 
 
 def _slowest(seconds: Sequence[float], clock: Clock) -> list[float]:
@@ -208,8 +243,8 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
             intra_node_bandwidth=intra_ag.bandwidth if intra_ag else base.intra_node_bandwidth,
             inter_node_bandwidth=inter_ag.bandwidth if inter_ag else base.inter_node_bandwidth,
             latency=(intra_ag or inter_ag).latency if (intra_ag or inter_ag) else base.latency,
-            gpus_per_node=gpus, compute_efficiency=1.0, comm_efficiency=1.0, kernel_overhead=mem.overhead,
-            collectives=fits, calibration=record.model_copy(update={"notes": tuple(notes)}))
+            gpus_per_node=gpus, compute_efficiency=1.0, comm_efficiency=1.0, collectives=fits,
+            calibration=record.model_copy(update={"notes": tuple(notes)}))
     except ValueError as err:  # pydantic: a fitted number out of range
         raise OverlapConfigError.single("calibrate", f"the calibrated profile is invalid: {err}") from None
 
@@ -221,6 +256,6 @@ def profile_header(profile: HardwareProfile) -> str:
     return (f"Calibrated by overlapcfg {cal.overlapcfg_version} (torch {cal.torch_version}) on {cal.date}: "
             f"{cal.device}, {cal.backend} x {cal.world_size}, {cal.seconds:.0f} s.\n"
             "collectives: per link and kind, the ring model's latency (per step) and bus bandwidth fitted by least "
-            "squares\nto the timings under calibration.groups (residual: RMS relative error). kernel_overhead and "
-            "mem_bandwidth: a + b\nover sizes; peak_flops: the achieved rate at the model's matmuls. Read by "
-            "overlapcfg hardware=<name> / load_hardware.")
+            "squares\nto the timings under calibration.groups (residual: RMS relative error). mem_bandwidth: a + b "
+            "over sizes;\npeak_flops: the achieved rate at the model's matmuls. Read by overlapcfg hardware=<name> "
+            "/ load_hardware.")

@@ -30,7 +30,8 @@ from overlapcfg.config.calibration import CollectiveFit, CollectiveFits, GroupSa
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.fit import LinearFit, fit_nonnegative, ring_terms
 
-__all__ = ["KINDS", "GroupTimings", "KindTimings", "fit_collectives", "group_hosts", "log_sizes", "time_group"]
+__all__ = ["KINDS", "GroupTimings", "KindTimings", "coverage_order", "fit_collectives", "group_hosts", "log_sizes",
+           "time_group"]
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 MIN_SIZES = 4
@@ -74,6 +75,24 @@ def log_sizes(min_bytes: int, max_bytes: int, *, per_octave: int = 2, multiple: 
     return sorted({max(multiple, round(s / multiple) * multiple) for s in sizes})
 
 
+def coverage_order(count: int) -> list[int]:
+    """Indices ``0 .. count - 1`` with the range covered first: both ends, then midpoints, then the gaps between
+    (``[0, 8, 4, 2, 6, 1, 3, 5, 7]`` for 9). A budget that stops early still leaves timings that span the sizes."""
+    if count <= 0:
+        return []
+    order = [0] if count == 1 else [0, count - 1]
+    spans = [(0, count - 1)]
+    while spans:
+        next_spans = []
+        for a, b in spans:
+            if b - a > 1:
+                mid = (a + b) // 2
+                order.append(mid)
+                next_spans += [(a, mid), (mid, b)]
+        spans = next_spans
+    return order
+
+
 def _functional(kind: str, full: torch.Tensor, group: dist.ProcessGroup) -> Callable[[], torch.Tensor]:
     """The collective as the graphs issue it, on ``full`` (the full-size tensor); returns the unwaited output."""
     p, name = dist.get_world_size(group), group.group_name
@@ -108,9 +127,9 @@ def _rep(issue: Callable[[], torch.Tensor], clock: Clock, group: dist.ProcessGro
 def time_group(name: str, group: dist.ProcessGroup, *, sizes: Sequence[int], dtype: torch.dtype, clock: Clock,
                budget_s: float, inter_node: bool, kinds: Sequence[str] = KINDS,
                progress: Callable[[str, int], None] | None = None) -> GroupTimings:
-    """Time each kind over ``sizes`` (ascending full-size bytes) on ``group`` while the kind's share of
-    ``budget_s`` lasts (at least ``MIN_SIZES`` sizes). Every rank of the world must call it with the same
-    arguments, in the same order as for other groups."""
+    """Time each kind over ``sizes`` (full-size bytes) on ``group`` while the kind's share of ``budget_s`` lasts
+    (at least ``MIN_SIZES`` sizes), in ``coverage_order``: the ends of the range first. Every rank of the world
+    must call it with the same arguments, in the same order as for other groups."""
     p = dist.get_world_size(group)
     token = torch.zeros(1, device=clock.device)
     share = budget_s / max(len(kinds), 1)
@@ -118,7 +137,7 @@ def time_group(name: str, group: dist.ProcessGroup, *, sizes: Sequence[int], dty
     for kind in kinds:
         started = time.perf_counter()
         done: list[tuple[int, float, float]] = []
-        for nbytes in sizes:
+        for nbytes in (sizes[i] for i in coverage_order(len(sizes))):
             numel = max(p, nbytes // dtype.itemsize // p * p)
             issue = _functional(kind, torch.ones(numel, dtype=dtype, device=clock.device), group)
             first = sum(_rep(issue, clock, group, token, 1))  # warm-up: buffers, connections
@@ -133,6 +152,7 @@ def time_group(name: str, group: dist.ProcessGroup, *, sizes: Sequence[int], dty
                 progress(f"{name} {kind}", numel * dtype.itemsize)
             if elapsed > share and len(done) >= MIN_SIZES:
                 break
+        done.sort()
         out.append(KindTimings(kind, *(tuple(x) for x in zip(*done, strict=True))))  # type: ignore[arg-type]
     return GroupTimings(name, p, inter_node, tuple(out))
 

@@ -1,14 +1,15 @@
 """Time the kernels the roofline prices: the model's matmuls (compute) and an elementwise kernel (memory).
 
 The roofline (``overlapcfg.report.cost.compute_seconds``) charges a kernel ``max(FLOPs / peak, bytes /
-bandwidth) + kernel_overhead``. Calibration measures each term where it applies:
+bandwidth)``. Calibration measures each term where it applies:
 
-- ``kernel_overhead`` and ``mem_bandwidth``: ``out = a + b`` over log-spaced sizes, back to back, fitted as
-  ``overhead + bytes / bandwidth`` (bytes read and written, as the roofline counts them);
+- ``mem_bandwidth``: ``out = a + b`` over log-spaced sizes, back to back, fitted as ``overhead + bytes /
+  bandwidth`` (bytes read and written, as the roofline counts them); the overhead (what a tiny kernel costs) is
+  recorded, not priced: the roofline has no per-kernel constant (see ``compute_seconds``);
 - the matmul rate: every distinct matmul shape of the step's graphs (``mm``, ``addmm``, ``bmm``, ``baddbmm``, read
-  from their fake tensors) in the step's dtype, timed back to back; the rate is the FLOPs over the time net of the
-  overhead, each shape weighted by how often the step runs it, so the roofline reproduces the model's matmul time
-  as a whole. Without a step, a few square shapes stand in.
+  from their fake tensors) in the step's dtype, timed back to back; the rate is their FLOPs over their time, each
+  shape weighted by how often the step runs it, so the roofline reproduces the model's matmul time as a whole.
+  Without a step, a few square shapes stand in.
 """
 
 from __future__ import annotations
@@ -83,17 +84,16 @@ def time_matmuls(chosen: Sequence[MatmulShape], dtype: torch.dtype, clock: Clock
 
 
 def matmul_samples(shapes: Counter[MatmulShape], chosen: Sequence[MatmulShape], seconds: Sequence[float],
-                   dtype: torch.dtype, *, overhead: float) -> KernelSamples:
+                   dtype: torch.dtype) -> KernelSamples:
     """The rate at the step's mix (see the module docstring) and its residual per shape."""
     work = [float(_flops(s)) for s in chosen]
-    net = [max(t - overhead, 0.1 * t) for t in seconds]
     rate = sum(w * shapes[s] for w, s in zip(work, chosen, strict=True)) / \
-        sum(t * shapes[s] for t, s in zip(net, chosen, strict=True))
-    errors = [(overhead + w / rate - t) / t for w, t in zip(work, seconds, strict=True)]
+        sum(t * shapes[s] for t, s in zip(seconds, chosen, strict=True))
+    errors = [(w / rate - t) / t for w, t in zip(work, seconds, strict=True)]
     residual = math.sqrt(sum(e * e for e in errors) / len(errors))
     names = tuple(f"{'' if s[0] == 1 else f'{s[0]} x '}{s[1]} x {s[2]} x {s[3]} (x{shapes[s]})" for s in chosen)
     return KernelSamples(what=f"matmul {str(dtype).removeprefix('torch.')}", shapes=names, work=tuple(work),
-                         seconds=tuple(seconds), rate=rate, overhead=overhead, residual=residual)
+                         seconds=tuple(seconds), rate=rate, overhead=0.0, residual=residual)
 
 
 def memory_sizes(max_bytes: int) -> list[int]:

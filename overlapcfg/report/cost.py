@@ -104,8 +104,11 @@ class ComputeCost:
 
 def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | None = None,
                     traced_world_size: int | None = None, as_dtype: torch.dtype | None = None) -> ComputeCost:
-    """Roofline time of one kernel: max(FLOPs / peak(dtype), bytes / memory bandwidth), plus the profile's
-    ``kernel_overhead`` (0 in datasheet profiles).
+    """Roofline time of one kernel: max(FLOPs / peak(dtype), bytes / memory bandwidth).
+
+    No per-kernel constant: merging buckets must only add bytes (the tuner's quick model sums its units' copies),
+    and a calibrated profile's rates already fold the overhead in at the model's sizes; measured node durations
+    (``overlapcfg.report.node_costs``) are the way to price small kernels exactly.
 
     A bucket's copy-in (``_pre_bucket_all_gather``) reads shards; its bytes are rescaled from the traced world
     size to ``world_size``. Other shard-sized kernels are costed as traced (they are small either way).
@@ -120,8 +123,7 @@ def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | Non
     dtype = str(as_dtype).removeprefix("torch.") if as_dtype is not None else dtype_name(node)
     t_flops = flops / hw.flops_for(dtype)
     t_mem = nbytes / (hw.mem_bandwidth * hw.compute_efficiency)
-    return ComputeCost(flops, nbytes, max(t_flops, t_mem) + hw.kernel_overhead,
-                       "compute" if t_flops >= t_mem else "memory")
+    return ComputeCost(flops, nbytes, max(t_flops, t_mem), "compute" if t_flops >= t_mem else "memory")
 
 
 def collective_bytes(node: fx.Node, as_dtype: torch.dtype | None = None) -> int:

@@ -10,7 +10,7 @@ last node reading them (through views) has run. Storages that hold gathered para
 and copies of its slices) count as unsharded parameters; the rest allocated inside the graphs as activations.
 Inputs are not counted (the shards, and in backward the saved activations, exist before the graph starts).
 
-Costs: each kernel by the roofline on the profile (plus its ``kernel_overhead``), or by its measured duration
+Costs: each kernel by the roofline on the profile, or by its measured duration
 when ``node_costs`` has one for that node (``overlapcfg.report.node_costs``); each collective by the ring model,
 with the profile's measured fits where calibration made them, and the compute stream paying the fit's issue time
 at each start. ``Simulation.cost_sources`` says which source priced how much.
