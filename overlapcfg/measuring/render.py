@@ -11,9 +11,9 @@ from rich.text import Text
 from overlapcfg.config.hardware import HardwareProfile
 from overlapcfg.measuring.result import Measurement
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
-from overlapcfg.report.model import CostSource
+from overlapcfg.report.render import cost_sources_line
 
-__all__ = ["calibration_table", "measurement_table", "sources_line"]
+__all__ = ["calibration_table", "measurement_table"]
 
 
 def _pct(x: float | None) -> str:
@@ -22,14 +22,6 @@ def _pct(x: float | None) -> str:
 
 def _ms(x: float | None) -> str:
     return "—" if x is None else f"{x * 1e3:.1f}"
-
-
-def sources_line(sources: tuple[CostSource, ...]) -> str:
-    """``compute: 812 nodes measured 41.2 ms, 37 roofline 1.3 ms; collectives: 17 fitted 9.1 ms``."""
-    parts: dict[str, list[str]] = {}
-    for s in sources:
-        parts.setdefault(s.part, []).append(f"{s.nodes} {s.source} {fmt_seconds(s.seconds)}")
-    return "; ".join(f"{part}: {', '.join(items)}" for part, items in parts.items())
 
 
 def measurement_table(m: Measurement) -> Group:
@@ -59,10 +51,10 @@ def measurement_table(m: Measurement) -> Group:
              + (f", {_pct(m.median_abs_error(profiled=True)).lstrip('+')} with measured node costs" if profiled
                 else "")]
     first = m.configs[0]
-    lines.append(f"cost sources ({first.name}): {sources_line(first.cost_sources)}")
+    lines.append(f"predicted ({first.name}) priced by {cost_sources_line(first.cost_sources)}")
     if profiled:
-        lines.append(f"profiled ({first.name}): {sources_line(first.profiled_cost_sources)}; node costs from "
-                     f"{m.node_costs}")
+        lines.append(f"profiled ({first.name}) priced by "
+                     f"{cost_sources_line(first.profiled_cost_sources, m.node_costs)}")
     walls = [c.measured_wall_s - c.measured_step_s for c in m.configs]
     lines.append(f"measured: time inside the compiled graphs (what is predicted); the step spends another "
                  f"{fmt_seconds(min(walls))}–{fmt_seconds(max(walls))} outside them (loss, optimizer, Python). "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich import box
@@ -15,9 +16,9 @@ from overlapcfg.report.labels import LEGEND, ROLE_LABELS, fmt_bytes, fmt_order, 
 
 if TYPE_CHECKING:
     from overlapcfg.report.compare import Comparison
-    from overlapcfg.report.model import Report, Simulation
+    from overlapcfg.report.model import CostSource, Report, Simulation
 
-__all__ = ["comparison_table", "groups_table", "report_table"]
+__all__ = ["comparison_table", "cost_sources_line", "groups_table", "report_table"]
 
 SHOWN_UNCOVERED = 5
 """Uncovered collectives the graphs table names before it counts the rest (``report.json`` holds them all)."""
@@ -31,9 +32,21 @@ def _change(before: float, after: float) -> str:
     return "" if not before else f" ({100 * (after - before) / before:+.0f}%)"
 
 
+def cost_sources_line(sources: Sequence[CostSource], node_costs: str | None = None) -> str:
+    """``compute: 812 measured 41.2 ms, 37 roofline 1.3 ms; collectives: 17 fitted 9.1 ms``: which source priced
+    how many nodes and how much time (``Simulation.cost_sources``); ``node_costs`` says what was measured."""
+    parts: dict[str, list[str]] = {}
+    for s in sources:
+        parts.setdefault(s.part, []).append(f"{s.nodes} {s.source} {fmt_seconds(s.seconds)}")
+    text = "; ".join(f"{part}: {', '.join(items)}" for part, items in parts.items())
+    return text + (f" (measured: {node_costs})" if node_costs else "")
+
+
 def _simulation(sim: Simulation, baseline: Simulation | None = None) -> Table:
     """The prediction; with ``baseline`` (the untransformed step), a "before" column and the change of each time."""
-    table = Table(title=f"Prediction: {sim.hardware}, world size {sim.world_size}", show_header=baseline is not None)
+    table = Table(title=f"Prediction: {sim.hardware}, world size {sim.world_size}", show_header=baseline is not None,
+                  caption=f"priced by {cost_sources_line(sim.cost_sources, sim.node_costs)}"
+                  if sim.cost_sources else None)
     table.add_column("metric", style="bold")
     if baseline is not None:
         table.add_column("before (no pass)", justify="right")
