@@ -24,9 +24,11 @@ _EXPORTS = {
     "StepFactory": "overlapcfg.measuring.run",
     "Measurement": "overlapcfg.measuring.result",
     "MeasuredConfig": "overlapcfg.measuring.result",
+    "MatmulMix": "overlapcfg.measuring.kernels",
+    "matmul_mix": "overlapcfg.measuring.kernels",
 }
 
-__all__ = ["CalibrationProgress", "MeasureProgress", "MeasuredConfig", "Measurement", "StepFactory", "calibrate",
-           "measure"]
+__all__ = ["CalibrationProgress", "MatmulMix", "MeasureProgress", "MeasuredConfig", "Measurement", "StepFactory",
+           "calibrate", "matmul_mix", "measure"]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

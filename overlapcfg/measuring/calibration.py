@@ -45,11 +45,12 @@ from overlapcfg.measuring.collectives import (
     time_group,
 )
 from overlapcfg.measuring.kernels import (
+    MatmulMix,
     MatmulShape,
     chosen_shapes,
     default_shapes,
+    matmul_mix,
     matmul_samples,
-    matmul_shapes,
     memory_samples,
     memory_sizes,
     time_matmuls,
@@ -83,13 +84,14 @@ def _default_device() -> torch.device:
 
 
 def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
-              step: CapturedStep | Sequence[fx.GraphModule] | None = None, name: str = "calibrated",
+              step: CapturedStep | Sequence[fx.GraphModule] | MatmulMix | None = None, name: str = "calibrated",
               base: HardwareProfile | str | None = None, budget_s: float = 60.0, max_bytes: int | None = None,
               dtype: torch.dtype | None = None, device: torch.device | str | None = None,
               save: bool | Path = True, progress: Callable[[CalibrationProgress], None] | None = None,
               ) -> HardwareProfile:
     """Measure collectives on ``groups`` (``{name: group}``; default the whole world as ``world``) and kernels at
-    ``step``'s matmul shapes and dtype; return the calibrated profile, the same on every rank.
+    ``step``'s matmul shapes and dtype (a ``CapturedStep``, its graphs, or their ``matmul_mix``); return the
+    calibrated profile, the same on every rank.
 
     ``base``: the datasheet profile unmeasured numbers come from (default ``cpu_gloo`` on CPU, ``h100_nvlink``
     on CUDA). ``budget_s``: wall seconds to aim for (each kind times at least a few sizes whatever the budget).
@@ -103,11 +105,12 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     started = time.perf_counter()
     clock = Clock(device if device is not None else _default_device())
     base_hw = load_hardware(base if base is not None else ("h100_nvlink" if clock.cuda else "cpu_gloo"))
-    graphs = [step.forward, step.backward] if isinstance(step, CapturedStep) else list(step or ())
-    shapes, step_dtype = matmul_shapes(graphs)
-    if not shapes:
-        shapes = default_shapes(clock)
-    dtype = dtype or step_dtype or torch.float32
+    if isinstance(step, MatmulMix):
+        mix = step
+    else:
+        mix = matmul_mix([step.forward, step.backward] if isinstance(step, CapturedStep) else list(step or ()))
+    shapes = mix.shapes or default_shapes(clock)
+    dtype = dtype or mix.dtype or torch.float32
     max_bytes = max_bytes or (2**30 if clock.cuda else 2**26)
     hosts: list[str] = [""] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())

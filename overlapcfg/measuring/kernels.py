@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import fx
@@ -27,8 +28,8 @@ from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collectives import log_sizes
 from overlapcfg.measuring.fit import fit_line
 
-__all__ = ["MatmulShape", "chosen_shapes", "default_shapes", "matmul_samples", "matmul_shapes", "memory_samples",
-           "memory_sizes", "time_matmuls", "time_memory"]
+__all__ = ["MatmulMix", "MatmulShape", "chosen_shapes", "default_shapes", "matmul_mix", "matmul_samples",
+           "memory_samples", "memory_sizes", "time_matmuls", "time_memory"]
 
 MatmulShape = tuple[int, int, int, int]
 """``(batch, m, k, n)``: ``batch`` products of ``(m x k) @ (k x n)``."""
@@ -39,7 +40,16 @@ MAX_SHAPES = 16
 """Distinct shapes timed at most (those with the most FLOPs in the step)."""
 
 
-def matmul_shapes(graphs: Sequence[fx.GraphModule]) -> tuple[Counter[MatmulShape], torch.dtype | None]:
+@dataclass(frozen=True, slots=True)
+class MatmulMix:
+    """The matmuls a step runs: how many of each shape, in which dtype. Plain data: it travels to other processes
+    where the graphs it was read from cannot (``calibrate(step=mix)``)."""
+
+    shapes: Counter[MatmulShape]
+    dtype: torch.dtype | None
+
+
+def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
     """How many times the graphs run each matmul shape, and their (first) dtype."""
     shapes: Counter[MatmulShape] = Counter()
     dtype = None
@@ -54,7 +64,7 @@ def matmul_shapes(graphs: Sequence[fx.GraphModule]) -> tuple[Counter[MatmulShape
             batch = a.shape[0] if a.dim() == 3 else 1
             shapes[(int(batch), int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1]))] += 1
             dtype = dtype or a.dtype
-    return shapes, dtype
+    return MatmulMix(shapes, dtype)
 
 
 def _flops(shape: MatmulShape) -> int:
