@@ -65,3 +65,24 @@ def test_measure_outside_torchrun_says_how_to_launch_it(tmp_path: Path) -> None:
     text = out.stdout + out.stderr
     assert out.returncode == 1 and "Traceback" not in text, text
     assert "torchrun --nproc-per-node 2 -m overlapcfg mode=measure" in text
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "measure_steps" / "measure_steps.py"
+
+
+def test_readme_shows_the_measure_example_as_it_is() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"```python\n{EXAMPLE.read_text()}```" in readme
+
+
+@pytest.mark.slow
+def test_the_measure_example_runs_under_torchrun(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           str(EXAMPLE)]
+    out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "home"),
+                         timeout=280)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "predicted (my_cluster) vs measured" in out.stdout
+    data = json.loads((tmp_path / "measure.json").read_text())
+    assert [c["name"] for c in data["configs"]] == ["none", "depth 1", "depth 2"]
+    assert (tmp_path / "home" / "hardware" / "my_cluster.yaml").is_file()
