@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
@@ -53,27 +52,14 @@ def _calibrate(rank: int, world_size: int, mix: MatmulMix, budget: float) -> dic
     return profile.model_dump(mode="json", exclude_none=True)
 
 
-def _measure(rank: int, world_size: int, sizes: dict[str, Any], configs: dict[str, dict[str, Any]],
+def _measure(rank: int, world_size: int, settings: dict[str, Any], configs: dict[str, dict[str, Any]],
              hardware: dict[str, Any], steps: int, warmup: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    from overlapcfg.demo import Llama, LlamaConfig, cross_entropy_loss, shard_module
-    from overlapcfg.demo.tracing import demo_batch
+    from overlapcfg.demo.measure_job import demo_step
+    from overlapcfg.demo.settings import demo_settings
 
-    config = LlamaConfig(**sizes["model"], max_seq_len=sizes["seq_len"])
-    tokens, targets = demo_batch(config.vocab_size, batch=sizes["batch"], seq_len=sizes["seq_len"], seed=100 + rank)
-
-    def make_step(backend: Any) -> Any:
-        model = shard_module(Llama(config, seed=0), world_size=world_size, rank=rank, reshard_after_forward=True)
-        compiled = torch.compile(model, backend=backend, fullgraph=True)
-
-        def step() -> None:
-            for p in model.parameters():
-                p.grad = None
-            cross_entropy_loss(compiled(tokens), targets).backward()
-
-        return step
-
-    result = overlapcfg.measure(make_step, configs, hardware=HardwareProfile.model_validate(hardware), steps=steps,
-                                warmup=warmup, profiled_steps=2)
+    result = overlapcfg.measure(demo_step(demo_settings(settings)), configs,
+                                hardware=HardwareProfile.model_validate(hardware), steps=steps, warmup=warmup,
+                                profiled_steps=2)
     costs = result.measured_node_costs
     return result.to_dict(), costs.to_dict() if costs is not None else {}
 
@@ -117,8 +103,8 @@ def main() -> None:
                   f"{tuned.seconds:.1f} s), predicted {tuned.best.step_seconds * 1e3:.1f} ms")
     configs = {n: c.model_dump(mode="json") for n, c in zip(names, presets, strict=True)}
     configs["tuned"] = tuned.config.model_dump(mode="json")
-    sizes = {"model": spec.model.model_dump(), "batch": spec.batch, "seq_len": spec.seq_len}
-    measured_dict, costs_dict = run_on_gloo(_measure, sizes, configs, calibrated.model_dump(mode="json"), steps,
+    settings = spec.model_dump(mode="json", include={"model", "batch", "seq_len", "reshard_after_forward"})
+    measured_dict, costs_dict = run_on_gloo(_measure, settings, configs, calibrated.model_dump(mode="json"), steps,
                                             2 if args.quick else 3, world_size=2, timeout_s=1800)[0]
     measurement = overlapcfg.Measurement.from_json(measured_dict)
     costs = NodeCosts.from_json(costs_dict)

@@ -7,11 +7,9 @@ measured what it claims (every field filled, every collective matched, every ran
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 
 import overlapcfg
 from overlapcfg.measuring.result import Measurement
@@ -34,30 +32,12 @@ def test_uncovered_seconds_is_the_union_outside_the_cover() -> None:
     assert uncovered_seconds([(0, 1)], [(-1, 2)]) == 0.0
 
 
-def _make_step(rank: int, world_size: int) -> Callable[[Any], Callable[[], object]]:
-    from overlapcfg.demo import Llama, LlamaConfig, cross_entropy_loss, shard_module
-    from overlapcfg.demo.tracing import demo_batch
-
-    config = LlamaConfig(n_layers=2)
-    tokens, targets = demo_batch(config.vocab_size, batch=2, seq_len=16, seed=100 + rank)
-
-    def make_step(backend: Any) -> Callable[[], object]:
-        model = shard_module(Llama(config, seed=0), world_size=world_size, rank=rank, reshard_after_forward=True)
-        compiled = torch.compile(model, backend=backend, fullgraph=True)
-
-        def step() -> None:
-            for p in model.parameters():
-                p.grad = None
-            cross_entropy_loss(compiled(tokens), targets).backward()
-
-        return step
-
-    return make_step
-
-
 def _measure_worker(rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    result = overlapcfg.measure(_make_step(rank, world_size), CONFIGS, hardware="cpu_gloo", warmup=1, steps=STEPS,
-                                profiled_steps=1)
+    from overlapcfg.demo.measure_job import demo_step
+    from overlapcfg.demo.settings import demo_settings
+
+    make_step = demo_step(demo_settings({"model": {"n_layers": 2}, "batch": 2, "seq_len": 16}))
+    result = overlapcfg.measure(make_step, CONFIGS, hardware="cpu_gloo", warmup=1, steps=STEPS, profiled_steps=1)
     assert result.measured_node_costs is not None
     return result.to_dict(), result.measured_node_costs.to_dict()
 

@@ -34,11 +34,12 @@ from overlapcfg.errors import OverlapConfigError
 if TYPE_CHECKING:
     import torch
 
+    from overlapcfg.demo.dims import ParallelDims
     from overlapcfg.demo.parallel import DemoMesh
     from overlapcfg.demo.settings import DemoSettings
     from overlapcfg.passes.backend import GraphBackend
 
-__all__ = ["CalibrateSettings", "MeasureSettings", "run_calibrate", "run_measure"]
+__all__ = ["CalibrateSettings", "MeasureSettings", "demo_step", "run_calibrate", "run_measure"]
 
 MEASURE_FILE = "measure.json"
 NODE_COSTS_FILE = "node_costs.json"
@@ -113,7 +114,7 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _dims(spec: DemoSettings, world_size: int) -> Any:
+def _dims(spec: DemoSettings, world_size: int) -> ParallelDims:
     """The mesh on torchrun's ranks: plain FSDP over all of them unless ``parallel.*`` says otherwise (then the
     sizes must multiply to torchrun's world size)."""
     from overlapcfg.demo.dims import ParallelDims
@@ -195,17 +196,22 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     return path
 
 
-def _demo_step(spec: DemoSettings, dims: Any, rank: int, device: torch.device) -> Callable[[GraphBackend],
-                                                                                        Callable[[], object]]:
-    """The demo's ``make_step``: a fresh seeded model sharded on the mesh, compiled with the given backend; one
-    step is zeroed gradients, forward, loss, backward (no optimizer: the predicted graphs end at the gradients)."""
+def demo_step(spec: DemoSettings, dims: ParallelDims | None = None, *,
+              device: torch.device | str = "cpu") -> Callable[[GraphBackend], Callable[[], object]]:
+    """The demo's ``make_step`` for ``overlapcfg.measure``, on the current default group: a fresh seeded model
+    sharded on the mesh ``dims`` (default: plain FSDP over every rank), compiled with the backend it is handed;
+    one step is zeroed gradients, forward, loss, backward (no optimizer: the predicted graphs end at the
+    gradients). Each data-parallel rank reads its own seeded batch."""
     import torch
+    import torch.distributed as dist
 
+    from overlapcfg.demo.dims import ParallelDims
     from overlapcfg.demo.llama import Llama, cross_entropy_loss
     from overlapcfg.demo.parallel import build_mesh, parallelize
     from overlapcfg.demo.tracing import demo_batch
 
-    mesh = build_mesh(dims, device_type=device.type)
+    device = torch.device(device)
+    mesh = build_mesh(dims or ParallelDims(dp_shard=dist.get_world_size()), device_type=device.type)
     tokens, targets = demo_batch(spec.model.vocab_size, batch=spec.batch, seq_len=spec.seq_len,
                                  seed=100 + mesh.dp_rank, device=device)
 
@@ -248,7 +254,7 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
 
         with bar:
             task = bar.add_task("measure", total=len(configs))
-            result = measure(_demo_step(spec, dims, rank, _device()), dict(zip(names, configs, strict=True)),
+            result = measure(demo_step(spec, dims, device=_device()), dict(zip(names, configs, strict=True)),
                              hardware=hardware, warmup=settings.warmup, steps=settings.steps,
                              profiled_steps=settings.profiled_steps, node_costs=settings.node_costs,
                              device=_device(), config_root="measure.configs", progress=show)

@@ -56,13 +56,11 @@ class Recorder:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.mode: Mode = "plain"
-        self.graphs: dict[str, fx.GraphModule] = {}
         self._regions: list[tuple[str, Mark, Mark]] = []
         self._nodes: dict[str, dict[str, tuple[str, list[float]]]] = {}
 
     def compiler(self, graph: str) -> GraphCompiler:
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
-            self.graphs[graph] = gm
             return compat.make_boxed_func(lambda *args: self._run(graph, gm, args))
 
         return compile_graph
