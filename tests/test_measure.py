@@ -32,6 +32,17 @@ def test_uncovered_seconds_is_the_union_outside_the_cover() -> None:
     assert uncovered_seconds([(0, 1)], [(-1, 2)]) == 0.0
 
 
+def test_unreadable_node_costs_are_a_fault_at_tune_node_costs(tmp_path) -> None:
+    from overlapcfg.demo.tune_job import _node_costs
+    from overlapcfg.errors import OverlapConfigError
+
+    (tmp_path / "costs.json").write_text('{"schema": "something else"}')
+    for path in (tmp_path / "missing.json", tmp_path / "costs.json"):
+        with pytest.raises(OverlapConfigError, match=r"tune\.node_costs: cannot read node costs"):
+            _node_costs(str(path))
+    assert _node_costs(None) is None
+
+
 def _measure_worker(rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
     from overlapcfg.demo.measure_job import demo_step
     from overlapcfg.demo.settings import demo_settings
