@@ -20,6 +20,7 @@ stream nothing there, so no issue time is fitted.
 from __future__ import annotations
 
 import datetime
+import logging
 import socket
 import time
 from collections import Counter
@@ -60,7 +61,11 @@ from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["CalibrationProgress", "calibrate", "profile_header"]
 
+log = logging.getLogger(__name__)
+
 MIN_BYTES = 4096
+ROUGH_FIT = 0.25
+"""A fit whose residual is above this is called out in the profile's notes (and logged)."""
 COLLECTIVE_SHARE = 0.75
 """Of the budget, what the collectives get (the kernels take the rest, and at least their few sizes)."""
 
@@ -223,6 +228,15 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
     other = "fp32" if low else "bf16"
     notes.append(f"peak_flops.{other}: not measured; the measured rate scaled by {base.name}'s bf16/fp32 ratio "
                  f"({ratio:.1f})")
+    rough = [f"{k.kind} on {g.name} {100 * k.residual:.0f}%" for g in record.groups for k in g.collectives
+             if k.residual > ROUGH_FIT]
+    rough += [f"{k.what.split(' (')[0]} {100 * k.residual:.0f}%" for k in (mem, mm) if k.residual > ROUGH_FIT]
+    if rough:
+        note = (f"fits far from their own timings (RMS relative error): {', '.join(rough)}; a busy machine or a "
+                "link that is not linear in size. Predictions inherit it: rerun on an idle machine, with a larger "
+                "calibrate.budget_s, and check with mode=measure")
+        log.warning("calibrate: %s", note)
+        notes.append(note)
     intra = fits.intra_node if fits is not None else None
     inter = fits.inter_node if fits is not None else None
     if intra is None or intra.all_gather is None:
