@@ -105,15 +105,6 @@ def _joined(mode: str) -> Iterator[tuple[int, int, str]]:
         dist.destroy_process_group()
 
 
-def _device() -> torch.device:
-    import torch
-    import torch.distributed as dist
-
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _dims(spec: DemoSettings, world_size: int) -> ParallelDims:
     """The mesh on torchrun's ranks: plain FSDP over all of them unless ``parallel.*`` says otherwise (then the
     sizes must multiply to torchrun's world size)."""
@@ -160,6 +151,7 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     from overlapcfg.demo.parallel import build_mesh
     from overlapcfg.demo.tracing import trace_train_step
     from overlapcfg.measuring import CalibrationProgress, calibrate
+    from overlapcfg.measuring.clock import default_device
     from overlapcfg.measuring.render import calibration_table
 
     with stages.stage(f"traced the {spec.model.n_layers}-layer demo step on meta (its matmul shapes)"):
@@ -169,7 +161,7 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     with _joined("calibrate") as (rank, world_size, backend):
         console.quiet = console.quiet or rank != 0
         dims = _dims(spec, world_size)
-        groups = _groups(build_mesh(dims, device_type=_device().type))
+        groups = _groups(build_mesh(dims, device_type=default_device().type))
         bar = _bar(console)
 
         def show(p: CalibrationProgress) -> None:
@@ -178,7 +170,7 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         with bar:
             task = bar.add_task("calibrate", total=1)
             profile = calibrate(groups, step=step, name=settings.name, base=hardware, budget_s=settings.budget_s,
-                                max_bytes=settings.max_bytes, device=_device(), save=False, progress=show)
+                                max_bytes=settings.max_bytes, device=default_device(), save=False, progress=show)
         measured = ", ".join(f"{n} ({dist.get_world_size(g)} ranks)" for n, g in groups.items())
         seconds = profile.calibration.seconds if profile.calibration is not None else 0.0
         console.print(f"[green]✓[/green] calibrated {measured} on {backend} x {world_size} in {seconds:.0f} s")
@@ -241,6 +233,7 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         for name, overlap in zip(names, configs, strict=True):
             check_plan(overlap, spec, root=f"measure.configs.{name}")
     from overlapcfg.measuring import MeasureProgress, measure
+    from overlapcfg.measuring.clock import default_device
     from overlapcfg.measuring.render import measurement_table
 
     entries: Mapping[str, Any] = settings.configs
@@ -254,10 +247,10 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
 
         with bar:
             task = bar.add_task("measure", total=len(configs))
-            result = measure(demo_step(spec, dims, device=_device()), dict(zip(names, configs, strict=True)),
+            result = measure(demo_step(spec, dims, device=default_device()), dict(zip(names, configs, strict=True)),
                              hardware=hardware, warmup=settings.warmup, steps=settings.steps,
                              profiled_steps=settings.profiled_steps, node_costs=settings.node_costs,
-                             device=_device(), config_root="measure.configs", progress=show)
+                             device=default_device(), config_root="measure.configs", progress=show)
         result = result.model_copy(update={"configs": tuple(
             c.model_copy(update={"overrides": dict(entries.get(c.name) or {})}) for c in result.configs)}
         ).attach(result.measured_node_costs)

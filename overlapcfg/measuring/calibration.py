@@ -36,7 +36,7 @@ from overlapcfg._version import __version__
 from overlapcfg.config.calibration import Calibration, CollectiveFits, KernelSamples
 from overlapcfg.config.hardware import HardwareProfile, PeakFlops, hardware_from, load_hardware, save_hardware
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.measuring.clock import Clock
+from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.collectives import (
     KINDS,
     GroupTimings,
@@ -83,12 +83,6 @@ class CalibrationProgress:
     elapsed: float
 
 
-def _default_device() -> torch.device:
-    if dist.get_backend() == "nccl" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
               step: CapturedStep | Sequence[fx.GraphModule] | MatmulMix | None = None, name: str = "calibrated",
               base: HardwareProfile | str | None = None, budget_s: float = 60.0, max_bytes: int | None = None,
@@ -109,7 +103,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     if not dist.is_initialized():
         raise RuntimeError("calibrate: no process group; run under torchrun (or init_process_group) on every rank")
     started = time.perf_counter()
-    clock = Clock(device if device is not None else _default_device())
+    clock = Clock(device if device is not None else default_device())
     base_hw = load_hardware(base if base is not None else ("h100_nvlink" if clock.cuda else "cpu_gloo"))
     if isinstance(step, MatmulMix):
         mix = step
@@ -141,7 +135,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
         try:
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
                                                      hosts), clock, budget_s, started)
-        except (ValueError, OverlapConfigError) as err:  # every rank must hear of it, or they wait forever
+        except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
     dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], Exception):

@@ -16,9 +16,18 @@ from typing import TypeAlias
 
 import torch
 
-__all__ = ["Clock", "Mark"]
+__all__ = ["Clock", "Mark", "default_device"]
 
 Mark: TypeAlias = "float | torch.cuda.Event"
+
+
+def default_device() -> torch.device:
+    """Where this rank computes: its current CUDA device under NCCL, else the CPU."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class Clock:

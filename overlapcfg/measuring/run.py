@@ -36,7 +36,7 @@ from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.graph.collectives import collective_kind, is_collective_start
-from overlapcfg.measuring.clock import Clock
+from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.result import MeasuredCollective, MeasuredConfig, Measurement
 from overlapcfg.measuring.runner import Recorder, merge_node_seconds
 from overlapcfg.measuring.trace import read_trace
@@ -101,9 +101,8 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
     if not loaded:
         raise ValueError("measure: no configs to measure")
     reference = _reference(loaded, node_costs, config_root)
-    clock = Clock(device if device is not None else
-                  (torch.device("cuda", torch.cuda.current_device())
-                   if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"))
+    clock = Clock(device if device is not None else default_device())
+    given = {str(name): cfg for name, cfg in configs.items()}
     graphs, measured = {}, {}
     for index, (name, cfg) in enumerate(loaded.items()):
         def tell(phase: str, name: str = name, index: int = index) -> None:
@@ -122,16 +121,26 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
                                    f"{NODE_RUNS} node-timed steps")
     box: list[Any] = [None]
     if dist.get_rank() == 0:  # rank 0's graphs and prediction; every rank returns the same numbers
-        rows = [_row(name, configs[name], cfg, graphs[name], measured[name], hw, costs) for name, cfg in loaded.items()]
-        box[0] = Measurement(
-            hardware=hw, world_size=dist.get_world_size(), backend=str(dist.get_backend()), device=clock.describe(),
-            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            torch_version=torch.__version__, warmup=warmup, steps=steps, profiled_steps=profiled_steps,
-            node_costs=costs.source if costs is not None else None, configs=tuple(rows)).to_dict()
+        try:
+            rows = [_row(name, given[name], cfg, graphs[name], measured[name], hw, costs)
+                    for name, cfg in loaded.items()]
+            box[0] = Measurement(
+                hardware=hw, world_size=dist.get_world_size(), backend=str(dist.get_backend()),
+                device=clock.describe(), date=_now(),
+                torch_version=torch.__version__, warmup=warmup, steps=steps, profiled_steps=profiled_steps,
+                node_costs=costs.source if costs is not None else None, configs=tuple(rows)).to_dict()
+        except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
+            box[0] = err
     dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        raise box[0]
     if progress is not None:
         progress(MeasureProgress("", len(loaded), len(loaded), "done", time.perf_counter() - started))
     return Measurement.from_json(box[0]).attach(costs)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _reference(loaded: Mapping[str, OverlapConfig], node_costs: bool | str, root: str) -> str | None:
