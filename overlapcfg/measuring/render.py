@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from rich import box
 from rich.console import Group
 from rich.markup import escape
@@ -55,6 +57,14 @@ def measurement_table(m: Measurement) -> Group:
     if profiled:
         lines.append(f"profiled ({first.name}) priced by "
                      f"{cost_sources_line(first.profiled_cost_sources, m.node_costs)}")
+    ratios: dict[str, list[float]] = {}
+    for c in m.configs:
+        for k in c.collectives:
+            if k.measured_s is not None and k.predicted_s > 0:
+                ratios.setdefault(k.kind, []).append(k.measured_s / k.predicted_s)
+    if ratios:
+        each = ", ".join(f"{kind} x{statistics.median(r):.2f}" for kind, r in ratios.items())
+        lines.append(f"collectives in the steps against the profile (median measured / predicted duration): {each}")
     walls = [c.measured_wall_s - c.measured_step_s for c in m.configs]
     lines.append(f"measured: time inside the compiled graphs (what is predicted); the step spends another "
                  f"{fmt_seconds(min(walls))}–{fmt_seconds(max(walls))} outside them (loss, optimizer, Python). "
