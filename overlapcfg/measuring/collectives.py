@@ -37,9 +37,9 @@ KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 MIN_SIZES = 4
 """Sizes timed per kind whatever the budget: a fit of two unknowns needs a few more points than two."""
 REPS = 5
-REP_SECONDS = 0.004
-"""A repetition runs collectives back to back for about this long (small sizes: many, large: one)."""
-MAX_INNER = 64
+"""Timed repetitions per size at least; short collectives get more, up to ``MAX_REPS`` or ``REP_SECONDS``."""
+MAX_REPS = 25
+REP_SECONDS = 0.02
 
 
 def _agreed(value: int, clock: Clock) -> int:
@@ -106,22 +106,20 @@ def _functional(kind: str, full: torch.Tensor, group: dist.ProcessGroup) -> Call
     raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
-def _rep(issue: Callable[[], torch.Tensor], clock: Clock, group: dist.ProcessGroup, token: torch.Tensor,
-         inner: int) -> tuple[float, float]:
-    """``inner`` collectives back to back after the ranks of ``group`` are aligned: per collective, ``(issue
-    seconds, seconds on its own stream)``. Back to back, ranks stay in step after the first, so the skew with which
-    they left the barrier is spread over ``inner`` collectives instead of landing on one."""
+def _once(issue: Callable[[], torch.Tensor], clock: Clock, group: dist.ProcessGroup,
+          token: torch.Tensor) -> tuple[float, float]:
+    """One collective after the ranks of ``group`` are aligned: ``(issue seconds, seconds on its own stream)``.
+    Alone, as a step runs them (between stretches of compute), not back to back: on a CPU, back-to-back collectives
+    keep gloo's threads awake and measure a different machine."""
     dist.all_reduce(token, group=group)  # a barrier that works on every backend, on the device's own stream
     clock.sync()
-    issued = 0.0
     start = clock.mark()
-    for _ in range(inner):
-        host = time.perf_counter()
-        out = issue()
-        issued += time.perf_counter() - host if not clock.cuda else 0.0  # a GPU's caller only enqueues
-        compat.WAIT_TENSOR(out)
+    host = time.perf_counter()
+    out = issue()
+    issued = time.perf_counter() - host if not clock.cuda else 0.0  # a GPU's caller only enqueues
+    compat.WAIT_TENSOR(out)
     total = clock.seconds(start, clock.mark())
-    return issued / inner, max(total - issued, 0.0) / inner
+    return issued, max(total - issued, 0.0)
 
 
 def time_group(name: str, group: dist.ProcessGroup, *, sizes: Sequence[int], dtype: torch.dtype, clock: Clock,
@@ -140,9 +138,9 @@ def time_group(name: str, group: dist.ProcessGroup, *, sizes: Sequence[int], dty
         for nbytes in (sizes[i] for i in coverage_order(len(sizes))):
             numel = max(p, nbytes // dtype.itemsize // p * p)
             issue = _functional(kind, torch.ones(numel, dtype=dtype, device=clock.device), group)
-            first = sum(_rep(issue, clock, group, token, 1))  # warm-up: buffers, connections
-            inner = _agreed(max(1, min(MAX_INNER, math.ceil(REP_SECONDS / max(first, 1e-6)))), clock)
-            reps = [_rep(issue, clock, group, token, inner) for _ in range(REPS)]
+            first = sum(_once(issue, clock, group, token))  # warm-up: buffers, connections
+            count = _agreed(max(REPS, min(MAX_REPS, math.ceil(REP_SECONDS / max(first, 1e-6)))), clock)
+            reps = [_once(issue, clock, group, token) for _ in range(count)]
             stats = torch.tensor([statistics.median(r[0] for r in reps), statistics.median(r[1] for r in reps),
                                   time.perf_counter() - started], dtype=torch.float64, device=clock.device)
             dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the slowest rank; and one decision for all ranks
