@@ -116,3 +116,27 @@ def test_measured_node_costs_price_the_untransformed_step(measured) -> None:
     assert sim is not None
     compute = {s.source: s for s in sim.cost_sources if s.part == "compute"}
     assert set(compute) == {"measured"} and compute["measured"].nodes > 100  # every kernel: the same graph
+
+
+def _one_at_a_time_worker(rank: int, world_size: int) -> dict[str, Any]:
+    from overlapcfg.demo.measure_job import demo_step
+    from overlapcfg.demo.settings import demo_settings
+
+    make_step = demo_step(demo_settings({"model": {"n_layers": 2}, "batch": 2, "seq_len": 16}))
+    configs = {name: CONFIGS[name] for name in ("none", "d1")}
+    return overlapcfg.measure(make_step, configs, hardware="cpu_gloo", warmup=1, steps=2, profiled_steps=1,
+                              interleave=False, node_costs=False).to_dict()
+
+
+@pytest.mark.slow
+def test_one_config_at_a_time_gives_the_same_records() -> None:
+    """``interleave=False`` (one model in memory at a time) fills the same fields; no node costs when asked not to."""
+    from overlapcfg.demo.gloo import run_on_gloo
+
+    first, second = run_on_gloo(_one_at_a_time_worker, world_size=2, timeout_s=280, preload=["tests.test_measure"])
+    assert first == second
+    m = Measurement.from_json(first)
+    assert [c.name for c in m.configs] == ["none", "d1"] and m.node_costs is None
+    for c in m.configs:
+        assert len(c.step_seconds) == 2 and c.measured_step_s > 0 and c.predicted_profiled_step_s is None
+        assert c.collectives and all(k.measured_s is not None for k in c.collectives)

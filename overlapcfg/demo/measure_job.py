@@ -66,6 +66,9 @@ class MeasureSettings(ConfigModel):
     """Timed steps per config: the median and the spread come from them."""
     profiled_steps: int = Field(2, ge=1)
     """Steps under torch.profiler per config: exposed communication and each collective's duration."""
+    interleave: bool = True
+    """Compile every config first and take the timed steps in turns (fair under drifting load; one model per
+    config in memory); false: one config after the other."""
     node_costs: bool | str = True
     """Time every node of the reference config (the first with strategy none; or a config's label) for the
     profile-guided prediction; false: do not."""
@@ -243,13 +246,15 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         bar = _bar(console)
 
         def show(p: MeasureProgress) -> None:
-            bar.update(task, description=f"measure: {p.config} {p.phase}", completed=p.index, total=p.total)
+            bar.update(task, description=f"measure: {p.config} {p.phase}".replace("all ", ""), completed=p.index,
+                       total=p.total)
 
         with bar:
             task = bar.add_task("measure", total=len(configs))
             result = measure(demo_step(spec, dims, device=default_device()), dict(zip(names, configs, strict=True)),
                              hardware=hardware, warmup=settings.warmup, steps=settings.steps,
                              profiled_steps=settings.profiled_steps, node_costs=settings.node_costs,
+                             interleave=settings.interleave,
                              device=default_device(), config_root="measure.configs", progress=show)
         result = result.model_copy(update={"configs": tuple(
             c.model_copy(update={"overrides": dict(entries.get(c.name) or {})}) for c in result.configs)}

@@ -1,4 +1,4 @@
-"""``overlapcfg.measuring``: run a user's training step under each config of a sweep on real ranks, and put the
+"""``overlapcfg.measure``: run a user's training step under each config of a sweep on real ranks, and put the
 measured step next to the simulator's prediction.
 
 Per config, on every rank of the initialized default group:
@@ -7,7 +7,9 @@ Per config, on every rank of the initialized default group:
    (``overlapcfg.measuring.runner``), handed to ``make_step``, which builds the model, compiles it with that
    backend and returns a function running one training step;
 2. ``warmup`` steps (the first compiles), then ``steps`` timed steps (every rank starts each step together): the
-   time inside the graphs per step, and the whole step's wall time;
+   time inside the graphs per step, and the whole step's wall time. By default every config is compiled first and
+   the timed steps are taken in turns, one step of each config per round (``interleave``): on a machine whose load
+   drifts (other jobs on shared cores, clocks throttling), every config sees the same drift;
 3. ``profiled_steps`` under ``torch.profiler``: exposed communication and each collective's duration
    (``overlapcfg.measuring.trace``);
 4. for the reference config (the first ``strategy: none`` one, else the first), two more steps with every node
@@ -15,8 +17,8 @@ Per config, on every rank of the initialized default group:
 5. the prediction: ``simulate`` of the graphs this rank compiled, on ``hardware``; and again with the node costs.
 
 The slowest rank's graph time counts for each step (a step waits for its slowest rank); rank 0 assembles the
-``Measurement`` and every rank returns it. Dynamo's caches are reset before each config (the same model code is
-compiled with another backend each time).
+``Measurement`` and every rank returns it. Dynamo keeps one compiled version per config (the same model code under
+another backend each time; its recompile limit is raised for the sweep) and is reset before it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import datetime
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import torch
@@ -81,14 +83,17 @@ class _RankResult:
 
 def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: HardwareProfile | str,
             warmup: int = 3, steps: int = 10, profiled_steps: int = 2, node_costs: bool | str = True,
-            device: torch.device | str | None = None, config_root: str = "configs",
+            interleave: bool = True, device: torch.device | str | None = None, config_root: str = "configs",
             progress: Callable[[MeasureProgress], None] | None = None) -> Measurement:
     """Measure each of ``configs`` (``{name: overlap config}``, a mapping or ``OverlapConfig`` each) with
     ``make_step`` and predict it on ``hardware``; see the module docstring for what is run.
 
     ``node_costs``: measure per-node durations on the reference config (True), on the named config, or not at all
-    (False); they give each config's profile-guided prediction. ``device``: where the step runs (default: the
-    current CUDA device under NCCL, else the CPU), for the clock. Call on every rank, with the same arguments.
+    (False); they give each config's profile-guided prediction. ``interleave``: keep every config's model compiled
+    at once and take the timed steps in turns (config 1, 2, ..., then again), so load that drifts during the sweep
+    (other jobs, thermal limits) is shared fairly; costs one model per config in memory (False: one at a time).
+    ``device``: where the step runs (default: the current CUDA device under NCCL, else the CPU), for the clock.
+    Call on every rank, with the same arguments.
     """
     if not dist.is_initialized():
         raise RuntimeError("measure: no process group; run under torchrun (or init_process_group) on every rank")
@@ -104,16 +109,40 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
     clock = Clock(device if device is not None else default_device())
     given = {str(name): cfg for name, cfg in configs.items()}
     graphs, measured = {}, {}
-    for index, (name, cfg) in enumerate(loaded.items()):
-        def tell(phase: str, name: str = name, index: int = index) -> None:
-            if progress is not None:
-                progress(MeasureProgress(name, index, len(loaded), phase, time.perf_counter() - started))
 
-        mine, gms = _measure_one(make_step, cfg, clock, warmup=warmup, steps=steps, profiled_steps=profiled_steps,
-                                 nodes=name == reference, tell=tell)
+    def tell(name: str, index: int, phase: str) -> None:
+        if progress is not None:
+            progress(MeasureProgress(name, index, len(loaded), phase, time.perf_counter() - started))
+
+    def finish(p: _Prepared, index: int) -> None:
+        tell(p.name, index, "profiled")
+        mine = _profiled(p, clock, profiled_steps, p.name == reference)
         gathered: list[_RankResult | None] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
-        graphs[name], measured[name] = gms, [g for g in gathered if g is not None]
+        graphs[p.name], measured[p.name] = p.graphs, [g for g in gathered if g is not None]
+
+    if interleave:  # every config compiled and kept; timed steps taken in turns, so drifting load hits all alike
+        compat.dynamo_reset()
+        with compat.dynamo_recompile_limit(len(loaded) + 1):
+            prepared = []
+            for index, (name, cfg) in enumerate(loaded.items()):
+                tell(name, index, "compile")
+                prepared.append(_prepare(make_step, name, cfg, clock, warmup))
+            for round_ in range(steps):
+                tell("all", round_ * len(loaded) // steps, f"timed round {round_ + 1}/{steps}")
+                for p in prepared:
+                    _timed_step(p, clock)
+            for index, p in enumerate(prepared):
+                finish(p, index)
+    else:
+        for index, (name, cfg) in enumerate(loaded.items()):
+            compat.dynamo_reset()
+            tell(name, index, "compile")
+            p = _prepare(make_step, name, cfg, clock, warmup)
+            tell(name, index, "timed")
+            for _ in range(steps):
+                _timed_step(p, clock)
+            finish(p, index)
     costs = None
     if reference is not None:
         costs = merge_node_seconds([r.nodes for r in measured[reference]],
@@ -153,49 +182,59 @@ def _reference(loaded: Mapping[str, OverlapConfig], node_costs: bool | str, root
     return next((n for n, c in loaded.items() if c.strategy == "none"), next(iter(loaded)))
 
 
-def _measure_one(make_step: StepFactory, cfg: OverlapConfig, clock: Clock, *, warmup: int, steps: int,
-                 profiled_steps: int, nodes: bool, tell: Callable[[str], None],
-                 ) -> tuple[_RankResult, dict[str, Any]]:
-    compat.dynamo_reset()
+@dataclass(slots=True)
+class _Prepared:
+    """One config compiled and warmed up: its step, its recorder, and what it has measured so far."""
+
+    name: str
+    step: Callable[[], object]
+    recorder: Recorder
+    graphs: dict[str, Any]
+    graph_s: list[float] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)
+
+
+def _prepare(make_step: StepFactory, name: str, cfg: OverlapConfig, clock: Clock, warmup: int) -> _Prepared:
     recorder = Recorder(clock)
     built = overlap_backend(cfg)
     built.compiler, built.bw_compiler = recorder.compiler("forward"), recorder.compiler("backward")
-    tell("compile")
     step = make_step(built)
     for _ in range(warmup):
         step()
     if set(built.graphs) != set(GRAPHS):
         raise RuntimeError(f"measure: the step compiled {sorted(built.graphs) or 'no graphs'} through the backend, "
                            "expected one forward and one backward graph (one compiled region, fullgraph=True)")
-    tell("timed")
-    recorder.mode = "timed"
-    graph_s, wall_s = [], []
-    for _ in range(steps):
-        _align(clock)
-        start = clock.mark()
-        step()
-        wall_s.append(clock.seconds(start, clock.mark()))
-        graph_s.append(sum(recorder.take_regions().values()))
-    recorder.mode = "plain"
-    tell("profiled")
+    return _Prepared(name, step, recorder, built.graphs)
+
+
+def _timed_step(p: _Prepared, clock: Clock) -> None:
+    p.recorder.mode = "timed"
+    _align(clock)
+    start = clock.mark()
+    p.step()
+    p.wall_s.append(clock.seconds(start, clock.mark()))
+    p.graph_s.append(sum(p.recorder.take_regions().values()))
+    p.recorder.mode = "plain"
+
+
+def _profiled(p: _Prepared, clock: Clock, profiled_steps: int, nodes: bool) -> _RankResult:
+    """The profiler's steps (exposed communication, collectives) and, for the reference, the node-timed ones."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if clock.cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(profiled_steps):
             _align(clock)
-            step()
+            p.step()
             clock.sync()
     trace = read_trace(prof.events(), steps=profiled_steps, cuda=clock.cuda)
     node_seconds: dict[str, dict[str, tuple[str, float]]] = {}
     if nodes:
-        tell("nodes")
-        recorder.mode = "nodes"
+        p.recorder.mode = "nodes"
         for _ in range(NODE_RUNS):
             _align(clock)
-            step()
-        recorder.mode = "plain"
-        node_seconds = recorder.node_seconds()
-    result = _RankResult(tuple(graph_s), tuple(wall_s), trace.exposed, trace.collectives, node_seconds)
-    return result, dict(built.graphs)
+            p.step()
+        p.recorder.mode = "plain"
+        node_seconds = p.recorder.node_seconds()
+    return _RankResult(tuple(p.graph_s), tuple(p.wall_s), trace.exposed, trace.collectives, node_seconds)
 
 
 def _align(clock: Clock) -> None:
