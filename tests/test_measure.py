@@ -75,15 +75,16 @@ def test_each_config_has_a_complete_sane_record(measured) -> None:
     assert m.hardware.name == "cpu_gloo" and m.node_costs is not None and m.node_costs.startswith("none on gloo")
     for c in m.configs:
         assert c.overrides == CONFIGS[c.name]
-        assert len(c.step_seconds) == STEPS and all(s > 0 for s in c.step_seconds)
+        assert len(c.step_seconds) == STEPS and all(s > 0 for s in c.step_seconds), c.name
         assert c.measured_step_s == sorted(c.step_seconds)[STEPS // 2]
-        assert c.measured_spread_s >= 0 and c.measured_wall_s >= c.measured_step_s
-        assert 0 <= c.measured_exposed_s <= c.measured_step_s
+        assert c.measured_spread_s >= 0 and c.measured_wall_s >= c.measured_step_s, c.name
+        assert 0 <= c.measured_exposed_s <= c.measured_profiled_step_s, c.name  # the same (profiled) steps
         assert c.predicted_step_s > 0 and 0 <= c.predicted_exposed_s <= c.predicted_step_s
         assert c.predicted_profiled_step_s is not None and c.predicted_profiled_step_s > 0
         assert {s.source for s in c.cost_sources if s.part == "compute"} == {"roofline"}
         assert "measured" in {s.source for s in c.profiled_cost_sources if s.part == "compute"}
-        assert c.collectives and all(k.measured_s is not None and k.measured_s > 0 for k in c.collectives), c.name
+        assert c.collectives and all(k.measured_s is not None and k.measured_s > 0 for k in c.collectives), (
+            c.name, [k.node for k in c.collectives if not k.measured_s])
         assert all(k.predicted_s > 0 and k.bytes > 0 for k in c.collectives)
     by_name = {c.name: c for c in m.configs}
     assert len(by_name["d1"].collectives) < len(by_name["none"].collectives)  # the pass merged them

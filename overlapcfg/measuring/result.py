@@ -59,6 +59,9 @@ class MeasuredConfig(_Data):
     """Median over profiled steps of the communication the compute thread or stream waited for (mean of ranks)."""
     measured_wall_s: float
     """Median wall time of the whole step function."""
+    measured_profiled_step_s: float
+    """Median graph time of the profiled steps (under ``torch.profiler``, which slows them a little): the steps
+    ``measured_exposed_s`` was measured in, and a part of."""
     step_seconds: tuple[float, ...]
     """Every timed step's graph time (the slowest rank's), in order."""
     predicted_profiled_step_s: float | None = None

@@ -77,6 +77,7 @@ class _RankResult:
     graph_seconds: tuple[float, ...]
     wall_seconds: tuple[float, ...]
     exposed: tuple[float, ...]
+    profiled_seconds: tuple[float, ...]
     collectives: tuple[dict[str, tuple[float, ...]], ...]
     nodes: dict[str, dict[str, tuple[str, float]]]
 
@@ -234,7 +235,8 @@ def _profiled(p: _Prepared, clock: Clock, profiled_steps: int, nodes: bool) -> _
             p.step()
         p.recorder.mode = "plain"
         node_seconds = p.recorder.node_seconds()
-    return _RankResult(tuple(p.graph_s), tuple(p.wall_s), trace.exposed, trace.collectives, node_seconds)
+    return _RankResult(tuple(p.graph_s), tuple(p.wall_s), trace.exposed, trace.graph_seconds, trace.collectives,
+                       node_seconds)
 
 
 def _align(clock: Clock) -> None:
@@ -252,12 +254,14 @@ def _row(name: str, given: Any, cfg: OverlapConfig, graphs: Mapping[str, Any], r
     per_step = [max(r.graph_seconds[i] for r in ranks) for i in range(len(ranks[0].graph_seconds))]
     walls = [max(r.wall_seconds[i] for r in ranks) for i in range(len(ranks[0].wall_seconds))]
     exposed = [statistics.mean(r.exposed[i] for r in ranks) for i in range(len(ranks[0].exposed))]
+    profiled_s = [max(r.profiled_seconds[i] for r in ranks) for i in range(len(ranks[0].profiled_seconds))]
     overrides = cfg.model_dump(mode="json") if isinstance(given, OverlapConfig) else dict(given)
     return MeasuredConfig(
         name=name, overrides=overrides, config=cfg.model_dump(mode="json"),
         predicted_step_s=sim.step_seconds, predicted_exposed_s=sim.exposed_comm_seconds,
         measured_step_s=statistics.median(per_step), measured_spread_s=_iqr(per_step),
         measured_exposed_s=statistics.median(exposed), measured_wall_s=statistics.median(walls),
+        measured_profiled_step_s=statistics.median(profiled_s),
         step_seconds=tuple(per_step),
         predicted_profiled_step_s=profiled.step_seconds if profiled is not None else None,
         predicted_profiled_exposed_s=profiled.exposed_comm_seconds if profiled is not None else None,

@@ -28,9 +28,11 @@ _WAIT = "_c10d_functional::wait_tensor"
 
 @dataclass(frozen=True, slots=True)
 class StepTrace:
-    """Per profiled step: exposed seconds, and per graph the measured durations of its collectives in issue order."""
+    """Per profiled step: exposed seconds, the time inside the graphs (what the exposure is part of), and per graph
+    the measured durations of its collectives in issue order."""
 
     exposed: tuple[float, ...]
+    graph_seconds: tuple[float, ...]
     collectives: tuple[dict[str, tuple[float, ...]], ...]
 
 
@@ -72,17 +74,19 @@ def read_trace(events: Sequence[object], *, steps: int, cuda: bool) -> StepTrace
     thread = regions[0].thread  # type: ignore[attr-defined]
     waits = [_span(e) for e in events if e.name == _WAIT and e.thread == thread]  # type: ignore[attr-defined]
     comms = sorted((_span(e) for e in events if e.name.startswith("gloo:")), key=lambda s: s[0])  # type: ignore[attr-defined]
-    exposed, collectives = [], []
+    exposed, inside, collectives = [], [], []
     for i in range(steps):
         mine = regions[i * per_step:(i + 1) * per_step]
-        total, durations = 0.0, {}
+        total, spans, durations = 0.0, 0.0, {}
         for region in mine:
             a, b = _span(region)
+            spans += b - a
             total += sum(max(0.0, min(b, d) - max(a, c)) for c, d in waits)
             durations[region.name.removeprefix(REGION)] = tuple(d - c for c, d in comms if a <= c < b)  # type: ignore[attr-defined]
         exposed.append(total)
+        inside.append(spans)
         collectives.append(durations)
-    return StepTrace(tuple(exposed), tuple(collectives))
+    return StepTrace(tuple(exposed), tuple(inside), tuple(collectives))
 
 
 def _read_cuda(events: Sequence[object], regions: Sequence[object], steps: int, per_step: int) -> StepTrace:
@@ -93,4 +97,5 @@ def _read_cuda(events: Sequence[object], regions: Sequence[object], steps: int, 
     durations = tuple(d - c for c, d in sorted(comm))
     per = len(durations) // steps if steps else 0
     collectives = tuple({"step": durations[i * per:(i + 1) * per]} for i in range(steps))
-    return StepTrace(tuple(exposed for _ in range(steps)), collectives)
+    busy = uncovered_seconds([*comm, *compute], []) / steps  # device time the step kept either stream busy
+    return StepTrace(tuple(exposed for _ in range(steps)), tuple(busy for _ in range(steps)), collectives)
