@@ -54,6 +54,11 @@ _EXPORTS: dict[str, str] = {
     "simulate": "overlapcfg.report",
     "compare": "overlapcfg.report",
     "tune": "overlapcfg.tuning",
+    "calibrate": "overlapcfg.measuring",
+    "measure": "overlapcfg.measuring",
+    "Measurement": "overlapcfg.measuring",
+    "NodeCosts": "overlapcfg.report.node_costs",
+    "save_hardware": "overlapcfg.config.hardware",
     "TuneResult": "overlapcfg.tuning",
     "TuneSpace": "overlapcfg.tuning",
     "Report": "overlapcfg.report",
@@ -69,7 +74,9 @@ __all__ = [
     "BucketPlan",
     "Fault",
     "HardwareProfile",
+    "Measurement",
     "ModuleOverride",
+    "NodeCosts",
     "OverlapConfig",
     "OverlapConfigError",
     "OverlapPolicy",
@@ -88,6 +95,7 @@ __all__ = [
     "available_strategies",
     "backend",
     "capture_step",
+    "calibrate",
     "compare",
     "ensure_process_group",
     "explain",
@@ -97,10 +105,12 @@ __all__ = [
     "inductor_pass",
     "load_config",
     "load_hardware",
+    "measure",
     "preset_names",
     "register_strategy",
     "resolve_plan",
     "shard_module",
+    "save_hardware",
     "simulate",
     "trace_train_step",
     "tune",
@@ -127,14 +137,17 @@ if TYPE_CHECKING:
         load_config,
         preset_names,
     )
+    from overlapcfg.config.hardware import save_hardware
     from overlapcfg.demo.tracing import trace_train_step
     from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
     from overlapcfg.fsdp2 import fully_shard
     from overlapcfg.graph.verify import verify
+    from overlapcfg.measuring import Measurement, calibrate, measure
     from overlapcfg.passes import PassRecord, apply
     from overlapcfg.passes.compile import backend, inductor_pass
     from overlapcfg.passes.step import CapturedStep, ensure_process_group
     from overlapcfg.report import HardwareProfile, Report, compare, explain, load_hardware, simulate
+    from overlapcfg.report.node_costs import NodeCosts
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.strategies.base import PassContext, Strategy
     from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy

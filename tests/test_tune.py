@@ -29,6 +29,8 @@ from overlapcfg.graph.collectives import collective_kind, is_collective_start, s
 from overlapcfg.passes import apply
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare
+from overlapcfg.report.cost import node_kind
+from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts, node_signature
 from overlapcfg.resolve import resolve_plan
 from overlapcfg.tuning import TuneSpace, load_space, tune
 from overlapcfg.tuning.candidates import TIE_TOLERANCE
@@ -83,6 +85,48 @@ def test_quick_score_equals_the_full_simulation(hardware: str, seed: int) -> Non
         assert quick.compute_seconds == pytest.approx(full.compute_seconds, rel=1e-9), cfg
         assert (quick.peak_inflight_bytes, quick.peak_unsharded_param_bytes) == (
             full.peak_inflight_bytes, full.peak_unsharded_param_bytes), cfg
+
+
+def _measured_costs(step: CapturedStep, seed: int) -> NodeCosts:
+    """Made-up measured durations for every compute-stream node of the untransformed step (as ``measure`` takes
+    them from the ``strategy: none`` config)."""
+    rng = random.Random(seed)
+    graphs = {name: {n.name: (node_signature(n), rng.uniform(1e-6, 1e-4)) for n in step.graph(name).graph.nodes
+                     if n.op == "call_function" and node_kind(n) in MEASURABLE_KINDS}
+              for name in ("forward", "backward")}
+    return NodeCosts(source="made up", graphs=graphs)
+
+
+def _calibrated(hardware: str) -> overlapcfg.HardwareProfile:
+    """``hardware`` with measured-looking collective fits (issue times too)."""
+    fit = {"latency": 3e-5, "bandwidth": 2e9, "issue_latency": 2e-5, "issue_bandwidth": 5e9}
+    data = overlapcfg.load_hardware(hardware).model_dump()
+    return overlapcfg.HardwareProfile.model_validate({
+        **data, "name": f"{hardware}_calibrated",
+        "collectives": {"intra_node": {"all_gather": fit, "reduce_scatter": {**fit, "issue_bandwidth": None}}}})
+
+
+def test_quick_score_equals_the_full_simulation_with_measured_costs_and_fits() -> None:
+    """Profile-guided costs (measured node durations of the untransformed step) and a calibrated profile (fitted
+    collectives with issue time): the tuner's quick score still equals a real apply + simulate, and the
+    simulation says which nodes were measured."""
+    step = synthetic_step()
+    costs, hw = _measured_costs(step, seed=4), _calibrated("cpu_gloo")
+    profile = build_profile(step, hw, world_size=8, node_costs=costs)
+    rng = random.Random(9)
+    configs = [overlapcfg.load_config(_random_config(rng, len(LAYERS))) for _ in range(3)]
+    rows = compare(step, configs, hardware=hw, world_size=8, node_costs=costs).rows
+    for cfg, row in zip(configs, rows, strict=True):
+        quick, full = _quick(step, profile, cfg), row.simulation
+        assert quick.step_seconds == pytest.approx(full.step_seconds, rel=1e-9), cfg
+        assert quick.exposed_comm_seconds == pytest.approx(full.exposed_comm_seconds, rel=1e-9, abs=1e-15), cfg
+        assert quick.compute_seconds == pytest.approx(full.compute_seconds, rel=1e-9), cfg
+        sources = {(s.part, s.source): s for s in full.cost_sources}
+        assert {("compute", "measured"), ("issue", "fitted"), ("collectives", "fitted")} <= set(sources), cfg
+        assert full.node_costs == "made up"
+    plain = compare(step, configs[:1], hardware=hw, world_size=8).rows[0].simulation
+    assert plain.step_seconds != rows[0].simulation.step_seconds
+    assert {s.source for s in plain.cost_sources if s.part == "compute"} == {"roofline"}
 
 
 def _scheduled(policy: dict[str, Any], graph: str = "backward") -> fx.GraphModule:

@@ -52,6 +52,7 @@ __all__ = [
     "PlainAOTInput",
     "aot_autograd",
     "dynamo_input_source",
+    "dynamo_recompile_limit",
     "dynamo_reset",
     "fake_process_group",
     "make_boxed_func",
@@ -63,6 +64,16 @@ __all__ = [
 _SOURCE_NAME_IS_PROPERTY = isinstance(
     inspect.getattr_static(Source, "name"), (property, functools.cached_property)
 )
+
+
+@contextlib.contextmanager
+def dynamo_recompile_limit(limit: int) -> Iterator[None]:
+    """Within the block, dynamo keeps at least ``limit`` compiled versions of one code object (default 8): one model
+    compiled once per backend, all alive at once (``overlapcfg.measure`` interleaves configs), needs one each."""
+    import torch._dynamo.config as dynamo_config
+
+    with dynamo_config.patch(recompile_limit=max(limit, dynamo_config.recompile_limit)):
+        yield
 
 
 def dynamo_input_source(placeholder: object) -> str | None:

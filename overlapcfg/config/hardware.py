@@ -5,10 +5,19 @@ The shipped profiles are ``conf/hardware/*.yaml``, the ``overlapcfg`` command's 
 sourced in a YAML comment; ``load_hardware(name)`` reads them without Hydra. Bandwidths are per GPU and per
 direction: a ring all-gather or reduce-scatter sends and receives at the same time on different links, so the
 bidirectional figures vendors quote are halved.
+
+Profiles you make (``overlapcfg mode=calibrate``, or by hand) live in the user directory, ``hardware_home()``:
+``$OVERLAPCFG_HOME/hardware/`` if set, else ``$XDG_CONFIG_HOME/overlapcfg/hardware/`` (``~/.config/...``). A name
+there works wherever a shipped name does (``hardware=<name>`` on the command line, whose search path includes the
+directory, and ``load_hardware(name)``); a shipped name always wins, so calibration refuses one. ``load_hardware``
+also takes a path to a YAML file. A calibrated profile adds measured ``collectives`` fits and a ``calibration``
+record (``overlapcfg.config.calibration``).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -17,13 +26,17 @@ import yaml
 from pydantic import Field
 
 from overlapcfg.config.base import ConfigModel
+from overlapcfg.config.calibration import Calibration, CollectiveFit, CollectiveFits
 from overlapcfg.config.load import validate_config
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.errors import OverlapConfigError, closest, natural_key
 
-__all__ = ["HardwareProfile", "PeakFlops", "hardware_names", "load_hardware"]
+__all__ = ["HardwareProfile", "PeakFlops", "hardware_home", "hardware_names", "load_hardware", "save_hardware",
+           "shipped_hardware_names"]
 
 GROUP = "hardware"
+HOME_ENV = "OVERLAPCFG_HOME"
+"""Environment variable naming the user's overlapcfg directory (profiles in its ``hardware/``)."""
 
 
 class PeakFlops(ConfigModel):
@@ -57,7 +70,13 @@ class HardwareProfile(ConfigModel):
     compute_efficiency: float = Field(1.0, gt=0, le=1)
     """Fraction of peak FLOP/s and memory bandwidth kernels reach; 1.0 is the pure roofline (optimistic)."""
     comm_efficiency: float = Field(1.0, gt=0, le=1)
-    """Fraction of link bandwidth collectives reach (bus bandwidth / link bandwidth); 1.0 is optimistic."""
+    """Fraction of link bandwidth collectives reach (bus bandwidth / link bandwidth); 1.0 is optimistic. Not
+    applied to measured ``collectives`` fits (they are what was reached)."""
+    collectives: CollectiveFits | None = None
+    """Measured per-kind fits (``overlapcfg.calibrate``) that replace the ring model's datasheet numbers for the
+    kinds and links they cover; null: the datasheet numbers above for everything."""
+    calibration: Calibration | None = None
+    """Provenance of a calibrated profile: date, torch version, backend, world size, sizes, residuals."""
 
     def flops_for(self, dtype_name: str) -> float:
         """Peak FLOP/s for ``bfloat16``/``float16``/``bf16`` (tensor cores) or anything else (fp32)."""
@@ -70,21 +89,59 @@ class HardwareProfile(ConfigModel):
         bw = self.intra_node_bandwidth if world_size <= self.gpus_per_node else self.inter_node_bandwidth
         return bw * self.comm_efficiency
 
+    def collective_fit(self, kind: str, inter_node: bool) -> CollectiveFit | None:
+        """The measured fit for ``kind`` on that kind of link, if calibration made one."""
+        if self.collectives is None:
+            return None
+        link = self.collectives.inter_node if inter_node else self.collectives.intra_node
+        return getattr(link, kind, None) if link is not None and kind in type(link).model_fields else None
+
 
 def hardware_dir() -> Path:
     return command_conf_dir() / GROUP
 
 
-def hardware_names() -> tuple[str, ...]:
+def hardware_home() -> Path:
+    """The user's profile directory (``$OVERLAPCFG_HOME/hardware``, else ``$XDG_CONFIG_HOME`` or ``~/.config``
+    ``/overlapcfg/hardware``); it need not exist."""
+    return user_conf_dir() / GROUP
+
+
+def user_conf_dir() -> Path:
+    """The user's overlapcfg directory (``hardware/`` inside it); the ``overlapcfg`` command searches it."""
+    if os.environ.get(HOME_ENV):
+        return Path(os.environ[HOME_ENV]).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base).expanduser() / "overlapcfg"
+
+
+def shipped_hardware_names() -> tuple[str, ...]:
     """Shipped profile names in natural order (``conf/hardware/*.yaml``)."""
     return tuple(sorted((p.stem for p in hardware_dir().glob("*.yaml")), key=natural_key))
 
 
+def hardware_names() -> tuple[str, ...]:
+    """Every profile a name can select: the shipped ones, then the user's (``hardware_home()``) that no shipped
+    name shadows, each in natural order."""
+    shipped = shipped_hardware_names()
+    home = hardware_home()
+    user = sorted((p.stem for p in home.glob("*.yaml") if p.stem not in shipped), key=natural_key) \
+        if home.is_dir() else []
+    return (*shipped, *user)
+
+
 @cache
 def _load(name: str) -> HardwareProfile:
-    data: Any = yaml.safe_load((hardware_dir() / f"{name}.yaml").read_text()) or {}
+    return _read(hardware_dir() / f"{name}.yaml", name)
+
+
+def _read(path: Path, name: str) -> HardwareProfile:
+    try:
+        data: Any = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise OverlapConfigError.single(GROUP, f"cannot read hardware profile {path}: {err}") from None
     if not isinstance(data, dict):
-        raise OverlapConfigError.single(GROUP, f"conf/hardware/{name}.yaml is not a mapping")
+        raise OverlapConfigError.single(GROUP, f"{path} is not a mapping")
     data.setdefault("name", name)
     return hardware_from(data, path=GROUP)
 
@@ -96,18 +153,45 @@ def hardware_from(data: HardwareProfile | dict[str, Any], *, path: str = GROUP) 
     return validate_config(HardwareProfile, data, root=path, header="invalid hardware profile")
 
 
-def load_hardware(name: str | HardwareProfile) -> HardwareProfile:
-    """A shipped profile by name; an unknown name lists the available ones, closest first."""
+def load_hardware(name: str | Path | HardwareProfile) -> HardwareProfile:
+    """A profile by name (shipped, then the user's), or from a YAML file's path (a ``Path``, or a string ending in
+    ``.yaml``/``.yml`` or holding a ``/``); an unknown name lists the available ones, closest first."""
     if isinstance(name, HardwareProfile):
         return name
+    if isinstance(name, Path) or (isinstance(name, str) and (name.endswith((".yaml", ".yml")) or "/" in name)):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise OverlapConfigError.single(GROUP, f"no hardware profile file {str(path)!r}")
+        return _read(path, path.stem)
     if not isinstance(name, str):
-        raise TypeError(f"load_hardware takes a profile name or a HardwareProfile, got {type(name).__name__}; "
-                        "validate a mapping with hardware_from(data)")
+        raise TypeError(f"load_hardware takes a profile name, a path or a HardwareProfile, got "
+                        f"{type(name).__name__}; validate a mapping with hardware_from(data)")
+    if name in shipped_hardware_names():
+        return _load(name)
     names = hardware_names()
     if name not in names:
         contains = [n for n in names if name.lower() in n.lower()]  # 'h100' -> 'h100_nvlink' first
         near = closest(name, names, n=len(names), cutoff=0.0)
         ordered = list(dict.fromkeys([*contains, *near, *names]))
         raise OverlapConfigError.single(GROUP, f"unknown hardware profile {name!r}; available (closest first): "
-                                               f"{', '.join(ordered)}")
-    return _load(name)
+                                               f"{', '.join(ordered)} (or a path to a YAML file; your own profiles "
+                                               f"live in {hardware_home()})")
+    return _read(hardware_home() / f"{name}.yaml", name)
+
+
+def save_hardware(profile: HardwareProfile, path: Path | None = None, *, header: str = "",
+                  root: str = GROUP) -> Path:
+    """Write ``profile`` as YAML (default: ``hardware_home()/<name>.yaml``), atomically: a reader never sees half
+    a file. A name a shipped profile has is refused (the shipped one would always win); faults name ``root``."""
+    if path is None:
+        if profile.name in shipped_hardware_names():
+            raise OverlapConfigError.single(root, f"{profile.name!r} is a shipped profile's name, which would "
+                                                  "always be found first; choose another name")
+        path = hardware_home() / f"{profile.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=120)
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        tmp.write(comment + body)
+    Path(tmp.name).replace(path)
+    return path

@@ -2,7 +2,9 @@
 
 ``overlapcfg`` traces the demo model and reports what the configured strategy did; ``overlapcfg mode=compare``
 compares several configs; ``overlapcfg -m overlap.policy.forward_prefetch=0,1,2`` sweeps, one report per job;
-``overlapcfg mode=tune hardware=h100_nvlink tune.memory_budget=4GiB`` searches plans and depths (``tuned.yaml``).
+``overlapcfg mode=tune hardware=h100_nvlink tune.memory_budget=4GiB`` searches plans and depths (``tuned.yaml``);
+under ``torchrun``, ``mode=calibrate`` writes a measured hardware profile and ``mode=measure`` runs real steps
+against the prediction (``overlapcfg.demo.measure_job``).
 
 Errors: a user error in the task (a bad value, an unmatched pattern), or a rewritten graph failing verification
 (its message names the nodes), is re-raised as ``ConfigError``, a Hydra
@@ -30,7 +32,7 @@ from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_
 
 __all__ = ["ConfigError", "main", "unknown_override_keys"]
 
-MODES = ("run", "compare", "tune")
+MODES = ("run", "compare", "tune", "calibrate", "measure")
 
 
 class ConfigError(CompactHydraException):
@@ -60,6 +62,10 @@ def _task(cfg: DictConfig) -> None:
             job.run_compare(cfg, output_dir, console, overrides=HydraConfig.get().overrides.task)
         elif mode == "tune":
             job.run_tune(cfg, output_dir, console)
+        elif mode in ("calibrate", "measure"):
+            from overlapcfg.demo import measure_job
+
+            (measure_job.run_calibrate if mode == "calibrate" else measure_job.run_measure)(cfg, output_dir, console)
         else:
             raise OverlapConfigError.single("mode", f"expected one of {', '.join(MODES)}, got {mode!r}"
                                                     f"{did_you_mean(str(mode), MODES)}")
@@ -119,11 +125,23 @@ def _sweep_summary() -> None:
     _FAILED.clear()
 
 
+def _search_user_profiles() -> None:
+    """Put the user's overlapcfg directory on the command's search path (``hydra.searchpath`` in
+    ``conf/overlapcfg.yaml`` reads it), when it exists: ``hardware=<name>`` then finds ``hardware/<name>.yaml``
+    there, as calibration writes it."""
+    from overlapcfg.config.hardware import user_conf_dir
+
+    home = user_conf_dir()
+    if home.is_dir():
+        os.environ.setdefault("OVERLAPCFG_SEARCHPATH", f"file://{home}")
+
+
 def main() -> None:
     """Console-script entry point. Hydra parses ``sys.argv`` itself."""
     faults = unknown_override_keys(sys.argv[1:])
     if faults:
         sys.exit(f"invalid overrides ({len(faults)} fault{'s' if len(faults) > 1 else ''}):\n  " + "\n  ".join(faults))
+    _search_user_profiles()
     app = hydra.main(config_path=str(command_conf_dir()), config_name="overlapcfg", version_base="1.3")(_task)
     try:
         app()

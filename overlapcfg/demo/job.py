@@ -192,29 +192,32 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
     return path
 
 
-def compare_configs(cfg: DictConfig) -> tuple[list[str], list[OverlapConfig]]:
-    """``compare.<label>``: keys that replace those of ``overlap`` (unset keys come from ``overlap``).
+def compare_configs(cfg: DictConfig, *, key: str = "compare") -> tuple[list[str], list[OverlapConfig]]:
+    """``<key>.<label>`` (``compare``, ``measure.configs``): keys that replace those of ``overlap`` (unset keys come
+    from ``overlap``).
 
     Replacing, not merging, is deliberate: ``{strategy: auto, policy: {}}`` must drop the manual depths.
     """
     base = OmegaConf.to_container(cfg.overlap, resolve=True)
-    entries = OmegaConf.to_container(cfg.get("compare") or {}, resolve=True)
+    node = OmegaConf.select(cfg, key)
+    entries = OmegaConf.to_container(node, resolve=True) if node is not None else None
     if not isinstance(entries, Mapping) or not entries:
-        raise OverlapConfigError.single("compare", "mode=compare needs a mapping of label -> overlap keys")
+        raise OverlapConfigError.single(key, f"mode={cfg.get('mode', 'compare')} needs a mapping of label -> "
+                                             "overlap keys")
     names, configs, faults = [], [], []
     for label, entry in entries.items():
         if entry is None:
             continue  # `~compare.<label>` or `compare.<label>=null` drops a row
         if not isinstance(entry, Mapping):
-            faults.append(Fault(f"compare.{label}", "expected a mapping of overlap keys (strategy, plan, policy)"))
+            faults.append(Fault(f"{key}.{label}", "expected a mapping of overlap keys (strategy, plan, policy)"))
             continue
         try:
-            configs.append(load_config({**base, **entry}, root=f"compare.{label}"))
+            configs.append(load_config({**base, **entry}, root=f"{key}.{label}"))
             names.append(str(label))
         except OverlapConfigError as err:
             faults.extend(err.faults)
     if faults:
-        raise OverlapConfigError(faults, header="invalid compare entries")
+        raise OverlapConfigError(faults, header=f"invalid {key} entries")
     return names, configs
 
 

@@ -9,7 +9,7 @@ elapsed) → tables (summary, top candidates, Pareto front, presets, remaining s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -23,6 +23,9 @@ from overlapcfg.demo.outputs import FRONT_FILE, TUNE_FILE, TUNED_FILE
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.files import write_atomic
 from overlapcfg.tuning.space import TuneSpace
+
+if TYPE_CHECKING:
+    from overlapcfg.report.node_costs import NodeCosts
 
 __all__ = ["TUNED_FILE", "TuneSettings", "run_tune", "tune_settings"]
 
@@ -41,12 +44,26 @@ class TuneSettings(ConfigModel):
     """Cost floating tensors as this dtype (mixed precision from the fp32 trace); null: as traced."""
     space: TuneSpace = TuneSpace()
     """What is searched: the ``tune/space`` group (``tune/space=quick``) or its fields."""
+    node_costs: str | None = None
+    """Path of a ``node_costs.json`` (``mode=measure`` writes one): measured node durations priced instead of the
+    roofline (profile-guided); null: the roofline."""
 
 
 def tune_settings(cfg: DictConfig) -> TuneSettings:
     node = cfg.get("tune")
     data: Any = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     return validate_config(TuneSettings, data or {}, root="tune", header="invalid tune settings")
+
+
+def _node_costs(path: str | None) -> NodeCosts | None:
+    if path is None:
+        return None
+    from overlapcfg.report.node_costs import NodeCosts
+
+    try:
+        return NodeCosts.from_json(Path(path).expanduser().read_text())
+    except (OSError, ValueError, KeyError) as err:
+        raise OverlapConfigError.single("tune.node_costs", f"cannot read node costs from {path!r}: {err}") from None
 
 
 def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
@@ -69,6 +86,7 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     with stages.stage(f"traced {spec.model.n_layers}-layer demo model for {spec.world_size} ranks"):
         step = traced(spec)
     as_dtype = getattr(torch, _DTYPES[settings.dtype]) if settings.dtype else None
+    node_costs = _node_costs(settings.node_costs)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), console=console, transient=True)
 
@@ -79,7 +97,8 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     with bar:
         task = bar.add_task("tune: profile", total=1, best="—")
         result = tune(step, hardware=hardware, world_size=settings.world_size, memory_budget=settings.memory_budget,
-                      space=settings.space, as_dtype=as_dtype, progress=show, config_root="tune")
+                      space=settings.space, as_dtype=as_dtype, progress=show, config_root="tune",
+                      node_costs=node_costs)
     stages.console.print(f"[green]✓[/green] tuned: {result.evaluated} candidates in {result.seconds:.1f} s")
     console.print(tune_tables(result))
     path = write_atomic(output_dir / TUNED_FILE, result.to_yaml())

@@ -24,6 +24,7 @@ from overlapcfg.report.explain import GRAPHS, node_labels
 from overlapcfg.report.labels import fmt_bytes
 from overlapcfg.report.model import Report, Simulation
 from overlapcfg.report.render import comparison_table, plain_text
+from overlapcfg.report.node_costs import NodeCosts
 from overlapcfg.report.simulate import GroupPlacement, simulate
 
 __all__ = ["COMPARE_SCHEMA", "Comparison", "ComparisonRow", "compare", "compare_reports", "default_name"]
@@ -100,11 +101,13 @@ def default_name(cfg: OverlapConfig) -> str:
 
 def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, Any]], *,
             hardware: HardwareProfile | str, names: Sequence[str] | None = None,
-            world_size: int | None = None, as_dtype: torch.dtype | None = None) -> Comparison:
+            world_size: int | None = None, as_dtype: torch.dtype | None = None,
+            node_costs: NodeCosts | None = None) -> Comparison:
     """One row per config (in the given order): the prediction at ``world_size`` (default: the trace's).
 
     Include ``{"strategy": "none"}`` and ``{"strategy": "torch_manual", "plan": ...}`` to get the baselines.
     ``as_dtype=torch.bfloat16`` predicts bf16 mixed precision from an fp32 trace (see ``simulate``).
+    ``node_costs``: measured node durations instead of the roofline (``overlapcfg.report.node_costs``).
     """
     from overlapcfg.report.explain import explain
 
@@ -121,13 +124,14 @@ def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, A
             labels[i] = f"{label} #{seen[label]}"
     reports = [explain(step, cfg) for cfg in loaded]
     return compare_reports(step, reports, hardware=hardware, names=labels, world_size=world_size,
-                           as_dtype=as_dtype)
+                           as_dtype=as_dtype, node_costs=node_costs)
 
 
 def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: HardwareProfile | str,
                     names: Sequence[str], world_size: int | None = None,
                     as_dtype: torch.dtype | None = None,
-                    groups: Mapping[str, GroupPlacement] | None = None) -> Comparison:
+                    groups: Mapping[str, GroupPlacement] | None = None,
+                    node_costs: NodeCosts | None = None) -> Comparison:
     """``compare`` for reports already made by ``explain`` (re-predict one set of passes on many machines);
     ``groups`` places the process groups by name (HSDP: the replicate group across nodes)."""
     hw = load_hardware(hardware)
@@ -137,7 +141,7 @@ def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: 
         graphs = [explained.forward, explained.backward]
         node_names = {g: node_labels(gm, step.module_fqn_fn(g)) for g, gm in zip(GRAPHS, graphs, strict=True)}
         sim = simulate(graphs, hw, world_size=ws, names=GRAPHS, labels=node_names,
-                       traced_world_size=step.world_size, as_dtype=as_dtype, groups=groups)
+                       traced_world_size=step.world_size, as_dtype=as_dtype, groups=groups, node_costs=node_costs)
         report = explained.model_copy(update={"simulation": sim}).attach(*graphs)
         rows.append(ComparisonRow(name, report.strategy, report, sim))
     return Comparison(hw.name, ws, tuple(rows))

@@ -20,7 +20,8 @@ from overlapcfg import compat
 from overlapcfg.config.hardware import HardwareProfile
 from overlapcfg.graph.collectives import collective_kind, is_collective_start
 
-__all__ = ["NodeKind", "collective_seconds", "compute_seconds", "node_bytes", "node_flops", "node_kind"]
+__all__ = ["NodeKind", "collective_issue_seconds", "collective_seconds", "collective_source", "compute_seconds",
+           "node_bytes", "node_flops", "node_kind"]
 
 NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
 
@@ -105,6 +106,10 @@ def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | Non
                     traced_world_size: int | None = None, as_dtype: torch.dtype | None = None) -> ComputeCost:
     """Roofline time of one kernel: max(FLOPs / peak(dtype), bytes / memory bandwidth).
 
+    No per-kernel constant: merging buckets must only add bytes (the tuner's quick model sums its units' copies),
+    and a calibrated profile's rates already fold the overhead in at the model's sizes; measured node durations
+    (``overlapcfg.report.node_costs``) are the way to price small kernels exactly.
+
     A bucket's copy-in (``_pre_bucket_all_gather``) reads shards; its bytes are rescaled from the traced world
     size to ``world_size``. Other shard-sized kernels are costed as traced (they are small either way).
     """
@@ -138,13 +143,39 @@ def collective_seconds(kind: str, nbytes: int, hw: HardwareProfile, world_size: 
     all-gather) twice that. ``bw`` is per direction: ``inter_node`` says whether the ring crosses nodes (an HSDP
     replicate group of 8 ranks strided over 8 nodes does; a shard group of the same size inside one node does
     not); None decides by size alone (intra-node while ``p <= gpus_per_node``).
+    A calibrated profile's measured fit for the kind and link (``HardwareProfile.collectives``) replaces the
+    datasheet latency and bandwidth in the same formula; its issue time is ``collective_issue_seconds``, paid by
+    the compute stream before the collective starts on its own.
     """
     p = world_size
     if p <= 1 or nbytes <= 0:
         return 0.0
-    if inter_node is None:
-        bw = hw.link_bandwidth(p)
+    crosses = p > hw.gpus_per_node if inter_node is None else inter_node
+    fit = hw.collective_fit(kind, crosses)
+    if fit is not None:
+        bw, latency = fit.bandwidth, fit.latency
     else:
-        bw = (hw.inter_node_bandwidth if inter_node else hw.intra_node_bandwidth) * hw.comm_efficiency
-    one = (p - 1) / p * nbytes / bw + (p - 1) * hw.latency
+        bw = (hw.inter_node_bandwidth if crosses else hw.intra_node_bandwidth) * hw.comm_efficiency
+        latency = hw.latency
+    one = (p - 1) / p * nbytes / bw + (p - 1) * latency
     return 2 * one if kind in ("all_reduce", "other") else one
+
+
+def collective_source(kind: str, hw: HardwareProfile, world_size: int, *,
+                      inter_node: bool | None = None) -> str:
+    """``fitted`` where the profile has a measured fit for this kind and link, else ``datasheet``."""
+    crosses = world_size > hw.gpus_per_node if inter_node is None else inter_node
+    return "fitted" if hw.collective_fit(kind, crosses) is not None else "datasheet"
+
+
+def collective_issue_seconds(kind: str, nbytes: int, hw: HardwareProfile, world_size: int, *,
+                             inter_node: bool | None = None) -> float:
+    """Time the compute stream spends issuing a collective of ``nbytes`` full-size bytes: measured by calibration
+    (gloo does part of a reduce-scatter on the caller); 0 without a fit (datasheet profiles: issuing is free)."""
+    if world_size <= 1 or nbytes <= 0:
+        return 0.0
+    crosses = world_size > hw.gpus_per_node if inter_node is None else inter_node
+    fit = hw.collective_fit(kind, crosses)
+    if fit is None:
+        return 0.0
+    return fit.issue_latency + (nbytes / fit.issue_bandwidth if fit.issue_bandwidth else 0.0)

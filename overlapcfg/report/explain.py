@@ -32,6 +32,7 @@ from overlapcfg.report.cost import node_kind
 from overlapcfg.report.fsdp2 import fsdp2_report, is_fsdp2_model
 from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import GraphReport, Report
+from overlapcfg.report.node_costs import NodeCosts
 from overlapcfg.report.simulate import GroupPlacement, simulate, traced_group_size
 
 __all__ = ["apply_step", "explain", "node_labels", "compact_order"]
@@ -235,7 +236,8 @@ def _record(gm: fx.GraphModule) -> PassRecord:
 
 def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig | Mapping[str, Any], *,
             hardware: HardwareProfile | str | None = None, world_size: int | None = None,
-            graph_kind: GraphKind = "auto", groups: Mapping[str, GroupPlacement] | None = None) -> Report:
+            graph_kind: GraphKind = "auto", groups: Mapping[str, GroupPlacement] | None = None,
+            node_costs: NodeCosts | None = None) -> Report:
     """Apply ``cfg`` to copies of ``step``'s graphs and report per bucket; predict the step if ``hardware`` (and
     the untransformed step, ``Report.baseline``, where the untransformed graphs are at hand).
 
@@ -284,10 +286,10 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
         hw = load_hardware(hardware)
         ws, traced_ws = world_size or trace_ws, traced.world_size if traced is not None else None
         simulation = simulate(list(graphs.values()), hw, world_size=ws, names=list(graphs), labels=labels,
-                              traced_world_size=traced_ws, groups=groups)
+                              traced_world_size=traced_ws, groups=groups, node_costs=node_costs)
         if untransformed:  # the "before" the table shows, kept in the report so report.json says it too
             baseline = simulate(untransformed, hw, world_size=ws, names=list(graphs), traced_world_size=traced_ws,
-                                groups=groups)
+                                groups=groups, node_costs=node_costs)
     report = Report(
         strategy=config.strategy,
         plan_name=config.plan.name if config.plan is not None and contract_of(config.strategy).uses_plan else None,

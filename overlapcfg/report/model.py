@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 from rich.console import RenderableType
@@ -21,7 +21,7 @@ from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
 from overlapcfg.report.labels import fmt_seconds
 from overlapcfg.report.render import plain_text, report_table
 
-__all__ = ["SCHEMA", "Event", "GraphReport", "Report", "Simulation", "StreamTime"]
+__all__ = ["SCHEMA", "CostSource", "Event", "GraphReport", "Report", "Simulation", "StreamTime"]
 
 SCHEMA = "overlapcfg.report/4"
 """Bumped on any change to the fields (added, renamed, removed, or changed in meaning): reports are validated
@@ -78,6 +78,20 @@ class Event:
     """For a wait: the kind of the collective waited on (``all_gather``, ``reduce_scatter``, ...)."""
 
 
+class CostSource(_Data):
+    """Where part of a prediction's time came from: which nodes were priced how, and the seconds they add up to."""
+
+    part: Literal["compute", "issue", "collectives"]
+    """``compute``: kernels and views on the compute stream; ``issue``: the compute stream issuing collectives;
+    ``collectives``: collectives on their own streams."""
+    source: Literal["measured", "roofline", "fitted", "datasheet"]
+    """``measured``: per-node durations from a profile of the same graph (``NodeCosts``); ``roofline``: FLOPs and
+    bytes over the profile's peaks; ``fitted``: the profile's calibrated collective fits; ``datasheet``: its ring
+    model numbers."""
+    nodes: int
+    seconds: float
+
+
 class Simulation(_Data):
     """The cost model's prediction for the whole step (forward then backward), see ``overlapcfg.report.simulate``.
 
@@ -104,6 +118,10 @@ class Simulation(_Data):
     peak_activation_bytes: int | None
     """Peak bytes the graphs allocate besides unsharded parameters and their inputs, where derivable."""
     streams: tuple[StreamTime, ...] = ()
+    cost_sources: tuple[CostSource, ...] = ()
+    """How each part of the prediction was priced (measured, roofline, fitted, datasheet), nodes and seconds."""
+    node_costs: str | None = None
+    """What the measured node durations were, when given (``NodeCosts.source``)."""
 
     _events: tuple[Event, ...] = PrivateAttr(())
 

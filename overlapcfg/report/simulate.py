@@ -10,8 +10,14 @@ last node reading them (through views) has run. Storages that hold gathered para
 and copies of its slices) count as unsharded parameters; the rest allocated inside the graphs as activations.
 Inputs are not counted (the shards, and in backward the saved activations, exist before the graph starts).
 
-Deliberately not modelled: kernel launch overhead, compute slowed by concurrent communication (SM/HBM
-contention), NCCL's channel tuning. Calibrate ``HardwareProfile.compute_efficiency`` / ``comm_efficiency``.
+Costs: each kernel by the roofline on the profile, or by its measured duration
+when ``node_costs`` has one for that node (``overlapcfg.report.node_costs``); each collective by the ring model,
+with the profile's measured fits where calibration made them, and the compute stream paying the fit's issue time
+at each start. ``Simulation.cost_sources`` says which source priced how much.
+
+Deliberately not modelled: compute slowed by concurrent communication (SM/HBM contention; on CPU, cores shared
+with the communication threads), NCCL's channel tuning. ``overlapcfg mode=calibrate`` measures the rest, and
+``overlapcfg mode=measure`` shows how far the prediction is from a measured step.
 """
 
 from __future__ import annotations
@@ -27,14 +33,17 @@ from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.graph.collectives import feeds_compute, find_collectives, group_name
 from overlapcfg.report.cost import (
     collective_bytes,
+    collective_issue_seconds,
     collective_kind,
     collective_seconds,
+    collective_source,
     compute_seconds,
     iter_tensors,
     node_kind,
     tensor_bytes,
 )
-from overlapcfg.report.model import Event, Simulation, StreamTime
+from overlapcfg.report.model import CostSource, Event, Simulation, StreamTime
+from overlapcfg.report.node_costs import NodeCosts
 
 __all__ = ["COMPUTE_STREAM", "Event", "GroupPlacement", "Simulation", "simulate"]
 
@@ -145,16 +154,46 @@ def _storage_plan(graph: fx.Graph, gathers: set[fx.Node],
     return root, param, last
 
 
+class _Tally:
+    """Seconds and nodes per (part, source), for ``Simulation.cost_sources``."""
+
+    def __init__(self) -> None:
+        self.parts: dict[tuple[str, str], list[float]] = {}
+
+    def add(self, part: str, source: str, seconds: float) -> None:
+        slot = self.parts.setdefault((part, source), [0, 0.0])
+        slot[0] += 1
+        slot[1] += seconds
+
+    def sources(self) -> tuple[CostSource, ...]:
+        return tuple(CostSource(part=p, source=s, nodes=int(n), seconds=sec)  # type: ignore[arg-type]
+                     for (p, s), (n, sec) in self.parts.items())
+
+
+def node_seconds(node: fx.Node, graph: str, hw: HardwareProfile, node_costs: NodeCosts | None, *,
+                 world_size: int | None, traced_world_size: int | None,
+                 as_dtype: torch.dtype | None) -> tuple[float, str, str, int]:
+    """``(seconds, kind, source, bytes)`` of a compute-stream node: measured if ``node_costs`` has it, else the
+    roofline. The one rule for both the simulator and the tuner's profile."""
+    measured = node_costs.seconds(graph, node) if node_costs is not None else None
+    if measured is not None:
+        return measured, "memory" if node_kind(node) == "free" else node_kind(node), "measured", 0
+    cost = compute_seconds(node, hw, world_size=world_size, traced_world_size=traced_world_size, as_dtype=as_dtype)
+    return cost.seconds, cost.bound, "roofline", cost.bytes
+
+
 def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwareProfile | str, *, world_size: int,
              names: Sequence[str] | None = None, labels: dict[str, dict[str, str]] | None = None,
              traced_world_size: int | None = None, as_dtype: torch.dtype | None = None,
-             groups: Mapping[str, GroupPlacement] | None = None) -> Simulation:
+             groups: Mapping[str, GroupPlacement] | None = None, node_costs: NodeCosts | None = None) -> Simulation:
     """Predict one step of ``gm`` (or of several graphs run back to back: forward then backward) at ``world_size``.
 
     ``labels[graph][node]`` names events in the timeline (bucket names); ``traced_world_size`` lets the copy-in of
     merged buckets be costed at ``world_size`` (read from the graph's collectives when omitted). ``as_dtype``
     costs every floating tensor as that dtype (``torch.bfloat16``: mixed-precision training from an fp32 trace).
     ``groups`` places process groups by name (``GroupPlacement``); each group has its own stream.
+    ``node_costs``: measured durations of the graphs' nodes (``NodeCosts``, keyed by the ``names`` of the graphs),
+    used instead of the roofline where they match.
     """
     hw = load_hardware(hardware)
     graphs = [gm] if isinstance(gm, fx.GraphModule) else list(gm)
@@ -168,6 +207,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     inflight = peak_inflight = 0
     peak_param = peak_act = 0
     blocking_comm = 0.0
+    tally = _Tally()
     for graph_name, g in zip(names, graphs, strict=True):
         graph_labels = (labels or {}).get(graph_name, {})
         done: dict[fx.Node, tuple[float, int, bool, str]] = {}
@@ -182,9 +222,17 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                 nbytes = collective_bytes(node, as_dtype)
                 group = group_name(node)
                 stream = f"comm:{group}"
-                start = max(t, stream_end.get(stream, 0.0))
                 place = placement.get(group, GroupPlacement(world_size))
+                issue = collective_issue_seconds(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
+                if issue > 0:
+                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, "issue", t, t + issue,
+                                        _label(node, graph_labels), nbytes))
+                    t += issue
+                    compute += issue
+                    tally.add("issue", "fitted", issue)
+                start = max(t, stream_end.get(stream, 0.0))
                 dur = collective_seconds(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
+                tally.add("collectives", collective_source(ckind, hw, place.size, inter_node=place.inter_node), dur)
                 if node in blocking:
                     blocking_comm += dur
                 stream_end[stream] = start + dur
@@ -208,15 +256,16 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                         t = end
                     if gathers:
                         inflight -= nbytes
-            elif kind in ("compute", "memory"):
+            elif kind in ("compute", "memory", "free"):
                 ws_now, traced_now = _copy_in_sizes(node, placement, world_size, traced)
-                cost = compute_seconds(node, hw, world_size=ws_now, traced_world_size=traced_now,
-                                      as_dtype=as_dtype)
-                if cost.seconds > 0:
-                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, cost.bound, t, t + cost.seconds,
-                                        _label(node, graph_labels), cost.bytes))
-                    t += cost.seconds
-                    compute += cost.seconds
+                seconds, bound, source, nbytes = node_seconds(node, graph_name, hw, node_costs, world_size=ws_now,
+                                                              traced_world_size=traced_now, as_dtype=as_dtype)
+                if seconds > 0:
+                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, bound, t, t + seconds,
+                                        _label(node, graph_labels), nbytes))
+                    t += seconds
+                    compute += seconds
+                    tally.add("compute", source, seconds)
             if root.get(node) is node and node.op == "call_function":
                 mem.alloc(node.name, _val_bytes(node, as_dtype), is_param.get(node, False))
             for inp in node.all_input_nodes:
@@ -234,6 +283,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
         lower_bound_seconds=max(compute + blocking_comm, comm_bound), peak_inflight_bytes=peak_inflight,
         peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,
         streams=tuple(StreamTime(stream=s, busy_seconds=b) for s, b in busy.items()),
+        cost_sources=tally.sources(), node_costs=node_costs.source if node_costs is not None else None,
     ).with_events(tuple(events))
 
 

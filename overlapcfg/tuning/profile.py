@@ -15,8 +15,10 @@ nodes, all-gather waits and reduce-scatter starts keep their relative order unde
 Where the original graph issued an all-gather (the scheduler leaves the first bucket there when that is before
 the first compute) is read from the untransformed graph.
 
-Costs come from ``overlapcfg.report.cost``, the functions ``simulate`` uses, at the hardware, world size and
-dtype of the search; a profile is built per (hardware, world size, dtype).
+Costs come from ``overlapcfg.report.simulate.node_seconds`` and ``overlapcfg.report.cost``, the functions
+``simulate`` uses, at the hardware, world size and dtype of the search, with measured node durations
+(``NodeCosts``) where given; a profile is built per (hardware, world size, dtype, node costs). The unit graph
+keeps the untransformed graph's nodes and names, so a profile of the untransformed step prices them both alike.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from overlapcfg.graph.schedule import exclusive_ancestors
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.cost import collective_bytes, compute_seconds, iter_tensors, node_kind, tensor_bytes
 from overlapcfg.report.explain import GRAPHS, apply_step
+from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts
+from overlapcfg.report.simulate import node_seconds
 
 __all__ = ["GraphProfile", "ParamCopy", "Profile", "UnitCollective", "build_profile", "unit_config"]
 
@@ -141,6 +145,8 @@ class Profile:
     as_dtype: torch.dtype | None
     seconds: float
     """Time taken to build it (the one real ``apply``)."""
+    node_costs: NodeCosts | None = None
+    """Measured node durations the costs used where they matched (None: the roofline throughout)."""
 
 
 def unit_config(owners: Sequence[str]) -> OverlapConfig:
@@ -151,8 +157,9 @@ def unit_config(owners: Sequence[str]) -> OverlapConfig:
 
 
 def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: int,
-                  as_dtype: torch.dtype | None = None) -> Profile:
-    """Apply the unit plan once to copies of ``step``'s graphs and read the profile off the result."""
+                  as_dtype: torch.dtype | None = None, node_costs: NodeCosts | None = None) -> Profile:
+    """Apply the unit plan once to copies of ``step``'s graphs and read the profile off the result;
+    ``node_costs``: measured node durations, used where they match (as ``simulate`` uses them)."""
     started = time.perf_counter()
     owners = tuple(step.param_owners)
     if not owners or "" in owners:
@@ -160,12 +167,12 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
                                     if not owners else "tune: the root module owns FSDP parameters directly; "
                                     "only submodules can be bucketed, so the tuner cannot group them")
     graphs = apply_step(step, unit_config(owners))
-    costs = _Costs(hardware, world_size, step.world_size, as_dtype)
+    costs = _Costs(hardware, world_size, step.world_size, as_dtype, node_costs)
     profiles = tuple(_graph_profile(name, graphs[name], step.graph(name), costs) for name in GRAPHS)
     seconds = time.perf_counter() - started
     log.info("tune: profiled %d units on %s at %d ranks in %.2fs", len(owners), hardware.name, world_size, seconds)
     return Profile(units=owners, graphs=profiles, module_fqns=tuple(step.module_fqns), hardware=hardware,
-                   world_size=world_size, as_dtype=as_dtype, seconds=seconds)
+                   world_size=world_size, as_dtype=as_dtype, seconds=seconds, node_costs=node_costs)
 
 
 def _made_by_merging(start: fx.Node, original: set[str]) -> set[fx.Node]:
@@ -205,15 +212,19 @@ def _dtype(node: fx.Node) -> str:
 
 
 class _Costs:
-    """Node costs at the search's hardware, world size and dtype (``overlapcfg.report.cost``, as ``simulate``)."""
+    """Node costs at the search's hardware, world size and dtype, measured where ``node_costs`` has the node
+    (``overlapcfg.report.simulate.node_seconds``, as ``simulate`` prices it)."""
 
     def __init__(self, hw: HardwareProfile, world_size: int, traced_world_size: int,
-                 as_dtype: torch.dtype | None) -> None:
+                 as_dtype: torch.dtype | None, node_costs: NodeCosts | None = None) -> None:
         self.kw = {"world_size": world_size, "traced_world_size": traced_world_size, "as_dtype": as_dtype}
         self.hw = hw
         self.as_dtype = as_dtype
+        self.node_costs = node_costs
 
-    def __call__(self, node: fx.Node) -> float:
+    def __call__(self, node: fx.Node, graph: str | None = None) -> float:
+        if graph is not None and node_kind(node) in MEASURABLE_KINDS:
+            return node_seconds(node, graph, self.hw, self.node_costs, **self.kw)[0]  # type: ignore[arg-type]
         return compute_seconds(node, self.hw, **self.kw).seconds  # type: ignore[arg-type]
 
     def copy_of(self, node: fx.Node) -> float:
@@ -231,7 +242,7 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
     nodes = list(gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     original_names = {n.name for n in original.graph.nodes}
-    cost = {n: costs(n) for n in nodes if n.op == "call_function"}
+    cost = {n: costs(n, name) for n in nodes if n.op == "call_function"}
     chains = []
     moved: set[fx.Node] = set()
     for start in (n for n in nodes if is_collective_start(n)):

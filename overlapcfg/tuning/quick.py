@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from overlapcfg.graph.reach import prefetch_reach
-from overlapcfg.report.cost import collective_seconds
+from overlapcfg.report.cost import collective_issue_seconds, collective_seconds
 from overlapcfg.tuning.profile import GraphProfile, Profile, UnitCollective
 
 __all__ = ["GraphScore", "Grouped", "GroupedGraph", "Score", "Stall", "Step", "group", "score"]
@@ -45,6 +45,8 @@ class Merged:
     traced_bytes: int
     seconds: float
     issue_cost: float
+    """The copy-in chain's seconds plus the collective's own issue time (calibrated profiles), on the compute
+    stream before the collective starts."""
     wait_cost: float
     start: float
     wait: float
@@ -188,7 +190,8 @@ def _merge(units: Sequence[UnitCollective], profile: Profile) -> Merged:
     return Merged(
         kind=kind, group=first.group, cost_bytes=nbytes, traced_bytes=sum(u.traced_bytes for u in units),
         seconds=collective_seconds(kind, nbytes, profile.hardware, profile.world_size),
-        issue_cost=sum(u.issue_cost for u in units),
+        issue_cost=sum(u.issue_cost for u in units) + collective_issue_seconds(kind, nbytes, profile.hardware,
+                                                                               profile.world_size),
         wait_cost=sum(u.wait_cost for u in units) + sum(p.copy_seconds for p in copied),
         start=(max if kind == "reduce_scatter" else min)(u.start for u in units),
         wait=min(u.wait for u in units),

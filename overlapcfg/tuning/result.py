@@ -17,6 +17,7 @@ from overlapcfg.config import OverlapConfig
 from overlapcfg.config.load import dump_yaml
 from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_seconds
 from overlapcfg.report.model import Report, Simulation
+from overlapcfg.report.render import cost_sources_line
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.quick import Score, Stall
 from overlapcfg.tuning.space import TuneSpace
@@ -112,8 +113,11 @@ class TuneResult:
                   f"(this config {fmt_change(s.step_seconds, s.lower_bound_seconds)})",
                   f"lower bound with the unhidable first all-gather and last reduce-scatter: "
                   f"{fmt_seconds(s.unhidable_bound_seconds)} (this config "
-                  f"{fmt_change(s.step_seconds, s.unhidable_bound_seconds)})",
-                  "shipped presets on the same trace (quick model):"]
+                  f"{fmt_change(s.step_seconds, s.unhidable_bound_seconds)})"]
+        sim = self.verification.simulation if self.verification is not None else None
+        if sim is not None and any(c.source in ("measured", "fitted") for c in sim.cost_sources):
+            lines.append(f"priced by {cost_sources_line(sim.cost_sources, sim.node_costs)}")
+        lines.append("shipped presets on the same trace (quick model):")
         for p in sorted(self.presets, key=lambda c: c.step_seconds):
             over = "" if self.fits(p) else " (over budget)"
             lines.append(f"  {p.name}: {fmt_seconds(p.step_seconds)}, in flight {fmt_bytes(p.peak_inflight_bytes)}"

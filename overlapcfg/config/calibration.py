@@ -1,0 +1,126 @@
+"""What a calibrated hardware profile holds besides the datasheet fields: measured collective fits and provenance.
+
+``overlapcfg.calibrate`` (``overlapcfg.measuring.calibration``) times collectives on the live process groups and
+kernels on the device, fits them, and writes a ``HardwareProfile`` whose ``collectives`` replace the ring model's
+datasheet numbers per kind and whose ``calibration`` says where every number came from: when, on what, at which
+sizes, and how well the fit matched (its residual). Nothing here runs anything; these are the schema.
+
+The fits are the ring model's own terms (``overlapcfg.report.cost.collective_seconds``): over ``p`` ranks an
+all-gather or reduce-scatter of ``n`` full-size bytes takes ``(p - 1) * latency + (p - 1) / p * n / bandwidth``
+and an all-reduce twice that (nccl-tests' bus bandwidth convention), so a fit made on 2 ranks extrapolates to
+``p`` ranks the way the datasheet numbers do, and with the same caveats.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from overlapcfg.config.base import ConfigModel
+
+__all__ = ["Calibration", "CollectiveFit", "CollectiveFits", "CollectiveKind", "GroupSamples", "KernelSamples",
+           "KindSamples", "LinkFits"]
+
+CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce"]
+
+
+class CollectiveFit(ConfigModel):
+    """One collective kind on one kind of link, fitted from timings."""
+
+    latency: float = Field(ge=0)
+    """Seconds per ring step (the alpha): ``(p - 1)`` of them per all-gather or reduce-scatter, ``2 (p - 1)`` per
+    all-reduce."""
+    bandwidth: float = Field(gt=0)
+    """Bus bandwidth per direction (bytes/s): the ring moves ``(p - 1) / p`` of the full size at it (all-reduce:
+    twice that)."""
+    issue_latency: float = Field(0.0, ge=0)
+    """Seconds the calling (compute) thread spends issuing one, before it runs on its own stream or thread."""
+    issue_bandwidth: float | None = Field(None, gt=0)
+    """Bytes/s at which the calling thread works through the full size while issuing (gloo copies and reduces
+    on the caller for some kinds); null: issuing costs ``issue_latency`` whatever the size."""
+
+
+class LinkFits(ConfigModel):
+    """The fitted kinds on one kind of link; a kind left out falls back to the datasheet ring model."""
+
+    all_gather: CollectiveFit | None = None
+    reduce_scatter: CollectiveFit | None = None
+    all_reduce: CollectiveFit | None = None
+
+
+class CollectiveFits(ConfigModel):
+    """Fits for rings inside one node and across nodes; a group is placed as ``HardwareProfile`` says."""
+
+    intra_node: LinkFits | None = None
+    inter_node: LinkFits | None = None
+
+
+class KindSamples(ConfigModel):
+    """The timings one fit of one group was made from."""
+
+    kind: CollectiveKind
+    sizes: tuple[int, ...]
+    """Full-size bytes (an all-gather's output, a reduce-scatter's input, an all-reduce's buffer), ascending."""
+    seconds: tuple[float, ...]
+    """Median time per size on its own stream (issue excluded), of the slowest rank."""
+    issue_seconds: tuple[float, ...]
+    """Median time per size the calling thread spent issuing it, of the slowest rank."""
+    residual: float
+    """Root-mean-square relative error of the link's fit at these sizes (0.05: predictions within ~5 %)."""
+    issue_residual: float
+    """The same for the issue fit."""
+
+
+class GroupSamples(ConfigModel):
+    """One live process group that was timed."""
+
+    name: str
+    """What the group is: ``world``, or its mesh dimension (``dp_shard``, ``dp_replicate``, ``tp``)."""
+    size: int
+    inter_node: bool
+    """Whether its ranks span more than one host (then its fits are the ``inter_node`` ones)."""
+    collectives: tuple[KindSamples, ...]
+
+
+class KernelSamples(ConfigModel):
+    """Timed kernels and the line fitted through them: ``seconds = overhead + work / rate``."""
+
+    what: str
+    """``matmul <dtype>`` (work in FLOPs) or ``memory`` (work in bytes read + written)."""
+    shapes: tuple[str, ...]
+    """One entry per timed kernel: ``m x k x n`` (with ``b x`` for a batched matmul) and how many the model
+    runs, or a buffer size."""
+    work: tuple[float, ...]
+    seconds: tuple[float, ...]
+    """Median seconds per call, back to back."""
+    rate: float
+    """FLOP/s or bytes/s: total work over total time at the model's mix (matmuls), or the fit's slope (memory)."""
+    overhead: float
+    """The fit's intercept: seconds per kernel whatever its size (launch or dispatch); 0 for matmuls (their rate
+    folds it in). Recorded, not priced: the roofline has no per-kernel constant."""
+    residual: float
+
+
+class Calibration(ConfigModel):
+    """Provenance of a calibrated profile: the numbers above were measured here, then, like this."""
+
+    date: str
+    """ISO 8601, UTC."""
+    torch_version: str
+    overlapcfg_version: str
+    backend: str
+    """The process group's backend (``gloo``, ``nccl``)."""
+    device: str
+    """What computed: ``cpu (2 threads)``, ``NVIDIA H100 80GB HBM3``."""
+    world_size: int
+    hosts: int
+    base: str
+    """The datasheet profile every unmeasured number comes from (inter-node links when no group crossed hosts)."""
+    budget_seconds: float
+    seconds: float
+    """Wall time the calibration took."""
+    groups: tuple[GroupSamples, ...]
+    kernels: tuple[KernelSamples, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What was not measured, and what stands in for it."""

@@ -1,0 +1,34 @@
+"""Measured, not guessed: calibrate a hardware profile on the live cluster, and measure real steps against the
+simulator's prediction.
+
+``calibrate(groups, step=...)`` (``calibrate``) times collectives on the live process groups and kernels at the
+model's shapes and writes a hardware profile (``overlapcfg.config.hardware``) the cost model reads;
+``measure(make_step, configs, hardware=...)`` (``run``) runs a training step under each config on real ranks and
+returns a ``Measurement`` (``result``): per config the predicted and measured step, exposed communication and
+collectives, and the per-node durations (``NodeCosts``) that the simulator and the tuner can use instead of the
+roofline. Underneath: ``clock`` (host clock on CPU, CUDA events on GPU), ``fit`` (least squares in the cost
+model's terms), ``collectives`` and ``kernels`` (what calibration times), ``runner`` (the timed compiler),
+``trace`` (reading ``torch.profiler``), ``render`` (tables). Sits beside ``tuning``, above ``report``, whose
+simulator it checks; the demo's ``mode=calibrate`` and ``mode=measure`` use it.
+"""
+
+from __future__ import annotations
+
+from overlapcfg._lazy import lazy_exports
+
+_EXPORTS = {
+    "calibrate": "overlapcfg.measuring.calibration",
+    "CalibrationProgress": "overlapcfg.measuring.calibration",
+    "measure": "overlapcfg.measuring.run",
+    "MeasureProgress": "overlapcfg.measuring.run",
+    "StepFactory": "overlapcfg.measuring.run",
+    "Measurement": "overlapcfg.measuring.result",
+    "MeasuredConfig": "overlapcfg.measuring.result",
+    "MatmulMix": "overlapcfg.measuring.kernels",
+    "matmul_mix": "overlapcfg.measuring.kernels",
+}
+
+__all__ = ["CalibrationProgress", "MatmulMix", "MeasureProgress", "MeasuredConfig", "Measurement", "StepFactory",
+           "calibrate", "matmul_mix", "measure"]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

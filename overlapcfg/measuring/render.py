@@ -1,0 +1,106 @@
+"""Rich tables for a measurement (predicted vs measured, per config) and a calibrated profile. Rendering only."""
+
+from __future__ import annotations
+
+import statistics
+
+from rich import box
+from rich.console import Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from overlapcfg.config.hardware import HardwareProfile
+from overlapcfg.measuring.result import Measurement
+from overlapcfg.report.labels import fmt_bytes, fmt_seconds
+from overlapcfg.report.render import cost_sources_line
+
+__all__ = ["calibration_table", "measurement_table"]
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:+.1f}%"
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1e3:.1f}"
+
+
+def measurement_table(m: Measurement) -> Group:
+    """Per config: predicted and measured step (with the spread), the error, exposed communication, both
+    rankings; then the summary and where each prediction's numbers came from."""
+    profiled = any(c.predicted_profiled_step_s is not None for c in m.configs)
+    table = Table(title=f"predicted ({m.hardware.name}) vs measured: {m.backend} x {m.world_size} on {m.device}, "
+                        f"median of {m.steps} steps", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    columns = ["config", "predicted\nms", "measured\nms", "±\nms", "error", "exposed\npred. ms",
+               "exposed\nmeas. ms", "rank\npred.", "rank\nmeas."]
+    if profiled:
+        columns[5:5] = ["profiled\nms", "error\nprofiled"]
+        columns.append("rank\nprof.")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
+    ranks = {key: {n: i + 1 for i, n in enumerate(m.ranking(key))}
+             for key in ("predicted_step_s", "predicted_profiled_step_s", "measured_step_s")}
+    for c in m.configs:
+        row = [escape(c.name), _ms(c.predicted_step_s), _ms(c.measured_step_s), _ms(c.measured_spread_s / 2),
+               _pct(c.error), _ms(c.predicted_exposed_s), _ms(c.measured_exposed_s),
+               str(ranks["predicted_step_s"][c.name]), str(ranks["measured_step_s"][c.name])]
+        if profiled:
+            row[5:5] = [_ms(c.predicted_profiled_step_s), _pct(c.profiled_error)]
+            row.append(str(ranks["predicted_profiled_step_s"].get(c.name, "—")))
+        table.add_row(*row)
+    lines = [f"median |error|: {_pct(m.median_abs_error()).lstrip('+')} on {m.hardware.name}"
+             + (f", {_pct(m.median_abs_error(profiled=True)).lstrip('+')} with measured node costs" if profiled
+                else "")]
+    first = m.configs[0]
+    lines.append(f"predicted ({first.name}) priced by {cost_sources_line(first.cost_sources)}")
+    if profiled:
+        lines.append(f"profiled ({first.name}) priced by "
+                     f"{cost_sources_line(first.profiled_cost_sources, m.node_costs)}")
+    ratios: dict[str, list[float]] = {}
+    for c in m.configs:
+        for k in c.collectives:
+            if k.measured_s is not None and k.predicted_s > 0:
+                ratios.setdefault(k.kind, []).append(k.measured_s / k.predicted_s)
+    if ratios:
+        each = ", ".join(f"{kind} x{statistics.median(r):.2f}" for kind, r in ratios.items())
+        lines.append(f"collectives in the steps against the profile (median measured / predicted duration): {each}")
+    walls = [c.measured_wall_s - c.measured_step_s for c in m.configs]
+    lines.append(f"measured: time inside the compiled graphs (what is predicted); the step spends another "
+                 f"{fmt_seconds(min(walls))}–{fmt_seconds(max(walls))} outside them (loss, optimizer, Python). "
+                 "±: half the interquartile range of the steps. profiled: the prediction with measured node "
+                 "durations. exposed: collective time the compute thread or stream waited for.")
+    return Group(table, *(Text(line, style="dim" if i else "bold") for i, line in enumerate(lines)))
+
+
+def calibration_table(profile: HardwareProfile) -> Group:
+    """The fitted numbers of a calibrated profile with their residuals, and what came from the datasheet."""
+    cal = profile.calibration
+    table = Table(title=f"calibrated profile {profile.name!r}", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False)
+    for col in ("what", "link", "latency\n/ overhead", "bandwidth\n/ rate", "issue\n(caller)", "resid-\nual",
+                "sizes"):
+        table.add_column(col, justify="left" if col in ("what", "link") else "right", no_wrap=True)
+    for link_name, link in (("intra", profile.collectives and profile.collectives.intra_node),
+                            ("inter", profile.collectives and profile.collectives.inter_node)):
+        if not link:
+            continue
+        for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+            fit = getattr(link, kind)
+            if fit is None:
+                continue
+            samples = [k for g in (cal.groups if cal else ()) for k in g.collectives
+                       if k.kind == kind and g.inter_node == (link_name == "inter")]
+            residual = max((k.residual for k in samples), default=0.0)
+            sizes = (f"{fmt_bytes(min(min(k.sizes) for k in samples))}–{fmt_bytes(max(max(k.sizes) for k in samples))}"
+                     if samples else "")
+            issue = fmt_seconds(fit.issue_latency) + (f" + n/{fit.issue_bandwidth / 1e9:.1f}GB/s"
+                                                      if fit.issue_bandwidth else "")
+            table.add_row(kind, link_name, fmt_seconds(fit.latency) + " /step", f"{fit.bandwidth / 1e9:.2f} GB/s",
+                          issue, f"{100 * residual:.0f}%", sizes)
+    for k in (cal.kernels if cal else ()):
+        unit = "GFLOP/s" if k.what.startswith("matmul") else "GB/s"
+        table.add_row(k.what.split(" (")[0], "", fmt_seconds(k.overhead), f"{k.rate / 1e9:.1f} {unit}", "",
+                      f"{100 * k.residual:.0f}%", f"{len(k.shapes)} kernels")
+    notes = [Text(f"  • {n}", style="dim") for n in (cal.notes if cal else ())]
+    return Group(table, *notes)

@@ -1,0 +1,161 @@
+"""What ``measure`` found: per config, the prediction next to the measured step, and how far apart they are.
+
+Frozen pydantic models, so ``measure.json`` is the schema (``Measurement.to_json()`` / ``Measurement.from_json``,
+versioned by ``MEASURE_SCHEMA``). The per-node durations travel separately (``node_costs.json``, see
+``overlapcfg.report.node_costs``): they are large and are an input to the simulator and the tuner.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr
+
+from overlapcfg.config.hardware import HardwareProfile
+from overlapcfg.report.model import CostSource
+from overlapcfg.report.node_costs import NodeCosts
+
+__all__ = ["MEASURE_SCHEMA", "Measurement", "MeasuredCollective", "MeasuredConfig"]
+
+MEASURE_SCHEMA = "overlapcfg.measure/1"
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class MeasuredCollective(_Data):
+    """One collective of a config's graphs: the model's duration for it and the measured one."""
+
+    graph: str
+    node: str
+    kind: str
+    bytes: int
+    """Full size (an all-gather's output, a reduce-scatter's input)."""
+    predicted_s: float
+    measured_s: float | None
+    """Median over profiled steps and ranks; None where the trace could not be matched to the graph."""
+
+
+class MeasuredConfig(_Data):
+    """One config of the sweep."""
+
+    name: str
+    overrides: dict[str, Any]
+    """The config's keys as given (what makes it differ from the others)."""
+    config: dict[str, Any]
+    """The whole validated ``OverlapConfig``."""
+    predicted_step_s: float
+    """The simulator on the chosen profile (roofline and ring model, or its fits)."""
+    predicted_exposed_s: float
+    measured_step_s: float
+    """Median over timed steps of the time inside the step's compiled graphs (the slowest rank's), which is what
+    is predicted; the rest of the step (loss outside the graph, optimizer, data) is in ``measured_wall_s``."""
+    measured_spread_s: float
+    """Interquartile range of the timed steps' graph times: how much one step differs from the next."""
+    measured_exposed_s: float
+    """Median over profiled steps of the communication the compute thread or stream waited for (mean of ranks)."""
+    measured_wall_s: float
+    """Median wall time of the whole step function."""
+    measured_profiled_step_s: float
+    """Median graph time of the profiled steps (under ``torch.profiler``, which slows them a little): the steps
+    ``measured_exposed_s`` was measured in, and a part of."""
+    step_seconds: tuple[float, ...]
+    """Every timed step's graph time (the slowest rank's), in order."""
+    predicted_profiled_step_s: float | None = None
+    """The simulator with measured node durations (``node_costs``) where they match, the profile elsewhere."""
+    predicted_profiled_exposed_s: float | None = None
+    cost_sources: tuple[CostSource, ...] = ()
+    """How ``predicted_step_s`` was priced."""
+    profiled_cost_sources: tuple[CostSource, ...] = ()
+    """How ``predicted_profiled_step_s`` was priced."""
+    collectives: tuple[MeasuredCollective, ...] = ()
+
+    @property
+    def error(self) -> float:
+        """``(predicted - measured) / measured`` of the step time."""
+        return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+    @property
+    def profiled_error(self) -> float | None:
+        if self.predicted_profiled_step_s is None:
+            return None
+        return (self.predicted_profiled_step_s - self.measured_step_s) / self.measured_step_s
+
+
+class Measurement(_Data):
+    """A sweep measured on real ranks, with the prediction for each config on ``hardware``."""
+
+    hardware: HardwareProfile
+    """The profile the predictions were made on (whole, calibration record included)."""
+    world_size: int
+    backend: str
+    device: str
+    date: str
+    torch_version: str
+    warmup: int
+    steps: int
+    profiled_steps: int
+    node_costs: str | None = None
+    """What the measured node durations were taken from (``NodeCosts.source``); None: not measured."""
+    configs: tuple[MeasuredConfig, ...]
+
+    _costs: NodeCosts | None = PrivateAttr(None)
+
+    @property
+    def measured_node_costs(self) -> NodeCosts | None:
+        """The per-node durations measured on the reference config (not in ``measure.json``: write them with
+        ``NodeCosts.to_json``); give them to ``simulate``, ``explain``, ``compare`` or ``tune`` as ``node_costs``."""
+        return self._costs
+
+    def attach(self, costs: NodeCosts | None) -> Measurement:
+        self._costs = costs
+        return self
+
+    def config(self, name: str) -> MeasuredConfig:
+        for c in self.configs:
+            if c.name == name:
+                return c
+        raise KeyError(f"no config {name!r}; have {[c.name for c in self.configs]}")
+
+    def median_abs_error(self, *, profiled: bool = False) -> float | None:
+        """Median over configs of ``|predicted - measured| / measured``."""
+        errors = [c.profiled_error if profiled else c.error for c in self.configs]
+        kept = [abs(e) for e in errors if e is not None]
+        return statistics.median(kept) if kept else None
+
+    def ranking(self, key: str) -> tuple[str, ...]:
+        """Config names, fastest first, by ``predicted_step_s``, ``predicted_profiled_step_s`` or
+        ``measured_step_s``."""
+        have = [c for c in self.configs if getattr(c, key) is not None]
+        return tuple(c.name for c in sorted(have, key=lambda c: (getattr(c, key), c.name)))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json", exclude_none=False)
+        ranks = {key: {n: i + 1 for i, n in enumerate(self.ranking(key))}
+                 for key in ("predicted_step_s", "predicted_profiled_step_s", "measured_step_s")}
+        for row, c in zip(data["configs"], self.configs, strict=True):
+            row["error"] = c.error
+            row["profiled_error"] = c.profiled_error
+            row["predicted_rank"] = ranks["predicted_step_s"].get(c.name)
+            row["predicted_profiled_rank"] = ranks["predicted_profiled_step_s"].get(c.name)
+            row["measured_rank"] = ranks["measured_step_s"].get(c.name)
+        summary = {"median_abs_error": self.median_abs_error(),
+                   "median_abs_error_profiled": self.median_abs_error(profiled=True)}
+        return {"schema": MEASURE_SCHEMA, **data, "summary": summary}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | dict[str, Any]) -> Measurement:
+        """Read ``measure.json`` back (the derived fields ``to_dict`` adds are dropped)."""
+        data = json.loads(text) if isinstance(text, str) else dict(text)
+        if data.pop("schema", None) != MEASURE_SCHEMA:
+            raise ValueError(f"not an overlapcfg measurement of schema {MEASURE_SCHEMA!r}")
+        data.pop("summary", None)
+        derived = ("error", "profiled_error", "predicted_rank", "predicted_profiled_rank", "measured_rank")
+        data["configs"] = [{k: v for k, v in row.items() if k not in derived} for row in data["configs"]]
+        return cls.model_validate(data)

@@ -1,0 +1,109 @@
+"""Run a step's graphs as the pass wrote them, timed: the compiler ``measure`` gives ``torch.compile``.
+
+``Recorder.compiler(graph)`` is a ``GraphBackend`` compiler (aot's boxed calling convention): it runs each graph
+module as it is (the kernels an untransformed eager run has, in the pass's order), and
+
+- always inside a ``torch.profiler.record_function`` range named ``overlapcfg::<graph>`` (a profiler sees where
+  each graph ran; free when no profiler is on);
+- in mode ``timed``, between two ``Clock`` marks: the seconds each graph took, step by step;
+- in mode ``nodes``, through an ``fx.Interpreter`` with a ``Clock`` mark around every compute-stream node (the
+  kinds ``NodeCosts`` holds): per-node seconds under the node's name, which is how a profile maps to fx nodes.
+  This run is slower (one Python dispatch per node) and is used for node durations only, never for step times.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from torch import fx
+from torch.profiler import record_function
+
+from overlapcfg import compat
+from overlapcfg.measuring.clock import Clock, Mark
+from overlapcfg.passes.backend import GraphCompiler
+from overlapcfg.report.cost import node_kind
+from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts, node_signature
+
+__all__ = ["REGION", "Recorder"]
+
+REGION = "overlapcfg::"
+"""Prefix of the profiler range each graph runs in (``overlapcfg::forward``)."""
+
+Mode = Literal["plain", "timed", "nodes"]
+
+
+class _NodeTimer(fx.Interpreter):
+    """Runs a graph node by node, marking the clock around each compute-stream node."""
+
+    def __init__(self, gm: fx.GraphModule, clock: Clock, marks: list[tuple[fx.Node, Mark, Mark]]) -> None:
+        super().__init__(gm)
+        self.clock, self.marks = clock, marks
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op != "call_function" or node_kind(n) not in MEASURABLE_KINDS:
+            return super().run_node(n)
+        start = self.clock.mark()
+        out = super().run_node(n)
+        self.marks.append((n, start, self.clock.mark()))
+        return out
+
+
+class Recorder:
+    """Compilers that run graphs as they are, and what they measured (see the module docstring)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.mode: Mode = "plain"
+        self._regions: list[tuple[str, Mark, Mark]] = []
+        self._nodes: dict[str, dict[str, tuple[str, list[float]]]] = {}
+
+    def compiler(self, graph: str) -> GraphCompiler:
+        def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
+            return compat.make_boxed_func(lambda *args: self._run(graph, gm, args))
+
+        return compile_graph
+
+    def _run(self, graph: str, gm: fx.GraphModule, args: tuple[object, ...]) -> object:
+        with record_function(f"{REGION}{graph}"):
+            if self.mode == "nodes":
+                marks: list[tuple[fx.Node, Mark, Mark]] = []
+                out = _NodeTimer(gm, self.clock, marks).run(*args)
+                seen = self._nodes.setdefault(graph, {})
+                for node, start, end in marks:
+                    seen.setdefault(node.name, (node_signature(node), []))[1].append(self.clock.seconds(start, end))
+                return out
+            if self.mode == "timed":
+                start = self.clock.mark()
+                out = gm(*args)
+                self._regions.append((graph, start, self.clock.mark()))
+                return out
+            return gm(*args)
+
+    def take_regions(self) -> dict[str, float]:
+        """Seconds per graph since the last call (summed if a graph ran more than once), then forget them."""
+        out: dict[str, float] = {}
+        for graph, start, end in self._regions:
+            out[graph] = out.get(graph, 0.0) + self.clock.seconds(start, end)
+        self._regions.clear()
+        return out
+
+    def node_seconds(self) -> dict[str, dict[str, tuple[str, float]]]:
+        """Per graph and node: ``(signature, median seconds)`` over the ``nodes`` runs so far."""
+        return {g: {n: (sig, statistics.median(ts)) for n, (sig, ts) in nodes.items()}
+                for g, nodes in self._nodes.items()}
+
+
+def merge_node_seconds(per_rank: Sequence[dict[str, dict[str, tuple[str, float]]]], source: str) -> NodeCosts:
+    """One ``NodeCosts`` from every rank's: per node, the mean over the ranks that measured it with rank 0's
+    signature (ranks run the same kernels; a rank whose graph differs there is left out for that node)."""
+    first = per_rank[0]
+    graphs: dict[str, dict[str, tuple[str, float]]] = {}
+    for graph, nodes in first.items():
+        merged = {}
+        for name, (sig, _) in nodes.items():
+            values = [r[graph][name][1] for r in per_rank if r.get(graph, {}).get(name, ("",))[0] == sig]
+            merged[name] = (sig, sum(values) / len(values))
+        graphs[graph] = merged
+    return NodeCosts(source=source, graphs=graphs)
