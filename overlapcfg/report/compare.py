@@ -23,8 +23,8 @@ from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.explain import GRAPHS, node_labels
 from overlapcfg.report.labels import fmt_bytes
 from overlapcfg.report.model import Report, Simulation
-from overlapcfg.report.render import comparison_table, plain_text
 from overlapcfg.report.node_costs import NodeCosts
+from overlapcfg.report.render import comparison_table, plain_text
 from overlapcfg.report.simulate import GroupPlacement, simulate
 
 __all__ = ["COMPARE_SCHEMA", "Comparison", "ComparisonRow", "compare", "compare_reports", "default_name"]
