@@ -182,7 +182,11 @@ def test_the_backend_checks_attribution_against_the_model_it_is_given() -> None:
         train_step(compile_with_pass(model, backend=good), tokens, targets)
         assert "layers.0.attention.wq" in good.module_fqns
         assert good.graphs["forward"].meta["overlapcfg"].after.get("forward", "all_gather") == 3  # 3 buckets
-        stranger = torch.nn.Linear(2, 2)
+        # The plan's modules exist in the stranger (the backend checks that when built), its parameters do not.
+        stranger = torch.nn.Module()
+        for name in ("tok_embeddings", "norm", "output"):
+            stranger.add_module(name, torch.nn.Identity())
+        stranger.layers = torch.nn.ModuleList([torch.nn.Identity()])
         with pytest.raises(Exception, match="the model does not have") as info:  # dynamo wraps backend errors
             train_step(compile_with_pass(model, backend=backend({"plan": "llama_layers"}, model=stranger)),
                        tokens, targets)
