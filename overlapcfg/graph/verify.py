@@ -37,8 +37,15 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
-from overlapcfg.graph.collectives import data_inputs, group_name, node_direction, positions, started_by
-from overlapcfg.graph.provenance import Content, Run, Value, call_of, describe, interpret, leaf_name, opaque, render_key
+from overlapcfg.graph.collectives import (
+    data_inputs,
+    group_name,
+    is_collective_start,
+    node_direction,
+    positions,
+    started_by,
+)
+from overlapcfg.graph.provenance import Interpretation, Run, Value, describe, interpret, leaf_name, render_key
 
 __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "verify"]
 
@@ -76,12 +83,17 @@ class CollectiveData:
 
 @dataclass(frozen=True, slots=True)
 class GraphSummary:
-    """What a bucketing pass must not change (see the module docstring): compute nodes and their inputs' contents,
-    the graph outputs' contents, and the data every collective sends."""
+    """What a bucketing pass must not change (see the module docstring): compute nodes and their inputs' contents
+    as read, the graph outputs' contents, what the graph leaves in the inputs it writes, the inputs' order and the
+    data every collective sends."""
 
     calls: tuple[CallRecord, ...]
     outputs: tuple[tuple[str, object], ...]
     collectives: tuple[CollectiveData, ...]
+    inputs: tuple[str, ...] = ()
+    """Graph input names by position."""
+    written_inputs: tuple[tuple[int, str, object], ...] = ()
+    """``(position, name, content at the end)`` of every input the graph writes into."""
 
 
 def _freeze(value: object) -> object:
@@ -92,15 +104,16 @@ def _freeze(value: object) -> object:
     return value
 
 
-def _leaves(obj: object, path: str, contents: dict[fx.Node, Content]) -> Iterator[tuple[str, object]]:
-    if isinstance(obj, fx.Node):
-        yield path, contents[obj] if obj in contents else opaque(obj)
+def _leaves(obj: object, path: str) -> Iterator[tuple[str, object]]:
+    """Argument paths and what they hold: contents (as read) for tensors, the constant itself otherwise."""
+    if isinstance(obj, Value) or obj is None:
+        yield path, obj
     elif isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):
-            yield from _leaves(item, f"{path}[{i}]", contents)
+            yield from _leaves(item, f"{path}[{i}]")
     elif isinstance(obj, dict):
         for k, item in obj.items():
-            yield from _leaves(item, f"{path}[{k!r}]", contents)
+            yield from _leaves(item, f"{path}[{k!r}]")
     else:
         yield path, _freeze(obj)
 
@@ -129,11 +142,10 @@ def _canonical(values: Iterable[object]) -> tuple[Run, ...]:
     return tuple(out)
 
 
-def _collective(node: fx.Node, target: object, args: tuple[object, ...], contents: dict[fx.Node, Content],
-                direction: str | None) -> CollectiveData:
+def _collective(node: fx.Node, target: object, args: tuple[object, ...], direction: str | None) -> CollectiveData:
+    """``args``: the collective's arguments as read (its inputs' contents at its start)."""
     kind = _KINDS[target]  # type: ignore[index]
-    inputs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
-    values = [contents[n] if isinstance(n, fx.Node) else None for n in inputs]
+    values = list(args[0]) if isinstance(args[0], (list, tuple)) else [args[0]]
     dtype = next((v.dtype for v in values if isinstance(v, Value)), None)
     group = group_name(node)
     if kind == "all_gather":
@@ -146,48 +158,47 @@ def _collective(node: fx.Node, target: object, args: tuple[object, ...], content
     return CollectiveData(node.name, kind, where, tuple(_freeze(a) for a in attrs), _canonical(values))
 
 
+def _summarize(gm: fx.GraphModule, direction: str | None) -> tuple[GraphSummary, Interpretation]:
+    calls: list[CallRecord] = []
+    collectives: list[CollectiveData] = []
+    outputs: list[tuple[str, object]] = []
+
+    def visit(node: fx.Node, target: object, args: tuple[object, ...], kwargs: dict[str, object],
+              opaque: bool) -> None:
+        if node.op == "output":
+            outs = args[0]
+            if isinstance(outs, (list, tuple)):
+                outputs.extend(item for i, o in enumerate(outs) for item in _leaves(o, str(i)))
+            else:
+                outputs.extend(_leaves(outs, "0"))
+        elif target in _KINDS:
+            collectives.append(_collective(node, target, args, direction))
+        elif opaque:
+            calls.append(CallRecord(node.name, _target_name(target), (*_leaves(args, "args"),
+                                                                       *_leaves(kwargs, "kwargs"))))
+
+    interpretation = interpret(gm.graph, visit)
+    written = tuple((i, name, content) for i, (name, content) in sorted(interpretation.final_inputs().items()))
+    summary = GraphSummary(tuple(calls), tuple(outputs), tuple(collectives),
+                           tuple(p.name for p in interpretation.inputs), written)
+    return summary, interpretation
+
+
 def summarize(gm: fx.GraphModule, *, direction: str | None = None) -> GraphSummary:
     """``direction``: "forward"/"backward" for aot_autograd's separate graphs, None to read node metadata
     (it only words messages: "parameter p is no longer all-gathered in forward")."""
-    contents, opaque = interpret(gm.graph)
-    calls: list[CallRecord] = []
-    collectives: list[CollectiveData] = []
-    outputs: tuple[tuple[str, object], ...] = ()
-    for node in gm.graph.nodes:
-        if node.op == "output":
-            outs = node.args[0]
-            if isinstance(outs, (list, tuple)):
-                outputs = tuple(item for i, o in enumerate(outs) for item in _leaves(o, str(i), contents))
-            else:
-                outputs = tuple(_leaves(outs, "0", contents))
-            continue
-        if node.op not in ("call_function", "call_method", "call_module"):
-            continue
-        target, args, kwargs = call_of(node)
-        if target in _KINDS:
-            collectives.append(_collective(node, target, args, contents, direction))
-        elif node in opaque:
-            inputs = (*_leaves(list(args), "args", contents), *_leaves(kwargs, "kwargs", contents))
-            calls.append(CallRecord(node.name, _target_name(target), inputs))
-    return GraphSummary(tuple(calls), outputs, tuple(collectives))
+    return _summarize(gm, direction)[0]
 
 
 # --- structure ---------------------------------------------------------------------------------------------------
-
-def _collective_starts(graph: fx.Graph) -> Iterable[fx.Node]:
-    for node in graph.nodes:
-        if node.op == "call_function" and compat.is_functional_collective(node.target) \
-                and not compat.is_wait_tensor(node):
-            yield node
-
 
 def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]) -> None:
     waits_of: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.nodes:
         start = started_by(node)
         if start is not None:
-            waits_of.setdefault(node.args[0] if compat.is_wait_tensor(node) else data_inputs(node)[0], []).append(node)
-    for start in _collective_starts(graph):
+            waits_of.setdefault(data_inputs(node)[0], []).append(node)
+    for start in (n for n in graph.nodes if is_collective_start(n)):
         heads = [u for u in start.users if u.target is operator.getitem] or [start]
         for head in heads:
             waits = waits_of.get(head, [])
@@ -201,14 +212,50 @@ def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]
             for w in waits:
                 if index[w] < index[start]:
                     problems.append(f"{w.name}: waits on {start.name} before it is issued")
-        out = start.kwargs.get("out")
-        if isinstance(out, fx.Node):
-            waits = [w for h in heads for w in waits_of.get(h, [])]
-            done = min((index[w] for w in waits), default=index[start])
-            early = [u.name for u in out.users if u is not start and u not in start.all_input_nodes
-                     and index[start] < index[u] < done]
-            if early:
-                problems.append(f"{start.name}: output buffer {out.name} read before the wait by {', '.join(early)}")
+
+
+def _check_in_flight(graph: fx.Graph, memory: Interpretation, problems: list[str]) -> None:
+    """Between a collective's start and its (last) wait, nothing may read the storage it fills (its ``out=``
+    buffer, through any view of it) and nothing may write into that storage or into a storage it sends from."""
+    waits_left: dict[fx.Node, int] = {}
+    for node in graph.nodes:
+        start = started_by(node)
+        if start is not None:
+            waits_left[start] = waits_left.get(start, 0) + 1
+    filling: dict[fx.Node, fx.Node] = {}  # storage (its allocating node) -> the start filling it
+    sending: dict[fx.Node, fx.Node] = {}  # storage -> a start sending from it
+    early: dict[fx.Node, list[str]] = {}
+    for node in graph.nodes:
+        start = started_by(node)
+        if start is not None:
+            waits_left[start] -= 1
+            if not waits_left[start]:
+                for table in (filling, sending):
+                    for storage in [s for s, by in table.items() if by is start]:
+                        del table[storage]
+            continue
+        if filling:
+            for read in data_inputs(node):
+                by = filling.get(memory.root(read))  # type: ignore[arg-type]
+                if by is not None and read is not by:  # reading the start itself is "read before its wait"
+                    early.setdefault(by, []).append(node.name)
+        for storage in memory.writes.get(node, ()):
+            by = filling.get(storage) or sending.get(storage)
+            if by is not None and by is not node:
+                what = "output buffer" if storage in filling else "input"
+                problems.append(f"{node.name}: writes into the {what} of {by.name} while it is in flight "
+                                "(before its wait)")
+        if is_collective_start(node) and waits_left.get(node):
+            out = compat.unwrapped_call(node)[2].get("out")
+            if isinstance(out, fx.Node) and memory.root(out) is not None:
+                filling[memory.root(out)] = node  # type: ignore[index]
+            for read in data_inputs(node):
+                if memory.root(read) is not None:
+                    sending.setdefault(memory.root(read), node)  # type: ignore[arg-type]
+    for start, readers in early.items():
+        out = compat.unwrapped_call(start)[2].get("out")
+        problems.append(f"{start.name}: output buffer {getattr(out, 'name', out)} read before the wait by "
+                        f"{', '.join(readers)}")
 
 
 def _check_order(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]) -> None:
@@ -341,6 +388,31 @@ def _text(content: object) -> str:
     return describe(content) if isinstance(content, (Value, tuple)) else repr(content)  # type: ignore[arg-type]
 
 
+def _compare_inputs(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
+    """Inputs are passed by position: the same names in another order hand each input what another received. And
+    what the graph leaves in the inputs it writes (an optimizer step, a buffer update) is part of its result."""
+    if len(before.inputs) != len(after.inputs):
+        problems.append(f"the graph takes {len(after.inputs)} inputs, took {len(before.inputs)}")
+    was_at = {name: i for i, name in enumerate(before.inputs)}
+    for i, name in enumerate(after.inputs):
+        j = was_at.get(name)
+        if j is not None and j != i:
+            problems.append(f"graph input {name} is now input {i}, was input {j}: inputs are passed by position, so "
+                            f"it receives what {before.inputs[i] if i < len(before.inputs) else 'nothing'} did")
+    was = {i: (name, content) for i, name, content in before.written_inputs}
+    now = {i: (name, content) for i, name, content in after.written_inputs}
+    for i in sorted(was.keys() | now.keys()):
+        name = (now.get(i) or was[i])[0]
+        if i not in now:
+            problems.append(f"graph input {i} ({name}) is no longer written; the graph used to leave "
+                            f"{_text(was[i][1])} in it")
+        elif i not in was:
+            problems.append(f"graph input {i} ({name}) is now written: the graph leaves {_text(now[i][1])} in it")
+        elif was[i][1] != now[i][1]:
+            problems.append(f"graph input {i} ({name}) is left holding {_text(now[i][1])}; before it was left "
+                            f"holding {_text(was[i][1])}")
+
+
 def _compare_calls(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
     old = {c.name: c for c in before.calls}
     new = {c.name: c for c in after.calls}
@@ -381,7 +453,9 @@ def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, dire
     _check_order(after.graph, index, problems)
     _check_waits(after.graph, index, problems)
     expected = before if isinstance(before, GraphSummary) else summarize(before, direction=direction)
-    got = summarize(after, direction=direction)
+    got, memory = _summarize(after, direction)
+    _check_in_flight(after.graph, memory, problems)
+    _compare_inputs(expected, got, problems)
     _compare_collectives(expected, got, problems)
     _compare_outputs(expected, got, problems)
     _compare_calls(expected, got, problems)
