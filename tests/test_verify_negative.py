@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from _in_place import with_in_place_updates
 from conftest import apply_to
 from torch import fx
 
@@ -357,31 +358,6 @@ _COPY_OUT = (_aten.view.dtype, _aten.clone.default, _aten._unsafe_view.default, 
 
 
 # --- writes and identity ----------------------------------------------------------------------------------------
-
-def with_in_place_updates(gm: fx.GraphModule, count: int = 2) -> fx.GraphModule:
-    """``gm`` (changed in place) as a whole-step graph ends: for the first ``count`` parameters it all-gathers, a
-    reader of the shard (``decay_i = mul(p, 2)``, returned as an extra output) and then an in-place update of it
-    (``mul_(p, 0.5)``), just before the output. Applied to the graph *before* the pass: the writes are the
-    original's, and valid rewrites must keep each read on its side of them."""
-    params = []
-    for start in _calls(gm, compat.ALL_GATHER_INTO_TENSOR):
-        source = start.args[0]
-        if source.op == "placeholder" and source not in params:
-            params.append(source)
-    output = next(iter(gm.graph.find_nodes(op="output")))
-    extra = []
-    for i, p in enumerate(params[:count]):
-        with gm.graph.inserting_before(output):
-            reader = gm.graph.call_function(_aten.mul.Tensor, (p, 2.0))
-            writer = gm.graph.call_function(_aten.mul_.Tensor, (p, 0.5))
-        reader.name, writer.name = f"decay_{i}", f"update_{i}"
-        reader.meta["val"] = writer.meta["val"] = p.meta["val"]
-        extra.append(reader)
-    outs = output.args[0]
-    output.args = ((*outs, *extra) if isinstance(outs, (list, tuple)) else (outs, *extra),)
-    gm.recompile()
-    return gm
-
 
 def _after_split(gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node], fx.Node, fx.Node]:
     """A merged all-gather's copy-out: (split, parameters in buffer order, two same-shaped slices of it)."""
