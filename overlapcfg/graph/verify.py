@@ -223,16 +223,18 @@ def _check_in_flight(graph: fx.Graph, memory: Interpretation, problems: list[str
         if start is not None:
             waits_left[start] = waits_left.get(start, 0) + 1
     filling: dict[fx.Node, fx.Node] = {}  # storage (its allocating node) -> the start filling it
-    sending: dict[fx.Node, fx.Node] = {}  # storage -> a start sending from it
+    sending: dict[fx.Node, dict[fx.Node, None]] = {}  # storage -> the starts sending from it
+    held: dict[fx.Node, list[fx.Node]] = {}  # start -> the storages it fills or sends from, dropped at its last wait
     early: dict[fx.Node, list[str]] = {}
     for node in graph.nodes:
         start = started_by(node)
         if start is not None:
             waits_left[start] -= 1
             if not waits_left[start]:
-                for table in (filling, sending):
-                    for storage in [s for s, by in table.items() if by is start]:
-                        del table[storage]
+                for storage in held.pop(start, ()):
+                    if filling.get(storage) is start:
+                        del filling[storage]
+                    sending.get(storage, {}).pop(start, None)
             continue
         if filling:
             for read in data_inputs(node):
@@ -240,18 +242,22 @@ def _check_in_flight(graph: fx.Graph, memory: Interpretation, problems: list[str
                 if by is not None and read is not by:  # reading the start itself is "read before its wait"
                     early.setdefault(by, []).append(node.name)
         for storage in memory.writes.get(node, ()):
-            by = filling.get(storage) or sending.get(storage)
+            by = filling.get(storage) or next(iter(sending.get(storage, ())), None)
             if by is not None and by is not node:
                 what = "output buffer" if storage in filling else "input"
                 problems.append(f"{node.name}: writes into the {what} of {by.name} while it is in flight "
                                 "(before its wait)")
         if is_collective_start(node) and waits_left.get(node):
             out = compat.unwrapped_call(node)[2].get("out")
+            entries = held.setdefault(node, [])
             if isinstance(out, fx.Node) and memory.root(out) is not None:
                 filling[memory.root(out)] = node  # type: ignore[index]
+                entries.append(memory.root(out))  # type: ignore[arg-type]
             for read in data_inputs(node):
-                if memory.root(read) is not None:
-                    sending.setdefault(memory.root(read), node)  # type: ignore[arg-type]
+                storage = memory.root(read)
+                if storage is not None:
+                    sending.setdefault(storage, {})[node] = None
+                    entries.append(storage)
     for start, readers in early.items():
         out = compat.unwrapped_call(start)[2].get("out")
         problems.append(f"{start.name}: output buffer {getattr(out, 'name', out)} read before the wait by "
