@@ -3,32 +3,35 @@
 ``verify(before, after)`` raises ``OverlapVerificationError`` listing every fault, each naming the node,
 parameter or gradient involved; it returns None when all of these hold:
 
-- **structure**: ``graph.lint()`` passes, every node's inputs come before it, every collective start is waited
-  exactly once (once per output for coalesced ones) after it is issued, nothing but its wait reads a start, and
-  nothing reads an all-gather's ``out`` buffer between the start and its wait;
+- **structure** (``overlapcfg.graph.well_formed``): lint, inputs before readers, one wait per collective after
+  its start, nothing reading a collective's result before its wait, and nothing reading what a collective fills or
+  writing what it fills or sends while it is in flight;
 - **what every consumer reads**: each compute node (anything ``provenance`` does not interpret) is still there,
-  runs the same op, and reads, input by input, exactly the bytes it read before: the same shape and dtype, made
-  of the same parameter's or gradient's elements, cast the same way, through collectives with the same group,
-  group size and reduce op (``overlapcfg.graph.provenance``). So a merged all-gather must hand each consumer its
-  own parameter's slice, and each reduce-scattered graph output must be its gradient's slice of a merged
-  reduce-scatter. No compute node may appear (a ``mul`` on a parameter before its gather is one);
+  runs the same op, and reads, input by input, exactly the bytes it read before, *at the moment it runs*: the same
+  shape and dtype, made of the same parameter's or gradient's elements, cast the same way, through collectives
+  with the same group, group size and reduce op (``overlapcfg.graph.provenance``), after the same in-place writes
+  (``overlapcfg.graph.memory``: ``copy_``, ops whose schema marks an argument written, ``out=`` buffers). So a
+  merged all-gather must hand each consumer its own parameter's slice, a reader may not move past a write to what
+  it reads (nor a write before a reader), and each reduce-scattered graph output must be its gradient's slice of
+  a merged reduce-scatter. No compute node may appear (a ``mul`` on a parameter before its gather is one);
 - **each graph output** holds what it held before (reported as "graph output i is now the reduce-scattered
   gradient of X" for swapped gradients);
+- **graph inputs**, identified by position (callers pass them so): the same names in the same places, and every
+  input the graph writes (an optimizer step, a buffer update) is left holding what it was left holding before;
 - **collective data, counted**: the bytes every all-gather, reduce-scatter and all-reduce sends, by (group,
   size[, op, dtype]), are the same multiset before and after: merged buckets are allowed, a dropped, duplicated
   or regrouped collective is not.
 
-What may change, and is therefore not compared: copy-in and copy-out ops (``_pre_bucket_*``, ``cat``, ``copy_``,
-``split``, slices, views, ``empty``), the collective and wait nodes themselves, node order (within topological
-order and the wait rules above) and ``control_deps`` wrappers.
+What may change, and is therefore not compared: copy-in and copy-out ops (``_pre_bucket_*``, ``cat``, ``copy_``
+into bucket buffers, ``split``, slices, views, ``empty``), the collective and wait nodes themselves, node order
+(within topological order, the wait rules and the writes above) and ``control_deps`` wrappers.
 
 ``before`` may be a ``GraphModule`` or its ``summarize()``: taking the summary is cheap, copying a graph is not.
-Cost is linear in graph size (one interpretation pass per graph, see ``provenance``).
+Cost is linear in graph size (one interpretation pass per graph, one walk per structure check).
 """
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -37,15 +40,10 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
-from overlapcfg.graph.collectives import (
-    data_inputs,
-    group_name,
-    is_collective_start,
-    node_direction,
-    positions,
-    started_by,
-)
-from overlapcfg.graph.provenance import Interpretation, Run, Value, describe, interpret, leaf_name, render_key
+from overlapcfg.graph.collectives import group_name, node_direction
+from overlapcfg.graph.memory import Interpretation, interpret
+from overlapcfg.graph.provenance import Run, Value, describe, leaf_name, render_key
+from overlapcfg.graph.well_formed import structure_faults
 
 __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "verify"]
 
@@ -188,87 +186,6 @@ def summarize(gm: fx.GraphModule, *, direction: str | None = None) -> GraphSumma
     """``direction``: "forward"/"backward" for aot_autograd's separate graphs, None to read node metadata
     (it only words messages: "parameter p is no longer all-gathered in forward")."""
     return _summarize(gm, direction)[0]
-
-
-# --- structure ---------------------------------------------------------------------------------------------------
-
-def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]) -> None:
-    waits_of: dict[fx.Node, list[fx.Node]] = {}
-    for node in graph.nodes:
-        start = started_by(node)
-        if start is not None:
-            waits_of.setdefault(data_inputs(node)[0], []).append(node)
-    for start in (n for n in graph.nodes if is_collective_start(n)):
-        heads = [u for u in start.users if u.target is operator.getitem] or [start]
-        for head in heads:
-            waits = waits_of.get(head, [])
-            if len(waits) != 1:
-                problems.append(f"{head.name}: expected exactly one wait_tensor, found {len(waits)} "
-                                f"({', '.join(w.name for w in waits) or 'none'})")
-            # A reader is a user taking the tensor as data; a control_deps edge only orders, it does not read.
-            readers = [u.name for u in head.users if u not in waits and head in data_inputs(u)]
-            if readers:
-                problems.append(f"{head.name}: read before its wait by {', '.join(readers)}")
-            for w in waits:
-                if index[w] < index[start]:
-                    problems.append(f"{w.name}: waits on {start.name} before it is issued")
-
-
-def _check_in_flight(graph: fx.Graph, memory: Interpretation, problems: list[str]) -> None:
-    """Between a collective's start and its (last) wait, nothing may read the storage it fills (its ``out=``
-    buffer, through any view of it) and nothing may write into that storage or into a storage it sends from."""
-    waits_left: dict[fx.Node, int] = {}
-    for node in graph.nodes:
-        start = started_by(node)
-        if start is not None:
-            waits_left[start] = waits_left.get(start, 0) + 1
-    filling: dict[fx.Node, fx.Node] = {}  # storage (its allocating node) -> the start filling it
-    sending: dict[fx.Node, dict[fx.Node, None]] = {}  # storage -> the starts sending from it
-    held: dict[fx.Node, list[fx.Node]] = {}  # start -> the storages it fills or sends from, dropped at its last wait
-    early: dict[fx.Node, list[str]] = {}
-    for node in graph.nodes:
-        start = started_by(node)
-        if start is not None:
-            waits_left[start] -= 1
-            if not waits_left[start]:
-                for storage in held.pop(start, ()):
-                    if filling.get(storage) is start:
-                        del filling[storage]
-                    sending.get(storage, {}).pop(start, None)
-            continue
-        if filling:
-            for read in data_inputs(node):
-                by = filling.get(memory.root(read))  # type: ignore[arg-type]
-                if by is not None and read is not by:  # reading the start itself is "read before its wait"
-                    early.setdefault(by, []).append(node.name)
-        for storage in memory.writes.get(node, ()):
-            by = filling.get(storage) or next(iter(sending.get(storage, ())), None)
-            if by is not None and by is not node:
-                what = "output buffer" if storage in filling else "input"
-                problems.append(f"{node.name}: writes into the {what} of {by.name} while it is in flight "
-                                "(before its wait)")
-        if is_collective_start(node) and waits_left.get(node):
-            out = compat.unwrapped_call(node)[2].get("out")
-            entries = held.setdefault(node, [])
-            if isinstance(out, fx.Node) and memory.root(out) is not None:
-                filling[memory.root(out)] = node  # type: ignore[index]
-                entries.append(memory.root(out))  # type: ignore[arg-type]
-            for read in data_inputs(node):
-                storage = memory.root(read)
-                if storage is not None:
-                    sending.setdefault(storage, {})[node] = None
-                    entries.append(storage)
-    for start, readers in early.items():
-        out = compat.unwrapped_call(start)[2].get("out")
-        problems.append(f"{start.name}: output buffer {getattr(out, 'name', out)} read before the wait by "
-                        f"{', '.join(readers)}")
-
-
-def _check_order(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]) -> None:
-    for node in graph.nodes:
-        late = [i.name for i in node.all_input_nodes if index[i] >= index[node]]
-        if late:
-            problems.append(f"{node.name}: reads {', '.join(late)} before they are computed")
 
 
 # --- contents ----------------------------------------------------------------------------------------------------
@@ -450,17 +367,9 @@ def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, dire
 
     ``direction`` as for ``summarize``: pass it for a forward or backward graph (upstream's merged nodes do not
     keep the metadata that tells the two apart)."""
-    problems: list[str] = []
-    try:
-        after.graph.lint()
-    except Exception as err:  # lint raises RuntimeError/AssertionError with its own message
-        problems.append(f"graph.lint(): {err}")
-    index = positions(after.graph)
-    _check_order(after.graph, index, problems)
-    _check_waits(after.graph, index, problems)
     expected = before if isinstance(before, GraphSummary) else summarize(before, direction=direction)
     got, memory = _summarize(after, direction)
-    _check_in_flight(after.graph, memory, problems)
+    problems = structure_faults(after.graph, memory)
     _compare_inputs(expected, got, problems)
     _compare_collectives(expected, got, problems)
     _compare_outputs(expected, got, problems)
