@@ -560,12 +560,17 @@ def test_control_deps_wrapped_waits_verify_on_a_synthetic_graph(kind: str) -> No
 def test_control_deps_wrapped_all_gathers_keep_their_group_and_are_counted_on_a_synthetic_graph() -> None:
     """``insert_overlap_deps`` with ``reduce_scatter_first`` and deep backward prefetch wraps all-gather *starts*:
     a wrapped start still names its own group (the verifier used to read the wrapper's last argument and reject a
-    valid config: "group '<node _pre_bucket_all_gather>'"), and the record counts it (it used to lose them)."""
+    valid config: "group '<node _pre_bucket_all_gather>'"), the record counts it (it used to lose them), and the
+    prediction is the one without the wrappers (wrapped waits were costed as memory kernels, wrapped starts not
+    at all)."""
+    from overlapcfg.report import simulate
+
     syn = backward_graph([[2, 1], [1], [3, 2], [1, 1]], regather=True)
     policy = {"backward_prefetch": 2, "issue_order": "reduce_scatter_first"}
     plan = {"buckets": ["layers.*"]}
     plain = _apply(syn, {"plan": plan, "policy": policy})
-    for verified in (True, False):
+    predicted = simulate(plain, "cpu_gloo", world_size=2)
+    for verified in (False, True):
         gm = _apply(syn, {"plan": plan, "policy": {**policy, "insert_overlap_deps": True}, "verify": verified})
         starts = [n for n in gm.graph.nodes if n.target is not compat.unwrap_control_deps(n)[0]
                   and compat.op_name(compat.unwrap_control_deps(n)[0]).startswith("_c10d_functional.all_gather")]
@@ -573,6 +578,9 @@ def test_control_deps_wrapped_all_gathers_keep_their_group_and_are_counted_on_a_
         assert {group_name(n) for n in starts} == {"0"}
         assert gm.meta["overlapcfg"].after == plain.meta["overlapcfg"].after
         assert gm.meta["overlapcfg"].after.get("backward", "all_gather") == 4
+        wrapped = simulate(gm, "cpu_gloo", world_size=2)
+        assert (wrapped.step_seconds, wrapped.comm_seconds, wrapped.compute_seconds) == \
+            (predicted.step_seconds, predicted.comm_seconds, predicted.compute_seconds)
 
 
 def test_a_failed_apply_puts_back_the_output_node_metadata_and_removes_added_submodules(
