@@ -359,6 +359,10 @@ _COPY_OUT = (_aten.view.dtype, _aten.clone.default, _aten._unsafe_view.default, 
 
 # --- writes and identity ----------------------------------------------------------------------------------------
 
+_GATHERED = r"all_gather\[group '[^']+', \d+ ranks\]"
+"""A gathered parameter in messages, on any group (the write breakages also run on mesh graphs)."""
+
+
 def _after_split(gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node], fx.Node, fx.Node]:
     """A merged all-gather's copy-out: (split, parameters in buffer order, two same-shaped slices of it)."""
     _, wait, params = _merged_all_gather(gm)
@@ -374,8 +378,7 @@ def copy_into_a_gathered_slice(gm: fx.GraphModule) -> list[str]:
     last = max(a, b, key=lambda n: list(gm.graph.nodes).index(n))
     _insert_after(last, _aten.copy_.default, (a, b), like=a)
     pa, pb = params[a.args[1]].name, params[b.args[1]].name
-    return [rf"reads [^;]* = all_gather\[group '0', 2 ranks\]\({pb}\); before it read .* = "
-            rf"all_gather\[group '0', 2 ranks\]\({pa}\)"]
+    return [rf"reads [^;]* = {_GATHERED}\({pb}\); before it read .* = {_GATHERED}\({pa}\)"]
 
 
 def in_place_op_into_a_gathered_slice(gm: fx.GraphModule) -> list[str]:
@@ -384,8 +387,7 @@ def in_place_op_into_a_gathered_slice(gm: fx.GraphModule) -> list[str]:
     last = max(a, b, key=lambda n: list(gm.graph.nodes).index(n))
     doubled = _insert_after(last, _aten.mul_.Tensor, (a, 2.0), like=a)
     return [rf"{doubled.name} \(aten.mul_.Tensor\) is new",
-            rf"reads [^;]* = {doubled.name}; before it read .* = all_gather\[group '0', 2 ranks\]"
-            rf"\({params[a.args[1]].name}\)"]
+            rf"reads [^;]* = {doubled.name}; before it read .* = {_GATHERED}\({params[a.args[1]].name}\)"]
 
 
 def _same_shaped_parameters(gm: fx.GraphModule) -> tuple[fx.Node, fx.Node]:
@@ -461,7 +463,7 @@ def next_all_gather_into_a_buffer_still_read(gm: fx.GraphModule) -> list[str]:
                        if a.kwargs["out"].meta["val"].shape == b.kwargs["out"].meta["val"].shape)
     then.kwargs = {**then.kwargs, "out": first.kwargs["out"]}
     return [rf"{then.name}: writes into the output buffer of {first.name} while it is in flight",
-            r"reads [^;]* = all_gather\[group '0', 2 ranks\]\(\w+\); before it read"]
+            rf"reads [^;]* = {_GATHERED}\(\w+\); before it read"]
 
 
 def gradient_written_while_its_reduce_scatter_is_in_flight(gm: fx.GraphModule) -> list[str]:
@@ -550,6 +552,46 @@ def test_breakage_is_rejected_naming_the_culprit(good: Any, graph: str, config: 
     problems = "\n".join(info.value.problems)
     for pattern in expected:
         assert re.search(pattern, problems), f"{pattern!r} not in:\n{problems}"
+
+
+MESH_BREAKAGES: list[Any] = [
+    ("forward", copy_into_a_gathered_slice),
+    ("forward", in_place_op_into_a_gathered_slice),
+    ("forward", copy_into_a_parameter_shard),
+    ("forward", inputs_swapped_under_their_names),
+    ("forward", foreach_group_index_dropped),
+    ("forward", next_all_gather_into_a_buffer_still_read),
+    ("backward", gradient_written_while_its_reduce_scatter_is_in_flight),
+    ("forward", reader_moved_after_an_in_place_write),
+    ("forward", in_place_write_moved_before_the_gather),
+]
+"""The write and identity breakages, on HSDP (both chain orders) and FSDP + TP pass outputs; the last two on the
+graphs with in-place updates. Forward graphs where a breakage needs all-gathers: the reduce-scatter-first HSDP
+variant keeps parameters gathered (no backward all-gathers)."""
+
+
+@pytest.mark.parametrize("variant", ["hsdp_all_reduce_first", "hsdp_reduce_scatter_first", "tp"])
+def test_write_and_identity_breakages_of_mesh_graphs_are_rejected(variant: str) -> None:
+    from _fuzz import trace_variant
+
+    from overlapcfg import load_config
+    from overlapcfg.passes import apply
+
+    step = trace_variant(variant)
+    updated = stepped(step)
+    for graph, breaker in MESH_BREAKAGES:
+        source = updated if breaker in (reader_moved_after_an_in_place_write,
+                                        in_place_write_moved_before_the_gather) else step
+        before = source.graph(graph)
+        with source.process_groups():
+            gm = apply(copy.deepcopy(before), load_config(MERGED), module_fqn_fn=source.module_fqn_fn(graph),
+                       module_fqns=source.module_fqns, graph_kind=graph)
+        expected = breaker(gm)
+        with pytest.raises(OverlapVerificationError) as info:
+            verify(before, gm, direction=graph)
+        problems = "\n".join(info.value.problems)
+        for pattern in expected:
+            assert re.search(pattern, problems), f"{breaker.__name__}: {pattern!r} not in:\n{problems}"
 
 
 # --- valid graphs are never rejected --------------------------------------------------------------------------
