@@ -92,9 +92,10 @@ def _normalized(runs: Iterable[Run]) -> tuple[Run, ...]:
 
 
 def _atom(key: Key, val: object) -> Value:
-    if isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape):
-        shape = tuple(int(s) for s in val.shape)
-        return Value(shape, val.dtype, ((key, 0, math.prod(shape) * val.dtype.itemsize),))
+    if isinstance(val, torch.Tensor):
+        numel = val.numel()
+        if type(numel) is int:  # static shape (a symbolic one gives a SymInt)
+            return Value(tuple(val.shape), val.dtype, ((key, 0, numel * val.dtype.itemsize),))
     return Value(None, None, ((key, 0, 0),))
 
 

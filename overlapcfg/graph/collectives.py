@@ -137,10 +137,15 @@ def started_by(node: fx.Node) -> fx.Node | None:
     """If ``node`` is a wait (also one wrapped by ``insert_overlap_deps``), the collective start it waits on."""
     if node.op != "call_function":
         return None
-    target, inputs, _ = compat.unwrap_control_deps(node)
-    if target is not _WAIT or not inputs or not isinstance(inputs[0], fx.Node):
+    if node.target is _WAIT:
+        start = node.args[0] if node.args else None
+    elif node.target is _CONTROL_DEPS:
+        target, inputs, _ = compat.unwrap_control_deps(node)
+        start = inputs[0] if target is _WAIT and inputs else None
+    else:
         return None
-    start = inputs[0]
+    if not isinstance(start, fx.Node):
+        return None
     if start.target is operator.getitem and isinstance(start.args[0], fx.Node):  # coalesced collectives
         start = start.args[0]
     return start if is_collective_start(start) else None

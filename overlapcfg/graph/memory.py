@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from torch import fx
 
@@ -50,22 +49,35 @@ _VIEWS = frozenset({*_RESHAPES, _aten.alias.default, _aten.detach.default, _aten
                     _aten.squeeze.default, _aten.unsqueeze.default, _aten.flatten.using_ints, _aten.view.dtype,
                     _aten.slice.Tensor, _aten.narrow.default, _aten.split.Tensor, _aten.split_with_sizes.default,
                     compat.WAIT_TENSOR, operator.getitem})
-"""Interpreted ops whose result aliases their first argument: their address is ``_step`` run on its address."""
+"""Interpreted ops whose result aliases their first argument: their address is ``step`` run on its address."""
 _ALIASES_FIRST = frozenset({compat.WAIT_TENSOR, _aten._unsafe_view.default})
 """Ops whose result is their first argument's memory though their schema does not say so."""
 _WRITERS = frozenset({_aten.copy_.default, _aten._foreach_copy_.default, compat.ALL_GATHER_INTO_TENSOR_OUT})
 """Writes whose bytes are interpreted; every other write (by schema) fills its place with the writer's key."""
-_NO_EFFECTS: tuple[tuple[compat.ArgumentRef, ...], compat.ArgumentRef | None] = ((), None)
+
+_OPAQUE, _STEP, _WRITE = 0, 1, 2
+_Plan = tuple[int, tuple[compat.ArgumentRef, ...], "compat.ArgumentRef | None"]
+"""How a target is interpreted (opaque, ``step``, an interpreted write), what it writes, what its result aliases."""
+_PLANS: dict[int, tuple[object, _Plan]] = {}
+"""Target identity -> (target, plan). Keyed by ``id`` because an op overload hashes in Python, a cost paid per node
+otherwise; the entry holds the target, so no other object can take its id while it is cached."""
+_IN_PLACE_METHOD: _Plan = (_OPAQUE, ((0, "self"),), (0, "self"))
+_NOTHING: _Plan = (_OPAQUE, (), None)
 
 
-def _effects(node: fx.Node, target: object) -> tuple[tuple[compat.ArgumentRef, ...], compat.ArgumentRef | None]:
-    if node.op == "call_method" and isinstance(target, str) and target.endswith("_") and not target.startswith("_"):
-        return ((0, "self"),), (0, "self")  # Tensor.add_ and kin on pre-aot graphs
-    if node.op != "call_function":
-        return _NO_EFFECTS
-    if target in _ALIASES_FIRST:
-        return (), (0, "self")
-    return compat.op_effects(target)
+def _plan(node: fx.Node, target: object) -> _Plan:
+    """One lookup per node (op overloads hash slowly): the target's plan, computed once per target."""
+    if node.op != "call_function":  # Tensor.add_ and kin on pre-aot graphs write ``self``
+        in_place = node.op == "call_method" and isinstance(target, str) and target.endswith("_") \
+            and not target.startswith("_")
+        return _IN_PLACE_METHOD if in_place else _NOTHING
+    cached = _PLANS.get(id(target))
+    if cached is not None and cached[0] is target:
+        return cached[1]
+    mode = _WRITE if target in _WRITERS else _STEP if target in INTERPRETED else _OPAQUE
+    writes, alias = ((), (0, "self")) if target in _ALIASES_FIRST else compat.op_effects(target)
+    _PLANS[id(target)] = (target, (mode, writes, alias))
+    return mode, writes, alias
 
 
 def _argument(args: Sequence[object], kwargs: dict[str, object], ref: compat.ArgumentRef) -> object:
@@ -73,29 +85,14 @@ def _argument(args: Sequence[object], kwargs: dict[str, object], ref: compat.Arg
     return kwargs[name] if name in kwargs else args[position] if position < len(args) else None
 
 
-@dataclass(slots=True)
-class _Storage:
-    content: Value
-    """The whole storage, shaped as the tensor that allocated it."""
-    version: int = 0
-    """How many writes it has had: a view read at an older version is read again."""
-
-
-@dataclass(slots=True)
-class _Slot:
-    content: Content
-    """As last read (at ``version``)."""
-    root: fx.Node | None
-    """The node that allocated the storage this aliases (itself for a fresh tensor); None: not one tensor."""
-    version: int
-    parent: fx.Node | None = None
-    """For an alias, the node it aliases (its address is derived from the parent's)."""
-
-
 Visitor = Callable[[fx.Node, object, tuple[object, ...], dict[str, object], bool], None]
 """``visit(node, target, args, kwargs, opaque)``, called once per node in graph order with the op it runs (seen
 through ``control_deps``) and its arguments as contents **as read** (before its own writes); the output node gets
 ``target`` None and the graph outputs as read at the end."""
+
+_Slot = tuple[Content, "fx.Node | None", int, "fx.Node | None"]
+"""Per node: (content as last read, the node that allocated its storage (itself for a fresh tensor; None: not one
+tensor), the storage's version when last read, the node it aliases (None for a fresh tensor))."""
 
 
 class Interpretation:
@@ -109,69 +106,74 @@ class Interpretation:
         """Writer -> the storages (their allocating nodes) it writes."""
         self.inputs: list[fx.Node] = []
         self._slots: dict[fx.Node, _Slot] = {}
-        self._storages: dict[fx.Node, _Storage] = {}
+        self._written: dict[fx.Node, tuple[Value, int]] = {}
+        """Storage -> (its content, its version: how many writes it has had), for storages written at least once."""
         self._addresses: dict[fx.Node, Content] = {}
 
     def root(self, node: fx.Node) -> fx.Node | None:
         """The node whose storage ``node``'s tensor lives in (itself for a fresh tensor; None for non-tensors)."""
         slot = self._slots.get(node)
-        return slot.root if slot is not None else None
+        return slot[1] if slot is not None else None
 
     def read(self, node: fx.Node) -> Content:
         """``node``'s content as its storage holds it now."""
         slot = self._slots.get(node)
         if slot is None:  # read before it is computed (a broken order, which the verifier reports): opaque
             return opaque(node)
-        if slot.root is None:
-            return slot.content
-        storage = self._storages[slot.root]
-        if storage.version != slot.version:
-            if node is slot.root:
-                slot.content = storage.content
-            else:
-                address = self._address(node)
-                content = _substitute(address, storage.content)
-                slot.content = content if content is not None else \
-                    _atom(("after", node.name, storage.content), node.meta.get("val"))
-            slot.version = storage.version
-        return slot.content
+        content, root, version, parent = slot
+        if root is None:
+            return content
+        written = self._written.get(root)
+        if written is None or written[1] == version:
+            return content
+        storage = written[0]
+        if node is root:
+            content = storage
+        else:
+            address = self._address(node)
+            content = _substitute(address, storage)
+            if content is None:
+                content = _atom(("after", node.name, storage), node.meta.get("val"))
+        self._slots[node] = (content, root, written[1], parent)
+        return content
 
     def final_inputs(self) -> dict[int, tuple[str, Content]]:
         """Position -> (name, content at the end) of every graph input the graph writes into."""
-        return {i: (p.name, self._storages[p].content) for i, p in enumerate(self.inputs)
-                if p in self._storages and self._storages[p].version}
+        return {i: (p.name, self._written[p][0]) for i, p in enumerate(self.inputs) if p in self._written}
 
     # --- building -----------------------------------------------------------------------------------------------
 
+    def _storage(self, root: fx.Node) -> tuple[Value, int]:
+        written = self._written.get(root)
+        return written if written is not None else (self._slots[root][0], 0)  # type: ignore[return-value]
+
     def _fresh(self, node: fx.Node, content: Content) -> None:
-        if isinstance(content, Value):
-            self._storages[node] = _Storage(content)
-            self._slots[node] = _Slot(content, node, 0)
-        else:
-            self._slots[node] = _Slot(content, None, 0)
+        self._slots[node] = (content, node if isinstance(content, Value) else None, 0, None)
 
     def _alias(self, node: fx.Node, parent: object, content: Content) -> None:
         slot = self._slots.get(parent) if isinstance(parent, fx.Node) else None
-        if slot is None or slot.root is None:
+        if slot is None or slot[1] is None:
             self._fresh(node, content)
             return
-        self._slots[node] = _Slot(content, slot.root, self._storages[slot.root].version, parent)
+        root = slot[1]
+        written = self._written.get(root)
+        self._slots[node] = (content, root, written[1] if written is not None else 0, parent)  # type: ignore[assignment]
 
     def _address(self, node: fx.Node) -> Content:
         """Where ``node``'s bytes lie in its storage (a ``Value`` of ``ADDRESS`` runs), or None if unknown."""
         chain: list[fx.Node] = []
         cur: fx.Node | None = node
         while cur is not None and cur not in self._addresses:
-            slot = self._slots[cur]
-            if cur is slot.root:
-                whole = self._storages[cur].content
+            _, root, _, parent = self._slots[cur]
+            if cur is root:
+                whole = self._storage(cur)[0]
                 self._addresses[cur] = None if whole.shape is None else \
                     Value(whole.shape, whole.dtype, ((ADDRESS, 0, whole.nbytes),))
                 break
             chain.append(cur)
-            cur = slot.parent
+            cur = parent
         for view in reversed(chain):
-            parent = self._slots[view].parent
+            parent = self._slots[view][3]
             above = self._addresses.get(parent) if parent is not None else None
             self._addresses[view] = None if above is None else _view_address(view, parent, above)  # type: ignore[arg-type]
         return self._addresses.get(node)
@@ -181,23 +183,22 @@ class Interpretation:
         if not isinstance(dst, fx.Node):
             return
         slot = self._slots.get(dst)
-        if slot is None or slot.root is None:
+        if slot is None or slot[1] is None:
             return
-        storage = self._storages[slot.root]
+        root = slot[1]
+        storage, version = self._storage(root)
         address = self._address(dst)
         updated = None
         if isinstance(address, Value):
             if isinstance(content, Value):
-                updated = overwrite(storage.content, address, content)
+                updated = overwrite(storage, address, content)
             if updated is None:
                 own = Value(address.shape, address.dtype, ((("node", label), 0, address.nbytes),))
-                updated = overwrite(storage.content, address, own)
+                updated = overwrite(storage, address, own)
         if updated is None:  # a place we cannot name: the whole storage now holds the writer's bytes
-            whole = storage.content
-            updated = Value(whole.shape, whole.dtype, ((("node", label), 0, whole.nbytes),))
-        storage.content = updated
-        storage.version += 1
-        self.writes.setdefault(writer, []).append(slot.root)
+            updated = Value(storage.shape, storage.dtype, ((("node", label), 0, storage.nbytes),))
+        self._written[root] = (updated, version + 1)
+        self.writes.setdefault(writer, []).append(root)
 
     def _interpreted_write(self, node: fx.Node, target: object, args: tuple[object, ...],
                            kwargs: dict[str, object], read_args: tuple[object, ...],
@@ -225,11 +226,12 @@ class Interpretation:
 
     def _call(self, node: fx.Node, visit: Visitor | None) -> None:
         target, args, kwargs = compat.unwrapped_call(node)
-        read_args = fx.map_arg(args, self.read)
-        read_kwargs = fx.map_arg(kwargs, self.read)
-        writes, alias = _effects(node, target)
+        read = self.read
+        read_args = fx.map_arg(args, read)
+        read_kwargs = fx.map_arg(kwargs, read) if kwargs else kwargs
+        mode, writes, alias = _plan(node, target)
         modelled = False
-        if target in _WRITERS:
+        if mode == _WRITE:
             modelled = self._interpreted_write(node, target, args, kwargs, read_args, read_kwargs)  # type: ignore[arg-type]
         elif writes:
             for ref in writes:
@@ -237,10 +239,10 @@ class Interpretation:
                 for i, d in enumerate(dst) if isinstance(dst, (list, tuple)) else [(None, dst)]:
                     self._write(d, None, node, node.name if i is None else f"{node.name}[{i}]")
         parent = args[0] if target is operator.getitem else _argument(args, kwargs, alias) if alias else None
-        if writes or target in _WRITERS:
-            content: Content = self.read(parent) if isinstance(parent, fx.Node) else ()
+        if writes or mode == _WRITE:
+            content: Content = read(parent) if isinstance(parent, fx.Node) else ()
         else:
-            content = step(node, target, read_args, read_kwargs) if target in INTERPRETED else None  # type: ignore[arg-type]
+            content = step(node, target, read_args, read_kwargs) if mode == _STEP else None  # type: ignore[arg-type]
             modelled = content is not None
             if content is None:
                 content = opaque(node)
@@ -248,7 +250,7 @@ class Interpretation:
             self.opaque.add(node)
         if target is operator.getitem:
             of = self._slots.get(parent) if isinstance(parent, fx.Node) else None
-            if of is None or of.root is None or not isinstance(of.content, tuple):
+            if of is None or of[1] is None or not isinstance(of[0], tuple):
                 parent = None  # an element of a tuple of fresh tensors (coalesced collectives, multi-output compute)
         if parent is not None:
             self._alias(node, parent, content)
@@ -262,7 +264,7 @@ def _view_address(view: fx.Node, parent: fx.Node, above: Content) -> Content:
     """A view's address from its parent's: the view's own transform run on byte offsets."""
     target, args, kwargs = compat.unwrapped_call(view)
     if target not in _VIEWS:
-        writes, alias = _effects(view, target)
+        _, writes, alias = _plan(view, target)
         return above if writes and alias is not None else None  # an in-place op's result is its argument
     args = fx.map_arg(args, lambda n: above if n is parent else None)
     return step(view, target, args, kwargs)  # type: ignore[arg-type]
@@ -277,16 +279,20 @@ def _substitute(address: Content, storage: Value) -> Content:
     return None
 
 
+_CALLS = ("call_function", "call_method", "call_module")
+
+
 def interpret(graph: fx.Graph, visit: Visitor | None = None) -> Interpretation:
     """Interpret ``graph`` in order (see the module docstring), calling ``visit`` on every node."""
     state = Interpretation()
     for node in graph.nodes:
-        if node.op in ("call_function", "call_method", "call_module"):
+        op = node.op
+        if op in _CALLS:
             state._call(node, visit)
-        elif node.op == "placeholder":
+        elif op == "placeholder":
             state._fresh(node, _atom(("input", Input(len(state.inputs), node.name)), node.meta.get("val")))
             state.inputs.append(node)
-        elif node.op == "output":
+        elif op == "output":
             if visit is not None:
                 visit(node, None, fx.map_arg(node.args, state.read), {}, False)  # type: ignore[arg-type]
         else:

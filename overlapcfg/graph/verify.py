@@ -33,7 +33,7 @@ Cost is linear in graph size (one interpretation pass per graph, one walk per st
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torch import fx
@@ -55,6 +55,10 @@ _KINDS = {
     compat.REDUCE_SCATTER_TENSOR_COALESCED: "reduce_scatter",
     compat.ALL_REDUCE: "all_reduce",
 }
+
+
+_KIND_IDS = frozenset(id(target) for target in _KINDS)
+"""The collectives by identity (``_KINDS`` keeps them alive): an op overload hashes in Python, once per node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,18 +106,20 @@ def _freeze(value: object) -> object:
     return value
 
 
-def _leaves(obj: object, path: str) -> Iterator[tuple[str, object]]:
-    """Argument paths and what they hold: contents (as read) for tensors, the constant itself otherwise."""
+def _leaves(obj: object, path: str, out: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """Argument paths and what they hold, appended to ``out``: contents (as read) for tensors, the constant itself
+    otherwise."""
     if isinstance(obj, Value) or obj is None:
-        yield path, obj
+        out.append((path, obj))
     elif isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):
-            yield from _leaves(item, f"{path}[{i}]")
+            _leaves(item, f"{path}[{i}]", out)
     elif isinstance(obj, dict):
         for k, item in obj.items():
-            yield from _leaves(item, f"{path}[{k!r}]")
+            _leaves(item, f"{path}[{k!r}]", out)
     else:
-        yield path, _freeze(obj)
+        out.append((path, _freeze(obj)))
+    return out
 
 
 def _target_name(target: object) -> str:
@@ -166,14 +172,17 @@ def _summarize(gm: fx.GraphModule, direction: str | None) -> tuple[GraphSummary,
         if node.op == "output":
             outs = args[0]
             if isinstance(outs, (list, tuple)):
-                outputs.extend(item for i, o in enumerate(outs) for item in _leaves(o, str(i)))
+                for i, o in enumerate(outs):
+                    _leaves(o, str(i), outputs)
             else:
-                outputs.extend(_leaves(outs, "0"))
-        elif target in _KINDS:
+                _leaves(outs, "0", outputs)
+        elif id(target) in _KIND_IDS:
             collectives.append(_collective(node, target, args, direction))
         elif opaque:
-            calls.append(CallRecord(node.name, _target_name(target), (*_leaves(args, "args"),
-                                                                       *_leaves(kwargs, "kwargs"))))
+            inputs = _leaves(args, "args", [])
+            if kwargs:
+                _leaves(kwargs, "kwargs", inputs)
+            calls.append(CallRecord(node.name, _target_name(target), tuple(inputs)))
 
     interpretation = interpret(gm.graph, visit)
     written = tuple((i, name, content) for i, (name, content) in sorted(interpretation.final_inputs().items()))

@@ -31,18 +31,18 @@ def structure_faults(graph: fx.Graph, memory: Interpretation) -> list[str]:
     except Exception as err:  # lint raises RuntimeError/AssertionError with its own message
         problems.append(f"graph.lint(): {err}")
     index = positions(graph)
+    waited = {node: start for node in graph.nodes if (start := started_by(node)) is not None}
     _check_order(graph, index, problems)
-    _check_waits(graph, index, problems)
-    _check_in_flight(graph, memory, problems)
+    _check_waits(graph, index, waited, problems)
+    _check_in_flight(graph, memory, index, waited, problems)
     return problems
 
 
-def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]) -> None:
+def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], waited: dict[fx.Node, fx.Node],
+                 problems: list[str]) -> None:
     waits_of: dict[fx.Node, list[fx.Node]] = {}
-    for node in graph.nodes:
-        start = started_by(node)
-        if start is not None:
-            waits_of.setdefault(data_inputs(node)[0], []).append(node)
+    for wait in waited:
+        waits_of.setdefault(data_inputs(wait)[0], []).append(wait)
     for start in (n for n in graph.nodes if is_collective_start(n)):
         heads = [u for u in start.users if u.target is operator.getitem] or [start]
         for head in heads:
@@ -59,54 +59,51 @@ def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]
                     problems.append(f"{w.name}: waits on {start.name} before it is issued")
 
 
-def _check_in_flight(graph: fx.Graph, memory: Interpretation, problems: list[str]) -> None:
-    """Between a collective's start and its (last) wait, nothing may read the storage it fills (its ``out=``
-    buffer, through any view of it) and nothing may write into that storage or into a storage it sends from."""
-    waits_left: dict[fx.Node, int] = {}
-    for node in graph.nodes:
-        start = started_by(node)
-        if start is not None:
-            waits_left[start] = waits_left.get(start, 0) + 1
-    filling: dict[fx.Node, fx.Node] = {}  # storage (its allocating node) -> the start filling it
-    sending: dict[fx.Node, dict[fx.Node, None]] = {}  # storage -> the starts sending from it
-    held: dict[fx.Node, list[fx.Node]] = {}  # start -> the storages it fills or sends from, dropped at its last wait
-    early: dict[fx.Node, list[str]] = {}
-    for node in graph.nodes:
-        start = started_by(node)
-        if start is not None:
-            waits_left[start] -= 1
-            if not waits_left[start]:
-                for storage in held.pop(start, ()):
-                    if filling.get(storage) is start:
-                        del filling[storage]
-                    sending.get(storage, {}).pop(start, None)
-            continue
-        if filling:
-            for read in data_inputs(node):
-                by = filling.get(memory.root(read))  # type: ignore[arg-type]
-                if by is not None and read is not by:  # reading the start itself is "read before its wait"
-                    early.setdefault(by, []).append(node.name)
-        for storage in memory.writes.get(node, ()):
-            by = filling.get(storage) or next(iter(sending.get(storage, ())), None)
-            if by is not None and by is not node:
-                what = "output buffer" if storage in filling else "input"
-                problems.append(f"{node.name}: writes into the {what} of {by.name} while it is in flight "
-                                "(before its wait)")
-        if is_collective_start(node) and waits_left.get(node):
-            out = compat.unwrapped_call(node)[2].get("out")
-            entries = held.setdefault(node, [])
-            if isinstance(out, fx.Node) and memory.root(out) is not None:
-                filling[memory.root(out)] = node  # type: ignore[index]
-                entries.append(memory.root(out))  # type: ignore[arg-type]
-            for read in data_inputs(node):
-                storage = memory.root(read)
-                if storage is not None:
-                    sending.setdefault(storage, {})[node] = None
-                    entries.append(storage)
-    for start, readers in early.items():
+def _check_in_flight(graph: fx.Graph, memory: Interpretation, index: dict[fx.Node, int],
+                     waited: dict[fx.Node, fx.Node], problems: list[str]) -> None:
+    """Between a collective's start and its last wait, nothing may read the storage it fills (its ``out=`` buffer,
+    through any view of it) and nothing may write into that storage or into a storage it sends from.
+
+    Walked from the storages' side: each in-flight window is registered on the storages it fills and sends from,
+    then only the aliases of filled storages (their users) and the writers are looked at."""
+    last_wait: dict[fx.Node, int] = {}
+    for wait, start in waited.items():
+        last_wait[start] = max(last_wait.get(start, -1), index[wait])
+    windows: dict[fx.Node, list[tuple[int, int, fx.Node, bool]]] = {}  # storage -> (start, end, by, fills)
+    for start, end in last_wait.items():
         out = compat.unwrapped_call(start)[2].get("out")
-        problems.append(f"{start.name}: output buffer {getattr(out, 'name', out)} read before the wait by "
-                        f"{', '.join(readers)}")
+        filled = memory.root(out) if isinstance(out, fx.Node) else None
+        if filled is not None:
+            windows.setdefault(filled, []).append((index[start], end, start, True))
+        for read in data_inputs(start):
+            sent = memory.root(read)
+            if sent is not None and sent is not filled:
+                windows.setdefault(sent, []).append((index[start], end, start, False))
+    if not windows:
+        return
+    early: dict[fx.Node, dict[fx.Node, None]] = {}
+    for node in graph.nodes:
+        spans = windows.get(memory.root(node))  # type: ignore[arg-type]
+        if not spans:
+            continue
+        for user in node.users:
+            at = index[user]
+            for begin, end, by, fills in spans:
+                if fills and begin < at < end and node is not by and waited.get(user) is not by \
+                        and node in data_inputs(user):  # reading the start itself is "read before its wait"
+                    early.setdefault(by, {})[user] = None
+    for writer, storages in memory.writes.items():
+        at = index[writer]
+        for storage in dict.fromkeys(storages):
+            for begin, end, by, fills in windows.get(storage, ()):
+                if begin < at < end:
+                    what = "output buffer" if fills else "input"
+                    problems.append(f"{writer.name}: writes into the {what} of {by.name} while it is in flight "
+                                    "(before its wait)")
+    for start, readers in sorted(early.items(), key=lambda item: index[item[0]]):
+        out = compat.unwrapped_call(start)[2].get("out")
+        names = ", ".join(r.name for r in sorted(readers, key=index.__getitem__))
+        problems.append(f"{start.name}: output buffer {getattr(out, 'name', out)} read before the wait by {names}")
 
 
 def _check_order(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]) -> None:
