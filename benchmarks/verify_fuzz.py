@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "verify_fuzz.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the pass's own warnings (e.g. unbucketed HSDP all-reduces) are noise
-    console = Console()
+    logging.getLogger("torch").setLevel(logging.ERROR)  # and torch's notes on bucket modes it substitutes
+    console = Console(width=max(Console().width, 110))  # the table's names stay whole when piped
     n = 36 if args.quick else args.configs
     started = time.perf_counter()
     outcomes = fuzz(n, args.seed, console)

@@ -52,13 +52,19 @@ GRAPHS = ("forward", "backward")
 OUTCOMES = ("applied", "refused", "false_alarm", "foreign")
 
 
+_IN_PLACE: dict[str, TracedStep] = {}
+
+
 def trace_variant(name: str) -> TracedStep:
-    """The traced demo step for ``VARIANTS[name]`` (memoized per process by ``overlapcfg.demo.job.traced``)."""
+    """The traced demo step for ``VARIANTS[name]``, memoized per process (``overlapcfg.demo.job.traced``; the
+    ``_in_place`` variant's updated copies here). Shared read-only: ``run_case`` applies to a copy."""
     step = traced(demo_settings({"model": MODEL, **VARIANTS[name]}))
-    if name.endswith("_in_place"):
+    if not name.endswith("_in_place"):
+        return step
+    if name not in _IN_PLACE:
         graphs = {g: with_in_place_updates(copy.deepcopy(step.graph(g))) for g in GRAPHS}  # type: ignore[arg-type]
-        step = dataclasses.replace(step, forward=graphs["forward"], backward=graphs["backward"])
-    return step
+        _IN_PLACE[name] = dataclasses.replace(step, forward=graphs["forward"], backward=graphs["backward"])
+    return _IN_PLACE[name]
 
 
 _PRESETS = ("llama_layers", "single_bucket", "per_block_split", "two_layers_per_bucket", "none")
