@@ -1,11 +1,17 @@
 """Property tests (hypothesis, bounded to a few seconds): load_config never fails with anything but
-OverlapConfigError, valid configs survive dump and load, and the pattern matcher agrees with a regex oracle."""
+OverlapConfigError, valid configs survive dump and load, and the pattern matcher agrees with a regex oracle.
+
+Slow tier: a seeded sample of valid configs applied to the demo's traced graphs (``tests/_fuzz.py``: plain FSDP,
+reshard-after-forward with whole-step in-place updates, HSDP both orders, FSDP + TP) verifies without a false
+alarm or a foreign exception; ``benchmarks/verify_fuzz.py`` runs the same fuzz longer."""
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -120,3 +126,48 @@ def test_pattern_matching_agrees_with_a_regex_oracle(pattern: str, parts: list[s
     stripped = [p for p in parts if p not in WRAPPER_SEGMENTS]
     expected = _oracle(pattern).fullmatch("".join("." + p for p in stripped)) is not None
     assert compile_pattern(pattern).matches(fqn) == expected
+
+
+# --- valid configs on the demo's traced graphs (slow) ---------------------------------------------------------
+
+FUZZ_SEED = 19
+FUZZ_PER_GRAPH = 3
+
+
+@pytest.mark.slow
+def test_valid_configs_on_the_demo_graphs_verify_with_no_false_alarm_or_foreign_error() -> None:
+    """Every variant and graph gets ``FUZZ_PER_GRAPH`` seeded configs; each is applied with verification on. A
+    refusal (our own error for a config that does not fit the graph) is allowed, but must stay the exception."""
+    from _fuzz import GRAPHS, VARIANTS, run_case, sample_config, trace_variant
+
+    rng = random.Random(FUZZ_SEED)
+    outcomes = []
+    for variant in VARIANTS:
+        step = trace_variant(variant)
+        for graph in GRAPHS:
+            outcomes += [run_case(step, variant, graph, sample_config(rng)) for _ in range(FUZZ_PER_GRAPH)]
+    bad = [o for o in outcomes if o.kind in ("false_alarm", "foreign")]
+    assert not bad, "\n\n".join(f"{o.kind} on {o.variant} {o.graph} with {o.config}:\n{o.detail}" for o in bad)
+    applied = sum(o.kind == "applied" for o in outcomes)
+    assert applied >= 0.8 * len(outcomes), [o.detail for o in outcomes if o.kind == "refused"]
+
+
+@pytest.mark.slow
+def test_auto_collective_bucketing_on_an_hsdp_reduce_scatter_first_backward_applies_and_says_what_it_dropped() -> None:
+    """torch's scheduler makes cyclic ordering hints on this graph and used to raise its own ``RuntimeError: detected
+    2 cyclic extra dep(s)``: the hints are dropped, the result verified (``apply``'s default), the record says so."""
+    import copy
+
+    from _fuzz import trace_variant
+
+    from overlapcfg import load_config
+    from overlapcfg.passes import apply
+
+    step = trace_variant("hsdp_reduce_scatter_first")
+    gm = copy.deepcopy(step.backward)
+    with step.process_groups():
+        apply(gm, load_config({"strategy": "auto", "policy": {"collective_bucketing": True}}),
+              module_fqn_fn=step.module_fqn_fn("backward"), module_fqns=step.module_fqns, graph_kind="backward")
+    notes = gm.meta["overlapcfg"].notes
+    assert any("ordering hints that form a cycle and they were dropped" in n and "cyclic extra dep" in n
+               for n in notes), notes

@@ -27,6 +27,7 @@ from torch import fx
 
 from overlapcfg import compat, load_config
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.graph.collectives import group_name
 from overlapcfg.passes import apply
 from overlapcfg.resolve import resolve_plan
 
@@ -471,27 +472,36 @@ def test_resolution_invariants_on_random_module_trees(drawn: tuple[list[str], li
 
 # --- the verifier on synthetic graphs (the traced negative controls live in test_verify_negative, slow tier) ----
 
-VERIFY_LAYERS = ((2, 2, 2), (1, 2, 3), (2, 2, 2))
-"""Three parameters per layer, same-shaped pairs in a bucket: what every breakage needs to find its target."""
+VERIFY_LAYERS = ((2, 2, 2), (1, 2, 3), (2, 2, 2), (2, 2, 2))
+"""Three parameters per layer, same-shaped pairs in the first bucket either way, two same-sized buckets in a row, a
+bucket of mixed shapes (its copy-in has ``foreach_group_indices``): what every breakage needs to find its target."""
 VERIFY_CONFIGS = {"merged": {"plan": {"buckets": ["layers.*"]}},
                   "partial": {"plan": {"buckets": ["layers.1:"]}},
-                  "coalesced": {"plan": {"buckets": ["layers.*"]}, "policy": {"bucket_mode": "coalesced"}}}
-_VERIFY_GRAPHS: dict[str, Synthetic] = {}
+                  "coalesced": {"plan": {"buckets": ["layers.*"]}, "policy": {"bucket_mode": "coalesced"}},
+                  "stepped": {"plan": {"buckets": ["layers.*"]}}}
+"""``stepped``: the graph carries in-place updates of two parameters (``with_in_place_updates``) before the pass."""
+_VERIFY_GRAPHS: dict[tuple[str, bool], Synthetic] = {}
 _VERIFIED: dict[tuple[str, str], fx.GraphModule] = {}
 
 
-def _verify_graph(kind: str) -> Synthetic:
-    if kind not in _VERIFY_GRAPHS:
+def _verify_graph(kind: str, stepped: bool = False) -> Synthetic:
+    if (kind, stepped) not in _VERIFY_GRAPHS:
         build = forward_graph if kind == "forward" else backward_graph
-        _VERIFY_GRAPHS[kind] = build(VERIFY_LAYERS, **({} if kind == "forward" else {"regather": True}))
-    return _VERIFY_GRAPHS[kind]
+        syn = build(VERIFY_LAYERS, **({} if kind == "forward" else {"regather": True}))
+        if stepped:
+            from test_verify_negative import with_in_place_updates
+
+            with_in_place_updates(syn.gm)
+        _VERIFY_GRAPHS[(kind, stepped)] = syn
+    return _VERIFY_GRAPHS[(kind, stepped)]
 
 
-def _good(kind: str, config: str) -> fx.GraphModule:
-    """A fresh copy of the pass's (verified) output on the synthetic reshard-after-forward graphs."""
+def _good(kind: str, config: str) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """(the graph given to the pass, a fresh copy of its verified output) on the synthetic reshard graphs."""
+    syn = _verify_graph(kind, stepped=config == "stepped")
     if (kind, config) not in _VERIFIED:
-        _VERIFIED[(kind, config)] = _apply(_verify_graph(kind), VERIFY_CONFIGS[config])
-    return copy.deepcopy(_VERIFIED[(kind, config)])
+        _VERIFIED[(kind, config)] = _apply(syn, VERIFY_CONFIGS[config])
+    return syn.gm, copy.deepcopy(_VERIFIED[(kind, config)])
 
 
 def _breakages() -> list[Any]:
@@ -508,22 +518,26 @@ def test_breakage_of_a_synthetic_graph_is_rejected_naming_the_culprit(kind: str,
     from overlapcfg.errors import OverlapVerificationError
     from overlapcfg.graph.verify import verify
 
-    gm = _good(kind, config)
+    before, gm = _good(kind, config)
     expected = breaker(gm)
     assert expected, f"{breaker.__name__} names nothing to expect"
     with pytest.raises(OverlapVerificationError) as info:
-        verify(_verify_graph(kind).gm, gm, direction=kind)  # type: ignore[arg-type]
+        verify(before, gm, direction=kind)
     problems = "\n".join(info.value.problems)
     for pattern in expected:
         assert re.search(pattern, problems), f"{pattern!r} not in:\n{problems}"
 
 
-@pytest.mark.parametrize("mode", ["default", "custom_ops", "custom_ops_multidtype", "coalesced"])
+@pytest.mark.parametrize(("mode", "stepped"), [
+    ("default", False), ("custom_ops", False), ("custom_ops_multidtype", False), ("coalesced", False),
+    ("default", True), ("custom_ops", True)], ids=lambda v: {True: "in-place-updates", False: ""}.get(v, v))
 @pytest.mark.parametrize("kind", ["forward", "backward"])
-def test_every_bucket_mode_verifies_on_a_synthetic_graph(mode: str, kind: str) -> None:
+def test_every_bucket_mode_verifies_on_a_synthetic_graph(mode: str, kind: str, stepped: bool) -> None:
+    """Also with in-place updates of parameters after their reads (whole-step graphs; the copy-in kinds, the
+    ``default`` mode's ``copy_`` into a slice and ``custom_ops``' opaque copy-in): no false alarm."""
     from overlapcfg.graph.verify import summarize, verify
 
-    syn = _verify_graph(kind)
+    syn = _verify_graph(kind, stepped)
     before = summarize(syn.gm, direction=kind)  # type: ignore[arg-type]
     for strategy in ("manual", "torch_manual"):
         gm = _apply(syn, {"strategy": strategy, "plan": {"buckets": ["layers.*"]},
@@ -540,6 +554,64 @@ def test_control_deps_wrapped_waits_verify_on_a_synthetic_graph(kind: str) -> No
     assert any(n.target is not compat.unwrap_control_deps(n)[0] for n in gm.graph.nodes)
     assert verify(syn.gm, gm, direction=kind) is None  # type: ignore[arg-type]
     assert verify(summarize(syn.gm, direction=kind), syn.gm, direction=kind) is None  # type: ignore[arg-type]
+
+
+def test_control_deps_wrapped_all_gathers_keep_their_group_and_are_counted_on_a_synthetic_graph() -> None:
+    """``insert_overlap_deps`` with ``reduce_scatter_first`` and deep backward prefetch wraps all-gather *starts*:
+    a wrapped start still names its own group (the verifier used to read the wrapper's last argument and reject a
+    valid config: "group '<node _pre_bucket_all_gather>'"), the record counts it (it used to lose them), and the
+    prediction is the one without the wrappers (wrapped waits were costed as memory kernels, wrapped starts not
+    at all)."""
+    from overlapcfg.report import simulate
+
+    syn = backward_graph([[2, 1], [1], [3, 2], [1, 1]], regather=True)
+    policy = {"backward_prefetch": 2, "issue_order": "reduce_scatter_first"}
+    plan = {"buckets": ["layers.*"]}
+    plain = _apply(syn, {"plan": plan, "policy": policy})
+    predicted = simulate(plain, "cpu_gloo", world_size=2)
+    for verified in (False, True):
+        gm = _apply(syn, {"plan": plan, "policy": {**policy, "insert_overlap_deps": True}, "verify": verified})
+        starts = [n for n in gm.graph.nodes if n.target is not compat.unwrap_control_deps(n)[0]
+                  and compat.op_name(compat.unwrap_control_deps(n)[0]).startswith("_c10d_functional.all_gather")]
+        assert starts, "the policy wraps all-gather starts in control_deps"
+        assert {group_name(n) for n in starts} == {"0"}
+        assert gm.meta["overlapcfg"].after == plain.meta["overlapcfg"].after
+        assert gm.meta["overlapcfg"].after.get("backward", "all_gather") == 4
+        wrapped = simulate(gm, "cpu_gloo", world_size=2)
+        assert (wrapped.step_seconds, wrapped.comm_seconds, wrapped.compute_seconds) == \
+            (predicted.step_seconds, predicted.comm_seconds, predicted.compute_seconds)
+
+
+def test_a_failed_apply_puts_back_the_output_node_metadata_and_removes_added_submodules(
+        clean_registry: None) -> None:  # noqa: F811
+    """A strategy that wraps waits in ``control_deps`` (registering ``subgraph_*`` modules) and then breaks the
+    graph: the verifier refuses it, and the caller gets its module back as it was: the code, the output node's
+    metadata (aot's ``desc``, inductor's ``output_stack_traces``), no added submodules, the same ``gm.meta``."""
+    from overlapcfg.errors import OverlapVerificationError
+    from overlapcfg.strategies import StrategyResult, manual
+    from overlapcfg.strategies.registry import register_strategy
+
+    @register_strategy("deps_then_break")
+    def run(gm: fx.GraphModule, ctx: Any) -> StrategyResult:
+        result = manual.run(gm, ctx)
+        wait = next(n for n in gm.graph.nodes if n.target is _WAIT)
+        wait.replace_all_uses_with(wait.args[0])
+        gm.graph.erase_node(wait)
+        return result
+
+    gm = copy.deepcopy(forward_graph([[1, 2], [2, 2], [1]]).gm)
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    output.meta.update({"desc": ("a descriptor",), "output_stack_traces": ["File x.py, line 1"]})
+    gm.meta["mine"] = 1
+    code, meta, children = gm.code, dict(output.meta), dict(gm.named_children())
+    cfg = load_config({"strategy": "deps_then_break", "plan": {"buckets": ["layers.*"]},
+                       "policy": {"insert_overlap_deps": True}})
+    with compat.fake_process_group(2, 0), pytest.raises(OverlapVerificationError):
+        apply(gm, cfg, module_fqns=forward_graph([[1, 2], [2, 2], [1]]).module_fqns, graph_kind="forward")
+    assert gm.code == code
+    assert next(iter(gm.graph.find_nodes(op="output"))).meta == meta
+    assert dict(gm.named_children()) == children
+    assert gm.meta == {"mine": 1}
 
 
 # --- README's example config, resolved against the demo model's module tree (building it traces nothing) -------

@@ -3,13 +3,20 @@ rejected with a message naming the node, parameter or gradient at fault, and eve
 
 Each breakage starts from a fresh copy of a graph the pass produced (and verified) and changes one thing a buggy
 bucketer or scheduler could: a group name, a group size, a reduce op, a dtype, which parameter fills a slot of a
-merged buffer, which slice a consumer reads, a wait, a duplicated or dropped collective. The traces are the
+merged buffer, which slice a consumer reads, a wait, a duplicated or dropped collective; and writes: an in-place
+copy into a gathered slice or a parameter shard, an in-place op (by schema) into a slice, a reader moved past an
+in-place write (and a write moved before a reader), graph inputs swapped under their old names, an index dropped
+from the copy-in's ``foreach_group_indices``, the next bucket's all-gather filling a buffer still being read, a
+gradient written while its reduce-scatter is in flight. The ``stepped`` graphs carry an optimizer-like in-place
+update of two parameters (``with_in_place_updates``) before the pass, as whole-step graphs do. The traces are the
 session's (``conftest.traced_step``); each good graph is built once per module and deep-copied per breakage.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import operator
 import re
 from collections.abc import Callable
@@ -17,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from _in_place import with_in_place_updates
 from conftest import apply_to
 from torch import fx
 
@@ -32,7 +40,7 @@ MERGED = {"plan": "llama_layers"}
 PARTIAL = {"plan": {"buckets": ["layers.*"]}}
 """tok_embeddings, norm and output stay outside the plan: their collectives stay plain (unmerged)."""
 COALESCED = {"plan": "llama_layers", "policy": {"bucket_mode": "coalesced"}}
-_CONFIGS = {"merged": MERGED, "partial": PARTIAL, "coalesced": COALESCED}
+_CONFIGS = {"merged": MERGED, "partial": PARTIAL, "coalesced": COALESCED, "stepped": MERGED}
 
 Breaker = Callable[[fx.GraphModule], list[str]]
 """Breaks a graph in place; returns regexes that must each match the verification message."""
@@ -349,6 +357,122 @@ def _copy_out_end(node: fx.Node) -> fx.Node:
 _COPY_OUT = (_aten.view.dtype, _aten.clone.default, _aten._unsafe_view.default, _aten.view.default)
 
 
+# --- writes and identity ----------------------------------------------------------------------------------------
+
+_GATHERED = r"all_gather\[group '[^']+', \d+ ranks\]"
+"""A gathered parameter in messages, on any group (the write breakages also run on mesh graphs)."""
+
+
+def _after_split(gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node], fx.Node, fx.Node]:
+    """A merged all-gather's copy-out: (split, parameters in buffer order, two same-shaped slices of it)."""
+    _, wait, params = _merged_all_gather(gm)
+    (view,) = wait.users
+    (split,) = view.users
+    a, b = _same_shape_pair(sorted(split.users, key=lambda n: n.args[1]))
+    return split, params, a, b
+
+
+def copy_into_a_gathered_slice(gm: fx.GraphModule) -> list[str]:
+    """``copy_(slice_a, slice_b)`` right after the split: every reader of ``a`` now reads ``b``'s parameter."""
+    _, params, a, b = _after_split(gm)
+    last = max(a, b, key=lambda n: list(gm.graph.nodes).index(n))
+    _insert_after(last, _aten.copy_.default, (a, b), like=a)
+    pa, pb = params[a.args[1]].name, params[b.args[1]].name
+    return [rf"reads [^;]* = {_GATHERED}\({pb}\); before it read .* = {_GATHERED}\({pa}\)"]
+
+
+def in_place_op_into_a_gathered_slice(gm: fx.GraphModule) -> list[str]:
+    """``mul_(slice, 2)``: an op whose schema marks ``self`` written; its readers read the product."""
+    _, params, a, b = _after_split(gm)
+    last = max(a, b, key=lambda n: list(gm.graph.nodes).index(n))
+    doubled = _insert_after(last, _aten.mul_.Tensor, (a, 2.0), like=a)
+    return [rf"{doubled.name} \(aten.mul_.Tensor\) is new",
+            rf"reads [^;]* = {doubled.name}; before it read .* = {_GATHERED}\({params[a.args[1]].name}\)"]
+
+
+def _same_shaped_parameters(gm: fx.GraphModule) -> tuple[fx.Node, fx.Node]:
+    _, _, params = _merged_all_gather(gm)
+    return _same_shape_pair(params)
+
+
+def copy_into_a_parameter_shard(gm: fx.GraphModule) -> list[str]:
+    """``copy_(p, q)`` at the end of the graph: nothing reads ``p`` after it, but the step leaves ``q``'s bytes in
+    ``p``'s shard for every later step."""
+    p, q = _same_shaped_parameters(gm)
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    _insert_after(output.prev, _aten.copy_.default, (p, q), like=p)
+    return [rf"graph input \d+ \({p.name}\) is now written: the graph leaves float32\[[0-9, ]+\] = {q.name} in it"]
+
+
+def copy_into_a_parameter_shard_before_its_gather(gm: fx.GraphModule) -> list[str]:
+    start, _, params = _merged_all_gather(gm)
+    p, q = _same_shape_pair(params)
+    copy_in = start.kwargs["out"]
+    with gm.graph.inserting_before(copy_in):
+        overwrite = gm.graph.call_function(_aten.copy_.default, (p, q))
+    overwrite.meta["val"] = p.meta["val"]
+    return [rf"parameter {p.name} is no longer all-gathered in forward",
+            rf"graph input \d+ \({p.name}\) is now written"]
+
+
+def reader_moved_after_an_in_place_write(gm: fx.GraphModule) -> list[str]:
+    """On a ``stepped`` graph: the reader of a shard moved past the shard's in-place update."""
+    reader = next(n for n in gm.graph.nodes if n.name == "decay_0")
+    writer = next(n for n in gm.graph.nodes if n.name == "update_0")
+    writer.append(reader)
+    p = reader.args[0].name
+    return [rf"decay_0 \(aten.mul.Tensor\) args\[0\]: reads float32\[[0-9, ]+\] = update_0; before it read "
+            rf"float32\[[0-9, ]+\] = {p}"]
+
+
+def in_place_write_moved_before_the_gather(gm: fx.GraphModule) -> list[str]:
+    """On a ``stepped`` graph: a shard's update moved before the copy-in that gathers it (write before read)."""
+    writer = next(n for n in gm.graph.nodes if n.name == "update_0")
+    p = writer.args[0]
+    copy_in = next(u for u in p.users if u.target in (compat.pre_bucket_all_gather, compat.ALL_GATHER_INTO_TENSOR))
+    copy_in.prepend(writer)
+    return [rf"parameter {p.name} is no longer all-gathered in \w+",
+            r"decay_0 \(aten.mul.Tensor\) args\[0\]: reads float32\[[0-9, ]+\] = update_0"]
+
+
+def inputs_swapped_under_their_names(gm: fx.GraphModule) -> list[str]:
+    """Two adjacent same-shaped placeholders trade places, names kept: callers pass inputs by position."""
+    inputs = list(gm.graph.find_nodes(op="placeholder"))
+    i, a, b = next((i, a, b) for i, (a, b) in enumerate(itertools.pairwise(inputs))
+                   if a.meta["val"].shape == b.meta["val"].shape and a.users and b.users)
+    a.prepend(b)
+    return [rf"graph input {b.name} is now input {i}, was input {i + 1}: inputs are passed by position, so it "
+            rf"receives what {a.name} did", rf"graph input {a.name} is now input {i + 1}, was input {i}"]
+
+
+def foreach_group_index_dropped(gm: fx.GraphModule) -> list[str]:
+    """``_pre_bucket_all_gather(..., foreach_group_indices)`` loses one index: that slot is never copied in."""
+    copy_in = next(n for n in _calls(gm, compat.pre_bucket_all_gather) if len(n.args) > 5 and n.args[5])
+    groups = list(copy_in.args[5])
+    dropped = next(i for i in groups if i >= 0)
+    groups.remove(dropped)
+    _set_arg(copy_in, 5, groups)
+    p = copy_in.args[0][dropped].name
+    return [rf"parameter {p} is no longer all-gathered", rf"reads [^;]*uninitialized\({copy_in.name}\)"]
+
+
+def next_all_gather_into_a_buffer_still_read(gm: fx.GraphModule) -> list[str]:
+    """Bucket k+1's all-gather fills bucket k's (same-sized) buffer, issued before k's wait and readers."""
+    starts = _calls(gm, compat.ALL_GATHER_INTO_TENSOR_OUT)
+    first, then = next((a, b) for a, b in itertools.pairwise(starts)
+                       if a.kwargs["out"].meta["val"].shape == b.kwargs["out"].meta["val"].shape)
+    then.kwargs = {**then.kwargs, "out": first.kwargs["out"]}
+    return [rf"{then.name}: writes into the output buffer of {first.name} while it is in flight",
+            rf"reads [^;]* = {_GATHERED}\(\w+\); before it read"]
+
+
+def gradient_written_while_its_reduce_scatter_is_in_flight(gm: fx.GraphModule) -> list[str]:
+    start, _, _ = _merged_reduce_scatter(gm)
+    copy_in = start.args[0]
+    zeroed = _insert_after(start, _aten.mul_.Tensor, (copy_in, 0.0), like=copy_in)
+    return [rf"{zeroed.name}: writes into the input of {start.name} while it is in flight"]
+
+
 BREAKAGES: list[Any] = [
     ("forward", "partial", plain_all_gather_group_renamed),
     ("backward", "partial", plain_reduce_scatter_group_renamed),
@@ -377,34 +501,97 @@ BREAKAGES: list[Any] = [
     ("backward", "partial", reduce_scatter_duplicated),
     ("backward", "merged", merged_reduce_scatter_duplicated),
     pytest.param("backward", "coalesced", coalesced_outputs_swapped),
+    ("forward", "merged", copy_into_a_gathered_slice),
+    ("backward", "merged", copy_into_a_gathered_slice),
+    ("forward", "merged", in_place_op_into_a_gathered_slice),
+    ("forward", "merged", copy_into_a_parameter_shard),
+    ("backward", "merged", copy_into_a_parameter_shard),
+    ("forward", "merged", copy_into_a_parameter_shard_before_its_gather),
+    ("forward", "stepped", reader_moved_after_an_in_place_write),
+    ("backward", "stepped", reader_moved_after_an_in_place_write),
+    ("forward", "stepped", in_place_write_moved_before_the_gather),
+    ("forward", "merged", inputs_swapped_under_their_names),
+    ("backward", "merged", inputs_swapped_under_their_names),
+    ("forward", "merged", foreach_group_index_dropped),
+    ("forward", "merged", next_all_gather_into_a_buffer_still_read),
+    ("backward", "merged", gradient_written_while_its_reduce_scatter_is_in_flight),
 ]
 
 
-@pytest.fixture(scope="module")
-def good(traced_2l_reshard: TracedStep) -> Callable[[str, str], fx.GraphModule]:
-    """``good(graph, config)``: a fresh deep copy of the pass's (verified) output on the 2-layer reshard trace."""
-    built: dict[tuple[str, str], fx.GraphModule] = {}
+def stepped(step: TracedStep) -> TracedStep:
+    """``step`` with ``with_in_place_updates`` applied to copies of both graphs (everything else shared)."""
+    graphs = {g: with_in_place_updates(copy.deepcopy(step.graph(g))) for g in ("forward", "backward")}
+    return dataclasses.replace(step, forward=graphs["forward"], backward=graphs["backward"])
 
-    def fresh(graph: str, config: str) -> fx.GraphModule:
+
+@pytest.fixture(scope="module")
+def good(traced_2l_reshard: TracedStep) -> Callable[[str, str], tuple[fx.GraphModule, fx.GraphModule]]:
+    """``good(graph, config)``: (the graph the pass was given, a fresh deep copy of its verified output), on the
+    2-layer reshard trace (with in-place updates for ``stepped``)."""
+    built: dict[tuple[str, str], tuple[fx.GraphModule, fx.GraphModule]] = {}
+    updated = stepped(traced_2l_reshard)
+
+    def fresh(graph: str, config: str) -> tuple[fx.GraphModule, fx.GraphModule]:
         if (graph, config) not in built:
-            built[(graph, config)] = apply_to(traced_2l_reshard, graph, _CONFIGS[config])  # type: ignore[arg-type]
-        return copy.deepcopy(built[(graph, config)])
+            step = updated if config == "stepped" else traced_2l_reshard
+            built[(graph, config)] = (step.graph(graph), apply_to(step, graph, _CONFIGS[config]))  # type: ignore[arg-type]
+        before, after = built[(graph, config)]
+        return before, copy.deepcopy(after)
 
     return fresh
 
 
 @pytest.mark.parametrize(("graph", "config", "breaker"), BREAKAGES,
                          ids=[f"{b.__name__}-{g}" for g, _, b in (getattr(p, "values", p) for p in BREAKAGES)])
-def test_breakage_is_rejected_naming_the_culprit(traced_2l_reshard: TracedStep, good: Any, graph: str,
-                                                 config: str, breaker: Breaker) -> None:
-    gm = good(graph, config)
+def test_breakage_is_rejected_naming_the_culprit(good: Any, graph: str, config: str, breaker: Breaker) -> None:
+    before, gm = good(graph, config)
     expected = breaker(gm)
     assert expected, f"{breaker.__name__} names nothing to expect"
     with pytest.raises(OverlapVerificationError) as info:
-        verify(traced_2l_reshard.graph(graph), gm, direction=graph)  # type: ignore[arg-type]
+        verify(before, gm, direction=graph)
     problems = "\n".join(info.value.problems)
     for pattern in expected:
         assert re.search(pattern, problems), f"{pattern!r} not in:\n{problems}"
+
+
+MESH_BREAKAGES: list[Any] = [
+    ("forward", copy_into_a_gathered_slice),
+    ("forward", in_place_op_into_a_gathered_slice),
+    ("forward", copy_into_a_parameter_shard),
+    ("forward", inputs_swapped_under_their_names),
+    ("forward", foreach_group_index_dropped),
+    ("forward", next_all_gather_into_a_buffer_still_read),
+    ("backward", gradient_written_while_its_reduce_scatter_is_in_flight),
+    ("forward", reader_moved_after_an_in_place_write),
+    ("forward", in_place_write_moved_before_the_gather),
+]
+"""The write and identity breakages, on HSDP (both chain orders) and FSDP + TP pass outputs; the last two on the
+graphs with in-place updates. Forward graphs where a breakage needs all-gathers: the reduce-scatter-first HSDP
+variant keeps parameters gathered (no backward all-gathers)."""
+
+
+@pytest.mark.parametrize("variant", ["hsdp_all_reduce_first", "hsdp_reduce_scatter_first", "tp"])
+def test_write_and_identity_breakages_of_mesh_graphs_are_rejected(variant: str) -> None:
+    from _fuzz import trace_variant
+
+    from overlapcfg import load_config
+    from overlapcfg.passes import apply
+
+    step = trace_variant(variant)
+    updated = stepped(step)
+    for graph, breaker in MESH_BREAKAGES:
+        source = updated if breaker in (reader_moved_after_an_in_place_write,
+                                        in_place_write_moved_before_the_gather) else step
+        before = source.graph(graph)
+        with source.process_groups():
+            gm = apply(copy.deepcopy(before), load_config(MERGED), module_fqn_fn=source.module_fqn_fn(graph),
+                       module_fqns=source.module_fqns, graph_kind=graph)
+        expected = breaker(gm)
+        with pytest.raises(OverlapVerificationError) as info:
+            verify(before, gm, direction=graph)
+        problems = "\n".join(info.value.problems)
+        for pattern in expected:
+            assert re.search(pattern, problems), f"{breaker.__name__}: {pattern!r} not in:\n{problems}"
 
 
 # --- valid graphs are never rejected --------------------------------------------------------------------------
@@ -420,6 +607,23 @@ def test_every_bucket_mode_verifies(traced_2l: TracedStep,
         gm = apply_to(step, graph, {"strategy": strategy, "plan": "llama_layers",  # type: ignore[arg-type]
                                     "policy": {"bucket_mode": mode}, "verify": False})
         assert verify(before, gm, direction=graph) is None
+
+
+@pytest.mark.parametrize("mode", ["default", "custom_ops", "coalesced"])
+@pytest.mark.parametrize("graph", ["forward", "backward"])
+def test_in_place_updates_the_original_made_verify_in_every_bucket_mode(traced_2l_reshard: TracedStep, mode: str,
+                                                                        graph: str) -> None:
+    """A whole-step graph writes parameters in place after reading them: the pass keeps every read on its side of
+    the write, and the verifier sees the same writes in the same order, so it raises nothing."""
+    step = stepped(traced_2l_reshard)
+    for strategy in ("manual", "torch_manual"):
+        for policy in ({"bucket_mode": mode}, {"bucket_mode": mode, "forward_prefetch": 2, "backward_prefetch": 2,
+                                                "insert_overlap_deps": True}):
+            if strategy == "torch_manual" and "forward_prefetch" in policy:
+                continue
+            gm = apply_to(step, graph, {"strategy": strategy, "plan": "llama_layers",  # type: ignore[arg-type]
+                                        "policy": policy, "verify": False})
+            assert verify(step.graph(graph), gm, direction=graph) is None  # type: ignore[arg-type]
 
 
 def test_control_deps_wrapped_waits_verify(traced_2l_reshard: TracedStep) -> None:

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterator
 
 import torch as _torch
+from torch import fx as _fx
 
 __all__: list[str] = []
 
@@ -57,6 +58,7 @@ __all__ += [
     "bucket_key",
     "cached_merge_traces",
     "collective_of_wait",
+    "control_deps",
     "is_all_gather_into_tensor",
     "is_all_reduce_tensor",
     "is_fsdp_all_gather",
@@ -65,6 +67,7 @@ __all__ += [
     "is_wait_tensor",
     "manual_overlap_bucketing",
     "unwrap_control_deps",
+    "unwrapped_call",
     "merge_all_gather_bucket",
     "merge_all_reduce_bucket",
     "merge_reduce_scatter_bucket",
@@ -72,6 +75,10 @@ __all__ += [
     "preserve_node_ordering",
     "schedule_overlap_bucketing",
 ]
+
+
+control_deps = _control_deps
+"""The wrapper ``insert_overlap_deps`` puts around an op to order it (what ``unwrap_control_deps`` sees through)."""
 
 
 def unwrap_control_deps(node: object) -> tuple[object, tuple[object, ...], tuple[object, ...]]:
@@ -90,6 +97,27 @@ def unwrap_control_deps(node: object) -> tuple[object, tuple[object, ...], tuple
     inner = [n for n in subgraph.graph.nodes if n.op == "call_function"] if subgraph is not None else []
     inner_target = inner[0].target if len(inner) == 1 else target
     return inner_target, tuple(inputs), tuple(deps)
+
+def unwrapped_call(node: object) -> tuple[object, tuple[object, ...], dict[str, object]]:
+    """``(target, args, kwargs)`` of a call as the op it runs, seeing through a ``control_deps`` wrapper.
+
+    The wrapper passes only the op's node inputs (``control_deps(deps, subgraph, *inputs)``); its constants (a
+    collective's group name and size) live in the subgraph's one call, whose placeholders stand for ``inputs``.
+    Everything that reads an op's arguments by position reads them here, so a wrapped op is still that op.
+    """
+    target = getattr(node, "target", None)
+    if target is not _control_deps:
+        return target, node.args, node.kwargs  # type: ignore[attr-defined]
+    _, subgraph_attr, *inputs = node.args  # type: ignore[attr-defined]
+    subgraph = getattr(node.graph.owning_module, subgraph_attr.target)  # type: ignore[attr-defined]
+    calls = [n for n in subgraph.graph.nodes if n.op == "call_function"]
+    if len(calls) != 1:
+        return target, node.args, node.kwargs  # type: ignore[attr-defined]
+    placeholders = [n for n in subgraph.graph.nodes if n.op == "placeholder"]
+    outer = dict(zip(placeholders, inputs, strict=True))
+    args = _fx.map_arg(calls[0].args, lambda n: outer.get(n, n))
+    kwargs = _fx.map_arg(calls[0].kwargs, lambda n: outer.get(n, n))
+    return calls[0].target, tuple(args), dict(kwargs)
 
 
 def manual_overlap_bucketing(*args: object, **kwargs: object) -> object:
@@ -221,6 +249,42 @@ def no_triton_runtime_estimates() -> Iterator[None]:
             setattr(mod, name, value)
 
 __all__ += ["OrderedSet"]
+
+
+@contextlib.contextmanager
+def dropped_cyclic_overlap_deps() -> Iterator[list[str]]:
+    """Within the block, upstream's automatic scheduler drops the ordering dependencies it added that form a
+    cycle instead of raising ``RuntimeError: detected N cyclic extra dep(s)`` (inductor's own escape hatch,
+    ``aten_distributed_optimizations.overlap_scheduling_autofix_cycles``), and the yielded list collects torch's
+    message naming each dropped pair. The dependencies are overlap hints, not data edges: dropping one costs
+    overlap, never correctness (and ``apply`` verifies the result).
+
+    Seen with ``collective_bucketing`` on HSDP backward graphs that reduce-scatter first: a bucket of
+    reduce-scatters gets a hint to wait for compute that itself needs an earlier all-reduce of the bucket."""
+    import logging
+
+    from torch._inductor import augmented_graph_helper
+    from torch._inductor import config as inductor_config
+
+    found: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if "cyclic extra dep" in message:
+                found.append(message)
+
+    handler = _Collect(logging.WARNING)
+    logger = augmented_graph_helper.log
+    logger.addHandler(handler)
+    try:
+        with inductor_config.patch({"aten_distributed_optimizations.overlap_scheduling_autofix_cycles": True}):
+            yield found
+    finally:
+        logger.removeHandler(handler)
+
+
+__all__ += ["dropped_cyclic_overlap_deps"]
 
 # --- inductor: compiling aot graphs (overlapcfg.passes.compile) -----------------------------------------------
 # ``compile_fx_inner`` is what inductor's own aot_autograd fw/bw compilers call: it runs the post-grad passes and

@@ -184,8 +184,31 @@ def is_saved_for_backward_descriptor(desc: object) -> bool:
     return isinstance(desc, (SavedForBackwardsAOTOutput, SavedForBackwardsNoVcCheckAOTOutput))
 
 
-__all__ += ["flop_formula", "is_functional_collective", "is_op_overload", "is_plain_input_descriptor",
-            "is_saved_for_backward_descriptor", "op_name"]
+ArgumentRef = tuple[int, str]
+"""An operator argument as ``(position in the schema, name)``: positional if passed so, else a keyword."""
+
+
+@functools.cache
+def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | None]:
+    """``(written arguments, the argument the first result aliases)`` of an op, read from its schema's alias
+    annotations: ``Tensor(a!) self`` / ``Tensor(a!) out`` / ``Tensor(a!)[] self`` are written; a result annotated
+    ``Tensor(a)`` (a view, or an in-place op's ``self``) aliases the argument annotated ``a``. ``((), None)`` for
+    targets without a schema (Python callables, most higher-order ops)."""
+    schema = getattr(target, "_schema", None)
+    if not isinstance(schema, _torch._C.FunctionSchema):
+        return (), None
+    args = schema.arguments
+    writes = tuple((i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+    alias = None
+    if schema.returns and schema.returns[0].alias_info is not None:
+        sets = set(schema.returns[0].alias_info.before_set)
+        alias = next(((i, a.name) for i, a in enumerate(args)
+                      if a.alias_info is not None and sets & set(a.alias_info.before_set)), None)
+    return writes, alias
+
+
+__all__ += ["ArgumentRef", "flop_formula", "is_functional_collective", "is_op_overload", "is_plain_input_descriptor",
+            "is_saved_for_backward_descriptor", "op_effects", "op_name"]
 
 def process_group_initialized() -> bool:
     """Whether a default process group exists (``apply`` needs one to merge: the rank is written into graphs)."""
@@ -229,11 +252,16 @@ __all__ += ["ALL_GATHER_INTO_TENSOR_COALESCED", "ALL_GATHER_INTO_TENSOR_OUT", "R
 
 
 def copy_graph(graph: _fx.Graph) -> _fx.Graph:
-    """An independent copy of an ``fx.Graph`` (same node names, metadata dicts copied, same code generator), to put
-    back if a pass fails half-way. ``Graph`` has no public copy that keeps its tracer class and codegen."""
+    """An independent copy of an ``fx.Graph`` (same node names, metadata dicts copied, the output node's too, same
+    code generator), to put back if a pass fails half-way. ``Graph`` has no public copy that keeps its tracer class
+    and codegen, and ``graph_copy`` leaves the output node out (aot's ``desc``, inductor's ``output_stack_traces``
+    live in its metadata)."""
     copy = _fx.Graph(owning_module=graph.owning_module, tracer_cls=graph._tracer_cls)
     output = copy.graph_copy(graph, {})
-    copy.output(output)
+    old_output = next(iter(graph.find_nodes(op="output")), None)
+    new_output = copy.output(output, type_expr=getattr(old_output, "type", None))
+    if old_output is not None:
+        new_output.meta = dict(old_output.meta)
     copy._codegen = graph._codegen
     return copy
 

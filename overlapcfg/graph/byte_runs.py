@@ -12,7 +12,7 @@ import bisect
 import math
 import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import torch
@@ -20,7 +20,7 @@ from torch import fx
 
 from overlapcfg import compat
 
-__all__ = ["Content", "Key", "Run", "Value"]
+__all__ = ["ADDRESS", "Content", "Input", "Key", "Run", "Value", "overwrite", "substitute"]
 
 Key: TypeAlias = tuple[object, ...]
 Run: TypeAlias = tuple[Key, int, int]
@@ -43,6 +43,19 @@ class Value:
         return sum(n for _, _, n in self.runs)
 
 
+@dataclass(frozen=True, slots=True)
+class Input:
+    """A graph input in a key: ``("input", Input(2, "primals_3"))``. Inputs are passed by position, so two graphs'
+    inputs are the same input when their positions are; the name is kept only to word messages."""
+
+    position: int
+    name: str = field(compare=False)
+
+
+ADDRESS: Key = ("address",)
+"""The key of an *address*: a ``Value`` whose runs ``(ADDRESS, offset, nbytes)`` say which bytes of its storage a
+view is made of, in the view's row-major order. The views' transforms build addresses as they build contents."""
+
 Content: TypeAlias = "Value | tuple[Content, ...] | None"
 """A node's content: a tensor, a tuple of them (split, coalesced collectives), or None for non-tensors."""
 
@@ -57,7 +70,8 @@ _ALL_GATHERS = {compat.ALL_GATHER_INTO_TENSOR, compat.ALL_GATHER_INTO_TENSOR_OUT
 INTERPRETED = frozenset({
     *_RESHAPES, *_SAME_BYTES, *_CASTS, *_EMPTY, *_ALL_GATHERS, _aten.view.dtype, _aten.slice.Tensor,
     _aten.narrow.default, _aten.split.Tensor, _aten.split_with_sizes.default, _aten.cat.default,
-    _aten.copy_.default, _aten.copy.default, compat.pre_bucket_all_gather, compat.pre_bucket_reduce_scatter,
+    _aten.copy_.default, _aten.copy.default, _aten._foreach_copy_.default, compat.pre_bucket_all_gather,
+    compat.pre_bucket_reduce_scatter,
     compat.REDUCE_SCATTER_TENSOR, compat.REDUCE_SCATTER_TENSOR_COALESCED, compat.ALL_GATHER_INTO_TENSOR_COALESCED,
     compat.ALL_REDUCE, compat.WAIT_TENSOR,
     operator.getitem,
@@ -78,9 +92,10 @@ def _normalized(runs: Iterable[Run]) -> tuple[Run, ...]:
 
 
 def _atom(key: Key, val: object) -> Value:
-    if isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape):
-        shape = tuple(int(s) for s in val.shape)
-        return Value(shape, val.dtype, ((key, 0, math.prod(shape) * val.dtype.itemsize),))
+    if isinstance(val, torch.Tensor):
+        numel = val.numel()
+        if type(numel) is int:  # static shape (a symbolic one gives a SymInt)
+            return Value(tuple(val.shape), val.dtype, ((key, 0, numel * val.dtype.itemsize),))
     return Value(None, None, ((key, 0, 0),))
 
 
@@ -220,18 +235,36 @@ def _reduce_scatter(value: Value, op: str, size: int, group: str) -> Value | Non
     return _make((shape[0] // size, *shape[1:]), dtype, out)
 
 
-def _pre_bucket_all_gather(node: fx.Node, ins: Sequence[Value], args: Sequence[object]) -> Value | None:
+def _copied(groups: object, n: int) -> set[int] | None:
+    """The inputs ``_pre_bucket_all_gather`` copies into its slot: all ``n`` without ``foreach_group_indices``, else
+    those its ``-1``-delimited groups list (an index left out leaves its bytes of the slot unwritten)."""
+    if groups is None:
+        return set(range(n))
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(i, int) and -1 <= i < n for i in groups):
+        return None
+    return {i for i in groups if i >= 0}
+
+
+def _pre_bucket_all_gather(node: fx.Node, ins: Sequence[Value], args: Sequence[object],
+                           groups: object = None) -> Value | None:
+    """``(ag_ins, group_size, dtype, out_dtype_ints, rank, foreach_group_indices)``: a buffer of ``group_size``
+    slots, this rank's holding each copied input cast to its ``out_dtype_ints`` dtype, back to back."""
     size, dtype, dtype_ints, rank = args[1], args[2], args[3], args[4]
     if not isinstance(size, int) or not isinstance(rank, int) or not isinstance(dtype, torch.dtype) \
-            or not isinstance(dtype_ints, (list, tuple)) or len(dtype_ints) != len(ins):
+            or not isinstance(dtype_ints, (list, tuple)) or len(dtype_ints) != len(ins) or not 0 <= rank < size \
+            or not all(isinstance(i, int) and 0 <= i < len(compat.bucket_dtype_table) for i in dtype_ints):
+        return None
+    copied = _copied(groups, len(ins))
+    if copied is None:
         return None
     slot: list[Run] = []
-    for value, index in zip(ins, dtype_ints, strict=True):
-        cast = _cast(value, compat.bucket_dtype_table[index])  # type: ignore[index]
+    slot_bytes = 0
+    for i, (value, index) in enumerate(zip(ins, dtype_ints, strict=True)):
+        cast = _cast(value, compat.bucket_dtype_table[index])
         if cast is None:
             return None
-        slot.extend(cast.runs)
-    slot_bytes = sum(n for _, _, n in slot)
+        slot.extend(cast.runs if i in copied else [(("uninit", node.name, "slot"), slot_bytes, cast.nbytes)])
+        slot_bytes += cast.nbytes
     if slot_bytes % dtype.itemsize:
         return None
     runs: list[Run] = []
@@ -252,3 +285,48 @@ def _pre_bucket_reduce_scatter(ins: Sequence[Value], size: object) -> Value | No
     return None if cat is None or cat.shape is None else _make((math.prod(cat.shape),), cat.dtype, cat.runs)
 
 
+# --- storage: reading a view of a storage, writing into one -------------------------------------------------------
+
+def _placed(address: Value, content: Value) -> list[tuple[int, list[Run]]] | None:
+    """``content``'s bytes cut to the storage offsets ``address`` names, as ``(offset, runs)`` pieces."""
+    if address.nbytes != content.nbytes:
+        return None
+    cut, out, done = _Cut(content), [], 0
+    for _, offset, n in address.runs:
+        runs: list[Run] = []
+        cut.take(done, done + n, runs)
+        out.append((offset, runs))
+        done += n
+    return out
+
+
+def substitute(address: Value, storage: Value) -> Value | None:
+    """What a view holds: the bytes of ``storage`` (a storage's whole content) that ``address`` names."""
+    if storage.shape is None or address.shape is None or address.dtype is None:
+        return None
+    if any(offset + n > storage.nbytes for _, offset, n in address.runs):
+        return None
+    cut, runs = _Cut(storage), []
+    for _, offset, n in address.runs:
+        cut.take(offset, offset + n, runs)
+    return Value(address.shape, address.dtype, _normalized(runs))
+
+
+def overwrite(storage: Value, address: Value, content: Value) -> Value | None:
+    """``storage`` after ``content`` is written into the view ``address`` names (None: not expressible, e.g. the
+    sizes disagree). Linear in the runs of the three."""
+    pieces = _placed(address, content)
+    if pieces is None or storage.shape is None:
+        return None
+    pieces.sort(key=operator.itemgetter(0))
+    cut, runs, pos = _Cut(storage), [], 0
+    for offset, piece in pieces:
+        if offset < pos or offset > storage.nbytes:
+            return None  # overlapping or out-of-bounds pieces: a view we cannot place
+        cut.take(pos, offset, runs)
+        runs.extend(piece)
+        pos = offset + sum(n for _, _, n in piece)
+    if pos > storage.nbytes:
+        return None
+    cut.take(pos, storage.nbytes, runs)
+    return Value(storage.shape, storage.dtype, _normalized(runs))

@@ -98,8 +98,9 @@ class Collective:
 
 
 def group_name(start: fx.Node) -> str:
-    """The process-group name argument of a ``_c10d_functional`` collective (always its last positional)."""
-    arg = start.args[-1]
+    """The process-group name argument of a ``_c10d_functional`` collective (always its last positional; a
+    ``control_deps`` wrapper's is that of the op it wraps)."""
+    arg = compat.unwrapped_call(start)[1][-1]
     if isinstance(arg, fx.Node):  # compile-on-one-rank graphs pass the group as a graph input
         return f"<node {arg.name}>"
     return str(arg)
@@ -117,6 +118,7 @@ def positions(graph: fx.Graph) -> dict[fx.Node, int]:
 
 
 _WAIT = compat.WAIT_TENSOR
+_CONTROL_DEPS = compat.control_deps
 
 
 def data_inputs(node: fx.Node) -> tuple[fx.Node, ...]:
@@ -126,18 +128,25 @@ def data_inputs(node: fx.Node) -> tuple[fx.Node, ...]:
 
 def is_collective_start(node: fx.Node) -> bool:
     """A ``_c10d_functional`` op other than ``wait_tensor`` (what a wait completes)."""
-    target = node.target
-    return node.op == "call_function" and compat.is_functional_collective(target) and target is not _WAIT
+    if node.op != "call_function":
+        return False
+    target = compat.unwrap_control_deps(node)[0] if node.target is _CONTROL_DEPS else node.target
+    return compat.is_functional_collective(target) and target is not _WAIT
 
 
 def started_by(node: fx.Node) -> fx.Node | None:
     """If ``node`` is a wait (also one wrapped by ``insert_overlap_deps``), the collective start it waits on."""
     if node.op != "call_function":
         return None
-    target, inputs, _ = compat.unwrap_control_deps(node)
-    if target is not _WAIT or not inputs or not isinstance(inputs[0], fx.Node):
+    if node.target is _WAIT:
+        start = node.args[0] if node.args else None
+    elif node.target is _CONTROL_DEPS:
+        target, inputs, _ = compat.unwrap_control_deps(node)
+        start = inputs[0] if target is _WAIT and inputs else None
+    else:
         return None
-    start = inputs[0]
+    if not isinstance(start, fx.Node):
+        return None
     if start.target is operator.getitem and isinstance(start.args[0], fx.Node):  # coalesced collectives
         start = start.args[0]
     return start if is_collective_start(start) else None
@@ -154,7 +163,7 @@ def collective_kind(node: fx.Node) -> CollectiveKind | None:
     (single, ``_coalesced`` and ``into_tensor`` forms alike), ``None`` for anything else."""
     if not is_collective_start(node):
         return None
-    name = compat.op_name(node.target)
+    name = compat.op_name(compat.unwrap_control_deps(node)[0])
     return next((kind for key, kind in _KINDS if key in name), "other")
 
 
@@ -228,8 +237,9 @@ def _group_size(start: fx.Node, kind: CollectiveKind) -> int | None:
     """The group size argument (all-gathers: ``args[1]``, reduce-scatters: ``args[2]``); all-reduces have none,
     so the live process group answers when one is registered under that name."""
     position = {"all_gather": 1, "reduce_scatter": 2}.get(kind)
-    if position is not None and len(start.args) > position and isinstance(start.args[position], int):
-        return int(start.args[position])
+    args = compat.unwrapped_call(start)[1]
+    if position is not None and len(args) > position and isinstance(args[position], int):
+        return int(args[position])
     return compat.registered_group_size(group_name(start))
 
 
@@ -303,7 +313,8 @@ def find_collectives(
         role = _role(start, kind, waits, partner, inputs)
         fsdp = role != "other"
         if kind == "reduce_scatter":
-            size_node = start.args[0] if isinstance(start.args[0], (fx.Node, list, tuple)) else start
+            source = compat.unwrapped_call(start)[1][0]
+            size_node = source if isinstance(source, (fx.Node, list, tuple)) else start
         else:
             size_node = start
         vals = _tensors(start.meta.get("val"))

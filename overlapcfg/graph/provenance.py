@@ -1,20 +1,26 @@
-"""Element provenance: for every tensor in a graph, which bytes of which source it holds, row-major.
+"""Element provenance: for every tensor a graph reads, which bytes of which source it holds, row-major, at the
+moment it is read.
 
 The verifier needs to know that after bucketing each consumer reads exactly the elements it read before: the same
 parameter's all-gathered bytes, the same gradient's reduce-scattered bytes, cast to the same dtype, through the same
 process group. Node names cannot tell that (merging erases the collectives and adds copy-ins, splits and views),
 so each tensor is described by what it holds::
 
-    primals_3 (64 x f32, this rank's shard)      -> (node primals_3)[0:256)
-    all_gather(primals_3, group '0', 2 ranks)    -> (ag '0'/2 rank 0 of (node primals_3))[0:256)
-                                                    ++ (ag '0'/2 rank 1 of (node primals_3))[0:256)
+    primals_3 (64 x f32, this rank's shard)      -> (input 2 primals_3)[0:256)
+    all_gather(primals_3, group '0', 2 ranks)    -> (ag '0'/2 rank 0 of (input 2 primals_3))[0:256)
+                                                    ++ (ag '0'/2 rank 1 of (input 2 primals_3))[0:256)
 
 A ``Value`` is a shape, a dtype and ``runs``: ``(key, start, nbytes)`` triples, the tensor's bytes in row-major
 order, adjacent runs of one key merged (so equal contents compare equal however they were assembled). A key is a
 nested tuple naming where bytes come from:
 
-- ``("node", name)``: the output of a node we do not look into (compute, placeholders), by name;
+- ``("input", Input(position, name))``: a graph input, by **position** (callers pass inputs by position, so two
+  same-shaped inputs swapped under their old names are told apart);
+- ``("node", name)``: the output of a node we do not look into (compute), or the bytes an opaque in-place op
+  wrote (``("node", "add_[i]")`` for element ``i`` of a ``_foreach_*_`` list);
 - ``("uninit", name)``: bytes of an ``empty``/bucket buffer that nothing wrote;
+- ``("after", name, storage)``: an uninterpreted view (a transpose) read after its storage was written: it holds
+  some bytes of ``storage`` (that storage's whole content), which ones we do not model;
 - ``("cast", src, dst, key)``: elements of ``key`` (read as ``src``) converted to ``dst``;
 - ``("ag", group, size, member, key)``: ``key`` as held by group member ``member``, gathered;
 - ``("rs", op, group, size, key_0, ((key_c, delta_c), ...))``: element j is the ``op``-reduction over the group
@@ -23,13 +29,14 @@ nested tuple naming where bytes come from:
 - ``("ar", op, group, key)``: the all-reduce of ``key``.
 
 Only ops that move bytes without reordering are interpreted (views and reshapes, dtype casts and bitcasts,
-contiguous slices, splits, cats, ``copy_``, ``empty``, torch's ``_pre_bucket_*`` copy-ins and the
-``_c10d_functional`` collectives); anything else (matmuls, ``mul``, transposes) is *opaque*: its output is a
-fresh ``("node", name)`` key. That is deliberate: a parameter multiplied by 2 before its gather is a new key, not
-the parameter. Work is linear in the graph: every node is interpreted once, from its inputs' values.
+contiguous slices, splits, cats, copies, ``empty``, torch's ``_pre_bucket_*`` copy-ins, every argument of them,
+and the ``_c10d_functional`` collectives); anything else (matmuls, ``mul``, transposes) is *opaque*: its output
+is a fresh ``("node", name)`` key. That is deliberate: a parameter multiplied by 2 before its gather is a new key,
+not the parameter.
 
-In-place semantics are modelled only as far as the bucket modes use them: ``copy_(dst, src)`` returns ``src``'s
-bytes in ``dst``'s dtype, and an all-gather writes its whole ``out`` buffer.
+How contents change when memory is written (in-place ops, ``out=`` buffers), and so what a tensor holds when it
+is read, is ``overlapcfg.graph.memory``'s job; this module says what each op makes of what it reads. Work is
+linear in the graph: every node is interpreted once, from its inputs' values.
 """
 
 from __future__ import annotations
@@ -44,7 +51,6 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.graph.byte_runs import (
-    _ALL_GATHERS,
     _CASTS,
     _EMPTY,
     _RESHAPES,
@@ -69,8 +75,9 @@ from overlapcfg.graph.byte_runs import (
 )
 from overlapcfg.graph.collectives import group_name
 
-__all__ = ["INTERPRETED", "Content", "Key", "Run", "Value", "call_of", "describe", "interpret", "leaf_name", "opaque",
-           "render_key"]
+__all__ = ["INTERPRETED", "Content", "Key", "Run", "Value", "describe", "leaf_name", "opaque", "render_key",
+           "step"]
+
 
 def _arg(args: Sequence[object], kwargs: dict[str, object], i: int, name: str, default: object = None) -> object:
     return args[i] if len(args) > i else kwargs.get(name, default)
@@ -83,9 +90,10 @@ def _bounds(length: int, start: object, end: object) -> tuple[int, int] | None:
     return lo, max(lo, hi)
 
 
-def _step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str, object]) -> Content:
-    """The content of one interpreted op from its inputs' contents (already substituted into ``args``);
-    None where the op does something we do not model (the caller then treats it as opaque)."""
+def step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str, object]) -> Content:
+    """The content of one interpreted op that writes nothing, from its inputs' contents (already substituted into
+    ``args``); None where the op does something we do not model (the caller then treats it as opaque). Views run
+    through here twice: on contents, and on addresses (byte offsets into their storage)."""
     x = args[0] if args else None
     if target is operator.getitem:
         return x[args[1]] if isinstance(x, tuple) and isinstance(args[1], int) else None  # type: ignore[index]
@@ -98,7 +106,9 @@ def _step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[st
             return None
         return _make(size, dtype, ((("uninit", node.name), 0, math.prod(size) * dtype.itemsize),))
     if target is compat.pre_bucket_all_gather:
-        return _pre_bucket_all_gather(node, x, args) if _all_values(x) else None  # type: ignore[arg-type]
+        if not _all_values(x) or len(args) < 5:
+            return None
+        return _pre_bucket_all_gather(node, x, args, _arg(args, kwargs, 5, "foreach_group_indices"))  # type: ignore[arg-type]
     if target is compat.pre_bucket_reduce_scatter:
         return _pre_bucket_reduce_scatter(x, args[1]) if _all_values(x) else None  # type: ignore[arg-type]
     if target is compat.REDUCE_SCATTER_TENSOR_COALESCED:
@@ -118,7 +128,7 @@ def _step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[st
         return None
     if target is compat.WAIT_TENSOR:
         return x
-    if target in _ALL_GATHERS:
+    if target is compat.ALL_GATHER_INTO_TENSOR:
         return _all_gather(x, args[1], group_name(node)) if isinstance(args[1], int) else None
     if target is compat.REDUCE_SCATTER_TENSOR:
         return _reduce_scatter(x, args[1], args[2], group_name(node)) if isinstance(args[2], int) else None  # type: ignore[arg-type]
@@ -140,11 +150,14 @@ def _step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[st
     if target in _CASTS:
         dtype = args[1] if target is not _aten._to_copy.default else kwargs.get("dtype") or x.dtype
         return _cast(x, dtype) if isinstance(dtype, torch.dtype) else None
-    if target in (_aten.copy_.default, _aten.copy.default):
-        src = args[1]
-        if not isinstance(src, Value) or src.shape != x.shape:
-            return None
-        return _cast(src, x.dtype)
+    if target is _aten.copy.default:
+        return copy_content(x, args[1])
+    return _cut(target, x, args, kwargs)
+
+
+def _cut(target: object, x: Value, args: Sequence[object], kwargs: dict[str, object]) -> Content:
+    """Slices, ``narrow`` and splits of ``x`` (contiguous ranges along one dimension, step 1)."""
+    assert x.shape is not None
     split = target in (_aten.split.Tensor, _aten.split_with_sizes.default)
     dim = _arg(args, kwargs, 2 if split else 1, "dim", 0)
     if not isinstance(dim, int) or not x.shape:
@@ -173,66 +186,38 @@ def _step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[st
     return None
 
 
+def copy_content(dst: object, src: object) -> Value | None:
+    """What ``copy_(dst, src)`` / ``copy(dst, src)`` leaves in ``dst``'s place: ``src`` in ``dst``'s dtype (a
+    broadcasting copy is not modelled)."""
+    if not isinstance(dst, Value) or not isinstance(src, Value) or src.shape != dst.shape or dst.dtype is None:
+        return None
+    return _cast(src, dst.dtype)
+
+
 def _all_values(x: object) -> bool:
     return isinstance(x, (list, tuple)) and all(isinstance(v, Value) and v.shape is not None for v in x)
 
 
-def call_of(node: fx.Node) -> tuple[object, tuple[object, ...], dict[str, object]]:
-    """``(target, args, kwargs)`` of a call, seeing through a ``control_deps`` wrapper (its deps only order)."""
-    target, inputs, _ = compat.unwrap_control_deps(node)
-    if target is node.target or node.op != "call_function":
-        return node.target, node.args, dict(node.kwargs)
-    subgraph = getattr(node.graph.owning_module, node.args[1].target)  # type: ignore[union-attr]
-    inner = next(n for n in subgraph.graph.nodes if n.op == "call_function")
-    placeholders = [n for n in subgraph.graph.nodes if n.op == "placeholder"]
-    outer = dict(zip(placeholders, inputs, strict=True))
-    args = fx.map_arg(inner.args, lambda n: outer.get(n, n))  # type: ignore[arg-type,return-value]
-    kwargs = fx.map_arg(inner.kwargs, lambda n: outer.get(n, n))  # type: ignore[arg-type,return-value]
-    return inner.target, tuple(args), dict(kwargs)
-
-
-def interpret(graph: fx.Graph) -> tuple[dict[fx.Node, Content], set[fx.Node]]:
-    """Every node's content, and the set of nodes left opaque (compute, or an op we could not model)."""
-    contents: dict[fx.Node, Content] = {}
-    opaque_nodes: set[fx.Node] = set()
-
-    def lookup(n: fx.Node) -> Content:
-        # A node read before it is computed (a broken order, reported by the verifier) reads as opaque.
-        return contents[n] if n in contents else opaque(n)
-
-    for node in graph.nodes:
-        if node.op in ("call_function", "call_method", "call_module"):
-            target, args, kwargs = call_of(node)
-            if target in INTERPRETED:
-                args = fx.map_arg(args, lookup)
-                kwargs = fx.map_arg(kwargs, lookup)
-                content = _step(node, target, args, kwargs)
-                if content is not None:
-                    contents[node] = content
-                    continue
-            opaque_nodes.add(node)
-            contents[node] = opaque(node)
-        elif node.op == "output":
-            continue
-        else:
-            contents[node] = opaque(node)
-    return contents, opaque_nodes
-
+# --- words ----------------------------------------------------------------------------------------------------
 
 def leaf_name(key: Key) -> str:
     """The node whose bytes a key ultimately names (the parameter, the gradient), through casts and collectives."""
-    while key[0] != "node" and key[0] != "uninit":
+    while key[0] in ("cast", "ag", "rs", "ar"):
         key = key[4] if key[0] in ("ag", "rs") else key[3]  # type: ignore[assignment]
-    return str(key[1])
+    return key[1].name if key[0] == "input" else str(key[1])  # type: ignore[union-attr]
 
 
 def render_key(key: Key) -> str:
     """A key as text: ``all_gather[group '0', 2 ranks](bfloat16(primals_3))``."""
     tag = key[0]
+    if tag == "input":
+        return key[1].name  # type: ignore[union-attr]
     if tag == "node":
         return str(key[1])
     if tag == "uninit":
         return f"uninitialized({key[1]})"
+    if tag == "after":
+        return f"{key[1]}(after a write into its storage, now {describe(key[2])})"  # type: ignore[arg-type]
     if tag == "cast":
         return f"{str(key[2]).removeprefix('torch.')}({render_key(key[3])})"  # type: ignore[arg-type]
     if tag == "ag":

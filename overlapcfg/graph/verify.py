@@ -3,43 +3,48 @@
 ``verify(before, after)`` raises ``OverlapVerificationError`` listing every fault, each naming the node,
 parameter or gradient involved; it returns None when all of these hold:
 
-- **structure**: ``graph.lint()`` passes, every node's inputs come before it, every collective start is waited
-  exactly once (once per output for coalesced ones) after it is issued, nothing but its wait reads a start, and
-  nothing reads an all-gather's ``out`` buffer between the start and its wait;
+- **structure** (``overlapcfg.graph.well_formed``): lint, inputs before readers, one wait per collective after
+  its start, nothing reading a collective's result before its wait, and nothing reading what a collective fills or
+  writing what it fills or sends while it is in flight;
 - **what every consumer reads**: each compute node (anything ``provenance`` does not interpret) is still there,
-  runs the same op, and reads, input by input, exactly the bytes it read before: the same shape and dtype, made
-  of the same parameter's or gradient's elements, cast the same way, through collectives with the same group,
-  group size and reduce op (``overlapcfg.graph.provenance``). So a merged all-gather must hand each consumer its
-  own parameter's slice, and each reduce-scattered graph output must be its gradient's slice of a merged
-  reduce-scatter. No compute node may appear (a ``mul`` on a parameter before its gather is one);
+  runs the same op, and reads, input by input, exactly the bytes it read before, *at the moment it runs*: the same
+  shape and dtype, made of the same parameter's or gradient's elements, cast the same way, through collectives
+  with the same group, group size and reduce op (``overlapcfg.graph.provenance``), after the same in-place writes
+  (``overlapcfg.graph.memory``: ``copy_``, ops whose schema marks an argument written, ``out=`` buffers). So a
+  merged all-gather must hand each consumer its own parameter's slice, a reader may not move past a write to what
+  it reads (nor a write before a reader), and each reduce-scattered graph output must be its gradient's slice of
+  a merged reduce-scatter. No compute node may appear (a ``mul`` on a parameter before its gather is one);
 - **each graph output** holds what it held before (reported as "graph output i is now the reduce-scattered
   gradient of X" for swapped gradients);
+- **graph inputs**, identified by position (callers pass them so): the same names in the same places, and every
+  input the graph writes (an optimizer step, a buffer update) is left holding what it was left holding before;
 - **collective data, counted**: the bytes every all-gather, reduce-scatter and all-reduce sends, by (group,
   size[, op, dtype]), are the same multiset before and after: merged buckets are allowed, a dropped, duplicated
   or regrouped collective is not.
 
-What may change, and is therefore not compared: copy-in and copy-out ops (``_pre_bucket_*``, ``cat``, ``copy_``,
-``split``, slices, views, ``empty``), the collective and wait nodes themselves, node order (within topological
-order and the wait rules above) and ``control_deps`` wrappers.
+What may change, and is therefore not compared: copy-in and copy-out ops (``_pre_bucket_*``, ``cat``, ``copy_``
+into bucket buffers, ``split``, slices, views, ``empty``), the collective and wait nodes themselves, node order
+(within topological order, the wait rules and the writes above) and ``control_deps`` wrappers.
 
 ``before`` may be a ``GraphModule`` or its ``summarize()``: taking the summary is cheap, copying a graph is not.
-Cost is linear in graph size (one interpretation pass per graph, see ``provenance``).
+Cost is linear in graph size (one interpretation pass per graph, one walk per structure check).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
-from overlapcfg.graph.collectives import data_inputs, group_name, node_direction, positions, started_by
-from overlapcfg.graph.provenance import Content, Run, Value, call_of, describe, interpret, leaf_name, opaque, render_key
+from overlapcfg.graph.collectives import group_name, node_direction
+from overlapcfg.graph.memory import Interpretation, interpret
+from overlapcfg.graph.provenance import Run, Value, describe, leaf_name, render_key
+from overlapcfg.graph.well_formed import structure_faults
 
 __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "verify"]
 
@@ -51,6 +56,10 @@ _KINDS = {
     compat.REDUCE_SCATTER_TENSOR_COALESCED: "reduce_scatter",
     compat.ALL_REDUCE: "all_reduce",
 }
+
+
+_KIND_IDS = frozenset(id(target) for target in _KINDS)
+"""The collectives by identity (``_KINDS`` keeps them alive): an op overload hashes in Python, once per node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +86,17 @@ class CollectiveData:
 
 @dataclass(frozen=True, slots=True)
 class GraphSummary:
-    """What a bucketing pass must not change (see the module docstring): compute nodes and their inputs' contents,
-    the graph outputs' contents, and the data every collective sends."""
+    """What a bucketing pass must not change (see the module docstring): compute nodes and their inputs' contents
+    as read, the graph outputs' contents, what the graph leaves in the inputs it writes, the inputs' order and the
+    data every collective sends."""
 
     calls: tuple[CallRecord, ...]
     outputs: tuple[tuple[str, object], ...]
     collectives: tuple[CollectiveData, ...]
+    inputs: tuple[str, ...] = ()
+    """Graph input names by position."""
+    written_inputs: tuple[tuple[int, str, object], ...] = ()
+    """``(position, name, content at the end)`` of every input the graph writes into."""
 
 
 def _freeze(value: object) -> object:
@@ -93,17 +107,20 @@ def _freeze(value: object) -> object:
     return value
 
 
-def _leaves(obj: object, path: str, contents: dict[fx.Node, Content]) -> Iterator[tuple[str, object]]:
-    if isinstance(obj, fx.Node):
-        yield path, contents[obj] if obj in contents else opaque(obj)
+def _leaves(obj: object, path: str, out: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """Argument paths and what they hold, appended to ``out``: contents (as read) for tensors, the constant itself
+    otherwise."""
+    if isinstance(obj, Value) or obj is None:
+        out.append((path, obj))
     elif isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):
-            yield from _leaves(item, f"{path}[{i}]", contents)
+            _leaves(item, f"{path}[{i}]", out)
     elif isinstance(obj, dict):
         for k, item in obj.items():
-            yield from _leaves(item, f"{path}[{k!r}]", contents)
+            _leaves(item, f"{path}[{k!r}]", out)
     else:
-        yield path, _freeze(obj)
+        out.append((path, _freeze(obj)))
+    return out
 
 
 def _target_name(target: object) -> str:
@@ -130,11 +147,10 @@ def _canonical(values: Iterable[object]) -> tuple[Run, ...]:
     return tuple(out)
 
 
-def _collective(node: fx.Node, target: object, args: tuple[object, ...], contents: dict[fx.Node, Content],
-                direction: str | None) -> CollectiveData:
+def _collective(node: fx.Node, target: object, args: tuple[object, ...], direction: str | None) -> CollectiveData:
+    """``args``: the collective's arguments as read (its inputs' contents at its start)."""
     kind = _KINDS[target]  # type: ignore[index]
-    inputs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
-    values = [contents[n] if isinstance(n, fx.Node) else None for n in inputs]
+    values = list(args[0]) if isinstance(args[0], (list, tuple)) else [args[0]]
     dtype = next((v.dtype for v in values if isinstance(v, Value)), None)
     group = group_name(node)
     if kind == "all_gather":
@@ -147,76 +163,39 @@ def _collective(node: fx.Node, target: object, args: tuple[object, ...], content
     return CollectiveData(node.name, kind, where, tuple(_freeze(a) for a in attrs), _canonical(values))
 
 
+def _summarize(gm: fx.GraphModule, direction: str | None) -> tuple[GraphSummary, Interpretation]:
+    calls: list[CallRecord] = []
+    collectives: list[CollectiveData] = []
+    outputs: list[tuple[str, object]] = []
+
+    def visit(node: fx.Node, target: object, args: tuple[object, ...], kwargs: dict[str, object],
+              opaque: bool) -> None:
+        if node.op == "output":
+            outs = args[0]
+            if isinstance(outs, (list, tuple)):
+                for i, o in enumerate(outs):
+                    _leaves(o, str(i), outputs)
+            else:
+                _leaves(outs, "0", outputs)
+        elif id(target) in _KIND_IDS:
+            collectives.append(_collective(node, target, args, direction))
+        elif opaque:
+            inputs = _leaves(args, "args", [])
+            if kwargs:
+                _leaves(kwargs, "kwargs", inputs)
+            calls.append(CallRecord(node.name, _target_name(target), tuple(inputs)))
+
+    interpretation = interpret(gm.graph, visit)
+    written = tuple((i, name, content) for i, (name, content) in sorted(interpretation.final_inputs().items()))
+    summary = GraphSummary(tuple(calls), tuple(outputs), tuple(collectives),
+                           tuple(p.name for p in interpretation.inputs), written)
+    return summary, interpretation
+
+
 def summarize(gm: fx.GraphModule, *, direction: str | None = None) -> GraphSummary:
     """``direction``: "forward"/"backward" for aot_autograd's separate graphs, None to read node metadata
     (it only words messages: "parameter p is no longer all-gathered in forward")."""
-    contents, opaque = interpret(gm.graph)
-    calls: list[CallRecord] = []
-    collectives: list[CollectiveData] = []
-    outputs: tuple[tuple[str, object], ...] = ()
-    for node in gm.graph.nodes:
-        if node.op == "output":
-            outs = node.args[0]
-            if isinstance(outs, (list, tuple)):
-                outputs = tuple(item for i, o in enumerate(outs) for item in _leaves(o, str(i), contents))
-            else:
-                outputs = tuple(_leaves(outs, "0", contents))
-            continue
-        if node.op not in ("call_function", "call_method", "call_module"):
-            continue
-        target, args, kwargs = call_of(node)
-        if target in _KINDS:
-            collectives.append(_collective(node, target, args, contents, direction))
-        elif node in opaque:
-            inputs = (*_leaves(list(args), "args", contents), *_leaves(kwargs, "kwargs", contents))
-            calls.append(CallRecord(node.name, _target_name(target), inputs))
-    return GraphSummary(tuple(calls), outputs, tuple(collectives))
-
-
-# --- structure ---------------------------------------------------------------------------------------------------
-
-def _collective_starts(graph: fx.Graph) -> Iterable[fx.Node]:
-    for node in graph.nodes:
-        if node.op == "call_function" and compat.is_functional_collective(node.target) \
-                and not compat.is_wait_tensor(node):
-            yield node
-
-
-def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]) -> None:
-    waits_of: dict[fx.Node, list[fx.Node]] = {}
-    for node in graph.nodes:
-        start = started_by(node)
-        if start is not None:
-            waits_of.setdefault(node.args[0] if compat.is_wait_tensor(node) else data_inputs(node)[0], []).append(node)
-    for start in _collective_starts(graph):
-        heads = [u for u in start.users if u.target is operator.getitem] or [start]
-        for head in heads:
-            waits = waits_of.get(head, [])
-            if len(waits) != 1:
-                problems.append(f"{head.name}: expected exactly one wait_tensor, found {len(waits)} "
-                                f"({', '.join(w.name for w in waits) or 'none'})")
-            # A reader is a user taking the tensor as data; a control_deps edge only orders, it does not read.
-            readers = [u.name for u in head.users if u not in waits and head in data_inputs(u)]
-            if readers:
-                problems.append(f"{head.name}: read before its wait by {', '.join(readers)}")
-            for w in waits:
-                if index[w] < index[start]:
-                    problems.append(f"{w.name}: waits on {start.name} before it is issued")
-        out = start.kwargs.get("out")
-        if isinstance(out, fx.Node):
-            waits = [w for h in heads for w in waits_of.get(h, [])]
-            done = min((index[w] for w in waits), default=index[start])
-            early = [u.name for u in out.users if u is not start and u not in start.all_input_nodes
-                     and index[start] < index[u] < done]
-            if early:
-                problems.append(f"{start.name}: output buffer {out.name} read before the wait by {', '.join(early)}")
-
-
-def _check_order(graph: fx.Graph, index: dict[fx.Node, int], problems: list[str]) -> None:
-    for node in graph.nodes:
-        late = [i.name for i in node.all_input_nodes if index[i] >= index[node]]
-        if late:
-            problems.append(f"{node.name}: reads {', '.join(late)} before they are computed")
+    return _summarize(gm, direction)[0]
 
 
 # --- contents ----------------------------------------------------------------------------------------------------
@@ -342,6 +321,31 @@ def _text(content: object) -> str:
     return describe(content) if isinstance(content, (Value, tuple)) else repr(content)  # type: ignore[arg-type]
 
 
+def _compare_inputs(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
+    """Inputs are passed by position: the same names in another order hand each input what another received. And
+    what the graph leaves in the inputs it writes (an optimizer step, a buffer update) is part of its result."""
+    if len(before.inputs) != len(after.inputs):
+        problems.append(f"the graph takes {len(after.inputs)} inputs, took {len(before.inputs)}")
+    was_at = {name: i for i, name in enumerate(before.inputs)}
+    for i, name in enumerate(after.inputs):
+        j = was_at.get(name)
+        if j is not None and j != i:
+            problems.append(f"graph input {name} is now input {i}, was input {j}: inputs are passed by position, so "
+                            f"it receives what {before.inputs[i] if i < len(before.inputs) else 'nothing'} did")
+    was = {i: (name, content) for i, name, content in before.written_inputs}
+    now = {i: (name, content) for i, name, content in after.written_inputs}
+    for i in sorted(was.keys() | now.keys()):
+        name = (now.get(i) or was[i])[0]
+        if i not in now:
+            problems.append(f"graph input {i} ({name}) is no longer written; the graph used to leave "
+                            f"{_text(was[i][1])} in it")
+        elif i not in was:
+            problems.append(f"graph input {i} ({name}) is now written: the graph leaves {_text(now[i][1])} in it")
+        elif was[i][1] != now[i][1]:
+            problems.append(f"graph input {i} ({name}) is left holding {_text(now[i][1])}; before it was left "
+                            f"holding {_text(was[i][1])}")
+
+
 def _compare_calls(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
     old = {c.name: c for c in before.calls}
     new = {c.name: c for c in after.calls}
@@ -390,18 +394,12 @@ def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, dire
     whole-step graph, ``overlapcfg.passes.keep_unsharded``). They are not expected in ``after``; nothing else is
     relaxed: each must be a backward all-gather of ``before``, every reader must still read the same elements
     (now through a forward gather), and every other collective must send the same data."""
-    problems: list[str] = []
-    try:
-        after.graph.lint()
-    except Exception as err:  # lint raises RuntimeError/AssertionError with its own message
-        problems.append(f"graph.lint(): {err}")
-    index = positions(after.graph)
-    _check_order(after.graph, index, problems)
-    _check_waits(after.graph, index, problems)
     expected = before if isinstance(before, GraphSummary) else summarize(before, direction=direction)
+    got, memory = _summarize(after, direction)
+    problems = structure_faults(after.graph, memory)
     if reused_regathers:
         expected = _without_regathers(expected, frozenset(reused_regathers), problems)
-    got = summarize(after, direction=direction)
+    _compare_inputs(expected, got, problems)
     _compare_collectives(expected, got, problems)
     _compare_outputs(expected, got, problems)
     _compare_calls(expected, got, problems)

@@ -40,8 +40,8 @@ from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.plan import Bucket
 from overlapcfg.graph.collectives import Collective, positions
+from overlapcfg.graph.memory import interpret
 from overlapcfg.graph.parameters import placeholder_sources
-from overlapcfg.graph.provenance import interpret
 from overlapcfg.resolve import ResolvedPlan
 
 __all__ = ["Kept", "KeepResult", "keep_unsharded", "reshard_setting"]
@@ -149,8 +149,7 @@ def _gathered_from(c: Collective) -> tuple[object, ...]:
 
 def _contents(gm: fx.GraphModule) -> Callable[[fx.Node], object]:
     """``node -> the elements it holds`` (``overlapcfg.graph.provenance``); None where unknown."""
-    contents, _ = interpret(gm.graph)
-    return contents.get
+    return interpret(gm.graph).read
 
 
 def _forward_value(regather: Collective, candidates: Sequence[Collective], content_of: Callable[[fx.Node], object],

@@ -170,7 +170,7 @@ def apply(
             "compiled (overlapcfg.backend does), inside torch.distributed.init_process_group, or for a graph "
             "inspected offline inside overlapcfg.compat.fake_process_group(world_size)")
     summary = summarize(gm, direction=forced) if cfg.verify else None
-    backup = compat.copy_graph(gm.graph)
+    backup = _Backup(gm)
     kept = KeepResult()
     try:
         now, scheduled, left = collectives, covered, uncovered
@@ -187,8 +187,7 @@ def apply(
             verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]",
                    reused_regathers=kept.removed)
     except BaseException:
-        gm.graph = backup  # nothing half-applied: the caller gets the graph it gave us
-        gm.recompile()
+        backup.restore(gm)  # nothing half-applied: the caller gets the graph it gave us
         raise
     gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
@@ -198,6 +197,30 @@ def apply(
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm
+
+
+class _Backup:
+    """What a strategy may change on a ``GraphModule`` besides its nodes, kept to put back if it fails: the graph
+    (a copy, output node metadata included), the submodules and buffers it registers (``insert_overlap_deps``
+    adds ``subgraph_*`` modules) and ``gm.meta``."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.graph = compat.copy_graph(gm.graph)
+        self.children = {name for name, _ in gm.named_children()}
+        self.buffers = {name for name, _ in gm.named_buffers(recurse=False)}
+        self.parameters = {name for name, _ in gm.named_parameters(recurse=False)}
+        self.meta = dict(gm.meta)
+
+    def restore(self, gm: fx.GraphModule) -> None:
+        added = [name for name, _ in gm.named_children() if name not in self.children]
+        added += [name for name, _ in gm.named_buffers(recurse=False) if name not in self.buffers]
+        added += [name for name, _ in gm.named_parameters(recurse=False) if name not in self.parameters]
+        for name in added:
+            delattr(gm, name)
+        gm.graph = self.graph
+        gm.meta.clear()
+        gm.meta.update(self.meta)
+        gm.recompile()
 
 
 def _left_alone_chains(collectives: Sequence[Collective]) -> tuple[str, ...]:

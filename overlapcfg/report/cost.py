@@ -18,7 +18,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.hardware import HardwareProfile
-from overlapcfg.graph.collectives import collective_kind, is_collective_start
+from overlapcfg.graph.collectives import collective_kind, is_collective_start, started_by
 
 __all__ = ["NodeKind", "collective_issue_seconds", "collective_seconds", "collective_source", "compute_seconds",
            "node_bytes", "node_flops", "node_kind"]
@@ -56,7 +56,7 @@ def node_kind(node: fx.Node) -> NodeKind:
     if node.op != "call_function":
         return "io"
     target = node.target
-    if compat.is_wait_tensor(node):
+    if started_by(node) is not None:  # a wait, also one insert_overlap_deps wrapped in control_deps
         return "wait"
     if is_collective_start(node):
         return "collective"
@@ -130,7 +130,7 @@ def collective_bytes(node: fx.Node, as_dtype: torch.dtype | None = None) -> int:
     """The full-size tensor: an all-gather's output, a reduce-scatter's input, an all-reduce's buffer."""
     kind = collective_kind(node)
     if kind == "reduce_scatter":
-        inp = _val(node.args[0])
+        inp = _val(compat.unwrapped_call(node)[1][0])  # a control_deps wrapper's first argument is its deps
         return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(inp))
     return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
 

@@ -30,7 +30,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
-from overlapcfg.graph.collectives import feeds_compute, find_collectives, group_name
+from overlapcfg.graph.collectives import feeds_compute, find_collectives, group_name, started_by
 from overlapcfg.report.cost import (
     collective_bytes,
     collective_issue_seconds,
@@ -246,7 +246,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                 events.append(Event(graph_name, node.name, stream, ckind, start, start + dur,
                                     _label(node, graph_labels), nbytes))
             elif kind == "wait":
-                start_node = compat.collective_of_wait(node)
+                start_node = started_by(node)
                 if start_node in done:
                     end, nbytes, gathers, waited = done.pop(start_node)
                     if end > t:

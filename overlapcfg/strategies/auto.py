@@ -12,8 +12,13 @@ __all__ = ["run"]
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
+    """Upstream's scheduler, with the ordering hints it adds that would form a cycle dropped rather than raised as
+    torch's ``RuntimeError`` (``collective_bucketing`` on an HSDP backward that reduce-scatters first makes them):
+    they only guide overlap, the record says how many were dropped, and ``apply`` verifies the result."""
     if not isinstance(ctx.policy, AutoPolicy):
         raise TypeError(f"auto: expected an AutoPolicy, got {type(ctx.policy).__name__}")
-    with compat.no_triton_runtime_estimates():
+    with compat.no_triton_runtime_estimates(), compat.dropped_cyclic_overlap_deps() as dropped:
         compat.schedule_overlap_bucketing(gm, **ctx.policy.model_dump())
-    return StrategyResult()
+    notes = tuple(f"auto: torch's scheduler made ordering hints that form a cycle and they were dropped (overlap "
+                  f"may be less than it planned; the graph is still verified): {message}" for message in dropped)
+    return StrategyResult(notes=notes)
