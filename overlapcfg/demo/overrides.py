@@ -26,7 +26,7 @@ from overlapcfg.errors import closest_first, did_you_mean
 
 __all__ = ["COMMAND_KEYS", "known_fields", "top_level_keys", "unknown_override_keys"]
 
-COMMAND_KEYS = ("mode", "overlap", "hardware", "tune", "compare")
+COMMAND_KEYS = ("mode", "overlap", "hardware", "tune", "compare", "calibrate", "measure")
 """Top-level keys of ``conf/overlapcfg.yaml`` besides the demo settings (``overlapcfg.demo.settings``); a test
 holds the composed config's keys to exactly these and the settings' fields."""
 _GROUPS = {"hardware": ("command", "hardware"), "tune/space": ("command", "tune/space"),
