@@ -46,9 +46,20 @@ script: it is run by the test written for that program (torchtitan's ``ConfigMan
 MODULE_BLOCK_TESTS = {"my_configs": "test_the_torchtitan_config_module_example_selects_the_pipeline"}
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE_TESTS = {"measure_steps/measure_steps.py": ("test_calibrate_measure_command.py",
+                                                    "test_the_measure_example_runs_under_torchrun")}
+"""A block that is an example file word for word (README says so and how to run it) is run by that example's
+test, under the launcher the example names; here it is only checked to be the file."""
+
+
+def _example_of(code: str) -> str | None:
+    return next((name for name in EXAMPLE_TESTS if (EXAMPLES / name).read_text() == code), None)
+
+
 def _modes(code: str) -> list[str]:
     first = code.splitlines()[0]
-    if MODULE_BLOCK.match(first):
+    if MODULE_BLOCK.match(first) or _example_of(code) is not None:
         return []
     if first.startswith(f"# {JOB}"):
         return ["job"]
@@ -95,12 +106,35 @@ def _check_own_model(names: dict[str, Any]) -> None:
     assert [g.order for g in reports[0].graphs] == [g.order for g in reports[1].graphs]
 
 
+def _prerequisites(heading: str, code: str, home: Path) -> None:
+    """Files a block reads that the commands before it in README write: ``node_costs.json`` (``mode=measure``) and
+    the ``my_cluster`` profile (``mode=calibrate``). Made here from the demo step and a shipped profile, so the
+    block runs on what it would find, without a cluster."""
+    if "node_costs.json" not in code:
+        return
+    import overlapcfg
+    from overlapcfg.demo import LlamaConfig
+    from overlapcfg.report.cost import node_kind
+    from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts, node_signature
+
+    profile = overlapcfg.load_hardware("cpu_gloo").model_copy(update={"name": "my_cluster"})
+    overlapcfg.save_hardware(profile)
+    step = overlapcfg.trace_train_step(LlamaConfig(n_layers=4, vocab_size=8192), reshard_after_forward=True,
+                                       batch=8, seq_len=128)
+    graphs = {name: {n.name: (node_signature(n), 1e-5) for n in gm.graph.nodes if node_kind(n) in MEASURABLE_KINDS}
+              for name, gm in (("forward", step.forward), ("backward", step.backward))}
+    Path("node_costs.json").write_text(NodeCosts(source="README test", graphs=graphs).to_json())
+    assert home.joinpath("hardware", "my_cluster.yaml").is_file(), heading
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("heading, code, mode", RUNS)
 def test_every_python_block_runs_as_written(heading: str, code: str, mode: str, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                             ) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OVERLAPCFG_HOME", str(tmp_path / "home"))
+    _prerequisites(heading, code, tmp_path / "home")
     if mode == "single":
         names: dict[str, Any] = {"__name__": "__main__"}
         exec(compile(code, f"README.md ({heading})", "exec"), names)
@@ -128,6 +162,12 @@ def test_the_python_blocks_are_found_and_each_says_how_it_runs() -> None:
     assert any(_modes(c) == ["job"] for h, c in BLOCKS if h.startswith("Eager FSDP2"))
     modules = [m.group(1) for _, c in BLOCKS if (m := MODULE_BLOCK.match(c.splitlines()[0]))]
     assert modules and all(MODULE_BLOCK_TESTS.get(name) in globals() for name in modules), modules
+    examples = [name for _, c in BLOCKS if (name := _example_of(c)) is not None]
+    assert examples == list(EXAMPLE_TESTS), examples
+    for name in examples:
+        test_file, test = EXAMPLE_TESTS[name]
+        text = (README.parent / "tests" / test_file).read_text()
+        assert f"def {test}(" in text and name.split("/")[-1] in text, (name, test_file, test)
 
 
 def _block_after(heading: str, lang: str) -> str:

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from rich.console import Console
 
 import overlapcfg
-from overlapcfg.demo import Llama, LlamaConfig, cross_entropy_loss, shard_module
+from overlapcfg import shard_module
+from overlapcfg.demo import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
 from overlapcfg.measuring.render import calibration_table, measurement_table
 

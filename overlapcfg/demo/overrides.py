@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from overlapcfg.config.hardware import hardware_names
 from overlapcfg.config.presets import command_conf_dir, conf_dir, load_preset
 from overlapcfg.errors import closest_first, did_you_mean
 
@@ -94,6 +95,8 @@ def _active_strategy(args: Sequence[str]) -> str:
 
 
 def _options(group: str) -> tuple[str, ...]:
+    if group == "hardware":  # shipped profiles and the user's own (mode=calibrate writes them there)
+        return hardware_names()
     tree, path = _GROUPS[group]
     root: Path = command_conf_dir() if tree == "command" else conf_dir()
     return tuple(sorted(p.stem for p in (root / path).glob("*.yaml")))
