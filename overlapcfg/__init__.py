@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 from overlapcfg._lazy import lazy_exports
 from overlapcfg._version import __version__
 
+# The one table of exports: name -> the module ``__getattr__`` imports it from. ``__all__`` and the TYPE_CHECKING
+# imports restate it only because linters and type checkers read them without running anything;
+# tests/test_package.py fails when either disagrees with it.
 _EXPORTS: dict[str, str] = {
     "OverlapConfigError": "overlapcfg.errors",
     "OverlapVerificationError": "overlapcfg.errors",
@@ -137,7 +140,7 @@ if TYPE_CHECKING:
         load_config,
         preset_names,
     )
-    from overlapcfg.config.hardware import save_hardware
+    from overlapcfg.config.hardware import HardwareProfile, load_hardware, save_hardware
     from overlapcfg.demo.tracing import trace_train_step
     from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
     from overlapcfg.fsdp2 import fully_shard
@@ -146,7 +149,7 @@ if TYPE_CHECKING:
     from overlapcfg.passes import PassRecord, apply
     from overlapcfg.passes.compile import backend, inductor_pass
     from overlapcfg.passes.step import CapturedStep, ensure_process_group
-    from overlapcfg.report import HardwareProfile, Report, compare, explain, load_hardware, simulate
+    from overlapcfg.report import Report, compare, explain, simulate
     from overlapcfg.report.node_costs import NodeCosts
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.strategies.base import PassContext, Strategy

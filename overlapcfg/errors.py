@@ -20,6 +20,8 @@ __all__ = [
     "UnsupportedGraphError",
     "closest",
     "closest_first",
+    "did_you_mean",
+    "join_path",
     "natural_key",
     "shorten",
     "show_value",
@@ -76,6 +78,23 @@ class Fault:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
+
+
+def join_path(root: str, loc: Sequence[str | int]) -> str:
+    """A fault's dotted path: ``root`` then ``loc`` as the user wrote it (``overlap.plan.buckets[1].per``).
+
+    Parts in angle brackets are a union's tags (``<mapping>``, see ``overlapcfg.config.plan.BucketEntry``), not
+    keys the user wrote, and are dropped.
+    """
+    out = root
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith("<"):
+            continue
+        else:
+            out = f"{out}.{part}" if out else part
+    return out
 
 
 class OverlapConfigError(ValueError):

@@ -97,3 +97,26 @@ def test_import_contracts_fail_when_a_lower_layer_imports_the_demo(tmp_path: Pat
     assert out.returncode != 0
     assert "overlapcfg.graph.collectives -> overlapcfg.demo" in out.stdout.replace("\n", " ") or \
         "overlapcfg.graph.collectives" in out.stdout, out.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is a dev dependency")
+@pytest.mark.parametrize("victim, line, cycle", [
+    # the two cycles issue 21 found: one for annotations only, one hidden inside a function
+    ("config/contracts.py", "if TYPE_CHECKING:\n    from overlapcfg.config.overlap import OverlapConfig\n",
+     "overlapcfg.config"),
+    ("demo/job.py", "def _tune():\n    from overlapcfg.demo import tune_job  # noqa\n", "overlapcfg.demo"),
+])
+def test_import_contracts_fail_on_an_import_cycle_between_modules(tmp_path: Path, victim: str, line: str,
+                                                                  cycle: str) -> None:
+    shutil.copytree(PACKAGE, tmp_path / "overlapcfg", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    path = tmp_path / "overlapcfg" / victim
+    text = path.read_text()
+    path.write_text(text.replace("from typing import ", "from typing import TYPE_CHECKING, ", 1) + "\n" + line
+                    if "TYPE_CHECKING" in line and "TYPE_CHECKING" not in text else text + "\n" + line)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                         check=False)
+    assert out.returncode != 0
+    assert f"No cycles are allowed in {cycle}." in out.stdout, out.stdout[-3000:]

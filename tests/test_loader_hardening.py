@@ -190,7 +190,7 @@ def test_path_like_objects_are_read_as_files(tmp_path: Path) -> None:
 
 
 def test_yaml_text_over_the_byte_limit_is_refused_before_it_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from overlapcfg.config import load as loader
+    from overlapcfg.config import yaml_files as loader  # the one YAML reader
 
     def never(text: str) -> object:
         raise AssertionError("parsed")

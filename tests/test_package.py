@@ -19,6 +19,21 @@ def test_every_exported_name_resolves_to_a_class_or_function():
         assert callable(value) and not isinstance(value, type(overlapcfg)), f"overlapcfg.{name} is {value!r}"
 
 
+def test_exports_are_listed_once_and_the_type_checking_imports_match_them():
+    """``_EXPORTS`` is the one table; ``__all__`` and the ``TYPE_CHECKING`` imports, which linters, type checkers
+    and IDEs read instead, must say the same, or an editor shows one ``HardwareProfile`` and the package hands out
+    another."""
+    import ast
+
+    tree = ast.parse(Path(overlapcfg.__file__).read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    typed = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    assert typed == overlapcfg._EXPORTS
+    assert sorted(overlapcfg.__all__) == sorted(["__version__", *overlapcfg._EXPORTS])
+    assert len(overlapcfg.__all__) == len(set(overlapcfg.__all__))
+
+
 def _modules() -> list[str]:
     import pathlib
 

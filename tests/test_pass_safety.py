@@ -22,7 +22,7 @@ from overlapcfg.graph.collectives import find_collectives, is_parameter_gather
 from overlapcfg.graph.merge import merge_buckets
 from overlapcfg.graph.parameters import graph_inputs
 from overlapcfg.passes import apply, pipeline
-from overlapcfg.strategies import StrategyResult, register_strategy, registry
+from overlapcfg.strategies import StrategyResult, register_strategy
 
 pytestmark = pytest.mark.slow  # the demo step is traced once per session (conftest)
 
@@ -51,7 +51,7 @@ def test_a_graph_bucketed_by_torch_is_refused_too(traced_2l: TracedStep) -> None
 @pytest.fixture
 def failing_strategy() -> Iterator[str]:
     """A strategy that merges every bucket, then fails: the pass must put the graph back."""
-    saved, saved_contracts = dict(registry._STRATEGIES), dict(contracts._CONTRACTS)
+    saved_contracts = dict(contracts._CONTRACTS)
 
     @register_strategy("merge_then_fail")
     def run(gm: fx.GraphModule, ctx: Any) -> StrategyResult:
@@ -59,8 +59,6 @@ def failing_strategy() -> Iterator[str]:
         raise RuntimeError("strategy failed half-way")
 
     yield "merge_then_fail"
-    registry._STRATEGIES.clear()
-    registry._STRATEGIES.update(saved)
     contracts._CONTRACTS.clear()
     contracts._CONTRACTS.update(saved_contracts)
 

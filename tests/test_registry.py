@@ -1,7 +1,7 @@
 """The strategy registry: duplicates, unknown names, third-party policies, lazily loaded entry points.
 
-Every test that registers something runs under ``clean_registry``, which restores ``_REGISTRY`` and the
-entry-point flag afterwards, so no test leaks a strategy into another.
+Every test that registers something runs under ``clean_registry``, which restores the one catalog
+(``contracts._CONTRACTS``) and the entry-point flag afterwards, so no test leaks a strategy into another.
 """
 
 from __future__ import annotations
@@ -11,32 +11,25 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from overlapcfg.config import OverlapConfig, contracts, load_config
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.strategies import registry
 from overlapcfg.strategies.registry import ENTRY_POINT_GROUP, available_strategies, get_strategy, register_strategy
 
 
 @pytest.fixture
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    saved = dict(registry._STRATEGIES)
-    saved_contracts = dict(contracts._CONTRACTS)
-    saved_bare = dict(contracts._BARE_ENTRY_POINTS)
+    saved_contracts = dict(contracts._CONTRACTS)  # the one catalog: contracts and their graph calls
     saved_flag = contracts._entry_points_loaded
     try:
         yield
     finally:
-        registry._STRATEGIES.clear()
-        registry._STRATEGIES.update(saved)
         contracts._CONTRACTS.clear()
         contracts._CONTRACTS.update(saved_contracts)
-        contracts._BARE_ENTRY_POINTS.clear()
-        contracts._BARE_ENTRY_POINTS.update(saved_bare)
         contracts._entry_points_loaded = saved_flag
 
 
@@ -279,3 +272,49 @@ def test_torch_manual_rejects_per_bucket_and_override_depths_it_would_ignore() -
     assert [f.path for f in info.value.faults] == ["overlap.plan.buckets[1].forward_prefetch",
                                                    "overlap.overrides[0].backward_prefetch"]
     assert all("torch_manual has a fixed depth of 1" in f.message for f in info.value.faults)
+
+
+# --- a strategy's rules live in its policy model only ------------------------------------------------------------
+
+class ShallowPolicy(PolicyBase):
+    """A third party that prefetches at most one bucket ahead and has no reduce-scatter knob."""
+
+    forward_prefetch: Literal[0, 1] = 1
+    """Depth 0 or 1 only."""
+
+
+def test_a_policy_field_rule_holds_in_every_plan_entry_and_override(clean_registry: None) -> None:
+    register_strategy("shallow", policy=ShallowPolicy)(_factory)
+    with pytest.raises(OverlapConfigError) as info:
+        load_config({"strategy": "shallow",
+                     "plan": {"buckets": [{"modules": ["layers.*"], "forward_prefetch": 2, "reduce_scatter_delay": 3},
+                                          "norm"]},
+                     "overrides": [{"match": "layers.0", "forward_prefetch": 0}, {"match": "norm",
+                                                                                 "forward_prefetch": 4}]})
+    assert [(f.path, f.message) for f in info.value.faults] == [
+        ("overlap.plan.buckets[0].forward_prefetch", "expected 0 or 1, got 2"),
+        ("overlap.overrides[1].forward_prefetch", "expected 0 or 1, got 4")]  # no policy field: as written
+
+
+def test_torch_manual_depth_rule_reads_the_same_in_its_policy_and_its_plan() -> None:
+    messages = {}
+    for where, cfg in (("policy", {"policy": {"backward_prefetch": 2}}),
+                       ("plan", {"plan": {"buckets": [{"modules": ["layers.*"], "backward_prefetch": 2}]}}),
+                       ("overrides", {"overrides": [{"match": "layers.0", "backward_prefetch": 2}]})):
+        with pytest.raises(OverlapConfigError) as info:
+            load_config({"strategy": "torch_manual", "plan": "llama_layers", **cfg})
+        (fault,) = info.value.faults
+        messages[where] = fault.message
+    assert len(set(messages.values())) == 1, messages
+    assert messages["plan"].startswith("torch_manual has a fixed depth of 1")
+
+
+def test_a_declared_strategy_without_a_graph_call_is_a_lookup_error(clean_registry: None) -> None:
+    contracts.declare(contracts.StrategyContract("declared_only", OverlapPolicy, origin="tests"))
+    assert load_config({"strategy": "declared_only", "plan": "llama_layers"}).strategy == "declared_only"
+    with pytest.raises(LookupError, match="'declared_only' \\(tests\\) has no graph call"):
+        get_strategy("declared_only")
+    contracts.attach("declared_only", _factory)
+    assert get_strategy("declared_only").run is _factory
+    with pytest.raises(ValueError, match="already has a graph call"):
+        contracts.attach("declared_only", lambda gm, ctx: None)

@@ -301,3 +301,21 @@ def test_module_override_model():
 def test_yaml_syntax_errors_are_config_errors_with_a_location(text, where):
     msg = only_fault(text)
     assert msg.startswith("overlap: could not parse YAML: ") and where in msg
+
+
+def test_settings_lists_each_written_value_where_the_config_writes_it():
+    """The one walk over the policy, plan entries written as mappings, and overrides (in the order written); unset
+    values and sites without the field write nothing."""
+    cfg = load_config({"plan": {"buckets": ["norm", {"modules": ["layers.*"], "reduce_scatter_delay": 2,
+                                                     "reshard_after_forward": False}]},
+                       "policy": {"reduce_scatter_delay": 0},
+                       "overrides": [{"match": "layers.0", "forward_prefetch": 3},
+                                     {"match": "layers.1", "reduce_scatter_delay": 1}]}, root="trainer.overlap")
+    found = [(s.path("trainer.overlap"), s.value)
+             for s in cfg.settings("reduce_scatter_delay", "reshard_after_forward")]
+    assert found == [("trainer.overlap.policy.reduce_scatter_delay", 0),
+                     ("trainer.overlap.plan.buckets[1].reduce_scatter_delay", 2),
+                     ("trainer.overlap.plan.buckets[1].reshard_after_forward", False),
+                     ("trainer.overlap.overrides[1].reduce_scatter_delay", 1)]
+    assert [s.loc for s in cfg.settings("forward_prefetch", sites=("plan", "overrides"))] == [
+        ("overrides", 0, "forward_prefetch")]

@@ -1,6 +1,7 @@
 """Pydantic models of what users write (no torch, no Hydra): plans, policies, overrides, the whole config."""
 
-from overlapcfg.config.load import faults_from_validation_error, from_hydra, load_config
+from overlapcfg.config.faults import faults_from_validation_error
+from overlapcfg.config.load import from_hydra, load_config
 from overlapcfg.config.overlap import OverlapConfig
 from overlapcfg.config.plan import Bucket, BucketEntry, BucketPlan, ModuleOverride
 from overlapcfg.config.policy import AutoPolicy, BucketMode, OverlapPolicy, PolicyBase, TorchManualPolicy

@@ -1,9 +1,16 @@
-"""What a config may say for each strategy: its policy model, whether it reads a plan and a policy, its own checks.
+"""Every strategy, declared once: what a config may say for it (the contract) and what it does to a graph.
 
-A strategy is one object (``overlapcfg.strategies.Strategy``): this contract plus the graph call. The contract is
-declared here, in the torch-free config layer, because validating a config must not import torch (a typo on the
-command line is reported in a fraction of a second). ``overlapcfg.strategies.register_strategy`` declares the
-contract and registers the graph call in one step; nothing else declares contracts.
+One ``StrategyContract`` per name, in one catalog, here in the torch-free config layer: validating a config must
+not import torch (a typo on the command line is reported in a fraction of a second). The graph call
+(``run(gm, ctx) -> StrategyResult``) needs torch, so the strategies layer attaches it to the declaration:
+``overlapcfg.strategies.register_strategy`` declares a contract with its call in one step, and the built-ins
+declared below get theirs from ``overlapcfg.strategies.registry`` (``attach``). ``overlapcfg.strategies.Strategy``
+is the typed view of one declaration; nothing else holds strategies.
+
+A strategy's rules on settings are its policy model's, and only its policy model's: a value a plan entry or an
+override writes stands in for the policy's value for those buckets, so ``OverlapConfig`` validates it against the
+policy field of the same name (``TorchManualPolicy`` fixes the depths at 1, and that one rule covers the policy,
+every plan entry and every override).
 
 Names come from three places, in this order: the built-ins below, Python registration, and installed entry points
 in the ``overlapcfg.strategies`` group (imported lazily, once, the first time an unknown name is looked up).
@@ -12,48 +19,47 @@ A config can never name an import path: YAML selects a key of this catalog and n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
 from overlapcfg.config.policy import AutoPolicy, OverlapPolicy, PolicyBase, TorchManualPolicy
 from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean, show_value
 
-if TYPE_CHECKING:
-    from overlapcfg.config.overlap import OverlapConfig
-
-__all__ = ["ENTRY_POINT_GROUP", "ConfigCheck", "StrategyContract", "bare_entry_point", "contract_of", "declare",
+__all__ = ["ENTRY_POINT_GROUP", "GraphCall", "StrategyContract", "attach", "contract_of", "declare",
            "strategy_names"]
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "overlapcfg.strategies"
 
-ConfigCheck: TypeAlias = Callable[["OverlapConfig"], Sequence[tuple[tuple[str | int, ...], object, str]]]
-"""``check(cfg) -> [(location, value, message), ...]``: faults a strategy finds in an otherwise valid config
-(locations relative to the overlap node, e.g. ``("plan", "buckets", 1, "forward_prefetch")``)."""
+GraphCall: TypeAlias = Callable[..., object]
+"""``run(gm, ctx) -> StrategyResult``; typed as ``overlapcfg.strategies.StrategyFn`` there (this layer cannot name
+torch's types)."""
 
 
 @dataclass(frozen=True, slots=True)
 class StrategyContract:
-    """The config-facing half of a strategy."""
+    """One strategy: what configs may say for it and, once the strategies layer attached it, its graph call."""
 
     name: str
     policy: type[PolicyBase]
-    """The model ``policy`` is validated against (a knob the strategy would ignore is then an unknown field)."""
+    """The model ``policy`` is validated against (a knob the strategy would ignore is then an unknown field); plan
+    entries' and overrides' depths are validated against its fields of the same name."""
     uses_plan: bool = True
     """Buckets by ``plan``: a plan is required, and ``overrides`` apply."""
     reads_policy: bool = True
     """False for strategies that read no policy (``none``): a non-default policy is reported as ignored."""
-    check: ConfigCheck | None = None
     origin: str = "builtin"
     """Who declared it: ``builtin``, a module name, or ``entry point <dist>``."""
+    run: GraphCall | None = None
+    """The graph call; None until the strategies layer attaches it (built-ins: ``overlapcfg.strategies``)."""
 
 
 _CONTRACTS: dict[str, StrategyContract] = {}
-_BARE_ENTRY_POINTS: dict[str, Callable[..., object]] = {}
 _entry_points_loaded = False
 
 
@@ -68,33 +74,17 @@ def declare(contract: StrategyContract) -> None:
     _CONTRACTS[contract.name] = contract
 
 
-def _torch_manual_depths(cfg: OverlapConfig) -> list[tuple[tuple[str | int, ...], object, str]]:
-    """torch_manual runs upstream at depth 1: a per-bucket or per-module depth other than 1 would be ignored."""
-    from overlapcfg.config.plan import Bucket
-
-    message = ("torch_manual has a fixed depth of 1 (upstream manual_overlap_bucketing), got {got}; use strategy "
-               "'manual' for other depths")
-    keys = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")
-    found: list[tuple[tuple[str | int, ...], object, str]] = []
-    for i, entry in enumerate(cfg.plan.buckets if cfg.plan is not None else ()):
-        if isinstance(entry, Bucket):
-            found += [(("plan", "buckets", i, k), v, message.format(got=repr(v)))
-                      for k in keys if (v := getattr(entry, k)) not in (None, 1)]
-    for i, override in enumerate(cfg.overrides):
-        found += [(("overrides", i, k), v, message.format(got=repr(v)))
-                  for k in keys if (v := getattr(override, k)) not in (None, 1)]
-    # Upstream leaves HSDP all-reduces alone, so a delay for them would be silently ignored.
-    no_all_reduce = ("torch_manual does not bucket or schedule HSDP all-reduces (upstream manual_overlap_bucketing "
-                     "skips all-reduces), got {got}; use strategy 'manual' for all_reduce_delay")
-    entries = [(("plan", "buckets", i), e) for i, e in enumerate(cfg.plan.buckets if cfg.plan is not None else ())
-               if isinstance(e, Bucket)] + [(("overrides", i), o) for i, o in enumerate(cfg.overrides)]
-    found += [((*where, "all_reduce_delay"), v, no_all_reduce.format(got=repr(v)))
-              for where, e in entries if (v := e.all_reduce_delay) is not None]
-    return found
+def attach(name: str, run: GraphCall) -> StrategyContract:
+    """Give the strategy declared as ``name`` without a graph call its call; a second call is refused."""
+    contract = contract_of(name)
+    if contract.run is not None and contract.run is not run:
+        raise ValueError(f"strategy {name!r} (declared by {contract.origin}) already has a graph call")
+    _CONTRACTS[name] = attached = dataclasses.replace(contract, run=run)
+    return attached
 
 
 declare(StrategyContract("manual", OverlapPolicy))
-declare(StrategyContract("torch_manual", TorchManualPolicy, check=_torch_manual_depths))
+declare(StrategyContract("torch_manual", TorchManualPolicy))
 declare(StrategyContract("auto", AutoPolicy, uses_plan=False))
 # `none` accepts the manual policy so that `-m overlap.strategy=none,manual` sweeps need no other change.
 declare(StrategyContract("none", OverlapPolicy, uses_plan=False, reads_policy=False))
@@ -119,16 +109,9 @@ def _load_entry_points() -> None:
         if not callable(obj):
             logger.error("overlapcfg: entry point %r is neither registered nor a strategy function", ep.name)
             continue
-        # A bare strategy function: the manual policy, a plan. Its graph call is handed to the strategies layer
-        # (``bare_entry_point``), which wraps it on first use; this layer only declares what configs may say.
+        # A bare strategy function: the manual policy, a plan, and the function as its graph call.
         dist = getattr(getattr(ep, "dist", None), "name", "?")
-        declare(StrategyContract(ep.name, OverlapPolicy, origin=f"entry point {dist}"))
-        _BARE_ENTRY_POINTS[ep.name] = obj
-
-
-def bare_entry_point(name: str) -> Callable[..., object] | None:
-    """The graph call of an entry point that exposed a bare function instead of registering itself."""
-    return _BARE_ENTRY_POINTS.get(name)
+        declare(StrategyContract(ep.name, OverlapPolicy, origin=f"entry point {dist}", run=obj))
 
 
 def strategy_names() -> tuple[str, ...]:

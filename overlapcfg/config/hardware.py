@@ -22,13 +22,15 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field
 
 from overlapcfg.config.base import ConfigModel
 from overlapcfg.config.calibration import Calibration, CollectiveFit, CollectiveFits
+from overlapcfg.config.interpolate import has_references
 from overlapcfg.config.load import validate_config
 from overlapcfg.config.presets import command_conf_dir
+from overlapcfg.config.safe_yaml import dump_yaml
+from overlapcfg.config.yaml_files import read_yaml, with_references_resolved
 from overlapcfg.errors import OverlapConfigError, closest, natural_key
 
 __all__ = ["HardwareProfile", "PeakFlops", "hardware_home", "hardware_names", "load_hardware", "save_hardware",
@@ -136,10 +138,12 @@ def _load(name: str) -> HardwareProfile:
 
 
 def _read(path: Path, name: str) -> HardwareProfile:
-    try:
-        data: Any = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise OverlapConfigError.single(GROUP, f"cannot read hardware profile {path}: {err}") from None
+    # The reader of user configs, limits included; ``${key}`` references between the profile's own keys mean what
+    # they mean when the command composes the profile (``hardware=<name>``), and ``save_hardware``'s ``\${`` reads
+    # back as ``${``.
+    data: Any = read_yaml(path, GROUP, what="hardware profile") or {}
+    if has_references(data):
+        data = with_references_resolved(data, GROUP, header="invalid hardware profile")
     if not isinstance(data, dict):
         raise OverlapConfigError.single(GROUP, f"{path} is not a mapping")
     data.setdefault("name", name)
@@ -189,7 +193,7 @@ def save_hardware(profile: HardwareProfile, path: Path | None = None, *, header:
                                                   "always be found first; choose another name")
         path = hardware_home() / f"{profile.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=120)
+    body = dump_yaml(profile.model_dump(mode="json", exclude_none=True), width=120)  # reads back as written
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
         tmp.write(comment + body)

@@ -1,42 +1,46 @@
 """Turning whatever a user has (a model, a dict, a DictConfig, YAML text or a file) into an ``OverlapConfig``.
 
-This is the only place pydantic's ``ValidationError`` is translated: each error becomes one ``Fault`` whose
-path is the dotted config path from where the user mounted the config (``trainer.overlap.policy.…``).
+Each pydantic error becomes one ``Fault`` whose path is the dotted config path from where the user mounted the
+config (``trainer.overlap.policy.…``; the wording lives in ``faults.py``, the YAML reader in ``yaml_files.py``).
 Nothing a user passes escapes as anything but ``OverlapConfigError`` (a wrong Python type is ``TypeError``).
 """
 
 from __future__ import annotations
 
 import os
-import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
-import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from overlapcfg.compat.omegaconf import full_key, root_of
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
+from overlapcfg.config.faults import faults_from_validation_error
 from overlapcfg.config.interpolate import (
     KeyPath,
     format_path,
     has_references,
     parse_key_path,
-    resolve_references,
 )
 from overlapcfg.config.overlap import OverlapConfig
 from overlapcfg.config.presets import searching_hydra
-from overlapcfg.config.safe_yaml import YamlLimitError, dump_yaml, load_yaml, measure
-from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean, show_value
+from overlapcfg.config.safe_yaml import dump_yaml
+from overlapcfg.config.yaml_files import (
+    MAX_FILE_BYTES,
+    measure_or_fault,
+    parse_yaml,
+    read_text,
+    with_references_resolved,
+)
+from overlapcfg.errors import Fault, OverlapConfigError, join_path, show_value
 
 __all__ = [
     "MAX_FILE_BYTES",
     "ConfigSource",
     "dump_yaml",
-    "faults_from_validation_error",
     "from_hydra",
     "load_config",
     "validate_config",
@@ -46,10 +50,6 @@ __all__ = [
 M = TypeVar("M", bound=BaseModel)
 
 HEADER = "invalid overlap config"
-
-MAX_FILE_BYTES = 16 * 2**20
-"""Largest config file (or YAML text) read, checked before parsing; a plan for the largest models is well under
-1 MiB. Parsing is bounded further by ``safe_yaml.MAX_NODES`` values, counted before anything is composed."""
 
 ConfigSource: TypeAlias = OverlapConfig | Mapping[str, Any] | DictConfig | str | os.PathLike[str]
 """Anything ``load_config`` turns into an ``OverlapConfig``."""
@@ -154,11 +154,11 @@ def _to_container(src: Any, root: str) -> Any:
     if isinstance(src, (DictConfig, ListConfig)):
         return _from_omegaconf(src, root)
     if isinstance(src, os.PathLike):
-        return _from_text(_read_file(Path(src), root), root, Path(src))
+        return _from_text(read_text(Path(src), root), root, Path(src))
     if isinstance(src, str):
         return _from_text(src, root, None)
     if isinstance(src, Mapping):
-        _measure_or_fault(src, root, None)
+        measure_or_fault(src, root, None)
         return _unwrap(src)[0]
     raise TypeError(
         f"load_config expects an OverlapConfig, a mapping, a DictConfig, YAML text or a pathlib.Path; "
@@ -166,88 +166,18 @@ def _to_container(src: Any, root: str) -> Any:
     )
 
 
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-"""Opening never waits (a FIFO without a writer) and never adopts a terminal; reading never waits either: a file
-that has nothing to give now (``/proc/kmsg`` reports a regular file of size 0, then blocks) says so instead."""
-
-
-def _read_file(path: Path, root: str) -> str:
-    """The file's text, read from one open descriptor (what is checked is what is read) and at most
-    ``MAX_FILE_BYTES`` + 1 bytes of it, whatever size the file reports."""
-    name = show_value(str(path))
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except FileNotFoundError:
-        raise OverlapConfigError.single(root, f"config file {name} does not exist") from None
-    except OSError as err:
-        raise OverlapConfigError.single(root, f"config file {name} cannot be read: {err.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OverlapConfigError.single(root, f"config file {name} is not a file")
-        data = _read_capped(fd, name, root)
-    except BlockingIOError:
-        raise OverlapConfigError.single(root, f"config file {name} cannot be read without waiting (a kernel or "
-                                              "device file that only looks like a file, such as /proc/kmsg)") from None
-    except OSError as err:
-        raise OverlapConfigError.single(root, f"config file {name} cannot be read: {err.strerror}") from None
-    finally:
-        os.close(fd)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise OverlapConfigError.single(
-            root, f"config file {name} is not UTF-8 text (byte {err.start} of {len(data):,})") from None
-
-
-def _read_capped(fd: int, name: str, root: str) -> bytes:
-    chunks: list[bytes] = []
-    total = 0
-    while chunk := os.read(fd, min(2**20, MAX_FILE_BYTES + 1 - total)):
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > MAX_FILE_BYTES:
-            raise OverlapConfigError.single(
-                root, f"config file {name} is more than {MAX_FILE_BYTES:,} bytes; config files are at most that")
-    return b"".join(chunks)
-
-
-def _check_text(text: str, root: str) -> None:
-    """YAML text is held to the file limit before it is parsed, and must be valid Unicode: a lone surrogate
-    (``'\\udcff'``, what ``surrogateescape`` makes of an undecodable byte) cannot be written back as YAML."""
-    if len(text) > MAX_FILE_BYTES:  # every character is at least one byte: no need to encode to know
-        raise OverlapConfigError.single(root, f"YAML text of {len(text):,} characters refused; config text is at "
-                                              f"most {MAX_FILE_BYTES:,} bytes")
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError as err:
-        line = text.count("\n", 0, err.start) + 1
-        column = err.start - (text.rfind("\n", 0, err.start) + 1) + 1
-        raise OverlapConfigError.single(root, f"YAML text holds a lone surrogate {text[err.start]!r} (line {line}, "
-                                              f"column {column}): not valid Unicode text") from None
-    if size > MAX_FILE_BYTES:
-        raise OverlapConfigError.single(root, f"YAML text of {size:,} bytes refused; config text is at most "
-                                              f"{MAX_FILE_BYTES:,} bytes")
-
-
 def _from_text(text: str, root: str, path: Path | None) -> Any:
-    where = f"YAML file {show_value(str(path))}" if path is not None else "YAML"
-    _check_text(text, root)
-    try:
-        data = load_yaml(text)
-    except YamlLimitError as err:
-        raise OverlapConfigError.single(root, f"{where} refused: {err}") from None
-    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as err:
-        raise OverlapConfigError.single(root, f"could not parse {where}: {_yaml_problem(err)}") from None
+    data = parse_yaml(text, root, source=path)
     inner, at = _unwrap(data)
     if has_references(inner):
-        return _resolve(data, at, lambda p: _show_path(root, p[len(at):]), root)
+        return with_references_resolved(data, root, at=at, header=HEADER)
     return inner
 
 
 def _from_omegaconf(node: DictConfig | ListConfig, root: str) -> Any:
     try:
         data = OmegaConf.to_container(node, resolve=False, throw_on_missing=True)
-        _measure_or_fault(data, root, None)
+        measure_or_fault(data, root, None)
         data, inner = _unwrap(data)
         if not has_references(data):
             return data
@@ -261,9 +191,9 @@ def _from_omegaconf(node: DictConfig | ListConfig, root: str) -> Any:
 
     def show(p: KeyPath) -> str:
         # Inside the node: the user's path from ``root``; elsewhere in the composed config: its own path.
-        return _show_path(root, p[len(at):]) if p[: len(at)] == at else format_path(p) or "<root>"
+        return join_path(root, p[len(at):]) if p[: len(at)] == at else format_path(p) or "<root>"
 
-    return _resolve(whole, at, show, root)
+    return with_references_resolved(whole, root, at=at, show=show, header=HEADER)
 
 
 def _omegaconf_path(err: OmegaConfBaseException, node: DictConfig | ListConfig, root: str) -> str:
@@ -274,7 +204,7 @@ def _omegaconf_path(err: OmegaConfBaseException, node: DictConfig | ListConfig, 
     own = full_key(node)
     if own and (key == own or key.startswith((f"{own}.", f"{own}["))):
         key = key[len(own):].lstrip(".")
-    return _show_path(root, parse_key_path(key)) if key else root
+    return join_path(root, parse_key_path(key)) if key else root
 
 
 def _omegaconf_problem(err: OmegaConfBaseException) -> str:
@@ -286,43 +216,10 @@ def _omegaconf_problem(err: OmegaConfBaseException) -> str:
     return f"{type(err).__name__}: {message[0] if message else ''}".rstrip(": ")
 
 
-def _resolve(whole: Any, at: KeyPath, show: Callable[[KeyPath], str], root: str) -> Any:
-    data, faults = resolve_references(whole, at, show)
-    if faults:
-        raise OverlapConfigError(faults, header=HEADER)
-    _measure_or_fault(data, root, "once references are resolved")
-    return data
-
-
-def _measure_or_fault(data: Any, root: str, when: str | None) -> None:
-    try:
-        measure(data)
-    except YamlLimitError as err:
-        raise OverlapConfigError.single(root, f"config refused: {err}{f' ({when})' if when else ''}") from None
-
-
 def _unwrap(data: Any) -> tuple[Any, KeyPath]:
     if isinstance(data, Mapping) and set(data) == {"overlap"} and isinstance(data["overlap"], Mapping):
         return data["overlap"], ("overlap",)
     return data, ()
-
-
-def _show_path(root: str, path: KeyPath) -> str:
-    rel = format_path(path)
-    if not rel:
-        return root
-    if not root:
-        return rel
-    return f"{root}{rel}" if rel.startswith("[") else f"{root}.{rel}"
-
-
-def _yaml_problem(err: Exception) -> str:
-    """PyYAML's problem and where it is (``... (line 1, column 11)``), on one line; never the offending text."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
-    if isinstance(err, RecursionError):
-        problem = "nesting too deep"
-    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
 def _describe(data: Any, src: Any) -> str:
@@ -392,112 +289,3 @@ def _surrogate_faults(data: Any, path: str) -> Iterator[Fault]:
     elif isinstance(data, (list, tuple)):
         for i, value in enumerate(data):
             yield from _surrogate_faults(value, f"{path}[{i}]")
-
-
-def _join(root: str, loc: tuple[int | str, ...]) -> str:
-    out = root
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part.startswith("<"):  # a union tag (see schema.plan.BucketEntry), not part of the user's path
-            continue
-        else:
-            out = f"{out}.{part}" if out else part
-    return out
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, (dict, Mapping)):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return show_value(value)
-
-
-_EXPECTED = {
-    "int_parsing": "an integer",
-    "int_type": "an integer",
-    "int_from_float": "an integer",
-    "float_parsing": "a number",
-    "float_type": "a number",
-    "bool_parsing": "true or false",
-    "bool_type": "true or false",
-    "string_type": "a string",
-    "tuple_type": "a list",
-    "list_type": "a list",
-    "model_type": "a mapping",
-    "model_attributes_type": "a mapping",
-    "dict_type": "a mapping",
-    "none_required": "null (this strategy does not support it)",
-}
-
-
-def _message(error: Mapping[str, Any], hints: Mapping[str, tuple[str, ...]]) -> str:
-    kind, ctx, given = error["type"], error.get("ctx") or {}, error.get("input")
-    if kind == "missing":
-        return "required field is missing"
-    if kind == "extra_forbidden":
-        key = str(error["loc"][-1]) if error["loc"] else ""
-        valid = hints.get(key, ())
-        listing = f"; valid fields: {', '.join(valid)}" if valid else ""
-        return f"unknown field{did_you_mean(key, valid, n=1)}{listing}"
-    if kind == "literal_error":
-        expected = ctx.get("expected", "")
-        options = [o.strip().strip("'") for o in expected.replace(" or ", ", ").split(",")]
-        hint = did_you_mean(str(given), options) if isinstance(given, str) else ""
-        return f"expected {expected}, got {_show(given)}{hint}"
-    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
-        bound = next(iter(ctx.values()), "?")
-        return f"expected a value {op} {bound}, got {_show(given)}"
-    if kind in ("too_short", "too_long"):
-        return f"expected {'at least' if kind == 'too_short' else 'at most'} " \
-               f"{ctx.get('min_length', ctx.get('max_length'))} item(s), got {ctx.get('actual_length')}"
-    if _is_pattern_position(error) and isinstance(given, int) and not isinstance(given, bool):
-        if kind == "bucket_entry":
-            return f"{error.get('msg', kind)}; {_integer_pattern(given)}"
-        return _integer_pattern(given)
-    if kind in _EXPECTED:
-        return f"expected {_EXPECTED[kind]}, got {_show(given)}"
-    msg = str(error.get("msg", kind))
-    if kind == "value_error":
-        msg = msg.removeprefix("Value error, ")
-    return msg
-
-
-def faults_from_validation_error(err: ValidationError, root: str = "",
-                                 hints: Mapping[str, tuple[str, ...]] | None = None) -> list[Fault]:
-    """One fault per pydantic error, in pydantic's order, with dotted paths and our wording.
-
-    ``hints`` maps unknown keys to the valid field names of their model (``collect_unknown_field_hints``).
-    """
-    errors = err.errors(include_url=False)
-    # pydantic also reports a list whose every item failed as too short ("got 0"): a false extra fault.
-    failed_items = {tuple(e["loc"][:-1]) for e in errors if e["loc"] and isinstance(e["loc"][-1], int)}
-    faults = []
-    for error in errors:
-        loc = tuple(error["loc"])
-        if error["type"] == "too_short" and loc in failed_items:
-            continue
-        faults.append(Fault(_join(root, loc), _message(error, hints or {})))
-    return list(dict.fromkeys(faults))
-
-
-def _is_pattern_position(error: Mapping[str, Any]) -> bool:
-    """Whether the value sits where a module pattern belongs (plan entries, ``modules``, ``per``, ``match``)."""
-    loc = tuple(error["loc"])
-    if error["type"] == "bucket_entry":
-        return True
-    return error["type"] == "string_type" and ("buckets" in loc or (bool(loc) and loc[-1] == "match"))
-
-
-def _integer_pattern(value: int) -> str:
-    """Hydra's override parser and YAML read ``0`` (and YAML 1.1 ``4:8``) as integers; say how to quote them."""
-    if value.bit_length() > 100:
-        return f"got {show_value(value)}; module names are strings"
-    msg = f"got an integer {value}; module names are strings: quote it ('{value}')"
-    high, low = divmod(value, 60)
-    if value >= 60 and high < 60:
-        msg += (f"; if you wrote the range {high}:{low}, YAML 1.1 read it as the base-60 number {value}: "
-                f"quote the range '{high}:{low}'")
-    return msg

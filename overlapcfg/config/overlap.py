@@ -6,29 +6,53 @@ Validation order matters and is deliberate: ``strategy`` first, because it selec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     Field,
     PrivateAttr,
     SerializeAsAny,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError, PydanticKnownError
 
 from overlapcfg.config.base import ConfigModel
 from overlapcfg.config.contracts import contract_of, strategy_names
-from overlapcfg.config.plan import BucketPlan, ModuleOverride
+from overlapcfg.config.plan import DEPTH_FIELDS, Bucket, BucketPlan, ModuleOverride
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.config.presets import load_preset, preset_names
 from overlapcfg.config.safe_yaml import dump_yaml
-from overlapcfg.errors import closest_first, did_you_mean, show_value
+from overlapcfg.errors import closest_first, did_you_mean, join_path, show_value
 
-__all__ = ["OverlapConfig"]
+__all__ = ["OverlapConfig", "Setting", "Site"]
+
+Site: TypeAlias = Literal["policy", "plan", "overrides"]
+"""Where a config writes depths: the policy, a plan entry written as a mapping, an override."""
+SITES: tuple[Site, ...] = ("policy", "plan", "overrides")
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One value a config writes at one of its sites (``OverlapConfig.settings``)."""
+
+    loc: tuple[str | int, ...]
+    """From the overlap node: ``("plan", "buckets", 1, "forward_prefetch")``."""
+    value: Any
+
+    @property
+    def key(self) -> str:
+        return str(self.loc[-1])
+
+    def path(self, root: str) -> str:
+        """The dotted path from where the user mounted the config: ``trainer.overlap.overrides[0].all_reduce_delay``."""
+        return join_path(root, self.loc)
 
 
 class OverlapConfig(ConfigModel):
@@ -155,22 +179,71 @@ class OverlapConfig(ConfigModel):
             value = _own_strategy(dict(value), strategy, "this policy")
         return model.model_validate(value)
 
+    def settings(self, *keys: str, sites: tuple[Site, ...] = SITES) -> Iterator[Setting]:
+        """Every value of ``keys`` this config writes, in the order written: the policy's, then each plan entry's
+        (those written as a mapping), then each override's. A site without such a field, or leaving it unset
+        (None), writes nothing; the policy always writes its fields (their defaults included).
+
+        The one walk over the places a depth can be set: the strategy's rules below, the FSDP2 driver's checks
+        and the pass's notes on settings a strategy ignores all read the config through it.
+        """
+        found: list[tuple[tuple[str | int, ...], Any]] = []
+        if "policy" in sites:
+            found.append((("policy",), self.policy))
+        if "plan" in sites and self.plan is not None:
+            found += [(("plan", "buckets", i), e) for i, e in enumerate(self.plan.buckets) if isinstance(e, Bucket)]
+        if "overrides" in sites:
+            found += [(("overrides", i), o) for i, o in enumerate(self.overrides)]
+        for where, item in found:
+            fields = type(item).model_fields
+            for key in keys:
+                if key in fields and (value := getattr(item, key)) is not None:
+                    yield Setting((*where, key), value)
+
     @model_validator(mode="after")
-    def _strategy_checks(self) -> OverlapConfig:
-        """The selected strategy's own checks (``StrategyContract.check``), e.g. torch_manual's fixed depth."""
-        check = contract_of(self.strategy).check
-        found = list(check(self)) if check is not None else []
-        if found:
-            raise ValidationError.from_exception_data("OverlapConfig", [
-                InitErrorDetails(type=PydanticCustomError("strategy_check", "{msg}", {"msg": message}),
-                                 loc=loc, input=value)
-                for loc, value, message in found])
+    def _entries_within_policy(self) -> OverlapConfig:
+        """A depth a plan entry or an override writes stands in for the policy's for those buckets, so it must be a
+        value the strategy's policy model accepts: ``TorchManualPolicy`` fixes the depths at 1 and has no
+        all-reduce delay, and that one rule holds in the policy, every plan entry and every override."""
+        model = contract_of(self.strategy).policy
+        fields = model.model_fields
+        faults: list[InitErrorDetails] = []
+        for setting in self.settings(*DEPTH_FIELDS, sites=("plan", "overrides")):
+            if setting.key not in fields:
+                continue  # the strategy has no policy value of that name: the resolved plan carries it as written
+            try:
+                _field_validator(model, setting.key).validate_python(setting.value)
+            except ValidationError as err:
+                faults += [_raised_again(e, setting) for e in err.errors(include_url=False)]
+        if faults:
+            raise ValidationError.from_exception_data("OverlapConfig", faults)
         return self
 
     def to_yaml(self) -> str:
         """YAML that ``load_config`` reads back to an equal config (strings YAML would read as something else,
         such as ``1e3``, ``yes`` or ``${x}``, are quoted)."""
         return dump_yaml(self.model_dump(mode="json"))
+
+
+@cache
+def _field_validator(model: type[PolicyBase], key: str) -> TypeAdapter[Any]:
+    """Validates one value as ``model``'s field ``key`` (its type and constraints, without the rest of the model)."""
+    field = model.model_fields[key]
+    return TypeAdapter(Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation)
+
+
+def _raised_again(error: Any, setting: Setting) -> InitErrorDetails:
+    """The policy model's error raised again at ``setting``'s location: the same type and context (so
+    ``load_config`` words it as it would at the policy), or, for a validator's own error, its text."""
+    try:
+        PydanticKnownError(error["type"], error.get("ctx"))
+    except KeyError:
+        custom = PydanticCustomError(error["type"], "{msg}", {"msg": error["msg"]})
+        return InitErrorDetails(type=custom, loc=(*setting.loc, *error["loc"]), input=setting.value)
+    found = InitErrorDetails(type=error["type"], loc=(*setting.loc, *error["loc"]), input=setting.value)
+    if "ctx" in error:
+        found["ctx"] = error["ctx"]
+    return found
 
 
 def _policy_strategy(policy: Any) -> str | None:

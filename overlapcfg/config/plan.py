@@ -14,7 +14,10 @@ from pydantic_core import PydanticCustomError
 from overlapcfg.config.base import ConfigModel, Depth
 from overlapcfg.errors import OverlapConfigError
 
-__all__ = ["Bucket", "BucketEntry", "BucketPlan", "ModuleOverride", "PatternText", "check_pattern"]
+__all__ = ["DEPTH_FIELDS", "Bucket", "BucketEntry", "BucketPlan", "ModuleOverride", "PatternText", "check_pattern"]
+
+DEPTH_FIELDS: tuple[str, ...] = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay", "all_reduce_delay")
+"""The per-bucket values a plan entry or an override may set in place of the policy's (fields of the same name)."""
 
 
 def check_pattern(text: Any) -> str:
@@ -136,11 +139,7 @@ class ModuleOverride(ConfigModel):
 
     @model_validator(mode="after")
     def _sets_something(self) -> ModuleOverride:
-        if (self.forward_prefetch, self.backward_prefetch, self.reduce_scatter_delay,
-                self.all_reduce_delay) == (None, None, None, None):
-            raise PydanticCustomError(
-                "empty_override",
-                "an override must set at least one of forward_prefetch, backward_prefetch, reduce_scatter_delay, "
-                "all_reduce_delay",
-            )
+        if all(getattr(self, key) is None for key in DEPTH_FIELDS):
+            raise PydanticCustomError("empty_override", "an override must set at least one of {keys}",
+                                      {"keys": ", ".join(DEPTH_FIELDS)})
         return self

@@ -1,7 +1,9 @@
 """Policies: *how far ahead* collectives are issued. Which modules share a collective lives in ``plan.py``.
 
 Each strategy declares its own policy model (``overlapcfg.config.contracts``); the policy in a config is validated
-against the selected strategy's class, so a knob a strategy would ignore is rejected instead.
+against the selected strategy's class, so a knob a strategy would ignore is rejected instead. A policy model is also
+where a strategy's rules on depths live: a plan entry's or an override's depth is validated against the field of the
+same name (``OverlapConfig._entries_within_policy``), so ``TorchManualPolicy``'s fixed depth of 1 holds there too.
 """
 
 from __future__ import annotations

@@ -22,9 +22,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from overlapcfg.compat.omegaconf import hydra_group_option, hydra_group_options
+from overlapcfg.config.yaml_files import read_yaml
 from overlapcfg.errors import natural_key
 
 __all__ = ["command_conf_dir", "conf_dir", "load_preset", "preset_names", "searching_hydra"]
@@ -77,15 +76,16 @@ def preset_names(group: str) -> tuple[str, ...]:
 
 
 def load_preset(group: str, name: str) -> dict[str, Any]:
-    """The raw mapping of one preset. Unknown names raise ``KeyError`` (callers turn it into a config error)."""
+    """The raw mapping of one preset. Unknown names raise ``KeyError`` (callers turn it into a config error).
+
+    Shipped presets are read as user files are (``overlapcfg.config.yaml_files``): the same scalars and limits."""
     if _SEARCH_HYDRA.get():
         found = hydra_group_option(f"overlap/{group}", name)
         if found is not None:
             return found
     if name not in _shipped(group):
         raise KeyError(name)
-    text = (conf_dir() / "overlap" / group / f"{name}.yaml").read_text()
-    data = yaml.safe_load(text) or {}
+    data = read_yaml(conf_dir() / "overlap" / group / f"{name}.yaml", "", what="shipped preset") or {}
     if not isinstance(data, dict):
         raise TypeError(f"preset overlap/{group}/{name}.yaml is not a mapping")
     return data

@@ -164,7 +164,7 @@ def load_yaml(text: str) -> Any:
     """The one document in ``text`` as plain Python data; ``YamlLimitError`` or ``yaml.YAMLError`` if refused.
 
     An empty document is ``None``; several documents are a ``yaml.YAMLError``. Callers bound ``text``'s size
-    first (``overlapcfg.config.load.MAX_FILE_BYTES``); here the values are counted before anything is built.
+    first (``overlapcfg.config.yaml_files.MAX_FILE_BYTES``); here the values are counted before anything is built.
     """
     if yaml.__with_libyaml__:
         _check_events(text)
@@ -274,9 +274,10 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def dump_yaml(data: Any) -> str:
-    """Block-style YAML of JSON-like ``data`` that ``load_config`` reads back to the same values, key order kept."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+def dump_yaml(data: Any, *, width: int | None = None) -> str:
+    """Block-style YAML of JSON-like ``data`` that ``load_config`` reads back to the same values, key order kept;
+    ``width``: where long lines fold (PyYAML's default, 80 columns, if None)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=width)
 
 
 _BACKSLASHES_THEN_INTERP = re.compile(r"(\\*)\$\{")

@@ -61,7 +61,9 @@ def _task(cfg: DictConfig) -> None:
         elif mode == "compare":
             job.run_compare(cfg, output_dir, console, overrides=HydraConfig.get().overrides.task)
         elif mode == "tune":
-            job.run_tune(cfg, output_dir, console)
+            from overlapcfg.demo import tune_job  # above job: it reuses job's trace, stages and hardware checks
+
+            tune_job.run_tune(cfg, output_dir, console)
         elif mode in ("calibrate", "measure"):
             from overlapcfg.demo import measure_job
 

@@ -4,7 +4,8 @@ Stages, each timed and shown while it runs: validate the config → check the pl
 tree (built on the meta device: an unmatched pattern fails in a second, before any tracing) → trace one training
 step → ``overlapcfg.report.explain`` (or ``compare``) → print the rich table and write JSON into the run directory.
 With ``sharding=fsdp2`` the trace is replaced by sharding the demo eagerly with ``overlapcfg.fully_shard``
-(``overlapcfg.demo.eager``) and the report is read from the model.
+(``overlapcfg.demo.eager``) and the report is read from the model. ``mode=tune`` and ``mode=calibrate|measure``
+live in ``tune_job`` and ``measure_job``, which build on this module's stages (never the other way round).
 
 This module knows the composed config's *layout* (``model``, ``world_size``, ``overlap``, ``hardware``, ...) and
 nothing about Hydra itself; ``overlapcfg.demo.cli`` is the Hydra app around it. Every user error is raised as
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from overlapcfg.report import HardwareProfile
 
 __all__ = ["Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
-           "run_report", "run_tune", "traced"]
+           "run_report", "traced"]
 
 log = logging.getLogger(__name__)
 
@@ -237,14 +238,6 @@ def _sets_overlap_key(override: str, key: str) -> bool:
     ``overlap=default``) sets ``overlap.<key>``."""
     target = override.split("=", 1)[0].lstrip("~+").split("@", 1)[0].replace("/", ".")
     return target in ("overlap", f"overlap.{key}") or target.startswith(f"overlap.{key}.")
-
-
-def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
-    """``mode=tune``: search plans and schedules for the demo step and write ``tuned.yaml``
-    (``overlapcfg.demo.tune_job``)."""
-    from overlapcfg.demo.tune_job import run_tune as tune_demo
-
-    return tune_demo(cfg, output_dir, console)
 
 
 def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: Sequence[str] = ()) -> Path:

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
-from overlapcfg.config import Bucket, OverlapConfig, OverlapPolicy
+from overlapcfg.config import OverlapConfig, OverlapPolicy
 from overlapcfg.errors import Fault, closest_first, did_you_mean
 
 __all__ = ["NATIVE_REDUCE_SCATTER_DELAY", "check_config", "check_kwargs", "check_mesh", "check_unsharded",
@@ -56,28 +56,17 @@ def check_config(cfg: OverlapConfig, root: str) -> list[Fault]:
         return faults  # the policy belongs to that strategy; judging its fields would only add noise
     if cfg.plan is None:
         faults.append(Fault(f"{root}.plan", "the FSDP2 driver needs a plan: a preset name or a mapping with 'buckets'"))
-    message = (f"FSDP2 has no per-bucket reduce-scatter delay: each bucket's reduce-scatter overlaps the next "
-               f"bucket's backward compute, which is reduce_scatter_delay {NATIVE_REDUCE_SCATTER_DELAY}; got {{got}}. "
-               f"Use {NATIVE_REDUCE_SCATTER_DELAY} (or leave it unset) with overlapcfg.fully_shard")
-    if isinstance(cfg.policy, OverlapPolicy) and cfg.policy.reduce_scatter_delay != NATIVE_REDUCE_SCATTER_DELAY:
-        faults.append(Fault(f"{root}.policy.reduce_scatter_delay", message.format(got=cfg.policy.reduce_scatter_delay)))
-    for i, entry in enumerate(cfg.plan.buckets if cfg.plan is not None else ()):
-        if isinstance(entry, Bucket) and entry.reduce_scatter_delay not in (None, NATIVE_REDUCE_SCATTER_DELAY):
-            faults.append(Fault(f"{root}.plan.buckets[{i}].reduce_scatter_delay",
-                                message.format(got=entry.reduce_scatter_delay)))
-    for i, override in enumerate(cfg.overrides):
-        if override.reduce_scatter_delay not in (None, NATIVE_REDUCE_SCATTER_DELAY):
-            faults.append(Fault(f"{root}.overrides[{i}].reduce_scatter_delay",
-                                message.format(got=override.reduce_scatter_delay)))
+    no_delay = (f"FSDP2 has no per-bucket reduce-scatter delay: each bucket's reduce-scatter overlaps the next "
+                f"bucket's backward compute, which is reduce_scatter_delay {NATIVE_REDUCE_SCATTER_DELAY}; got {{got}}. "
+                f"Use {NATIVE_REDUCE_SCATTER_DELAY} (or leave it unset) with overlapcfg.fully_shard")
     # FSDP2's HSDP all-reduce runs right after its reduce-scatter inside post-backward: no knob to delay it.
-    no_delay = ("FSDP2 issues an HSDP bucket's all-reduce right after its reduce-scatter, with no per-bucket delay; "
-                "got {got}. Leave all_reduce_delay unset with overlapcfg.fully_shard")
-    places = [(f"{root}.policy", cfg.policy)] if isinstance(cfg.policy, OverlapPolicy) else []
-    places += [(f"{root}.plan.buckets[{i}]", e) for i, e in enumerate(cfg.plan.buckets if cfg.plan else ())
-               if isinstance(e, Bucket)]
-    places += [(f"{root}.overrides[{i}]", o) for i, o in enumerate(cfg.overrides)]
-    faults += [Fault(f"{where}.all_reduce_delay", no_delay.format(got=v))
-               for where, item in places if (v := item.all_reduce_delay) is not None]
+    no_all_reduce_delay = ("FSDP2 issues an HSDP bucket's all-reduce right after its reduce-scatter, with no "
+                           "per-bucket delay; got {got}. Leave all_reduce_delay unset with overlapcfg.fully_shard")
+    for setting in cfg.settings("reduce_scatter_delay", "all_reduce_delay"):
+        if setting.key == "all_reduce_delay":
+            faults.append(Fault(setting.path(root), no_all_reduce_delay.format(got=setting.value)))
+        elif setting.value != NATIVE_REDUCE_SCATTER_DELAY:
+            faults.append(Fault(setting.path(root), no_delay.format(got=setting.value)))
     return faults
 
 

@@ -27,7 +27,6 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
-from overlapcfg.config.plan import Bucket
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
 from overlapcfg.graph.collectives import Collective, Direction, find_collectives
@@ -78,10 +77,8 @@ def _ignored_settings(cfg: OverlapConfig, strategy: Strategy, root: str) -> tupl
     if not strategy.reads_policy and cfg.policy != type(cfg.policy)():
         notes.append(f"{root}.policy is ignored: strategy {cfg.strategy!r} reads no policy")
     if not strategy.uses_plan:
-        for i, entry in enumerate(cfg.plan.buckets if cfg.plan is not None else ()):
-            if isinstance(entry, Bucket) and entry.reshard_after_forward is not None:
-                notes.append(f"{root}.plan.buckets[{i}].reshard_after_forward is ignored: strategy "
-                             f"{cfg.strategy!r} does not bucket by plan")
+        notes += [f"{s.path(root)} is ignored: strategy {cfg.strategy!r} does not bucket by plan"
+                  for s in cfg.settings("reshard_after_forward", sites=("plan",))]
     return tuple(notes)
 
 

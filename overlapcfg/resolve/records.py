@@ -10,13 +10,12 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from overlapcfg.config.patterns import strip_wrappers
+from overlapcfg.config.plan import DEPTH_FIELDS
 from overlapcfg.errors import closest
 from overlapcfg.resolve.matcher import ancestors, show
 
 __all__ = ["DEPTH_FIELDS", "DepthSource", "RecordModel", "ResolvedBucket", "ResolvedPlan"]
 
-DEPTH_FIELDS: tuple[str, ...] = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay", "all_reduce_delay")
-"""The per-bucket values an entry or an override may set."""
 FOLLOWS_REDUCE_SCATTER = "reduce_scatter_delay"
 """The origin of an ``all_reduce_delay`` nobody set: it follows the bucket's reduce-scatter delay."""
 

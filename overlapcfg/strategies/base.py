@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 from torch import fx
 
@@ -56,10 +56,19 @@ StrategyFn: TypeAlias = Callable[[fx.GraphModule, PassContext], StrategyResult]
 
 @dataclass(frozen=True, slots=True)
 class Strategy:
-    """A registered strategy: what configs may say for it (``contract``) and what it does to a graph (``run``)."""
+    """A registered strategy, typed: its declaration (``contract``, from the one catalog in
+    ``overlapcfg.config.contracts``) and what it does to a graph (``run``, the call attached to it)."""
 
     contract: StrategyContract
-    run: StrategyFn
+
+    def __post_init__(self) -> None:
+        if self.contract.run is None:
+            raise LookupError(f"strategy {self.contract.name!r} ({self.contract.origin}) has no graph call attached; "
+                              "register it with overlapcfg.register_strategy")
+
+    @property
+    def run(self) -> StrategyFn:
+        return cast(StrategyFn, self.contract.run)
 
     @property
     def name(self) -> str:
@@ -76,5 +85,3 @@ class Strategy:
     @property
     def reads_policy(self) -> bool:
         return self.contract.reads_policy
-
-

@@ -1,9 +1,9 @@
-"""Strategy registry: names map to ``Strategy`` objects (contract + graph call).
+"""Strategy registry: the strategies layer's side of the one catalog (``overlapcfg.config.contracts``).
 
-The built-ins (``manual``, ``torch_manual``, ``auto``, ``none``) are registered when this module is imported;
-third-party code registers with ``register_strategy`` (a decorator on its graph call) or through an installed
-entry point in the ``overlapcfg.strategies`` group. The contracts live in ``overlapcfg.config.contracts`` so that
-configs validate without importing torch; this module adds the graph calls.
+The built-ins (``manual``, ``torch_manual``, ``auto``, ``none``) are declared there, torch-free, and get their graph
+calls here when this module is imported; third-party code registers with ``register_strategy`` (a decorator on its
+graph call, declaring the contract and the call in one step) or through an installed entry point in the
+``overlapcfg.strategies`` group.
 """
 
 from __future__ import annotations
@@ -11,26 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from overlapcfg.config import contracts
-from overlapcfg.config.contracts import ENTRY_POINT_GROUP, ConfigCheck, StrategyContract
+from overlapcfg.config.contracts import ENTRY_POINT_GROUP, StrategyContract
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.strategies import auto, identity, manual, torch_manual
 from overlapcfg.strategies.base import Strategy, StrategyFn
 
 __all__ = ["ENTRY_POINT_GROUP", "Strategy", "available_strategies", "get_strategy", "register_strategy"]
 
-_STRATEGIES: dict[str, Strategy] = {}
-
-
-def _add(strategy: Strategy) -> None:
-    contracts.declare(strategy.contract)  # raises, naming both registrants, if the name is taken
-    _STRATEGIES[strategy.name] = strategy
-
 
 def register_strategy(name: str, *, policy: type[PolicyBase] = OverlapPolicy, uses_plan: bool = True,
-                      reads_policy: bool = True, check: ConfigCheck | None = None,
-                      origin: str | None = None) -> Callable[[StrategyFn], StrategyFn]:
+                      reads_policy: bool = True, origin: str | None = None) -> Callable[[StrategyFn], StrategyFn]:
     """Register ``run(gm, ctx) -> StrategyResult`` under ``name``, with the policy model its config is validated
-    against.
+    against (plan entries' and overrides' depths too, against the policy's fields of the same name).
 
     >>> @register_strategy("my_sched", policy=MyPolicy)   # doctest: +SKIP
     ... def run(gm, ctx): ...
@@ -40,7 +32,8 @@ def register_strategy(name: str, *, policy: type[PolicyBase] = OverlapPolicy, us
 
     def decorator(run: StrategyFn) -> StrategyFn:
         source = origin or getattr(run, "__module__", None) or "unknown"
-        _add(Strategy(StrategyContract(name, policy, uses_plan, reads_policy, check, source), run))
+        # raises, naming both registrants, if the name is taken
+        contracts.declare(StrategyContract(name, policy, uses_plan, reads_policy, source, run))
         return run
 
     return decorator
@@ -48,7 +41,7 @@ def register_strategy(name: str, *, policy: type[PolicyBase] = OverlapPolicy, us
 
 for _name, _run in (("manual", manual.run), ("torch_manual", torch_manual.run), ("auto", auto.run),
                    ("none", identity.run)):
-    _STRATEGIES[_name] = Strategy(contracts.contract_of(_name), _run)
+    contracts.attach(_name, _run)
 
 
 def available_strategies() -> tuple[str, ...]:
@@ -58,12 +51,4 @@ def available_strategies() -> tuple[str, ...]:
 
 def get_strategy(name: str) -> Strategy:
     """The strategy registered under ``name``; an unknown name lists what is available, closest first."""
-    contract = contracts.contract_of(name)  # loads entry points; raises OverlapConfigError for unknown names
-    strategy = _STRATEGIES.get(name)
-    if strategy is None:
-        bare = contracts.bare_entry_point(name)
-        if bare is None:
-            raise LookupError(f"strategy {name!r} has a contract ({contract.origin}) but no registered graph call; "
-                              "register it with overlapcfg.register_strategy")
-        strategy = _STRATEGIES[name] = Strategy(contract, bare)  # type: ignore[arg-type]
-    return strategy
+    return Strategy(contracts.contract_of(name))  # loads entry points; OverlapConfigError for unknown names
