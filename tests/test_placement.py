@@ -11,6 +11,7 @@ import pytest
 
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.graph.placement import (
+    Delay,
     DelayedStep,
     GatherStep,
     Placement,
@@ -23,7 +24,7 @@ from overlapcfg.report.replay import Memory, Streams
 from overlapcfg.tuning.quick import score
 
 
-def _emit(nodes: Sequence[str], moved: dict[str, Placement]) -> list[str]:
+def _emit(nodes: Sequence[str], moved: dict[str, Placement] | dict[str, Delay]) -> list[str]:
     """``nodes`` (at positions 0, 1, ...) sorted by their keys: a moved node's placement key, else its position."""
     def key(item: tuple[int, str]) -> tuple[float, int, int]:
         position, name = item

@@ -51,8 +51,8 @@ from overlapcfg.config.policy import IssueOrder
 from overlapcfg.graph.reach import prefetch_reach, reach
 from overlapcfg.graph.record import DepthDecision, Direction
 
-__all__ = ["DelayedStep", "GatherStep", "Key", "Placement", "SortKey", "all_gather_decisions", "in_schedule_order",
-           "place_all_gathers", "place_delayed"]
+__all__ = ["Delay", "DelayedStep", "GatherStep", "Key", "Placement", "SortKey", "all_gather_decisions",
+           "in_schedule_order", "place_all_gathers", "place_delayed"]
 
 Key = tuple[float, int, int]
 """``(position, tier, order)``: tier -1 just before the node at ``position``, 0 at it (the node itself, or just after
@@ -93,20 +93,26 @@ class DelayedStep:
 
 
 class Placement(NamedTuple):
-    """Where one step's moved chain goes: the all-gather's start chain, the delayed collective's wait chain. (A
-    named tuple: the tuner makes a few hundred per candidate.)"""
+    """Where an all-gather step's start chain goes. (Named tuples: the tuner makes hundreds per candidate.)"""
 
     key: Key | None
-    """None: left where the graph has it."""
+    """None: left where the graph issues it."""
     before: float | None = None
-    """The chain runs before the node at this position (an all-gather before its issuer's wait)."""
+    """The chain runs before the node at this position (its issuer's wait)."""
     after: float | None = None
-    """The chain runs after the node at this position (a reduce-scatter start it is issued after; the start
-    a delayed wait is placed after)."""
-    effective: int = 0
-    """Delayed steps: the delay as placed."""
-    reason: str | None = None
-    """Delayed steps: why ``effective`` is below the requested delay."""
+    """The chain runs after the node at this position (the reduce-scatter start it is issued after)."""
+
+
+class Delay(NamedTuple):
+    """Where a delayed step's wait chain goes."""
+
+    key: Key
+    after: float | None
+    """The chain runs after the node at this position (the start it is placed after; None: not delayed)."""
+    effective: int
+    """The delay as placed."""
+    reason: str | None
+    """Why ``effective`` is below the requested delay."""
 
 
 Step = TypeVar("Step", GatherStep, DelayedStep)
@@ -136,8 +142,10 @@ def place_all_gathers(steps: Sequence[GatherStep], depths: Sequence[int], cap: i
         if j == 0 and depths[0] > 0:
             # Nothing earlier prefetches it: issue it before the first compute (as upstream does), unless the
             # graph already issues it earlier.
-            hoisted = first_compute is not None and first_compute <= step.start
-            out.append(Placement((first_compute, -1, 0) if hoisted else None))  # type: ignore[arg-type]
+            if first_compute is not None and first_compute <= step.start:
+                out.append(Placement((first_compute, -1, 0)))
+            else:
+                out.append(Placement(None))
             continue
         anchor = steps[issuer].wait
         if rs_first and j > issuer + 1:
@@ -161,9 +169,9 @@ def _first_between(ascending: Sequence[float], low: float, high: float) -> float
     return ascending[i] if i < len(ascending) and ascending[i] < high else None
 
 
-def place_delayed(steps: Sequence[DelayedStep], delays: Sequence[int]) -> list[Placement]:
+def place_delayed(steps: Sequence[DelayedStep], delays: Sequence[int]) -> list[Delay]:
     """Place the delayed steps of one kind (in schedule order) asking for ``delays``."""
-    out: list[Placement] = []
+    out: list[Delay] = []
     last = len(steps) - 1
     for i, (step, requested) in enumerate(zip(steps, delays, strict=True)):
         target = min(i + requested, last)
@@ -172,6 +180,5 @@ def place_delayed(steps: Sequence[DelayedStep], delays: Sequence[int]) -> list[P
             target -= 1
             reason = "a consumer of the result needs it earlier"
         anchor = steps[target].issue
-        out.append(Placement((anchor, 1, i), after=anchor if target != i else None, effective=target - i,
-                             reason=reason))
+        out.append(Delay((anchor, 1, i), anchor if target != i else None, target - i, reason))
     return out

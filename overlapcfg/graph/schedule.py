@@ -236,7 +236,7 @@ def _place_delayed(plan: ResolvedPlan, steps: Sequence[Step], nodes: Sequence[fx
         moved = [n for chain in chains[step.bucket] for n in chain]
         rank = {n: r for r, n in enumerate(moved)} if p.after is not None else index
         for node in moved:
-            keys[node] = (*p.key, rank[node])  # type: ignore[misc]  # a delayed step is always keyed
+            keys[node] = (*p.key, rank[node])
         if p.after is not None:
             for c in step.collectives:
                 deps.setdefault(c.waits[0], []).append(nodes[int(p.after)])

@@ -113,9 +113,9 @@ class GroupedGraph:
     reduce-scatter's beyond the compute that may run after its start: no schedule of this grouping hides them."""
     scatter_starts: tuple[float, ...]
     """Where each merged reduce-scatter is issued, ascending."""
-    gathers_at: tuple[GatherStep, ...] = ()
+    gathers_at: tuple[GatherStep, ...]
     """``all_gathers`` as the placement rule sees them."""
-    scatters_at: tuple[DelayedStep, ...] = ()
+    scatters_at: tuple[DelayedStep, ...]
     """``reduce_scatters`` as the placement rule sees them."""
     cache: dict[tuple[object, ...], GraphScore] = field(default_factory=dict, compare=False, repr=False)
     """Replays already made, by the knobs this graph reads."""
@@ -377,7 +377,7 @@ def _events(g: GroupedGraph, depths: Sequence[int], delays: Sequence[int], cap: 
     for step, at, p in zip(g.reduce_scatters, g.scatters_at, place_delayed(g.scatters_at, delays), strict=True):
         for m in step.collectives:
             events.append(((m.start, 0, 0, 0), _ISSUE, m, at.bucket))
-            events.append(((*p.key, 0), _WAIT, m, at.bucket))  # type: ignore[misc]  # a delayed step is keyed
+            events.append(((*p.key, 0), _WAIT, m, at.bucket))
     for position, last, nbytes in g.profile.params if memory else ():
         events.append(((position, 0, 0, 1), _ALLOC, nbytes, -1))
         events.append(((last, 0, 0, 2), _FREE, nbytes, -1))
