@@ -13,7 +13,23 @@ from collections.abc import Sequence
 
 from overlapcfg.graph.record import DepthDecision, Direction
 
-__all__ = ["prefetch_reach"]
+__all__ = ["prefetch_reach", "reach"]
+
+
+def reach(depths: Sequence[int], sizes: Sequence[int], cap: int | None) -> list[int]:
+    """``reach[i]`` for one direction (the rule above); no records, for the tuner's replay of many schedules."""
+    last = len(depths) - 1
+    out: list[int] = []
+    prev = -1
+    for i, requested in enumerate(depths):
+        floor = max(prev, i)
+        r = max(floor, min(i + requested, last))
+        if cap is not None:
+            while r > floor and sum(sizes[i:r + 1]) > cap:
+                r -= 1
+        out.append(r)
+        prev = r
+    return out
 
 
 def prefetch_reach(names: Sequence[str], depths: Sequence[int], sizes: Sequence[int], cap: int | None,
@@ -22,25 +38,22 @@ def prefetch_reach(names: Sequence[str], depths: Sequence[int], sizes: Sequence[
     """``(reach, decisions)`` for one direction; ``end`` names why the last buckets' depth is clipped."""
     if not len(names) == len(depths) == len(sizes):
         raise AssertionError(f"prefetch_reach: {len(names)} names, {len(depths)} depths, {len(sizes)} sizes")
+    reached = reach(depths, sizes, cap)
     last = len(names) - 1
-    reach: list[int] = []
     decisions: list[DepthDecision] = []
     prev = -1
-    for i, requested in enumerate(depths):
-        floor = max(prev, i)
-        r = max(floor, min(i + requested, last))
-        reason = end if i + requested > last and r < i + requested else None
+    for i, (requested, r) in enumerate(zip(depths, reached, strict=True)):
+        unbound = max(prev, i, min(i + requested, last))  # the reach before the cap lowers it
+        reason = end if i + requested > last and unbound < i + requested else None
         if cap is not None:
-            while r > floor and sum(sizes[i:r + 1]) > cap:
-                r -= 1
+            if r < unbound:
                 reason = f"max_inflight_bytes={cap} binds"
             if r == i and sizes[i] > cap:
                 reason = f"max_inflight_bytes={cap} is smaller than this bucket ({sizes[i]} bytes)"
         if r > i + requested:  # an earlier, deeper bucket already issued it
             reason = f"an earlier bucket's depth already issued up to {names[r]}"
-        reach.append(r)
         decisions.append(DepthDecision(bucket=names[i], direction=direction, kind="all_gather", position=i,
                                        requested=requested, effective=r - i, inflight_bytes=sum(sizes[i:r + 1]),
                                        reason=reason))
         prev = r
-    return tuple(reach), tuple(decisions)
+    return tuple(reached), tuple(decisions)

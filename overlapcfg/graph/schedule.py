@@ -4,16 +4,11 @@ It does not move compute. It gives every node a sort key (its position) and re-k
 then emits the graph in key order subject to data dependencies (Kahn's algorithm on a heap of keys), so the
 result is a topological order by construction and identical on every rank.
 
-Forward all-gathers, ``forward_prefetch = 1`` (as torch's ``manual_overlap_bucketing``)::
-
-    before: ag0 w0 c0 ag1 w1 c1 ag2 w2 c2        after: ag0 ag1 w0 c0 ag2 w1 c1 w2 c2
-
-with ``k = 2``: ``ag0 ag1 ag2 w0 c0 w1 c1 w2 c2``; ``k = 0``: each ``ag_i`` right before ``w_i``. The first
-bucket of each direction has nothing before it to prefetch it: unless its own depth is 0, it is issued before
-the graph's first compute node (as upstream does), or where the graph issues it if that is earlier.
-Backward all-gathers run the same in backward order. Reduce-scatters, ``reduce_scatter_delay = 1``::
-
-    before: c2 rs2 w2 c1 rs1 w1 c0 rs0 w0          after: c2 rs2 c1 rs1 w2 c0 rs0 w1 w0
+Where each bucket's collectives go (depths, caps, issue order, with examples) is ``overlapcfg.graph.placement``,
+the rule the tuner's quick model replays too. This module reads the graph for it (steps, their positions, the
+first compute, the readers of a reduce-scatter's result) and applies what it returns: a step's start chain is its
+start and the copy-in feeding only it (``exclusive_ancestors``), a wait chain the waits and what reads only them
+(``exclusive_descendants``).
 
 HSDP all-reduces (the replicate-group half of a gradient's reduction, chained with its reduce-scatter in
 either order) are placed like reduce-scatters with ``all_reduce_delay``; whichever half of a chain comes second
@@ -22,22 +17,8 @@ is issued as soon as its input is ready (right after the first half's wait), so 
     AR -> RS, both delays 1:  c1 ar1 c0 ar0 w(ar1) rs1 w(ar0) rs0 w(rs1) w(rs0)
 
 Every placement is also a hard ordering edge of the emission below, so a requested delay is never cut short by
-a chained start that is emitted later than its original position.
-
-A ``max_inflight_bytes`` cap lowers the all-gather reach where the unsharded bytes issued but not yet waited
-would exceed it; the step record says where and why.
-
-Issue order: the starts of each kind (all-gather, reduce-scatter) keep their relative order within a process
-group, so every rank issues the same sequence; a prefetched all-gather may overtake a reduce-scatter issued
-before it in the original graph, as in upstream's schedule. One stream serves both kinds in issue order, so an
-all-gather prefetched far ahead delays every reduce-scatter issued after it. ``issue_order="reduce_scatter_first"``
-issues an all-gather two or more buckets ahead of its issuer just after the next reduce-scatter start instead,
-when that start comes before the previous bucket's wait (backward, ``k = 2``; ``ag3`` waits for ``rs1``)::
-
-    gather_first:          ag3 w1 c1 rs1 ag4 w2 c2 rs2 ...
-    reduce_scatter_first:  w1 c1 rs1 ag3 w2 c2 rs2 ag4 ...
-
-Depth-1 graphs have no such all-gather and are the same under both orders.
+a chained start that is emitted later than its original position. In-place writes (a whole-step graph's
+optimizer) are ordered against the reads of what they write, for emission only.
 """
 
 from __future__ import annotations
@@ -50,15 +31,14 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.policy import IssueOrder
+from overlapcfg.graph import placement
 from overlapcfg.graph.collectives import Direction, is_collective_start, is_compute_node, node_direction, positions
 from overlapcfg.graph.merge import MergedCollective
-from overlapcfg.graph.reach import prefetch_reach
+from overlapcfg.graph.placement import SortKey
 from overlapcfg.graph.record import DepthDecision
 from overlapcfg.resolve import ResolvedPlan
 
-__all__ = ["ScheduleResult", "Step", "exclusive_ancestors", "schedule_manual"]
-
-Key = tuple[int, int, int, int]
+__all__ = ["ScheduleResult", "Step", "exclusive_ancestors", "exclusive_descendants", "schedule_manual"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,18 +62,13 @@ class ScheduleResult:
     """``(node, must-run-after)`` pairs, for ``insert_overlap_deps``; graph order."""
 
 
-def _steps(merged: Sequence[MergedCollective], kind: str, direction: Direction,
-           index: dict[fx.Node, int]) -> list[Step]:
+def _steps(merged: Sequence[MergedCollective], kind: str, direction: Direction) -> list[Step]:
+    """One step per bucket, in the order of ``merged`` (``overlapcfg.graph.placement`` numbers them)."""
     by_bucket: dict[int, list[MergedCollective]] = {}
     for m in merged:
         if m.kind == kind and m.direction == direction:
             by_bucket.setdefault(m.bucket, []).append(m)
-    # All-gathers in the order their buckets compute (first wait); reduce-scatters in the order they are issued.
-    def anchor(ms: list[MergedCollective]) -> int:
-        return min(index[w] for m in ms for w in m.waits) if kind == "all_gather" else min(index[m.start]
-                                                                                            for m in ms)
-    ordered = sorted(by_bucket.items(), key=lambda item: anchor(item[1]))
-    return [Step(b, direction, kind, tuple(ms)) for b, ms in ordered]
+    return [Step(b, direction, kind, tuple(ms)) for b, ms in by_bucket.items()]
 
 
 def exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> list[fx.Node]:
@@ -114,7 +89,7 @@ def exclusive_ancestors(start: fx.Node, index: dict[fx.Node, int]) -> list[fx.No
     return sorted(chain, key=index.__getitem__)
 
 
-def _exclusive_descendants(waits: Sequence[fx.Node], index: dict[fx.Node, int]) -> list[fx.Node]:
+def exclusive_descendants(waits: Sequence[fx.Node], index: dict[fx.Node, int]) -> list[fx.Node]:
     """The waits and the nodes that read only them, breadth first from the waits (siblings in graph order), up to
     but not including another collective's start (an HSDP chain's second half is placed on its own).
 
@@ -147,39 +122,31 @@ def _depth(plan: ResolvedPlan, step: Step) -> int:
     return bucket.forward_prefetch if step.direction == "forward" else bucket.backward_prefetch
 
 
-def _all_gather_reach(plan: ResolvedPlan, steps: Sequence[Step],
-                      cap: int | None) -> tuple[tuple[int, ...], tuple[DepthDecision, ...]]:
-    """``reach[i]``: the last step issued by the time step i waits (``overlapcfg.graph.reach``)."""
-    if not steps:
-        return (), ()
-    return prefetch_reach([plan.buckets[s.bucket].name for s in steps], [_depth(plan, s) for s in steps],
-                          [s.unsharded_bytes for s in steps], cap, steps[0].direction)
-
-
 def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[MergedCollective],
                     max_inflight_bytes: int | None, issue_order: IssueOrder = "gather_first") -> ScheduleResult:
     """Reorder ``gm.graph`` in place; the caller lints and recompiles."""
     graph = gm.graph
+    nodes = list(graph.nodes)
     index = positions(graph)
-    keys: dict[fx.Node, Key] = {n: (i, 0, 0, 0) for n, i in index.items()}
+    keys: dict[fx.Node, SortKey] = {n: (i, 0, 0, 0) for n, i in index.items()}
     deps: dict[fx.Node, list[fx.Node]] = {}
     records: list[DepthDecision] = []
     directions = {m.direction for m in merged if m.kind == "all_gather"}
     chained = _chained_starts(merged, index)
+    # A reduce-scatter chained after an HSDP all-reduce is issued when that all-reduce's (delayed) wait is done,
+    # not at its position here: tying a prefetch to it could close a cycle through the delay.
+    scatters = sorted(index[m.start] for m in merged if m.kind == "reduce_scatter" and m.start not in chained)
     for direction in ("forward", "backward"):
-        steps = _steps(merged, "all_gather", direction, index)
+        steps = _steps(merged, "all_gather", direction)
         # A joint graph holds both directions: the first backward bucket is hoisted before the first backward
         # compute, not to the start of the forward. In aot's separate graphs (one direction each), as upstream:
         # before the graph's first compute node.
         first_compute = next((n for n in graph.nodes if is_compute_node(n)
                               and (len(directions) < 2 or node_direction(n) == direction)), None)
-        # A reduce-scatter chained after an HSDP all-reduce is issued when that all-reduce's (delayed) wait is
-        # done, not at its position here: tying a prefetch to it could close a cycle through the delay.
-        scatters = sorted((m.start for m in merged if m.kind == "reduce_scatter" and m.start not in chained),
-                          key=index.__getitem__) if issue_order == "reduce_scatter_first" else []
-        records += _place_all_gathers(plan, steps, max_inflight_bytes, index, first_compute, keys, deps, scatters)
+        records += _place_all_gathers(plan, steps, max_inflight_bytes, nodes, index, first_compute, keys, deps,
+                                      issue_order, scatters)
     for kind in ("reduce_scatter", "all_reduce"):
-        records += _place_delayed(plan, _steps(merged, kind, "backward", index), index, keys, deps, chained)
+        records += _place_delayed(plan, _steps(merged, kind, "backward"), nodes, index, keys, deps, chained)
     for start in chained:  # the second half of an HSDP chain: issued as soon as the first half's result is ready
         keys[start] = (-1, 0, 0, index[start])
     _reorder(graph, keys, deps, _writes_in_place(graph, index))
@@ -188,40 +155,33 @@ def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[Mer
     return ScheduleResult(tuple(records), overlap_deps)
 
 
-def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | None, index: dict[fx.Node, int],
-                       first_compute: fx.Node | None, keys: dict[fx.Node, Key],
-                       deps: dict[fx.Node, list[fx.Node]], scatters: Sequence[fx.Node] = ()) -> list[DepthDecision]:
-    """Key each step's start chain just before the wait of the first step whose reach covers it. With
-    ``scatters`` (reduce-scatter starts in graph order, ``issue_order="reduce_scatter_first"``), a step reached two
-    or more buckets ahead is keyed instead just after the first of those reduce-scatters issued between that wait
-    and the previous step's wait, if there is one: still a bucket ahead of its own wait."""
-    reach, records = _all_gather_reach(plan, steps, cap)
-    issuer = 0
-    for j, step in enumerate(steps):
-        while reach[issuer] < j:  # reach is monotone and reach[j] >= j, so this stops at j at the latest
-            issuer += 1
-        if j == 0 and _depth(plan, step) > 0:
-            # Nothing earlier prefetches it: issue it before the graph's first compute, as upstream does.
-            anchor = first_compute
-            if anchor is None or index[anchor] > min(index[c.start] for c in step.collectives):
-                continue
-        else:
-            anchor = min((w for c in steps[issuer].collectives for w in c.waits), key=index.__getitem__)
-            if j > issuer + 1 and scatters:
-                previous = min((w for c in steps[j - 1].collectives for w in c.waits), key=index.__getitem__)
-                later = [s for s in scatters if index[anchor] < index[s] < index[previous]]
-                if later:  # after that reduce-scatter on the stream, and still a bucket ahead of its own wait
-                    for c in step.collectives:
-                        for node in exclusive_ancestors(c.start, index):
-                            keys[node] = (index[later[0]], 0, 1 + j, index[node])
-                        deps.setdefault(c.start, []).append(later[0])
-                    continue
+def _place_all_gathers(plan: ResolvedPlan, steps: Sequence[Step], cap: int | None, nodes: Sequence[fx.Node],
+                       index: dict[fx.Node, int], first_compute: fx.Node | None, keys: dict[fx.Node, SortKey],
+                       deps: dict[fx.Node, list[fx.Node]], issue_order: IssueOrder,
+                       scatters: Sequence[int]) -> tuple[DepthDecision, ...]:
+    """Key each step's start chain where ``overlapcfg.graph.placement`` places it, its dependencies as edges;
+    ``scatters``: the reduce-scatter starts' positions, ascending."""
+    if not steps:
+        return ()
+    ordered = placement.in_schedule_order(
+        (placement.GatherStep(s.bucket, plan.buckets[s.bucket].name, s.unsharded_bytes,
+                              min(index[c.start] for c in s.collectives),
+                              min(index[w] for c in s.collectives for w in c.waits)), s) for s in steps)
+    placed, steps = [a for a, _ in ordered], [s for _, s in ordered]
+    depths = [_depth(plan, s) for s in steps]
+    placements = placement.place_all_gathers(placed, depths, cap, issue_order=issue_order, scatters=scatters,
+                                             first_compute=None if first_compute is None else index[first_compute])
+    for step, p in zip(steps, placements, strict=True):
+        if p.key is None:
+            continue
         for c in step.collectives:
             for node in exclusive_ancestors(c.start, index):
-                keys[node] = (index[anchor], -1, j, index[node])
-            if issuer != j:
-                deps.setdefault(anchor, []).append(c.start)
-    return list(records)
+                keys[node] = (*p.key, index[node])
+            if p.after is not None:
+                deps.setdefault(c.start, []).append(nodes[int(p.after)])
+            if p.before is not None:
+                deps.setdefault(nodes[int(p.before)], []).append(c.start)
+    return placement.all_gather_decisions(placed, depths, cap, steps[0].direction)
 
 
 def _chained_starts(merged: Sequence[MergedCollective], index: dict[fx.Node, int]) -> set[fx.Node]:
@@ -251,40 +211,37 @@ def _first_wait_above(node: fx.Node, waits: dict[fx.Node, MergedCollective]) -> 
     return None
 
 
-def _place_delayed(plan: ResolvedPlan, steps: Sequence[Step], index: dict[fx.Node, int], keys: dict[fx.Node, Key],
-                   deps: dict[fx.Node, list[fx.Node]], chained: set[fx.Node]) -> list[DepthDecision]:
-    """Key each step's wait chain just after the start of the step ``d`` later (sooner if a consumer needs it);
-    reduce-scatters with ``reduce_scatter_delay``, HSDP all-reduces with ``all_reduce_delay``. A chained start
-    that reads the result is not a consumer that needs it early: it is issued right after, wherever that is."""
-    records: list[DepthDecision] = []
-    last = len(steps) - 1
-
-    def issue_point(step: Step) -> fx.Node:
-        return max((c.start for c in step.collectives), key=index.__getitem__)
-
-    for i, step in enumerate(steps):
-        requested = _depth(plan, step)
-        target = min(i + requested, last)
-        chains = [_exclusive_descendants(c.waits, index) for c in step.collectives]
-        members = {n for chain in chains for n in chain}
+def _place_delayed(plan: ResolvedPlan, steps: Sequence[Step], nodes: Sequence[fx.Node], index: dict[fx.Node, int],
+                   keys: dict[fx.Node, SortKey], deps: dict[fx.Node, list[fx.Node]],
+                   chained: set[fx.Node]) -> list[DepthDecision]:
+    """Key each step's wait chain where ``overlapcfg.graph.placement`` places it (reduce-scatters with
+    ``reduce_scatter_delay``, HSDP all-reduces with ``all_reduce_delay``). A chained start that reads the result
+    is not a consumer that needs it early: it is issued right after, wherever that is."""
+    chains = {s.bucket: [exclusive_descendants(c.waits, index) for c in s.collectives] for s in steps}
+    unordered = []
+    for step in steps:
+        members = {n for chain in chains[step.bucket] for n in chain}
         outside = [index[u] for n in members for u in n.users
                    if u.op != "output" and u not in members and u not in chained]
-        reason = "end of graph" if i + requested > last else None
-        while target > i and outside and index[issue_point(steps[target])] > min(outside):
-            target -= 1
-            reason = "a consumer of the result needs it earlier"
-        anchor = issue_point(steps[target])
+        starts = [index[c.start] for c in step.collectives]
+        unordered.append((placement.DelayedStep(step.bucket, plan.buckets[step.bucket].name, min(starts),
+                                                max(starts), min(outside) if outside else None), step))
+    ordered = placement.in_schedule_order(unordered)
+    placed, steps = [a for a, _ in ordered], [s for _, s in ordered]
+    requested = [_depth(plan, s) for s in steps]
+    records: list[DepthDecision] = []
+    for i, (step, p) in enumerate(zip(steps, placement.place_delayed(placed, requested), strict=True)):
         # A delayed chain is moved as a block in breadth-first order; one left after its own start keeps graph
         # order (upstream moves only delayed waits, so both match ``manual_overlap_bucketing`` at d = 1).
-        moved = [n for chain in chains for n in chain]
-        rank = {n: r for r, n in enumerate(moved)} if target != i else index
+        moved = [n for chain in chains[step.bucket] for n in chain]
+        rank = {n: r for r, n in enumerate(moved)} if p.after is not None else index
         for node in moved:
-            keys[node] = (index[anchor], 1, i, rank[node])
-        if target != i:
+            keys[node] = (*p.key, rank[node])
+        if p.after is not None:
             for c in step.collectives:
-                deps.setdefault(c.waits[0], []).append(anchor)
-        records.append(_decision(plan.buckets[step.bucket].name, "backward", step.kind, i, requested,
-                                  target - i, 0, reason))
+                deps.setdefault(c.waits[0], []).append(nodes[int(p.after)])
+        records.append(_decision(plan.buckets[step.bucket].name, "backward", step.kind, i, requested[i],
+                                  p.effective, 0, p.reason))
     return records
 
 
@@ -314,7 +271,7 @@ def _writes_in_place(graph: fx.Graph, index: dict[fx.Node, int]) -> dict[fx.Node
     return edges
 
 
-def _reorder(graph: fx.Graph, keys: dict[fx.Node, Key], deps: dict[fx.Node, list[fx.Node]],
+def _reorder(graph: fx.Graph, keys: dict[fx.Node, SortKey], deps: dict[fx.Node, list[fx.Node]],
              writes: dict[fx.Node, list[fx.Node]] | None = None) -> None:
     """Emit nodes by smallest key among those whose inputs and ``deps`` / ``writes`` (must-run-after) are placed: a
     stable, deterministic topological sort in which every placement decision also holds as an edge."""

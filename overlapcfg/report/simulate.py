@@ -2,8 +2,9 @@
 
 The replay is the schedule's own semantics, nothing more: nodes run in graph order; a collective start is issued
 when the compute stream reaches it and runs on its group's stream after whatever that stream already holds; a
-wait blocks the compute stream until its collective is done. So a schedule's quality is exactly the stall time
-it leaves (``exposed_comm_seconds``), and ``step_seconds >= max(compute, busiest stream)`` holds by construction.
+wait blocks the compute stream until its collective is done (``overlapcfg.report.replay``, the streams the tuner's
+quick score replays its events on too). So a schedule's quality is exactly the stall time it leaves
+(``exposed_comm_seconds``), and ``step_seconds >= max(compute, busiest stream)`` holds by construction.
 
 Memory is replayed alongside: every non-view node allocates its outputs when it runs and frees them after the
 last node reading them (through views) has run. Storages that hold gathered parameters (an all-gather's output
@@ -44,8 +45,10 @@ from overlapcfg.report.cost import (
 )
 from overlapcfg.report.model import CostSource, Event, Simulation, StreamTime
 from overlapcfg.report.node_costs import NodeCosts
+from overlapcfg.report.replay import Memory, Streams
 
-__all__ = ["COMPUTE_STREAM", "Event", "GroupPlacement", "Simulation", "simulate"]
+__all__ = ["COMPUTE_STREAM", "Event", "GroupPlacement", "Simulation", "node_seconds", "simulate", "storage_plan",
+           "traced_group_size", "value_bytes"]
 
 COMPUTE_STREAM = "compute"
 
@@ -94,39 +97,34 @@ def _label(node: fx.Node, labels: dict[str, str] | None) -> str:
     return node.name
 
 
-class _Memory:
-    """Live storages: alias roots, their bytes and category, freed after their last reader."""
+class _Storages:
+    """Live storages by alias root: their bytes and category, counted in ``memory`` until their last reader."""
 
     def __init__(self) -> None:
+        self.memory = Memory()
         self.live: dict[str, tuple[int, bool]] = {}
-        self.param = self.act = self.peak_param = self.peak_act = 0
 
     def alloc(self, key: str, nbytes: int, is_param: bool) -> None:
         if key in self.live or nbytes <= 0:
             return
         self.live[key] = (nbytes, is_param)
-        if is_param:
-            self.param += nbytes
-            self.peak_param = max(self.peak_param, self.param)
-        else:
-            self.act += nbytes
-            self.peak_act = max(self.peak_act, self.act)
+        self.memory.alloc(nbytes, is_param)
 
     def free(self, key: str) -> None:
-        nbytes, is_param = self.live.pop(key, (0, False))
-        if is_param:
-            self.param -= nbytes
-        else:
-            self.act -= nbytes
+        self.memory.free(*self.live.pop(key, (0, False)))
 
 
-def _val_bytes(node: fx.Node, as_dtype: torch.dtype | None) -> int:
+def value_bytes(node: fx.Node, as_dtype: torch.dtype | None) -> int:
+    """Bytes of ``node``'s value (every tensor in ``meta["val"]``), each costed as ``as_dtype`` if given."""
     return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
 
 
-def _storage_plan(graph: fx.Graph, gathers: set[fx.Node],
-                  ) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node, bool], dict[fx.Node, fx.Node]]:
-    """(alias root of each node, root holds unsharded params, last reader of each root)."""
+def storage_plan(graph: fx.Graph, gathers: set[fx.Node],
+                 ) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node, bool], dict[fx.Node, fx.Node]]:
+    """(alias root of each node, root holds unsharded params, last reader of each root): views and waits alias
+    their input, a collective writing into a buffer (``out=``) aliases it; a storage holds unsharded parameters if
+    a parameter all-gather (``gathers``) fills it, or it is a merged all-gather's copy-in buffer, or a copy made
+    only of such storages. The one rule for the simulator and the tuner's profile."""
     root: dict[fx.Node, fx.Node] = {}
     param: dict[fx.Node, bool] = {}
     for node in graph.nodes:
@@ -200,87 +198,69 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     names = list(names) if names is not None else (["graph"] if len(graphs) == 1 else
                                                    ["forward", "backward", *map(str, range(2, len(graphs)))])
     events: list[Event] = []
-    t = 0.0
-    busy: dict[str, float] = {COMPUTE_STREAM: 0.0}
-    stream_end: dict[str, float] = {}
-    exposed = compute = comm = 0.0
-    inflight = peak_inflight = 0
+    streams = Streams()
     peak_param = peak_act = 0
     blocking_comm = 0.0
     tally = _Tally()
     for graph_name, g in zip(names, graphs, strict=True):
         graph_labels = (labels or {}).get(graph_name, {})
-        done: dict[fx.Node, tuple[float, int, bool, str]] = {}
+        kinds: dict[fx.Node, str] = {}
         placement, blocking, param_gathers = _placements(g, world_size, traced_world_size, groups)
-        root, is_param, last = _storage_plan(g.graph, param_gathers)
-        mem = _Memory()
+        root, is_param, last = storage_plan(g.graph, param_gathers)
+        mem = _Storages()
         traced = traced_world_size or traced_group_size(g)
         for node in g.graph.nodes:
             kind = node_kind(node)
             if kind == "collective":
-                ckind = collective_kind(node)
+                ckind = kinds[node] = collective_kind(node)
                 nbytes = collective_bytes(node, as_dtype)
                 group = group_name(node)
                 stream = f"comm:{group}"
                 place = placement.get(group, GroupPlacement(world_size))
                 issue = collective_issue_seconds(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
-                if issue > 0:
-                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, "issue", t, t + issue,
-                                        _label(node, graph_labels), nbytes))
-                    t += issue
-                    compute += issue
-                    tally.add("issue", "fitted", issue)
-                start = max(t, stream_end.get(stream, 0.0))
                 dur = collective_seconds(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
+                at = streams.t
+                start = streams.issue(node, stream, dur, issue_seconds=issue,
+                                      inflight_bytes=nbytes if node in param_gathers else 0)
+                if issue > 0:
+                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, "issue", at, at + issue,
+                                        _label(node, graph_labels), nbytes))
+                    tally.add("issue", "fitted", issue)
                 tally.add("collectives", collective_source(ckind, hw, place.size, inter_node=place.inter_node), dur)
                 if node in blocking:
                     blocking_comm += dur
-                stream_end[stream] = start + dur
-                busy[stream] = busy.get(stream, 0.0) + dur
-                comm += dur
-                gathers = node in param_gathers
-                done[node] = (start + dur, nbytes, gathers, ckind)
-                if gathers:
-                    inflight += nbytes
-                    peak_inflight = max(peak_inflight, inflight)
                 events.append(Event(graph_name, node.name, stream, ckind, start, start + dur,
                                     _label(node, graph_labels), nbytes))
             elif kind == "wait":
                 start_node = started_by(node)
-                if start_node in done:
-                    end, nbytes, gathers, waited = done.pop(start_node)
-                    if end > t:
-                        events.append(Event(graph_name, node.name, COMPUTE_STREAM, "wait", t, end,
-                                            _label(node, graph_labels), waits_on=waited))
-                        exposed += end - t
-                        t = end
-                    if gathers:
-                        inflight -= nbytes
+                at = streams.t
+                if streams.wait(start_node) > 0:
+                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, "wait", at, streams.t,
+                                        _label(node, graph_labels), waits_on=kinds[start_node]))  # type: ignore[index]
             elif kind in ("compute", "memory", "free"):
                 ws_now, traced_now = _copy_in_sizes(node, placement, world_size, traced)
                 seconds, bound, source, nbytes = node_seconds(node, graph_name, hw, node_costs, world_size=ws_now,
                                                               traced_world_size=traced_now, as_dtype=as_dtype)
                 if seconds > 0:
-                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, bound, t, t + seconds,
+                    at = streams.run(seconds)
+                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, bound, at, streams.t,
                                         _label(node, graph_labels), nbytes))
-                    t += seconds
-                    compute += seconds
                     tally.add("compute", source, seconds)
             if root.get(node) is node and node.op == "call_function":
-                mem.alloc(node.name, _val_bytes(node, as_dtype), is_param.get(node, False))
+                mem.alloc(node.name, value_bytes(node, as_dtype), is_param.get(node, False))
             for inp in node.all_input_nodes:
                 r = root[inp]
                 if last.get(r) is node and r.op != "placeholder":
                     mem.free(r.name)
-        peak_param, peak_act = max(peak_param, mem.peak_param), max(peak_act, mem.peak_act)
-        # The next graph starts when this one's last collective is done (its outputs are the step's results).
-        t = max(t, *stream_end.values()) if stream_end else t
-    busy[COMPUTE_STREAM] = compute
-    comm_bound = max((b for s, b in busy.items() if s != COMPUTE_STREAM), default=0.0)
+        peak_param, peak_act = max(peak_param, mem.memory.peak_param), max(peak_act, mem.memory.peak_act)
+        streams.end_graph()  # the next graph starts when this one's collectives are done (the step's results)
+    compute, comm, exposed = streams.compute, streams.comm, streams.exposed
+    busy = {COMPUTE_STREAM: compute, **streams.busy}
+    comm_bound = max(streams.busy.values(), default=0.0)
     return Simulation(
-        hardware=hw.name, world_size=world_size, step_seconds=t, compute_seconds=compute, comm_seconds=comm,
+        hardware=hw.name, world_size=world_size, step_seconds=streams.t, compute_seconds=compute, comm_seconds=comm,
         exposed_comm_seconds=exposed, overlap_ratio=max(0.0, 1.0 - exposed / comm) if comm > 0 else None,
-        lower_bound_seconds=max(compute + blocking_comm, comm_bound), peak_inflight_bytes=peak_inflight,
+        lower_bound_seconds=max(compute + blocking_comm, comm_bound), peak_inflight_bytes=streams.peak_inflight,
         peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,
         streams=tuple(StreamTime(stream=s, busy_seconds=b) for s, b in busy.items()),
         cost_sources=tally.sources(), node_costs=node_costs.source if node_costs is not None else None,

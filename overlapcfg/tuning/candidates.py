@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.policy import IssueOrder
 from overlapcfg.resolve import ResolvedPlan
 from overlapcfg.tuning.quick import Grouped, Score, Stall, score
 from overlapcfg.tuning.structure import Grouping
@@ -32,7 +33,7 @@ class Knobs:
     forward_prefetch: int
     backward_prefetch: int
     reduce_scatter_delay: int
-    issue_order: str
+    issue_order: IssueOrder
     max_inflight_bytes: int | None
     per_bucket: tuple[tuple[int, str, int], ...] = ()
     """``(bucket index, field, value)``, sorted: where a bucket departs from the global value."""

@@ -19,6 +19,9 @@ Costs come from ``overlapcfg.report.simulate.node_seconds`` and ``overlapcfg.rep
 ``simulate`` uses, at the hardware, world size and dtype of the search, with measured node durations
 (``NodeCosts``) where given; a profile is built per (hardware, world size, dtype, node costs). The unit graph
 keeps the untransformed graph's nodes and names, so a profile of the untransformed step prices them both alike.
+What moves with a collective is what the scheduler moves (``overlapcfg.graph.schedule.exclusive_ancestors`` and
+``exclusive_descendants``); which storages hold unsharded parameters is the simulator's rule
+(``overlapcfg.report.simulate.storage_plan``).
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ from overlapcfg.config.hardware import HardwareProfile
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.collectives import collective_kind, group_name, is_collective_start, is_compute_node
 from overlapcfg.graph.meta import META_KEY
-from overlapcfg.graph.schedule import exclusive_ancestors
+from overlapcfg.graph.schedule import exclusive_ancestors, exclusive_descendants
 from overlapcfg.passes.backend import CapturedStep
-from overlapcfg.report.cost import collective_bytes, compute_seconds, iter_tensors, node_kind, tensor_bytes
+from overlapcfg.report.cost import collective_bytes, compute_seconds, iter_tensors, node_kind
 from overlapcfg.report.explain import GRAPHS, apply_step
 from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts
-from overlapcfg.report.simulate import node_seconds
+from overlapcfg.report.simulate import node_seconds, storage_plan, value_bytes
 
 __all__ = ["GraphProfile", "ParamCopy", "Profile", "UnitCollective", "build_profile", "unit_config"]
 
@@ -188,25 +191,6 @@ def _made_by_merging(start: fx.Node, original: set[str]) -> set[fx.Node]:
     return chain
 
 
-def _exclusive_descendants(waits: Sequence[fx.Node]) -> set[fx.Node]:
-    """The waits and the nodes reading only them, short of another collective: what the scheduler moves with a
-    reduce-scatter's wait."""
-    chain = set(waits)
-    queue = list(waits)
-    while queue:
-        node = queue.pop()
-        for user in node.users:
-            if user.op != "output" and user not in chain and not is_collective_start(user) \
-                    and all(x in chain for x in user.all_input_nodes):
-                chain.add(user)
-                queue.append(user)
-    return chain
-
-
-def _bytes(node: fx.Node, as_dtype: torch.dtype | None) -> int:
-    return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
-
-
 def _dtype(node: fx.Node) -> str:
     return next((str(t.dtype) for t in iter_tensors(node.meta.get("val"))), "?")
 
@@ -256,10 +240,10 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
         waits = sorted((u for u in start.users if compat.is_wait_tensor(u)), key=index.__getitem__)
         if kind == "all_gather":
             issue = set(exclusive_ancestors(start, index))  # what the scheduler moves with the all-gather
-            after = {n for n in _exclusive_descendants(waits) if n in waits or n.name not in original_names}
+            after = {n for n in exclusive_descendants(waits, index) if n in waits or n.name not in original_names}
         else:  # the start and the copy-in merging made for it stay together; the wait chain moves
             issue = _made_by_merging(start, original_names)
-            after = _exclusive_descendants(waits)
+            after = set(exclusive_descendants(waits, index))
         chains.append((start, meta, kind, issue, waits, after))
         moved |= issue | after
     fixed_nodes = [n for n in nodes if n.op == "call_function" and n not in moved]
@@ -273,11 +257,7 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
         prefix.append(prefix[-1] + cost[n])
     first_compute = next((index[n] for n in fixed_nodes if is_compute_node(n)), None)
     original_start = _original_starts(original, {n.name for n in fixed_nodes}, fixed)
-    root, param = _storages(nodes)
-    last: dict[fx.Node, int] = {}
-    for n in nodes:
-        for inp in n.all_input_nodes:
-            last[root[inp]] = index[n]
+    root, param, last = _storages(gm.graph)
     records = []
     for start, meta, kind, issue, waits, after in chains:
         consumer: float | None = None
@@ -286,10 +266,10 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
         if kind == "all_gather":
             where = min((original_start[s] for s in meta.get("sources", ()) if s in original_start),
                         default=float(index[start]))
-            buffer = _bytes(root[start], costs.as_dtype)
+            buffer = value_bytes(root[start], costs.as_dtype)
             leaves = sorted((n for n in after if any(u not in after for u in n.users)), key=index.__getitem__)
             params = tuple(ParamCopy(shape=tuple(n.meta["val"].shape), numel=int(n.meta["val"].numel()),
-                                     bytes=_bytes(n, costs.as_dtype),
+                                     bytes=value_bytes(n, costs.as_dtype),
                                      copy_seconds=cost[n] if root[n] is n else costs.copy_of(n),
                                      last_reader=float(_last_alias_reader(n, root, index))) for n in leaves)
             wait_cost -= sum(p.copy_seconds for p, n in zip(params, leaves, strict=True) if root[n] is n)
@@ -304,8 +284,8 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
             issue_cost=sum(cost.get(n, 0.0) for n in issue), wait_cost=max(0.0, wait_cost),
             start=where, wait=float(index[waits[0]]) if waits else float(index[start]), consumer=consumer,
             buffer_bytes=buffer, params=params))
-    held = tuple((float(index[n]), float(last.get(n, index[n])), _bytes(n, costs.as_dtype)) for n in fixed_nodes
-                 if root[n] is n and n in param)
+    held = tuple((float(index[n]), float(index[last.get(n, n)]), value_bytes(n, costs.as_dtype)) for n in fixed_nodes
+                 if root[n] is n and param.get(n, False))
     return GraphProfile(name=name, fixed=fixed, prefix=tuple(prefix), first_compute=first_compute,
                         collectives=tuple(records), params=held)
 
@@ -322,33 +302,11 @@ def _last_alias_reader(node: fx.Node, root: dict[fx.Node, fx.Node], index: dict[
     return last
 
 
-def _storages(nodes: Sequence[fx.Node]) -> tuple[dict[fx.Node, fx.Node], set[fx.Node]]:
-    """The storage each node's value lives in (views and waits alias their input) and the storages holding
-    unsharded parameters: the rule of ``overlapcfg.report.simulate`` (a gathered buffer, and any copy made only
-    of gathered weights), so both count the same bytes."""
-    root: dict[fx.Node, fx.Node] = {}
-    param: set[fx.Node] = set()
-    for node in nodes:
-        kind = node_kind(node)
-        inputs = node.all_input_nodes
-        if kind in ("free", "wait") and inputs:
-            root[node] = root[inputs[0]]
-        elif kind == "collective" and isinstance(node.kwargs.get("out"), fx.Node):
-            root[node] = root[node.kwargs["out"]]
-            if collective_kind(node) == "all_gather":
-                param.add(root[node])
-        else:
-            root[node] = node
-        if root[node] is node and node.op == "call_function":
-            if kind == "collective":
-                gathers = collective_kind(node) == "all_gather"
-            elif "_pre_bucket_all_gather" in str(node.target):
-                gathers = True
-            else:
-                gathers = kind == "memory" and bool(inputs) and all(root[i] in param for i in inputs)
-            if gathers:
-                param.add(node)
-    return root, param
+def _storages(graph: fx.Graph) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node, bool], dict[fx.Node, fx.Node]]:
+    """``overlapcfg.report.simulate.storage_plan``, every all-gather a parameter's (the profile admits no other):
+    both count the same bytes."""
+    gathers = {n for n in graph.nodes if node_kind(n) == "collective" and collective_kind(n) == "all_gather"}
+    return storage_plan(graph, gathers)
 
 
 def _original_starts(original: fx.GraphModule, fixed_names: set[str], fixed: tuple[int, ...]) -> dict[str, float]:

@@ -1,16 +1,15 @@
 """The quick score: replay one grouping and schedule on a ``Profile`` without rewriting a graph.
 
-It is ``overlapcfg.report.simulate`` and ``overlapcfg.graph.schedule`` collapsed onto the profile's events:
+It is ``overlapcfg.graph.schedule`` and ``overlapcfg.report.simulate`` run on the profile's events instead of a
+graph's nodes, with their own rules, not copies of them:
 
 - grouping (``group``, once per grouping): each bucket's units merged per graph and kind (sizes and costs added,
   one latency), its all-gather waiting where its earliest unit waited, its reduce-scatter issued where its latest
-  unit was; buckets ordered as the scheduler orders them (all-gathers by first wait, reduce-scatters by issue);
-- schedule (``score``, per candidate): the scheduler's sort keys for every moved chain (an all-gather just before
-  the wait of the bucket whose reach covers it, the first one before the graph's first compute; a reduce-scatter's
-  wait just after the start of the bucket ``d`` later), the same ``prefetch_reach`` rule, then the simulator's
-  replay: compute in key order (fixed nodes as prefix sums between events), a collective on its group's stream
-  after whatever the stream holds, a wait blocking compute until it is done, the next graph starting once every
-  stream is idle. Memory is replayed alongside: bytes in flight, and unsharded parameters alive.
+  unit was; the steps numbered as the scheduler numbers them (``overlapcfg.graph.placement.in_schedule_order``);
+- schedule (``score``, per candidate): every moved chain at the key the scheduler's placement rule gives it
+  (``overlapcfg.graph.placement``), every other event at its own position; then the events in key order on the
+  simulator's streams (``overlapcfg.report.replay``), the fixed nodes between them run as prefix sums. Memory is
+  replayed alongside: bytes in flight, and unsharded parameters alive.
 
 Scoring a candidate is a sort of a few events per bucket: about a thousand candidates a second on a 32-layer
 model, against seconds for a real ``apply`` + ``simulate``; the tuner re-checks its winner the slow way.
@@ -18,22 +17,28 @@ model, against seconds for a real ``apply`` + ``simulate``; the tuner re-checks 
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
 
-from overlapcfg.graph.reach import prefetch_reach
+from overlapcfg.config.policy import IssueOrder
+from overlapcfg.graph.placement import (
+    DelayedStep,
+    GatherStep,
+    SortKey,
+    in_schedule_order,
+    place_all_gathers,
+    place_delayed,
+)
 from overlapcfg.report.cost import collective_issue_seconds, collective_seconds
+from overlapcfg.report.replay import Memory, Streams
 from overlapcfg.tuning.profile import GraphProfile, Profile, UnitCollective
 
 __all__ = ["GraphScore", "Grouped", "GroupedGraph", "Score", "Stall", "Step", "group", "score"]
-
-Key = tuple[float, int, int, int]
-
 
 @dataclass(frozen=True, slots=True)
 class Merged:
@@ -59,28 +64,37 @@ class Merged:
     """``(bytes, last reader)`` of each parameter copied out of the buffer (none for a lone parameter)."""
 
 
+At = TypeVar("At", GatherStep, DelayedStep)
+
+
 @dataclass(frozen=True, slots=True)
-class Step:
-    """The merged collectives of one bucket, one kind, in one graph, scheduled as a unit."""
+class Step(Generic[At]):
+    """The merged collectives of one bucket, one kind, in one graph, scheduled as a unit; ``at`` is the step as
+    the placement rule (``overlapcfg.graph.placement``) sees it."""
 
-    bucket: int
     collectives: tuple[Merged, ...]
-    start: float
-    """Where it is issued: a reduce-scatter's latest unit; an all-gather's earliest original start."""
-    wait: float
-    """An all-gather's first wait: where its bucket starts computing."""
-    traced_bytes: int
-    """What ``max_inflight_bytes`` counts."""
-    consumer: float | None
-    """A reduce-scatter's first reader outside its wait chain."""
+    at: At
 
-    @classmethod
-    def of(cls, bucket: int, collectives: Sequence[Merged]) -> Step:
-        gather = collectives[0].kind == "all_gather"
-        return cls(bucket=bucket, collectives=tuple(collectives),
-                   start=(min if gather else max)(c.start for c in collectives),
-                   wait=min(c.wait for c in collectives), traced_bytes=sum(c.traced_bytes for c in collectives),
-                   consumer=min((c.consumer for c in collectives if c.consumer is not None), default=None))
+    @property
+    def bucket(self) -> int:
+        return self.at.bucket
+
+
+def _gather(bucket: int, name: str, collectives: Sequence[Merged]) -> Step[GatherStep]:
+    """Issued where its earliest collective was; its bucket computes from the first wait."""
+    return Step(tuple(collectives), GatherStep(bucket, name, sum(c.traced_bytes for c in collectives),
+                                               min(c.start for c in collectives), min(c.wait for c in collectives)))
+
+
+def _scatter(bucket: int, name: str, collectives: Sequence[Merged]) -> Step[DelayedStep]:
+    """Issued where its latest unit was (each merged collective is); its result is first read at the consumer."""
+    starts = [c.start for c in collectives]
+    consumer = min((c.consumer for c in collectives if c.consumer is not None), default=None)
+    return Step(tuple(collectives), DelayedStep(bucket, name, min(starts), max(starts), consumer))
+
+
+def _in_schedule_order(steps: list[Step[At]]) -> tuple[Step[At], ...]:
+    return tuple(step for _, step in in_schedule_order((s.at, s) for s in steps))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +102,9 @@ class GroupedGraph:
     """One graph of a grouping: its buckets' steps in scheduling order, and what no schedule changes."""
 
     profile: GraphProfile
-    all_gathers: tuple[Step, ...]
+    all_gathers: tuple[Step[GatherStep], ...]
     """In the order their buckets compute (first wait)."""
-    reduce_scatters: tuple[Step, ...]
+    reduce_scatters: tuple[Step[DelayedStep], ...]
     """In the order they are issued."""
     compute_seconds: float
     """Fixed compute plus every chain's copies: the same under every schedule of this grouping."""
@@ -99,11 +113,15 @@ class GroupedGraph:
     reduce-scatter's beyond the compute that may run after its start: no schedule of this grouping hides them."""
     scatter_starts: tuple[float, ...]
     """Where each merged reduce-scatter is issued, ascending."""
+    gathers_at: tuple[GatherStep, ...]
+    """``all_gathers`` as the placement rule sees them."""
+    scatters_at: tuple[DelayedStep, ...]
+    """``reduce_scatters`` as the placement rule sees them."""
     cache: dict[tuple[object, ...], GraphScore] = field(default_factory=dict, compare=False, repr=False)
     """Replays already made, by the knobs this graph reads."""
-    _before: dict[Key, int] = field(default_factory=dict, compare=False, repr=False)
+    _before: dict[SortKey, int] = field(default_factory=dict, compare=False, repr=False)
 
-    def fixed_before(self, key: Key) -> int:
+    def fixed_before(self, key: SortKey) -> int:
         """How many fixed nodes run before an event at ``key`` (a fixed node at position p has key (p, 0, 0, 0)),
         memoized: a grouping's events fall on a few hundred positions."""
         n = self._before.get(key)
@@ -216,19 +234,19 @@ def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str]) ->
             merged = _merge(units, profile)
             steps.setdefault((kind, bucket), []).append(merged)
             busy[merged.group] = busy.get(merged.group, 0.0) + merged.seconds
-        gathers = sorted((Step.of(b, ms) for (k, b), ms in steps.items() if k == "all_gather"),
-                         key=lambda s: (s.wait, s.bucket))
-        scatters = sorted((Step.of(b, ms) for (k, b), ms in steps.items() if k == "reduce_scatter"),
-                          key=lambda s: (s.start, s.bucket))
+        gathers = _in_schedule_order([_gather(b, names[b], ms) for (k, b), ms in steps.items() if k == "all_gather"])
+        scatters = _in_schedule_order([_scatter(b, names[b], ms) for (k, b), ms in steps.items()
+                                       if k == "reduce_scatter"])
         chains = sum(c.issue_cost + c.wait_cost for s in (*gathers, *scatters) for c in s.collectives)
         compute = g.prefix[-1] + chains
         hidden = _unhidable(g, gathers, scatters)
-        graphs.append(GroupedGraph(g, tuple(gathers), tuple(scatters), compute, hidden,
-                                   tuple(sorted(m.start for s in scatters for m in s.collectives))))
+        graphs.append(GroupedGraph(g, gathers, scatters, compute, hidden,
+                                   tuple(sorted(m.start for s in scatters for m in s.collectives)),
+                                   tuple(s.at for s in gathers), tuple(s.at for s in scatters)))
     return Grouped(tuple(names), tuple(graphs), busy)
 
 
-def _unhidable(g: GraphProfile, gathers: Sequence[Step], scatters: Sequence[Step]) -> float:
+def _unhidable(g: GraphProfile, gathers: Sequence[Step[GatherStep]], scatters: Sequence[Step[DelayedStep]]) -> float:
     """Communication no schedule of this grouping hides: the first all-gather beyond everything that could run
     before its wait (fixed compute there, and the copy-ins of every other all-gather, which prefetching may move
     there), and the last reduce-scatter beyond everything that could run after its start (fixed compute there,
@@ -237,14 +255,15 @@ def _unhidable(g: GraphProfile, gathers: Sequence[Step], scatters: Sequence[Step
     out = 0.0
     if gathers:
         first = gathers[0]
-        before = g.compute_between(float("-inf"), first.wait) + sum(
+        before = g.compute_between(float("-inf"), first.at.wait) + sum(
             c.issue_cost for s in gathers[1:] for c in s.collectives)
         out += max(0.0, sum(c.seconds for c in first.collectives) - before)
     if scatters:
         last = scatters[-1]
-        after = g.compute_between(last.start, float("inf")) + sum(
+        issued = last.at.issue
+        after = g.compute_between(issued, float("inf")) + sum(
             c.wait_cost for s in scatters[:-1] for c in s.collectives) + sum(
-            c.issue_cost + c.wait_cost for s in gathers if s.wait > last.start for c in s.collectives)
+            c.issue_cost + c.wait_cost for s in gathers if s.at.wait > issued for c in s.collectives)
         out += max(0.0, sum(c.seconds for c in last.collectives) - after)
     return out
 
@@ -265,7 +284,7 @@ class GraphScore:
 
 def score(grouped: Grouped, *, forward_prefetch: Sequence[int], backward_prefetch: Sequence[int],
           reduce_scatter_delay: Sequence[int], max_inflight_bytes: int | None,
-          issue_order: str = "as_reached", memory: bool = True, stalls: list[Stall] | None = None) -> Score:
+          issue_order: IssueOrder = "gather_first", memory: bool = True, stalls: list[Stall] | None = None) -> Score:
     """Schedule ``grouped`` with per-bucket depths (indexed by bucket) and replay it.
 
     Each graph is replayed on its own and memoized on the grouping: the forward depends only on the forward
@@ -277,13 +296,12 @@ def score(grouped: Grouped, *, forward_prefetch: Sequence[int], backward_prefetc
     parts = []
     for g in grouped.graphs:
         depths = forward_prefetch if g.profile.name == "forward" else backward_prefetch
-        key = (tuple(depths[s.bucket] for s in g.all_gathers), tuple(reduce_scatter_delay[s.bucket]
-                                                                     for s in g.reduce_scatters),
-               max_inflight_bytes, issue_order if g.reduce_scatters else "", memory)
+        asked = (tuple(depths[s.bucket] for s in g.gathers_at), tuple(reduce_scatter_delay[s.bucket]
+                                                                      for s in g.scatters_at))
+        key = (*asked, max_inflight_bytes, issue_order if g.reduce_scatters else "", memory)
         part = g.cache.get(key) if stalls is None else None
         if part is None:
-            part = _replay(g, grouped.names, depths, reduce_scatter_delay, max_inflight_bytes, issue_order, memory,
-                           stalls)
+            part = _replay(g, grouped.names, *asked, max_inflight_bytes, issue_order, memory, stalls)
             g.cache[key] = part
         parts.append(part)
     return Score(step_seconds=sum(p.seconds for p in parts), exposed_comm_seconds=sum(p.exposed_seconds for p in parts),
@@ -295,108 +313,72 @@ def score(grouped: Grouped, *, forward_prefetch: Sequence[int], backward_prefetc
 
 
 def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays: Sequence[int], cap: int | None,
-            issue_order: str, memory: bool, stalls: list[Stall] | None) -> GraphScore:
-    """The simulator's loop over one graph's events, with fixed compute added as prefix sums between them."""
-    events = _events(g, names, depths, delays, cap, issue_order, memory)
+            issue_order: IssueOrder, memory: bool, stalls: list[Stall] | None) -> GraphScore:
+    """One graph's events in key order on the simulator's streams (``overlapcfg.report.replay``), the fixed
+    compute between them run as prefix sums. ``depths`` and ``delays``: per step, in schedule order."""
+    events = _events(g, depths, delays, cap, issue_order, memory)
     events.sort(key=lambda e: e[0])
     prefix = g.profile.prefix
     before = g.fixed_before
-    t = exposed = 0.0
+    streams, mem = Streams(), Memory()
+    run, issue, wait = streams.run, streams.issue, streams.wait
     done = 0
-    stream_end: dict[str, float] = {}
-    end_of: dict[int, float] = {}
-    inflight = peak_inflight = param = peak_param = 0
     for key, code, payload, bucket in events:
         n = before(key)
         if n > done:
-            t += prefix[n] - prefix[done]
+            run(prefix[n] - prefix[done])
             done = n
         if code == _ISSUE:
             merged: Merged = payload  # type: ignore[assignment]
-            t += merged.issue_cost
-            start = max(t, stream_end.get(merged.group, 0.0))
-            stream_end[merged.group] = end_of[id(merged)] = start + merged.seconds
             if merged.kind == "all_gather":
-                inflight += merged.cost_bytes
-                peak_inflight = max(peak_inflight, inflight)
-                param += merged.buffer_bytes
-                peak_param = max(peak_param, param)
+                issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
+                      inflight_bytes=merged.cost_bytes)
+                mem.alloc(merged.buffer_bytes, True)
+            else:
+                issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost)
         elif code == _WAIT:
             merged = payload  # type: ignore[assignment]
-            end = end_of.pop(id(merged))
-            if end > t:
-                exposed += end - t
-                if stalls is not None:
-                    stalls.append(Stall(g.profile.name, names[bucket], merged.kind, t, end - t))
-                t = end
-            t += merged.wait_cost
+            at = streams.t
+            stall = wait(id(merged))
+            if stall > 0 and stalls is not None:
+                stalls.append(Stall(g.profile.name, names[bucket], merged.kind, at, stall))
+            run(merged.wait_cost)
             if merged.kind == "all_gather":
-                inflight -= merged.cost_bytes
                 for nbytes, _ in merged.copies:
-                    param += nbytes
-                    peak_param = max(peak_param, param)
+                    mem.alloc(nbytes, True)
                 if merged.buffer_last < 0:
-                    param -= merged.buffer_bytes
+                    mem.free(merged.buffer_bytes, True)
         elif code == _ALLOC:
-            param += payload  # type: ignore[operator]
-            peak_param = max(peak_param, param)
+            mem.alloc(payload, True)  # type: ignore[arg-type]
         else:
-            param -= payload  # type: ignore[operator]
-    t += prefix[-1] - prefix[done]
-    t = max(t, *stream_end.values()) if stream_end else t
-    return GraphScore(t, exposed, peak_inflight, peak_param if memory else 0)
+            mem.free(payload, True)  # type: ignore[arg-type]
+    run(prefix[-1] - prefix[done])
+    return GraphScore(streams.end_graph(), streams.exposed, streams.peak_inflight, mem.peak_param if memory else 0)
 
 
-def _events(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays: Sequence[int],
-            cap: int | None, issue_order: str, memory: bool) -> list[tuple[Key, int, object, int]]:
-    """Every moved chain at the scheduler's key for it, plus the memory events of fixed positions."""
-    events: list[tuple[Key, int, object, int]] = []
-    gathers = g.all_gathers
-    if gathers:
-        reach, _ = prefetch_reach([names[s.bucket] for s in gathers], [depths[s.bucket] for s in gathers],
-                                  [s.traced_bytes for s in gathers], cap, g.profile.name)  # type: ignore[arg-type]
-        first_compute = g.profile.first_compute
-        issuer = 0
-        for j, step in enumerate(gathers):
-            while reach[issuer] < j:
-                issuer += 1
-            if j == 0 and depths[step.bucket] > 0:
-                if first_compute is None or first_compute > step.start:
-                    key: Key = (step.start, 0, 0, 0)  # the graph issues it before any compute: left there
-                else:
-                    key = (float(first_compute), -1, 0, 0)
-            else:
-                key = (gathers[issuer].wait, -1, j, 0)
-                if issue_order == "reduce_scatter_first" and j > issuer + 1:
-                    deferred = _next_reduce_scatter(g, gathers[issuer].wait, gathers[j - 1].wait)
-                    if deferred is not None:
-                        key = (deferred, 0, 1 + j, 0)
-            for m in step.collectives:
-                events.append((key, _ISSUE, m, step.bucket))
-                events.append(((m.wait, 0, 0, 0), _WAIT, m, step.bucket))
-                if not memory:
-                    continue
-                if m.buffer_last >= 0:
-                    events.append(((m.buffer_last, 0, 0, 2), _FREE, m.buffer_bytes, step.bucket))
-                events += [((last, 0, 0, 2), _FREE, nbytes, step.bucket) for nbytes, last in m.copies]
-    scatters = g.reduce_scatters
-    last_step = len(scatters) - 1
-    for i, step in enumerate(scatters):
-        target = min(i + delays[step.bucket], last_step)
-        while target > i and step.consumer is not None and scatters[target].start > step.consumer:
-            target -= 1
-        anchor = scatters[target].start
+def _events(g: GroupedGraph, depths: Sequence[int], delays: Sequence[int], cap: int | None, issue_order: IssueOrder,
+            memory: bool) -> list[tuple[SortKey, int, object, int]]:
+    """Every moved chain at the key ``overlapcfg.graph.placement`` gives it, every other event at its own
+    position, plus the memory events of fixed positions."""
+    events: list[tuple[SortKey, int, object, int]] = []
+    placed = place_all_gathers(g.gathers_at, depths, cap, first_compute=g.profile.first_compute,
+                               issue_order=issue_order, scatters=g.scatter_starts)
+    for step, at, p in zip(g.all_gathers, g.gathers_at, placed, strict=True):
+        key: SortKey = (at.start, 0, 0, 0) if p.key is None else (*p.key, 0)
+        bucket = at.bucket
         for m in step.collectives:
-            events.append(((m.start, 0, 0, 0), _ISSUE, m, step.bucket))
-            events.append(((anchor, 1, i, 0), _WAIT, m, step.bucket))
+            events.append((key, _ISSUE, m, bucket))
+            events.append(((m.wait, 0, 0, 0), _WAIT, m, bucket))
+            if not memory:
+                continue
+            if m.buffer_last >= 0:
+                events.append(((m.buffer_last, 0, 0, 2), _FREE, m.buffer_bytes, bucket))
+            events += [((last, 0, 0, 2), _FREE, nbytes, bucket) for nbytes, last in m.copies]
+    for step, at, p in zip(g.reduce_scatters, g.scatters_at, place_delayed(g.scatters_at, delays), strict=True):
+        for m in step.collectives:
+            events.append(((m.start, 0, 0, 0), _ISSUE, m, at.bucket))
+            events.append(((*p.key, 0), _WAIT, m, at.bucket))
     for position, last, nbytes in g.profile.params if memory else ():
         events.append(((position, 0, 0, 1), _ALLOC, nbytes, -1))
         events.append(((last, 0, 0, 2), _FREE, nbytes, -1))
     return events
-
-
-def _next_reduce_scatter(g: GroupedGraph, after: float, before: float) -> float | None:
-    """The first reduce-scatter issued after position ``after``, if it is issued before ``before``."""
-    starts = g.scatter_starts
-    i = bisect.bisect_right(starts, after)
-    return starts[i] if i < len(starts) and starts[i] < before else None
