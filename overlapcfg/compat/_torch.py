@@ -192,8 +192,10 @@ ArgumentRef = tuple[int, str]
 def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | None]:
     """``(written arguments, the argument the first result aliases)`` of an op, read from its schema's alias
     annotations: ``Tensor(a!) self`` / ``Tensor(a!) out`` / ``Tensor(a!)[] self`` are written; a result annotated
-    ``Tensor(a)`` (a view, or an in-place op's ``self``) aliases the argument annotated ``a``. ``((), None)`` for
-    targets without a schema (Python callables, most higher-order ops)."""
+    ``Tensor(a)`` (a view, or an in-place op's ``self``) aliases the argument annotated ``a``, and a list of views
+    (``split``, ``unbind``: ``Tensor(a -> *) self -> Tensor(a)[]``) aliases ``self``. ``((), None)`` for targets
+    without a schema (Python callables, most higher-order ops). The one schema reader: node-level questions (what
+    a node writes, whether it aliases) are ``overlapcfg.graph.ops``'."""
     schema = getattr(target, "_schema", None)
     if not isinstance(schema, _torch._C.FunctionSchema):
         return (), None
@@ -201,9 +203,18 @@ def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | N
     writes = tuple((i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
     alias = None
     if schema.returns and schema.returns[0].alias_info is not None:
-        sets = set(schema.returns[0].alias_info.before_set)
-        alias = next(((i, a.name) for i, a in enumerate(args)
-                      if a.alias_info is not None and sets & set(a.alias_info.before_set)), None)
+        sets = set(schema.returns[0].alias_info.before_set) - {"*"}
+
+        def aliased(info: object) -> bool:
+            if info is None:
+                return False
+            if sets:
+                return bool(sets & set(info.before_set))  # type: ignore[attr-defined]
+            # A list of views (``split``: ``Tensor(a -> *) self -> Tensor(a)[]``) or a wildcard result: the
+            # elements alias the argument whose set flows into the wildcard, or any annotated one.
+            return "*" in info.after_set or bool(info.before_set)  # type: ignore[attr-defined]
+
+        alias = next(((i, a.name) for i, a in enumerate(args) if aliased(a.alias_info)), None)
     return writes, alias
 
 
