@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import operator
 import sys
 from collections.abc import Iterator
 
@@ -278,42 +277,6 @@ def copy_graph(graph: _fx.Graph) -> _fx.Graph:
 
 
 __all__ += ["copy_graph"]
-
-# --- in-place writes and aliasing, read from op schemas (OpOverload._schema) --------------------------------------
-
-
-def _schema_of(node: _fx.Node) -> object | None:
-    target = node.target
-    return getattr(target, "_schema", None) if node.op == "call_function" and is_op_overload(target) else None
-
-
-def written_inputs(node: _fx.Node) -> tuple[_fx.Node, ...]:
-    """The graph nodes ``node`` writes in place: the arguments its op's schema marks as written (``Tensor(a!)``,
-    ``Tensor(a!)[]``), lists flattened. Empty for calls without a schema (Python functions, ``getitem``)."""
-    schema = _schema_of(node)
-    if schema is None:
-        return ()
-    written: list[_fx.Node] = []
-    for i, arg in enumerate(schema.arguments):  # type: ignore[attr-defined]
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-        items = value if isinstance(value, (list, tuple)) else [value]
-        written.extend(v for v in items if isinstance(v, _fx.Node))
-    return tuple(written)
-
-
-def may_alias_input(node: _fx.Node) -> bool:
-    """Whether ``node``'s output may share storage with one of its inputs: a schema return with alias information
-    (views, ``t``, ``split``, in-place ops returning their input). ``getitem`` of such a result aliases too."""
-    if node.op == "call_function" and node.target is operator.getitem:
-        source = node.args[0]
-        return isinstance(source, _fx.Node) and may_alias_input(source)
-    schema = _schema_of(node)
-    return schema is not None and any(r.alias_info is not None for r in schema.returns)  # type: ignore[attr-defined]
-
-
-__all__ += ["may_alias_input", "written_inputs"]
 
 # --- FSDP2 rollback (overlapcfg.fsdp2.rollback) ---------------------------------------------------------------
 # ``fully_shard`` records each module's state in a private module-level registry besides the module's own
