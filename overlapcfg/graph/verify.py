@@ -42,8 +42,9 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
 from overlapcfg.graph.memory import Interpretation, interpret
-from overlapcfg.graph.ops import MODELLED_COLLECTIVES, group_name, node_direction
+from overlapcfg.graph.ops import MODELLED_COLLECTIVES, CollectiveKind, group_name, node_direction
 from overlapcfg.graph.provenance import Run, Value, describe, leaf_name, render_key
+from overlapcfg.graph.record import Direction
 from overlapcfg.graph.well_formed import structure_faults
 
 __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "verify"]
@@ -67,8 +68,8 @@ class CollectiveData:
     """The bytes one collective sends, canonical (runs grouped by source key, merged where contiguous)."""
 
     start: str
-    kind: str
-    direction: str
+    kind: CollectiveKind
+    direction: Direction
     attrs: tuple[object, ...]
     """(group, size) for all-gathers; (group, size, reduce op, dtype) for reduce-scatters; (group, op, dtype)."""
     data: tuple[Run, ...]
