@@ -187,7 +187,7 @@ def _role(start: fx.Node, kind: CollectiveKind, waits: list[fx.Node], partner: f
     if kind == "all_gather":
         return "fsdp_all_gather" if mark is not None or owned or is_parameter_gather(start, inputs) else "other"
     if kind == "reduce_scatter":
-        if not mark and reduced_again(waits):
+        if mark is None and reduced_again(waits):
             return "other"  # descriptors name the parameter for both halves: structure decides which is FSDP's
         fsdp = (mark is not None or owned or partner is not None or compat.is_fsdp_reduce_scatter(start)
                 or is_partial_gradient_scatter(start, waits) or (len(waits) == 1 and ends_as_gradient(waits[0])))
@@ -325,8 +325,8 @@ def one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collect
             if root is not None:
                 sums.setdefault(root, []).append(i)
     for members in sums.values():
-        owner = collectives[members[-1]].module_fqn  # graph order: the last issued
-        if len(members) > 1 and owner is not None:
+        first_user = collectives[members[-1]].module_fqn  # graph order: the last issued
+        if len(members) > 1 and first_user is not None:
             for i in members:
-                collectives[i] = dataclasses.replace(collectives[i], module_fqn=owner)
+                collectives[i] = dataclasses.replace(collectives[i], module_fqn=first_user)
     return collectives

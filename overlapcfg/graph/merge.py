@@ -26,7 +26,7 @@ from overlapcfg import compat
 from overlapcfg.config.policy import BucketMode
 from overlapcfg.graph.collectives import Collective, positions
 from overlapcfg.graph.meta import MergedMark, mark_merged
-from overlapcfg.graph.ops import CollectiveKind
+from overlapcfg.graph.ops import CollectiveKind, started_by
 from overlapcfg.graph.record import Direction
 from overlapcfg.resolve import ResolvedPlan
 
@@ -135,10 +135,10 @@ def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, dir
         if key in group[0].start.meta:
             for n in new_nodes:
                 n.meta.setdefault(key, group[0].start.meta[key])
-    waits = tuple(n for n in new_nodes if compat.collective_of_wait(n) is not None)
+    waits = tuple(n for n in new_nodes if started_by(n) is not None)
     if not waits:
         raise AssertionError(f"overlapcfg merge: no wait among the nodes merged for {[n.name for n in starts]}")
-    start = compat.collective_of_wait(waits[0])
+    start = started_by(waits[0])
     sources = tuple(s.name for s in starts)
     mark_merged(start, MergedMark(bucket, kind, direction, "start", sources))
     for wait in waits:

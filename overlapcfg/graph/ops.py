@@ -192,7 +192,7 @@ INTERPRETED = frozenset({
 other op is opaque to it."""
 
 _TRANSPARENT_NAMES = frozenset(
-    compat.op_name(t) for t in INTERPRETED - BUCKET_COPY_INS - MODELLED_COLLECTIVES.keys() - {_WAIT}
+    compat.op_name(t) for t in INTERPRETED - BUCKET_COPY_INS - MODELLED_COLLECTIVES.keys() - {_WAIT, operator.getitem}
 ) | {
     "bucketing._pre_bucket_all_gather", "aten.contiguous", "aten.split_with_sizes_copy", "aten.new_empty",
     "aten.t", "aten.permute", "aten.expand", "fsdp.all_gather_copy_in", "aten.foreach_copy", "aten._foreach_copy",
