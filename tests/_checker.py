@@ -1,7 +1,7 @@
 """An independent measure of what a scheduled graph achieves, and what a config asks for.
 
 Written without ``overlapcfg.graph.schedule`` or the pass record: it reads only the final FX graph, the tags
-``merge.py`` puts on merged collectives (``node.meta["overlapcfg"]``: role, kind, direction, sources) and the
+``merge.py`` puts on merged collectives (``node.meta["overlapcfg"]``: part, kind, direction, sources) and the
 tracing records of the *original* graph (which module owns each original collective). Bucket membership is
 derived here from the sources' owners with a plan written out by hand (``llama_layers``), not from the
 resolver, so a resolver or scheduler bug cannot hide behind a shared assumption.
@@ -92,7 +92,7 @@ def merged_collectives(gm: fx.GraphModule, step: TracedStep, graph: GraphName,
     out: list[Merged] = []
     for node in gm.graph.nodes:
         tag = node.meta.get("overlapcfg")
-        if not isinstance(tag, dict) or tag.get("role") != "start":
+        if not isinstance(tag, dict) or tag.get("part") != "start":
             continue
         buckets = {bucket_of(owners[s]) for s in tag["sources"]}
         if len(buckets) != 1:
@@ -181,7 +181,7 @@ def joint_merged(gm: fx.GraphModule, original: fx.GraphModule,
     out: list[Merged] = []
     for node in gm.graph.nodes:
         tag = node.meta.get("overlapcfg")
-        if not isinstance(tag, dict) or tag.get("role") != "start":
+        if not isinstance(tag, dict) or tag.get("part") != "start":
             continue
         sources = [by_name[s] for s in tag["sources"]]
         found = {(bucket_of(shared.get(s.name) or custom_module(s)), _joint_kind(s), side(s))

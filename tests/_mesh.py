@@ -14,7 +14,7 @@ from torch import fx
 
 from overlapcfg import compat, load_config
 from overlapcfg.config import OverlapConfig
-from overlapcfg.graph.collectives import collective_kind, data_inputs, group_name, started_by
+from overlapcfg.graph.ops import collective_kind, data_inputs, group_name, started_by
 from overlapcfg.passes import apply
 from overlapcfg.passes.backend import GraphBackend, GraphName
 

@@ -2,7 +2,7 @@
 resolution on random module trees (torch-free).
 
 The scheduler's results are measured here from the final graph alone: the merged collectives' tags
-(``node.meta["overlapcfg"]``: role and sources), node positions and the owners the builder wrote down. Bucket
+(``node.meta["overlapcfg"]``: part and sources), node positions and the owners the builder wrote down. Bucket
 membership comes from the builder's layers and this file's own reading of the plan, and the expected depths from
 the semantics in ``tests/_checker.py``'s docstring, so a scheduler or resolver bug cannot hide behind a shared
 assumption. Nothing here imports ``overlapcfg.graph.schedule``.
@@ -77,7 +77,7 @@ def placed_collectives(gm: fx.GraphModule, syn: Synthetic, bucket_of_layer: Call
         if kind is None:
             continue
         tag = node.meta.get("overlapcfg")
-        assert isinstance(tag, dict) and tag.get("role") == "start", f"{node.name} was left unmerged"
+        assert isinstance(tag, dict) and tag.get("part") == "start", f"{node.name} was left unmerged"
         buckets = {bucket_of_layer(int(syn.owners[s].split(".")[1])) for s in tag["sources"]}
         assert len(buckets) == 1, f"{node.name} merges collectives of buckets {sorted(buckets)}"
         waits = [u for u in node.users if u.target is _WAIT]

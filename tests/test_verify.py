@@ -39,7 +39,7 @@ def good(step: TracedStep, applied: ApplyFn) -> fx.GraphModule:
 def _merged_all_gather(gm: fx.GraphModule, bucket: int = 1) -> tuple[fx.Node, fx.Node]:
     for node in gm.graph.nodes:
         tag = node.meta.get("overlapcfg")
-        if isinstance(tag, dict) and tag.get("role") == "start" and tag["bucket"] == bucket:
+        if isinstance(tag, dict) and tag.get("part") == "start" and tag["bucket"] == bucket:
             (wait,) = node.users
             return node, wait
     raise AssertionError(f"no merged all-gather for bucket {bucket}")
@@ -165,7 +165,7 @@ def test_collectives_outside_the_plan_stay_unmerged_and_are_reported(step: Trace
     by_name = {n.name: n for n in gm.graph.nodes}
     for c in outside:  # the original nodes are still there, untouched and unmerged
         assert by_name[c.node].target is _c10d.all_gather_into_tensor.default
-        assert "overlapcfg" not in by_name[c.node].meta or "role" not in by_name[c.node].meta["overlapcfg"]
+        assert "overlapcfg" not in by_name[c.node].meta or "part" not in by_name[c.node].meta["overlapcfg"]
         assert [u.name for u in by_name[c.node].users] == [c.wait]
     assert gm.meta["overlapcfg"].after.get("forward", "all_gather") == 2 + len(outside)
 

@@ -24,22 +24,14 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.fx_passes import bucketing as _bucketing
 from torch._inductor.fx_passes import fsdp as _fsdp
 from torch._inductor.fx_passes.bucketing import (
-    _get_collective_node_from_wait as collective_of_wait,
-)
-from torch._inductor.fx_passes.bucketing import (
     bucket_key,
-    is_all_gather_into_tensor,
-    is_all_reduce_tensor,
     is_fsdp_reduce_scatter,
-    is_reduce_scatter_tensor,
-    is_wait_tensor,
     merge_all_gather_bucket,
     merge_all_reduce_bucket,
     merge_reduce_scatter_bucket,
 )
 from torch._inductor.fx_passes.control_dependencies import control_deps as _control_deps
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-from torch._inductor.fx_passes.fsdp import is_fsdp_all_gather
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.fx.traceback import NodeSource, NodeSourceAction
 from torch.utils._ordered_set import OrderedSet
@@ -57,14 +49,8 @@ __all__ += [
     "CustomGraphPass",
     "bucket_key",
     "cached_merge_traces",
-    "collective_of_wait",
     "control_deps",
-    "is_all_gather_into_tensor",
-    "is_all_reduce_tensor",
-    "is_fsdp_all_gather",
     "is_fsdp_reduce_scatter",
-    "is_reduce_scatter_tensor",
-    "is_wait_tensor",
     "manual_overlap_bucketing",
     "unwrap_control_deps",
     "unwrapped_call",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import operator
 import sys
 from collections.abc import Iterator
 
@@ -192,8 +191,10 @@ ArgumentRef = tuple[int, str]
 def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | None]:
     """``(written arguments, the argument the first result aliases)`` of an op, read from its schema's alias
     annotations: ``Tensor(a!) self`` / ``Tensor(a!) out`` / ``Tensor(a!)[] self`` are written; a result annotated
-    ``Tensor(a)`` (a view, or an in-place op's ``self``) aliases the argument annotated ``a``. ``((), None)`` for
-    targets without a schema (Python callables, most higher-order ops)."""
+    ``Tensor(a)`` (a view, or an in-place op's ``self``) aliases the argument annotated ``a``, and a list of views
+    (``split``, ``unbind``: ``Tensor(a -> *) self -> Tensor(a)[]``) aliases ``self``. ``((), None)`` for targets
+    without a schema (Python callables, most higher-order ops). The one schema reader: node-level questions (what
+    a node writes, whether it aliases) are ``overlapcfg.graph.ops``'."""
     schema = getattr(target, "_schema", None)
     if not isinstance(schema, _torch._C.FunctionSchema):
         return (), None
@@ -201,9 +202,18 @@ def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | N
     writes = tuple((i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
     alias = None
     if schema.returns and schema.returns[0].alias_info is not None:
-        sets = set(schema.returns[0].alias_info.before_set)
-        alias = next(((i, a.name) for i, a in enumerate(args)
-                      if a.alias_info is not None and sets & set(a.alias_info.before_set)), None)
+        sets = set(schema.returns[0].alias_info.before_set) - {"*"}
+
+        def aliased(info: object) -> bool:
+            if info is None:
+                return False
+            if sets:
+                return bool(sets & set(info.before_set))  # type: ignore[attr-defined]
+            # A list of views (``split``: ``Tensor(a -> *) self -> Tensor(a)[]``) or a wildcard result: the
+            # elements alias the argument whose set flows into the wildcard, or any annotated one.
+            return "*" in info.after_set or bool(info.before_set)  # type: ignore[attr-defined]
+
+        alias = next(((i, a.name) for i, a in enumerate(args) if aliased(a.alias_info)), None)
     return writes, alias
 
 
@@ -267,42 +277,6 @@ def copy_graph(graph: _fx.Graph) -> _fx.Graph:
 
 
 __all__ += ["copy_graph"]
-
-# --- in-place writes and aliasing, read from op schemas (OpOverload._schema) --------------------------------------
-
-
-def _schema_of(node: _fx.Node) -> object | None:
-    target = node.target
-    return getattr(target, "_schema", None) if node.op == "call_function" and is_op_overload(target) else None
-
-
-def written_inputs(node: _fx.Node) -> tuple[_fx.Node, ...]:
-    """The graph nodes ``node`` writes in place: the arguments its op's schema marks as written (``Tensor(a!)``,
-    ``Tensor(a!)[]``), lists flattened. Empty for calls without a schema (Python functions, ``getitem``)."""
-    schema = _schema_of(node)
-    if schema is None:
-        return ()
-    written: list[_fx.Node] = []
-    for i, arg in enumerate(schema.arguments):  # type: ignore[attr-defined]
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-        items = value if isinstance(value, (list, tuple)) else [value]
-        written.extend(v for v in items if isinstance(v, _fx.Node))
-    return tuple(written)
-
-
-def may_alias_input(node: _fx.Node) -> bool:
-    """Whether ``node``'s output may share storage with one of its inputs: a schema return with alias information
-    (views, ``t``, ``split``, in-place ops returning their input). ``getitem`` of such a result aliases too."""
-    if node.op == "call_function" and node.target is operator.getitem:
-        source = node.args[0]
-        return isinstance(source, _fx.Node) and may_alias_input(source)
-    schema = _schema_of(node)
-    return schema is not None and any(r.alias_info is not None for r in schema.returns)  # type: ignore[attr-defined]
-
-
-__all__ += ["may_alias_input", "written_inputs"]
 
 # --- FSDP2 rollback (overlapcfg.fsdp2.rollback) ---------------------------------------------------------------
 # ``fully_shard`` records each module's state in a private module-level registry besides the module's own

@@ -231,7 +231,7 @@ def _check_all_attributed(gm: fx.GraphModule, name: str, fsdp_group: str,
                           owners: tuple[CollectiveOwner, ...]) -> None:
     """Every all-gather and reduce-scatter on the demo's SimpleFSDP group is an FSDP one: all must carry an owner.
     (Other groups' collectives, tensor parallel's and HSDP's all-reduces, carry no parameter shard.)"""
-    from overlapcfg.graph.collectives import collective_kind, group_name
+    from overlapcfg.graph.ops import collective_kind, group_name
 
     found = [n.name for n in gm.graph.nodes
              if collective_kind(n) in ("all_gather", "reduce_scatter") and group_name(n) == fsdp_group]

@@ -34,8 +34,10 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.config.patterns import WRAPPER_SEGMENTS, is_inside
 from overlapcfg.errors import natural_key
-from overlapcfg.graph.meta import META_KEY, OWNER_KEY
-from overlapcfg.graph.parameters import SAVED_VIEW_KEY, placeholder_sources
+from overlapcfg.graph.gradients import partial_sum_root
+from overlapcfg.graph.meta import owner, saved_view, set_owner
+from overlapcfg.graph.ops import collective_kind, wait_of
+from overlapcfg.graph.parameters import placeholder_sources
 
 __all__ = [
     "AttributionError",
@@ -179,16 +181,11 @@ def custom_module_fqn(node: fx.Node) -> str | None:
     return user_fqn(value) or None if isinstance(value, str) else None
 
 
-def recorded_owner(node: fx.Node) -> CollectiveOwner | None:
-    owner = node.meta.get(META_KEY, {}).get(OWNER_KEY)
-    return owner if isinstance(owner, CollectiveOwner) else None
-
-
 def module_fqn(node: fx.Node) -> str | None:
     """The owning module by the evidence order above (descriptor annotation, custom metadata, module stack)."""
-    owner = recorded_owner(node)
-    if owner is not None:
-        return owner.module_fqn
+    found = owner(node)
+    if found is not None:
+        return found.module_fqn
     return custom_module_fqn(node) or stack_module_fqn(node)
 
 
@@ -244,7 +241,7 @@ def _looks_like_parameter(node: fx.Node) -> bool:
 
 
 def parameter_fqn(placeholder: fx.Node, parameter_inputs: Sequence[str | None]) -> str | None:
-    desc = placeholder.meta.get("desc") or placeholder.meta.get(META_KEY, {}).get(SAVED_VIEW_KEY)
+    desc = placeholder.meta.get("desc") or saved_view(placeholder)
     index = _input_root_index(desc)
     if index is None or not 0 <= index < len(parameter_inputs):
         return None
@@ -262,9 +259,6 @@ def _gradient_output_index(wait: fx.Node) -> tuple[int | None, bool]:
     and whether it is one partial of a shared parameter's gradient: a parameter used by N >= 2 modules (tied or
     shared embeddings) gets one reduce-scatter per use, summed before it is returned (``gradients.partial_sum_
     root``)."""
-    from overlapcfg.graph.collectives import collective_kind
-    from overlapcfg.graph.gradients import partial_sum_root
-
     root = partial_sum_root(wait)
     cur = root if root is not None else wait
     for _ in range(32):
@@ -292,8 +286,6 @@ def annotate_owners(gm: fx.GraphModule, graph: str,
     Collectives the descriptors do not tie to a parameter (tensor-parallel activations, user collectives) are left
     unannotated: they are classified by ``overlapcfg.graph.collectives`` and left alone if not FSDP's.
     """
-    from overlapcfg.graph.collectives import collective_kind, wait_of
-
     records: list[CollectiveOwner] = []
     for node in gm.graph.nodes:
         kind = collective_kind(node) if node.op == "call_function" else None
@@ -312,10 +304,10 @@ def annotate_owners(gm: fx.GraphModule, graph: str,
             param = parameter_inputs[index] if index is not None and 0 <= index < len(parameter_inputs) else None
         if not param:
             continue
-        owner = CollectiveOwner(graph, node.name, kind, parameter_owner(param), param, wait.name)
+        found = CollectiveOwner(graph, node.name, kind, parameter_owner(param), param, wait.name)
         if not partial:  # a shared gradient's partial: metadata names its use, the one-owner rule its owner
-            check_agreement(node, owner.module_fqn)
+            check_agreement(node, found.module_fqn)
         for n in (node, wait):
-            n.meta.setdefault(META_KEY, {})[OWNER_KEY] = owner
-        records.append(owner)
+            set_owner(n, found)
+        records.append(found)
     return tuple(records)

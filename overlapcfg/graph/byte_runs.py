@@ -3,7 +3,7 @@
 A ``Value`` is a shape, a dtype and the tensor's bytes in row-major order as ``(key, start, nbytes)`` runs; this
 module builds and transforms them (casts, slices, splits, cats, the collectives and torch's bucket copy-ins),
 merging adjacent runs so equal contents compare equal however they were assembled. Which graph ops map to which
-transform is ``provenance``'s job.
+transform is ``provenance``'s job (the ops themselves, in families, are ``overlapcfg.graph.ops``').
 """
 
 from __future__ import annotations
@@ -59,24 +59,6 @@ view is made of, in the view's row-major order. The views' transforms build addr
 Content: TypeAlias = "Value | tuple[Content, ...] | None"
 """A node's content: a tensor, a tuple of them (split, coalesced collectives), or None for non-tensors."""
 
-_aten = torch.ops.aten
-_RESHAPES = {_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default}
-_SAME_BYTES = {_aten.clone.default, _aten.alias.default, _aten.detach.default, _aten.flatten.using_ints,
-               _aten.squeeze.dim, _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default,
-               _aten.lift_fresh_copy.default}
-_CASTS = {torch.ops.prims.convert_element_type.default, _aten._to_copy.default}
-_EMPTY = {_aten.empty.memory_format, _aten.empty_strided.default}
-_ALL_GATHERS = {compat.ALL_GATHER_INTO_TENSOR, compat.ALL_GATHER_INTO_TENSOR_OUT}
-INTERPRETED = frozenset({
-    *_RESHAPES, *_SAME_BYTES, *_CASTS, *_EMPTY, *_ALL_GATHERS, _aten.view.dtype, _aten.slice.Tensor,
-    _aten.narrow.default, _aten.split.Tensor, _aten.split_with_sizes.default, _aten.cat.default,
-    _aten.copy_.default, _aten.copy.default, _aten._foreach_copy_.default, compat.pre_bucket_all_gather,
-    compat.pre_bucket_reduce_scatter,
-    compat.REDUCE_SCATTER_TENSOR, compat.REDUCE_SCATTER_TENSOR_COALESCED, compat.ALL_GATHER_INTO_TENSOR_COALESCED,
-    compat.ALL_REDUCE, compat.WAIT_TENSOR,
-    operator.getitem,
-})
-"""Targets whose output is computed from their inputs' provenance; every other op is opaque."""
 
 
 def _normalized(runs: Iterable[Run]) -> tuple[Run, ...]:

@@ -7,45 +7,52 @@ deterministic decisions without sorting by anything but positions.
 from __future__ import annotations
 
 import dataclasses
-import operator
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import torch
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.graph.attribution import ModuleFqnFn
-from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.gradients import (
+    ends_as_gradient,
+    hsdp_pairs,
+    is_partial_gradient_scatter,
+    partial_sum_root,
+    reduced_again,
+)
+from overlapcfg.graph.meta import is_merged, merged_mark, owner
+from overlapcfg.graph.ops import (
+    CollectiveKind,
+    collective_kind,
+    group_name,
+    is_collective_start,
+    is_compute_node,
+    is_transparent,
+    node_direction,
+    reached_users,
+    started_by,
+)
 from overlapcfg.graph.parameters import InputEvidence, graph_inputs, placeholder_sources
-from overlapcfg.graph.parameters import is_transparent as _is_transparent
+from overlapcfg.graph.record import Direction
+
+if TYPE_CHECKING:
+    from overlapcfg.graph.attribution import ModuleFqnFn
 
 __all__ = [
     "Collective",
-    "CollectiveKind",
     "CollectiveRole",
-    "Direction",
-    "ModuleFqnFn",
     "feeds_compute",
     "find_collectives",
-    "data_inputs",
-    "group_name",
-    "is_compute_node",
-    "node_direction",
-    "collective_kind",
-    "is_collective_start",
     "is_parameter_gather",
+    "no_hsdp_on_activation_groups",
+    "one_owner_per_shared_gradient",
     "parameter_sources",
-    "started_by",
     "positions",
-    "wait_of",
 ]
 
 
-CollectiveKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "other"]
-"""The one classification of ``_c10d_functional`` collectives (merged and coalesced forms included)."""
-Direction: TypeAlias = Literal["forward", "backward"]
 CollectiveRole: TypeAlias = Literal["fsdp_all_gather", "fsdp_reduce_scatter", "hsdp_all_reduce", "other"]
 """What a collective does for data parallelism; the one vocabulary the passes, records and report use.
 
@@ -97,79 +104,9 @@ class Collective:
         return self.role != "other"
 
 
-def group_name(start: fx.Node) -> str:
-    """The process-group name argument of a ``_c10d_functional`` collective (always its last positional; a
-    ``control_deps`` wrapper's is that of the op it wraps)."""
-    arg = compat.unwrapped_call(start)[1][-1]
-    if isinstance(arg, fx.Node):  # compile-on-one-rank graphs pass the group as a graph input
-        return f"<node {arg.name}>"
-    return str(arg)
-
-
-def wait_of(start: fx.Node) -> fx.Node | None:
-    """The single ``wait_tensor`` reading ``start``; ``None`` if there is none or several."""
-    waits = [u for u in start.users if compat.is_wait_tensor(u)]
-    return waits[0] if len(waits) == 1 else None
-
-
 def positions(graph: fx.Graph) -> dict[fx.Node, int]:
     """Index of every node in graph order: the only tie-breaker the passes use."""
     return {n: i for i, n in enumerate(graph.nodes)}
-
-
-_WAIT = compat.WAIT_TENSOR
-_CONTROL_DEPS = compat.control_deps
-
-
-def data_inputs(node: fx.Node) -> tuple[fx.Node, ...]:
-    """The nodes ``node`` reads (a ``control_deps`` wrapper's ordering edges are not reads)."""
-    return compat.unwrap_control_deps(node)[1]  # type: ignore[return-value]
-
-
-def is_collective_start(node: fx.Node) -> bool:
-    """A ``_c10d_functional`` op other than ``wait_tensor`` (what a wait completes)."""
-    if node.op != "call_function":
-        return False
-    target = compat.unwrap_control_deps(node)[0] if node.target is _CONTROL_DEPS else node.target
-    return compat.is_functional_collective(target) and target is not _WAIT
-
-
-def started_by(node: fx.Node) -> fx.Node | None:
-    """If ``node`` is a wait (also one wrapped by ``insert_overlap_deps``), the collective start it waits on."""
-    if node.op != "call_function":
-        return None
-    if node.target is _WAIT:
-        start = node.args[0] if node.args else None
-    elif node.target is _CONTROL_DEPS:
-        target, inputs, _ = compat.unwrap_control_deps(node)
-        start = inputs[0] if target is _WAIT and inputs else None
-    else:
-        return None
-    if not isinstance(start, fx.Node):
-        return None
-    if start.target is operator.getitem and isinstance(start.args[0], fx.Node):  # coalesced collectives
-        start = start.args[0]
-    return start if is_collective_start(start) else None
-
-
-_KINDS: tuple[tuple[str, CollectiveKind], ...] = (
-    ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"), ("all_reduce", "all_reduce"),
-    ("all_to_all", "all_to_all"),
-)
-
-
-def collective_kind(node: fx.Node) -> CollectiveKind | None:
-    """``all_gather`` / ``reduce_scatter`` / ``all_reduce`` / ``all_to_all`` / ``other`` for a collective start
-    (single, ``_coalesced`` and ``into_tensor`` forms alike), ``None`` for anything else."""
-    if not is_collective_start(node):
-        return None
-    name = compat.op_name(compat.unwrap_control_deps(node)[0])
-    return next((kind for key, kind in _KINDS if key in name), "other")
-
-
-def is_compute_node(node: fx.Node) -> bool:
-    """An op with a FLOP formula (matmuls, attention, convolutions): what collectives are meant to hide behind."""
-    return compat.flop_formula(node.target) is not None
 
 
 def parameter_sources(start: fx.Node) -> tuple[str, ...] | None:
@@ -201,15 +138,10 @@ def _gather_verdict(start: fx.Node, inputs: InputEvidence) -> str:
     return "parameter" if None not in verdicts else "undecided"
 
 
-def node_direction(node: fx.Node) -> Direction:
-    """Which side of autograd a node is on, from aot_autograd's ``autograd_backward`` tag."""
-    return "backward" if node.meta.get("autograd_backward", False) else "forward"
-
-
 def _params(start: fx.Node, kind: str, inputs: InputEvidence) -> tuple[str, ...]:
-    owner = start.meta.get(META_KEY, {}).get("owner")
-    if owner is not None:
-        return (owner.param_fqn,)
+    found = owner(start)
+    if found is not None:
+        return (found.param_fqn,)
     if kind != "all_gather":
         return ()
     names = inputs.state or {}
@@ -243,21 +175,6 @@ def _group_size(start: fx.Node, kind: CollectiveKind) -> int | None:
     return compat.registered_group_size(group_name(start))
 
 
-def reached_users(starts: Iterable[fx.Node], follow: Callable[[fx.Node], bool]) -> Iterator[fx.Node]:
-    """Every user reachable from ``starts``, depth first, walking on through the users ``follow`` accepts (each
-    node once): the one walk the structural tests below share."""
-    stack, seen = list(starts), set()
-    while stack:
-        cur = stack.pop()
-        if cur in seen:
-            continue
-        seen.add(cur)
-        for user in cur.users:
-            yield user
-            if follow(user):
-                stack.append(user)
-
-
 def _role(start: fx.Node, kind: CollectiveKind, waits: list[fx.Node], partner: fx.Node | None,
           inputs: InputEvidence) -> CollectiveRole:
     """Evidence, strongest first: our bucketer merged it, the aot descriptors tied it to a parameter, or its
@@ -265,21 +182,18 @@ def _role(start: fx.Node, kind: CollectiveKind, waits: list[fx.Node], partner: f
     a reduce-scatter whose result ends as a gradient (``gradients``: returned through unary ops, directly or
     through its HSDP all-reduce, summed with other uses' partials, or consumed by an optimizer update traced into
     the graph) and goes through no other reduce-scatter, an all-reduce chained with such a reduce-scatter."""
-    from overlapcfg.graph import gradients  # builds on this module's op vocabulary
-
-    ours = start.meta.get(META_KEY, {})
-    merged = "bucket" in ours
+    mark = merged_mark(start)
+    owned = owner(start) is not None
     if kind == "all_gather":
-        return "fsdp_all_gather" if merged or "owner" in ours or is_parameter_gather(start, inputs) else "other"
+        return "fsdp_all_gather" if mark is not None or owned or is_parameter_gather(start, inputs) else "other"
     if kind == "reduce_scatter":
-        if not merged and gradients.reduced_again(waits):
+        if mark is None and reduced_again(waits):
             return "other"  # descriptors name the parameter for both halves: structure decides which is FSDP's
-        fsdp = (merged or "owner" in ours or partner is not None or compat.is_fsdp_reduce_scatter(start)
-                or gradients.is_partial_gradient_scatter(start, waits)
-                or (len(waits) == 1 and gradients.ends_as_gradient(waits[0])))
+        fsdp = (mark is not None or owned or partner is not None or compat.is_fsdp_reduce_scatter(start)
+                or is_partial_gradient_scatter(start, waits) or (len(waits) == 1 and ends_as_gradient(waits[0])))
         return "fsdp_reduce_scatter" if fsdp else "other"
     # The plain op only: torch's all-reduce merge takes single tensors (a coalesced all-reduce is left alone).
-    if start.target is compat.ALL_REDUCE and ((merged and ours.get("kind") == "all_reduce") or partner is not None):
+    if start.target is compat.ALL_REDUCE and ((mark is not None and mark.kind == "all_reduce") or partner is not None):
         return "hsdp_all_reduce"
     return "other"
 
@@ -297,15 +211,13 @@ def find_collectives(
     it per node (whole-step graphs). Reduce-scatters and HSDP all-reduces are always backward. ``state_inputs``:
     the tracer's ``{placeholder name: parameter FQN}`` (``overlapcfg.graph.parameters``), further evidence.
     """
-    from overlapcfg.graph import gradients  # builds on this module's op vocabulary
-
     waits_of: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.nodes:
         start = started_by(node)
         if start is not None:
             waits_of.setdefault(start, []).append(node)
     inputs = graph_inputs(graph, backward=_is_backward_graph(graph, direction), state=state_inputs)
-    partners = gradients.hsdp_pairs(waits_of)
+    partners = hsdp_pairs(waits_of)
     out: list[Collective] = []
     for start, waits in waits_of.items():
         kind = collective_kind(start) or "other"
@@ -334,8 +246,8 @@ def find_collectives(
     index = positions(graph)
     out.sort(key=lambda c: index[c.start])
     out = _undecided_gathers(out, inputs)
-    out = gradients.no_hsdp_on_activation_groups(out)
-    out = gradients.one_owner_per_shared_gradient(out)
+    out = no_hsdp_on_activation_groups(out)
+    out = one_owner_per_shared_gradient(out)
     owner_of = {c.start: c.module_fqn for c in out if c.role == "fsdp_reduce_scatter"}
     return [dataclasses.replace(c, module_fqn=owner_of.get(c.partner, c.module_fqn))
             if c.role == "hsdp_all_reduce" and c.partner is not None else c for c in out]
@@ -356,7 +268,7 @@ def _computes_from(waits: Iterable[fx.Node]) -> Iterator[bool]:
         return user.op != "output" and not is_collective_start(user) and started_by(user) is None
 
     for user in reached_users(waits, passes):
-        yield passes(user) and user.op == "call_function" and not _is_transparent(user) \
+        yield passes(user) and user.op == "call_function" and not is_transparent(user) \
             and user.target is not compat.pre_bucket_reduce_scatter
 
 
@@ -379,3 +291,42 @@ def _undecided_gathers(collectives: list[Collective], inputs: InputEvidence) -> 
     return [dataclasses.replace(c, unattributed=reason)
             if c.kind == "all_gather" and not c.fsdp and c.group in dp_groups
             and _gather_verdict(c.start, inputs) == "undecided" else c for c in collectives]
+
+
+def no_hsdp_on_activation_groups(collectives: list[Collective]) -> list[Collective]:
+    """An all-reduce chained with an FSDP reduce-scatter is HSDP's replicate half only on a group that carries
+    gradients alone. On a group that also carries activations (a tensor-parallel group: sequence-parallel
+    gathers, row-parallel all-reduces), the same chain is tensor parallel's reduction of a replicated weight's
+    partial gradient (norm weights), and tensor-parallel collectives are never merged or moved."""
+    activation_groups = {c.group for c in collectives if c.role == "other" and feeds_compute(c)}
+    demoted = {c.start for c in collectives if c.role == "hsdp_all_reduce" and c.group in activation_groups
+               and not is_merged(c.start)}
+    if not demoted:
+        return collectives
+    note = (f"{len(demoted)} all-reduce(s) on group(s) "
+            f"{', '.join(sorted({repr(c.group) for c in collectives if c.start in demoted}))} are chained with FSDP "
+            "reduce-scatters like HSDP's, but their group also carries activation collectives (tensor parallel): "
+            "left alone, never bucketed")
+    return [dataclasses.replace(c, role="other", module_fqn=None, params=(), partner=None, note=note)
+            if c.start in demoted else dataclasses.replace(c, partner=None) if c.partner in demoted else c
+            for c in collectives]
+
+
+def one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collective]:
+    """The partial gradients of one shared parameter (one reduce-scatter per use, summed: ``partial_sum_root``)
+    belong to one module: **the one that used the parameter first in forward**, i.e. the partial whose
+    reduce-scatter backward issues last (graph order). That is also the owner the aot descriptors name (dynamo
+    names a parameter by its first access), so a graph with descriptors (``overlapcfg.backend``) and one without
+    (``apply`` on a captured graph) bucket a shared gradient in the same bucket, whatever the number of uses."""
+    sums: dict[fx.Node, list[int]] = {}
+    for i, c in enumerate(collectives):
+        if c.kind == "reduce_scatter" and c.fsdp and len(c.waits) == 1:
+            root = partial_sum_root(c.waits[0])
+            if root is not None:
+                sums.setdefault(root, []).append(i)
+    for members in sums.values():
+        first_user = collectives[members[-1]].module_fqn  # graph order: the last issued
+        if len(members) > 1 and first_user is not None:
+            for i in members:
+                collectives[i] = dataclasses.replace(collectives[i], module_fqn=first_user)
+    return collectives

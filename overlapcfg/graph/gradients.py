@@ -8,38 +8,34 @@ activation's reduction (tensor or sequence parallel) instead feeds more compute 
 A parameter used by several modules (T5 and BART share one embedding between encoder, decoder and the tied head;
 tied embeddings) gets one partial gradient per use, each reduce-scattered, summed before it ends:
 ``add(add(rs_a, rs_b), rs_c)``. Every partial is FSDP's, and all belong to one module (``one_owner_per_shared_
-gradient``).
+gradient`` in ``overlapcfg.graph.collectives``).
 
-Builds on ``overlapcfg.graph.collectives``' op vocabulary (``started_by``, ``collective_kind``), which imports this
-module only when it classifies.
+Node-level structure over the op vocabulary (``overlapcfg.graph.ops``); ``overlapcfg.graph.collectives`` builds the
+roles of whole collectives on it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.graph.collectives import (
-    Collective,
+from overlapcfg.graph.ops import (
     collective_kind,
-    feeds_compute,
     is_collective_start,
     is_compute_node,
+    is_transparent,
+    may_alias_input,
     reached_users,
     started_by,
+    written_inputs,
 )
-from overlapcfg.graph.meta import META_KEY
-from overlapcfg.graph.parameters import is_transparent
 
 __all__ = [
     "ends_as_gradient",
     "hsdp_pairs",
     "is_partial_gradient_scatter",
-    "no_hsdp_on_activation_groups",
-    "one_owner_per_shared_gradient",
     "partial_sum_root",
     "reduced_again",
 ]
@@ -60,7 +56,7 @@ def _flows_to_outputs(node: fx.Node) -> bool:
 def _storage_root(node: fx.Node) -> fx.Node:
     """The node whose storage ``node`` shares (through views and in-place ops returning their input)."""
     for _ in range(_CHAIN_LIMIT):
-        if node.op != "call_function" or not compat.may_alias_input(node) or not node.args \
+        if node.op != "call_function" or not may_alias_input(node) or not node.args \
                 or not isinstance(node.args[0], fx.Node):
             return node
         node = node.args[0]
@@ -72,7 +68,7 @@ def _updates_state(node: fx.Node) -> bool:
     graph: the parameters, its moments) or at the outputs, meeting no compute (matmuls, attention), no collective
     and no dead end on the way: a gradient consumed by the step's own update."""
     def writes_state(user: fx.Node) -> bool:  # reads the value into an update of a graph input: the path ends
-        written = [_storage_root(w) for w in compat.written_inputs(user)]
+        written = [_storage_root(w) for w in written_inputs(user)]
         return bool(written) and all(w.op == "placeholder" for w in written)
 
     def follow(user: fx.Node) -> bool:
@@ -204,42 +200,3 @@ def reduced_again(waits: Sequence[fx.Node]) -> bool:
                                         or user.target is compat.pre_bucket_reduce_scatter)
 
     return any(collective_kind(user) == "reduce_scatter" for user in reached_users(waits, follow))
-
-
-def no_hsdp_on_activation_groups(collectives: list[Collective]) -> list[Collective]:
-    """An all-reduce chained with an FSDP reduce-scatter is HSDP's replicate half only on a group that carries
-    gradients alone. On a group that also carries activations (a tensor-parallel group: sequence-parallel
-    gathers, row-parallel all-reduces), the same chain is tensor parallel's reduction of a replicated weight's
-    partial gradient (norm weights), and tensor-parallel collectives are never merged or moved."""
-    activation_groups = {c.group for c in collectives if c.role == "other" and feeds_compute(c)}
-    demoted = {c.start for c in collectives if c.role == "hsdp_all_reduce" and c.group in activation_groups
-               and "bucket" not in c.start.meta.get(META_KEY, {})}
-    if not demoted:
-        return collectives
-    note = (f"{len(demoted)} all-reduce(s) on group(s) "
-            f"{', '.join(sorted({repr(c.group) for c in collectives if c.start in demoted}))} are chained with FSDP "
-            "reduce-scatters like HSDP's, but their group also carries activation collectives (tensor parallel): "
-            "left alone, never bucketed")
-    return [dataclasses.replace(c, role="other", module_fqn=None, params=(), partner=None, note=note)
-            if c.start in demoted else dataclasses.replace(c, partner=None) if c.partner in demoted else c
-            for c in collectives]
-
-
-def one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collective]:
-    """The partial gradients of one shared parameter (one reduce-scatter per use, summed: ``partial_sum_root``)
-    belong to one module: **the one that used the parameter first in forward**, i.e. the partial whose
-    reduce-scatter backward issues last (graph order). That is also the owner the aot descriptors name (dynamo
-    names a parameter by its first access), so a graph with descriptors (``overlapcfg.backend``) and one without
-    (``apply`` on a captured graph) bucket a shared gradient in the same bucket, whatever the number of uses."""
-    sums: dict[fx.Node, list[int]] = {}
-    for i, c in enumerate(collectives):
-        if c.kind == "reduce_scatter" and c.fsdp and len(c.waits) == 1:
-            root = partial_sum_root(c.waits[0])
-            if root is not None:
-                sums.setdefault(root, []).append(i)
-    for members in sums.values():
-        owner = collectives[members[-1]].module_fqn  # graph order: the last issued
-        if len(members) > 1 and owner is not None:
-            for i in members:
-                collectives[i] = dataclasses.replace(collectives[i], module_fqn=owner)
-    return collectives

@@ -1,16 +1,16 @@
 """What a tensor holds at the moment it is read: storages, aliases and writes, for the verifier's interpretation
 (``overlapcfg.graph.provenance`` says what each op makes of what it reads; this module, when it reads it).
 
-Memory is modelled as storages, each holding one ``Value``: a fresh tensor owns one, a view or an
-in-place op's result aliases its argument's (what the op schema's alias annotations say, ``compat.op_effects``,
-plus ``wait_tensor`` and ``_unsafe_view``, whose schemas do not). A write (``copy_``, ``_foreach_copy_``, an
+Memory is modelled as storages, each holding one ``Value``: a fresh tensor owns one, a view, a split's pieces or an
+in-place op's result alias their argument's (``overlapcfg.graph.ops.effects``: the op schema's alias annotations,
+plus ``wait_tensor`` and ``_unsafe_view``, whose schemas do not say so). A write (``copy_``, ``_foreach_copy_``, an
 ``out=`` all-gather, or any op whose schema marks an argument written, ``add_``, ``_foreach_mul_``, ``x.out``)
-replaces the bytes of the written view in its storage: with what an interpreted op writes, or with the writer's
-own key. A tensor is then read as its storage holds it *when it is read*: a reader moved past a write to what it
-reads reads other bytes, and so does the reader of a buffer that the next bucket's all-gather overwrote. Where a
-view's place in its storage is known (``address``: the same algebra run on byte offsets), exactly its bytes are
-re-read; otherwise the read is ``("after", ...)`` of the whole storage. A collective writes its ``out`` buffer at
-its start (reads between start and wait are the structure check's business).
+replaces the bytes of the written view in its storage: with what an interpreted op writes, or with the writer's own
+key. A tensor is then read as its storage holds it *when it is read*: a reader moved past a write to what it reads
+reads other bytes, and so does the reader of a buffer that the next bucket's all-gather overwrote. Where a view's
+place in its storage is known (``address``: the same algebra run on byte offsets), exactly its bytes are re-read;
+otherwise the read is ``("after", ...)`` of the whole storage. A collective writes its ``out`` buffer at its start
+(reads between start and wait are the structure check's business).
 
 Work is linear in the graph: every node is interpreted once (``provenance.step`` on its inputs as read); a view is
 re-read only if its storage was written since it was last read, and addresses are derived only for views written
@@ -20,69 +20,53 @@ through or re-read.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
+import torch
 from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.graph.byte_runs import (
-    _RESHAPES,
     ADDRESS,
-    INTERPRETED,
     Content,
     Input,
     Value,
     _all_gather,
-    _aten,
     _atom,
     opaque,
     overwrite,
     substitute,
 )
-from overlapcfg.graph.collectives import group_name
+from overlapcfg.graph.ops import INTERPRETED, INTERPRETED_VIEWS, INTERPRETED_WRITES, argument, effects, group_name
 from overlapcfg.graph.provenance import copy_content, step
 
 __all__ = ["Interpretation", "Visitor", "interpret"]
 
-
-_VIEWS = frozenset({*_RESHAPES, _aten.alias.default, _aten.detach.default, _aten.squeeze.dim, _aten.squeeze.dims,
-                    _aten.squeeze.default, _aten.unsqueeze.default, _aten.flatten.using_ints, _aten.view.dtype,
-                    _aten.slice.Tensor, _aten.narrow.default, _aten.split.Tensor, _aten.split_with_sizes.default,
-                    compat.WAIT_TENSOR, operator.getitem})
-"""Interpreted ops whose result aliases their first argument: their address is ``step`` run on its address."""
-_ALIASES_FIRST = frozenset({compat.WAIT_TENSOR, _aten._unsafe_view.default})
-"""Ops whose result is their first argument's memory though their schema does not say so."""
-_WRITERS = frozenset({_aten.copy_.default, _aten._foreach_copy_.default, compat.ALL_GATHER_INTO_TENSOR_OUT})
-"""Writes whose bytes are interpreted; every other write (by schema) fills its place with the writer's key."""
+_aten = torch.ops.aten
+_VIEWS = INTERPRETED_VIEWS | {operator.getitem}
+"""Interpreted ops whose result aliases their first argument (``getitem``: an element of an aliasing tuple, such as
+a split's): their address is ``step`` run on its address."""
 
 _OPAQUE, _STEP, _WRITE = 0, 1, 2
 _Plan = tuple[int, tuple[compat.ArgumentRef, ...], "compat.ArgumentRef | None"]
-"""How a target is interpreted (opaque, ``step``, an interpreted write), what it writes, what its result aliases."""
+"""How a target is interpreted (opaque, ``step``, an interpreted write, ``INTERPRETED_WRITES``: every other write
+fills its place with the writer's key), what it writes, what its result aliases (``overlapcfg.graph.ops.effects``)."""
 _PLANS: dict[int, tuple[object, _Plan]] = {}
 """Target identity -> (target, plan). Keyed by ``id`` because an op overload hashes in Python, a cost paid per node
 otherwise; the entry holds the target, so no other object can take its id while it is cached."""
-_IN_PLACE_METHOD: _Plan = (_OPAQUE, ((0, "self"),), (0, "self"))
-_NOTHING: _Plan = (_OPAQUE, (), None)
 
 
 def _plan(node: fx.Node, target: object) -> _Plan:
     """One lookup per node (op overloads hash slowly): the target's plan, computed once per target."""
     if node.op != "call_function":  # Tensor.add_ and kin on pre-aot graphs write ``self``
-        in_place = node.op == "call_method" and isinstance(target, str) and target.endswith("_") \
-            and not target.startswith("_")
-        return _IN_PLACE_METHOD if in_place else _NOTHING
+        return (_OPAQUE, *effects(target, node.op))
     cached = _PLANS.get(id(target))
     if cached is not None and cached[0] is target:
         return cached[1]
-    mode = _WRITE if target in _WRITERS else _STEP if target in INTERPRETED else _OPAQUE
-    writes, alias = ((), (0, "self")) if target in _ALIASES_FIRST else compat.op_effects(target)
+    mode = _WRITE if target in INTERPRETED_WRITES else _STEP if target in INTERPRETED else _OPAQUE
+    writes, alias = effects(target)
     _PLANS[id(target)] = (target, (mode, writes, alias))
     return mode, writes, alias
-
-
-def _argument(args: Sequence[object], kwargs: dict[str, object], ref: compat.ArgumentRef) -> object:
-    position, name = ref
-    return kwargs[name] if name in kwargs else args[position] if position < len(args) else None
 
 
 Visitor = Callable[[fx.Node, object, tuple[object, ...], dict[str, object], bool], None]
@@ -235,10 +219,10 @@ class Interpretation:
             modelled = self._interpreted_write(node, target, args, kwargs, read_args, read_kwargs)  # type: ignore[arg-type]
         elif writes:
             for ref in writes:
-                dst = _argument(args, kwargs, ref)
+                dst = argument(args, kwargs, ref)
                 for i, d in enumerate(dst) if isinstance(dst, (list, tuple)) else [(None, dst)]:
                     self._write(d, None, node, node.name if i is None else f"{node.name}[{i}]")
-        parent = args[0] if target is operator.getitem else _argument(args, kwargs, alias) if alias else None
+        parent = args[0] if target is operator.getitem else argument(args, kwargs, alias) if alias else None
         if writes or mode == _WRITE:
             content: Content = read(parent) if isinstance(parent, fx.Node) else ()
         else:

@@ -24,11 +24,13 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.policy import BucketMode
-from overlapcfg.graph.collectives import Collective, CollectiveKind, Direction, positions
-from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.collectives import Collective, positions
+from overlapcfg.graph.meta import MergedMark, mark_merged
+from overlapcfg.graph.ops import CollectiveKind, started_by
+from overlapcfg.graph.record import Direction
 from overlapcfg.resolve import ResolvedPlan
 
-__all__ = ["META_KEY", "MergedCollective", "attribute", "merge_buckets"]
+__all__ = ["MergedCollective", "attribute", "merge_buckets"]
 
 logger = logging.getLogger(__name__)
 
@@ -133,12 +135,12 @@ def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, dir
         if key in group[0].start.meta:
             for n in new_nodes:
                 n.meta.setdefault(key, group[0].start.meta[key])
-    waits = tuple(n for n in new_nodes if compat.collective_of_wait(n) is not None)
+    waits = tuple(n for n in new_nodes if started_by(n) is not None)
     if not waits:
         raise AssertionError(f"overlapcfg merge: no wait among the nodes merged for {[n.name for n in starts]}")
-    start = compat.collective_of_wait(waits[0])
+    start = started_by(waits[0])
     sources = tuple(s.name for s in starts)
-    for role, node in (("start", start), *(("wait", w) for w in waits)):
-        node.meta[META_KEY] = {"bucket": bucket, "kind": kind, "direction": direction, "role": role,
-                               "sources": sources}
+    mark_merged(start, MergedMark(bucket, kind, direction, "start", sources))
+    for wait in waits:
+        mark_merged(wait, MergedMark(bucket, kind, direction, "wait", sources))
     return MergedCollective(bucket, direction, kind, start, waits, group[0].group, sources, nbytes)

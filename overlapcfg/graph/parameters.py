@@ -1,8 +1,8 @@
 """Which graph inputs are parameter shards: read from the graph, never from a node's name.
 
 An FSDP all-gather gathers a parameter shard, a graph input, through ops that only move its elements (views,
-casts, copies: ``is_transparent``). Whether a gathered input *is* a parameter shard is a question about the graph's
-inputs, and graphs answer it differently:
+casts, copies: ``overlapcfg.graph.ops.is_transparent``). Whether a gathered input *is* a parameter shard is a
+question about the graph's inputs, and graphs answer it differently:
 
 - **A whole-step graph or a forward graph** (graph_trainer's ``make_fx`` trace, aot's forward graph, any graph that
   holds the forward): every input is one of the step's own inputs (parameters, buffers, optimizer state, the
@@ -11,8 +11,8 @@ inputs, and graphs answer it differently:
 - **aot's descriptors**, where the graph has them (``meta["desc"]``): an input rooted in a ``PlainAOTInput`` is one
   of the step's own inputs (``descriptor``); a tangent is not. In aot's *backward* graph the saved tensors carry no
   descriptor: a saved parameter view and a saved activation look alike there, so neither is confirmed.
-- **The forward graph, for the backward** (``saved_view``): the backend stamps ``SAVED_VIEW_KEY`` on backward
-  inputs that the forward saved as views of a parameter input (``saved_parameter_views``).
+- **The forward graph, for the backward** (``saved_view``): the backend marks backward inputs that the forward
+  saved as views of a parameter input (``saved_parameter_views``, ``overlapcfg.graph.meta.saved_view``).
 - **The tracer's state list** (``state``, optional): ``{placeholder name: parameter FQN}`` for the inputs the tracer
   fed from the model's state (torchtitan's ``TracedResult.state_fqns`` over its static inputs). Where given, an
   input it does not name is no parameter (a user input), and records name parameters by these FQNs.
@@ -23,7 +23,6 @@ inputs nothing confirms is *undecided*: ``undecided_reason`` says why, and the p
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -32,15 +31,14 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.meta import saved_view, set_saved_view
+from overlapcfg.graph.ops import data_inputs, is_transparent
 
 __all__ = [
-    "SAVED_VIEW_KEY",
     "InputEvidence",
     "ParameterEvidence",
     "graph_inputs",
     "is_parameter_placeholder",
-    "is_transparent",
     "mark_saved_parameter_views",
     "placeholder_sources",
     "saved_parameter_views",
@@ -48,34 +46,6 @@ __all__ = [
 ]
 
 ParameterEvidence: TypeAlias = Literal["descriptor", "saved_view", "state", "structure"]
-
-SAVED_VIEW_KEY = "saved_parameter_view"
-"""``node.meta[META_KEY][SAVED_VIEW_KEY]``: on a backward placeholder the forward saved, the aot descriptor of the
-parameter input it is a view or cast of (set by ``mark_saved_parameter_views``)."""
-
-_TRANSPARENT_OPS = frozenset({
-    "aten._to_copy", "prims.convert_element_type", "aten.clone", "aten.contiguous", "aten.copy", "aten.copy_",
-    "aten.detach", "aten.alias", "aten.lift_fresh_copy", "aten.cat", "aten.reshape", "aten.flatten",
-    "aten.split_with_sizes", "aten.split_with_sizes_copy", "aten.split", "aten.empty", "aten.new_empty",
-    "aten.empty_strided", "aten.view", "aten.t", "aten.permute", "aten.expand",
-    "bucketing._pre_bucket_all_gather", "fsdp.all_gather_copy_in", "aten.foreach_copy", "aten._foreach_copy",
-})
-
-
-def is_transparent(node: fx.Node) -> bool:
-    """Ops that move a parameter's elements without computing on them: views, dtype casts, copies, and the
-    copy-in of torch's merged buckets. The only ops allowed between a parameter and its FSDP all-gather."""
-    if node.op != "call_function":
-        return False
-    target = node.target
-    if target is operator.getitem or getattr(target, "is_view", False):
-        return True
-    return compat.op_name(target) in _TRANSPARENT_OPS
-
-
-def _data_inputs(node: fx.Node) -> tuple[fx.Node, ...]:
-    return compat.unwrap_control_deps(node)[1]  # type: ignore[return-value]
-
 
 def placeholder_sources(start: fx.Node) -> tuple[fx.Node, ...] | None:
     """The placeholders an all-gather reads through transparent ops alone (views, casts, copies, a merged bucket's
@@ -86,7 +56,7 @@ def placeholder_sources(start: fx.Node) -> tuple[fx.Node, ...] | None:
     The walk stops at placeholders and at the first non-transparent op, so it is linear in the copy-in region.
     """
     seen: set[fx.Node] = set()
-    stack = list(_data_inputs(start))
+    stack = list(data_inputs(start))
     found: list[fx.Node] = []
     while stack:
         node = stack.pop()
@@ -96,7 +66,7 @@ def placeholder_sources(start: fx.Node) -> tuple[fx.Node, ...] | None:
         if node.op == "placeholder":
             found.append(node)
         elif node.op == "get_attr" or is_transparent(node):
-            stack.extend(_data_inputs(node))
+            stack.extend(data_inputs(node))
         else:
             return None
     return tuple(found)
@@ -112,7 +82,7 @@ def is_parameter_placeholder(node: fx.Node) -> bool:
     floating inputs: the descriptor evidence of ``InputEvidence``, for graphs that carry descriptors."""
     if node.op != "placeholder" or not _floating(node):
         return False
-    if SAVED_VIEW_KEY in node.meta.get(META_KEY, {}):
+    if saved_view(node) is not None:
         return True
     desc = node.meta.get("desc")
     return desc is not None and compat.is_plain_input_descriptor(desc)
@@ -141,7 +111,7 @@ class InputEvidence:
         not to be one, ``None`` if the graph cannot tell. ``structure`` still needs the gather to feed compute."""
         if node.op != "placeholder" or not _floating(node):
             return False
-        if SAVED_VIEW_KEY in node.meta.get(META_KEY, {}):
+        if saved_view(node) is not None:
             return "saved_view"
         if self.state is not None and not self.backward:
             return "state" if node.name in self.state else False
@@ -223,11 +193,11 @@ def saved_parameter_views(forward: fx.GraphModule) -> dict[str, object]:
 
 
 def mark_saved_parameter_views(backward: fx.GraphModule, views: dict[str, object]) -> int:
-    """Stamp ``SAVED_VIEW_KEY`` on the backward placeholders ``saved_parameter_views`` names (same node name, no
-    descriptor of their own); returns how many."""
+    """Mark the backward placeholders ``saved_parameter_views`` names (same node name, no descriptor of their own)
+    with the parameter input's descriptor (``overlapcfg.graph.meta.set_saved_view``); returns how many."""
     marked = 0
     for node in backward.graph.nodes:
         if node.op == "placeholder" and node.name in views and node.meta.get("desc") is None:
-            node.meta.setdefault(META_KEY, {})[SAVED_VIEW_KEY] = views[node.name]
+            set_saved_view(node, views[node.name])
             marked += 1
     return marked

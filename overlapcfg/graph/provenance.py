@@ -30,9 +30,9 @@ nested tuple naming where bytes come from:
 
 Only ops that move bytes without reordering are interpreted (views and reshapes, dtype casts and bitcasts,
 contiguous slices, splits, cats, copies, ``empty``, torch's ``_pre_bucket_*`` copy-ins, every argument of them,
-and the ``_c10d_functional`` collectives); anything else (matmuls, ``mul``, transposes) is *opaque*: its output
-is a fresh ``("node", name)`` key. That is deliberate: a parameter multiplied by 2 before its gather is a new key,
-not the parameter.
+and the ``_c10d_functional`` collectives: ``overlapcfg.graph.ops.INTERPRETED``); anything else (matmuls, ``mul``,
+transposes) is *opaque*: its output is a fresh ``("node", name)`` key. That is deliberate: a parameter multiplied
+by 2 before its gather is a new key, not the parameter.
 
 How contents change when memory is written (in-place ops, ``out=`` buffers), and so what a tensor holds when it
 is read, is ``overlapcfg.graph.memory``'s job; this module says what each op makes of what it reads. Work is
@@ -51,17 +51,11 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.graph.byte_runs import (
-    _CASTS,
-    _EMPTY,
-    _RESHAPES,
-    _SAME_BYTES,
-    INTERPRETED,
     Content,
     Key,
     Run,
     Value,
     _all_gather,
-    _aten,
     _cast,
     _cat,
     _infer,
@@ -73,10 +67,11 @@ from overlapcfg.graph.byte_runs import (
     _slices,
     opaque,
 )
-from overlapcfg.graph.collectives import group_name
+from overlapcfg.graph.ops import ALLOCATIONS, CASTS, RESHAPES, SAME_BYTES, group_name
 
-__all__ = ["INTERPRETED", "Content", "Key", "Run", "Value", "describe", "leaf_name", "opaque", "render_key",
-           "step"]
+__all__ = ["Content", "Key", "Run", "Value", "describe", "leaf_name", "opaque", "render_key", "step"]
+
+_aten = torch.ops.aten
 
 
 def _arg(args: Sequence[object], kwargs: dict[str, object], i: int, name: str, default: object = None) -> object:
@@ -97,7 +92,7 @@ def step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str
     x = args[0] if args else None
     if target is operator.getitem:
         return x[args[1]] if isinstance(x, tuple) and isinstance(args[1], int) else None  # type: ignore[index]
-    if target in _EMPTY:
+    if target in ALLOCATIONS:
         val = node.meta.get("val")
         size = x
         dtype = kwargs.get("dtype") or (val.dtype if isinstance(val, torch.Tensor) else None)
@@ -134,10 +129,10 @@ def step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str
         return _reduce_scatter(x, args[1], args[2], group_name(node)) if isinstance(args[2], int) else None  # type: ignore[arg-type]
     if target is compat.ALL_REDUCE:
         return Value(x.shape, x.dtype, _normalized((("ar", args[1], group_name(node), k), s, n) for k, s, n in x.runs))
-    if target in _RESHAPES:
+    if target in RESHAPES:
         shape = _infer(args[1], math.prod(x.shape))  # type: ignore[arg-type]
         return None if shape is None else Value(shape, x.dtype, x.runs)
-    if target in _SAME_BYTES:
+    if target in SAME_BYTES:
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or math.prod(val.shape) != math.prod(x.shape):
             return None
@@ -147,7 +142,7 @@ def step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str
         if not isinstance(dtype, torch.dtype) or not x.shape or (x.shape[-1] * x.dtype.itemsize) % dtype.itemsize:
             return None
         return Value((*x.shape[:-1], x.shape[-1] * x.dtype.itemsize // dtype.itemsize), dtype, x.runs)
-    if target in _CASTS:
+    if target in CASTS:
         dtype = args[1] if target is not _aten._to_copy.default else kwargs.get("dtype") or x.dtype
         return _cast(x, dtype) if isinstance(dtype, torch.dtype) else None
     if target is _aten.copy.default:

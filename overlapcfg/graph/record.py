@@ -4,7 +4,8 @@
 - ``CollectiveChange``: one bucket's collectives of one direction and kind, before and after merging, and bytes;
 - ``BucketRecord``: one bucket as the pass saw it (its resolved modules and depths, its parameters and sizes,
   its collective changes and decisions). The report's buckets are the same type, forward and backward combined;
-- ``PassRecord``: one graph's pass (``gm.meta["overlapcfg"]``).
+- ``PassRecord``: one graph's pass (``gm.meta["overlapcfg"]``: ``overlapcfg.graph.meta.pass_record``);
+- ``Direction``: which side of autograd, the one spelling every stage uses.
 
 Frozen pydantic models: the JSON form of a report is made of these, and ``Report.from_json`` reads them back.
 """
@@ -13,21 +14,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
-from overlapcfg.graph.meta import META_KEY
 from overlapcfg.resolve.records import RecordModel, ResolvedBucket
 
 if TYPE_CHECKING:
     from overlapcfg.graph.collectives import Collective
 
-__all__ = ["RECORD_KEY", "BucketRecord", "CollectiveChange", "CollectiveCounts", "DepthDecision", "GroupTraffic",
-           "PassRecord", "RecordModel", "Uncovered", "count_collectives", "group_traffic"]
+__all__ = ["BucketRecord", "CollectiveChange", "CollectiveCounts", "DepthDecision", "GroupTraffic",
+           "Direction", "PassRecord", "RecordModel", "Uncovered", "count_collectives", "group_traffic"]
 
-RECORD_KEY = META_KEY
-"""``gm.meta[RECORD_KEY]`` holds the ``PassRecord`` of the last pass over ``gm``."""
-
-Direction = Literal["forward", "backward"]
+Direction: TypeAlias = Literal["forward", "backward"]
+"""Which side of autograd a node, a collective or a decision is on (``overlapcfg.graph.ops.node_direction``)."""
 
 
 class DepthDecision(RecordModel):

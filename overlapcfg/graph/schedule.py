@@ -29,13 +29,13 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from overlapcfg import compat
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.graph import placement
-from overlapcfg.graph.collectives import Direction, is_collective_start, is_compute_node, node_direction, positions
+from overlapcfg.graph.collectives import positions
 from overlapcfg.graph.merge import MergedCollective
+from overlapcfg.graph.ops import is_collective_start, is_compute_node, may_alias_input, node_direction, written_inputs
 from overlapcfg.graph.placement import SortKey
-from overlapcfg.graph.record import DepthDecision
+from overlapcfg.graph.record import DepthDecision, Direction
 from overlapcfg.resolve import ResolvedPlan
 
 __all__ = ["ScheduleResult", "Step", "exclusive_ancestors", "exclusive_descendants", "schedule_manual"]
@@ -257,9 +257,9 @@ def _writes_in_place(graph: fx.Graph, index: dict[fx.Node, int]) -> dict[fx.Node
     """
     edges: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.nodes:
-        written = compat.written_inputs(node) if node.op == "call_function" else ()
+        written = written_inputs(node) if node.op == "call_function" else ()
         for target in written:
-            aliases = [target, *(u for u in target.users if compat.may_alias_input(u))]
+            aliases = [target, *(u for u in target.users if may_alias_input(u))]
             readers = sorted({u for a in aliases for u in a.users} - {node}, key=index.__getitem__)
             for reader in readers:
                 if reader.op == "output":

@@ -41,25 +41,16 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.errors import OverlapVerificationError
-from overlapcfg.graph.collectives import group_name, node_direction
 from overlapcfg.graph.memory import Interpretation, interpret
+from overlapcfg.graph.ops import MODELLED_COLLECTIVES, CollectiveKind, group_name, node_direction
 from overlapcfg.graph.provenance import Run, Value, describe, leaf_name, render_key
+from overlapcfg.graph.record import Direction
 from overlapcfg.graph.well_formed import structure_faults
 
 __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "verify"]
 
-_KINDS = {
-    compat.ALL_GATHER_INTO_TENSOR: "all_gather",
-    compat.ALL_GATHER_INTO_TENSOR_OUT: "all_gather",
-    compat.ALL_GATHER_INTO_TENSOR_COALESCED: "all_gather",
-    compat.REDUCE_SCATTER_TENSOR: "reduce_scatter",
-    compat.REDUCE_SCATTER_TENSOR_COALESCED: "reduce_scatter",
-    compat.ALL_REDUCE: "all_reduce",
-}
-
-
-_KIND_IDS = frozenset(id(target) for target in _KINDS)
-"""The collectives by identity (``_KINDS`` keeps them alive): an op overload hashes in Python, once per node."""
+_KIND_IDS = frozenset(id(target) for target in MODELLED_COLLECTIVES)
+"""The collectives by identity (``MODELLED_COLLECTIVES`` keeps them alive): an op overload hashes in Python."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +68,8 @@ class CollectiveData:
     """The bytes one collective sends, canonical (runs grouped by source key, merged where contiguous)."""
 
     start: str
-    kind: str
-    direction: str
+    kind: CollectiveKind
+    direction: Direction
     attrs: tuple[object, ...]
     """(group, size) for all-gathers; (group, size, reduce op, dtype) for reduce-scatters; (group, op, dtype)."""
     data: tuple[Run, ...]
@@ -149,7 +140,7 @@ def _canonical(values: Iterable[object]) -> tuple[Run, ...]:
 
 def _collective(node: fx.Node, target: object, args: tuple[object, ...], direction: str | None) -> CollectiveData:
     """``args``: the collective's arguments as read (its inputs' contents at its start)."""
-    kind = _KINDS[target]  # type: ignore[index]
+    kind = MODELLED_COLLECTIVES[target]
     values = list(args[0]) if isinstance(args[0], (list, tuple)) else [args[0]]
     dtype = next((v.dtype for v in values if isinstance(v, Value)), None)
     group = group_name(node)

@@ -17,8 +17,9 @@ import operator
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.graph.collectives import data_inputs, is_collective_start, positions, started_by
+from overlapcfg.graph.collectives import positions
 from overlapcfg.graph.memory import Interpretation
+from overlapcfg.graph.ops import data_inputs, is_collective_start, started_by
 
 __all__ = ["structure_faults"]
 

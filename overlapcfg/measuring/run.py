@@ -37,7 +37,7 @@ from torch.profiler import ProfilerActivity, profile
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
-from overlapcfg.graph.collectives import collective_kind, is_collective_start
+from overlapcfg.graph.ops import collective_kind, is_collective_start
 from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.result import MeasuredCollective, MeasuredConfig, Measurement
 from overlapcfg.measuring.runner import Recorder, merge_node_seconds

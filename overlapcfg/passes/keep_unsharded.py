@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.plan import Bucket
 from overlapcfg.graph.collectives import Collective, positions
 from overlapcfg.graph.memory import interpret
+from overlapcfg.graph.ops import may_alias_input, written_inputs
 from overlapcfg.graph.parameters import placeholder_sources
 from overlapcfg.resolve import ResolvedPlan
 
@@ -192,10 +192,10 @@ def _writer(node: fx.Node, lo: int, hi: int, index: dict[fx.Node, int]) -> fx.No
     aliases, stack = {node}, [node]
     while stack:
         for user in stack.pop().users:
-            if user not in aliases and compat.may_alias_input(user):
+            if user not in aliases and may_alias_input(user):
                 aliases.add(user)
                 stack.append(user)
-    writers = [u for a in aliases for u in a.users if a in compat.written_inputs(u) and lo < index[u] < hi]
+    writers = [u for a in aliases for u in a.users if a in written_inputs(u) and lo < index[u] < hi]
     return min(writers, key=index.__getitem__, default=None)
 
 

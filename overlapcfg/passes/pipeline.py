@@ -29,14 +29,14 @@ from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
-from overlapcfg.graph.collectives import Collective, Direction, find_collectives
+from overlapcfg.graph.collectives import Collective, find_collectives
 from overlapcfg.graph.merge import MergedCollective, attribute
-from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.meta import is_merged, record_pass
 from overlapcfg.graph.record import (
-    RECORD_KEY,
     BucketRecord,
     CollectiveChange,
     DepthDecision,
+    Direction,
     PassRecord,
     Uncovered,
     count_collectives,
@@ -87,7 +87,7 @@ def _forced_direction(kind: GraphKind) -> Direction | None:
 
 
 def _already_merged(fsdp: Sequence[Collective]) -> list[str]:
-    return [c.start.name for c in fsdp if "bucket" in c.start.meta.get(META_KEY, {}) or len(c.params) > 1]
+    return [c.start.name for c in fsdp if is_merged(c.start) or len(c.params) > 1]
 
 
 def apply(
@@ -380,5 +380,5 @@ def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: Resol
         seconds=time.perf_counter() - started,
         notes=notes,
     )
-    gm.meta[RECORD_KEY] = record
+    record_pass(gm, record)
     return record

@@ -25,7 +25,7 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.attribution import CollectiveOwner, ModuleFqnFn, module_fqn
-from overlapcfg.graph.collectives import group_name
+from overlapcfg.graph.ops import group_name
 
 __all__ = ["CapturedStep", "GraphName", "ensure_process_group"]
 

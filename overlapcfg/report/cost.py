@@ -8,7 +8,6 @@ unsharded size whatever the trace's world size, and each rank's shard is that ov
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -18,14 +17,12 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.hardware import HardwareProfile
-from overlapcfg.graph.collectives import collective_kind, is_collective_start, started_by
+from overlapcfg.graph.ops import collective_kind, is_collective_start, is_compute_node, is_free, started_by
 
 __all__ = ["NodeKind", "collective_issue_seconds", "collective_seconds", "collective_source", "compute_seconds",
            "node_bytes", "node_flops", "node_kind"]
 
 NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
-
-_FREE_TARGETS = frozenset({"_operator.getitem", "aten._unsafe_view", "aten.alias", "aten.lift_fresh_copy"})
 
 
 def iter_tensors(value: object) -> Iterator[torch.Tensor]:
@@ -52,17 +49,17 @@ def tensor_bytes(t: torch.Tensor, as_dtype: torch.dtype | None = None) -> int:
 
 def node_kind(node: fx.Node) -> NodeKind:
     """How the cost model treats ``node``: ``collective`` starts, ``wait``s, ``compute`` (has a FLOP formula),
-    ``memory`` (other kernels: bandwidth-bound), ``free`` (views, getitem) and ``io`` (placeholders, output)."""
+    ``memory`` (other kernels: bandwidth-bound), ``free`` (no kernel: ``overlapcfg.graph.ops.is_free``) and ``io``
+    (placeholders, output)."""
     if node.op != "call_function":
         return "io"
-    target = node.target
     if started_by(node) is not None:  # a wait, also one insert_overlap_deps wrapped in control_deps
         return "wait"
     if is_collective_start(node):
         return "collective"
-    if compat.op_name(target) in _FREE_TARGETS or target is operator.getitem or getattr(target, "is_view", False):
+    if is_free(node):
         return "free"
-    if compat.flop_formula(target) is not None:
+    if is_compute_node(node):
         return "compute"
     return "memory"
 

@@ -24,8 +24,10 @@ from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.config.load import validate_value
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.attribution import module_fqn
-from overlapcfg.graph.collectives import collective_kind, find_collectives
-from overlapcfg.graph.record import RECORD_KEY, BucketRecord, CollectiveChange, PassRecord
+from overlapcfg.graph.collectives import find_collectives
+from overlapcfg.graph.meta import merged_mark, pass_record
+from overlapcfg.graph.ops import collective_kind
+from overlapcfg.graph.record import BucketRecord, CollectiveChange, PassRecord
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.passes.pipeline import GraphKind, apply
 from overlapcfg.report.cost import node_kind
@@ -62,13 +64,13 @@ def _in(module: str, modules: Sequence[str]) -> bool:
 
 def node_labels(gm: fx.GraphModule, fqn_fn: Callable[[fx.Node], str | None] = module_fqn) -> dict[str, str]:
     """A short name for each collective start and wait (its bucket, else its owning module) and compute node."""
-    record: PassRecord | None = gm.meta.get(RECORD_KEY)
+    record = pass_record(gm)
     buckets = record.buckets if record is not None else ()
     labels: dict[str, str] = {}
     for c in find_collectives(gm.graph, fqn_fn):
-        meta = c.start.meta.get(RECORD_KEY)
-        if isinstance(meta, dict) and "bucket" in meta and meta["bucket"] < len(buckets):
-            name = buckets[meta["bucket"]].name
+        mark = merged_mark(c.start)
+        if mark is not None and mark.bucket < len(buckets):
+            name = buckets[mark.bucket].name
         else:
             owner = c.module_fqn
             hit = next((b.name for b in buckets if owner and _in(owner, b.modules)), None)
@@ -227,8 +229,8 @@ def _apply_copy(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: GraphKind, w
 
 
 def _record(gm: fx.GraphModule) -> PassRecord:
-    rec = gm.meta.get(RECORD_KEY)
-    if not isinstance(rec, PassRecord):
+    rec = pass_record(gm)
+    if rec is None:
         raise TypeError("explain: this graph module has no overlapcfg pass record; run overlapcfg.apply on it "
                         "first, or pass the CapturedStep")
     return rec
@@ -262,7 +264,7 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
             raise TypeError("explain: this graph has no collective that names its group size; pass world_size=")
         trace_ws = found or world_size or 1
         untransformed: list[fx.GraphModule] = []
-        if not isinstance(step.meta.get(RECORD_KEY), PassRecord):
+        if pass_record(step) is None:
             untransformed = [step]
             step = _apply_copy(step, config, graph_kind, trace_ws)
         rec = _record(step)

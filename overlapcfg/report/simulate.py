@@ -31,7 +31,8 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
-from overlapcfg.graph.collectives import feeds_compute, find_collectives, group_name, started_by
+from overlapcfg.graph.collectives import feeds_compute, find_collectives
+from overlapcfg.graph.ops import group_name, started_by
 from overlapcfg.report.cost import (
     collective_bytes,
     collective_issue_seconds,

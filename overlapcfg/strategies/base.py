@@ -16,9 +16,10 @@ from torch import fx
 
 from overlapcfg.config.contracts import StrategyContract
 from overlapcfg.config.policy import PolicyBase
-from overlapcfg.graph.collectives import Collective, Direction, ModuleFqnFn
+from overlapcfg.graph.attribution import ModuleFqnFn
+from overlapcfg.graph.collectives import Collective
 from overlapcfg.graph.merge import MergedCollective
-from overlapcfg.graph.record import DepthDecision
+from overlapcfg.graph.record import DepthDecision, Direction
 from overlapcfg.resolve import ResolvedPlan
 
 __all__ = ["PassContext", "Strategy", "StrategyFn", "StrategyResult"]

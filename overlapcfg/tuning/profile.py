@@ -35,12 +35,11 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.hardware import HardwareProfile
 from overlapcfg.errors import UnsupportedGraphError
-from overlapcfg.graph.collectives import collective_kind, group_name, is_collective_start, is_compute_node
-from overlapcfg.graph.meta import META_KEY
+from overlapcfg.graph.meta import merged_mark
+from overlapcfg.graph.ops import collective_kind, group_name, is_collective_start, is_compute_node, started_by
 from overlapcfg.graph.schedule import exclusive_ancestors, exclusive_descendants
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.cost import collective_bytes, compute_seconds, iter_tensors, node_kind
@@ -185,7 +184,7 @@ def _made_by_merging(start: fx.Node, original: set[str]) -> set[fx.Node]:
     while stack:
         for node in stack.pop().all_input_nodes:
             if node not in chain and node.op == "call_function" and node.name not in original \
-                    and not compat.is_wait_tensor(node) and all(u in chain for u in node.users):
+                    and started_by(node) is None and all(u in chain for u in node.users):
                 chain.add(node)
                 stack.append(node)
     return chain
@@ -230,21 +229,21 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
     chains = []
     moved: set[fx.Node] = set()
     for start in (n for n in nodes if is_collective_start(n)):
-        meta = start.meta.get(META_KEY)
+        mark = merged_mark(start)
         kind = collective_kind(start)
-        if not isinstance(meta, dict) or meta.get("role") != "start" or kind not in MERGED_KINDS:
+        if mark is None or mark.part != "start" or kind not in MERGED_KINDS:
             raise UnsupportedGraphError(
                 f"tune: {name} graph: collective {start.name} ({kind}) is not an FSDP all-gather or reduce-scatter "
                 "the pass bucketed; the tuner models graphs whose only collectives are FSDP's (no tensor-parallel "
                 "or HSDP all-reduce traffic yet)")
-        waits = sorted((u for u in start.users if compat.is_wait_tensor(u)), key=index.__getitem__)
+        waits = sorted((u for u in start.users if started_by(u) is start), key=index.__getitem__)
         if kind == "all_gather":
             issue = set(exclusive_ancestors(start, index))  # what the scheduler moves with the all-gather
             after = {n for n in exclusive_descendants(waits, index) if n in waits or n.name not in original_names}
         else:  # the start and the copy-in merging made for it stay together; the wait chain moves
             issue = _made_by_merging(start, original_names)
             after = set(exclusive_descendants(waits, index))
-        chains.append((start, meta, kind, issue, waits, after))
+        chains.append((start, mark, kind, issue, waits, after))
         moved |= issue | after
     fixed_nodes = [n for n in nodes if n.op == "call_function" and n not in moved]
     strays = [n.name for n in fixed_nodes if n.name not in original_names]
@@ -259,12 +258,12 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
     original_start = _original_starts(original, {n.name for n in fixed_nodes}, fixed)
     root, param, last = _storages(gm.graph)
     records = []
-    for start, meta, kind, issue, waits, after in chains:
+    for start, mark, kind, issue, waits, after in chains:
         consumer: float | None = None
         buffer, params = 0, ()
         wait_cost = sum(cost.get(n, 0.0) for n in after)
         if kind == "all_gather":
-            where = min((original_start[s] for s in meta.get("sources", ()) if s in original_start),
+            where = min((original_start[s] for s in mark.sources if s in original_start),
                         default=float(index[start]))
             buffer = value_bytes(root[start], costs.as_dtype)
             leaves = sorted((n for n in after if any(u not in after for u in n.users)), key=index.__getitem__)
@@ -278,7 +277,7 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
             readers = [index[u] for n in after for u in n.users if u.op != "output" and u not in after]
             consumer = float(min(readers)) if readers else None
         records.append(UnitCollective(
-            unit=int(meta["bucket"]), kind=kind, key=f"{group_name(start)}:{_dtype(start)}", group=group_name(start),
+            unit=mark.bucket, kind=kind, key=f"{group_name(start)}:{_dtype(start)}", group=group_name(start),
             group_size=next((a for a in start.args if isinstance(a, int) and not isinstance(a, bool)), 1),
             cost_bytes=collective_bytes(start, costs.as_dtype), traced_bytes=collective_bytes(start),
             issue_cost=sum(cost.get(n, 0.0) for n in issue), wait_cost=max(0.0, wait_cost),

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import fx
 
 import overlapcfg
-from overlapcfg.graph import attribution, collectives, gradients, parameters
+from overlapcfg.graph import attribution, collectives, gradients, ops, parameters
 from tests.thirdparty import conformance as C
 from tests.thirdparty import models as M
 
@@ -58,7 +58,7 @@ def val(n: Any) -> str:
 
 
 def group_args(start: fx.Node) -> tuple[int | None, str]:
-    name = collectives.group_name(start)
+    name = ops.group_name(start)
     size = start.args[1] if "all_gather" in op(start) else start.args[2] if "reduce_scatter" in op(start) else None
     return (size if isinstance(size, int) else None), name
 
@@ -86,7 +86,7 @@ def input_walk(start: fx.Node, dyn: fx.GraphModule, forward: fx.GraphModule | No
                 lines.append(f"    = forward node {saved.name}:{op(saved)} saved as forward OUTPUT[{', '.join(where)}]")
                 lines.extend(f"      forward: {saved.name} <- {line}" for line in input_walk_node(saved, dyn))
             return
-        transparent = node.op == "get_attr" or parameters.is_transparent(node)
+        transparent = node.op == "get_attr" or ops.is_transparent(node)
         if not transparent or depth > 12:
             ins = ", ".join(f"{i.name}:{op(i)}" for i in node.all_input_nodes[:4])
             lines.append(" <- ".join([*path, f"STOP at {label} (non-transparent; reads {ins})"]))
@@ -94,7 +94,7 @@ def input_walk(start: fx.Node, dyn: fx.GraphModule, forward: fx.GraphModule | No
         for i in node.all_input_nodes:
             walk(i, [*path, label], depth + 1)
 
-    for i in collectives.data_inputs(start):
+    for i in ops.data_inputs(start):
         walk(i, [], 0)
     return lines
 
@@ -175,7 +175,7 @@ def classify(gm: fx.GraphModule, graph: str, dyn: fx.GraphModule) -> tuple[dict[
 
 def dump_graph(w: io.StringIO, graph: str, gm: fx.GraphModule, dyn: fx.GraphModule, dims: dict[str, str],
                forward: fx.GraphModule | None = None) -> None:
-    starts = [n for n in gm.graph.nodes if collectives.is_collective_start(n)]
+    starts = [n for n in gm.graph.nodes if ops.is_collective_start(n)]
     per = collections.Counter((op(s), dims.get(group_args(s)[1], group_args(s)[1])) for s in starts)
     w.write(f"\n== {graph}: {len(gm.graph.nodes)} nodes, {len(starts)} collectives: "
             + ", ".join(f"{n} x {o} on {g}" for (o, g), n in sorted(per.items())) + "\n")
@@ -186,7 +186,7 @@ def dump_graph(w: io.StringIO, graph: str, gm: fx.GraphModule, dyn: fx.GraphModu
         found, owners = {}, {}
     for i, s in enumerate(starts):
         size, name = group_args(s)
-        wait = collectives.wait_of(s)
+        wait = ops.wait_of(s)
         custom = (s.meta.get("custom") or {}).get("module_fqn")
         w.write(f"\n[{graph} #{i}] {s.name} = {op(s)}  group {name!r} ({dims.get(name, '?')}, size {size})  "
                 f"in {val(s.args[0])} out {val(s)}  wait={wait.name if wait else None}\n")
@@ -219,12 +219,12 @@ def dump_graph(w: io.StringIO, graph: str, gm: fx.GraphModule, dyn: fx.GraphModu
 
 def tp_signature(gm: fx.GraphModule, tp_group: str) -> list[tuple[str, str, tuple[str, ...]]]:
     return [(n.name, op(n), tuple(a.name for a in n.all_input_nodes)) for n in gm.graph.nodes
-            if collectives.is_collective_start(n) and collectives.group_name(n) == tp_group]
+            if ops.is_collective_start(n) and ops.group_name(n) == tp_group]
 
 
 def per_group(gm: fx.GraphModule, dims: dict[str, str]) -> dict[str, int]:
-    counts = collections.Counter(f"{op(n)}@{dims.get(collectives.group_name(n), collectives.group_name(n))}"
-                                 for n in gm.graph.nodes if collectives.is_collective_start(n))
+    counts = collections.Counter(f"{op(n)}@{dims.get(ops.group_name(n), ops.group_name(n))}"
+                                 for n in gm.graph.nodes if ops.is_collective_start(n))
     return dict(sorted(counts.items()))
 
 

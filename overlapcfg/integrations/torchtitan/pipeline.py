@@ -37,7 +37,7 @@ from overlapcfg.config import OverlapConfig
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.parameters import state_input_names
 from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config
-from overlapcfg.passes import RECORD_KEY, PassRecord, apply
+from overlapcfg.passes import PassRecord, apply, pass_record
 from overlapcfg.resolve import DepthSource, resolve_plan
 from overlapcfg.strategies import get_strategy
 
@@ -66,8 +66,8 @@ def overlapcfg_bucketing_pass(gm: fx.GraphModule, example_inputs: Sequence[Any] 
     may follow and read fake-tensor metadata."""
     state = state_input_names(gm.graph, list(state_fqns), list(flat_counts)) if state_fqns else None
     gm = apply(gm, cfg, graph_kind="joint", for_compiler=True, state_inputs=state)
-    record = gm.meta.get(RECORD_KEY)
-    if isinstance(record, PassRecord) and (not dist.is_initialized() or dist.get_rank() == 0):
+    record = pass_record(gm)
+    if record is not None and (not dist.is_initialized() or dist.get_rank() == 0):
         logger.info("%s", _rendered(record))
     return gm
 
