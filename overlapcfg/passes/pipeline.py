@@ -182,8 +182,9 @@ def apply(
         ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
                           fresh_fake_values=for_compiler)
         result = strategy.run(gm, ctx)
-        gm.graph.lint()
-        if summary is not None:
+        if summary is None:
+            gm.graph.lint()
+        else:  # verification lints first, and reports a lint failure with the rest
             verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]",
                    reused_regathers=kept.removed)
     except BaseException:
@@ -201,11 +202,14 @@ def apply(
 
 class _Backup:
     """What a strategy may change on a ``GraphModule`` besides its nodes, kept to put back if it fails: the graph
-    (a copy, output node metadata included), the submodules and buffers it registers (``insert_overlap_deps``
-    adds ``subgraph_*`` modules) and ``gm.meta``."""
+    (a snapshot, rebuilt as a copy only on failure, output node metadata included), the submodules and buffers it
+    registers (``insert_overlap_deps`` adds ``subgraph_*`` modules) and ``gm.meta``.
+
+    Why a snapshot and not a copy: copying a 12k-node graph up front cost as much as verifying it, on every
+    successful pass, to serve only the failing ones."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
-        self.graph = compat.copy_graph(gm.graph)
+        self.graph = compat.GraphSnapshot(gm.graph)
         self.children = {name for name, _ in gm.named_children()}
         self.buffers = {name for name, _ in gm.named_buffers(recurse=False)}
         self.parameters = {name for name, _ in gm.named_parameters(recurse=False)}
@@ -217,7 +221,7 @@ class _Backup:
         added += [name for name, _ in gm.named_parameters(recurse=False) if name not in self.parameters]
         for name in added:
             delattr(gm, name)
-        gm.graph = self.graph
+        gm.graph = self.graph.rebuild()
         gm.meta.clear()
         gm.meta.update(self.meta)
         gm.recompile()
