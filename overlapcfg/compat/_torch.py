@@ -9,6 +9,7 @@ module, and each probe for a changed API runs once at import instead of ``hasatt
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import operator
@@ -38,6 +39,8 @@ from torch._functorch._aot_autograd.descriptors import (
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import Source
+from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
 # --- fake process group (testing._internal) -------------------------------------------------------------------
 # Importing fake_pg registers the "fake" backend with torch.distributed as a side effect.
@@ -289,6 +292,25 @@ class GraphSnapshot:
 
 __all__ += ["GraphSnapshot"]
 
+
+def lazy_graph_module_copy(gm: _fx.GraphModule) -> _fx.GraphModule:
+    """An independent copy of ``gm`` that writes its Python code only when it is first called or read.
+
+    The graph is copied as ``copy.deepcopy`` copies it (same node names, metadata dicts copied, the output node's
+    too, same code generator) and so is ``gm.meta``; attributes the graph reads (``get_attr`` targets, called
+    submodules) are shared with ``gm``, as ``GraphModule(gm, graph)`` shares them. The copy is torch's
+    ``_LazyGraphModule``, which inductor uses for the same reason: a copy made to be transformed and inspected
+    need not pay for generating and compiling code nobody runs (for a 12k-node graph, most of ``deepcopy``'s
+    time, and as much again for the pass's closing ``recompile``). ``.code``, ``print_readable`` and calling it
+    generate the code then, as for any ``GraphModule``."""
+    copied = _LazyGraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    copied.meta = copy.deepcopy(getattr(gm, "meta", {}))
+    for name, value in copied.meta.get(_USER_PRESERVED_ATTRIBUTES_KEY, {}).items():
+        setattr(copied, name, value)  # as GraphModule.__deepcopy__ puts them back
+    return copied
+
+
+__all__ += ["lazy_graph_module_copy"]
 
 # --- in-place writes and aliasing, read from op schemas (OpOverload._schema) --------------------------------------
 

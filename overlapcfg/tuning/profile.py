@@ -39,9 +39,10 @@ from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.collectives import collective_kind, group_name, is_collective_start, is_compute_node
 from overlapcfg.graph.meta import META_KEY
 from overlapcfg.graph.schedule import exclusive_ancestors
+from overlapcfg.passes.applied import apply_step
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.cost import collective_bytes, compute_seconds, iter_tensors, node_kind, tensor_bytes
-from overlapcfg.report.explain import GRAPHS, apply_step
+from overlapcfg.report.explain import GRAPHS
 from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts
 from overlapcfg.report.simulate import node_seconds
 
@@ -166,7 +167,7 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
         raise UnsupportedGraphError("tune: the step has no parameter-owning submodules to bucket"
                                     if not owners else "tune: the root module owns FSDP parameters directly; "
                                     "only submodules can be bucketed, so the tuner cannot group them")
-    graphs = apply_step(step, unit_config(owners))
+    graphs = {a.name: a.graph for a in apply_step(step, unit_config(owners)).graphs}
     costs = _Costs(hardware, world_size, step.world_size, as_dtype, node_costs)
     profiles = tuple(_graph_profile(name, graphs[name], step.graph(name), costs) for name in GRAPHS)
     seconds = time.perf_counter() - started
