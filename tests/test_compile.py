@@ -16,7 +16,7 @@ from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, trace_train_step, train_step
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
-from overlapcfg.passes import apply
+from overlapcfg.passes import apply, apply_step
 from overlapcfg.passes.compile import INDUCTOR_SETTINGS, OverlapGraphPass, backend, inductor_pass
 
 MODEL = LlamaConfig(n_layers=2)
@@ -105,13 +105,10 @@ def test_eager_backend_rewrites_forward_and_backward_graphs() -> None:
 def test_verify_and_record_see_through_the_control_deps_of_insert_overlap_deps() -> None:
     step = trace_train_step(MODEL, reshard_after_forward=True)
     counts = {}
-    with compat.fake_process_group(2, 0):
-        for name in ("forward", "backward"):
-            gm = apply(copy.deepcopy(step.graph(name)), load_config(INDUCTOR_CFG),
-                       module_fqn_fn=step.module_fqn_fn(name), module_fqns=step.module_fqns, graph_kind=name)
-            wrapped = [n for n in gm.graph.nodes if "control_deps" in str(n.target)]
-            assert wrapped, "insert_overlap_deps=True should have wrapped the waits"
-            counts[name] = gm.meta["overlapcfg"].after.fsdp
+    for applied in apply_step(step, load_config(INDUCTOR_CFG)).graphs:
+        wrapped = [n for n in applied.graph.graph.nodes if "control_deps" in str(n.target)]
+        assert wrapped, "insert_overlap_deps=True should have wrapped the waits"
+        counts[applied.name] = applied.record.after.fsdp
     assert counts == {"forward": (("forward", "all_gather", 4),),
                       "backward": (("backward", "all_gather", 3), ("backward", "reduce_scatter", 4))}
 

@@ -8,7 +8,6 @@ names), not from the pass record.
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 from pathlib import Path
@@ -25,7 +24,7 @@ from overlapcfg.demo.settings import demo_settings
 from overlapcfg.demo.tracing import TracedStep
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import collective_kind, find_collectives, group_name
-from overlapcfg.passes import apply
+from overlapcfg.passes import apply_step
 from tests._mesh import counts_by_dim, group_signature
 
 pytestmark = pytest.mark.slow
@@ -54,10 +53,7 @@ def step() -> TracedStep:
 
 @pytest.fixture(scope="module")
 def applied(step: TracedStep) -> dict[str, fx.GraphModule]:
-    cfg = load_config(OVERLAP)
-    with step.process_groups():
-        return {g: apply(copy.deepcopy(step.graph(g)), cfg, module_fqn_fn=step.module_fqn_fn(g),  # type: ignore[arg-type]
-                         module_fqns=step.module_fqns, graph_kind=g) for g in GRAPHS}
+    return {a.name: a.graph for a in apply_step(step, load_config(OVERLAP)).graphs}
 
 
 def _dims_of(step: TracedStep) -> dict[str, str]:

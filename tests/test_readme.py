@@ -10,7 +10,6 @@ do not collide).
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import subprocess
@@ -20,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from overlapcfg import compat, load_config
-from overlapcfg.passes import apply
+from overlapcfg import load_config
+from overlapcfg.passes import apply_step
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -182,14 +181,11 @@ def _block_after(heading: str, lang: str) -> str:
 def test_the_example_config_applies_to_the_demo_model(traced_2l_reshard):
     cfg = load_config(_block_after("## A config", "yaml"))
     step = traced_2l_reshard
-    with compat.fake_process_group(step.world_size, step.rank):
-        for name in ("forward", "backward"):
-            gm = apply(copy.deepcopy(step.graph(name)), cfg, module_fqn_fn=step.module_fqn_fn(name),
-                       module_fqns=step.module_fqns, graph_kind=name)
-            buckets = {b.name: b for b in gm.meta["overlapcfg"].buckets}
-            assert buckets["layers.0.attention_norm+layers.0.attention"].forward_prefetch == 0
-            assert buckets["layers.1.ffn_norm+layers.1.feed_forward"].forward_prefetch == 0
-            assert buckets["norm+output"].forward_prefetch == 2
+    for applied in apply_step(step, cfg).graphs:
+        buckets = {b.name: b for b in applied.record.buckets}
+        assert buckets["layers.0.attention_norm+layers.0.attention"].forward_prefetch == 0
+        assert buckets["layers.1.ffn_norm+layers.1.feed_forward"].forward_prefetch == 0
+        assert buckets["norm+output"].forward_prefetch == 2
 
 
 def test_setup_commands_are_the_first_block():

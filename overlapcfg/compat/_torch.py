@@ -9,6 +9,7 @@ module, and each probe for a changed API runs once at import instead of ``hasatt
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import sys
@@ -37,6 +38,8 @@ from torch._functorch._aot_autograd.descriptors import (
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import Source
+from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
 # --- fake process group (testing._internal) -------------------------------------------------------------------
 # Importing fake_pg registers the "fake" backend with torch.distributed as a side effect.
@@ -261,22 +264,63 @@ REDUCE_SCATTER_TENSOR_COALESCED = _torch.ops._c10d_functional.reduce_scatter_ten
 __all__ += ["ALL_GATHER_INTO_TENSOR_COALESCED", "ALL_GATHER_INTO_TENSOR_OUT", "REDUCE_SCATTER_TENSOR_COALESCED"]
 
 
-def copy_graph(graph: _fx.Graph) -> _fx.Graph:
-    """An independent copy of an ``fx.Graph`` (same node names, metadata dicts copied, the output node's too, same
-    code generator), to put back if a pass fails half-way. ``Graph`` has no public copy that keeps its tracer class
-    and codegen, and ``graph_copy`` leaves the output node out (aot's ``desc``, inductor's ``output_stack_traces``
+class GraphSnapshot:
+    """What a graph is now, kept to rebuild it as an independent copy later, if a pass fails half-way.
+
+    Taking it costs a reference per node field and a shallow copy of each node's ``meta`` dict: a node's ``args``
+    and ``kwargs`` are immutable containers that fx replaces rather than mutates, and the original node objects
+    stay alive as keys even when a pass erases them. ``rebuild()`` then makes what an up-front copy would have made
+    (same node names, metadata dicts copied, the output node's metadata too, same tracer class and code generator),
+    paying for new nodes only on the failure path. ``Graph`` has no public copy that keeps its tracer class and
+    codegen, and ``graph_copy`` leaves the output node out (aot's ``desc``, inductor's ``output_stack_traces``
     live in its metadata)."""
-    copy = _fx.Graph(owning_module=graph.owning_module, tracer_cls=graph._tracer_cls)
-    output = copy.graph_copy(graph, {})
-    old_output = next(iter(graph.find_nodes(op="output")), None)
-    new_output = copy.output(output, type_expr=getattr(old_output, "type", None))
-    if old_output is not None:
-        new_output.meta = dict(old_output.meta)
-    copy._codegen = graph._codegen
-    return copy
+
+    __slots__ = ("_codegen", "_nodes", "_owning_module", "_tracer_cls")
+
+    def __init__(self, graph: _fx.Graph) -> None:
+        self._nodes = [(n, n.op, n.target, n.args, n.kwargs, n.name, n.type, dict(n.meta)) for n in graph.nodes]
+        self._owning_module = graph.owning_module
+        self._tracer_cls = graph._tracer_cls
+        self._codegen = graph._codegen
+
+    def rebuild(self) -> _fx.Graph:
+        """A new graph holding what the snapshot saw (the snapshot stays usable)."""
+        graph = _fx.Graph(owning_module=self._owning_module, tracer_cls=self._tracer_cls)
+        env: dict[_fx.Node, _fx.Node] = {}
+        lookup = env.__getitem__
+        for node, op, target, args, kwargs, name, type_expr, meta in self._nodes:
+            if op == "output":
+                new = graph.output(_fx.map_arg(args[0], lookup), type_expr=type_expr)
+            else:
+                new = graph.create_node(op, target, _fx.map_arg(args, lookup), _fx.map_arg(kwargs, lookup), name,
+                                        type_expr)
+                env[node] = new
+            new.meta = dict(meta)
+        graph._codegen = self._codegen
+        return graph
 
 
-__all__ += ["copy_graph"]
+__all__ += ["GraphSnapshot"]
+
+
+def lazy_graph_module_copy(gm: _fx.GraphModule) -> _fx.GraphModule:
+    """An independent copy of ``gm`` that writes its Python code only when it is first called or read.
+
+    The graph is copied as ``copy.deepcopy`` copies it (same node names, metadata dicts copied, the output node's
+    too, same code generator) and so is ``gm.meta``; attributes the graph reads (``get_attr`` targets, called
+    submodules) are shared with ``gm``, as ``GraphModule(gm, graph)`` shares them. The copy is torch's
+    ``_LazyGraphModule``, which inductor uses for the same reason: a copy made to be transformed and inspected
+    need not pay for generating and compiling code nobody runs (for a 12k-node graph, most of ``deepcopy``'s
+    time, and as much again for the pass's closing ``recompile``). ``.code``, ``print_readable`` and calling it
+    generate the code then, as for any ``GraphModule``."""
+    copied = _LazyGraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    copied.meta = copy.deepcopy(getattr(gm, "meta", {}))
+    for name, value in copied.meta.get(_USER_PRESERVED_ATTRIBUTES_KEY, {}).items():
+        setattr(copied, name, value)  # as GraphModule.__deepcopy__ puts them back
+    return copied
+
+
+__all__ += ["lazy_graph_module_copy"]
 
 # --- FSDP2 rollback (overlapcfg.fsdp2.rollback) ---------------------------------------------------------------
 # ``fully_shard`` records each module's state in a private module-level registry besides the module's own

@@ -84,7 +84,7 @@ class TracedStep(CapturedStep):
     def process_groups(self) -> Iterator[object]:
         """Outside a job, the fake default group of the traced size with the mesh's sub-groups rebuilt under the
         names the graphs state: merging resolves groups by name, so the pass needs them
-        (``overlapcfg.report.explain.apply_step``). Inside a job, the job's groups (``CapturedStep``'s rule)."""
+        (``overlapcfg.passes.apply_step``). Inside a job, the job's groups (``CapturedStep``'s rule)."""
         if compat.process_group_initialized():
             with CapturedStep.process_groups(self) as group:
                 yield group

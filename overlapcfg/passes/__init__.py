@@ -1,8 +1,11 @@
-"""The pass and its integrations: ``apply`` (``gm -> gm``), the ``torch.compile`` backend, inductor's post-grad
-hook. Above the strategies; below the report."""
+"""The pass and its integrations: ``apply`` (``gm -> gm``), ``apply_step`` (a config applied to copies of a captured
+step: what explain, compare and tune look at), the ``torch.compile`` backend, inductor's post-grad hook. Above the
+strategies; below the report."""
 
 from overlapcfg.graph.meta import pass_record
 from overlapcfg.graph.record import BucketRecord, PassRecord
+from overlapcfg.passes.applied import AppliedGraph, AppliedStep, apply_step
 from overlapcfg.passes.pipeline import GraphKind, apply
 
-__all__ = ["BucketRecord", "GraphKind", "PassRecord", "apply", "pass_record"]
+__all__ = ["AppliedGraph", "AppliedStep", "BucketRecord", "GraphKind", "PassRecord", "apply", "apply_step",
+           "pass_record"]

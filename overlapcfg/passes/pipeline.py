@@ -42,7 +42,7 @@ from overlapcfg.graph.record import (
     count_collectives,
     group_traffic,
 )
-from overlapcfg.graph.verify import summarize, verify
+from overlapcfg.graph.verify import GraphSummary, summarize, verify
 from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting
 from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
 from overlapcfg.strategies import PassContext, Strategy, get_strategy
@@ -101,6 +101,7 @@ def apply(
     for_compiler: bool = False,
     strict: bool | None = None,
     state_inputs: Mapping[str, str] | None = None,
+    summary: GraphSummary | None = None,
 ) -> fx.GraphModule:
     """Bucket and schedule the FSDP collectives of ``gm`` as ``cfg`` says; returns ``gm`` (modified in place).
 
@@ -118,7 +119,10 @@ def apply(
     reaching a bucket, or an FSDP-shaped all-gather nobody can attribute, is an error instead of a warning).
     ``state_inputs``: ``{placeholder name: parameter FQN}`` for the inputs the tracer fed from the model's state
     (``overlapcfg.graph.parameters.state_input_names``): further evidence; an input it does not name is never a
-    parameter, and the record names parameters by these FQNs.
+    parameter, and the record names parameters by these FQNs. ``summary``: ``overlapcfg.graph.verify.summarize(gm,
+    direction=...)`` of ``gm`` as given (or of a graph it is a copy of), where the caller already has it:
+    verification then compares against it instead of interpreting ``gm`` again (``apply_step`` takes it once per
+    captured graph for every config). Ignored with ``verify: false``.
     """
     if not isinstance(cfg, OverlapConfig):
         raise TypeError(f"apply takes a validated OverlapConfig, got {type(cfg).__name__}; build one with "
@@ -166,7 +170,10 @@ def apply(
             "helpers write this rank into the graph), and none is initialized. Run the pass where the graph is "
             "compiled (overlapcfg.backend does), inside torch.distributed.init_process_group, or for a graph "
             "inspected offline inside overlapcfg.compat.fake_process_group(world_size)")
-    summary = summarize(gm, direction=forced) if cfg.verify else None
+    if cfg.verify and summary is None:
+        summary = summarize(gm, direction=forced)
+    elif not cfg.verify:
+        summary = None
     backup = _Backup(gm)
     kept = KeepResult()
     try:
@@ -179,8 +186,9 @@ def apply(
         ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
                           fresh_fake_values=for_compiler)
         result = strategy.run(gm, ctx)
-        gm.graph.lint()
-        if summary is not None:
+        if summary is None:
+            gm.graph.lint()
+        else:  # verification lints first, and reports a lint failure with the rest
             verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]",
                    reused_regathers=kept.removed)
     except BaseException:
@@ -198,11 +206,14 @@ def apply(
 
 class _Backup:
     """What a strategy may change on a ``GraphModule`` besides its nodes, kept to put back if it fails: the graph
-    (a copy, output node metadata included), the submodules and buffers it registers (``insert_overlap_deps``
-    adds ``subgraph_*`` modules) and ``gm.meta``."""
+    (a snapshot, rebuilt as a copy only on failure, output node metadata included), the submodules and buffers it
+    registers (``insert_overlap_deps`` adds ``subgraph_*`` modules) and ``gm.meta``.
+
+    Why a snapshot and not a copy: copying a 12k-node graph up front cost as much as verifying it, on every
+    successful pass, to serve only the failing ones."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
-        self.graph = compat.copy_graph(gm.graph)
+        self.graph = compat.GraphSnapshot(gm.graph)
         self.children = {name for name, _ in gm.named_children()}
         self.buffers = {name for name, _ in gm.named_buffers(recurse=False)}
         self.parameters = {name for name, _ in gm.named_parameters(recurse=False)}
@@ -214,7 +225,7 @@ class _Backup:
         added += [name for name, _ in gm.named_parameters(recurse=False) if name not in self.parameters]
         for name in added:
             delattr(gm, name)
-        gm.graph = self.graph
+        gm.graph = self.graph.rebuild()
         gm.meta.clear()
         gm.meta.update(self.meta)
         gm.recompile()
@@ -321,17 +332,21 @@ def _nothing_covered(cfg: OverlapConfig, fsdp: Sequence[Collective], root: str) 
 def _bucket_records(cfg: OverlapConfig, plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]],
                     merged: Sequence[MergedCollective], after: Sequence[Collective],
                     decisions: Sequence[DepthDecision], kept: KeepResult) -> tuple[BucketRecord, ...]:
+    """Each bucket's facts, read once from the collectives it covers: its parameters (those its all-gathers carry,
+    in graph order) and their sizes (each parameter counted once, however often it is gathered: unsharded as the
+    all-gather brings it in, sharded as each rank of its group holds it), collective counts before and after,
+    the scheduler's decisions. ``explain`` reports these; it re-derives none of them."""
     before_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     nbytes: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
-    params: list[dict[str, None]] = [{} for _ in plan.buckets]
-    gathered: list[int] = [0 for _ in plan.buckets]
+    # Per bucket: the parameters one all-gather carries (its start's name where none are known) -> numel,
+    # unsharded bytes, sharded bytes. Keyed by parameters, so a parameter gathered again counts once.
+    sizes: list[dict[tuple[str | None, ...], tuple[int, int, int]]] = [{} for _ in plan.buckets]
     for index, c in covered:
         before_counts[index][(c.direction, c.kind)] += 1
         nbytes[index][(c.direction, c.kind)] += c.unsharded_bytes
         if c.kind == "all_gather":
-            for p in c.params:
-                if p not in params[index]:
-                    params[index].setdefault(p)
+            sizes[index].setdefault(c.params or (None, c.start.name), (
+                c.unsharded_bytes // c.dtype.itemsize, c.unsharded_bytes, c.unsharded_bytes // (c.group_size or 1)))
     after_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
     if merged:
         for m in merged:
@@ -339,8 +354,6 @@ def _bucket_records(cfg: OverlapConfig, plan: ResolvedPlan, covered: Sequence[tu
     else:  # upstream strategies: attribute the resulting collectives the same way as the originals
         for index, c in attribute(after, plan)[0]:
             after_counts[index][(c.direction, c.kind)] += 1
-    for index in range(len(plan.buckets)):
-        gathered[index] = max((n for (d, k), n in nbytes[index].items() if k == "all_gather"), default=0)
 
     def changes(i: int) -> tuple[CollectiveChange, ...]:
         keys = sorted(set(before_counts[i]) | set(after_counts[i]),
@@ -349,12 +362,16 @@ def _bucket_records(cfg: OverlapConfig, plan: ResolvedPlan, covered: Sequence[tu
                                       after=after_counts[i][(d, k)], unsharded_bytes=nbytes[i][(d, k)])
                      for d, k in keys)
 
-    return tuple(
-        BucketRecord(**dict(b), params=tuple(params[i]), param_count=len(params[i]), unsharded_bytes=gathered[i],
-                     collectives=changes(i), decisions=tuple(d for d in decisions if d.bucket == b.name),
-                     reshard_after_forward=reshard_setting(cfg, plan, i), held_bytes=kept.held_bytes(i))
-        for i, b in enumerate(plan.buckets)
-    )
+    records = []
+    for i, b in enumerate(plan.buckets):
+        names = tuple(dict.fromkeys(p for carried in sizes[i] if carried[0] is not None for p in carried))
+        records.append(BucketRecord(
+            **dict(b), params=names, param_count=len(names), numel=sum(n for n, _, _ in sizes[i].values()),
+            unsharded_bytes=sum(u for _, u, _ in sizes[i].values()),
+            sharded_bytes=sum(s for _, _, s in sizes[i].values()), collectives=changes(i),
+            decisions=tuple(d for d in decisions if d.bucket == b.name),
+            reshard_after_forward=reshard_setting(cfg, plan, i), held_bytes=kept.held_bytes(i)))
+    return tuple(records)
 
 
 def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: ResolvedPlan,

@@ -1,35 +1,33 @@
-"""``explain(step, cfg)``: run the pass on copies of a traced step's graphs and report what it did, per bucket.
+"""``explain(step, cfg)``: what the pass did to a step's graphs, per bucket, and what the step will cost.
 
-The per-bucket facts come from the pass record (``gm.meta["overlapcfg"]``, see ``overlapcfg.graph.record``);
-parameter names and sizes come from the trace (``CapturedStep.collectives``: which parameter each original
-collective carried, and its full-size tensor), so a bucket's byte count is a property of the model, not of how
-the pass merged it. A bare graph module that already went through ``apply`` is accepted too, with what its record
-alone can say.
+Applying the config is ``overlapcfg.passes.applied``'s job (``apply_step``: copies, process groups, the pass);
+this module is a function of its result (``AppliedStep``), which ``explain`` also takes directly. Every bucket
+fact comes from the pass records (``gm.meta["overlapcfg"]``, ``overlapcfg.graph.record``): the parameters a
+bucket's all-gathers carry and their sizes, the collectives before and after, the scheduler's decisions; the
+records of the forward and backward graphs are combined here, nothing is re-derived from the trace.
 """
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torch import fx, nn
 
-from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.base import RankCount
 from overlapcfg.config.contracts import contract_of
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.config.load import validate_value
-from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.graph.meta import merged_mark, pass_record
 from overlapcfg.graph.ops import collective_kind
 from overlapcfg.graph.record import BucketRecord, CollectiveChange, PassRecord
-from overlapcfg.passes.backend import CapturedStep
-from overlapcfg.passes.pipeline import GraphKind, apply
+from overlapcfg.passes.applied import AppliedStep, applied_graph, apply_graph, apply_step
+from overlapcfg.passes.pipeline import GraphKind
+from overlapcfg.passes.step import GRAPH_NAMES, CapturedStep
 from overlapcfg.report.cost import node_kind
 from overlapcfg.report.fsdp2 import fsdp2_report, is_fsdp2_model
 from overlapcfg.report.labels import KIND_LABELS
@@ -37,25 +35,15 @@ from overlapcfg.report.model import GraphReport, Report
 from overlapcfg.report.node_costs import NodeCosts
 from overlapcfg.report.simulate import GroupPlacement, simulate, traced_group_size
 
-__all__ = ["apply_step", "explain", "node_labels", "compact_order"]
+__all__ = ["explain", "node_labels", "compact_order"]
 
-GRAPHS = ("forward", "backward")
+GRAPHS = GRAPH_NAMES
 SHOWN = 5
 """How many names a warning lists before it counts the rest (the JSON report holds them all)."""
 MANY_LAYERS = 2
 """A bucket holding modules of more than this many layers gets a warning: its all-gather cannot overlap them."""
 
 _LAYER = re.compile(r"^(.*?)(\d+)(?:\.|$)")
-
-
-def apply_step(step: CapturedStep, cfg: OverlapConfig) -> dict[str, fx.GraphModule]:
-    """The transformed copies of ``step``'s forward and backward graphs (``step`` is untouched)."""
-    out: dict[str, fx.GraphModule] = {}
-    with step.process_groups():  # a mesh step's sub-groups too: merging resolves groups by name
-        for name in GRAPHS:
-            out[name] = apply(copy.deepcopy(step.graph(name)), cfg, module_fqn_fn=step.module_fqn_fn(name),
-                              module_fqns=step.module_fqns, graph_kind=name)
-    return out
 
 
 def _in(module: str, modules: Sequence[str]) -> bool:
@@ -107,20 +95,12 @@ def compact_order(gm: fx.GraphModule, labels: Mapping[str, str]) -> str:
     return " ".join(parts)
 
 
-def _param_sizes(step: CapturedStep) -> dict[str, tuple[int, int]]:
-    """``param FQN -> (numel, bytes)`` unsharded, read from the original forward all-gathers' outputs."""
-    nodes = {n.name: n for n in step.forward.graph.nodes}
-    sizes: dict[str, tuple[int, int]] = {}
-    for c in step.collectives_in("forward", "all_gather"):
-        val = nodes[c.node].meta.get("val")
-        if val is not None:
-            sizes[c.param_fqn] = (int(val.numel()), int(val.numel()) * val.element_size())
-    return sizes
-
-
-def _bucket(name: str, recs: Sequence[BucketRecord], step: CapturedStep | None,
-            sizes: Mapping[str, tuple[int, int]], world_size: int) -> BucketRecord:
-    """One bucket's records from the forward and backward passes, combined (counts added, decisions joined)."""
+def _bucket(recs: Sequence[BucketRecord], order: Mapping[str, int]) -> BucketRecord:
+    """One bucket's records from the forward and backward passes, combined: collective counts added, decisions
+    joined, held bytes added. Its parameters and their sizes are those of the first record whose all-gathers carry
+    any (the forward's, where FSDP gathers every parameter before use; a later graph's gathers of the same
+    parameters are not counted twice), plus any parameter only a later graph names; listed in model order where
+    ``order`` (the step's parameter order) knows them, else as gathered."""
     first = recs[0]
     changes: dict[tuple[str, str], list[int]] = {}
     for rec in recs:
@@ -129,17 +109,12 @@ def _bucket(name: str, recs: Sequence[BucketRecord], step: CapturedStep | None,
             slot[0] += c.before
             slot[1] += c.after
             slot[2] += c.unsharded_bytes
-    if step is not None:
-        params = tuple(p for p in step.param_fqns if _in(p.rpartition(".")[0], first.modules))
-        numel = sum(sizes.get(p, (0, 0))[0] for p in params)
-        unsharded = sum(sizes.get(p, (0, 0))[1] for p in params)
-    else:
-        params = tuple(dict.fromkeys(p for rec in recs for p in rec.params))
-        numel = 0
-        unsharded = changes.get(("forward", "all_gather"), [0, 0, 0])[2]
+    sized = next((rec for rec in recs if rec.params or rec.unsharded_bytes), first)
+    named = dict.fromkeys((*sized.params, *(p for rec in recs for p in rec.params)))
+    params = tuple(sorted(named, key=lambda p: order.get(p, len(order)))) if order else tuple(named)
     return first.model_copy(update={
-        "params": params, "param_count": len(params), "numel": numel, "unsharded_bytes": unsharded,
-        "sharded_bytes": unsharded // world_size if world_size else unsharded,
+        "params": params, "param_count": len(params), "numel": sized.numel,
+        "unsharded_bytes": sized.unsharded_bytes, "sharded_bytes": sized.sharded_bytes,
         "collectives": tuple(CollectiveChange(direction=d, kind=k, before=v[0], after=v[1], unsharded_bytes=v[2])
                              for (d, k), v in sorted(changes.items(), key=_change_order)),
         "decisions": tuple(d for rec in recs for d in rec.decisions),
@@ -212,47 +187,35 @@ def _graph_report(name: str, gm: fx.GraphModule, rec: PassRecord, labels: Mappin
     )
 
 
-def _apply_copy(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: GraphKind, world_size: int) -> fx.GraphModule:
-    """``apply`` on a copy of an untransformed graph, under a fake process group if none is initialized (merging
-    writes the rank into the graph; the fake group is rank 0 of the graph's own group size)."""
-    work = copy.deepcopy(gm)
-    if compat.process_group_initialized():
-        return apply(work, cfg, graph_kind=graph_kind)
-    groups = sorted({c.group for c in find_collectives(gm.graph, module_fqn) if c.fsdp} - {"0"})
-    if groups:  # a fake default group cannot stand in for mesh sub-groups (HSDP, FSDP + TP)
-        raise UnsupportedGraphError(
-            f"explain: this graph's FSDP collectives run on process group(s) {', '.join(map(repr, groups))}, which "
-            "do not exist in this process (merging needs them); call explain inside the process groups the graph "
-            "was traced under, or explain the CapturedStep")
-    with compat.fake_process_group(world_size, 0):
-        return apply(work, cfg, graph_kind=graph_kind)
-
-
-def _record(gm: fx.GraphModule) -> PassRecord:
-    rec = pass_record(gm)
-    if rec is None:
-        raise TypeError("explain: this graph module has no overlapcfg pass record; run overlapcfg.apply on it "
-                        "first, or pass the CapturedStep")
-    return rec
-
-
-def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig | Mapping[str, Any], *,
+def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
+            cfg: OverlapConfig | Mapping[str, Any] | None = None, *,
             hardware: HardwareProfile | str | None = None, world_size: int | None = None,
             graph_kind: GraphKind = "auto", groups: Mapping[str, GroupPlacement] | None = None,
             node_costs: NodeCosts | None = None) -> Report:
-    """Apply ``cfg`` to copies of ``step``'s graphs and report per bucket; predict the step if ``hardware`` (and
-    the untransformed step, ``Report.baseline``, where the untransformed graphs are at hand).
+    """Apply ``cfg`` to copies of ``step``'s graphs (``overlapcfg.passes.apply_step``) and report per bucket;
+    predict the step if ``hardware`` (and the untransformed step, ``Report.baseline``, where the untransformed
+    graphs are at hand).
 
-    ``step`` may also be a model ``overlapcfg.fully_shard`` sharded (eager FSDP2: its record is reported), or one
-    graph module: if ``apply`` already transformed it, its record is read and nothing is
-    re-run; otherwise ``cfg`` is applied to a copy (``graph_kind`` as for ``apply``) and the copy is reported.
-    ``world_size``: the size the prediction is made for (default: the trace's). ``groups`` places process groups
-    by name for the prediction (``overlapcfg.report.simulate.GroupPlacement``: HSDP's replicate group across
-    nodes); unplaced groups keep their traced size, the whole world scales to ``world_size``.
+    ``step`` may also be what ``apply_step`` returned (an ``AppliedStep``: reported as it is, no ``cfg``), a model
+    ``overlapcfg.fully_shard`` sharded (eager FSDP2: its record is reported), or one graph module: if ``apply``
+    already transformed it, its record is read and nothing is re-run; otherwise ``cfg`` is applied to a copy
+    (``graph_kind`` as for ``apply``) and the copy is reported. ``world_size``: the size the prediction is made for
+    (default: the trace's). ``groups`` places process groups by name for the prediction
+    (``overlapcfg.report.simulate.GroupPlacement``: HSDP's replicate group across nodes); unplaced groups keep
+    their traced size, the whole world scales to ``world_size``.
     """
-    config = load_config(cfg)
+    if isinstance(step, AppliedStep):
+        if cfg is not None:
+            raise TypeError("explain: an AppliedStep carries the config it was applied with; pass no cfg")
+        config = step.config
+    elif cfg is None:
+        raise TypeError("explain: pass the config to apply (cfg=...)")
+    else:
+        config = load_config(cfg)
     if world_size is not None:  # 0 is a fault, not "the trace's size"
         world_size = validate_value(RankCount, world_size, path="world_size")
+    if isinstance(step, AppliedStep):
+        return _report(step, hardware=hardware, world_size=world_size, groups=groups, node_costs=node_costs)
     if is_fsdp2_model(step):
         if hardware is not None:
             raise TypeError("explain: no prediction for eager FSDP2 (the cost model replays graphs); pass no hardware")
@@ -263,32 +226,34 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
         if found is None and world_size is None:
             raise TypeError("explain: this graph has no collective that names its group size; pass world_size=")
         trace_ws = found or world_size or 1
-        untransformed: list[fx.GraphModule] = []
-        if pass_record(step) is None:
-            untransformed = [step]
-            step = _apply_copy(step, config, graph_kind, trace_ws)
-        rec = _record(step)
-        graphs = {rec.graph_kind if rec.graph_kind in GRAPHS else "graph": step}
-        traced: CapturedStep | None = None
+        done = pass_record(step) is not None
+        applied = applied_graph(step, config, world_size=trace_ws) if done else \
+            apply_graph(step, config, world_size=trace_ws, graph_kind=graph_kind)
     else:
-        graphs = apply_step(step, config)
-        traced, trace_ws = step, step.world_size
-        untransformed = [step.graph(name) for name in graphs]
-    records = {name: _record(gm) for name, gm in graphs.items()}
-    fqn_fns = {name: (traced.module_fqn_fn(name) if traced is not None else module_fqn) for name in graphs}
-    labels = {name: node_labels(gm, fqn_fns[name]) for name, gm in graphs.items()}
+        applied = apply_step(step, config)
+    return _report(applied, hardware=hardware, world_size=world_size, groups=groups, node_costs=node_costs)
+
+
+def _report(applied: AppliedStep, *, hardware: HardwareProfile | str | None, world_size: int | None,
+            groups: Mapping[str, GroupPlacement] | None, node_costs: NodeCosts | None) -> Report:
+    """The report of ``applied``: a function of it (and of the hardware the prediction is for)."""
+    config, traced = applied.config, applied.step
+    graphs = {a.name: a.graph for a in applied.graphs}
+    records = {a.name: a.record for a in applied.graphs}
+    labels = {a.name: node_labels(a.graph, a.module_fqn_fn) for a in applied.graphs}
     by_name: dict[str, list[BucketRecord]] = {}
     for rec in records.values():
         for b in rec.buckets:
             by_name.setdefault(b.name, []).append(b)
-    sizes = _param_sizes(traced) if traced is not None else {}
-    buckets = tuple(_bucket(n, recs, traced, sizes, trace_ws) for n, recs in by_name.items())
+    order = {p: i for i, p in enumerate(traced.param_fqns)} if traced is not None else {}
+    buckets = tuple(_bucket(recs, order) for recs in by_name.values())
     simulation = baseline = None
     if hardware is not None:
         hw = load_hardware(hardware)
-        ws, traced_ws = world_size or trace_ws, traced.world_size if traced is not None else None
+        ws, traced_ws = world_size or applied.world_size, traced.world_size if traced is not None else None
         simulation = simulate(list(graphs.values()), hw, world_size=ws, names=list(graphs), labels=labels,
                               traced_world_size=traced_ws, groups=groups, node_costs=node_costs)
+        untransformed = [a.original for a in applied.graphs if a.original is not None]
         if untransformed:  # the "before" the table shows, kept in the report so report.json says it too
             baseline = simulate(untransformed, hw, world_size=ws, names=list(graphs), traced_world_size=traced_ws,
                                 groups=groups, node_costs=node_costs)
@@ -296,7 +261,7 @@ def explain(step: CapturedStep | fx.GraphModule | nn.Module, cfg: OverlapConfig 
         strategy=config.strategy,
         plan_name=config.plan.name if config.plan is not None and contract_of(config.strategy).uses_plan else None,
         config=config.model_dump(mode="json"),
-        world_size=trace_ws, buckets=buckets,
+        world_size=applied.world_size, buckets=buckets,
         graphs=tuple(_graph_report(n, gm, records[n], labels[n]) for n, gm in graphs.items()),
         warnings=tuple(_warnings(buckets, records)), simulation=simulation, baseline=baseline,
         mesh=traced.mesh_groups if traced is not None else (),

@@ -41,9 +41,10 @@ from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.meta import merged_mark
 from overlapcfg.graph.ops import collective_kind, group_name, is_collective_start, is_compute_node, started_by
 from overlapcfg.graph.schedule import exclusive_ancestors, exclusive_descendants
+from overlapcfg.passes.applied import apply_step
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.cost import collective_bytes, compute_seconds, iter_tensors, node_kind
-from overlapcfg.report.explain import GRAPHS, apply_step
+from overlapcfg.report.explain import GRAPHS
 from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts
 from overlapcfg.report.simulate import node_seconds, storage_plan, value_bytes
 
@@ -168,7 +169,7 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
         raise UnsupportedGraphError("tune: the step has no parameter-owning submodules to bucket"
                                     if not owners else "tune: the root module owns FSDP parameters directly; "
                                     "only submodules can be bucketed, so the tuner cannot group them")
-    graphs = apply_step(step, unit_config(owners))
+    graphs = {a.name: a.graph for a in apply_step(step, unit_config(owners)).graphs}
     costs = _Costs(hardware, world_size, step.world_size, as_dtype, node_costs)
     profiles = tuple(_graph_profile(name, graphs[name], step.graph(name), costs) for name in GRAPHS)
     seconds = time.perf_counter() - started
