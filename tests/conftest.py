@@ -7,15 +7,29 @@ shared read-only; tests that rewrite a graph go through ``applied``/``apply_to``
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import pytest
+import torch
 from torch import fx
 
 from overlapcfg.compat import fake_process_group
 from overlapcfg.demo import LlamaConfig
 from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist (``-n N``) each worker gets its share of the cores for torch's intra-op threads: N
+    workers each running as many threads as there are cores oversubscribe the machine and run slower together than
+    one alone. Spawned ranks set their own count (``run_on_gloo(num_threads=)``)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+_share_the_cores_between_workers()
 
 ApplyFn: TypeAlias = Callable[[TracedStep, GraphName, Any], fx.GraphModule]
 

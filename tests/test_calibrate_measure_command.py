@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from overlapcfg.demo.gloo import free_port
-
 SMALL = ["model.n_layers=2", "model.vocab_size=256", "batch=2", "seq_len=16"]
 FEWER = ["~measure.configs.d0", "~measure.configs.d2", "~measure.configs.split_d1", "~measure.configs.torch_manual"]
 
@@ -26,7 +24,7 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _torchrun(tmp_path: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
            "-m", "overlapcfg", *args]
     return subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(home), timeout=280)
 
@@ -77,7 +75,7 @@ def test_readme_shows_the_measure_example_as_it_is() -> None:
 
 @pytest.mark.slow
 def test_the_measure_example_runs_under_torchrun(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
            str(EXAMPLE)]
     out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "home"),
                          timeout=280)

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from overlapcfg.demo.gloo import free_port
-
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "train_llama" / "train.py"
 LAST_OUTPUT: dict[str, str] = {}
 """``train``'s name -> stdout and stderr of its torchrun (torch's own logs, ``TORCH_LOGS``, go there)."""
@@ -21,7 +19,7 @@ def train(tmp_path: Path, name: str, *overrides: str) -> list[float]:
     losses = tmp_path / f"{name}.json"
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU even on a GPU machine: the test compares bits, not speed
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
            str(RECIPE), "steps=3", f"losses_file={losses}", f"hydra.run.dir={tmp_path / name}", *overrides]
     out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=240)
     LAST_OUTPUT[name] = out.stdout + out.stderr
@@ -87,7 +85,7 @@ def test_the_recipe_never_finalizes_python_under_live_gloo_threads(tmp_path):
     starts and records the threads alive then, never runs. (On the old recipe it ran on every rank, with gloo's
     three threads alive.)"""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
            str(EXIT_PROBE), str(run_dir), "steps=1", "sharding=fsdp2", f"losses_file={tmp_path / 'losses.json'}"]
     out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=240,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})

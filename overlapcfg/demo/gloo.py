@@ -2,7 +2,8 @@
 
 For numerical checks that need real communication (sharded vs unsharded, transformed vs untransformed graphs).
 Kept in the package, not in ``tests/``, so later issues' tests and users' own checks reuse one harness: spawned
-processes, a free TCP port, one timeout for the whole run, and a failing rank's traceback in the parent's error.
+processes, a rendezvous store this process holds on a port the OS assigns (concurrent runs never meet), one
+timeout for the whole run, and a failing rank's traceback in the parent's error.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import io
 import logging
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["RankFailedError", "free_port", "run_on_gloo"]
+__all__ = ["RankFailedError", "run_on_gloo"]
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,6 @@ RankFn = Callable[..., Any]
 
 class RankFailedError(RuntimeError):
     """A rank raised (message holds its traceback), or the run timed out."""
-
-
-def free_port() -> int:
-    """A TCP port free right now on 127.0.0.1 (the OS picks it; a race with other processes is possible)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +52,9 @@ def _worker(rank: int, world_size: int, spec: _RunSpec, results: Any) -> None:
     # kernels' reduction order (and so bits) the same from run to run.
     torch.set_num_threads(spec.num_threads)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=spec.timeout_s))
+        timeout = timedelta(seconds=spec.timeout_s)
+        store = dist.TCPStore("127.0.0.1", spec.port, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         try:
             results.put((rank, True, _dumps(spec.fn(rank, world_size, *spec.args))))
         finally:
@@ -97,7 +91,12 @@ def run_on_gloo(fn: RankFn, *args: Any, world_size: int = 2, timeout_s: float = 
     else:
         ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    spec = _RunSpec(free_port(), fn, args, num_threads, timeout_s)
+    # The rendezvous store lives here, on a port the OS assigns while it is bound (port 0), for the whole run: a
+    # port looked up free and bound later by a rank can be taken meanwhile by a concurrent run, whose ranks then
+    # meet ours (gloo: "Connection closed by peer").
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
+    spec = _RunSpec(store.port, fn, args, num_threads, timeout_s)
     procs = [
         ctx.Process(target=_worker, args=(rank, world_size, spec, results),
                     daemon=True, name=f"overlapcfg-gloo-rank{rank}")
