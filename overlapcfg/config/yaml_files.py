@@ -20,7 +20,7 @@ import yaml
 
 from overlapcfg.config.interpolate import KeyPath, resolve_references
 from overlapcfg.config.safe_yaml import YamlLimitError, load_yaml, measure
-from overlapcfg.errors import OverlapConfigError, join_path, show_value
+from overlapcfg.errors import OverlapConfigError, join_path
 
 __all__ = ["MAX_FILE_BYTES", "check_text", "measure_or_fault", "parse_yaml", "read_text", "read_yaml",
            "with_references_resolved"]
@@ -38,7 +38,7 @@ that has nothing to give now (``/proc/kmsg`` reports a regular file of size 0, t
 def read_text(path: Path, root: str, *, what: str = "config file") -> str:
     """``path``'s text, read from one open descriptor (what is checked is what is read) and at most
     ``MAX_FILE_BYTES`` + 1 bytes of it, whatever size the file reports."""
-    name = show_value(str(path))
+    name = repr(str(path))  # whole: a shortened path does not find the file
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
@@ -96,7 +96,8 @@ def check_text(text: str, root: str) -> None:
 def parse_yaml(text: str, root: str, *, source: Path | None = None) -> Any:
     """The one YAML document in ``text`` as plain data; every refusal is an ``OverlapConfigError`` under ``root``
     naming ``source`` (the file it came from) and where in it, never the text."""
-    where = f"YAML file {show_value(str(source))}" if source is not None else "YAML"
+    # The path whole (an OS path is at most a few KiB): a shortened one does not find the file.
+    where = f"YAML file {str(source)!r}" if source is not None else "YAML"
     check_text(text, root)
     try:
         return load_yaml(text)
