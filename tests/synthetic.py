@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "captured_step", "forward_graph",
-           "joint_graph", "layer_fqns"]
+           "joint_graph", "layer_fqns", "with_fake_values"]
 
 DIM = 4
 """Columns of every parameter; a parameter with ``rows`` shard rows gathers to ``world_size * rows`` x ``DIM``."""
@@ -75,6 +75,17 @@ class Synthetic:
     layer_bytes: tuple[int, ...]
     """Per layer, the unsharded bytes of its parameters (what one layer's all-gathers produce)."""
     world_size: int
+
+
+def with_fake_values(gm: fx.GraphModule, inputs: Sequence[tuple[fx.Node, tuple[int, ...]]]) -> fx.GraphModule:
+    """``gm`` with ``meta["val"]`` on every node: fake tensors of the inputs' shapes, propagated (what a traced
+    graph carries and the pass reads)."""
+    with FakeTensorMode() as mode:
+        fakes = [torch.empty(shape) for _, shape in inputs]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    for (node, _), fake in zip(inputs, fakes, strict=True):
+        node.meta["val"] = fake
+    return gm
 
 
 def layer_fqns(layers: Layers) -> tuple[str, ...]:
@@ -133,12 +144,7 @@ class _Builder:
 
     def finish(self, outputs: object, kind: Literal["forward", "backward", "joint"], layers: Layers) -> Synthetic:
         self.graph.output(outputs)
-        gm = fx.GraphModule(torch.nn.Module(), self.graph)
-        with FakeTensorMode() as mode:
-            fakes = [torch.empty(shape) for _, shape in self.inputs]
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
-        for (node, _), fake in zip(self.inputs, fakes, strict=True):
-            node.meta["val"] = fake
+        gm = with_fake_values(fx.GraphModule(torch.nn.Module(), self.graph), self.inputs)
         nbytes = tuple(sum(self.world_size * r * DIM * 4 for r in params) for params in layers)
         return Synthetic(gm, kind, layer_fqns(layers), dict(self.owners), nbytes, self.world_size)
 

@@ -10,10 +10,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import torch
-from synthetic import backward_graph, forward_graph
+from synthetic import backward_graph, forward_graph, with_fake_values
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from overlapcfg import compat, load_config
 from overlapcfg.errors import OverlapConfigError, UnsupportedGraphError
@@ -55,13 +53,7 @@ class _Graph:
 
     def finish(self, outputs: Sequence[fx.Node]) -> fx.GraphModule:
         self.graph.output(tuple(outputs))
-        gm = fx.GraphModule(torch.nn.Module(), self.graph)
-        with FakeTensorMode() as mode:
-            fakes = [torch.empty(shape) for _, shape in self.inputs]
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
-        for (node, _), fake in zip(self.inputs, fakes, strict=True):
-            node.meta["val"] = fake
-        return gm
+        return with_fake_values(fx.GraphModule(torch.nn.Module(), self.graph), self.inputs)
 
 
 def _whole_step(update: Callable[[_Graph, list[fx.Node], list[fx.Node]], list[fx.Node]]) -> fx.GraphModule:
