@@ -34,6 +34,7 @@ from overlapcfg.errors import OverlapConfigError
 if TYPE_CHECKING:
     import torch
 
+    from overlapcfg.config.hardware import HardwareProfile
     from overlapcfg.demo.dims import ParallelDims
     from overlapcfg.demo.parallel import DemoMesh
     from overlapcfg.demo.settings import DemoSettings
@@ -80,6 +81,13 @@ def _settings(cfg: DictConfig, key: str, model: type[ConfigModel]) -> Any:
     node = cfg.get(key)
     data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     return validate_config(model, data or {}, root=key, header=f"invalid {key} settings")
+
+
+def _validated(cfg: DictConfig, mode: str, model: type[ConfigModel]) -> tuple[DemoSettings, Any, HardwareProfile]:
+    """What both commands check before any process group exists: the demo, the mode's own settings (``cfg[mode]``)
+    and the hardware profile predictions are for."""
+    spec = demo_spec(cfg)
+    return spec, _settings(cfg, mode, model), replay_hardware(cfg, spec, mode)
 
 
 def _launch_hint(mode: str) -> str:
@@ -140,9 +148,7 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=calibrate``; returns the profile's path in the run directory."""
     stages = Stages(console)
     with stages.stage("validated config"):
-        spec = demo_spec(cfg)
-        settings: CalibrateSettings = _settings(cfg, "calibrate", CalibrateSettings)
-        hardware = replay_hardware(cfg, spec, "calibrate")
+        spec, settings, hardware = _validated(cfg, "calibrate", CalibrateSettings)
         from overlapcfg.config.hardware import shipped_hardware_names
 
         if settings.name in shipped_hardware_names():
@@ -229,9 +235,7 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=measure``; returns the path of ``measure.json``."""
     stages = Stages(console)
     with stages.stage("validated config"):
-        spec = demo_spec(cfg)
-        settings: MeasureSettings = _settings(cfg, "measure", MeasureSettings)
-        hardware = replay_hardware(cfg, spec, "measure")
+        spec, settings, hardware = _validated(cfg, "measure", MeasureSettings)
         names, configs = compare_configs(cfg, key="measure.configs")
         for name, overlap in zip(names, configs, strict=True):
             check_plan(overlap, spec, root=f"measure.configs.{name}")
