@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import TypeAlias
 
 from torch import fx
 
@@ -35,7 +34,7 @@ from overlapcfg import compat
 from overlapcfg.config.patterns import WRAPPER_SEGMENTS, is_inside
 from overlapcfg.errors import natural_key
 from overlapcfg.graph.gradients import partial_sum_root
-from overlapcfg.graph.meta import owner, saved_view, set_owner
+from overlapcfg.graph.meta import CollectiveOwner, owner, saved_view, set_owner
 from overlapcfg.graph.ops import collective_kind, wait_of
 from overlapcfg.graph.parameters import placeholder_sources
 
@@ -57,29 +56,9 @@ __all__ = [
 ModuleFqnFn: TypeAlias = Callable[[fx.Node], "str | None"]
 """Maps a node to the FQN of the module it belongs to (``None``: unknown)."""
 
-Evidence: TypeAlias = Literal["descriptor", "custom", "module_stack"]
-
-
 class AttributionError(RuntimeError):
     """Two pieces of evidence name different owners for one collective, or a collective names a parameter that the
     model does not have. The message names the node and the candidates; nothing has been changed."""
-
-
-@dataclass(frozen=True, slots=True)
-class CollectiveOwner:
-    """Which parameter (and so which module) an FSDP collective belongs to, and how we know."""
-
-    graph: str
-    node: str
-    """Name of the collective start node; unique within its graph only."""
-    kind: str
-    module_fqn: str
-    """The module owning the parameter, as the user names it: ``layers.0.attention.wq``."""
-    param_fqn: str
-    """``layers.0.attention.wq.weight``."""
-    wait: str
-    """Name of the ``wait_tensor`` node consuming the start."""
-    evidence: Evidence = "descriptor"
 
 
 # --- paths ----------------------------------------------------------------------------------------------------

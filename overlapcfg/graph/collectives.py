@@ -7,6 +7,7 @@ deterministic decisions without sorting by anything but positions.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeAlias
@@ -35,7 +36,7 @@ from overlapcfg.graph.ops import (
     started_by,
 )
 from overlapcfg.graph.parameters import InputEvidence, graph_inputs, placeholder_sources
-from overlapcfg.graph.record import Direction
+from overlapcfg.graph.record import CollectiveCounts, Direction, GroupTraffic
 
 if TYPE_CHECKING:
     from overlapcfg.graph.attribution import ModuleFqnFn
@@ -43,8 +44,10 @@ if TYPE_CHECKING:
 __all__ = [
     "Collective",
     "CollectiveRole",
+    "count_collectives",
     "feeds_compute",
     "find_collectives",
+    "group_traffic",
     "is_parameter_gather",
     "no_hsdp_on_activation_groups",
     "one_owner_per_shared_gradient",
@@ -330,3 +333,29 @@ def one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collect
             for i in members:
                 collectives[i] = dataclasses.replace(collectives[i], module_fqn=first_user)
     return collectives
+
+
+def count_collectives(collectives: Iterable[Collective]) -> CollectiveCounts:
+    counts: Counter[tuple[str, str]] = Counter()
+    other = 0
+    for c in collectives:
+        if c.fsdp:
+            counts[(c.direction, c.kind)] += 1
+        else:
+            other += 1
+    return CollectiveCounts(fsdp=tuple((d, k, n) for (d, k), n in sorted(counts.items())), other=other)
+
+
+def group_traffic(before: Iterable[Collective], after: Iterable[Collective]) -> tuple[GroupTraffic, ...]:
+    """Per (group, role), sorted by group then role: counts before and after, bytes (before; merging keeps them)."""
+    rows: dict[tuple[str, str], list[int]] = {}
+    sizes: dict[str, int | None] = {}
+    for which, collectives in ((0, before), (1, after)):
+        for c in collectives:
+            slot = rows.setdefault((c.group, c.role), [0, 0, 0])
+            slot[which] += 1
+            if which == 0:
+                slot[2] += c.unsharded_bytes
+            sizes[c.group] = sizes.get(c.group) or c.group_size
+    return tuple(GroupTraffic(group=g, size=sizes.get(g), role=r, before=v[0], after=v[1], unsharded_bytes=v[2])
+                 for (g, r), v in sorted(rows.items()))

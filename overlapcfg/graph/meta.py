@@ -30,7 +30,6 @@ from overlapcfg.graph.record import Direction, PassRecord
 if TYPE_CHECKING:
     from torch import fx
 
-    from overlapcfg.graph.attribution import CollectiveOwner
     from overlapcfg.graph.ops import CollectiveKind
 
 __all__ = [
@@ -42,6 +41,8 @@ __all__ = [
     "PART_KEY",
     "SAVED_VIEW_KEY",
     "SOURCES_KEY",
+    "CollectiveOwner",
+    "Evidence",
     "MergedMark",
     "MergedPart",
     "is_merged",
@@ -65,11 +66,30 @@ PART_KEY = "part"
 SOURCES_KEY = "sources"
 
 MergedPart: TypeAlias = Literal["start", "wait"]
+Evidence: TypeAlias = Literal["descriptor", "custom", "module_stack"]
+"""How a ``CollectiveOwner`` was found: aot descriptors, a user's ``module_fqn`` function, or the module stack."""
 
 
 def _ours(node: fx.Node) -> dict[str, object]:
     found = node.meta.get(NAMESPACE)
     return found if isinstance(found, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveOwner:
+    """Which parameter (and so which module) an FSDP collective belongs to, and how we know."""
+
+    graph: str
+    node: str
+    """Name of the collective start node; unique within its graph only."""
+    kind: str
+    module_fqn: str
+    """The module owning the parameter, as the user names it: ``layers.0.attention.wq``."""
+    param_fqn: str
+    """``layers.0.attention.wq.weight``."""
+    wait: str
+    """Name of the ``wait_tensor`` node consuming the start."""
+    evidence: Evidence = "descriptor"
 
 
 def owner(node: fx.Node) -> CollectiveOwner | None:

@@ -12,17 +12,12 @@ Frozen pydantic models: the JSON form of a report is made of these, and ``Report
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from overlapcfg.resolve.records import RecordModel, ResolvedBucket
 
-if TYPE_CHECKING:
-    from overlapcfg.graph.collectives import Collective
-
 __all__ = ["BucketRecord", "CollectiveChange", "CollectiveCounts", "DepthDecision", "GroupTraffic",
-           "Direction", "PassRecord", "RecordModel", "Uncovered", "count_collectives", "group_traffic"]
+           "Direction", "PassRecord", "RecordModel", "Uncovered"]
 
 Direction: TypeAlias = Literal["forward", "backward"]
 """Which side of autograd a node, a collective or a decision is on (``overlapcfg.graph.ops.node_direction``)."""
@@ -98,17 +93,6 @@ class CollectiveCounts(RecordModel):
         return sum(n for _, _, n in self.fsdp)
 
 
-def count_collectives(collectives: Iterable[Collective]) -> CollectiveCounts:
-    counts: Counter[tuple[str, str]] = Counter()
-    other = 0
-    for c in collectives:
-        if c.fsdp:
-            counts[(c.direction, c.kind)] += 1
-        else:
-            other += 1
-    return CollectiveCounts(fsdp=tuple((d, k, n) for (d, k), n in sorted(counts.items())), other=other)
-
-
 class GroupTraffic(RecordModel):
     """What one process group carries for one role: how many collectives before and after the pass, and the bytes
     they move (full-size side: all-gather outputs, reduce-scatter and all-reduce inputs). HSDP users read the
@@ -123,21 +107,6 @@ class GroupTraffic(RecordModel):
     before: int
     after: int
     unsharded_bytes: int
-
-
-def group_traffic(before: Iterable[Collective], after: Iterable[Collective]) -> tuple[GroupTraffic, ...]:
-    """Per (group, role), sorted by group then role: counts before and after, bytes (before; merging keeps them)."""
-    rows: dict[tuple[str, str], list[int]] = {}
-    sizes: dict[str, int | None] = {}
-    for which, collectives in ((0, before), (1, after)):
-        for c in collectives:
-            slot = rows.setdefault((c.group, c.role), [0, 0, 0])
-            slot[which] += 1
-            if which == 0:
-                slot[2] += c.unsharded_bytes
-            sizes[c.group] = sizes.get(c.group) or c.group_size
-    return tuple(GroupTraffic(group=g, size=sizes.get(g), role=r, before=v[0], after=v[1], unsharded_bytes=v[2])
-                 for (g, r), v in sorted(rows.items()))
 
 
 class Uncovered(RecordModel):

@@ -29,7 +29,7 @@ from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
-from overlapcfg.graph.collectives import Collective, find_collectives
+from overlapcfg.graph.collectives import Collective, count_collectives, find_collectives, group_traffic
 from overlapcfg.graph.merge import MergedCollective, attribute
 from overlapcfg.graph.meta import is_merged, record_pass
 from overlapcfg.graph.record import (
@@ -39,8 +39,6 @@ from overlapcfg.graph.record import (
     Direction,
     PassRecord,
     Uncovered,
-    count_collectives,
-    group_traffic,
 )
 from overlapcfg.graph.verify import GraphSummary, summarize, verify
 from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting

@@ -20,7 +20,7 @@ from overlapcfg.config.base import RankCount
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.config.load import validate_value
 from overlapcfg.passes.backend import CapturedStep
-from overlapcfg.report.explain import GRAPHS, node_labels
+from overlapcfg.report.explain import GRAPHS, explain, node_labels
 from overlapcfg.report.labels import fmt_bytes
 from overlapcfg.report.model import Report, Simulation
 from overlapcfg.report.node_costs import NodeCosts
@@ -109,8 +109,6 @@ def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, A
     ``as_dtype=torch.bfloat16`` predicts bf16 mixed precision from an fp32 trace (see ``simulate``).
     ``node_costs``: measured node durations instead of the roofline (``overlapcfg.report.node_costs``).
     """
-    from overlapcfg.report.explain import explain
-
     loaded = [load_config(c) for c in configs]
     if world_size is not None:  # before the configs are applied, not after
         validate_value(RankCount, world_size, path="world_size")
