@@ -22,6 +22,7 @@ from overlapcfg.demo.tracing import (
     train_step,
 )
 from overlapcfg.graph.attribution import stack_module_fqn
+from tests.support.traces import traced_step
 
 pytestmark = pytest.mark.slow
 CFG = LlamaConfig(n_layers=2)
@@ -39,12 +40,13 @@ def _full_shapes() -> dict[str, torch.Size]:
 
 @pytest.fixture(scope="module")
 def traced() -> TracedStep:
-    return trace_train_step(CFG, world_size=2, rank=0)
+    """The suite's shared trace of this model (``tests.support.traces``): the same call, made once per process."""
+    return traced_step(CFG.n_layers, reshard_after_forward=False)
 
 
 @pytest.fixture(scope="module")
 def traced_reshard() -> TracedStep:
-    return trace_train_step(CFG, world_size=2, rank=0, reshard_after_forward=True)
+    return traced_step(CFG.n_layers, reshard_after_forward=True)
 
 
 def _owners(step: TracedStep, graph: str, kind: str) -> list[tuple[str, str]]:

@@ -120,7 +120,7 @@ def _failing_worker(rank: int, world_size: int) -> None:
 def test_sharded_model_matches_unsharded_bit_for_bit_on_two_gloo_ranks() -> None:
     """Same weights and batch per rank: loss is bitwise the unsharded loss; the reduce-scatter SUMS, so the full
     gradient is bitwise ``g_rank0 + g_rank1`` of the unsharded model (one fp addition, commutative)."""
-    r0, r1 = run_on_gloo(_parity_worker, SMALL, world_size=2)
+    r0, r1 = run_on_gloo(_parity_worker, SMALL, world_size=2, preload=[__name__])
     expected = {name: r0["ref_grads"][name] + r1["ref_grads"][name] for name in r0["ref_grads"]}
     for res in (r0, r1):
         for reshard in (False, True):
@@ -138,4 +138,4 @@ def test_sharded_model_matches_unsharded_bit_for_bit_on_two_gloo_ranks() -> None
 @pytest.mark.slow
 def test_run_on_gloo_reports_the_failing_ranks_traceback() -> None:
     with pytest.raises(RankFailedError, match=r"rank 1 of 2 failed:(.|\n)*ValueError: boom on purpose"):
-        run_on_gloo(_failing_worker, world_size=2, timeout_s=60)
+        run_on_gloo(_failing_worker, world_size=2, timeout_s=60, preload=[__name__])

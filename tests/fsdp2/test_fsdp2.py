@@ -434,7 +434,7 @@ def gloo_runs() -> list[dict[str, dict[str, dict[str, Any]]]]:
     """Every model, every variant, 2 ranks, one spawn: ``runs[rank][model][variant]``."""
     jobs = {"demo": (DEMO_VARIANTS, DEMO_BUCKETS), "hf": (HF_VARIANTS, HF_BUCKETS),
             "gpt2": (TIED_VARIANTS["gpt2"], GPT2_BUCKETS), "gemma2": (TIED_VARIANTS["gemma2"], GEMMA2_BUCKETS)}
-    return run_on_gloo(train_models, jobs, world_size=2, timeout_s=300)
+    return run_on_gloo(train_models, jobs, world_size=2, timeout_s=300, preload=[__name__])
 
 
 @pytest.fixture(scope="module")

@@ -284,7 +284,7 @@ def _parity_worker(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def parity() -> list[dict[str, Any]]:
-    return run_on_gloo(_parity_worker, world_size=2, timeout_s=240)
+    return run_on_gloo(_parity_worker, world_size=2, timeout_s=240, preload=[__name__])
 
 
 @pytest.mark.parametrize(("reshard", "reduce_dtype", "names"), PARITY_CASES,

@@ -15,6 +15,7 @@ import overlapcfg
 from overlapcfg.measuring.result import Measurement
 from overlapcfg.measuring.trace import uncovered_seconds
 from overlapcfg.report.node_costs import NodeCosts
+from tests.support.traces import traced_step
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "none": {"strategy": "none"},
@@ -108,11 +109,8 @@ def test_measured_node_costs_price_the_untransformed_step(measured) -> None:
     """The node costs of the ``none`` config, measured on real ranks, match the demo step traced in one process
     under the fake group node for node (same graph, same names, same shapes): the simulator prices every kernel
     by them, none by the roofline."""
-    from overlapcfg.demo import LlamaConfig
-    from overlapcfg.demo.tracing import trace_train_step
-
     node_costs = NodeCosts.from_json(measured[0][1])
-    step = trace_train_step(LlamaConfig(n_layers=2), world_size=2, reshard_after_forward=True)
+    step = traced_step(2, reshard_after_forward=True)  # the suite's shared trace of the same step (read-only)
     sim = overlapcfg.explain(step, {"strategy": "none"}, hardware="cpu_gloo", node_costs=node_costs).simulation
     assert sim is not None
     compute = {s.source: s for s in sim.cost_sources if s.part == "compute"}

@@ -18,6 +18,7 @@ from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
 from overlapcfg.passes import apply, apply_step
 from overlapcfg.passes.compile import INDUCTOR_SETTINGS, OverlapGraphPass, backend, inductor_pass
+from tests.support.traces import traced_step
 
 MODEL = LlamaConfig(n_layers=2)
 MANUAL: dict[str, Any] = {"strategy": "manual", "plan": "llama_layers"}
@@ -103,7 +104,7 @@ def test_eager_backend_rewrites_forward_and_backward_graphs() -> None:
 
 @pytest.mark.slow
 def test_verify_and_record_see_through_the_control_deps_of_insert_overlap_deps() -> None:
-    step = trace_train_step(MODEL, reshard_after_forward=True)
+    step = traced_step(MODEL.n_layers, reshard_after_forward=True)  # shared, read-only: apply_step copies
     counts = {}
     for applied in apply_step(step, load_config(INDUCTOR_CFG)).graphs:
         wrapped = [n for n in applied.graph.graph.nodes if "control_deps" in str(n.target)]
@@ -115,7 +116,7 @@ def test_verify_and_record_see_through_the_control_deps_of_insert_overlap_deps()
 
 @pytest.mark.slow
 def test_verify_still_catches_a_wrapped_wait_moved_before_its_start() -> None:
-    step = trace_train_step(MODEL, reshard_after_forward=False)
+    step = traced_step(MODEL.n_layers, reshard_after_forward=False)  # shared, read-only: deep-copied below
     with compat.fake_process_group(2, 0):
         gm = apply(copy.deepcopy(step.forward), load_config(INDUCTOR_CFG), module_fqn_fn=step.module_fqn_fn("forward"),
                    module_fqns=step.module_fqns, graph_kind="forward")
@@ -141,7 +142,8 @@ def _inductor_worker(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[st
 
 @pytest.mark.slow
 def test_inductor_backend_matches_eager_within_tolerance_on_two_gloo_ranks() -> None:
-    for rank, res in enumerate(run_on_gloo(_inductor_worker, INDUCTOR_CFG, world_size=2, timeout_s=280)):
+    for rank, res in enumerate(run_on_gloo(_inductor_worker, INDUCTOR_CFG, world_size=2, timeout_s=280,
+                                                preload=[__name__])):
         torch.testing.assert_close(res["loss"], res["ref_loss"], rtol=RTOL, atol=ATOL)
         assert list(res["grads"]) == list(res["ref_grads"])
         for name, grad in res["grads"].items():
@@ -150,10 +152,10 @@ def test_inductor_backend_matches_eager_within_tolerance_on_two_gloo_ranks() -> 
 
 
 @pytest.mark.slow
-def test_inductor_pass_rewrites_inductors_post_grad_graphs(tmp_path, monkeypatch) -> None:
-    # A fresh cache directory: an earlier compile of the same graph with the same pass uuid would be a cache hit
-    # (which is the point of uuid()) and the pass would not run at all.
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+def test_inductor_pass_rewrites_inductors_post_grad_graphs() -> None:
+    # No FX graph cache: an earlier compile of the same graph with the same pass uuid would be a cache hit (which is
+    # the point of uuid()) and the pass would not run at all. Compiled kernels may come from the cache (the gloo
+    # test above compiled this model's kernels): the pass runs on the graph before them. ``seen`` proves it ran.
     seen: list[Any] = []
 
     class Recording(OverlapGraphPass):
@@ -165,7 +167,8 @@ def test_inductor_pass_rewrites_inductors_post_grad_graphs(tmp_path, monkeypatch
     post_pass = Recording(inductor_pass(MANUAL).cfg)
     compat.dynamo_reset()
     with compat.fake_process_group(2, 0), \
-            compat.inductor_config_patch({**INDUCTOR_SETTINGS, "post_grad_custom_post_pass": post_pass}):
+            compat.inductor_config_patch({**INDUCTOR_SETTINGS, "post_grad_custom_post_pass": post_pass,
+                                          "fx_graph_cache": False}):
         train_step(torch.compile(_sharded(), fullgraph=True), tokens, targets)
     compat.dynamo_reset()
     assert [(r.before.total_fsdp, r.after.total_fsdp) for r in seen] == [(21, 4), (41, 7)]

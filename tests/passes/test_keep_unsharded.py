@@ -220,7 +220,8 @@ def test_a_kept_bucket_is_bitwise_identical_on_two_gloo_ranks() -> None:
 
     cfg = {"plan": KEPT_PLAN, "policy": "aggressive"}
     jobs = [("llama3", "always", False, cfg), ("llama3", "always", True, cfg)]
-    results = run_on_gloo(G.whole_step_parity_worker, jobs, kept_transform, world_size=2, timeout_s=420)
+    results = run_on_gloo(G.whole_step_parity_worker, jobs, kept_transform, world_size=2, timeout_s=420,
+                          preload=[__name__])
     for rank, per_job in enumerate(results):
         for name, res in per_job.items():
             ref, got = res["reference"], res["transformed"]
