@@ -8,7 +8,7 @@ shared read-only; tests that rewrite a graph go through ``applied`` which deep-c
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -61,3 +61,19 @@ def whole_step() -> Callable[..., Any]:
     """``whole_step(model="llama3", reshard="always", optimizer=False) -> WholeStep`` (see
     ``tests.support.traces.whole_step_capture``)."""
     return whole_step_capture
+
+
+@pytest.fixture
+def clean_registry() -> Iterator[None]:
+    """Puts the strategy catalog back after the test (``contracts._CONTRACTS``, the one catalog: contracts and their
+    graph calls; and the entry-points-loaded flag), so no test leaks a registered strategy into another."""
+    from overlapcfg.config import contracts
+
+    saved_contracts = dict(contracts._CONTRACTS)
+    saved_flag = contracts._entry_points_loaded
+    try:
+        yield
+    finally:
+        contracts._CONTRACTS.clear()
+        contracts._CONTRACTS.update(saved_contracts)
+        contracts._entry_points_loaded = saved_flag

@@ -28,7 +28,7 @@ from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.collectives import group_name
 from overlapcfg.passes import apply
 from overlapcfg.resolve import resolve_plan
-from tests.strategies.test_registry import LookaheadPolicy, clean_registry  # noqa: F401  (fixture used by name below)
+from tests.support.policies import LookaheadPolicy
 from tests.support.synthetic import DIM, Synthetic, backward_graph, forward_graph
 
 _c10d = torch.ops._c10d_functional
@@ -261,7 +261,7 @@ def test_synthetic_collectives_are_classified_and_attributed(descriptors: bool) 
 # --- fast stand-ins for traced tests that moved to the slow tier ----------------------------------------------
 
 def test_third_party_strategy_with_its_own_policy_runs_through_apply_on_a_synthetic_graph(
-        clean_registry: None) -> None:  # noqa: F811
+        clean_registry: None) -> None:
     """A policy without depth fields must not break plan resolution; the strategy gets the resolved plan."""
     from overlapcfg.graph.merge import merge_buckets
     from overlapcfg.strategies import StrategyResult
@@ -489,7 +489,7 @@ def _verify_graph(kind: str, stepped: bool = False) -> Synthetic:
         build = forward_graph if kind == "forward" else backward_graph
         syn = build(VERIFY_LAYERS, **({} if kind == "forward" else {"regather": True}))
         if stepped:
-            from tests.graph.test_verify_negative import with_in_place_updates
+            from tests.support.in_place import with_in_place_updates
 
             with_in_place_updates(syn.gm)
         _VERIFY_GRAPHS[(kind, stepped)] = syn
@@ -505,7 +505,7 @@ def _good(kind: str, config: str) -> tuple[fx.GraphModule, fx.GraphModule]:
 
 
 def _breakages() -> list[Any]:
-    from tests.graph.test_verify_negative import BREAKAGES
+    from tests.support.breakages import BREAKAGES
 
     return [pytest.param(*getattr(p, "values", p), id=f"{getattr(p, 'values', p)[2].__name__}-"
                          f"{getattr(p, 'values', p)[0]}") for p in BREAKAGES]
@@ -583,7 +583,7 @@ def test_control_deps_wrapped_all_gathers_keep_their_group_and_are_counted_on_a_
 
 
 def test_a_failed_apply_puts_back_the_output_node_metadata_and_removes_added_submodules(
-        clean_registry: None) -> None:  # noqa: F811
+        clean_registry: None) -> None:
     """A strategy that wraps waits in ``control_deps`` (registering ``subgraph_*`` modules) and then breaks the
     graph: the verifier refuses it, and the caller gets its module back as it was: the code, the output node's
     metadata (aot's ``desc``, inductor's ``output_stack_traces``), no added submodules, the same ``gm.meta``."""

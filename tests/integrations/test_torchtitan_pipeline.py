@@ -13,7 +13,6 @@ graph's own annotations; and the README's command line as far as it goes without
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import sys
 import types
@@ -23,18 +22,10 @@ from typing import Any
 
 import pytest
 import torch
-from torch import fx
 
 from overlapcfg import OverlapConfigError
 from overlapcfg.errors import UnsupportedGraphError
-from tests.support.checker import (
-    achieved_delays,
-    achieved_prefetch,
-    expected_delays,
-    expected_prefetch,
-    joint_merged,
-    joint_order,
-)
+from tests.support.torchtitan_pipeline import check_joint, run_registered
 
 TORCHTITAN_PLAN = ["tok_embeddings", "layers.0", "layers.1", ["norm", "lm_head"]]
 """What the graph trainer's ``compile_time_passes`` gives its bucketing pass for a 2-layer dense model."""
@@ -247,68 +238,6 @@ def test_a_pass_list_without_torchtitans_bucketing_pass_is_refused(monkeypatch: 
 
 # --- whole-step graphs through the registered pipeline ------------------------------------------------------------
 
-def _trainer_config(reshard: str) -> Any:
-    """The slice of ``GraphTrainer.Config`` the pipeline reads for the fixture's 2-layer dense models."""
-    from tests.thirdparty import graph_trainer as G
-
-    with G.graph_trainer_stubs():
-        from torchtitan.components.loss import CrossEntropyLoss
-        from torchtitan.config import ParallelismConfig
-        from torchtitan.experiments.graph_trainer.configs import GraphTrainerCompileConfig
-
-    layers = [types.SimpleNamespace(moe=None)] * 2
-    return types.SimpleNamespace(compile=GraphTrainerCompileConfig(), loss=CrossEntropyLoss.Config(),
-                                 model_spec=types.SimpleNamespace(model=types.SimpleNamespace(layers=layers)),
-                                 parallelism=ParallelismConfig(fsdp_reshard_after_forward=reshard))
-
-
-def registered_pass(step: Any) -> Callable[..., fx.GraphModule]:
-    """The overlapcfg pass exactly as the registered pipeline binds it for ``step`` (config read now)."""
-    from tests.thirdparty import graph_trainer as G
-
-    with G.graph_trainer_stubs():
-        from torchtitan.experiments.graph_trainer.registry import PASS_PIPELINE_REGISTRY
-
-        import overlapcfg.integrations.torchtitan  # noqa: F401
-
-    passes = PASS_PIPELINE_REGISTRY["overlapcfg"](step.traced, _trainer_config(step.reshard))
-    found = [p for p in passes if isinstance(p, functools.partial) and p.func.__name__ == "overlapcfg_bucketing_pass"]
-    assert len(found) == 1, passes
-    return found[0]
-
-
-def run_registered(step: Any) -> fx.GraphModule:
-    from tests.thirdparty import models as M
-
-    graph_pass = registered_pass(step)
-    with M.fake_process_group(step.world_size, step.rank):
-        return graph_pass(step.copy(), step.traced.example_inputs)
-
-
-def check_joint(gm: fx.GraphModule, original: fx.GraphModule, depth: int,
-                kept: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Every FSDP collective of ``original`` merged into its own bucket once per kind and direction (re-gathers of
-    ``kept`` buckets gone), and the depths the final order achieves equal to what ``depth`` everywhere asks."""
-    merged = joint_merged(gm, original)
-    found: dict[str, Any] = {}
-    for kind, direction in (("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")):
-        want = joint_order(original, kind, direction)
-        if kind == "all_gather" and direction == "backward":
-            want = {b: s for b, s in want.items() if b not in kept}
-        got = {m.bucket: set(m.sources) for m in merged if (m.kind, m.direction) == (kind, direction)}
-        assert got == {b: set(s) for b, s in want.items()}, (kind, direction)
-        assert sum(1 for m in merged if (m.kind, m.direction) == (kind, direction)) == len(want)
-        ks = [depth] * len(want)
-        if kind == "all_gather":
-            achieved = achieved_prefetch(gm, merged, direction)
-            assert [achieved[b] for b in want] == expected_prefetch(ks), (direction, achieved)
-        else:
-            achieved = achieved_delays(gm, merged)
-            assert [achieved[b] for b in want] == expected_delays(ks), achieved
-        found[f"{direction} {kind}"] = [achieved[b] for b in want]
-    return found
-
-
 WHOLE_STEPS = [(model, reshard, optimizer) for model in ("llama3", "qwen3_tied") for reshard in ("always", "never")
                for optimizer in (False, True)]
 
@@ -339,7 +268,7 @@ def test_the_readme_command_line_runs_a_graph_trainer_step_through_the_pipeline(
     fixture's 2-layer Llama3 in place of the 8B model, a policy preset in place of README's 32-layer file) traces,
     runs the registered pipeline and executes the step."""
     from overlapcfg.integrations.torchtitan.__main__ import with_pipeline
-    from tests.package.test_readme import readme_torchtitan_args
+    from tests.support.readme import readme_torchtitan_args
     from tests.thirdparty import graph_trainer as G
     from tests.thirdparty import models as M
 

@@ -21,8 +21,9 @@ import pytest
 
 from overlapcfg import load_config
 from overlapcfg.passes import apply_step
+from tests.support.paths import EXAMPLES, README
+from tests.support.readme import block_after, readme_torchtitan_args
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 JOB = "torchrun --nproc-per-node 2"
 
@@ -45,7 +46,6 @@ script: it is run by the test written for that program (torchtitan's ``ConfigMan
 MODULE_BLOCK_TESTS = {"my_configs": "test_the_torchtitan_config_module_example_selects_the_pipeline"}
 
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE_TESTS = {"measure_steps/measure_steps.py": ("multiprocess/test_calibrate_measure_command.py",
                                                     "test_the_measure_example_runs_under_torchrun")}
 """A block that is an example file word for word (README says so and how to run it) is run by that example's
@@ -169,17 +169,9 @@ def test_the_python_blocks_are_found_and_each_says_how_it_runs() -> None:
         assert f"def {test}(" in text and name.split("/")[-1] in text, (name, test_file, test)
 
 
-def _block_after(heading: str, lang: str) -> str:
-    text = README.read_text()
-    section = text.split(heading, 1)[1]
-    match = re.search(rf"```{lang}\n(.*?)```", section, flags=re.S)
-    assert match, f"no ```{lang} block after {heading!r}"
-    return match.group(1)
-
-
 @pytest.mark.slow
 def test_the_example_config_applies_to_the_demo_model(traced_2l_reshard):
-    cfg = load_config(_block_after("## A config", "yaml"))
+    cfg = load_config(block_after("## A config", "yaml"))
     step = traced_2l_reshard
     for applied in apply_step(step, cfg).graphs:
         buckets = {b.name: b for b in applied.record.buckets}
@@ -196,18 +188,10 @@ def test_setup_commands_are_the_first_block():
 
 
 def test_the_torchtitan_keep_unsharded_example_config_loads():
-    cfg = load_config(_block_after("**Keeping a bucket unsharded", "yaml"))
+    cfg = load_config(block_after("**Keeping a bucket unsharded", "yaml"))
     kept = [b for b in cfg.plan.buckets if not isinstance(b, (str, tuple))]
     assert [(b.modules, b.reshard_after_forward) for b in kept] == [(("layers.31",), False)]
     assert cfg.policy.forward_prefetch == 2
-
-
-def readme_torchtitan_args() -> list[str]:
-    """The torchtitan arguments of README's ``torchrun ... -m overlapcfg.integrations.torchtitan ...`` line."""
-    import shlex
-
-    words = shlex.split(_block_after("## torchtitan graph trainer", "bash").replace("\\\n", " "))
-    return words[words.index("overlapcfg.integrations.torchtitan") + 1:]
 
 
 @pytest.mark.slow
@@ -215,7 +199,7 @@ def test_the_torchtitan_config_module_example_selects_the_pipeline(tmp_path, mon
     """README's ``my_configs.py``, imported by torchtitan's ``ConfigManager`` as ``--module my_configs``."""
     from tests.thirdparty import graph_trainer as G
 
-    (tmp_path / "my_configs.py").write_text(_block_after("register the pipeline from your own config module", "python"))
+    (tmp_path / "my_configs.py").write_text(block_after("register the pipeline from your own config module", "python"))
     monkeypatch.syspath_prepend(str(tmp_path))
     with G.graph_trainer_stubs():
         from torchtitan.config import ConfigManager

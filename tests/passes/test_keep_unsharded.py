@@ -188,8 +188,8 @@ def _param_bytes(original: fx.GraphModule, bucket: str) -> int:
 @pytest.mark.parametrize("reshard", ["always", "never"])
 def test_torchtitan_pipeline_keeps_a_bucket_unsharded_from_a_config_file(
         whole_step: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, reshard: str) -> None:
-    from tests.integrations.test_torchtitan_pipeline import check_joint, run_registered
     from tests.support.checker import joint_order
+    from tests.support.torchtitan_pipeline import check_joint, run_registered
 
     path = tmp_path / "overlap.yaml"
     path.write_text(load_config({"plan": KEPT_PLAN, "policy": "aggressive"}).to_yaml())

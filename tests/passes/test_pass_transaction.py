@@ -17,7 +17,6 @@ from overlapcfg import compat, load_config
 from overlapcfg.passes import apply
 from overlapcfg.strategies import StrategyResult, manual
 from overlapcfg.strategies.registry import register_strategy
-from tests.strategies.test_registry import clean_registry  # noqa: F401  (fixture used by name below)
 from tests.support.synthetic import backward_graph, forward_graph
 
 
@@ -32,7 +31,7 @@ def _nodes(gm: fx.GraphModule) -> list[tuple[object, ...]]:
 
 
 @pytest.fixture
-def edit_then_fail(clean_registry: None) -> str:  # noqa: F811
+def edit_then_fail(clean_registry: None) -> str:
     @register_strategy("edit_then_fail")
     def run(gm: fx.GraphModule, ctx: Any) -> StrategyResult:
         manual.run(gm, ctx)  # merges and reorders

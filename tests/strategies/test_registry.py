@@ -1,7 +1,7 @@
 """The strategy registry: duplicates, unknown names, third-party policies, lazily loaded entry points.
 
-Every test that registers something runs under ``clean_registry``, which restores the one catalog
-(``contracts._CONTRACTS``) and the entry-point flag afterwards, so no test leaks a strategy into another.
+Every test that registers something runs under ``clean_registry`` (``tests/conftest.py``), which restores the one
+catalog (``contracts._CONTRACTS``) and the entry-point flag afterwards, so no test leaks a strategy into another.
 """
 
 from __future__ import annotations
@@ -19,31 +19,11 @@ from overlapcfg.config import OverlapConfig, contracts, load_config
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.strategies.registry import ENTRY_POINT_GROUP, available_strategies, get_strategy, register_strategy
-
-
-@pytest.fixture
-def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    saved_contracts = dict(contracts._CONTRACTS)  # the one catalog: contracts and their graph calls
-    saved_flag = contracts._entry_points_loaded
-    try:
-        yield
-    finally:
-        contracts._CONTRACTS.clear()
-        contracts._CONTRACTS.update(saved_contracts)
-        contracts._entry_points_loaded = saved_flag
+from tests.support.policies import LookaheadPolicy
 
 
 def _factory(gm: Any, ctx: Any) -> Any:
     return ("ran", gm, ctx)
-
-
-class LookaheadPolicy(PolicyBase):
-    """A third party's own knobs."""
-
-    lookahead: int = 2
-    """How far ahead."""
-    label: str = "x"
-    """Free text."""
 
 
 # --- built-ins, duplicates, unknown names ------------------------------------------------------------------
