@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +29,31 @@ def _share_the_cores_between_workers() -> None:
 
 
 _share_the_cores_between_workers()
+
+_RUN_FIRST = ("multiprocess/", "conformance/", "passes/test_compile.py", "graph/test_mixed_precision.py",
+              "demo/test_cli.py", "package/", "tuning/test_tune.py")
+"""Files (and folders) that take tens of seconds each: they start processes (gloo ranks, torchrun, the CLI) or
+compile with inductor. ``--dist loadfile`` hands a worker one file at a time in collection order, so these go
+first and the small files fill in at the end, when the workers finish together; otherwise the last file handed out
+can be a minute-long one that one worker runs while the other idles. Order only: a stale entry costs time, never a
+result."""
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist sorts files by their number of tests before handing them out unless told not to; the number of
+    # tests says little about the time (a 3-test file of torchrun jobs outlasts a 70-test file of synthetic graphs).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Puts ``_RUN_FIRST``'s files first (in that order), everything else after, each in its collected order."""
+    def rank(item: pytest.Item) -> int:
+        where = item.path.relative_to(_TESTS).as_posix() if item.path.is_relative_to(_TESTS) else ""
+        return next((i for i, prefix in enumerate(_RUN_FIRST) if where.startswith(prefix)), len(_RUN_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a file and among equals is pytest's
 
 
 @pytest.fixture(scope="session")
