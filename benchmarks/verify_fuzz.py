@@ -3,7 +3,7 @@ alarms (``OverlapVerificationError`` on a valid config) and foreign exceptions (
 strategy. torch's own passes run in the same fuzz (``torch_manual``: upstream ``manual_overlap_bucketing``;
 ``auto``: ``schedule_overlap_bucketing``) and are held to the same proof.
 
-Variants, configs and outcome kinds are ``tests/_fuzz.py``'s (plain FSDP with and without reshard-after-forward,
+Variants, configs and outcome kinds are ``tests/support/fuzz.py``'s (plain FSDP with and without reshard-after-forward,
 reshard with whole-step in-place parameter updates, HSDP in both chain orders, FSDP + TP with sequence parallel;
 plans, depths 0-3, byte caps, overrides, every bucket mode, issue orders, ``insert_overlap_deps``).
 
@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # the repository root: ``tests`` is a package
 
-from _fuzz import GRAPHS, OUTCOMES, VARIANTS, Outcome, run_case, sample_config, trace_variant  # noqa: E402
+from tests.support.fuzz import GRAPHS, OUTCOMES, VARIANTS, Outcome, run_case, sample_config, trace_variant  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

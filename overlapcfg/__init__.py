@@ -18,7 +18,7 @@ from overlapcfg._version import __version__
 
 # The one table of exports: name -> the module ``__getattr__`` imports it from. ``__all__`` and the TYPE_CHECKING
 # imports restate it only because linters and type checkers read them without running anything;
-# tests/test_package.py fails when either disagrees with it.
+# tests/package/test_package.py fails when either disagrees with it.
 _EXPORTS: dict[str, str] = {
     "OverlapConfigError": "overlapcfg.errors",
     "OverlapVerificationError": "overlapcfg.errors",

@@ -1,23 +1,22 @@
-"""Shared fixtures: demo train steps traced once per session, and ``applied`` to run the pass on a copy.
+"""Shared fixtures: demo train steps and torchtitan whole steps traced once per session, and ``applied`` to run the
+pass on a copy (the objects are made in ``tests.support.traces``; tests get them here, as fixtures).
 
 Tracing costs seconds, so each configuration (layers, reshard-after-forward) is traced once per test session and
-shared read-only; tests that rewrite a graph go through ``applied``/``apply_to`` which deep-copies it first.
+shared read-only; tests that rewrite a graph go through ``applied`` which deep-copies it first.
 """
 
 from __future__ import annotations
 
-import copy
 import os
-from collections.abc import Callable
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from torch import fx
 
-from overlapcfg.compat import fake_process_group
-from overlapcfg.demo import LlamaConfig
-from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
+from overlapcfg.demo.tracing import TracedStep
+from tests.support.traces import ApplyFn, apply_to, traced_step, whole_step_capture
 
 
 def _share_the_cores_between_workers() -> None:
@@ -31,33 +30,30 @@ def _share_the_cores_between_workers() -> None:
 
 _share_the_cores_between_workers()
 
-ApplyFn: TypeAlias = Callable[[TracedStep, GraphName, Any], fx.GraphModule]
-
-_TRACES: dict[tuple[int, bool], TracedStep] = {}
-
-
-def traced_step(n_layers: int, reshard_after_forward: bool) -> TracedStep:
-    """The traced demo step for ``n_layers`` (rank 0 of 2), memoized for the whole session. Do not mutate it."""
-    key = (n_layers, reshard_after_forward)
-    if key not in _TRACES:
-        _TRACES[key] = trace_train_step(LlamaConfig(n_layers=n_layers), world_size=2, rank=0,
-                                        reshard_after_forward=reshard_after_forward)
-    return _TRACES[key]
+_RUN_FIRST = ("multiprocess/", "conformance/", "passes/test_compile.py", "graph/test_mixed_precision.py",
+              "demo/test_cli.py", "package/", "tuning/test_tune.py")
+"""Files (and folders) that take tens of seconds each: they start processes (gloo ranks, torchrun, the CLI) or
+compile with inductor. ``--dist loadfile`` hands a worker one file at a time in collection order, so these go
+first and the small files fill in at the end, when the workers finish together; otherwise the last file handed out
+can be a minute-long one that one worker runs while the other idles. Order only: a stale entry costs time, never a
+result."""
+_TESTS = Path(__file__).resolve().parent
 
 
-def apply_to(step: TracedStep, graph_name: GraphName, cfg: Any) -> fx.GraphModule:
-    """Run ``overlapcfg.passes.apply`` on a deep copy of ``step``'s ``graph_name`` graph; return the copy.
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist sorts files by their number of tests before handing them out unless told not to; the number of
+    # tests says little about the time (a 3-test file of torchrun jobs outlasts a 70-test file of synthetic graphs).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
-    Runs under the fake process group (the merge helpers read the rank); ``apply`` verifies by default, so every
-    applied graph in the suite is also verified.
-    """
-    from overlapcfg import load_config
-    from overlapcfg.passes import apply
 
-    gm = copy.deepcopy(step.graph(graph_name))
-    with fake_process_group(step.world_size, step.rank):
-        return apply(gm, load_config(cfg), module_fqn_fn=step.module_fqn_fn(graph_name), module_fqns=step.module_fqns,
-                     graph_kind=graph_name)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Puts ``_RUN_FIRST``'s files first (in that order), everything else after, each in its collected order."""
+    def rank(item: pytest.Item) -> int:
+        where = item.path.relative_to(_TESTS).as_posix() if item.path.is_relative_to(_TESTS) else ""
+        return next((i for i, prefix in enumerate(_RUN_FIRST) if where.startswith(prefix)), len(_RUN_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a file and among equals is pytest's
 
 
 @pytest.fixture(scope="session")
@@ -86,23 +82,24 @@ def applied() -> ApplyFn:
     return apply_to
 
 
-_WHOLE_STEPS: dict[tuple[str, str, bool], Any] = {}
-
-
-def whole_step_capture(model: str = "llama3", reshard: str = "always", optimizer: bool = False) -> Any:
-    """torchtitan graph_trainer's whole-step graph of ``model`` (``llama3`` / ``qwen3_tied``), normalized by
-    torchtitan's own passes, captured once per session under a fake group of 2 (``tests/thirdparty/graph_trainer``;
-    no overlapcfg involved). Shared read-only: transform ``.copy()``."""
-    key = (model, reshard, optimizer)
-    if key not in _WHOLE_STEPS:
-        from thirdparty import graph_trainer, models
-
-        with models.fake_process_group(2):
-            _WHOLE_STEPS[key] = graph_trainer.capture_whole_step(model, reshard=reshard, optimizer=optimizer)
-    return _WHOLE_STEPS[key]
-
-
 @pytest.fixture(scope="session")
 def whole_step() -> Callable[..., Any]:
-    """``whole_step(model="llama3", reshard="always", optimizer=False) -> WholeStep`` (see ``whole_step_capture``)."""
+    """``whole_step(model="llama3", reshard="always", optimizer=False) -> WholeStep`` (see
+    ``tests.support.traces.whole_step_capture``)."""
     return whole_step_capture
+
+
+@pytest.fixture
+def clean_registry() -> Iterator[None]:
+    """Puts the strategy catalog back after the test (``contracts._CONTRACTS``, the one catalog: contracts and their
+    graph calls; and the entry-points-loaded flag), so no test leaks a registered strategy into another."""
+    from overlapcfg.config import contracts
+
+    saved_contracts = dict(contracts._CONTRACTS)
+    saved_flag = contracts._entry_points_loaded
+    try:
+        yield
+    finally:
+        contracts._CONTRACTS.clear()
+        contracts._CONTRACTS.update(saved_contracts)
+        contracts._entry_points_loaded = saved_flag

@@ -11,7 +11,7 @@ The graphs ran inside ``overlapcfg::<graph>`` ranges (``overlapcfg.measuring.run
 - **CUDA (NCCL)**: collectives are kernels on communication streams. Exposed communication is the time NCCL
   kernels ran while no other kernel did (the union of communication kernels minus the union of compute kernels),
   over the whole profiled window, per step; durations are the NCCL kernels' own, matched in launch order.
-  Untested here (no GPU in this project's CI); the CPU path is what ``tests/test_measure.py`` runs.
+  Untested here (no GPU in this project's CI); the CPU path is what ``tests/measuring/test_measure.py`` runs.
 """
 
 from __future__ import annotations

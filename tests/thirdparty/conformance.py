@@ -5,7 +5,7 @@ Nothing here imports overlapcfg's scheduler, merger or attribution. The graph re
 bug in overlapcfg cannot hide behind an assumption shared with its own code. The one place overlapcfg is used is
 ``parity_worker``, which must compile with ``overlapcfg.backend`` to compare it against an untransformed run.
 
-Depth semantics (as ``tests/_checker.py`` documents them; FSDP2 ``set_modules_to_forward_prefetch``):
+Depth semantics (as ``tests/support/checker.py`` documents them; FSDP2 ``set_modules_to_forward_prefetch``):
 
 - all-gathers of one graph, merged buckets ``0..n-1`` in compute order (order of their waits), each asking for
   ``k``: the achieved depth of bucket ``j`` is the number of OTHER merged all-gathers started before ``j``'s wait

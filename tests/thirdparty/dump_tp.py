@@ -11,10 +11,10 @@ mesh, 4 fake ranks), for each collective of aot's forward and backward graphs: o
 dimension), dtype and shapes; what its input reads (the op chains back to a placeholder and that placeholder's aot
 descriptor, or to the first other op; for a backward placeholder the forward saved, the forward node it stands
 for); where its waited result goes; and overlapcfg's view of it: ``find_collectives`` with
-``attribution.module_fqn`` (the ``apply`` route of ``tests/test_conformance.py``), ``is_parameter_gather``, the
-aot-descriptor owner ``annotate_owners`` stamps (the ``backend`` route). Then what ``overlapcfg.apply`` (manual,
-``torchtitan_layers``) and ``overlapcfg.backend`` do with the graphs: counts per group before and after, whether
-the tp-group collectives changed.
+``attribution.module_fqn`` (the ``apply`` route of ``tests/conformance/test_conformance.py``),
+``is_parameter_gather``, the aot-descriptor owner ``annotate_owners`` stamps (the ``backend`` route). Then what
+``overlapcfg.apply`` (manual, ``torchtitan_layers``) and ``overlapcfg.backend`` do with the graphs: counts per group
+before and after, whether the tp-group collectives changed.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.capture``: from a model to a captured, traced step."""

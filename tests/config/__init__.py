@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.config``: the schema, patterns, loading, presets, Hydra."""

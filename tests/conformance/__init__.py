@@ -1,0 +1,1 @@
+"""Conformance on models nobody here wrote (fixtures in ``tests/thirdparty``, which import no overlapcfg)."""

@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.fsdp2``: the eager FSDP2 driver."""

@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.graph``: recognition, attribution, scheduling, verification."""

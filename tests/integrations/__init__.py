@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.integrations``: torchtitan's graph-trainer pipeline."""

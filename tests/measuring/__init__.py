@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.measuring``: calibration and measured steps."""

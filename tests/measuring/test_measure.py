@@ -1,0 +1,141 @@
+"""``overlapcfg.measure``: real steps on two gloo ranks give complete, sane records next to the prediction; the
+records round-trip through ``measure.json``; the interval arithmetic behind exposed communication.
+
+No timing thresholds: timings on a shared machine say nothing reliable about speed, only that the machinery
+measured what it claims (every field filled, every collective matched, every rank agreeing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import overlapcfg
+from overlapcfg.measuring.result import Measurement
+from overlapcfg.measuring.trace import uncovered_seconds
+from overlapcfg.report.node_costs import NodeCosts
+from tests.support.traces import traced_step
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "none": {"strategy": "none"},
+    "d1": {"plan": "llama_layers", "policy": {"forward_prefetch": 1, "backward_prefetch": 1,
+                                              "reduce_scatter_delay": 1}},
+    "split_d2": {"plan": "per_block_split", "policy": {"forward_prefetch": 2, "backward_prefetch": 2,
+                                                       "reduce_scatter_delay": 2}},
+}
+STEPS = 3
+
+
+def test_uncovered_seconds_is_the_union_outside_the_cover() -> None:
+    assert uncovered_seconds([(0, 4), (2, 6)], [(1, 2), (5, 10)]) == pytest.approx(4.0)  # [0,1) + [2,5)
+    assert uncovered_seconds([(0, 1)], []) == 1.0
+    assert uncovered_seconds([(0, 1)], [(-1, 2)]) == 0.0
+
+
+def test_unreadable_node_costs_are_a_fault_at_tune_node_costs(tmp_path) -> None:
+    from overlapcfg.demo.tune_job import _node_costs
+    from overlapcfg.errors import OverlapConfigError
+
+    (tmp_path / "costs.json").write_text('{"schema": "something else"}')
+    for path in (tmp_path / "missing.json", tmp_path / "costs.json"):
+        with pytest.raises(OverlapConfigError, match=r"tune\.node_costs: cannot read node costs"):
+            _node_costs(str(path))
+    assert _node_costs(None) is None
+
+
+def _measure_worker(rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    from overlapcfg.demo.measure_job import demo_step
+    from overlapcfg.demo.settings import demo_settings
+
+    make_step = demo_step(demo_settings({"model": {"n_layers": 2}, "batch": 2, "seq_len": 16}))
+    result = overlapcfg.measure(make_step, CONFIGS, hardware="cpu_gloo", warmup=1, steps=STEPS, profiled_steps=1)
+    assert result.measured_node_costs is not None
+    return result.to_dict(), result.measured_node_costs.to_dict()
+
+
+@pytest.fixture(scope="module")
+def measured() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    from overlapcfg.demo.gloo import run_on_gloo
+
+    return run_on_gloo(_measure_worker, world_size=2, timeout_s=280, preload=[__name__])
+
+
+@pytest.mark.slow
+def test_every_rank_returns_the_same_measurement(measured) -> None:
+    (first, first_costs), (second, second_costs) = measured
+    assert first == second and first_costs == second_costs
+
+
+@pytest.mark.slow
+def test_each_config_has_a_complete_sane_record(measured) -> None:
+    data, _ = measured[0]
+    m = Measurement.from_json(data)
+    assert [c.name for c in m.configs] == list(CONFIGS)
+    assert (m.world_size, m.backend, m.steps, m.profiled_steps) == (2, "gloo", STEPS, 1)
+    assert m.hardware.name == "cpu_gloo" and m.node_costs is not None and m.node_costs.startswith("none on gloo")
+    for c in m.configs:
+        assert c.overrides == CONFIGS[c.name]
+        assert len(c.step_seconds) == STEPS and all(s > 0 for s in c.step_seconds), c.name
+        assert c.measured_step_s == sorted(c.step_seconds)[STEPS // 2]
+        assert c.measured_spread_s >= 0 and c.measured_wall_s >= c.measured_step_s, c.name
+        assert 0 <= c.measured_exposed_s <= c.measured_profiled_step_s, c.name  # the same (profiled) steps
+        assert c.predicted_step_s > 0 and 0 <= c.predicted_exposed_s <= c.predicted_step_s
+        assert c.predicted_profiled_step_s is not None and c.predicted_profiled_step_s > 0
+        assert {s.source for s in c.cost_sources if s.part == "compute"} == {"roofline"}
+        assert "measured" in {s.source for s in c.profiled_cost_sources if s.part == "compute"}
+        assert c.collectives and all(k.measured_s is not None and k.measured_s > 0 for k in c.collectives), (
+            c.name, [k.node for k in c.collectives if not k.measured_s])
+        assert all(k.predicted_s > 0 and k.bytes > 0 for k in c.collectives)
+    by_name = {c.name: c for c in m.configs}
+    assert len(by_name["d1"].collectives) < len(by_name["none"].collectives)  # the pass merged them
+    for key in ("predicted_step_s", "measured_step_s", "predicted_profiled_step_s"):
+        assert sorted(m.ranking(key)) == sorted(CONFIGS)
+    assert data["summary"]["median_abs_error"] == m.median_abs_error()
+
+
+@pytest.mark.slow
+def test_the_measurement_round_trips_through_json(measured) -> None:
+    data, costs = measured[0]
+    m = Measurement.from_json(data)
+    assert Measurement.from_json(m.to_json()) == m
+    node_costs = NodeCosts.from_json(costs)
+    assert set(node_costs.graphs) == {"forward", "backward"} and len(node_costs) > 20
+    assert NodeCosts.from_json(node_costs.to_json()) == node_costs
+
+
+@pytest.mark.slow
+def test_measured_node_costs_price_the_untransformed_step(measured) -> None:
+    """The node costs of the ``none`` config, measured on real ranks, match the demo step traced in one process
+    under the fake group node for node (same graph, same names, same shapes): the simulator prices every kernel
+    by them, none by the roofline."""
+    node_costs = NodeCosts.from_json(measured[0][1])
+    step = traced_step(2, reshard_after_forward=True)  # the suite's shared trace of the same step (read-only)
+    sim = overlapcfg.explain(step, {"strategy": "none"}, hardware="cpu_gloo", node_costs=node_costs).simulation
+    assert sim is not None
+    compute = {s.source: s for s in sim.cost_sources if s.part == "compute"}
+    assert set(compute) == {"measured"} and compute["measured"].nodes > 100  # every kernel: the same graph
+
+
+def _one_at_a_time_worker(rank: int, world_size: int) -> dict[str, Any]:
+    from overlapcfg.demo.measure_job import demo_step
+    from overlapcfg.demo.settings import demo_settings
+
+    make_step = demo_step(demo_settings({"model": {"n_layers": 2}, "batch": 2, "seq_len": 16}))
+    configs = {name: CONFIGS[name] for name in ("none", "d1")}
+    return overlapcfg.measure(make_step, configs, hardware="cpu_gloo", warmup=1, steps=2, profiled_steps=1,
+                              interleave=False, node_costs=False).to_dict()
+
+
+@pytest.mark.slow
+def test_one_config_at_a_time_gives_the_same_records() -> None:
+    """``interleave=False`` (one model in memory at a time) fills the same fields; no node costs when asked not to."""
+    from overlapcfg.demo.gloo import run_on_gloo
+
+    first, second = run_on_gloo(_one_at_a_time_worker, world_size=2, timeout_s=280, preload=[__name__])
+    assert first == second
+    m = Measurement.from_json(first)
+    assert [c.name for c in m.configs] == ["none", "d1"] and m.node_costs is None
+    for c in m.configs:
+        assert len(c.step_seconds) == 2 and c.measured_step_s > 0 and c.predicted_profiled_step_s is None
+        assert c.collectives and all(k.measured_s is not None for k in c.collectives)

@@ -1,0 +1,88 @@
+"""``overlapcfg mode=calibrate`` then ``mode=measure hardware=<that profile>``, under torchrun as users run them:
+the first writes a profile the second finds by name; the second prints the predicted-vs-measured table and writes
+``measure.json`` into the run directory. Small sizes and budgets: this checks the commands, not the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMALL = ["model.n_layers=2", "model.vocab_size=256", "batch=2", "seq_len=16"]
+FEWER = ["~measure.configs.d0", "~measure.configs.d2", "~measure.configs.split_d1", "~measure.configs.torch_manual"]
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "OVERLAPCFG_SEARCHPATH")}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU even on a GPU machine
+    env["OVERLAPCFG_HOME"] = str(home)
+    return env
+
+
+def _torchrun(tmp_path: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+           "-m", "overlapcfg", *args]
+    return subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(home), timeout=280)
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_profile_that_measure_finds_by_name(tmp_path: Path) -> None:
+    # Sizes up to 16 MiB: their transfer time stands above a busy machine's noise (up to 1 MiB a loaded run could
+    # time no growth with size, which calibrate rightly refuses to fit).
+    home = tmp_path / "home"
+    out = _torchrun(tmp_path, home, "mode=calibrate", *SMALL, "calibrate.name=ci_box", "calibrate.budget_s=3",
+                    "calibrate.max_bytes=16MiB", f"hydra.run.dir={tmp_path / 'cal'}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "calibrated profile 'ci_box'" in out.stdout and "hardware=ci_box" in out.stdout
+    assert (home / "hardware" / "ci_box.yaml").read_text() == (tmp_path / "cal" / "ci_box.yaml").read_text()
+
+    out = _torchrun(tmp_path, home, "mode=measure", "hardware=ci_box", *SMALL, *FEWER, "measure.warmup=1",
+                    "measure.steps=2", "measure.profiled_steps=1", f"hydra.run.dir={tmp_path / 'meas'}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "predicted (ci_box) vs measured: gloo x 2" in out.stdout and "median |error|" in out.stdout
+    data = json.loads((tmp_path / "meas" / "measure.json").read_text())
+    assert data["hardware"]["name"] == "ci_box" and data["hardware"]["calibration"]["world_size"] == 2
+    assert [c["name"] for c in data["configs"]] == ["none", "d1", "split_d2"]
+    for c in data["configs"]:
+        for key in ("predicted_step_s", "measured_step_s", "measured_spread_s", "predicted_exposed_s",
+                    "measured_exposed_s"):
+            assert isinstance(c[key], float) and c[key] >= 0, (c["name"], key)
+    assert data["configs"][0]["overrides"] == {"strategy": "none"}
+    assert (tmp_path / "meas" / "node_costs.json").is_file()
+
+
+@pytest.mark.slow  # a process that imports torch
+def test_measure_outside_torchrun_says_how_to_launch_it(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("overlapcfg")
+    out = subprocess.run([str(script), "mode=measure", *SMALL, f"hydra.run.dir={tmp_path / 'run'}"], check=False,
+                         cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "home"), timeout=180)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text
+    assert "torchrun --nproc-per-node 2 -m overlapcfg mode=measure" in text
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "measure_steps" / "measure_steps.py"
+
+
+def test_readme_shows_the_measure_example_as_it_is() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"```python\n{EXAMPLE.read_text()}```" in readme
+
+
+@pytest.mark.slow
+def test_the_measure_example_runs_under_torchrun(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+           str(EXAMPLE)]
+    out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "home"),
+                         timeout=280)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "predicted (my_cluster) vs measured" in out.stdout
+    data = json.loads((tmp_path / "measure.json").read_text())
+    assert [c["name"] for c in data["configs"]] == ["none", "depth 1", "depth 2"]
+    assert (tmp_path / "home" / "hardware" / "my_cluster.yaml").is_file()

@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.passes``: apply, its transaction and safety, torch.compile, determinism, keep-unsharded."""

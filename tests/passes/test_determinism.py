@@ -1,0 +1,78 @@
+"""The pass is a function of the graph: the same traced model gives the same code in every process, whatever
+``PYTHONHASHSEED`` and whichever graph is rewritten first.
+
+Two fresh interpreters (run side by side) trace a 2-layer reshard-after-forward model, apply ``manual`` with
+k = d = 2 to forward and backward (in opposite orders) and print a hash of each ``gm.code`` plus the order of
+the merged collectives; both must agree, and agree with this process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.support.traces import ApplyFn, traced_step
+
+pytestmark = pytest.mark.slow
+
+CFG = {"plan": "llama_layers", "policy": {"forward_prefetch": 2, "backward_prefetch": 2,
+                                          "reduce_scatter_delay": 2}}
+
+SCRIPT = textwrap.dedent("""
+    import copy, hashlib, json, sys
+    from overlapcfg.compat import fake_process_group
+    from overlapcfg.demo import LlamaConfig
+    from overlapcfg.passes import apply
+    from overlapcfg.demo.tracing import trace_train_step
+
+    from overlapcfg import load_config
+
+    cfg = load_config(json.loads(sys.argv[1]))
+    step = trace_train_step(LlamaConfig(n_layers=2), world_size=2, rank=0, reshard_after_forward=True)
+    out = {}
+    for name in sys.argv[2:]:
+        gm = copy.deepcopy(step.graph(name))
+        with fake_process_group(step.world_size, step.rank):
+            apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(name), module_fqns=step.module_fqns,
+                  graph_kind=name)
+        out[name] = hashlib.sha256(gm.code.encode()).hexdigest()
+    print("RESULT " + json.dumps(out, sort_keys=True))
+""")
+
+
+def _digest(code: str) -> str:
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+def _spawn(seed: str, order: list[str]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, json.dumps(CFG), *order], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen[str]) -> dict[str, str]:
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def test_same_code_under_two_hash_seeds_and_graph_orders(applied: ApplyFn) -> None:
+    procs = [_spawn("1", ["forward", "backward"]), _spawn("2", ["backward", "forward"])]
+    first, second = (_result(p) for p in procs)
+    assert first == second
+    step = traced_step(2, True)  # this process (its own hash seed, a session-shared trace) agrees too
+    here = {name: _digest(applied(step, name, CFG).code) for name in ("forward", "backward")}
+    assert here == first
+
+
+def test_applying_twice_in_one_process_gives_identical_code(applied: ApplyFn) -> None:
+    step = traced_step(2, True)
+    for name in ("forward", "backward"):
+        assert applied(step, name, CFG).code == applied(step, name, CFG).code

@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.report``: explain, the cost model, simulation, timelines."""

@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.resolve``: plan resolution against module trees."""

@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.strategies``: the registry and the graph kinds strategies accept."""

@@ -1,0 +1,2 @@
+"""Helpers the tests share (graph builders, the independent checker, rank workers, session-wide traces): imported
+as ``tests.support.<module>``; no tests here."""

@@ -1,0 +1,1 @@
+"""Tests of ``overlapcfg.tuning``: the tuner and what it shows."""
