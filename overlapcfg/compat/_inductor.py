@@ -17,9 +17,8 @@ __all__: list[str] = []
 
 # --- inductor: collective recognition, bucketing and the upstream schedulers ------------------------------------
 # Everything the graph pass borrows from ``torch/_inductor/fx_passes``. The merge helpers are used as they are
-# (so merged collectives are exactly upstream's ops for a bucket mode); ``cached_merge_traces`` only memoizes the
-# ``make_fx`` trace of the merge function, which dominates their cost and is identical for identical signatures.
-from torch._guards import detect_fake_mode
+# (so merged collectives are exactly upstream's ops for a bucket mode); ``overlapcfg.compat._merge`` makes them
+# cheaper without changing what they produce.
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.fx_passes import bucketing as _bucketing
 from torch._inductor.fx_passes import fsdp as _fsdp
@@ -32,10 +31,7 @@ from torch._inductor.fx_passes.bucketing import (
 )
 from torch._inductor.fx_passes.control_dependencies import control_deps as _control_deps
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-from torch.fx.traceback import NodeSource, NodeSourceAction
 from torch.utils._ordered_set import OrderedSet
-from torch.utils._pytree import tree_leaves
 
 # ``torch/_inductor/fx_passes/fsdp.py`` sets its own logger to INFO at import (``logger.setLevel(logging.INFO)``),
 # so the automatic scheduler's one-line summary per graph ("pre_bucket_fsdp_collectives: ...") reaches torch's
@@ -48,7 +44,6 @@ if logging.getLogger(_fsdp.__name__).level == logging.INFO:
 __all__ += [
     "CustomGraphPass",
     "bucket_key",
-    "cached_merge_traces",
     "control_deps",
     "is_fsdp_reduce_scatter",
     "manual_overlap_bucketing",
@@ -118,116 +113,6 @@ def schedule_overlap_bucketing(*args: object, **kwargs: object) -> object:
     from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing as upstream
 
     return upstream(*args, **kwargs)
-
-
-def _trace_key(fn: object, inps: tuple[object, ...]) -> tuple[object, ...]:
-    def key(x: object) -> object:
-        if isinstance(x, _torch.Tensor):
-            return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device), x.storage_offset())
-        if isinstance(x, (list, tuple)):
-            return tuple(key(y) for y in x)
-        return x
-
-    return (fn, key(inps))
-
-
-@contextlib.contextmanager
-def cached_merge_traces(*, fresh_fake_values: bool = False) -> Iterator[dict[tuple[object, ...], object]]:
-    """Within the block, upstream's merge helpers do the same work faster (same ops, same order, same metadata).
-
-    ``bucketing._trace(fn, inps)`` runs ``make_fx`` on the merge function for every bucket; buckets of identical
-    layers have identical signatures (shapes, strides, dtypes, group, rank), so the traced ``GraphModule`` is the
-    same and is stamped into the graph by ``node_copy`` as before. Stamped nodes of identical buckets then share
-    their ``meta["val"]`` fake tensors (same shapes, strides and dtypes, one storage): harmless when the graph runs
-    as it is, but inductor tells buffers apart by storage, so ``fresh_fake_values=True`` (what the inductor routes
-    use) re-runs the traced ops on each bucket's own inputs, at about 10 ms per bucket. Two more helpers are
-    swapped for equivalent linear-time versions (``_populate_node_meta_once``, ``sort_region``), and the fake
-    metadata repair after each merge starts only from the readers of outputs whose metadata changed
-    (``insert_repairing_changed``). Restored on exit, even on error.
-    """
-    original_trace, original_meta = _bucketing._trace, _bucketing._populate_node_meta
-    original_sort = _bucketing._sort_bucket_region
-    original_insert = _bucketing._insert_fn_trace_before_node
-    original_repair = _bucketing._recompute_changed_user_metadata
-    cache: dict[tuple[object, ...], object] = {}
-
-    def traced(fn: object, inps: tuple[object, ...]) -> object:
-        k = _trace_key(fn, inps)
-        if k not in cache:
-            cache[k] = original_trace(fn, inps)
-            return cache[k]
-        gm = cache[k]
-        if fresh_fake_values:
-            # Re-run the traced ops on this bucket's own fake inputs, so its nodes get their own fake values
-            # (storages) as a fresh trace would give them: inductor tells buffers apart by them.
-            FakeTensorProp(gm, mode=detect_fake_mode(inps)).propagate_dont_convert_inputs(*tree_leaves(inps))
-        return gm
-
-    def sort_region(g: object, new_nodes: list[object], inputs: list[object]) -> None:
-        # Placeholders head the graph, so they never need moving; but upstream's region walk searches for them
-        # too, back to the top of the graph, for every bucket of parameters: quadratic in graph size. Leaving
-        # them out of the search gives the same order in linear time.
-        original_sort(g, new_nodes, [n for n in inputs if getattr(n, "op", None) != "placeholder"])
-
-    def insert_repairing_changed(g: object, fn: object, inps: object, insert_before: object,
-                                 g_fn_inps: list[_fx.Node], g_fn_outs: list[_fx.Node]) -> object:
-        # Upstream re-runs every reader of every replaced output under the fake mode and keeps the new value
-        # where its metadata differs, then does the same for that reader's readers. A reader whose input's
-        # replacement has the same shape, strides, offset and dtype computes the same metadata again (a fake
-        # kernel sees nothing else), so only readers of changed outputs need it: about a third of them (a
-        # merged all-gather's pieces after the first sit at an offset in the flat buffer), and the repair was
-        # half of the merge's time. Same worklist, same order, same result.
-        before = [(out, out.meta.get("val"), list(out.users)) for out in g_fn_outs]
-        replacements, new_nodes = original_insert(g, fn, inps, insert_before, g_fn_inps, g_fn_outs)
-        original_repair([user for out, val, users in before
-                         if not _bucketing._same_metadata(val, replacements[out].meta.get("val"))
-                         for user in users])
-        return replacements, new_nodes
-
-    _bucketing._trace = traced
-    _bucketing._populate_node_meta = _populate_node_meta_once
-    _bucketing._sort_bucket_region = sort_region
-    _bucketing._insert_fn_trace_before_node = insert_repairing_changed
-    _bucketing._recompute_changed_user_metadata = _repair_later
-    try:
-        yield cache
-    finally:
-        _bucketing._trace = original_trace
-        _bucketing._populate_node_meta = original_meta
-        _bucketing._sort_bucket_region = original_sort
-        _bucketing._insert_fn_trace_before_node = original_insert
-        _bucketing._recompute_changed_user_metadata = original_repair
-
-
-def _repair_later(start_users: list[object]) -> None:
-    """Stands in for upstream's repair inside ``_insert_fn_trace_before_node``: ``insert_repairing_changed`` runs
-    the real one after it, on the readers that need it."""
-
-
-def _populate_node_meta_once(bucket_nodes: list[object], new_nodes: list[object]) -> None:
-    """Upstream's ``_populate_node_meta`` with the same result, built once per bucket instead of once per node.
-
-    Upstream makes a ``NodeSource`` (which deep-copies the source's whole ``from_node`` history) for every
-    (new node, source node) pair: about 40k deep copies on a 64-layer backward graph, most of the merge's time.
-    Here each source's ``NodeSource`` is made once and the per-key source lists once; every new node gets its own
-    list objects holding those shared, never-mutated records.
-    """
-    if not bucket_nodes:
-        return
-    first = bucket_nodes[0].meta
-    keys = (("nn_module_stack", ""), ("fwd_nn_module_stack", ""), ("stack_trace", ""), ("custom", {}))
-    sources: dict[str, object] = {}
-    for key, default in keys:
-        values = [n.meta.get(key, default) for n in bucket_nodes if n.meta.get(key, default)]
-        sources[key] = OrderedSet(values) if key == "stack_trace" else values
-    actions = [NodeSourceAction.CREATE, NodeSourceAction.REPLACE]
-    from_node = [NodeSource(n, "bucketing_pass", actions) for n in bucket_nodes]
-    for n in new_nodes:
-        for key, default in keys:
-            n.meta[key] = first.get(key, default)
-            src = sources[key]
-            n.meta[f"bucketing_{key}_sources"] = OrderedSet(src) if key == "stack_trace" else list(src)
-        n.meta["from_node"] = list(from_node)
 
 
 @contextlib.contextmanager
