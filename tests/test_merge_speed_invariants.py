@@ -20,7 +20,8 @@ from overlapcfg import compat, load_config
 from overlapcfg.graph.meta import NAMESPACE
 from overlapcfg.passes import apply
 
-LAYERS = [[1, 2], [2, 3, 1]]
+LAYERS = [[1, 2], [1, 2], [2, 3, 1]]
+"""The first two layers merge alike: the second is stamped from the first one's trace."""
 
 
 def _fake_layout(value: object) -> object:

@@ -13,7 +13,10 @@ What each swap saves on a 64-layer backward graph (12k nodes, 131 buckets) is sa
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+import functools
+import weakref
+from collections.abc import Callable, Iterator
 
 import torch as _torch
 from torch import fx as _fx
@@ -108,11 +111,12 @@ def _insert_traced(g: _fx.Graph, fn_to_trace: object, inps: object, insert_befor
     env: dict[_fx.Node, object] = dict(zip(fn_g.find_nodes(op="placeholder"), g_fn_inps, strict=False))
     new_outs: list[_fx.Node] = []
     new_nodes: list[_fx.Node] = []
+    copy_node = g.node_copy if _first_stamp(g, fn_g) else functools.partial(_stamp, g)
     with g.inserting_before(insert_before_node):
         for node in fn_g.nodes:
             if node.op == "placeholder":
                 continue
-            copied = g.node_copy(node, lambda x: env[x])
+            copied = copy_node(node, env.__getitem__)
             env[node] = copied
             if node.op == "output":
                 new_outs = copied.args[0]  # type: ignore[assignment]
@@ -129,6 +133,41 @@ def _insert_traced(g: _fx.Graph, fn_to_trace: object, inps: object, insert_befor
     _rewire(g, replacements)
     _bucketing._recompute_changed_user_metadata(changed_readers)
     return replacements, new_nodes
+
+
+_STAMPED: weakref.WeakKeyDictionary[_fx.Graph, weakref.WeakSet[_fx.Graph]] = weakref.WeakKeyDictionary()
+"""Graph -> the traced merge graphs stamped into it so far (``_first_stamp``)."""
+
+
+def _first_stamp(g: _fx.Graph, traced: _fx.Graph) -> bool:
+    """Whether ``traced`` is stamped into ``g`` for the first time (then ``node_copy`` copies it, with its checks),
+    or again (then ``_stamp`` does, without them). Always the first where ``g``'s module has node-creation hooks:
+    they must see every node as ``create_node`` makes it."""
+    if getattr(g.owning_module, "_create_node_hooks", None):
+        return True
+    seen = _STAMPED.setdefault(g, weakref.WeakSet())
+    if traced in seen:
+        return False
+    seen.add(traced)
+    return True
+
+
+def _stamp(g: _fx.Graph, node: _fx.Node, arg_transform: Callable[[_fx.Node], object]) -> _fx.Node:
+    """``g.node_copy(node, arg_transform)`` for a traced merge graph stamped into ``g`` before, without
+    ``create_node``'s scan of every argument for raw symbolic values (torch 2.13: a ``pytree`` walk, 80% of
+    ``create_node``'s time on a merge's long argument lists). The arguments are the first stamp's, which
+    ``node_copy`` scanned, with other nodes in place of nodes: a scan would find what it found then. The node is
+    created without arguments and given them through the ``args``/``kwargs`` setters, which do the bookkeeping
+    ``Node.__init__`` does with them (inputs, users)."""
+    args = _fx.map_arg(node.args, arg_transform)
+    kwargs = _fx.map_arg(node.kwargs, arg_transform)
+    copied = g.create_node(node.op, node.target, name=node.name, type_expr=node.type)
+    if args:
+        copied.args = args
+    if kwargs:
+        copied.kwargs = kwargs
+    copied.meta = copy.copy(node.meta)
+    return copied
 
 
 def _rewire(g: _fx.Graph, replacements: dict[_fx.Node, _fx.Node]) -> None:
