@@ -1,10 +1,11 @@
 """What the merge's shortcuts must leave exactly as upstream's merge leaves it.
 
-``compat.cached_merge_traces`` makes upstream's bucket merge cheaper (one trace per signature, metadata built once
-per bucket, the fake metadata repair only from outputs whose metadata changed). Node order and inputs are compared
-with upstream elsewhere (``test_depth_one_merged_inputs_are_in_upstream_order``); here the fake values every node
-carries, which inductor lowers from, and each node's users in order. In the synthetic forward, ``t(w)`` reads each gathered weight: after merging,
-a bucket's second weight is a piece of the flat buffer at an offset, and its reader, a view, must say so too.
+``compat.cached_merge_traces`` makes upstream's bucket merge cheaper (one trace per signature, stamped again without
+re-checking, metadata built once per bucket, the output node rewired once per bucket, the fake metadata repair only
+from outputs whose metadata changed). Node order and inputs are compared with upstream elsewhere
+(``test_depth_one_merged_inputs_are_in_upstream_order``); here the fake values every node carries, which inductor
+lowers from, and each node's users in order. In the synthetic forward, ``t(w)`` reads each gathered weight: after
+merging, a bucket's second weight is a piece of the flat buffer at an offset, and its reader, a view, must say so.
 """
 
 from __future__ import annotations
