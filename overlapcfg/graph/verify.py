@@ -55,10 +55,8 @@ _KIND_IDS = frozenset(id(target) for target in MODELLED_COLLECTIVES)
 
 @dataclass(frozen=True, slots=True)
 class CallRecord:
-    """A compute node and what it reads: its arguments as read, contents (``provenance.Value``) in place of nodes.
-
-    Kept as the interpretation hands them over; flattened into ``inputs`` (argument path, content or constant)
-    only where two records differ, to say where: a 12k-node graph has ~6k of them and nearly all compare equal."""
+    """A compute node and its arguments as read (contents, ``provenance.Value``, in place of nodes), flattened into
+    ``inputs`` only where two records differ, to say where: nearly all of a graph's ~6k compare equal whole."""
 
     name: str
     target: str
@@ -67,16 +65,13 @@ class CallRecord:
 
     @property
     def inputs(self) -> tuple[tuple[str, object], ...]:
-        """``(argument path, content)`` pairs: ``("args[1]", Value(...))``; a constant stands for itself (its
-        ``repr`` where it cannot be hashed)."""
+        """``(argument path, content)``: ``("args[1]", Value(...))``; a constant stands for itself (or its repr)."""
         out = _leaves(self.args, "args", [])
-        if self.kwargs:
-            _leaves(self.kwargs, "kwargs", out)
-        return tuple(out)
+        return tuple(_leaves(self.kwargs, "kwargs", out) if self.kwargs else out)
 
     def reads_as(self, other: CallRecord) -> bool:
-        """Whether both read the same contents, argument by argument (``inputs`` equal). Compared whole first: a
-        constant whose ``==`` does not answer a truth value (a tensor) sends it to the leaf-by-leaf comparison."""
+        """``inputs`` equal. Compared whole first; a constant whose ``==`` gives no truth value (a tensor) sends it
+        to the leaf-by-leaf comparison."""
         try:
             if self.args == other.args and self.kwargs == other.kwargs:
                 return True
@@ -137,8 +132,7 @@ def _leaves(obj: object, path: str, out: list[tuple[str, object]]) -> list[tuple
 
 
 _TARGET_NAMES: dict[int, tuple[object, str]] = {}
-"""Target identity -> (target, name): an op overload's ``str`` is built anew on every call (one per compute node
-and graph otherwise); the entry holds the target, so no other object can take its id while it is cached."""
+"""Target identity -> (target, name), as ``memory._PLANS``: an op overload's ``str`` is built on every call."""
 
 
 def _target_name(target: object) -> str:
