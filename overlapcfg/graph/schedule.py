@@ -282,7 +282,10 @@ def _reorder(graph: fx.Graph, keys: dict[fx.Node, SortKey], deps: dict[fx.Node, 
         edges = {*deps.get(n, ()), *writes.get(n, ())} - set(n.all_input_nodes)
         if edges:
             must[n] = edges
-    pending = {n: len(n.all_input_nodes) for n in nodes}
+    pending = dict.fromkeys(nodes, 0)  # inputs not yet placed: each input lists its reader once among its users
+    for n in nodes:
+        for user in n.users:
+            pending[user] += 1
     after: dict[fx.Node, list[fx.Node]] = {}
     for node, befores in must.items():
         pending[node] += len(befores)
@@ -291,13 +294,16 @@ def _reorder(graph: fx.Graph, keys: dict[fx.Node, SortKey], deps: dict[fx.Node, 
     heap = [(keys[n], n.name, n) for n in nodes if pending[n] == 0]
     heapq.heapify(heap)
     order: list[fx.Node] = []
+    pop, push = heapq.heappop, heapq.heappush
     while heap:
-        _, _, node = heapq.heappop(heap)
+        node = pop(heap)[2]
         order.append(node)
-        for user in (*node.users, *after.get(node, ())):
-            pending[user] -= 1
-            if pending[user] == 0:
-                heapq.heappush(heap, (keys[user], user.name, user))
+        for users in (node.users, after.get(node, ())):
+            for user in users:
+                left = pending[user] - 1
+                pending[user] = left
+                if not left:
+                    push(heap, (keys[user], user.name, user))
     if len(order) != len(nodes):
         raise AssertionError(f"overlapcfg scheduler: {len(nodes) - len(order)} nodes left unplaced (a cycle?)")
     placeholders = [n for n in order if n.op == "placeholder"]
