@@ -105,7 +105,7 @@ def _insert_traced(g: _fx.Graph, fn_to_trace: object, inps: object, insert_befor
       reader under the fake mode and keeps the new value where its metadata differs; a reader whose input's
       replacement has the same shape, strides, offset and dtype computes the same metadata again (a fake kernel
       sees nothing else). About a third need it (a merged all-gather's pieces after the first sit at an offset in
-      the flat buffer), and the repair was half the merge's time.
+      the flat buffer), and the repair was ~100 ms of the 64-layer merge (a third to a half of it).
     """
     fn_g = _bucketing._trace(fn_to_trace, inps).graph
     env: dict[_fx.Node, object] = dict(zip(fn_g.find_nodes(op="placeholder"), g_fn_inps, strict=False))
