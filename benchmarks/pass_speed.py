@@ -13,8 +13,11 @@ depends on node count, not tensor sizes); every timed run works on a fresh deep 
 
     python benchmarks/pass_speed.py [--layers 8 32 64] [--repeats 3] [--quick] [--out PATH] [--profile]
 
-Targets (issue 3): ours at least 5x faster than upstream at 64 layers, and ours(64 layers) / ours(8 layers) <= 9.
-A missed target (or ``--profile``) prints a cProfile of our pass on the 64-layer backward graph.
+Targets (issue 21): ours, verification on, at least 8x faster than upstream at 64 layers, forward and backward (the
+ratio of one run), and ours(64 layers) / ours(8 layers) <= 9 (growth no worse than linear in nodes: 7.8x the nodes).
+Both sides pay the final ``gm.recompile()`` (a 12k-node backward: ~0.3 s, Python codegen and ``compile``), which
+bounds the backward's ratio. A missed target (or ``--profile``) prints a cProfile of our pass on the 64-layer
+backward graph (cProfile inflates Python-heavy code and fake-tensor calls; the table's times are without it).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ CONFIGS = {
     "upstream": UPSTREAM,
 }
 LINEARITY_TARGET = 9.0
-SPEEDUP_TARGET = 5.0
+SPEEDUP_TARGET = 8.0
 
 
 def model_config(layers: int) -> LlamaConfig:

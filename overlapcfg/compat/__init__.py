@@ -2,10 +2,10 @@
 OmegaConf internals. Everything else in overlapcfg reaches them through this package, so a torch or OmegaConf
 upgrade that moves one of them breaks exactly one place, and each probe for a changed API runs once at import.
 
-Two modules, split by what importing them costs: ``overlapcfg.compat.omegaconf`` (torch-free: the config layer
-uses it), ``overlapcfg.compat._torch`` (dynamo, aot_autograd, the fake process group, op identity) and
-``overlapcfg.compat._inductor`` (bucketing, schedulers, compiling), whose names are forwarded from this package
-lazily, so ``from overlapcfg import compat; compat.fake_process_group`` works and
+Split by what importing them costs: ``overlapcfg.compat.omegaconf`` (torch-free: the config layer uses it), and,
+forwarded from this package lazily, ``overlapcfg.compat._torch`` (dynamo, aot_autograd, the fake process group, op
+identity), ``overlapcfg.compat._inductor`` (bucketing, schedulers, compiling) and ``overlapcfg.compat._merge``
+(upstream's bucket merge made cheaper): ``from overlapcfg import compat; compat.fake_process_group`` works and
 ``import overlapcfg.compat.omegaconf`` imports no torch.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_MODULES = ("overlapcfg.compat._torch", "overlapcfg.compat._inductor")
+_MODULES = ("overlapcfg.compat._torch", "overlapcfg.compat._inductor", "overlapcfg.compat._merge")
 
 
 def __getattr__(name: str) -> Any:

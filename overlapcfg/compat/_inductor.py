@@ -17,9 +17,8 @@ __all__: list[str] = []
 
 # --- inductor: collective recognition, bucketing and the upstream schedulers ------------------------------------
 # Everything the graph pass borrows from ``torch/_inductor/fx_passes``. The merge helpers are used as they are
-# (so merged collectives are exactly upstream's ops for a bucket mode); ``cached_merge_traces`` only memoizes the
-# ``make_fx`` trace of the merge function, which dominates their cost and is identical for identical signatures.
-from torch._guards import detect_fake_mode
+# (so merged collectives are exactly upstream's ops for a bucket mode); ``overlapcfg.compat._merge`` makes them
+# cheaper without changing what they produce.
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.fx_passes import bucketing as _bucketing
 from torch._inductor.fx_passes import fsdp as _fsdp
@@ -32,10 +31,7 @@ from torch._inductor.fx_passes.bucketing import (
 )
 from torch._inductor.fx_passes.control_dependencies import control_deps as _control_deps
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-from torch.fx.traceback import NodeSource, NodeSourceAction
 from torch.utils._ordered_set import OrderedSet
-from torch.utils._pytree import tree_leaves
 
 # ``torch/_inductor/fx_passes/fsdp.py`` sets its own logger to INFO at import (``logger.setLevel(logging.INFO)``),
 # so the automatic scheduler's one-line summary per graph ("pre_bucket_fsdp_collectives: ...") reaches torch's
@@ -48,7 +44,6 @@ if logging.getLogger(_fsdp.__name__).level == logging.INFO:
 __all__ += [
     "CustomGraphPass",
     "bucket_key",
-    "cached_merge_traces",
     "control_deps",
     "is_fsdp_reduce_scatter",
     "manual_overlap_bucketing",
@@ -118,89 +113,6 @@ def schedule_overlap_bucketing(*args: object, **kwargs: object) -> object:
     from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing as upstream
 
     return upstream(*args, **kwargs)
-
-
-def _trace_key(fn: object, inps: tuple[object, ...]) -> tuple[object, ...]:
-    def key(x: object) -> object:
-        if isinstance(x, _torch.Tensor):
-            return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device), x.storage_offset())
-        if isinstance(x, (list, tuple)):
-            return tuple(key(y) for y in x)
-        return x
-
-    return (fn, key(inps))
-
-
-@contextlib.contextmanager
-def cached_merge_traces(*, fresh_fake_values: bool = False) -> Iterator[dict[tuple[object, ...], object]]:
-    """Within the block, upstream's merge helpers do the same work faster (same ops, same order, same metadata).
-
-    ``bucketing._trace(fn, inps)`` runs ``make_fx`` on the merge function for every bucket; buckets of identical
-    layers have identical signatures (shapes, strides, dtypes, group, rank), so the traced ``GraphModule`` is the
-    same and is stamped into the graph by ``node_copy`` as before. Stamped nodes of identical buckets then share
-    their ``meta["val"]`` fake tensors (same shapes, strides and dtypes, one storage): harmless when the graph runs
-    as it is, but inductor tells buffers apart by storage, so ``fresh_fake_values=True`` (what the inductor routes
-    use) re-runs the traced ops on each bucket's own inputs, at about 10 ms per bucket. Two more helpers are
-    swapped for equivalent linear-time versions (``_populate_node_meta_once``, ``sort_region``). Restored on exit,
-    even on error.
-    """
-    original_trace, original_meta = _bucketing._trace, _bucketing._populate_node_meta
-    original_sort = _bucketing._sort_bucket_region
-    cache: dict[tuple[object, ...], object] = {}
-
-    def traced(fn: object, inps: tuple[object, ...]) -> object:
-        k = _trace_key(fn, inps)
-        if k not in cache:
-            cache[k] = original_trace(fn, inps)
-            return cache[k]
-        gm = cache[k]
-        if fresh_fake_values:
-            # Re-run the traced ops on this bucket's own fake inputs, so its nodes get their own fake values
-            # (storages) as a fresh trace would give them: inductor tells buffers apart by them.
-            FakeTensorProp(gm, mode=detect_fake_mode(inps)).propagate_dont_convert_inputs(*tree_leaves(inps))
-        return gm
-
-    def sort_region(g: object, new_nodes: list[object], inputs: list[object]) -> None:
-        # Placeholders head the graph, so they never need moving; but upstream's region walk searches for them
-        # too, back to the top of the graph, for every bucket of parameters: quadratic in graph size. Leaving
-        # them out of the search gives the same order in linear time.
-        original_sort(g, new_nodes, [n for n in inputs if getattr(n, "op", None) != "placeholder"])
-
-    _bucketing._trace = traced
-    _bucketing._populate_node_meta = _populate_node_meta_once
-    _bucketing._sort_bucket_region = sort_region
-    try:
-        yield cache
-    finally:
-        _bucketing._trace = original_trace
-        _bucketing._populate_node_meta = original_meta
-        _bucketing._sort_bucket_region = original_sort
-
-
-def _populate_node_meta_once(bucket_nodes: list[object], new_nodes: list[object]) -> None:
-    """Upstream's ``_populate_node_meta`` with the same result, built once per bucket instead of once per node.
-
-    Upstream makes a ``NodeSource`` (which deep-copies the source's whole ``from_node`` history) for every
-    (new node, source node) pair: about 40k deep copies on a 64-layer backward graph, most of the merge's time.
-    Here each source's ``NodeSource`` is made once and the per-key source lists once; every new node gets its own
-    list objects holding those shared, never-mutated records.
-    """
-    if not bucket_nodes:
-        return
-    first = bucket_nodes[0].meta
-    keys = (("nn_module_stack", ""), ("fwd_nn_module_stack", ""), ("stack_trace", ""), ("custom", {}))
-    sources: dict[str, object] = {}
-    for key, default in keys:
-        values = [n.meta.get(key, default) for n in bucket_nodes if n.meta.get(key, default)]
-        sources[key] = OrderedSet(values) if key == "stack_trace" else values
-    actions = [NodeSourceAction.CREATE, NodeSourceAction.REPLACE]
-    from_node = [NodeSource(n, "bucketing_pass", actions) for n in bucket_nodes]
-    for n in new_nodes:
-        for key, default in keys:
-            n.meta[key] = first.get(key, default)
-            src = sources[key]
-            n.meta[f"bucketing_{key}_sources"] = OrderedSet(src) if key == "stack_trace" else list(src)
-        n.meta["from_node"] = list(from_node)
 
 
 @contextlib.contextmanager

@@ -74,10 +74,11 @@ def _normalized(runs: Iterable[Run]) -> tuple[Run, ...]:
 
 
 def _atom(key: Key, val: object) -> Value:
-    if isinstance(val, torch.Tensor):
-        numel = val.numel()
+    if isinstance(val, torch.Tensor):  # each attribute of a fake tensor costs a call: read shape and dtype once
+        shape, dtype = tuple(val.shape), val.dtype
+        numel = math.prod(shape)
         if type(numel) is int:  # static shape (a symbolic one gives a SymInt)
-            return Value(tuple(val.shape), val.dtype, ((key, 0, numel * val.dtype.itemsize),))
+            return Value(shape, dtype, ((key, 0, numel * dtype.itemsize),))
     return Value(None, None, ((key, 0, 0),))
 
 

@@ -55,12 +55,29 @@ _KIND_IDS = frozenset(id(target) for target in MODELLED_COLLECTIVES)
 
 @dataclass(frozen=True, slots=True)
 class CallRecord:
-    """A compute node and what it reads: ``inputs`` pairs an argument path (``args[1]``) with its content (a
-    ``provenance.Value``) or, for a constant, the constant."""
+    """A compute node and its arguments as read (contents, ``provenance.Value``, in place of nodes), flattened into
+    ``inputs`` only where two records differ, to say where: nearly all of a graph's ~6k compare equal whole."""
 
     name: str
     target: str
-    inputs: tuple[tuple[str, object], ...]
+    args: tuple[object, ...]
+    kwargs: dict[str, object]
+
+    @property
+    def inputs(self) -> tuple[tuple[str, object], ...]:
+        """``(argument path, content)``: ``("args[1]", Value(...))``; a constant stands for itself (or its repr)."""
+        out = _leaves(self.args, "args", [])
+        return tuple(_leaves(self.kwargs, "kwargs", out) if self.kwargs else out)
+
+    def reads_as(self, other: CallRecord) -> bool:
+        """``inputs`` equal. Compared whole first; a constant whose ``==`` gives no truth value (a tensor) sends it
+        to the leaf-by-leaf comparison."""
+        try:
+            if self.args == other.args and self.kwargs == other.kwargs:
+                return True
+        except (RuntimeError, TypeError, ValueError):
+            pass
+        return self.inputs == other.inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +131,17 @@ def _leaves(obj: object, path: str, out: list[tuple[str, object]]) -> list[tuple
     return out
 
 
+_TARGET_NAMES: dict[int, tuple[object, str]] = {}
+"""Target identity -> (target, name), as ``memory._PLANS``: an op overload's ``str`` is built on every call."""
+
+
 def _target_name(target: object) -> str:
-    return str(target) if compat.is_op_overload(target) else compat.op_name(target)
+    cached = _TARGET_NAMES.get(id(target))
+    if cached is not None and cached[0] is target:
+        return cached[1]
+    name = str(target) if compat.is_op_overload(target) else compat.op_name(target)
+    _TARGET_NAMES[id(target)] = (target, name)
+    return name
 
 
 def _canonical(values: Iterable[object]) -> tuple[Run, ...]:
@@ -171,10 +197,7 @@ def _summarize(gm: fx.GraphModule, direction: str | None) -> tuple[GraphSummary,
         elif id(target) in _KIND_IDS:
             collectives.append(_collective(node, target, args, direction))
         elif opaque:
-            inputs = _leaves(args, "args", [])
-            if kwargs:
-                _leaves(kwargs, "kwargs", inputs)
-            calls.append(CallRecord(node.name, _target_name(target), tuple(inputs)))
+            calls.append(CallRecord(node.name, _target_name(target), args, kwargs))
 
     interpretation = interpret(gm.graph, visit)
     written = tuple((i, name, content) for i, (name, content) in sorted(interpretation.final_inputs().items()))
@@ -347,7 +370,7 @@ def _compare_calls(before: GraphSummary, after: GraphSummary, problems: list[str
                             "their copies")
         elif now.target != was.target:
             problems.append(f"{name}: runs {now.target}, ran {was.target}")
-        elif now.inputs != was.inputs:
+        elif not now.reads_as(was):
             olds = dict(was.inputs)
             for path, content in now.inputs:
                 if path not in olds:
