@@ -580,19 +580,6 @@ def test_one_training_step_on_gloo_is_bitwise_identical_to_the_untransformed_com
                                                       results[1]["transformed"]["grads"].values(), strict=True))
 
 
-@pytest.mark.slow
-def test_run_on_gloo_reports_a_rank_that_died_without_waiting_for_the_timeout() -> None:
-    """Regression: a rank that dies without reporting (os._exit, segfault, OOM kill, a failed import in spawn
-    bootstrap) used to be noticed only after the whole ``timeout_s``, reported as a time-out."""
-    from overlapcfg.demo.gloo import RankFailedError
-
-    # No clock in the assertion: a time-out long enough that a loaded machine never reaches it, so only a harness
-    # that waits for it (the bug) reports "timed out"; a working one names the dead rank's exit code at once.
-    with pytest.raises(RankFailedError) as failed:
-        run_on_gloo(C.exit_without_reporting, 3, world_size=2, timeout_s=600)
-    assert "timed out" not in str(failed.value) and "3" in str(failed.value)
-
-
 # --- the independent checker itself (no capture) ----------------------------------------------------------------
 
 def _hand_built(order: str) -> fx.GraphModule:

@@ -3,6 +3,8 @@ sharded model with the unsharded one on two real gloo ranks."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -116,6 +118,11 @@ def _failing_worker(rank: int, world_size: int) -> None:
         raise ValueError("boom on purpose")
 
 
+def _exit_without_reporting(rank: int, world_size: int, code: int) -> None:
+    """A rank that dies without a Python exception (as a segfault or an OOM kill would): ``os._exit``."""
+    os._exit(code)
+
+
 @pytest.mark.slow
 def test_sharded_model_matches_unsharded_bit_for_bit_on_two_gloo_ranks() -> None:
     """Same weights and batch per rank: loss is bitwise the unsharded loss; the reduce-scatter SUMS, so the full
@@ -139,3 +146,14 @@ def test_sharded_model_matches_unsharded_bit_for_bit_on_two_gloo_ranks() -> None
 def test_run_on_gloo_reports_the_failing_ranks_traceback() -> None:
     with pytest.raises(RankFailedError, match=r"rank 1 of 2 failed:(.|\n)*ValueError: boom on purpose"):
         run_on_gloo(_failing_worker, world_size=2, timeout_s=60, preload=[__name__])
+
+
+@pytest.mark.slow
+def test_run_on_gloo_reports_a_rank_that_died_without_waiting_for_the_timeout() -> None:
+    """Regression: a rank that dies without reporting (os._exit, segfault, OOM kill, a failed import in spawn
+    bootstrap) used to be noticed only after the whole ``timeout_s``, reported as a time-out."""
+    # No clock in the assertion: a time-out long enough that a loaded machine never reaches it, so only a harness
+    # that waits for it (the bug) reports "timed out"; a working one names the dead rank's exit code at once.
+    with pytest.raises(RankFailedError) as failed:
+        run_on_gloo(_exit_without_reporting, 3, world_size=2, timeout_s=600, preload=[__name__])
+    assert "timed out" not in str(failed.value) and "3" in str(failed.value)

@@ -41,7 +41,6 @@ __all__ = [
     "custom_module",
     "direction",
     "expected_depths",
-    "exit_without_reporting",
     "gathered_param",
     "joint_apply",
     "merged",
@@ -515,9 +514,3 @@ def parity_worker(rank: int, world_size: int, jobs: Sequence[tuple[str, Mapping[
         out[case_name] = res
     return out
 
-
-def exit_without_reporting(rank: int, world_size: int, code: int) -> None:
-    """A rank that dies without a Python exception (as a segfault or an OOM kill would): ``os._exit``."""
-    import os
-
-    os._exit(code)
