@@ -42,7 +42,7 @@ from overlapcfg import compat, load_config
 from overlapcfg.config import OverlapConfig
 from overlapcfg.demo import LlamaConfig
 from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
-from overlapcfg.graph.verify import summarize as summarize_graph
+from overlapcfg.graph.summary import summarize as summarize_graph
 from overlapcfg.graph.verify import verify
 from overlapcfg.passes import apply
 

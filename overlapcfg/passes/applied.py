@@ -11,7 +11,7 @@ Two costs are paid once instead of once per config, because one captured step se
 
 - the copies are lazy graph modules (``compat.lazy_graph_module_copy``): nothing here runs them, so their Python
   code is generated only if someone calls or prints them (for a 64-layer backward, about 0.7 s per config);
-- the summary the verifier compares each pass against (``overlapcfg.graph.verify.summarize``) is taken once per
+- the summary the verifier compares each pass against (``overlapcfg.graph.summary.summarize``) is taken once per
   captured graph and handed to ``apply`` for every config (the captured graphs are read-only by contract; a
   fingerprint of their nodes guards the cache against a graph edited in place all the same).
 """
@@ -32,7 +32,7 @@ from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn
 from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.graph.meta import pass_record
 from overlapcfg.graph.record import PassRecord
-from overlapcfg.graph.verify import GraphSummary, summarize
+from overlapcfg.graph.summary import GraphSummary, summarize
 from overlapcfg.passes.pipeline import GraphKind, apply
 from overlapcfg.passes.step import GRAPH_NAMES, CapturedStep, GraphName
 

@@ -40,7 +40,8 @@ from overlapcfg.graph.record import (
     PassRecord,
     Uncovered,
 )
-from overlapcfg.graph.verify import GraphSummary, summarize, verify
+from overlapcfg.graph.summary import GraphSummary, summarize
+from overlapcfg.graph.verify import verify
 from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting
 from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
 from overlapcfg.strategies import PassContext, Strategy, get_strategy
@@ -117,7 +118,7 @@ def apply(
     reaching a bucket, or an FSDP-shaped all-gather nobody can attribute, is an error instead of a warning).
     ``state_inputs``: ``{placeholder name: parameter FQN}`` for the inputs the tracer fed from the model's state
     (``overlapcfg.graph.parameters.state_input_names``): further evidence; an input it does not name is never a
-    parameter, and the record names parameters by these FQNs. ``summary``: ``overlapcfg.graph.verify.summarize(gm,
+    parameter, and the record names parameters by these FQNs. ``summary``: ``overlapcfg.graph.summary.summarize(gm,
     direction=...)`` of ``gm`` as given (or of a graph it is a copy of), where the caller already has it:
     verification then compares against it instead of interpreting ``gm`` again (``apply_step`` takes it once per
     captured graph for every config). Ignored with ``verify: false``.
