@@ -59,14 +59,19 @@ _KIND = {_c10d.all_gather_into_tensor.default: "all_gather", _c10d.reduce_scatte
 BucketOf = Callable[[str], str]
 
 
-def llama_layers_bucket(module_fqn: str) -> str:
-    """The ``llama_layers`` plan written out: embedding, one bucket per block, ``[norm, output]``."""
+def _block_bucket(module_fqn: str, tail: tuple[str, str]) -> str:
+    """Embedding, one bucket per ``layers.N`` block, the two ``tail`` modules together (named in this order)."""
     parts = module_fqn.split(".")
     if parts[0] == "layers":
         return f"layers.{parts[1]}"
-    if parts[0] in ("norm", "output"):
-        return "norm+output"
+    if parts[0] in tail:
+        return "+".join(tail)
     return parts[0]
+
+
+def llama_layers_bucket(module_fqn: str) -> str:
+    """The ``llama_layers`` plan written out: embedding, one bucket per block, ``[norm, output]``."""
+    return _block_bucket(module_fqn, ("norm", "output"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +111,7 @@ def merged_collectives(gm: fx.GraphModule, step: TracedStep, graph: GraphName,
 
 def torchtitan_bucket(module_fqn: str) -> str:
     """torchtitan's graph-trainer plan written out: ``tok_embeddings``, one bucket per block, ``[norm, lm_head]``."""
-    parts = module_fqn.split(".")
-    if parts[0] == "layers":
-        return f"layers.{parts[1]}"
-    if parts[0] in ("norm", "lm_head"):
-        return "lm_head+norm"
-    return parts[0]
+    return _block_bucket(module_fqn, ("lm_head", "norm"))
 
 
 # --- whole-step (joint) graphs ------------------------------------------------------------------------------------
