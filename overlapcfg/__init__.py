@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "backend": "overlapcfg.passes.compile",
     "inductor_pass": "overlapcfg.passes.compile",
     "fully_shard": "overlapcfg.fsdp2",
+    "exit_process": "overlapcfg.process_exit",
     "explain": "overlapcfg.report",
     "simulate": "overlapcfg.report",
     "compare": "overlapcfg.report",
@@ -101,6 +102,7 @@ __all__ = [
     "calibrate",
     "compare",
     "ensure_process_group",
+    "exit_process",
     "explain",
     "from_hydra",
     "fully_shard",
@@ -149,6 +151,7 @@ if TYPE_CHECKING:
     from overlapcfg.passes import PassRecord, apply
     from overlapcfg.passes.compile import backend, inductor_pass
     from overlapcfg.passes.step import CapturedStep, ensure_process_group
+    from overlapcfg.process_exit import exit_process
     from overlapcfg.report import Report, compare, explain, simulate
     from overlapcfg.report.node_costs import NodeCosts
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan

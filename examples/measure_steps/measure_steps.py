@@ -52,3 +52,4 @@ if rank == 0:
     Console(width=120).print(calibration_table(profile), measurement_table(result))
     Path("measure.json").write_text(result.to_json())
 dist.destroy_process_group()
+overlapcfg.exit_process()  # gloo's threads outlive the group: leave without finalizing Python

@@ -23,9 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from pathlib import Path
-from typing import NoReturn
 
 import hydra
 import torch
@@ -137,25 +135,6 @@ def main(cfg: DictConfig) -> None:
         Path(cfg.losses_file).write_text(json.dumps(losses))
 
 
-def exit_process(code: int = 0) -> NoReturn:
-    """End the process without finalizing Python, once everything it wrote is flushed.
-
-    A gloo process group that FSDP2 used outlives ``destroy_process_group``: the sharded model is not freed when
-    ``train`` returns (its FSDP2 state is reachable from C++ objects the garbage collector does not see) and holds
-    the group through its ``DeviceMesh``, and DTensor's caches hold the mesh too. So gloo's worker threads are still
-    running when Python exits, and a worker that has just finished a collective releases its tensors a moment
-    later; if Python has started finalizing by then, releasing a tensor's Python object takes the GIL, the
-    interpreter ends the thread, and the C++ unwinding through a ``noexcept`` destructor aborts the process
-    ("terminate called without an active exception", exit -6, after the last step, at random). ``os._exit`` ends
-    the process without finalizing: the outputs are written, the logs flushed and the group destroyed already, so
-    nothing is lost.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
     main()  # a failure exits through Hydra (status 1) before this line
-    exit_process(0)
+    overlapcfg.exit_process(0)  # FSDP2 keeps gloo's threads alive: leave without finalizing Python

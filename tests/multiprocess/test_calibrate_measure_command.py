@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.exit_watch import finalized_under_gloo
+
+EXIT_WATCH = Path(__file__).resolve().parents[1] / "support" / "exit_watch.py"
 SMALL = ["model.n_layers=2", "model.vocab_size=256", "batch=2", "seq_len=16"]
 FEWER = ["~measure.configs.d0", "~measure.configs.d2", "~measure.configs.split_d1", "~measure.configs.torch_manual"]
 
@@ -24,9 +28,16 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _torchrun(tmp_path: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``torchrun -m overlapcfg *args``, watched at its exit: a rank that finalized Python under gloo's threads is
+    a failure, certain here where the abort it risks is rare (``tests/support/exit_watch.py``)."""
+    watch = tmp_path / "exit"
+    shutil.rmtree(watch, ignore_errors=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           "-m", "overlapcfg", *args]
-    return subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(home), timeout=280)
+           str(EXIT_WATCH), str(watch), "-m", "overlapcfg", *args]
+    done = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(home), timeout=280)
+    if done.returncode == 0:
+        assert finalized_under_gloo(watch) == {}, args
+    return done
 
 
 @pytest.mark.slow
@@ -78,10 +89,11 @@ def test_readme_shows_the_measure_example_as_it_is() -> None:
 @pytest.mark.slow
 def test_the_measure_example_runs_under_torchrun(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(EXAMPLE)]
+           str(EXIT_WATCH), str(tmp_path / "exit"), str(EXAMPLE)]
     out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "home"),
                          timeout=280)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert finalized_under_gloo(tmp_path / "exit") == {}  # it ends with overlapcfg.exit_process
     assert "predicted (my_cluster) vs measured" in out.stdout
     data = json.loads((tmp_path / "measure.json").read_text())
     assert [c["name"] for c in data["configs"]] == ["none", "depth 1", "depth 2"]

@@ -1,6 +1,6 @@
 """The ``examples/train_llama`` recipe under torchrun: 2 ranks on gloo, 3 steps, and the pass changes no loss.
 
-Every run goes through ``tests/support/recipe_exit.py`` (the recipe as torchrun runs it, watched at its exit), so
+Every run goes through ``tests/support/exit_watch.py`` (the recipe as torchrun runs it, watched at its exit), so
 the FSDP2 runs whose losses one test compares are the runs another test checks for a clean exit: one torchrun per
 configuration for the whole file.
 """
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-EXIT_PROBE = Path(__file__).resolve().parents[1] / "support" / "recipe_exit.py"
+EXIT_WATCH = Path(__file__).resolve().parents[1] / "support" / "exit_watch.py"
+RECIPE = Path(__file__).resolve().parents[2] / "examples" / "train_llama" / "train.py"
 LAST_OUTPUT: dict[str, str] = {}
 """``train``'s name -> stdout and stderr of its torchrun (torch's own logs, ``TORCH_LOGS``, go there)."""
 
@@ -26,7 +27,8 @@ def train(tmp_path: Path, name: str, *overrides: str, env: dict[str, str] | None
     env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "HYDRA_FULL_ERROR"}
     env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU even on a GPU machine: the test compares bits, not speed
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(EXIT_PROBE), str(tmp_path / name), "steps=3", f"losses_file={losses}", *overrides]
+           str(EXIT_WATCH), str(tmp_path / name), str(RECIPE), f"hydra.run.dir={tmp_path / name}", "steps=3",
+           f"losses_file={losses}", *overrides]
     out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=240)
     LAST_OUTPUT[name] = out.stdout + out.stderr
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -97,7 +99,7 @@ def test_the_recipe_never_finalizes_python_under_live_gloo_threads(
     after the last step): FSDP2 leaves the gloo group alive past ``destroy_process_group``, so its worker threads
     run into Python's finalization, and one releasing a just-finished collective's tensors takes the GIL there,
     which ends the thread through a ``noexcept`` destructor (a core dump shows exactly that). The recipe's ranks
-    now end without finalizing Python: the atexit hook of ``tests/support/recipe_exit.py``, which runs when
+    now end without finalizing Python: the atexit hook of ``tests/support/exit_watch.py``, which runs when
     finalization starts and records the threads alive then, never runs. (On the old recipe it ran on every rank,
     with gloo's three threads alive.) Checked on the FSDP2 runs above, eager and compiled."""
     root, losses = fsdp2_runs
