@@ -30,7 +30,7 @@ from overlapcfg.graph.ops import CollectiveKind, started_by
 from overlapcfg.graph.record import Direction
 from overlapcfg.resolve import ResolvedPlan
 
-__all__ = ["MergedCollective", "attribute", "merge_buckets"]
+__all__ = ["MergedCollective", "attribute", "fold_repeated_waits", "merge_buckets"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,27 @@ def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]],
     return merged
 
 
+def fold_repeated_waits(graph: fx.Graph, c: Collective) -> int:
+    """Where ``c`` is waited more than once, its first wait (graph order) serves every reader; returns how many
+    waits were erased.
+
+    ``wait_tensor`` returns its argument, so the waits of one collective are one tensor and the graph means the same
+    after. It happens where the tracer's CSE merged two equal collectives: in the parallel attention + MLP blocks of
+    GPT-NeoX and Phi, the attention output projection's and the MLP's bias gradients are the same sum, so one
+    reduce-scatter serves both, waited once per gradient. torch's merge helpers take one wait per collective (and
+    assert otherwise). Only waits of the collective's own result are folded: a coalesced collective's waits read
+    its outputs one each."""
+    waits = [w for w in c.waits if w.args and w.args[0] is c.start]
+    if len(waits) < 2:
+        return 0
+    index = {n: i for i, n in enumerate(graph.nodes) if n in waits}
+    first, *rest = sorted(waits, key=index.__getitem__)
+    for wait in rest:
+        wait.replace_all_uses_with(first)
+        graph.erase_node(wait)
+    return len(rest)
+
+
 def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, direction: Direction,
                  kind: CollectiveKind, group: list[Collective], mode: BucketMode) -> MergedCollective:
     starts = [c.start for c in group]
@@ -121,7 +142,7 @@ def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, dir
     last = max(starts, key=order)
     nbytes = sum(c.unsharded_bytes for c in group)
     if kind == "all_gather":
-        first_wait = min((c.waits[0] for c in group), key=order)
+        first_wait = min((next(w for w in c.waits if w in original) for c in group), key=order)  # folded: gone
         new_nodes, _ = compat.merge_all_gather_bucket(
             graph, starts, wait_insertion_point=first_wait, insert_before=first.next, mode=mode
         )

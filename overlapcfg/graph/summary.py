@@ -15,12 +15,13 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.graph.memory import Interpretation, interpret
-from overlapcfg.graph.ops import MODELLED_COLLECTIVES, CollectiveKind, group_name, node_direction
+from overlapcfg.graph.ops import MODELLED_COLLECTIVES, CollectiveKind, data_inputs, group_name, node_direction
 from overlapcfg.graph.provenance import Run, Value
 from overlapcfg.graph.record import Direction
 
 __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "summarize_with_memory"]
 
+_WAIT = compat.WAIT_TENSOR
 _KIND_IDS = frozenset(id(target) for target in MODELLED_COLLECTIVES)
 """The collectives by identity (``MODELLED_COLLECTIVES`` keeps them alive): an op overload hashes in Python."""
 
@@ -77,6 +78,11 @@ class GraphSummary:
     """Graph input names by position."""
     written_inputs: tuple[tuple[int, str, object], ...] = ()
     """``(position, name, content at the end)`` of every input the graph writes into."""
+    waited_repeatedly: frozenset[str] = frozenset()
+    """Collective results (a start, or a coalesced start's ``getitem``) the graph waits more than once. A tracer's
+    CSE of two equal collectives leaves one wait per use (GPT-NeoX's and Phi's parallel blocks); ``wait_tensor``
+    returns its argument, so the graph is sound, and a pass may keep such waits but not add any
+    (``overlapcfg.graph.well_formed``)."""
 
 
 def _freeze(value: object) -> object:
@@ -156,6 +162,7 @@ def summarize_with_memory(gm: fx.GraphModule, direction: str | None) -> tuple[Gr
     calls: list[CallRecord] = []
     collectives: list[CollectiveData] = []
     outputs: list[tuple[str, object]] = []
+    waits: dict[fx.Node, int] = {}
 
     def visit(node: fx.Node, target: object, args: tuple[object, ...], kwargs: dict[str, object],
               opaque: bool) -> None:
@@ -168,13 +175,17 @@ def summarize_with_memory(gm: fx.GraphModule, direction: str | None) -> tuple[Gr
                 _leaves(outs, "0", outputs)
         elif id(target) in _KIND_IDS:
             collectives.append(_collective(node, target, args, direction))
+        elif target is _WAIT:
+            head = data_inputs(node)[0]
+            waits[head] = waits.get(head, 0) + 1
         elif opaque:
             calls.append(CallRecord(node.name, _target_name(target), args, kwargs))
 
     interpretation = interpret(gm.graph, visit)
     written = tuple((i, name, content) for i, (name, content) in sorted(interpretation.final_inputs().items()))
     summary = GraphSummary(tuple(calls), tuple(outputs), tuple(collectives),
-                           tuple(p.name for p in interpretation.inputs), written)
+                           tuple(p.name for p in interpretation.inputs), written,
+                           frozenset(head.name for head, n in waits.items() if n > 1))
     return summary, interpretation
 
 

@@ -243,7 +243,7 @@ def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, dire
     (now through a forward gather), and every other collective must send the same data."""
     expected = before if isinstance(before, GraphSummary) else summarize(before, direction=direction)
     got, memory = summarize_with_memory(after, direction)
-    problems = structure_faults(after.graph, memory)
+    problems = structure_faults(after.graph, memory, expected.waited_repeatedly)
     if reused_regathers:
         expected = _without_regathers(expected, frozenset(reused_regathers), problems)
     _compare_inputs(expected, got, problems)

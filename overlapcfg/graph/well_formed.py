@@ -2,7 +2,8 @@
 
 - ``graph.lint()`` passes and every node's inputs come before it;
 - every collective start (a ``control_deps``-wrapped one too) is waited exactly once (once per output for
-  coalesced ones), after it is issued, and nothing but its wait reads a start;
+  coalesced ones; more than once only where the graph before the pass did so, ``GraphSummary.waited_repeatedly``),
+  after it is issued, and nothing but its waits read a start;
 - while a collective is in flight (start to last wait), nothing reads the storage it fills (its ``out=`` buffer,
   through any view of it) and nothing writes into that storage or into a storage it sends from. Storages and
   writes are ``overlapcfg.graph.memory``'s: an in-place op, an ``out=`` buffer, a view of either.
@@ -24,8 +25,11 @@ from overlapcfg.graph.ops import data_inputs, is_collective_start, started_by
 __all__ = ["structure_faults"]
 
 
-def structure_faults(graph: fx.Graph, memory: Interpretation) -> list[str]:
-    """Every structural fault of ``graph`` (one line each, naming the nodes); ``memory`` is its interpretation."""
+def structure_faults(graph: fx.Graph, memory: Interpretation,
+                     waited_repeatedly: frozenset[str] = frozenset()) -> list[str]:
+    """Every structural fault of ``graph`` (one line each, naming the nodes); ``memory`` is its interpretation;
+    ``waited_repeatedly``: the collective results the graph before the pass waited more than once (kept, not
+    added)."""
     problems: list[str] = []
     try:
         graph.lint()
@@ -35,13 +39,13 @@ def structure_faults(graph: fx.Graph, memory: Interpretation) -> list[str]:
     waited = {node: start for node in graph.nodes if (start := started_by(node)) is not None}
     if problems:  # lint stops at the first input read before it is computed; a graph it passes has none
         _check_order(graph, index, problems)
-    _check_waits(graph, index, waited, problems)
+    _check_waits(graph, index, waited, waited_repeatedly, problems)
     _check_in_flight(graph, memory, index, waited, problems)
     return problems
 
 
 def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], waited: dict[fx.Node, fx.Node],
-                 problems: list[str]) -> None:
+                 waited_repeatedly: frozenset[str], problems: list[str]) -> None:
     waits_of: dict[fx.Node, list[fx.Node]] = {}
     for wait in waited:
         waits_of.setdefault(data_inputs(wait)[0], []).append(wait)
@@ -49,7 +53,7 @@ def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], waited: dict[fx.Nod
         heads = [u for u in start.users if u.target is operator.getitem] or [start]
         for head in heads:
             waits = waits_of.get(head, [])
-            if len(waits) != 1:
+            if len(waits) != 1 and not (waits and head.name in waited_repeatedly):
                 problems.append(f"{head.name}: expected exactly one wait_tensor, found {len(waits)} "
                                 f"({', '.join(w.name for w in waits) or 'none'})")
             # A reader is a user taking the tensor as data; a control_deps edge only orders, it does not read.

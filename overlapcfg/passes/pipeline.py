@@ -30,7 +30,7 @@ from overlapcfg.config import OverlapConfig
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
 from overlapcfg.graph.collectives import Collective, count_collectives, find_collectives, group_traffic
-from overlapcfg.graph.merge import MergedCollective, attribute
+from overlapcfg.graph.merge import MergedCollective, attribute, fold_repeated_waits
 from overlapcfg.graph.meta import is_merged, record_pass
 from overlapcfg.graph.record import (
     BucketRecord,
@@ -182,6 +182,9 @@ def apply(
         if kept.removed:  # the strategy schedules what is left; the record counts from the original graph
             now = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
             scheduled, left = attribute(now, plan)
+        if strategy.uses_plan:  # torch's merge helpers take one wait per collective; "none" leaves the graph be
+            for _, c in scheduled:
+                fold_repeated_waits(gm.graph, c)
         ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
                           fresh_fake_values=for_compiler)
         result = strategy.run(gm, ctx)

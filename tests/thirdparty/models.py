@@ -212,6 +212,23 @@ def hf_gpt2(seed: int = SEED) -> tuple[nn.Module, Callable[[], Batch]]:
     return model, _batch_fn(VOCAB, seed)
 
 
+def hf_gpt_neox(seed: int = SEED) -> tuple[nn.Module, Callable[[], Batch]]:
+    """``GPTNeoXForCausalLM`` with ``use_parallel_residual`` (attention and MLP read the same input and their outputs
+    are added: Pythia's and Phi's block), 2 layers, hidden 64, 4 heads, vocab 128, no dropout. The attention output
+    projection's bias and the MLP's output bias get the same gradient, so the tracer's CSE leaves one reduce-scatter
+    for both, waited once per gradient."""
+    import transformers
+
+    config = transformers.GPTNeoXConfig(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
+                                        num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=64,
+                                        use_parallel_residual=True, hidden_dropout=0.0, attention_dropout=0.0,
+                                        use_cache=False, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    model = transformers.GPTNeoXForCausalLM(config)
+    model.train()
+    return model, _batch_fn(VOCAB, seed)
+
+
 def hf_gemma2(seed: int = SEED) -> tuple[nn.Module, Callable[[], Batch]]:
     """``Gemma2ForCausalLM``, same sizes (head_dim 16), tied head (Gemma's default), eager attention (Gemma2 has
     no SDPA path in transformers 5)."""

@@ -1,0 +1,71 @@
+"""A collective waited more than once: the graph a tracer's CSE leaves when two collectives are equal (GPT-NeoX's
+and Phi's parallel blocks reduce-scatter two equal bias gradients; ``tests/conformance/test_repeated_waits.py``
+runs the model). Hand-built graphs, no tracing: the verifier accepts such waits where the graph had them before
+the pass and rejects one a pass adds, and ``fold_repeated_waits`` leaves one wait that serves every reader."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx
+
+from overlapcfg.errors import OverlapVerificationError
+from overlapcfg.graph.collectives import find_collectives
+from overlapcfg.graph.merge import fold_repeated_waits
+from overlapcfg.graph.summary import summarize
+from overlapcfg.graph.verify import verify
+
+_c10d = torch.ops._c10d_functional
+
+
+def _graph(waits: int) -> fx.GraphModule:
+    """``g = x + 1``, reduce-scattered once and waited ``waits`` times, each wait returned (two gradients)."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(8)
+    grad = graph.call_function(torch.ops.aten.add.Tensor, (x, 1), name="grad")
+    grad.meta["val"] = torch.empty(8)
+    rs = graph.call_function(_c10d.reduce_scatter_tensor.default, (grad, "sum", 2, "0"), name="rs")
+    rs.meta["val"] = torch.empty(4)
+    outs = []
+    for i in range(waits):
+        wait = graph.call_function(_c10d.wait_tensor.default, (rs,), name=f"wait_{i}")
+        wait.meta["val"] = torch.empty(4)
+        outs.append(wait)
+    graph.output(tuple(outs))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_the_summary_names_what_the_graph_waits_more_than_once() -> None:
+    assert summarize(_graph(2)).waited_repeatedly == frozenset({"rs"})
+    assert summarize(_graph(1)).waited_repeatedly == frozenset()
+
+
+def test_a_graph_that_kept_its_repeated_waits_verifies() -> None:
+    """What strategy "none" hands back on such a graph: no false alarm."""
+    gm = _graph(2)
+    verify(summarize(gm), gm)
+
+
+def test_a_pass_that_adds_a_second_wait_is_caught() -> None:
+    gm = _graph(1)
+    before = summarize(gm)
+    rs = next(n for n in gm.graph.nodes if n.name == "rs")
+    wait = next(n for n in gm.graph.nodes if n.name == "wait_0")
+    with gm.graph.inserting_after(wait):
+        gm.graph.call_function(_c10d.wait_tensor.default, (rs,), name="extra_wait")
+    with pytest.raises(OverlapVerificationError, match=r"rs: expected exactly one wait_tensor, found 2"):
+        verify(before, gm)
+
+
+def test_folding_leaves_one_wait_serving_every_reader_and_the_same_outputs() -> None:
+    gm = _graph(3)
+    before = summarize(gm)
+    (rs,) = find_collectives(gm.graph, lambda node: None)
+    assert len(rs.waits) == 3
+    assert fold_repeated_waits(gm.graph, rs) == 2
+    waits = [n for n in gm.graph.nodes if n.target is _c10d.wait_tensor.default]
+    assert [w.name for w in waits] == ["wait_0"]
+    assert gm.graph.output_node().args[0] == (waits[0],) * 3
+    verify(before, gm)  # outputs read the same contents; 'rs' had repeated waits, and now has one
+    assert fold_repeated_waits(gm.graph, find_collectives(gm.graph, lambda node: None)[0]) == 0
