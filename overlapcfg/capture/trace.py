@@ -122,14 +122,29 @@ def quiet_checkpoint_notice() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _graph_break_message(err: Exception, kwargs: Mapping[str, Any] | None) -> str:
+    """One screen: what broke the graph and where (dynamo's own report, whose "from user code" names the frames),
+    and the way out when the break sits in the loss a Hugging Face model computes from ``labels`` (GPT-2's
+    ``loss_function`` logs a warning, which dynamo cannot trace)."""
+    report = "\n".join(line for line in str(err).splitlines() if line.strip())
+    hint = ""
+    if kwargs and "labels" in kwargs:
+        hint = ("\nThe model was called with labels=, so its own loss is traced with it: if the break is in the "
+                "loss, call it without labels and pass loss_fn=lambda output: ... (the loss then runs outside the "
+                "compiled model).")
+    return ("capture_step: the model's forward does not trace as one graph (torch.compile fullgraph=True); dynamo "
+            f"stopped here:\n{report}{hint}")
+
+
 def capture_step(model: nn.Module, args: Sequence[Any] | torch.Tensor = (), kwargs: Mapping[str, Any] | None = None,
                  *, loss_fn: LossFn | None = None, world_size: int | None = None,
                  rank: int | None = None) -> CapturedStep:
     """Capture one training step of ``model`` (forward ``model(*args, **kwargs)``, the loss, backward).
 
     ``args`` / ``kwargs``: the model's inputs, as ``torch.export`` takes them (a lone tensor is ``(tensor,)``).
-    ``loss_fn(output) -> scalar``: the loss, outside the compiled model (default: ``default_loss``: the output's
-    ``loss``, e.g. a Hugging Face model called with ``labels``; else the sum of its floating-point tensors).
+    ``loss_fn(output) -> scalar``: the loss from the model's output, outside the compiled model (default:
+    ``default_loss``: the output's ``loss``, e.g. a Hugging Face model called with ``labels``, which computes it
+    inside its forward, so it is traced with the model; else the sum of its floating-point tensors).
 
     The model must be sharded already (``overlapcfg.shard_module``, torchtitan's ``data_parallel``, ...).
     Inside a job (a default process group exists, e.g. under ``torchrun``; every rank calls this) the step runs on
@@ -140,7 +155,7 @@ def capture_step(model: nn.Module, args: Sequence[Any] | torch.Tensor = (), kwar
     state are left as they were.
 
     Raises ``UnsupportedGraphError`` if the step has no FSDP collective (the model is not sharded, or sharded
-    eagerly by FSDP2).
+    eagerly by FSDP2), or if the forward does not trace as one graph (dynamo's report of where it broke).
     """
     inputs = (args,) if isinstance(args, torch.Tensor) else tuple(args)
     ws, rk = _world(model, world_size, rank)
@@ -151,6 +166,8 @@ def capture_step(model: nn.Module, args: Sequence[Any] | torch.Tensor = (), kwar
         with ensure_process_group(ws, rk), _model_left_as_it_was(model), quiet_checkpoint_notice():
             output = torch.compile(model, backend=backend, fullgraph=True)(*inputs, **dict(kwargs or {}))
             (loss_fn or default_loss)(output).backward()
+    except compat.DynamoUnsupported as err:
+        raise UnsupportedGraphError(_graph_break_message(err, kwargs)) from None
     finally:
         compat.dynamo_reset()
     step = backend.step()

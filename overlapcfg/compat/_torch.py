@@ -26,6 +26,7 @@ from torch._dynamo import reset as dynamo_reset
 # The min-cut partitioner is required: the default partitioner saves the all-gathered (full) weights for backward,
 # so a reshard-after-forward backward would lose its all-gathers.
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.exc import Unsupported as DynamoUnsupported  # a graph break under fullgraph=True
 
 # Descriptors on aot graph placeholders / outputs (``node.meta["desc"]``): which flat input a primal is, and which
 # input a backward output is the gradient of. They make attribution independent of node names.
@@ -49,6 +50,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._pytree import tree_leaves
 
 __all__ = [
+    "DynamoUnsupported",
     "FakeStore",
     "GradAOTOutput",
     "PlainAOTInput",

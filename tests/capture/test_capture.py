@@ -10,6 +10,7 @@ Llama3 and a timm-style model, each captured, tuned with no ``space=``, and the 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +28,7 @@ from overlapcfg.passes.step import CapturedStep
 from overlapcfg.tuning import TuneSpace
 from overlapcfg.tuning.structure import find_blocks, find_parts, find_structure
 from tests.support.synthetic import backward_graph, forward_graph
+from tests.thirdparty import models as M
 
 SMALL = LlamaConfig(n_layers=2, vocab_size=64, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=64)
 
@@ -270,8 +272,6 @@ def _assert_winner_applied(be: Any, result: overlapcfg.TuneResult) -> None:
 @pytest.mark.slow
 def test_tune_finds_mixtral_blocks_and_its_winner_compiles() -> None:
     """Sharded by the test suite's own SimpleFSDP (the sharding a user already applied); a user loss_fn."""
-    from tests.thirdparty import models as M
-
     torch.set_num_threads(1)
     model, make_batch = M.hf_mixtral()
     M.shard_simple_fsdp(model, world_size=2, rank=0, reshard_after_forward=True)
@@ -290,8 +290,6 @@ def test_tune_finds_mixtral_blocks_and_its_winner_compiles() -> None:
 @pytest.mark.slow
 def test_tune_finds_torchtitan_llama3_blocks_and_its_winner_compiles() -> None:
     """torchtitan's data_parallel needs its process group before sharding: everything runs inside one."""
-    from tests.thirdparty import models as M
-
     with _group():
         model, make_batch = M.torchtitan_llama3("fully_shard")
         inputs, loss_fn = make_batch()
@@ -352,3 +350,46 @@ def test_a_timm_style_model_with_a_dict_output_is_captured_and_tuned_with_no_spa
 def test_capturing_an_unsharded_model_says_how_to_shard_it() -> None:
     with pytest.raises(UnsupportedGraphError, match=r"no FSDP collective.*overlapcfg\.shard_module"):
         overlapcfg.capture_step(nn.Linear(4, 4), torch.randn(2, 4), world_size=2)
+
+
+class _Breaks(nn.Module):
+    """A forward dynamo cannot trace as one graph, as a model's loss does when it logs a warning (GPT-2 with
+    ``labels``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.proj(x)
+        if labels is not None:
+            logging.getLogger("tests.capture").warning("a loss that logs")  # a graph break under fullgraph=True
+            y = y - labels
+        return y
+
+
+@pytest.mark.slow
+def test_a_forward_that_breaks_the_graph_is_one_error_saying_where_and_what_to_do() -> None:
+    model = overlapcfg.shard_module(_Breaks(), world_size=2)
+    x = torch.randn(2, 4)
+    with pytest.raises(UnsupportedGraphError) as caught:
+        overlapcfg.capture_step(model, (x,), {"labels": x})
+    message = str(caught.value)
+    assert "does not trace as one graph" in message and "Explanation:" in message  # dynamo's report
+    assert "a loss that logs" in message  # dynamo's "from user code": the line that broke it
+    assert "pass loss_fn=" in message and caught.value.__cause__ is None
+    step = overlapcfg.capture_step(model, (x,), loss_fn=lambda out: out.sum())  # the way out it names
+    assert step.collectives
+
+
+@pytest.mark.slow
+def test_gpt2_called_with_labels_names_its_loss_and_captures_with_loss_fn() -> None:
+    """Hugging Face GPT-2 computes its loss from ``labels`` through ``loss_function``, which logs a warning dynamo
+    cannot trace; the error says so and the loss_fn route it names captures the model."""
+    model, _ = M.hf_gpt2()
+    tokens = torch.randint(0, M.VOCAB, (M.BATCH, M.SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    overlapcfg.shard_module(model, world_size=2, reshard_after_forward=True)
+    with pytest.raises(UnsupportedGraphError, match=r"(?s)does not trace as one graph.*loss_function.*loss_fn="):
+        overlapcfg.capture_step(model, (tokens,), {"labels": tokens})
+    step = overlapcfg.capture_step(model, (tokens,), loss_fn=lambda out: out.logits.float().square().mean())
+    assert step.collectives
