@@ -34,26 +34,28 @@ def _waits_per_start(gm: fx.GraphModule) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def captured() -> M.CapturedGraphs:
-    with M.fake_process_group(CASE.world_size):
-        model, make_batch = C.build(CASE)
-        inputs, loss_fn = make_batch()
-        return M.capture_graphs(model, inputs, loss_fn, world_size=CASE.world_size)
+def step() -> overlapcfg.CapturedStep:
+    """The newcomer's route: ``shard_module`` and ``capture_step`` (HF's loss from ``labels`` traces here)."""
+    model, _ = M.hf_gpt_neox()
+    tokens = torch.randint(0, M.VOCAB, (M.BATCH, M.SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    overlapcfg.shard_module(model, world_size=CASE.world_size, reshard_after_forward=True)
+    return overlapcfg.capture_step(model, (tokens,), {"labels": tokens})
 
 
 @pytest.mark.slow
-def test_the_captured_backward_has_reduce_scatters_waited_twice(captured: M.CapturedGraphs) -> None:
+def test_the_captured_backward_has_reduce_scatters_waited_twice(step: overlapcfg.CapturedStep) -> None:
     """What the other tests rely on: the graph really has the shape that crashed (one per layer)."""
-    waited_twice = [name for name, n in _waits_per_start(captured.backward).items() if n > 1]
-    assert len(waited_twice) == 2, _waits_per_start(captured.backward)
-    assert all(n <= 1 for n in _waits_per_start(captured.forward).values())
+    waited_twice = [name for name, n in _waits_per_start(step.backward).items() if n > 1]
+    assert len(waited_twice) == 2, _waits_per_start(step.backward)
+    assert all(n <= 1 for n in _waits_per_start(step.forward).values())
 
 
 @pytest.mark.slow
-def test_apply_merges_every_fsdp_collective_and_waits_each_once(captured: M.CapturedGraphs) -> None:
+def test_apply_merges_every_fsdp_collective_and_waits_each_once(step: overlapcfg.CapturedStep) -> None:
     cfg = overlapcfg.load_config(CASE.config(1))  # verification on (the default)
     with M.fake_process_group(CASE.world_size):
-        out = {g: apply(M.copy_graph_module(getattr(captured, g)), cfg, graph_kind=g) for g in ("forward", "backward")}
+        out = {g: apply(M.copy_graph_module(getattr(step, g)), cfg, module_fqn_fn=step.module_fqn_fn(g),
+                        module_fqns=step.module_fqns, graph_kind=g) for g in ("forward", "backward")}
     assert C.counts(out["forward"]) == {"all_gather": 4}  # C.counts asserts one wait per collective
     assert C.counts(out["backward"]) == {"all_gather": 3, "reduce_scatter": 4}
     record = out["backward"].meta["overlapcfg"]
@@ -65,12 +67,8 @@ def test_apply_merges_every_fsdp_collective_and_waits_each_once(captured: M.Capt
 
 
 @pytest.mark.slow
-def test_explain_and_tune_run_on_it() -> None:
-    """The routes the newcomer tried: explain and tune through the public capture."""
-    model, _ = M.hf_gpt_neox()
-    tokens = torch.randint(0, M.VOCAB, (M.BATCH, M.SEQ_LEN), generator=torch.Generator().manual_seed(0))
-    overlapcfg.shard_module(model, world_size=2, reshard_after_forward=True)
-    step = overlapcfg.capture_step(model, (tokens,), {"labels": tokens})
+def test_explain_and_tune_run_on_it(step: overlapcfg.CapturedStep) -> None:
+    """The routes the newcomer tried, on the public capture."""
     report = overlapcfg.explain(step, CASE.config(1))
     assert [(g.collectives_before, g.collectives_after) for g in report.graphs] == [(28, 4), (45, 7)]
     result = overlapcfg.tune(step, hardware="h100_nvlink", world_size=64, memory_budget="1GiB")
