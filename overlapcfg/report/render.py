@@ -130,7 +130,8 @@ def report_table(report: Report, *, baseline: Simulation | None = None) -> Group
         uncovered = ", ".join(f"{u.node} ({u.owner})" for u in g.uncovered[:SHOWN_UNCOVERED]) or "—"
         if len(g.uncovered) > SHOWN_UNCOVERED:
             uncovered = f"{len(g.uncovered)}: {uncovered}, … (all in report.json)"
-        graphs.add_row(g.name, str(g.nodes), f"{g.collectives_before} → {g.collectives_after}",
+        nodes = str(g.nodes) if g.nodes else "—"  # eager FSDP2 has no graph
+        graphs.add_row(g.name, nodes, f"{g.collectives_before} → {g.collectives_after}",
                        escape(_left_alone(g.non_fsdp)), escape(uncovered), fmt_seconds(g.pass_seconds))
     parts: list[object] = [buckets, graphs]
     groups = groups_table(report)

@@ -11,6 +11,7 @@ the all-gathers the policy asks for have been issued when each bucket starts com
 from __future__ import annotations
 
 import copy
+import io
 from collections.abc import Iterator
 from typing import Any
 
@@ -590,6 +591,8 @@ def test_a_deep_copy_of_the_config_shards_the_same(mesh: Any) -> None:
 
 def test_overlapcfg_explain_reports_an_fsdp2_model_like_a_graph(mesh: Any) -> None:
     """One report for both paths: buckets, modules, parameters, bytes, effective depths and why."""
+    from rich.console import Console
+
     from overlapcfg.report import Report
     from overlapcfg.report.render import report_table
 
@@ -602,7 +605,10 @@ def test_overlapcfg_explain_reports_an_fsdp2_model_like_a_graph(mesh: Any) -> No
     assert report.bucket("layers.0").param_count == 9
     assert {d.effective for d in report.bucket("layers.0").decisions if d.direction == "forward"} == {2}
     assert Report.from_json(report.to_json()) == report
-    assert report_table(report) is not None
+    console = Console(width=160, record=True, file=io.StringIO())
+    console.print(report_table(report))
+    row = next(line for line in console.export_text().splitlines() if line.startswith("│ fsdp2"))
+    assert [cell.strip() for cell in row.strip("│").split("│")][:3] == ["fsdp2", "—", "117 → 18"]  # no graph
     with pytest.raises(TypeError, match="no prediction for eager FSDP2"):
         overlapcfg.explain(model, cfg, hardware="h100_nvlink")
 
