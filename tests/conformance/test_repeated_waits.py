@@ -67,12 +67,10 @@ def test_apply_merges_every_fsdp_collective_and_waits_each_once(step: overlapcfg
 
 
 @pytest.mark.slow
-def test_explain_and_tune_run_on_it(step: overlapcfg.CapturedStep) -> None:
-    """The routes the newcomer tried, on the public capture."""
+def test_explain_runs_on_it(step: overlapcfg.CapturedStep) -> None:
+    """The route the newcomer met the crash on (tune and the backend go through the same pass)."""
     report = overlapcfg.explain(step, CASE.config(1))
     assert [(g.collectives_before, g.collectives_after) for g in report.graphs] == [(28, 4), (45, 7)]
-    result = overlapcfg.tune(step, hardware="h100_nvlink", world_size=64, memory_budget="1GiB")
-    assert result.space.blocks == "gpt_neox.layers.*"
 
 
 @pytest.mark.slow
