@@ -546,7 +546,7 @@ def _parity_in_background(request: pytest.FixtureRequest) -> Iterator[dict[str, 
             for case in PARITY]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="conformance-gloo") as pool:
         futures["parity"] = pool.submit(run_on_gloo, C.parity_worker, jobs, world_size=2,
-                                        timeout_s=PARITY_TIMEOUT_S)
+                                        timeout_s=PARITY_TIMEOUT_S, preload=[C.__name__])
         yield futures
 
 
