@@ -6,12 +6,14 @@ An ``atexit`` hook (atexit hooks run when Python starts finalizing) writes ``fin
 ``pt_gloo_runloop``). A rank that ends without finalizing Python (``overlapcfg.exit_process``) writes nothing.
 Finalizing under live gloo threads is what aborts a rank now and then after its last step ("terminate called
 without an active exception"; ``overlapcfg.fsdp2.exit``): the watch turns that rare abort into a certain finding.
+A rank still running after ``HANG_S`` prints its threads' stacks and exits, so a hang fails with where it hung.
 Used by every torchrun the tests start: the recipe, README's blocks, the measure example and ``-m overlapcfg``.
 """
 
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import json
 import os
 import runpy
@@ -41,7 +43,13 @@ def finalized_under_gloo(run_dir: Path) -> dict[str, list[str]]:
     return {name: alive for name, alive in found.items() if any(t in GLOO_THREADS for t in alive)}
 
 
+HANG_S = float(os.environ.get("OVERLAPCFG_TEST_HANG_S", "200"))
+"""After this long a rank prints every thread's stack to stderr and exits (``faulthandler``): a rank that hangs
+fails its test with where it hung, before the test's own timeout kills torchrun and its output with it."""
+
+
 if __name__ == "__main__":
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
     run_dir = Path(sys.argv[1])
     run_dir.mkdir(parents=True, exist_ok=True)
     atexit.register(finalizing, run_dir)
