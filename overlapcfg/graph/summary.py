@@ -78,11 +78,11 @@ class GraphSummary:
     """Graph input names by position."""
     written_inputs: tuple[tuple[int, str, object], ...] = ()
     """``(position, name, content at the end)`` of every input the graph writes into."""
-    waited_repeatedly: frozenset[str] = frozenset()
-    """Collective results (a start, or a coalesced start's ``getitem``) the graph waits more than once. A tracer's
-    CSE of two equal collectives leaves one wait per use (GPT-NeoX's and Phi's parallel blocks); ``wait_tensor``
-    returns its argument, so the graph is sound, and a pass may keep such waits but not add any
-    (``overlapcfg.graph.well_formed``)."""
+    waited_repeatedly: tuple[tuple[str, int], ...] = ()
+    """``(collective result, waits)`` for each result (a start, or a coalesced start's ``getitem``) the graph waits
+    more than once, by name. A tracer's CSE of two equal collectives leaves one wait per use (GPT-NeoX's and Phi's
+    parallel blocks); ``wait_tensor`` returns its argument, so the graph is sound, and a pass may keep or fold such
+    waits but not add any (``overlapcfg.graph.well_formed``)."""
 
 
 def _freeze(value: object) -> object:
@@ -185,7 +185,7 @@ def summarize_with_memory(gm: fx.GraphModule, direction: str | None) -> tuple[Gr
     written = tuple((i, name, content) for i, (name, content) in sorted(interpretation.final_inputs().items()))
     summary = GraphSummary(tuple(calls), tuple(outputs), tuple(collectives),
                            tuple(p.name for p in interpretation.inputs), written,
-                           frozenset(head.name for head, n in waits.items() if n > 1))
+                           tuple((head.name, n) for head, n in waits.items() if n > 1))
     return summary, interpretation
 
 

@@ -26,10 +26,10 @@ __all__ = ["structure_faults"]
 
 
 def structure_faults(graph: fx.Graph, memory: Interpretation,
-                     waited_repeatedly: frozenset[str] = frozenset()) -> list[str]:
+                     waited_repeatedly: tuple[tuple[str, int], ...] = ()) -> list[str]:
     """Every structural fault of ``graph`` (one line each, naming the nodes); ``memory`` is its interpretation;
-    ``waited_repeatedly``: the collective results the graph before the pass waited more than once (kept, not
-    added)."""
+    ``waited_repeatedly``: ``(collective result, waits)`` the graph before the pass waited more than once: up to
+    that many waits stay allowed, no more."""
     problems: list[str] = []
     try:
         graph.lint()
@@ -45,7 +45,8 @@ def structure_faults(graph: fx.Graph, memory: Interpretation,
 
 
 def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], waited: dict[fx.Node, fx.Node],
-                 waited_repeatedly: frozenset[str], problems: list[str]) -> None:
+                 waited_repeatedly: tuple[tuple[str, int], ...], problems: list[str]) -> None:
+    allowed = dict(waited_repeatedly)
     waits_of: dict[fx.Node, list[fx.Node]] = {}
     for wait in waited:
         waits_of.setdefault(data_inputs(wait)[0], []).append(wait)
@@ -53,8 +54,11 @@ def _check_waits(graph: fx.Graph, index: dict[fx.Node, int], waited: dict[fx.Nod
         heads = [u for u in start.users if u.target is operator.getitem] or [start]
         for head in heads:
             waits = waits_of.get(head, [])
-            if len(waits) != 1 and not (waits and head.name in waited_repeatedly):
-                problems.append(f"{head.name}: expected exactly one wait_tensor, found {len(waits)} "
+            most = allowed.get(head.name, 1)
+            if not 1 <= len(waits) <= most:
+                expected = ("exactly one wait_tensor" if most == 1
+                            else f"at most {most} wait_tensors (as before the pass)")
+                problems.append(f"{head.name}: expected {expected}, found {len(waits)} "
                                 f"({', '.join(w.name for w in waits) or 'none'})")
             # A reader is a user taking the tensor as data; a control_deps edge only orders, it does not read.
             readers = [u.name for u in head.users if u not in waits and head in data_inputs(u)]

@@ -37,8 +37,8 @@ def _graph(waits: int) -> fx.GraphModule:
 
 
 def test_the_summary_names_what_the_graph_waits_more_than_once() -> None:
-    assert summarize(_graph(2)).waited_repeatedly == frozenset({"rs"})
-    assert summarize(_graph(1)).waited_repeatedly == frozenset()
+    assert summarize(_graph(2)).waited_repeatedly == (("rs", 2),)
+    assert summarize(_graph(1)).waited_repeatedly == ()
 
 
 def test_a_graph_that_kept_its_repeated_waits_verifies() -> None:
@@ -55,6 +55,19 @@ def test_a_pass_that_adds_a_second_wait_is_caught() -> None:
     with gm.graph.inserting_after(wait):
         gm.graph.call_function(_c10d.wait_tensor.default, (rs,), name="extra_wait")
     with pytest.raises(OverlapVerificationError, match=r"rs: expected exactly one wait_tensor, found 2"):
+        verify(before, gm)
+
+
+def test_a_pass_that_adds_a_wait_to_a_collective_already_waited_twice_is_caught() -> None:
+    """Keeping or folding the waits the graph had is allowed; one more is not."""
+    gm = _graph(2)
+    before = summarize(gm)
+    rs = next(n for n in gm.graph.nodes if n.name == "rs")
+    wait = next(n for n in gm.graph.nodes if n.name == "wait_1")
+    with gm.graph.inserting_after(wait):
+        gm.graph.call_function(_c10d.wait_tensor.default, (rs,), name="extra_wait")
+    with pytest.raises(OverlapVerificationError, match=r"rs: expected at most 2 wait_tensors \(as before the pass\), "
+                                                       r"found 3"):
         verify(before, gm)
 
 
