@@ -85,6 +85,16 @@ def _forced_direction(kind: GraphKind) -> Direction | None:
     return kind if kind in ("forward", "backward") else None  # type: ignore[return-value]
 
 
+def _folded_waits(starts: Sequence[str]) -> tuple[str, ...]:
+    """Said in the record: the pass erased waits (``fold_repeated_waits``; torch's merge helpers take one wait per
+    collective, and "none" leaves the graph be)."""
+    if not starts:
+        return ()
+    return (f"{len(starts)} collectives were waited more than once (the tracer merged equal collectives, e.g. "
+            f"two equal bias gradients); their first wait now serves every reader: {', '.join(starts[:4])}"
+            f"{' ...' if len(starts) > 4 else ''}",)
+
+
 def _already_merged(fsdp: Sequence[Collective]) -> list[str]:
     return [c.start.name for c in fsdp if is_merged(c.start) or len(c.params) > 1]
 
@@ -182,9 +192,7 @@ def apply(
         if kept.removed:  # the strategy schedules what is left; the record counts from the original graph
             now = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
             scheduled, left = attribute(now, plan)
-        if strategy.uses_plan:  # torch's merge helpers take one wait per collective; "none" leaves the graph be
-            for _, c in scheduled:
-                fold_repeated_waits(gm.graph, c)
+        folded = [c.start.name for _, c in scheduled if strategy.uses_plan and fold_repeated_waits(gm.graph, c)]
         ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
                           fresh_fake_values=for_compiler)
         result = strategy.run(gm, ctx)
@@ -198,7 +206,8 @@ def apply(
         raise
     gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
-    notes = (*notes, *kept.notes, *result.notes, *_unbucketed_all_reduces(cfg, covered, result.merged))
+    notes = (*notes, *kept.notes, *_folded_waits(folded), *result.notes,
+             *_unbucketed_all_reduces(cfg, covered, result.merged))
     record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
                      started, notes, strategy_uses_plan=strategy.uses_plan, kept=kept)
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,

@@ -60,6 +60,8 @@ def test_apply_merges_every_fsdp_collective_and_waits_each_once(step: overlapcfg
     assert C.counts(out["backward"]) == {"all_gather": 3, "reduce_scatter": 4}
     record = out["backward"].meta["overlapcfg"]
     assert record.uncovered == () and record.non_fsdp == ()
+    assert any(n.startswith("2 collectives were waited more than once") for n in record.notes), record.notes
+    assert not any("waited more than once" in n for n in out["forward"].meta["overlapcfg"].notes)
     assert record.before.get("backward", "reduce_scatter") == 26 and record.after.get("backward", "reduce_scatter") == 4
     # The graph's outputs still return the one reduced gradient for both biases, from the merged bucket.
     outputs = [a for a in out["backward"].graph.output_node().args[0] if isinstance(a, fx.Node)]
