@@ -56,6 +56,11 @@ def _worker(rank: int, world_size: int, spec: _RunSpec, results: Any) -> None:
         store = dist.TCPStore("127.0.0.1", spec.port, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         try:
+            # Every rank's connections are made before any rank runs ``fn``: a rank whose ``init_process_group``
+            # returned first and whose ``fn`` ends at once (no collective) would otherwise exit and close its
+            # sockets while a slower peer is still connecting, failing that peer's init with gloo's "Connection
+            # closed by peer" instead of running its ``fn``.
+            dist.barrier()
             results.put((rank, True, _dumps(spec.fn(rank, world_size, *spec.args))))
         finally:
             dist.destroy_process_group()
