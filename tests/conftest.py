@@ -8,6 +8,13 @@ shared read-only; tests that rewrite a graph go through ``applied`` which deep-c
 from __future__ import annotations
 
 import os
+
+# Inductor compiles in a pool of worker processes by default, one per core, each importing torch: on a 2-core
+# machine already running two pytest workers (and their gloo ranks) the pool costs more than it saves
+# (tests/passes/test_compile.py: 50 -> 36 CPU seconds with one thread). Set before torch is imported, here and so
+# in every process a test starts (the environment is inherited); a value the caller set is kept.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any

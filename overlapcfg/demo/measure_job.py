@@ -15,6 +15,7 @@ Nothing here runs without a process group: outside ``torchrun`` both modes say h
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,6 +96,17 @@ def _launch_hint(mode: str) -> str:
             f"`torchrun --nproc-per-node 2 -m overlapcfg mode={mode}`")
 
 
+def _check_launched(mode: str) -> None:
+    """Outside torchrun (and with no group of the caller's), say how to launch ``mode`` now, before torch is
+    imported and the demo traced: a second, not the ten a trace takes. A group exists only where torch is
+    already imported, so looking for it costs nothing otherwise."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return
+    if not all(k in os.environ for k in _TORCHRUN_ENV):
+        raise OverlapConfigError.single("mode", _launch_hint(mode))
+
+
 @contextmanager
 def _joined(mode: str) -> Iterator[tuple[int, int, str]]:
     """torchrun's group (NCCL where there are GPUs, else gloo), left again at the end; or an existing one."""
@@ -149,6 +161,7 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     stages = Stages(console)
     with stages.stage("validated config"):
         spec, settings, hardware = _validated(cfg, "calibrate", CalibrateSettings)
+        _check_launched("calibrate")
         from overlapcfg.config.hardware import shipped_hardware_names
 
         if settings.name in shipped_hardware_names():
@@ -237,6 +250,7 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     with stages.stage("validated config"):
         spec, settings, hardware = _validated(cfg, "measure", MeasureSettings)
         names, configs = compare_configs(cfg, key="measure.configs")
+        _check_launched("measure")
         for name, overlap in zip(names, configs, strict=True):
             check_plan(overlap, spec, root=f"measure.configs.{name}")
     from overlapcfg.measuring import MeasureProgress, measure

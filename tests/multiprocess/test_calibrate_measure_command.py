@@ -68,14 +68,23 @@ def test_calibrate_writes_a_profile_that_measure_finds_by_name(tmp_path: Path) -
     assert (tmp_path / "meas" / "node_costs.json").is_file()
 
 
-@pytest.mark.slow  # a process that imports torch
-def test_measure_outside_torchrun_says_how_to_launch_it(tmp_path: Path) -> None:
-    script = Path(sys.executable).with_name("overlapcfg")
-    out = subprocess.run([str(script), "mode=measure", *SMALL, f"hydra.run.dir={tmp_path / 'run'}"], check=False,
-                         cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "home"), timeout=180)
+@pytest.mark.slow  # spawns a process (no torch: about a second)
+@pytest.mark.parametrize("mode", ["calibrate", "measure"])
+def test_outside_torchrun_says_how_to_launch_it_before_torch_is_imported(tmp_path: Path, mode: str) -> None:
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('TORCH', 'torch' in sys.modules))\n"
+        f"sys.argv = ['overlapcfg', 'mode={mode}', *{SMALL!r}, 'hydra.run.dir={tmp_path / 'run'}']\n"
+        "from overlapcfg.demo.cli import main\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in _env(tmp_path / "home").items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=tmp_path, capture_output=True, text=True,
+                         env=env, timeout=180)
     text = out.stdout + out.stderr
     assert out.returncode == 1 and "Traceback" not in text, text
-    assert "torchrun --nproc-per-node 2 -m overlapcfg mode=measure" in text
+    assert f"torchrun --nproc-per-node 2 -m overlapcfg mode={mode}" in text
+    assert "TORCH False" in out.stdout  # said before torch is imported and the demo traced
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "measure_steps" / "measure_steps.py"
