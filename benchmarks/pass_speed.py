@@ -103,6 +103,7 @@ def run_pass(step: TracedStep, graph: GraphName, cfg: OverlapConfig) -> tuple[fl
     garbage that a full collection can land in any run and double it.
     """
     gm = copy.deepcopy(step.graph(graph))
+    compat.forget_merge_traces()  # cold, as upstream runs: no bucket's trace kept from an earlier run
     gc.collect()
     gc.disable()
     try:
@@ -200,6 +201,7 @@ def profile(step: TracedStep, graph: GraphName, top: int = 25) -> str:
     """cProfile of our pass on ``graph`` (by cumulative and by own time), for finding where the time goes."""
     profiler = cProfile.Profile()
     gm = copy.deepcopy(step.graph(graph))
+    compat.forget_merge_traces()
     with compat.fake_process_group(step.world_size, step.rank):
         profiler.runcall(apply, gm, CONFIGS["ours"], module_fqn_fn=step.module_fqn_fn(graph),
                          module_fqns=step.module_fqns, graph_kind=graph)

@@ -27,7 +27,7 @@ from torch.fx.traceback import NodeSource, NodeSourceAction
 from torch.utils._ordered_set import OrderedSet
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["cached_merge_traces"]
+__all__ = ["cached_merge_traces", "forget_merge_traces"]
 
 
 def _trace_key(fn: object, inps: tuple[object, ...]) -> tuple[object, ...]:
@@ -41,25 +41,58 @@ def _trace_key(fn: object, inps: tuple[object, ...]) -> tuple[object, ...]:
     return (fn, key(inps))
 
 
+_TRACES_ATTR = "_overlapcfg_merge_traces"
+"""Where a fake mode keeps upstream's traced merge functions by signature (``_trace_key``).
+
+Per fake mode, not per call: the graphs of one capture share one fake mode (aot_autograd's forward and backward,
+and the copies a job applies several configs to), so a backward that re-gathers the forward's buckets, a second
+config on the same step and an ``explain`` after an ``apply`` stamp traces made once. Graphs of another capture
+have another fake mode and never see these traces (their fake values belong to this one). Kept on the fake mode
+itself, not in a table keyed by it: the traces' fake values refer to their mode, so a table would keep every mode
+alive for good, while an attribute makes one cycle the collector frees with the mode."""
+_MODES_WITH_TRACES: weakref.WeakSet[object] = weakref.WeakSet()
+
+
+def _traces_of(mode: object) -> dict[tuple[object, ...], object]:
+    traces = getattr(mode, _TRACES_ATTR, None)
+    if traces is None:
+        traces = {}
+        setattr(mode, _TRACES_ATTR, traces)
+        _MODES_WITH_TRACES.add(mode)
+    return traces
+
+
+def forget_merge_traces() -> None:
+    """Drop every memoized merge trace: the next merge traces as the first did (``benchmarks/pass_speed.py`` times
+    each run cold, as upstream's pass always runs)."""
+    for mode in list(_MODES_WITH_TRACES):
+        getattr(mode, _TRACES_ATTR, {}).clear()
+
+
 @contextlib.contextmanager
-def cached_merge_traces(*, fresh_fake_values: bool = False) -> Iterator[dict[tuple[object, ...], object]]:
+def cached_merge_traces(*, fresh_fake_values: bool = False) -> Iterator[set[tuple[object, ...]]]:
     """Within the block, upstream's merge helpers do the same work faster (same ops, same order, same metadata).
 
     ``bucketing._trace(fn, inps)`` runs ``make_fx`` on the merge function for every bucket; buckets of identical
     layers have identical signatures (shapes, strides, dtypes, group, rank), so the traced ``GraphModule`` is the
-    same and is stamped into the graph by ``node_copy`` as before. Stamped nodes of identical buckets then share
+    same and is stamped into the graph by ``node_copy`` as before. Traces are kept per fake mode (``_TRACES_ATTR``), so
+    later merges of the same capture reuse them too. Stamped nodes of identical buckets then share
     their ``meta["val"]`` fake tensors (same shapes, strides and dtypes, one storage): harmless when the graph runs
     as it is, but inductor tells buffers apart by storage, so ``fresh_fake_values=True`` (what the inductor routes
     use) re-runs the traced ops on each bucket's own inputs, at about 10 ms per bucket. The other helpers are
     swapped for equivalent linear-time versions: ``_populate_node_meta_once``, ``sort_region`` and
     ``_insert_traced`` (the stamping, the rewiring and the fake metadata repair). Restored on exit, even on error.
+    Yields the signatures merged in the block (how many distinct traces it needed).
     """
     original_trace, original_meta = _bucketing._trace, _bucketing._populate_node_meta
     original_sort, original_insert = _bucketing._sort_bucket_region, _bucketing._insert_fn_trace_before_node
-    cache: dict[tuple[object, ...], object] = {}
+    used: set[tuple[object, ...]] = set()
 
     def traced(fn: object, inps: tuple[object, ...]) -> object:
         k = _trace_key(fn, inps)
+        used.add(k)
+        mode = detect_fake_mode(inps)
+        cache = _traces_of(mode) if mode is not None else {}
         if k not in cache:
             cache[k] = original_trace(fn, inps)
             return cache[k]
@@ -67,7 +100,7 @@ def cached_merge_traces(*, fresh_fake_values: bool = False) -> Iterator[dict[tup
         if fresh_fake_values:
             # Re-run the traced ops on this bucket's own fake inputs, so its nodes get their own fake values
             # (storages) as a fresh trace would give them: inductor tells buffers apart by them.
-            FakeTensorProp(gm, mode=detect_fake_mode(inps)).propagate_dont_convert_inputs(*tree_leaves(inps))
+            FakeTensorProp(gm, mode=mode).propagate_dont_convert_inputs(*tree_leaves(inps))
         return gm
 
     def sort_region(g: object, new_nodes: list[object], inputs: list[object]) -> None:
@@ -81,7 +114,7 @@ def cached_merge_traces(*, fresh_fake_values: bool = False) -> Iterator[dict[tup
     _bucketing._sort_bucket_region = sort_region
     _bucketing._insert_fn_trace_before_node = _insert_traced
     try:
-        yield cache
+        yield used
     finally:
         _bucketing._trace = original_trace
         _bucketing._populate_node_meta = original_meta

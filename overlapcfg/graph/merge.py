@@ -2,8 +2,8 @@
 
 Merging reuses torch's own helpers (``merge_all_gather_bucket`` / ``merge_reduce_scatter_bucket``), placed as
 ``manual_overlap_bucketing`` places them, so a merged bucket is op-for-op what upstream emits for the same
-``bucket_mode``. Their per-bucket ``make_fx`` trace is memoized by signature (``compat.cached_merge_traces``):
-identical layers trace once.
+``bucket_mode``. Their per-bucket ``make_fx`` trace is memoized by signature and fake mode
+(``compat.cached_merge_traces``): identical layers trace once per capture, for every graph and config of it.
 
 Before (one bucket, two parameters)::
 

@@ -19,7 +19,7 @@ from torch import fx
 from overlapcfg import compat, load_config
 from overlapcfg.graph.meta import NAMESPACE
 from overlapcfg.passes import apply
-from tests.support.synthetic import backward_graph, forward_graph
+from tests.support.synthetic import Synthetic, backward_graph, forward_graph
 
 LAYERS = [[1, 2], [1, 2], [2, 3, 1]]
 """The first two layers merge alike: the second is stamped from the first one's trace."""
@@ -63,3 +63,39 @@ def test_depth_one_fake_values_and_users_equal_upstream_node_for_node(kind: str,
         moved = [n for n in out["torch_manual"].graph.nodes
                  if n.target is torch.ops.aten.t.default and n.meta["val"].storage_offset() != 0]
         assert moved
+
+
+def _new_values(before: fx.GraphModule, after: fx.GraphModule) -> dict[str, torch.Tensor]:
+    """The fake values of the nodes the merge stamped (names the input graph did not have)."""
+    old = {n.name for n in before.graph.nodes}
+    return {n.name: n.meta["val"] for n in after.graph.nodes
+            if n.name not in old and isinstance(n.meta.get("val"), torch.Tensor)}
+
+
+def _manual(gm: fx.GraphModule, syn: Synthetic) -> fx.GraphModule:
+    cfg = load_config({"strategy": "manual", "plan": {"buckets": ["layers.*"]}})
+    with compat.fake_process_group(2, 0):
+        return apply(gm, cfg, module_fqns=syn.module_fqns, graph_kind="forward")
+
+
+def test_merge_traces_are_reused_within_a_capture_and_never_across_captures() -> None:
+    """A second config on the same capture stamps the traces the first made (its merged nodes carry the very same
+    fake values) and gives the same graph; ``forget_merge_traces`` makes it trace afresh; a graph of another
+    capture (another fake mode) gets traces of its own, whose fake values belong to its own mode."""
+    syn = forward_graph(LAYERS)
+    first = _new_values(syn.gm, _manual(copy.deepcopy(syn.gm), syn))
+    again = _new_values(syn.gm, _manual(copy.deepcopy(syn.gm), syn))
+    assert list(again) == list(first) and len(first) > 0
+    assert all(again[name] is first[name] for name in first)  # stamped from the kept traces
+    compat.forget_merge_traces()
+    cold = _new_values(syn.gm, _manual(copy.deepcopy(syn.gm), syn))
+    assert list(cold) == list(first)
+    assert not any(cold[name] is first[name] for name in first)  # traced afresh
+    assert {name: _fake_layout(v) for name, v in cold.items()} == {name: _fake_layout(v) for name, v in first.items()}
+
+    other = forward_graph(LAYERS)  # the same layers, another capture
+    mode = next(n.meta["val"] for n in other.gm.graph.nodes if n.op == "placeholder").fake_mode
+    assert mode is not next(iter(first.values())).fake_mode
+    theirs = _new_values(other.gm, _manual(copy.deepcopy(other.gm), other))
+    assert list(theirs) == list(first)
+    assert all(v.fake_mode is mode for v in theirs.values())
