@@ -44,21 +44,32 @@ def test_unreadable_node_costs_are_a_fault_at_tune_node_costs(tmp_path) -> None:
     assert _node_costs(None) is None
 
 
-def _measure_worker(rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def _measure_worker(rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Every config interleaved, with node costs; then two configs one at a time, without (one pair of ranks for
+    both: starting and warming ranks costs as much as a measurement)."""
     from overlapcfg.demo.measure_job import demo_step
     from overlapcfg.demo.settings import demo_settings
 
     make_step = demo_step(demo_settings({"model": {"n_layers": 2}, "batch": 2, "seq_len": 16}))
     result = overlapcfg.measure(make_step, CONFIGS, hardware="cpu_gloo", warmup=1, steps=STEPS, profiled_steps=1)
     assert result.measured_node_costs is not None
-    return result.to_dict(), result.measured_node_costs.to_dict()
+    configs = {name: CONFIGS[name] for name in ("none", "d1")}
+    one_at_a_time = overlapcfg.measure(make_step, configs, hardware="cpu_gloo", warmup=1, steps=2, profiled_steps=1,
+                                       interleave=False, node_costs=False)
+    return result.to_dict(), result.measured_node_costs.to_dict(), one_at_a_time.to_dict()
 
 
 @pytest.fixture(scope="module")
-def measured() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def ranks() -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
     from overlapcfg.demo.gloo import run_on_gloo
 
     return run_on_gloo(_measure_worker, world_size=2, timeout_s=280, preload=[__name__])
+
+
+@pytest.fixture(scope="module")
+def measured(ranks: list[tuple[dict[str, Any], ...]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Per rank: the interleaved measurement and its node costs."""
+    return [(data, costs) for data, costs, _ in ranks]
 
 
 @pytest.mark.slow
@@ -117,22 +128,10 @@ def test_measured_node_costs_price_the_untransformed_step(measured) -> None:
     assert set(compute) == {"measured"} and compute["measured"].nodes > 100  # every kernel: the same graph
 
 
-def _one_at_a_time_worker(rank: int, world_size: int) -> dict[str, Any]:
-    from overlapcfg.demo.measure_job import demo_step
-    from overlapcfg.demo.settings import demo_settings
-
-    make_step = demo_step(demo_settings({"model": {"n_layers": 2}, "batch": 2, "seq_len": 16}))
-    configs = {name: CONFIGS[name] for name in ("none", "d1")}
-    return overlapcfg.measure(make_step, configs, hardware="cpu_gloo", warmup=1, steps=2, profiled_steps=1,
-                              interleave=False, node_costs=False).to_dict()
-
-
 @pytest.mark.slow
-def test_one_config_at_a_time_gives_the_same_records() -> None:
+def test_one_config_at_a_time_gives_the_same_records(ranks: list[tuple[dict[str, Any], ...]]) -> None:
     """``interleave=False`` (one model in memory at a time) fills the same fields; no node costs when asked not to."""
-    from overlapcfg.demo.gloo import run_on_gloo
-
-    first, second = run_on_gloo(_one_at_a_time_worker, world_size=2, timeout_s=280, preload=[__name__])
+    first, second = (one_at_a_time for _, _, one_at_a_time in ranks)
     assert first == second
     m = Measurement.from_json(first)
     assert [c.name for c in m.configs] == ["none", "d1"] and m.node_costs is None
