@@ -47,27 +47,19 @@ def test_a_graph_that_kept_its_repeated_waits_verifies() -> None:
     verify(summarize(gm), gm)
 
 
-def test_a_pass_that_adds_a_second_wait_is_caught() -> None:
-    gm = _graph(1)
-    before = summarize(gm)
-    rs = next(n for n in gm.graph.nodes if n.name == "rs")
-    wait = next(n for n in gm.graph.nodes if n.name == "wait_0")
-    with gm.graph.inserting_after(wait):
-        gm.graph.call_function(_c10d.wait_tensor.default, (rs,), name="extra_wait")
-    with pytest.raises(OverlapVerificationError, match=r"rs: expected exactly one wait_tensor, found 2"):
-        verify(before, gm)
-
-
-def test_a_pass_that_adds_a_wait_to_a_collective_already_waited_twice_is_caught() -> None:
+@pytest.mark.parametrize(("waits", "last_wait", "message"), [
+    (1, "wait_0", r"rs: expected exactly one wait_tensor, found 2"),
+    (2, "wait_1", r"rs: expected at most 2 wait_tensors \(as before the pass\), found 3"),
+], ids=["a_second_wait", "a_third_wait_on_a_collective_already_waited_twice"])
+def test_a_pass_that_adds_a_wait_is_caught(waits: int, last_wait: str, message: str) -> None:
     """Keeping or folding the waits the graph had is allowed; one more is not."""
-    gm = _graph(2)
+    gm = _graph(waits)
     before = summarize(gm)
     rs = next(n for n in gm.graph.nodes if n.name == "rs")
-    wait = next(n for n in gm.graph.nodes if n.name == "wait_1")
+    wait = next(n for n in gm.graph.nodes if n.name == last_wait)
     with gm.graph.inserting_after(wait):
         gm.graph.call_function(_c10d.wait_tensor.default, (rs,), name="extra_wait")
-    with pytest.raises(OverlapVerificationError, match=r"rs: expected at most 2 wait_tensors \(as before the pass\), "
-                                                       r"found 3"):
+    with pytest.raises(OverlapVerificationError, match=message):
         verify(before, gm)
 
 
