@@ -75,9 +75,9 @@ def cached_merge_traces(*, fresh_fake_values: bool = False) -> Iterator[set[tupl
 
     ``bucketing._trace(fn, inps)`` runs ``make_fx`` on the merge function for every bucket; buckets of identical
     layers have identical signatures (shapes, strides, dtypes, group, rank), so the traced ``GraphModule`` is the
-    same and is stamped into the graph by ``node_copy`` as before. Traces are kept per fake mode (``_TRACES_ATTR``), so
-    later merges of the same capture reuse them too. Stamped nodes of identical buckets then share
-    their ``meta["val"]`` fake tensors (same shapes, strides and dtypes, one storage): harmless when the graph runs
+    same and is stamped into the graph by ``node_copy`` as before. Traces are kept per fake mode (``_TRACES_ATTR``),
+    so later merges of the same capture reuse them too. Stamped nodes of identical buckets then share their
+    ``meta["val"]`` fake tensors (same shapes, strides and dtypes, one storage): harmless when the graph runs
     as it is, but inductor tells buffers apart by storage, so ``fresh_fake_values=True`` (what the inductor routes
     use) re-runs the traced ops on each bucket's own inputs, at about 10 ms per bucket. The other helpers are
     swapped for equivalent linear-time versions: ``_populate_node_meta_once``, ``sort_region`` and

@@ -97,9 +97,10 @@ def _launch_hint(mode: str) -> str:
 
 
 def _check_launched(mode: str) -> None:
-    """Outside torchrun (and with no group of the caller's), say how to launch ``mode`` now, before torch is
-    imported and the demo traced: a second, not the ten a trace takes. A group exists only where torch is
-    already imported, so looking for it costs nothing otherwise."""
+    """Outside torchrun (and with no group of the caller's), say how to launch ``mode``. The commands call it while
+    validating, before torch is imported and the demo traced (half a second, not the five a trace took), and
+    ``_joined`` again. A group exists only where torch is already imported, so looking for it costs nothing
+    otherwise."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return
@@ -116,8 +117,7 @@ def _joined(mode: str) -> Iterator[tuple[int, int, str]]:
     if dist.is_initialized():
         yield dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
         return
-    if not all(k in os.environ for k in _TORCHRUN_ENV):
-        raise OverlapConfigError.single("mode", _launch_hint(mode))
+    _check_launched(mode)
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
