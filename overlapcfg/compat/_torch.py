@@ -322,7 +322,10 @@ def lazy_graph_module_copy(gm: _fx.GraphModule) -> _fx.GraphModule:
     return copied
 
 
-__all__ += ["lazy_graph_module_copy"]
+LazyGraphModule = _LazyGraphModule
+"""Torch's ``GraphModule`` whose ``recompile()`` only marks the code stale (generated when first read or called)."""
+
+__all__ += ["LazyGraphModule", "lazy_graph_module_copy"]
 
 # --- FSDP2 rollback (overlapcfg.fsdp2.rollback) ---------------------------------------------------------------
 # ``fully_shard`` records each module's state in a private module-level registry besides the module's own

@@ -156,7 +156,8 @@ class GraphBackend:
             else:
                 mark_saved_parameter_views(gm, saved_views)
             self.collectives[name] = annotate_owners(gm, name, self.param_inputs)
-            self.captured[name] = copy.deepcopy(gm) if graph_pass is not None else gm
+            # A lazy copy: it is read and copied again (``step()``), rarely run, so its code is generated only then.
+            self.captured[name] = compat.lazy_graph_module_copy(gm) if graph_pass is not None else gm
             if graph_pass is not None:
                 gm = graph_pass(gm)
                 if not isinstance(gm, fx.GraphModule):

@@ -165,7 +165,8 @@ class OverlapGraphPass(compat.CustomGraphPass):
         gm = graph.owning_module
         if not isinstance(gm, fx.GraphModule):
             raise TypeError("inductor_pass: the post-grad graph has no owning GraphModule")
-        apply(gm, self.cfg, graph_kind="auto", for_compiler=True)
+        # Inductor's post-grad passes end with ``gm.recompile()``: regenerating the code here too would be paid twice.
+        apply(gm, self.cfg, graph_kind="auto", for_compiler=True, recompile=False)
 
     def uuid(self) -> str:
         """Changes with the config, the package version and the package sources; equal configs give equal ids."""

@@ -111,6 +111,7 @@ def apply(
     strict: bool | None = None,
     state_inputs: Mapping[str, str] | None = None,
     summary: GraphSummary | None = None,
+    recompile: bool = True,
 ) -> fx.GraphModule:
     """Bucket and schedule the FSDP collectives of ``gm`` as ``cfg`` says; returns ``gm`` (modified in place).
 
@@ -131,7 +132,11 @@ def apply(
     parameter, and the record names parameters by these FQNs. ``summary``: ``overlapcfg.graph.summary.summarize(gm,
     direction=...)`` of ``gm`` as given (or of a graph it is a copy of), where the caller already has it:
     verification then compares against it instead of interpreting ``gm`` again (``apply_step`` takes it once per
-    captured graph for every config). Ignored with ``verify: false``.
+    captured graph for every config). Ignored with ``verify: false``. ``recompile=False``: leave regenerating
+    ``gm``'s Python code to the caller, who must do it before anything runs or reads ``gm.code``. Only for callers
+    that regenerate it anyway: inductor's post-grad passes end with ``gm.recompile()``, so its hook
+    (``inductor_pass``) would otherwise pay that codegen twice (about a third of a second for a 12k-node backward).
+    A graph left as it was (failure, nothing to do) needs no new code either way.
     """
     if not isinstance(cfg, OverlapConfig):
         raise TypeError(f"apply takes a validated OverlapConfig, got {type(cfg).__name__}; build one with "
@@ -204,7 +209,8 @@ def apply(
     except BaseException:
         backup.restore(gm)  # nothing half-applied: the caller gets the graph it gave us
         raise
-    gm.recompile()
+    if recompile:
+        gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
     notes = (*notes, *kept.notes, *_folded_waits(folded), *result.notes,
              *_unbucketed_all_reduces(cfg, covered, result.merged))

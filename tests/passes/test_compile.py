@@ -157,11 +157,17 @@ def test_inductor_pass_rewrites_inductors_post_grad_graphs() -> None:
     # the point of uuid()) and the pass would not run at all. Compiled kernels may come from the cache (the gloo
     # test above compiled this model's kernels): the pass runs on the graph before them. ``seen`` proves it ran.
     seen: list[Any] = []
+    rewritten: list[torch.fx.GraphModule] = []
+    left_to_inductor: list[bool] = []
 
     class Recording(OverlapGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
             super().__call__(graph)
-            seen.append(graph.owning_module.meta["overlapcfg"])
+            gm = graph.owning_module
+            seen.append(gm.meta["overlapcfg"])
+            rewritten.append(gm)
+            if not isinstance(gm, compat.LazyGraphModule):  # reading a lazy module's code would generate it
+                left_to_inductor.append(gm.code != graph.python_code(root_module="self").src)
 
     tokens, targets = demo_batch(MODEL.vocab_size)
     post_pass = Recording(inductor_pass(MANUAL).cfg)
@@ -172,6 +178,29 @@ def test_inductor_pass_rewrites_inductors_post_grad_graphs() -> None:
         train_step(torch.compile(_sharded(), fullgraph=True), tokens, targets)
     compat.dynamo_reset()
     assert [(r.before.total_fsdp, r.after.total_fsdp) for r in seen] == [(21, 4), (41, 7)]
+    # The hook leaves the code of the (eager) backward to inductor, whose post-grad passes regenerate it last: after
+    # the compile the code is the rewritten graph's.
+    assert not isinstance(rewritten[1], compat.LazyGraphModule) and left_to_inductor == [True]
+    for gm in rewritten:
+        assert gm.code == gm.graph.python_code(root_module="self").src
+
+
+@pytest.mark.slow
+def test_apply_leaves_the_code_to_a_caller_that_regenerates_it() -> None:
+    """``recompile=False`` (inductor's hook): the graph is rewritten, its Python code is not regenerated."""
+    step = traced_step(MODEL.n_layers, reshard_after_forward=True)  # shared, read-only: deep-copied below
+    codes = {}
+    for recompile in (True, False):
+        gm = copy.deepcopy(step.backward)
+        assert not isinstance(gm, compat.LazyGraphModule)  # a lazy module would defer the codegen either way
+        before = gm.code
+        with compat.fake_process_group(2, 0):
+            apply(gm, load_config(MANUAL), module_fqn_fn=step.module_fqn_fn("backward"), graph_kind="backward",
+                  recompile=recompile)
+        codes[recompile] = gm.code
+        assert gm.graph.python_code(root_module="self").src != before  # rewritten either way
+    assert codes[True] != codes[False]
+    assert codes[False] == copy.deepcopy(step.backward).code  # untouched: the caller's recompile is still owed
 
 
 @pytest.mark.slow
