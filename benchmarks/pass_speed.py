@@ -232,18 +232,22 @@ def profile(step: TracedStep, graph: GraphName, top: int = 25) -> str:
 
 def render(rows: list[dict[str, Any]], summary: dict[str, Any], console: Console) -> None:
     table = Table(title="manual pass speed: ours vs upstream manual_overlap_bucketing (median)")
-    for col in ("layers", "graph", "nodes", "ours ms", "of which verify", "upstream ms", "speedup",
-                "codegen ms (ours / upstream)", "speedup without codegen", "ours in inductor's hook ms",
-                "speedup in inductor's hook"):
+    for col in ("layers", "graph", "nodes", "ours ms", "of which verify", "upstream ms", "speedup"):
         table.add_column(col, justify="left" if col == "graph" else "right")
     for r in rows:
         table.add_row(str(r["layers"]), r["graph"], str(r["nodes"]), f"{r['ours_ms']:.1f}",
                       f"{r['verify_ms']:.1f} ({100 * r['verify_share']:.0f}%)",
-                      f"{r['upstream_ms']:.1f}", f"{r['speedup']:.1f}x",
-                      f"{r['ours_codegen_ms']:.0f} / {r['upstream_codegen_ms']:.0f}",
-                      f"{r['speedup_without_codegen']:.1f}x", f"{r['ours_in_inductor_hook_ms']:.1f}",
-                      f"{r['speedup_in_inductor_hook']:.1f}x")
+                      f"{r['upstream_ms']:.1f}", f"{r['speedup']:.1f}x")
     console.print(table)
+    routes = Table(title="the codegen both pay, and the pass as inductor's post-grad hook runs it")
+    for col in ("layers", "graph", "codegen ms (ours / upstream)", "speedup without codegen",
+                "ours in inductor's hook ms", "speedup in inductor's hook"):
+        routes.add_column(col, justify="left" if col == "graph" else "right")
+    for r in rows:
+        routes.add_row(str(r["layers"]), r["graph"], f"{r['ours_codegen_ms']:.0f} / {r['upstream_codegen_ms']:.0f}",
+                       f"{r['speedup_without_codegen']:.1f}x", f"{r['ours_in_inductor_hook_ms']:.1f}",
+                       f"{r['speedup_in_inductor_hook']:.1f}x")
+    console.print(routes)
     small, large = summary["sizes"]
     for graph in GRAPHS:
         s = summary[graph]
