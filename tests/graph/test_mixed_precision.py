@@ -21,7 +21,6 @@ from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import (
     GraphName,
-    StepBackend,
     TracedStep,
     compile_with_pass,
     demo_batch,
@@ -29,7 +28,6 @@ from overlapcfg.demo.tracing import (
     train_step,
 )
 from overlapcfg.graph.attribution import stack_module_fqn
-from overlapcfg.passes.compile import backend
 from tests.support.checker import (
     achieved_delays,
     achieved_prefetch,
@@ -42,6 +40,7 @@ from tests.support.checker import (
     original_order,
 )
 from tests.support.traces import apply_to
+from tests.support.variants import REFERENCE, TAMPERED, Variants, assert_tampered_differs
 
 pytestmark = pytest.mark.slow
 
@@ -243,7 +242,7 @@ PARITY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 # (reshard, reduce_dtype, configs). Every config merges the same buckets, and merging is what could change bits;
 # the depths only reorder (and ``verify`` checks each order). So each case runs few configs, chosen so that depths
-# 0, 1 and 2 and a binding cap all run: a compile costs about 2 s per rank, and this file must stay short.
+# 0, 1 and 2 and a binding cap all run. Each case is one compile per rank; each config adds an apply and a step.
 PARITY_CASES: list[tuple[bool, torch.dtype | None, tuple[str, ...]]] = [
     (False, FP32, ("manual_k1",)),
     (True, FP32, ("manual_k0", "manual_capped")),
@@ -251,34 +250,39 @@ PARITY_CASES: list[tuple[bool, torch.dtype | None, tuple[str, ...]]] = [
 ]
 
 
-def _run(model: torch.nn.Module, step_backend: StepBackend, tokens: torch.Tensor,
+def _run(compiled: torch.nn.Module, variants: Variants, name: str, tokens: torch.Tensor,
          targets: torch.Tensor) -> dict[str, Any]:
-    loss, grads = train_step(compile_with_pass(model, backend=step_backend), tokens, targets)
-    records = {name: gm.meta.get("overlapcfg") for name, gm in step_backend.graphs.items()}
-    wire = {name: sorted({str(n.meta["val"].dtype) for n in gm.graph.nodes if n.op == "call_function"
-                          and str(n.target).startswith(("_c10d_functional.all_gather", "_c10d_functional.reduce"))})
-            for name, gm in step_backend.graphs.items()}
+    variants.selected = name
+    loss, grads = train_step(compiled, tokens, targets)
+    graphs = {graph: gms[name] for graph, gms in variants.graphs.items()}
+    records = {graph: gm.meta.get("overlapcfg") for graph, gm in graphs.items()}
+    wire = {graph: sorted({str(n.meta["val"].dtype) for n in gm.graph.nodes if n.op == "call_function"
+                           and str(n.target).startswith(("_c10d_functional.all_gather", "_c10d_functional.reduce"))})
+            for graph, gm in graphs.items()}
     return {"loss": loss, "grads": grads, "wire": wire,
-            "counts": {name: (r.before.total_fsdp, r.after.total_fsdp) for name, r in records.items() if r},
+            "counts": {graph: (r.before.total_fsdp, r.after.total_fsdp) for graph, r in records.items() if r},
             "capped": [s.bucket for r in records.values() if r for s in r.decisions if s.effective < s.requested
                        and "max_inflight_bytes" in (s.reason or "")],
             "depths": sorted({s.effective for r in records.values() if r for s in r.decisions})}
+
+
+def _case(model: torch.nn.Module, names: tuple[str, ...], tokens: torch.Tensor,
+          targets: torch.Tensor) -> dict[str, Any]:
+    """One compile (``tests/support/variants.Variants``): the reference, each named config and the tampered step."""
+    variants = Variants({name: PARITY_CONFIGS[name] for name in names})
+    compiled = compile_with_pass(model, backend=variants.backend)
+    return {name: _run(compiled, variants, name, tokens, targets) for name in (REFERENCE, *names, TAMPERED)}
 
 
 def _parity_worker(rank: int, world_size: int) -> dict[str, Any]:
     tokens, targets = demo_batch(CFG.vocab_size, seed=100 + rank)
     out: dict[str, Any] = {}
     for reshard, reduce_dtype, names in PARITY_CASES:
-        def fresh(reshard: bool = reshard, reduce_dtype: torch.dtype | None = reduce_dtype) -> torch.nn.Module:
-            return shard_module(Llama(CFG, seed=0), world_size=world_size, rank=rank,
-                                reshard_after_forward=reshard, param_dtype=BF16, reduce_dtype=reduce_dtype)
-
-        case = {"reference": _run(fresh(), StepBackend(), tokens, targets)}
-        for name in names:
-            case[name] = _run(fresh(), backend(PARITY_CONFIGS[name]), tokens, targets)
-        out[f"{reshard}-{reduce_dtype}"] = case
-    out["fp32"] = _run(shard_module(Llama(CFG, seed=0), world_size=world_size, rank=rank), StepBackend(),
-                       tokens, targets)
+        model = shard_module(Llama(CFG, seed=0), world_size=world_size, rank=rank, reshard_after_forward=reshard,
+                             param_dtype=BF16, reduce_dtype=reduce_dtype)
+        out[f"{reshard}-{reduce_dtype}"] = _case(model, names, tokens, targets)
+    out["fp32"] = _case(shard_module(Llama(CFG, seed=0), world_size=world_size, rank=rank), (), tokens,
+                        targets)[REFERENCE]
     return out
 
 
@@ -294,7 +298,7 @@ def test_mixed_precision_step_is_bitwise_identical_to_the_untransformed_step(
         names: tuple[str, ...]) -> None:
     for rank, res in enumerate(parity):
         case = res[f"{reshard}-{reduce_dtype}"]
-        ref = case["reference"]
+        ref = case[REFERENCE]
         for name in names:
             got = case[name]
             assert torch.equal(got["loss"], ref["loss"]), (rank, name)
@@ -323,3 +327,10 @@ def test_the_wire_dtypes_are_what_was_configured_and_matter(parity: list[dict[st
             return all(torch.equal(g, g.to(BF16).to(FP32)) for g in grads.values())
 
         assert bf16_exact(rs_bf16["grads"]) and not bf16_exact(rs_fp32["grads"])
+
+
+def test_the_harness_runs_the_graphs_it_selects(parity: list[dict[str, Any]]) -> None:
+    for res in parity:
+        for reshard, reduce_dtype, _ in PARITY_CASES:
+            case = res[f"{reshard}-{reduce_dtype}"]
+            assert_tampered_differs(case[TAMPERED]["loss"], case[REFERENCE]["loss"])

@@ -2,7 +2,7 @@
 steps on four real gloo ranks, with the pass and without it, bit for bit (loss and every local gradient shard).
 
 Each rank builds each mesh in the gloo group, tensor-parallelizes and shards the 2-layer demo model
-(``overlapcfg.demo.parallel``) and compiles one step once: the backend (``tests/support/mesh.Variants``) keeps aot's
+(``overlapcfg.demo.parallel``) and compiles one step once: the backend (``tests/support/variants.Variants``) keeps aot's
 untransformed graphs as the reference and applies every config to its own copy, as the production backend does
 (``verify`` runs inside). The same CPU kernels then run each variant from the same weights and batch; TP ranks of one
 group read the same batch. One run serves both meshes and all configs (4 processes on 2 cores: a compile per mesh,
@@ -23,7 +23,8 @@ from overlapcfg.demo.dims import ParallelDims
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.parallel import build_mesh, parallelize
 from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
-from tests.support.mesh import REFERENCE, Variants, counts_by_dim, group_signature
+from tests.support.mesh import counts_by_dim, group_signature
+from tests.support.variants import REFERENCE, TAMPERED, Variants, assert_tampered_differs
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +67,7 @@ def _mesh_worker(rank: int, world_size: int) -> dict[str, Any]:
         variants = Variants(CONFIGS)
         compiled = compile_with_pass(model, backend=variants.backend)
         steps = {}
-        for name in (REFERENCE, *CONFIGS):
+        for name in (REFERENCE, *CONFIGS, TAMPERED):
             variants.selected = name
             steps[name] = train_step(compiled, tokens, targets)
         out[label] = {"steps": steps, "dims": {g: d for d, g in groups.items()},
@@ -146,3 +147,9 @@ def test_tensor_parallel_collectives_keep_their_order_inputs_and_readers(results
             reference = res["fsdp_tp"]["graphs"][REFERENCE][graph]["tp"]
             assert reference, f"no TP collective in the {graph} graph: the mesh did not tensor-parallelize"
             assert summary["tp"] == reference
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_the_harness_runs_the_graphs_it_selects(results: list[dict[str, Any]], mesh: str) -> None:
+    for res in results:
+        assert_tampered_differs(res[mesh]["steps"][TAMPERED][0], res[mesh]["steps"][REFERENCE][0])

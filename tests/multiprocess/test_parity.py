@@ -1,10 +1,11 @@
 """Numerical parity: the rewritten graphs compute the same training step, bit for bit, on two real gloo ranks.
 
-Each rank compiles one step of the sharded 2-layer demo model once without a pass (the reference) and once per
-config through ``overlapcfg.passes.compile.backend(cfg)``: each rank rewrites its own (rank-specific) graphs,
-``verify`` runs inside, and the boxed-eager compiler runs the same CPU kernels, so loss and every local gradient
-shard must be ``torch.equal`` to the reference. The collective counts prove the pass did rewrite the graphs.
-All configs of one reshard setting share one pair of processes (a spawn costs seconds).
+Each rank compiles one step of the sharded 2-layer demo model once (``tests/support/variants.Variants``): aot's
+untransformed graphs are the reference, and every config is applied to its own copy as ``overlapcfg.backend(cfg)``
+applies it. Each rank rewrites its own (rank-specific) graphs, ``verify`` runs inside, and the boxed-eager compiler
+runs the same CPU kernels, so loss and every local gradient shard must be ``torch.equal`` to the reference. The
+collective counts prove the pass did rewrite the graphs; a deliberately tampered variant proves the harness runs
+the graphs it selects. All configs of one reshard setting share one pair of processes and one compile.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import torch
 from overlapcfg.capture import shard_module
 from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
-from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, train_step
-from overlapcfg.passes.compile import backend
+from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
+from tests.support.variants import REFERENCE, TAMPERED, Variants, assert_tampered_differs
 
 pytestmark = pytest.mark.slow
 
@@ -85,31 +86,30 @@ def _comm_order(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _step(model: torch.nn.Module, step_backend: StepBackend, tokens: torch.Tensor,
+def _step(compiled: torch.nn.Module, variants: Variants, name: str, tokens: torch.Tensor,
           targets: torch.Tensor) -> dict[str, Any]:
-    loss, grads = train_step(compile_with_pass(model, backend=step_backend), tokens, targets)
-    records = {name: gm.meta.get("overlapcfg") for name, gm in step_backend.graphs.items()}
+    variants.selected = name
+    loss, grads = train_step(compiled, tokens, targets)
+    graphs = {graph: gms[name] for graph, gms in variants.graphs.items()}
+    records = {graph: gm.meta.get("overlapcfg") for graph, gm in graphs.items()}
     return {
         "loss": loss,
         "grads": grads,
-        "counts": {name: (r.before.total_fsdp, r.after.total_fsdp) for name, r in records.items() if r},
-        "order": {name: _comm_order(gm) for name, gm in step_backend.graphs.items()},
+        "counts": {graph: (r.before.total_fsdp, r.after.total_fsdp) for graph, r in records.items() if r},
+        "order": {graph: _comm_order(gm) for graph, gm in graphs.items()},
         "capped": [(r.graph_kind, s.bucket, s.requested, s.effective) for r in records.values() if r
                    for s in r.decisions if s.effective < s.requested and "max_inflight_bytes" in (s.reason or "")],
     }
 
 
 def _parity_worker(rank: int, world_size: int, reshard: bool, configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Reference step, then one step per config, every one from the same seeded weights and this rank's batch."""
+    """Reference step, then one step per config (and the tampered one), every one from the same seeded weights (no
+    optimizer step in between) and this rank's batch."""
     tokens, targets = demo_batch(MODEL.vocab_size, seed=100 + rank)
-
-    def fresh() -> torch.nn.Module:
-        return shard_module(Llama(MODEL, seed=0), world_size=world_size, rank=rank, reshard_after_forward=reshard)
-
-    out = {"reference": _step(fresh(), StepBackend(), tokens, targets)}
-    for name, cfg in configs.items():
-        out[name] = _step(fresh(), backend(cfg), tokens, targets)
-    return out
+    model = shard_module(Llama(MODEL, seed=0), world_size=world_size, rank=rank, reshard_after_forward=reshard)
+    variants = Variants(configs)
+    compiled = compile_with_pass(model, backend=variants.backend)
+    return {name: _step(compiled, variants, name, tokens, targets) for name in (REFERENCE, *configs, TAMPERED)}
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["keep", "reshard"])
@@ -120,7 +120,7 @@ def results(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_step_is_bitwise_identical_to_the_untransformed_step(results: list[dict[str, Any]], name: str) -> None:
     for rank, res in enumerate(results):
-        ref, got = res["reference"], res[name]
+        ref, got = res[REFERENCE], res[name]
         assert torch.equal(got["loss"], ref["loss"]), (rank, name, got["loss"], ref["loss"])
         assert list(got["grads"]) == list(ref["grads"])
         for param, grad in got["grads"].items():
@@ -154,3 +154,8 @@ def test_the_cap_binds_in_the_capped_config(results: list[dict[str, Any]]) -> No
     for res in results:
         assert res["manual_capped"]["capped"], "max_inflight_bytes never reduced a depth"
         assert not res["manual_k2_d2"]["capped"]
+
+
+def test_the_harness_runs_the_graphs_it_selects(results: list[dict[str, Any]]) -> None:
+    for res in results:
+        assert_tampered_differs(res[TAMPERED]["loss"], res[REFERENCE]["loss"])
