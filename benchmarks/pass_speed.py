@@ -15,12 +15,14 @@ depends on node count, not tensor sizes); every timed run works on a fresh deep 
 
 Targets (issue 21): ours, verification on, at least 8x faster than upstream at 64 layers, forward and backward (the
 ratio of one run), and ours(64 layers) / ours(8 layers) <= 9 (growth no worse than linear in nodes: 7.8x the nodes).
-Both sides pay the final ``gm.recompile()`` (a 12k-node backward: ~0.3 s, Python codegen and ``compile``), which
-bounds the backward's ratio: the table also times one more recompile of each side's output ("codegen") and gives
-the ratio of the rest, the passes' own work ("speedup without codegen"); the target is the full ratio. "ours in
-inductor's hook" is ``apply`` as ``inductor_pass`` runs it in inductor's post-grad passes (``for_compiler=True``,
-``recompile=False``: those passes end with a ``gm.recompile()`` of their own, so the hook leaves the codegen to it;
-upstream's call regenerates the code wherever it runs). Every timed run
+Both sides end with ``gm.recompile()``. aot hands the backward over as an eager module, so there it is Python
+codegen and ``compile`` (a 12k-node backward: ~0.3 s), which bounds the backward's ratio; the forward is a lazy
+module and its recompile costs nothing. The table also times one more recompile of each side's output ("codegen")
+and gives the ratio of the rest, the passes' own work ("speedup without codegen"); the target is the full ratio.
+"ours in inductor's hook" is ``apply`` as ``inductor_pass`` runs it in inductor's post-grad passes: fresh fake
+values for every stamped node (``for_compiler=True``, which inductor needs, and which upstream's call always
+produces) and no closing codegen (``recompile=False``: those passes end with a ``gm.recompile()`` of their own).
+Every timed run
 starts cold (``compat.forget_merge_traces``); one more line, for information, times the backward as one compile
 runs it: after its forward, whose merge traces it reuses (upstream traces every bucket again). A missed
 target (or ``--profile``) prints a cProfile of our pass on the 64-layer backward graph (cProfile inflates

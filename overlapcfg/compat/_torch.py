@@ -306,20 +306,34 @@ __all__ += ["GraphSnapshot"]
 
 
 def lazy_graph_module_copy(gm: _fx.GraphModule) -> _fx.GraphModule:
-    """An independent copy of ``gm`` that writes its Python code only when it is first called or read.
+    """A copy of ``gm`` that writes its Python code only when it is first called or read.
 
     The graph is copied as ``copy.deepcopy`` copies it (same node names, metadata dicts copied, the output node's
-    too, same code generator) and so is ``gm.meta``; attributes the graph reads (``get_attr`` targets, called
-    submodules) are shared with ``gm``, as ``GraphModule(gm, graph)`` shares them. The copy is torch's
-    ``_LazyGraphModule``, which inductor uses for the same reason: a copy made to be transformed and inspected
-    need not pay for generating and compiling code nobody runs (for a 12k-node graph, most of ``deepcopy``'s
-    time, and as much again for the pass's closing ``recompile``). ``.code``, ``print_readable`` and calling it
-    generate the code then, as for any ``GraphModule``."""
+    too, same code generator) and so is ``gm.meta``. Attributes the graph reads (``get_attr`` targets, called
+    submodules) are shared with ``gm``, as ``GraphModule(gm, graph)`` shares them, except graph modules (the
+    subgraphs of higher-order ops), which are deep-copied: inductor rewrites those in place when it compiles ``gm``,
+    and that must not reach the copy. The copy is torch's ``_LazyGraphModule``, which inductor uses for the same
+    reason: a copy made to be transformed and inspected need not pay for generating and compiling code nobody runs
+    (for a 12k-node graph, most of ``deepcopy``'s time, and as much again for the pass's closing ``recompile``).
+    ``.code``, ``print_readable`` and calling it generate the code then, as for any ``GraphModule``."""
     copied = _LazyGraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    _own_subgraphs(copied, gm)
     copied.meta = copy.deepcopy(getattr(gm, "meta", {}))
     for name, value in copied.meta.get(_USER_PRESERVED_ATTRIBUTES_KEY, {}).items():
         setattr(copied, name, value)  # as GraphModule.__deepcopy__ puts them back
     return copied
+
+
+def _own_subgraphs(copied: _torch.nn.Module, original: _torch.nn.Module) -> None:
+    """Replace the graph modules ``copied`` shares with ``original`` by deep copies, also under the holder modules
+    ``GraphModule.__init__`` makes for dotted targets (new objects; modules shared with ``original`` are left
+    alone, so nothing of ``original`` is changed)."""
+    for name, child in list(copied.named_children()):
+        source = getattr(original, name, None)
+        if isinstance(child, _fx.GraphModule):
+            setattr(copied, name, copy.deepcopy(child))
+        elif source is not None and child is not source:
+            _own_subgraphs(child, source)
 
 
 LazyGraphModule = _LazyGraphModule

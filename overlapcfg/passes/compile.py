@@ -156,6 +156,9 @@ class OverlapGraphPass(compat.CustomGraphPass):
 
         with torch._inductor.config.patch({**INDUCTOR_SETTINGS, "post_grad_custom_post_pass": inductor_pass(cfg)}):
             loss = torch.compile(model)(tokens).sum(); loss.backward()
+
+    It leaves regenerating the module's Python code to inductor, whose post-grad passes end with
+    ``gm.recompile()``; called on a graph outside inductor, follow it with ``graph.owning_module.recompile()``.
     """
 
     def __init__(self, cfg: OverlapConfig) -> None:

@@ -4,8 +4,9 @@ Each rank compiles one step of the sharded 2-layer demo model once (``tests/supp
 untransformed graphs are the reference, and every config is applied to its own copy as ``overlapcfg.backend(cfg)``
 applies it. Each rank rewrites its own (rank-specific) graphs, ``verify`` runs inside, and the boxed-eager compiler
 runs the same CPU kernels, so loss and every local gradient shard must be ``torch.equal`` to the reference. The
-collective counts prove the pass did rewrite the graphs; a deliberately tampered variant proves the harness runs
-the graphs it selects. All configs of one reshard setting share one pair of processes and one compile.
+collective counts prove the pass did rewrite the graphs; a deliberately tampered variant and a second reference
+step prove the harness runs the graphs it selects and carries nothing from one step to the next. All configs of
+one reshard setting share one pair of processes and one compile.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from overlapcfg.capture import shard_module
 from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
-from tests.support.variants import REFERENCE, TAMPERED, Variants, assert_tampered_differs
+from tests.support.variants import REFERENCE, REFERENCE_AGAIN, TAMPERED, Variants, assert_harness_ran_what_it_selected
 
 pytestmark = pytest.mark.slow
 
@@ -103,13 +104,13 @@ def _step(compiled: torch.nn.Module, variants: Variants, name: str, tokens: torc
 
 
 def _parity_worker(rank: int, world_size: int, reshard: bool, configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Reference step, then one step per config (and the tampered one), every one from the same seeded weights (no
-    optimizer step in between) and this rank's batch."""
+    """Reference step, then one step per config, the tampered step and the reference again (``Variants.runs``),
+    every one from the same seeded weights (no optimizer step in between) and this rank's batch."""
     tokens, targets = demo_batch(MODEL.vocab_size, seed=100 + rank)
     model = shard_module(Llama(MODEL, seed=0), world_size=world_size, rank=rank, reshard_after_forward=reshard)
     variants = Variants(configs)
     compiled = compile_with_pass(model, backend=variants.backend)
-    return {name: _step(compiled, variants, name, tokens, targets) for name in (REFERENCE, *configs, TAMPERED)}
+    return {key: _step(compiled, variants, name, tokens, targets) for key, name in variants.runs()}
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["keep", "reshard"])
@@ -158,4 +159,5 @@ def test_the_cap_binds_in_the_capped_config(results: list[dict[str, Any]]) -> No
 
 def test_the_harness_runs_the_graphs_it_selects(results: list[dict[str, Any]]) -> None:
     for res in results:
-        assert_tampered_differs(res[TAMPERED]["loss"], res[REFERENCE]["loss"])
+        assert_harness_ran_what_it_selected(*((res[key]["loss"], res[key]["grads"])
+                                              for key in (REFERENCE, REFERENCE_AGAIN, TAMPERED)))

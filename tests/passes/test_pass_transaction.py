@@ -71,3 +71,37 @@ def test_a_snapshot_rebuilds_the_graph_it_saw_however_the_graph_changed_since() 
     assert [row[:6] for row in _nodes(gm)] == [row[:6] for row in before]
     assert all(new[6] == old[6] for new, old in zip(_nodes(gm), before, strict=True))
     assert "desc" not in next(iter(gm.graph.find_nodes(op="output"))).meta
+
+
+def test_a_lazy_copy_owns_its_subgraphs_and_shares_the_rest() -> None:
+    """``compat.lazy_graph_module_copy`` (the backend's ``.captured``, ``explain``'s copies): inductor rewrites a
+    higher-order op's subgraph in place when it compiles the original, so the copy must own its subgraphs; other
+    attributes (constants) are shared, as ``GraphModule(gm, graph)`` shares them."""
+    import torch
+
+    sub = fx.symbolic_trace(torch.nn.ReLU())
+    root = torch.nn.Module()
+    root.score = sub
+    root.holder = torch.nn.Module()
+    root.holder.inner = fx.symbolic_trace(torch.nn.Tanh())
+    root.scale = torch.ones(2)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_module("score", (x,))
+    y = graph.call_module("holder.inner", (y,))
+    y = graph.call_function(torch.mul, (y, graph.get_attr("scale")))
+    graph.output(y)
+    gm = fx.GraphModule(root, graph)
+    holder_before = gm.holder
+
+    copied = compat.lazy_graph_module_copy(gm)
+    assert isinstance(copied, compat.LazyGraphModule)
+    assert copied.score is not gm.score and copied.holder.inner is not gm.holder.inner
+    assert copied.scale is gm.scale
+    assert gm.holder is holder_before and gm.holder.inner is root.holder.inner  # the original is untouched
+    nodes = len(copied.score.graph.nodes)
+    with gm.score.graph.inserting_before(gm.score.graph.output_node()):  # an in-place rewrite of the original's
+        gm.score.graph.call_function(torch.neg, (next(iter(gm.score.graph.nodes)),))
+    assert len(copied.score.graph.nodes) == nodes
+    inputs = torch.tensor([-1.0, 2.0])
+    assert torch.equal(copied(inputs), torch.tanh(torch.relu(inputs)))

@@ -7,8 +7,10 @@ model again per config: dynamo's trace and aot's capture are most of a compile, 
 time. The production route, ``overlapcfg.backend(cfg)`` compiling the model per config, keeps its own bitwise gloo
 parity in the conformance suite (``tests/thirdparty/conformance.parity_worker``, Hugging Face and torchtitan models).
 
-A harness that switches graphs must prove it runs the one it says: ``TAMPERED`` is the reference with one
-forward output doubled, so a step run under it must differ from the reference (``assert_tampered_differs``).
+A harness that switches graphs must prove it runs the one it says, and that nothing carries over from one variant's
+step to the next: ``Variants.runs()`` ends with ``TAMPERED`` (the reference with the forward's output doubled and
+the backward's first gradient zeroed) and the reference once more, and ``assert_harness_ran_what_it_selected``
+checks that the tampered step differs in both graphs and the second reference equals the first, bit for bit.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from overlapcfg.config import OverlapConfig
 from overlapcfg.passes import apply
 from overlapcfg.passes.backend import GraphBackend, GraphName
 
-__all__ = ["REFERENCE", "TAMPERED", "Variants", "assert_tampered_differs"]
+__all__ = ["REFERENCE", "REFERENCE_AGAIN", "TAMPERED", "Variants", "assert_harness_ran_what_it_selected"]
 
 REFERENCE = "reference"
 TAMPERED = "tampered"
-"""The reference graphs with the forward's first output (the model's output) doubled: a step that must differ."""
+"""The reference graphs with the forward's first output (the model's output) doubled and the backward's first
+gradient zeroed: a step that must differ from the reference in its loss and in that gradient."""
+REFERENCE_AGAIN = "reference_again"
+"""The reference run once more, after every other variant: it must equal the first run."""
 
 
 @dataclass(slots=True)
@@ -61,13 +66,19 @@ class Variants:
 
     def _pass(self, name: GraphName) -> Any:
         def run(gm: fx.GraphModule) -> fx.GraphModule:
-            variants = {REFERENCE: gm, TAMPERED: _doubled_first_output(gm) if name == "forward" else gm}
+            variants = {REFERENCE: gm, TAMPERED: _scaled_first_output(gm, 2 if name == "forward" else 0)}
             for label, cfg in self._loaded.items():
                 variants[label] = apply(copy.deepcopy(gm), cfg, graph_kind=name, module_fqns=self.backend.module_fqns)
             self.graphs[name] = variants
             return gm
 
         return run
+
+    def runs(self) -> tuple[tuple[str, str], ...]:
+        """``(result key, variant to select)`` in the order to run them: the reference, each config, the tampered
+        step and the reference again."""
+        return ((REFERENCE, REFERENCE), *((name, name) for name in self.configs), (TAMPERED, TAMPERED),
+                (REFERENCE_AGAIN, REFERENCE))
 
     def _compiler(self, name: GraphName) -> Any:
         def compile_graph(gm: fx.GraphModule, example_inputs: Any) -> Any:
@@ -81,21 +92,34 @@ class Variants:
         return compile_graph
 
 
-def _doubled_first_output(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of aot's forward graph whose first output (the model's own output; the saved tensors follow it) is
-    doubled (not shifted: a softmax loss ignores a shift), so its backward inputs keep their layout."""
-    doubled = copy.deepcopy(gm)
-    output = doubled.graph.output_node()
+def _scaled_first_output(gm: fx.GraphModule, factor: int) -> fx.GraphModule:
+    """A copy of one of aot's graphs with its first output multiplied by ``factor``: the forward's is the model's
+    own output (the saved tensors follow it; doubled, not shifted, since a softmax loss ignores a shift), the
+    backward's a parameter's gradient (zeroed). Outputs keep their layout, so the other graph still fits."""
+    scaled = copy.deepcopy(gm)
+    output = scaled.graph.output_node()
     outputs = list(output.args[0])
-    with doubled.graph.inserting_before(output):
-        outputs[0] = doubled.graph.call_function(torch.ops.aten.mul.Tensor, (outputs[0], 2))
+    first = next(i for i, out in enumerate(outputs) if isinstance(out, fx.Node))
+    with scaled.graph.inserting_before(output):
+        outputs[first] = scaled.graph.call_function(torch.ops.aten.mul.Tensor, (outputs[first], factor))
     output.args = (type(output.args[0])(outputs),)
-    doubled.recompile()
-    return doubled
+    scaled.recompile()
+    return scaled
 
 
-def assert_tampered_differs(tampered_loss: torch.Tensor, reference_loss: torch.Tensor) -> None:
-    """The harness ran the graphs it selected: a step under ``TAMPERED`` did not compute the reference's loss."""
-    assert not torch.equal(tampered_loss, reference_loss), (
+Step = tuple[torch.Tensor, Mapping[str, torch.Tensor]]
+"""``(loss, {parameter: local gradient})``, as ``overlapcfg.demo.tracing.train_step`` returns them."""
+
+
+def assert_harness_ran_what_it_selected(reference: Step, again: Step, tampered: Step) -> None:
+    """The harness ran the graphs it selected, in both graphs, and no step changed what the next one computes."""
+    (loss, grads), (again_loss, again_grads), (bad_loss, bad_grads) = reference, again, tampered
+    assert torch.equal(again_loss, loss) and list(again_grads) == list(grads), "the reference changed between runs"
+    for param, grad in grads.items():
+        assert torch.equal(again_grads[param], grad), f"the reference's {param} gradient changed between runs"
+    assert not torch.equal(bad_loss, loss), (
         "the step run under the tampered variant computed the reference's loss: the harness is not running the "
-        "selected graphs, so its parity checks prove nothing")
+        "selected forward graph, so its parity checks prove nothing")
+    zeroed = [param for param, grad in bad_grads.items() if not grad.any() and grads[param].any()]
+    assert zeroed, ("no gradient of the tampered step was zeroed: the harness is not running the selected backward "
+                    "graph, so its parity checks prove nothing")
