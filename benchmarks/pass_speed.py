@@ -22,11 +22,10 @@ and gives the ratio of the rest, the passes' own work ("speedup without codegen"
 "ours in inductor's hook" is ``apply`` as ``inductor_pass`` runs it in inductor's post-grad passes: fresh fake
 values for every stamped node (``for_compiler=True``, which inductor needs, and which upstream's call always
 produces) and no closing codegen (``recompile=False``: those passes end with a ``gm.recompile()`` of their own).
-Every timed run
-starts cold (``compat.forget_merge_traces``); one more line, for information, times the backward as one compile
-runs it: after its forward, whose merge traces it reuses (upstream traces every bucket again). A missed
-target (or ``--profile``) prints a cProfile of our pass on the 64-layer backward graph (cProfile inflates
-Python-heavy code and fake-tensor calls; the table's times are without it).
+Every timed run starts cold (``overlapcfg.graph.stamp.forget_traces``); one more line, for information, times the
+backward as one compile runs it: after its forward, whose merge traces it reuses (upstream traces every bucket
+again). A missed target (or ``--profile``) prints a cProfile of our pass on the 64-layer backward graph
+(cProfile inflates Python-heavy code and fake-tensor calls; the table's times are without it).
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from overlapcfg import compat, load_config
 from overlapcfg.config import OverlapConfig
 from overlapcfg.demo import LlamaConfig
 from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
+from overlapcfg.graph.stamp import forget_traces
 from overlapcfg.graph.summary import summarize as summarize_graph
 from overlapcfg.graph.verify import verify
 from overlapcfg.passes import apply
@@ -112,7 +112,7 @@ def run_pass(step: TracedStep, graph: GraphName, cfg: OverlapConfig,
     garbage that a full collection can land in any run and double it.
     """
     gm = copy.deepcopy(step.graph(graph))
-    compat.forget_merge_traces()  # cold, as upstream runs: no bucket's trace kept from an earlier run
+    forget_traces()  # cold, as upstream runs: no bucket's trace kept from an earlier run
     if after is not None:  # as one compile runs them: that graph first (untimed), its merge traces kept
         apply(copy.deepcopy(step.graph(after)), cfg, module_fqn_fn=step.module_fqn_fn(after),
               module_fqns=step.module_fqns, graph_kind=after)
@@ -222,7 +222,7 @@ def profile(step: TracedStep, graph: GraphName, top: int = 25) -> str:
     """cProfile of our pass on ``graph`` (by cumulative and by own time), for finding where the time goes."""
     profiler = cProfile.Profile()
     gm = copy.deepcopy(step.graph(graph))
-    compat.forget_merge_traces()
+    forget_traces()
     with compat.fake_process_group(step.world_size, step.rank):
         profiler.runcall(apply, gm, CONFIGS["ours"], module_fqn_fn=step.module_fqn_fn(graph),
                          module_fqns=step.module_fqns, graph_kind=graph)

@@ -4,8 +4,9 @@ upgrade that moves one of them breaks exactly one place, and each probe for a ch
 
 Split by what importing them costs: ``overlapcfg.compat.omegaconf`` (torch-free: the config layer uses it), and,
 forwarded from this package lazily, ``overlapcfg.compat._torch`` (dynamo, aot_autograd, the fake process group, op
-identity), ``overlapcfg.compat._inductor`` (bucketing, schedulers, compiling) and ``overlapcfg.compat._merge``
-(upstream's bucket merge made cheaper): ``from overlapcfg import compat; compat.fake_process_group`` works and
+identity), ``overlapcfg.compat._inductor`` (bucket copy-in ops, schedulers, compiling) and ``overlapcfg.compat._fake``
+(fake tensors and tracing under a fake mode, for the bucket merge): ``from overlapcfg import compat;
+compat.fake_process_group`` works and
 ``import overlapcfg.compat.omegaconf`` imports no torch.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_MODULES = ("overlapcfg.compat._torch", "overlapcfg.compat._inductor", "overlapcfg.compat._merge")
+_MODULES = ("overlapcfg.compat._torch", "overlapcfg.compat._inductor", "overlapcfg.compat._fake")
 
 
 def __getattr__(name: str) -> Any:

@@ -15,20 +15,14 @@ from torch import fx as _fx
 
 __all__: list[str] = []
 
-# --- inductor: collective recognition, bucketing and the upstream schedulers ------------------------------------
-# Everything the graph pass borrows from ``torch/_inductor/fx_passes``. The merge helpers are used as they are
-# (so merged collectives are exactly upstream's ops for a bucket mode); ``overlapcfg.compat._merge`` makes them
-# cheaper without changing what they produce.
+# --- inductor: the bucket copy-in ops, ordering wrappers and the upstream schedulers -----------------------------
+# What the graph pass borrows from ``torch/_inductor/fx_passes``: the ops a merged bucket is made of (importing
+# ``bucketing`` registers the ``bucketing::_pre_bucket_*`` copy-ins, which inductor lowers), ``control_deps``, and
+# upstream's two passes for the ``torch_manual`` and ``auto`` strategies. The merge itself is overlapcfg's
+# (``overlapcfg.graph.bucket_fns`` and ``stamp``): upstream's merge helpers differ between releases.
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.fx_passes import bucketing as _bucketing
 from torch._inductor.fx_passes import fsdp as _fsdp
-from torch._inductor.fx_passes.bucketing import (
-    bucket_key,
-    is_fsdp_reduce_scatter,
-    merge_all_gather_bucket,
-    merge_all_reduce_bucket,
-    merge_reduce_scatter_bucket,
-)
 from torch._inductor.fx_passes.control_dependencies import control_deps as _control_deps
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
 from torch.utils._ordered_set import OrderedSet
@@ -43,15 +37,11 @@ if logging.getLogger(_fsdp.__name__).level == logging.INFO:
 
 __all__ += [
     "CustomGraphPass",
-    "bucket_key",
     "control_deps",
     "is_fsdp_reduce_scatter",
     "manual_overlap_bucketing",
     "unwrap_control_deps",
     "unwrapped_call",
-    "merge_all_gather_bucket",
-    "merge_all_reduce_bucket",
-    "merge_reduce_scatter_bucket",
     "no_triton_runtime_estimates",
     "preserve_node_ordering",
     "schedule_overlap_bucketing",
@@ -99,6 +89,12 @@ def unwrapped_call(node: object) -> tuple[object, tuple[object, ...], dict[str, 
     args = _fx.map_arg(calls[0].args, lambda n: outer.get(n, n))
     kwargs = _fx.map_arg(calls[0].kwargs, lambda n: outer.get(n, n))
     return calls[0].target, tuple(args), dict(kwargs)
+
+
+def is_fsdp_reduce_scatter(node: object) -> bool:
+    """Upstream's own test for an FSDP reduce-scatter (an independent oracle for the test suite; overlapcfg's
+    classification is ``overlapcfg.graph.gradients``')."""
+    return bool(_bucketing.is_fsdp_reduce_scatter(node))  # type: ignore[arg-type]
 
 
 def manual_overlap_bucketing(*args: object, **kwargs: object) -> object:

@@ -46,8 +46,9 @@ from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 # Importing fake_pg registers the "fake" backend with torch.distributed as a side effect.
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-# --- pytree: the tensors in a model's output (tuples, dicts, Hugging Face ``ModelOutput``, which registers itself) --
-from torch.utils._pytree import tree_leaves
+# --- pytree: the tensors in a model's output (tuples, dicts, Hugging Face ``ModelOutput``, which registers itself),
+# and fake values that are lists of tensors (a split's pieces) ---------------------------------------------------
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 __all__ = [
     "DynamoUnsupported",
@@ -61,7 +62,10 @@ __all__ = [
     "fake_process_group",
     "make_boxed_func",
     "min_cut_rematerialization_partition",
+    "tree_flatten",
     "tree_leaves",
+    "tree_map",
+    "tree_unflatten",
 ]
 
 # ``Source.name`` became a cached property in torch 2.13 (a method before): probe once here.
@@ -243,7 +247,15 @@ def registered_group_size(name: str) -> int | None:
         return None
 
 
-__all__ += ["process_group_initialized", "registered_group_size"]
+def rank_in_group(name: str) -> int:
+    """This process's rank in the process group registered under ``name`` (a merged all-gather copies its shard
+    in at this rank's slot)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return int(dist.get_rank(_resolve_process_group(name)))
+
+
+__all__ += ["process_group_initialized", "rank_in_group", "registered_group_size"]
 
 # --- functional collectives (the ops our graphs hold, and the demo's SimpleFSDP sharding) ------------------------
 import torch.distributed._functional_collectives as functional_collectives  # noqa: E402

@@ -18,6 +18,7 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.graph.gradients import (
     ends_as_gradient,
+    flows_to_outputs,
     hsdp_pairs,
     is_partial_gradient_scatter,
     partial_sum_root,
@@ -192,7 +193,7 @@ def _role(start: fx.Node, kind: CollectiveKind, waits: list[fx.Node], partner: f
     if kind == "reduce_scatter":
         if mark is None and reduced_again(waits):
             return "other"  # descriptors name the parameter for both halves: structure decides which is FSDP's
-        fsdp = (mark is not None or owned or partner is not None or compat.is_fsdp_reduce_scatter(start)
+        fsdp = (mark is not None or owned or partner is not None or flows_to_outputs(start)
                 or is_partial_gradient_scatter(start, waits) or (len(waits) == 1 and ends_as_gradient(waits[0])))
         return "fsdp_reduce_scatter" if fsdp else "other"
     # The plain op only: torch's all-reduce merge takes single tensors (a coalesced all-reduce is left alone).

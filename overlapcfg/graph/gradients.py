@@ -34,6 +34,7 @@ from overlapcfg.graph.ops import (
 
 __all__ = [
     "ends_as_gradient",
+    "flows_to_outputs",
     "hsdp_pairs",
     "is_partial_gradient_scatter",
     "partial_sum_root",
@@ -47,9 +48,10 @@ def _is_unary(node: fx.Node) -> bool:
     return node.op != "output" and len(node.all_input_nodes) == 1
 
 
-def _flows_to_outputs(node: fx.Node) -> bool:
+def flows_to_outputs(node: fx.Node) -> bool:
     """Every path from ``node`` reaches the graph outputs through single-input ops only (a gradient that is
-    returned, perhaps cast or viewed): torch's ``is_fsdp_reduce_scatter`` rule, for any node."""
+    returned, perhaps cast or viewed): the rule torch's ``is_fsdp_reduce_scatter`` applies to a reduce-scatter, for
+    any node."""
     return all(user.op == "output" or _is_unary(user) for user in reached_users([node], _is_unary))
 
 
@@ -89,7 +91,7 @@ def _updates_state(node: fx.Node) -> bool:
 
 def ends_as_gradient(node: fx.Node) -> bool:
     """Where a gradient ends (module docstring): the outputs through single-input ops, or the step's state."""
-    return _flows_to_outputs(node) or _updates_state(node)
+    return flows_to_outputs(node) or _updates_state(node)
 
 
 def partial_sum_root(wait: fx.Node) -> fx.Node | None:

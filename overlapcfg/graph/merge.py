@@ -1,9 +1,10 @@
 """The bucketer: merge the FSDP collectives of each bucket into one collective per (direction, kind, group key).
 
-Merging reuses torch's own helpers (``merge_all_gather_bucket`` / ``merge_reduce_scatter_bucket``), placed as
-``manual_overlap_bucketing`` places them, so a merged bucket is op-for-op what upstream emits for the same
-``bucket_mode``. Their per-bucket ``make_fx`` trace is memoized by signature and fake mode
-(``compat.cached_merge_traces``): identical layers trace once per capture, for every graph and config of it.
+Each group of collectives is replaced by the trace of its merge function (``overlapcfg.graph.bucket_fns``: copy-in,
+one collective, its wait, copy-out), spliced in where ``manual_overlap_bucketing`` places upstream's merge
+(``overlapcfg.graph.stamp``): at depth 1 the graph is, on torch 2.13, upstream's node for node, and on every
+supported release it is made of the ops inductor's own bucketing emits. Traces are kept by signature and fake mode:
+identical layers trace once per capture, for every graph and config of it.
 
 Before (one bucket, two parameters)::
 
@@ -20,14 +21,17 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.policy import BucketMode
+from overlapcfg.graph.bucket_fns import bucket_dtype, group_key, group_name_of, merge_fn
 from overlapcfg.graph.collectives import Collective, positions
 from overlapcfg.graph.meta import MergedMark, mark_merged
 from overlapcfg.graph.ops import CollectiveKind, started_by
 from overlapcfg.graph.record import Direction
+from overlapcfg.graph.stamp import populate_meta, sort_region, splice, traces_used
 from overlapcfg.resolve import ResolvedPlan
 
 __all__ = ["MergedCollective", "attribute", "fold_repeated_waits", "merge_buckets"]
@@ -86,7 +90,7 @@ def _groups(covered: Sequence[tuple[int, Collective]], plan: ResolvedPlan,
     groups: dict[tuple[object, ...], list[Collective]] = {}
     ordered = sorted(covered, key=lambda item: (item[0], _module_rank(plan, item[0], item[1].module_fqn)))
     for index, c in ordered:  # sorted() is stable: graph order within one module
-        key = (index, c.direction, c.kind, compat.bucket_key(c.start, mode))
+        key = (index, c.direction, c.kind, group_key(c.start, c.kind, mode))
         groups.setdefault(key, []).append(c)
     return groups
 
@@ -95,18 +99,18 @@ def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]],
                   mode: BucketMode, *, fresh_fake_values: bool = False) -> list[MergedCollective]:
     """Merge each group in place; returns the merged collectives in graph order of their starts.
 
-    ``fresh_fake_values``: give every merged node its own fake tensor (see ``compat.cached_merge_traces``).
+    ``fresh_fake_values``: give every merged node its own fake tensor (see ``overlapcfg.graph.stamp``).
     """
     graph = gm.graph
     merged: list[MergedCollective] = []
     # Merging inserts and erases nodes but never reorders the original ones, so one index serves every group.
     original = positions(graph)
-    with compat.cached_merge_traces(fresh_fake_values=fresh_fake_values) as cache:
+    with traces_used() as cache:
         # Reduce-scatters before all-reduces: an HSDP chain (either order) is only a valid graph again once both of
         # its halves are merged, and merging the all-reduces last inserts them where both orders end up valid.
         groups = sorted(_groups(covered, plan, mode).items(), key=lambda item: item[0][2] == "all_reduce")
         for (index, direction, kind, _), group in groups:
-            merged.append(_merge_group(graph, original, index, direction, kind, group, mode))
+            merged.append(_merge_group(graph, original, index, direction, kind, group, mode, fresh_fake_values))
     logger.debug("merged %d groups with %d distinct merge traces", len(merged), len(cache))
     index_of = positions(graph)
     merged.sort(key=lambda m: index_of[m.start])
@@ -135,22 +139,18 @@ def fold_repeated_waits(graph: fx.Graph, c: Collective) -> int:
 
 
 def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, direction: Direction,
-                 kind: CollectiveKind, group: list[Collective], mode: BucketMode) -> MergedCollective:
+                 kind: CollectiveKind, group: list[Collective], mode: BucketMode, fresh: bool) -> MergedCollective:
     starts = [c.start for c in group]
     order = original.__getitem__
     first = min(starts, key=order)
     last = max(starts, key=order)
     nbytes = sum(c.unsharded_bytes for c in group)
-    if kind == "all_gather":
+    if kind == "all_gather":  # issued where the first was, waited where the first was waited
         first_wait = min((next(w for w in c.waits if w in original) for c in group), key=order)  # folded: gone
-        new_nodes, _ = compat.merge_all_gather_bucket(
-            graph, starts, wait_insertion_point=first_wait, insert_before=first.next, mode=mode
-        )
-    elif kind == "reduce_scatter":
-        new_nodes, _ = compat.merge_reduce_scatter_bucket(graph, starts, insert_before=last.next, mode=mode)
-    else:  # HSDP all-reduces: one flat all-reduce per (group, op, dtype), after the last input is ready
-        new_nodes, _ = compat.merge_all_reduce_bucket(graph, starts, mode, insert_before=last.next)
-    # Upstream copies module stacks and stack traces to the new nodes; which side of autograd they are on matters
+        new_nodes = _merge(graph, kind, starts, mode, insert_before=first.next, wait_at=first_wait, fresh=fresh)
+    else:  # reduce-scatters, and HSDP all-reduces: one flat collective once the last input is ready
+        new_nodes = _merge(graph, kind, starts, mode, insert_before=last.next, wait_at=None, fresh=fresh)
+    # The merge copies module stacks and stack traces to the new nodes; which side of autograd they are on matters
     # to us (and to later passes) as much.
     for key in _INHERITED_META:
         if key in group[0].start.meta:
@@ -165,3 +165,74 @@ def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, dir
     for wait in waits:
         mark_merged(wait, MergedMark(bucket, kind, direction, "wait", sources))
     return MergedCollective(bucket, direction, kind, start, waits, group[0].group, sources, nbytes)
+
+
+def _absorbed_cast(start: fx.Node) -> fx.Node | None:
+    """The cast feeding an all-gather alone (mixed precision: the shard is cast, then gathered), which the merged
+    copy-in takes over: it copies the uncast shard into a slot of the gathered dtype."""
+    source = start.args[0]
+    if (isinstance(source, fx.Node) and source.op == "call_function" and len(source.users) == 1
+            and source.target in (torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)):
+        return source
+    return None
+
+
+def _merge(graph: fx.Graph, kind: CollectiveKind, starts: Sequence[fx.Node], mode: BucketMode, *,
+           insert_before: fx.Node, wait_at: fx.Node | None, fresh: bool) -> list[fx.Node]:
+    """Replace the collectives ``starts`` (one group key; each waited once) by one merged collective stamped before
+    ``insert_before``; with ``wait_at``, its wait and everything after it go before ``wait_at``. Returns the new
+    nodes. As upstream's ``process_collective_bucket`` does it, so the graphs are the same on torch 2.13."""
+    inputs: list[fx.Node] = []
+    waits: list[fx.Node] = []
+    casts: list[fx.Node | None] = []
+    for start in starts:
+        if len(start.users) != 1:
+            raise AssertionError(f"overlapcfg merge: {start.name} has {len(start.users)} readers, not its one wait")
+        waits.append(next(iter(start.users)))
+        cast = _absorbed_cast(start) if kind == "all_gather" else None
+        casts.append(cast)
+        source = cast.args[0] if cast is not None else start.args[0]
+        if not isinstance(source, fx.Node):
+            raise AssertionError(f"overlapcfg merge: {start.name} collects {source!r}, not a node")
+        inputs.append(source)
+    args, group = _trace_args(kind, starts, [n.meta["val"] for n in inputs])
+    graph_inputs = inputs + ([group] if isinstance(group, fx.Node) else [])
+    _, new_nodes = splice(graph, merge_fn(kind, mode), args, insert_before, graph_inputs, waits, fresh=fresh)
+    if wait_at is not None:
+        first_wait = next((i for i, n in enumerate(new_nodes) if n.target is compat.WAIT_TENSOR), None)
+        if first_wait is not None:
+            for node in new_nodes[first_wait:]:
+                wait_at.prepend(node)
+    populate_meta(starts, new_nodes)
+    for start, wait, cast in zip(starts, waits, casts, strict=True):
+        graph.erase_node(wait)
+        graph.erase_node(start)
+        if cast is not None:
+            graph.erase_node(cast)
+    sort_region(graph, new_nodes, graph_inputs)
+    return new_nodes
+
+
+def _trace_args(kind: CollectiveKind, starts: Sequence[fx.Node],
+                values: list[object]) -> tuple[tuple[object, ...], object]:
+    """The merge function's arguments for these collectives (``bucket_fns``' signatures), and their group argument
+    (a name, or a node in compile-on-one-rank graphs). Every collective must agree on the group and, for
+    reductions, the reduce op, dtype and device: a group key guarantees it, and a mismatch is a bug."""
+    first = starts[0]
+    group = first.args[-1]
+    group_value = group.meta["val"] if isinstance(group, fx.Node) else group
+    name = group_name_of(group)
+    if any(group_name_of(s.args[-1]) != name or s.args[1:-1] != first.args[1:-1] for s in starts):
+        raise AssertionError(f"overlapcfg merge: {[s.name for s in starts]} differ in group or arguments")
+    if kind == "all_gather":
+        _, group_size, _ = first.args
+        dtypes = [s.meta["val"].dtype for s in starts]
+        return (values, group_value, group_size, bucket_dtype(dtypes), dtypes, compat.rank_in_group(name)), group
+    val = first.meta["val"]
+    if any(s.meta["val"].dtype != val.dtype or s.meta["val"].device != val.device for s in starts):
+        raise AssertionError(f"overlapcfg merge: {[s.name for s in starts]} differ in dtype or device")
+    if kind == "reduce_scatter":
+        _, reduce_op, group_size, _ = first.args
+        return (values, group_value, group_size, reduce_op, val.dtype, val.device), group
+    _, reduce_op, _ = first.args
+    return (values, group_value, reduce_op, val.dtype, val.device), group

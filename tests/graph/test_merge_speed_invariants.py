@@ -18,6 +18,7 @@ from torch import fx
 
 from overlapcfg import compat, load_config
 from overlapcfg.graph.meta import NAMESPACE
+from overlapcfg.graph.stamp import forget_traces
 from overlapcfg.passes import apply
 from tests.support.synthetic import Synthetic, backward_graph, forward_graph
 
@@ -80,14 +81,14 @@ def _manual(gm: fx.GraphModule, syn: Synthetic) -> fx.GraphModule:
 
 def test_merge_traces_are_reused_within_a_capture_and_never_across_captures() -> None:
     """A second config on the same capture stamps the traces the first made (its merged nodes carry the very same
-    fake values) and gives the same graph; ``forget_merge_traces`` makes it trace afresh; a graph of another
+    fake values) and gives the same graph; ``forget_traces`` makes it trace afresh; a graph of another
     capture (another fake mode) gets traces of its own, whose fake values belong to its own mode."""
     syn = forward_graph(LAYERS)
     first = _new_values(syn.gm, _manual(copy.deepcopy(syn.gm), syn))
     again = _new_values(syn.gm, _manual(copy.deepcopy(syn.gm), syn))
     assert list(again) == list(first) and len(first) > 0
     assert all(again[name] is first[name] for name in first)  # stamped from the kept traces
-    compat.forget_merge_traces()
+    forget_traces()
     cold = _new_values(syn.gm, _manual(copy.deepcopy(syn.gm), syn))
     assert list(cold) == list(first)
     assert not any(cold[name] is first[name] for name in first)  # traced afresh
@@ -99,3 +100,56 @@ def test_merge_traces_are_reused_within_a_capture_and_never_across_captures() ->
     theirs = _new_values(other.gm, _manual(copy.deepcopy(other.gm), other))
     assert list(theirs) == list(first)
     assert all(v.fake_mode is mode for v in theirs.values())
+
+
+def _propagated(gm: fx.GraphModule) -> dict[str, object]:
+    """Every node's fake value as running the whole graph under its fake mode gives it (a fresh value per node,
+    storages shared exactly where the ops alias), by name."""
+    inputs = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    return {n.name: v for n, v in compat.propagate_fake_values(gm, inputs).items()}
+
+
+def _storage_classes(values: dict[str, object]) -> list[list[str]]:
+    """Names grouped by the storage their (tensor) value lives in: which nodes alias which."""
+    groups: dict[int, list[str]] = {}
+    for name, value in values.items():
+        if isinstance(value, torch.Tensor):
+            groups.setdefault(compat.storage_id(value), []).append(name)
+    return sorted(sorted(g) for g in groups.values())
+
+
+@pytest.mark.parametrize("mode", ["custom_ops", "default", "coalesced"])
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_fake_values_for_a_compiler_are_what_running_the_graph_gives(kind: str, mode: str) -> None:
+    """``for_compiler=True`` lays the kept trace's layouts on storages of each stamp's own instead of running the
+    ops again: every merged node's value must be what running the transformed graph gives, in layout (shape,
+    strides, offset, dtype) and in aliasing (which nodes share a storage: a split's pieces share the flat buffer,
+    a view of an input shares the input's), with no storage shared between two buckets. (Readers of merged outputs
+    keep their own value where its layout is unchanged, as inductor's bucketing leaves them: aliasing is compared
+    over the nodes the merge made and the graph's inputs.)"""
+    syn = forward_graph(LAYERS) if kind == "forward" else backward_graph(LAYERS, regather=True)
+    cfg = load_config({"plan": {"buckets": ["layers.*"]}, "policy": {"bucket_mode": mode}})
+    forget_traces()
+    with compat.fake_process_group(2, 0):
+        gm = apply(copy.deepcopy(syn.gm), cfg, module_fqns=syn.module_fqns, graph_kind=kind, for_compiler=True)
+        truth = _propagated(gm)
+    ours = {n.name: n.meta["val"] for n in gm.graph.nodes if n.op != "output" and "val" in n.meta}
+    stamped = [*_new_values(syn.gm, gm), *(n.name for n in gm.graph.find_nodes(op="placeholder"))]
+    assert len(stamped) > 10
+    assert {name: _fake_layout(ours[name]) for name in ours} == {name: _fake_layout(truth[name]) for name in ours}
+    assert _storage_classes({k: ours[k] for k in stamped}) == _storage_classes({k: truth[k] for k in stamped})
+
+
+def test_fresh_fake_values_do_not_rerun_the_merge_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second and later stamps of a kept trace get their values without running ops (the ~1 ms per node that
+    re-running cost on inductor's route): only the first bucket of a signature is traced."""
+    syn = forward_graph([[1, 2]] * 4)
+    calls: list[object] = []
+    real = compat.propagate_fake_values
+    monkeypatch.setattr(compat, "propagate_fake_values", lambda *a: calls.append(a) or real(*a))
+    forget_traces()
+    with compat.fake_process_group(2, 0):
+        gm = apply(copy.deepcopy(syn.gm), load_config({"plan": {"buckets": ["layers.*"]}}),
+                   module_fqns=syn.module_fqns, graph_kind="forward", for_compiler=True)
+    assert len(_new_values(syn.gm, gm)) > 20
+    assert calls == []

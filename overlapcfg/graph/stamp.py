@@ -1,0 +1,443 @@
+"""Splice a traced function into a graph in place of some of its nodes: how a merged bucket lands in the graph.
+
+``splice`` traces the function (``overlapcfg.graph.bucket_fns``) on the fake values of the nodes it replaces,
+stamps the traced nodes in before a given node, points the readers of the replaced outputs at the new ones and
+repairs the readers' fake metadata where a new output's layout differs (a merged all-gather's pieces after the
+first sit at an offset of the flat buffer, so a view of one has another storage offset).
+
+Three things keep it linear in graph size, where a generic splice is quadratic or slow per bucket:
+
+- **One trace per signature and capture.** Buckets of identical layers have identical signatures (shapes, strides,
+  offsets, dtypes, group, rank); their trace is made once and kept on the capture's fake mode (``_TRACES_ATTR``),
+  so later buckets, the backward that re-gathers the forward's buckets, and a second config on the same step
+  stamp it again. Graphs of another capture have another fake mode and never see these traces.
+- **Fresh fake values without re-running ops.** Stamped nodes of identical buckets would share the trace's fake
+  tensors; that is harmless where the graph runs as it is, but inductor tells buffers apart by storage, so with
+  ``fresh=True`` each stamp gets fake tensors of its own: the trace's layouts (shape, strides, offset, dtype) are
+  laid on new storages, and on the bucket's own inputs' storages where the trace viewed an input. Building a fake
+  tensor from a meta view costs ~10 us; running the op again under the fake mode costs ~1 ms (``FakeTensorProp``,
+  what this replaced). Where a layout cannot be copied (symbolic sizes, inputs sharing a storage) the bucket's ops
+  are re-run instead.
+- **Bookkeeping once per bucket.** Provenance records (``from_node``) are built once per bucket, not once per new
+  node; the output node, which reads every reduce-scattered gradient, is rewritten once per bucket; the region
+  sort does not walk back to the placeholders.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import functools
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import fx
+from torch.fx.traceback import NodeSource, NodeSourceAction
+
+from overlapcfg import compat
+
+__all__ = ["forget_traces", "populate_meta", "sort_region", "splice", "traces_used"]
+
+_TRACES_ATTR = "_overlapcfg_merge_traces"
+"""Where a fake mode keeps its traced merge functions by signature (``_signature``). On the mode itself, not in a
+table keyed by it: the traces' fake values refer to their mode, so a table would keep every mode alive for good,
+while an attribute makes one cycle the collector frees with the mode."""
+_MODES_WITH_TRACES: weakref.WeakSet[object] = weakref.WeakSet()
+_USED: list[set[tuple[object, ...]]] = []
+"""Signatures stamped inside each open ``traces_used`` block (innermost last)."""
+
+
+def _signature(fn: object, inps: Sequence[object]) -> tuple[object, ...]:
+    def key(x: object) -> object:
+        if isinstance(x, torch.Tensor):
+            return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device), x.storage_offset())
+        if isinstance(x, (list, tuple)):
+            return tuple(key(y) for y in x)
+        return x
+
+    return (fn, key(inps))
+
+
+def _traces_of(mode: object) -> dict[tuple[object, ...], fx.GraphModule]:
+    traces = getattr(mode, _TRACES_ATTR, None)
+    if traces is None:
+        traces = {}
+        setattr(mode, _TRACES_ATTR, traces)
+        _MODES_WITH_TRACES.add(mode)
+    return traces
+
+
+def forget_traces() -> None:
+    """Drop every kept trace: the next merge traces as the first did (``benchmarks/pass_speed.py`` times each run
+    cold, as upstream's pass always runs)."""
+    for mode in list(_MODES_WITH_TRACES):
+        getattr(mode, _TRACES_ATTR, {}).clear()
+
+
+@contextlib.contextmanager
+def traces_used() -> Iterator[set[tuple[object, ...]]]:
+    """Within the block, collect the signatures spliced (how many distinct traces a merge needed)."""
+    _USED.append(set())
+    try:
+        yield _USED[-1]
+    finally:
+        _USED.pop()
+
+
+def _trace(fn: Callable[..., object], inps: Sequence[object]) -> tuple[fx.GraphModule, bool]:
+    """The trace of ``fn`` on ``inps`` and whether it was made now (else kept from an earlier bucket)."""
+    signature = _signature(fn, inps)
+    if _USED:
+        _USED[-1].add(signature)
+    mode = compat.detect_fake_mode(inps)
+    if mode is None:
+        raise AssertionError("overlapcfg merge: the collectives' inputs carry no fake values (meta['val'])")
+    traces = _traces_of(mode)
+    if signature in traces:
+        return traces[signature], False
+    gm = compat.trace_with_fake_mode(fn, inps, mode)
+    traces[signature] = gm
+    return gm, True
+
+
+def splice(g: fx.Graph, fn: Callable[..., object], inps: Sequence[object], insert_before: fx.Node,
+           g_fn_inps: Sequence[fx.Node], g_fn_outs: Sequence[fx.Node], *,
+           fresh: bool) -> tuple[dict[fx.Node, fx.Node], list[fx.Node]]:
+    """Stamp the trace of ``fn(*inps)`` before ``insert_before``, its placeholders bound to ``g_fn_inps``, and make
+    the readers of ``g_fn_outs`` read its outputs instead. Returns ``(old output -> new output, new nodes)``.
+
+    ``fresh``: every new node gets fake values of its own (what a compiler that reads them needs), also where the
+    trace was made for another bucket."""
+    gm, made_now = _trace(fn, inps)
+    fn_g = gm.graph
+    placeholders = list(fn_g.find_nodes(op="placeholder"))
+    values = _fresh_values(gm, placeholders, g_fn_inps) if fresh and not made_now else None
+    env: dict[fx.Node, object] = dict(zip(placeholders, g_fn_inps, strict=False))
+    new_outs: list[fx.Node] = []
+    new_nodes: list[fx.Node] = []
+    copy_node = g.node_copy if _first_stamp(g, fn_g) else functools.partial(_stamp, g)
+    with g.inserting_before(insert_before):
+        for node in fn_g.nodes:
+            if node.op == "placeholder":
+                continue
+            copied = copy_node(node, env.__getitem__)
+            env[node] = copied
+            if node.op == "output":
+                new_outs = list(copied.args[0])  # type: ignore[arg-type]
+                g.erase_node(copied)
+                continue
+            if values is not None and node in values:
+                copied.meta["val"] = values[node]
+            new_nodes.append(copied)
+    replacements = dict(zip(g_fn_outs, new_outs, strict=True))
+    changed_readers: list[fx.Node] = []
+    for old, new in replacements.items():
+        if not _same_layout(old.meta.get("val"), new.meta.get("val")):
+            changed_readers += old.users
+    _rewire(g, replacements)
+    repair_readers(changed_readers)
+    return replacements, new_nodes
+
+
+# --- fresh fake values ------------------------------------------------------------------------------------------
+
+_Leaf = tuple[object, torch.dtype, tuple[int, ...], tuple[int, ...], int, torch.device]
+"""A fake tensor's layout: (storage id, dtype, shape, strides, offset, device)."""
+_LAYOUTS_ATTR = "_overlapcfg_layouts"
+_UNSET = object()
+
+
+def _layouts(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> dict[fx.Node, tuple[object, ...]] | None:
+    """Each traced node's value as layouts over numbered storages: ``("input", i)`` for the trace's i-th input's
+    storage, ``("new", k, nbytes)`` for one the trace allocated. None where a layout is not plain integers or the
+    trace's inputs share a storage (then a storage does not say which input a view is of). Kept on the trace."""
+    cached = getattr(gm, _LAYOUTS_ATTR, _UNSET)
+    if cached is not _UNSET:
+        return cached  # type: ignore[return-value]
+    result: dict[fx.Node, tuple[object, ...]] | None = {}
+    storages: dict[int, object] = {}
+    for i, p in enumerate(placeholders):
+        val = p.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            key = compat.storage_id(val)
+            if key in storages:
+                result = None
+                break
+            storages[key] = ("input", i)
+    if result is not None:
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            leaves, spec = compat.tree_flatten(node.meta.get("val"))
+            layout: list[object] = []
+            for leaf in leaves:
+                if not isinstance(leaf, torch.Tensor):
+                    layout.append(leaf)
+                    continue
+                numbers = (*leaf.shape, *leaf.stride(), leaf.storage_offset(), leaf.untyped_storage().nbytes())
+                if leaf.requires_grad or not all(type(n) is int for n in numbers):
+                    result = None
+                    break
+                key = compat.storage_id(leaf)
+                if key not in storages:
+                    storages[key] = ("new", len(storages), leaf.untyped_storage().nbytes())
+                layout.append((storages[key], leaf.dtype, tuple(leaf.shape), tuple(leaf.stride()),
+                               leaf.storage_offset(), leaf.device))
+            if result is None:
+                break
+            result[node] = (spec, tuple(layout), tuple(id(leaf) for leaf in leaves))
+    setattr(gm, _LAYOUTS_ATTR, result)
+    return result
+
+
+def _fresh_values(gm: fx.GraphModule, placeholders: Sequence[fx.Node],
+                  g_fn_inps: Sequence[fx.Node]) -> dict[fx.Node, object]:
+    """Fake values for one more stamp of ``gm``: the trace's layouts on storages of this stamp's own (``_layouts``),
+    the same tensor object wherever the trace had one (a split's pieces and their ``getitem`` nodes)."""
+    layouts = _layouts(gm, placeholders)
+    inputs = [n.meta.get("val") for n in g_fn_inps]
+    mode = compat.detect_fake_mode(inputs)
+    if layouts is None or mode is None or _inputs_share_a_storage(inputs):
+        return _rerun(gm, g_fn_inps)
+    storages: dict[object, torch.Tensor] = {}
+
+    def storage(key: tuple[object, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A meta tensor of ``dtype`` over the whole storage ``key`` (offset 0)."""
+        if key[0] == "input":
+            val = inputs[key[1]]  # type: ignore[call-overload]
+            raw = compat.meta_view_of_storage(val, torch.uint8)
+        else:
+            raw = storages.get(key)
+            if raw is None:
+                raw = storages[key] = torch.empty(key[2], dtype=torch.uint8, device="meta")  # type: ignore[arg-type]
+        return raw.view(dtype)
+
+    made: dict[int, torch.Tensor] = {}
+    out: dict[fx.Node, object] = {}
+    for node, (spec, layout, ids) in layouts.items():
+        leaves: list[object] = []
+        for leaf, leaf_id in zip(layout, ids, strict=True):
+            if not isinstance(leaf, tuple):
+                leaves.append(leaf)
+                continue
+            if leaf_id not in made:
+                key, dtype, shape, stride, offset, device = leaf
+                elem = storage(key, dtype).as_strided(shape, stride, offset)  # type: ignore[arg-type]
+                made[leaf_id] = compat.fake_tensor(mode, elem, device)
+            leaves.append(made[leaf_id])
+        out[node] = compat.tree_unflatten(leaves, spec)
+    return out
+
+
+def _inputs_share_a_storage(inputs: Sequence[object]) -> bool:
+    ids = [compat.storage_id(v) for v in inputs if isinstance(v, torch.Tensor)]
+    return len(set(ids)) != len(ids)
+
+
+def _rerun(gm: fx.GraphModule, g_fn_inps: Sequence[fx.Node]) -> dict[fx.Node, object]:
+    """Fake values for a stamp by running the trace's ops on this bucket's inputs (the slow, general way)."""
+    env = compat.propagate_fake_values(gm, compat.tree_leaves([n.meta.get("val") for n in g_fn_inps]))
+    return {node: env[node] for node in gm.graph.nodes if node.op not in ("placeholder", "output") and node in env}
+
+
+# --- the readers of replaced outputs -----------------------------------------------------------------------------
+
+
+def _same_layout(lhs: object, rhs: object) -> bool:
+    lhs_leaves, lhs_spec = compat.tree_flatten(lhs)
+    rhs_leaves, rhs_spec = compat.tree_flatten(rhs)
+    if lhs_spec != rhs_spec:
+        return False
+    for a, b in zip(lhs_leaves, rhs_leaves, strict=True):
+        a_tensor, b_tensor = isinstance(a, torch.Tensor), isinstance(b, torch.Tensor)
+        if a_tensor != b_tensor:
+            return False
+        if a_tensor and not (a.dtype == b.dtype and a.device == b.device and a.layout == b.layout  # type: ignore[union-attr]
+                             and compat.statically_equal(
+                                 (*a.shape, *a.stride(), a.storage_offset()),  # type: ignore[union-attr]
+                                 (*b.shape, *b.stride(), b.storage_offset()))):  # type: ignore[union-attr]
+            return False
+    return True
+
+
+def repair_readers(readers: Sequence[fx.Node]) -> None:
+    """Re-run ``readers`` on their inputs' fake values and keep each new value whose layout differs, then their
+    readers, and so on: a replacement with another layout (a piece of a flat buffer at an offset) changes the
+    strides or offset a view of it has. A reader whose op cannot be re-run keeps its value (as upstream's repair)."""
+    queue = collections.deque(readers)
+    queued = dict.fromkeys(readers)
+    while queue:
+        node = queue.popleft()
+        queued.pop(node, None)
+        if node.op != "call_function" or not callable(node.target) or "val" not in node.meta:
+            continue
+        args = compat.tree_map(_value_of, node.args)
+        kwargs = compat.tree_map(_value_of, node.kwargs)
+        if any(isinstance(leaf, fx.Node) for leaf in compat.tree_leaves((args, kwargs))):
+            continue
+        new = compat.run_under_fake_mode(node.target, args, kwargs, node.meta["val"])
+        if new is None or _same_layout(node.meta["val"], new):
+            continue
+        node.meta["val"] = new
+        for user in node.users:
+            if user not in queued:
+                queued[user] = None
+                queue.append(user)
+
+
+def _value_of(arg: object) -> object:
+    return arg.meta.get("val", arg) if isinstance(arg, fx.Node) else arg
+
+
+# --- stamping, rewiring, provenance, order ------------------------------------------------------------------------
+
+_STAMPED: weakref.WeakKeyDictionary[fx.Graph, weakref.WeakSet[fx.Graph]] = weakref.WeakKeyDictionary()
+"""Graph -> the traced graphs stamped into it so far (``_first_stamp``)."""
+
+
+def _first_stamp(g: fx.Graph, traced: fx.Graph) -> bool:
+    """Whether ``traced`` is stamped into ``g`` for the first time (then ``node_copy`` copies it, with its checks),
+    or again (then ``_stamp`` does, without them). Always the first where ``g``'s module has node-creation hooks:
+    they must see every node as ``create_node`` makes it."""
+    if getattr(g.owning_module, "_create_node_hooks", None):
+        return True
+    seen = _STAMPED.setdefault(g, weakref.WeakSet())
+    if traced in seen:
+        return False
+    seen.add(traced)
+    return True
+
+
+def _stamp(g: fx.Graph, node: fx.Node, arg_transform: Callable[[fx.Node], object]) -> fx.Node:
+    """``g.node_copy(node, arg_transform)`` for a traced graph stamped into ``g`` before, without
+    ``create_node``'s scan of every argument for raw symbolic values (a ``pytree`` walk, 80% of ``create_node``'s
+    time on a merge's long argument lists). The arguments are the first stamp's, which ``node_copy`` scanned, with
+    other nodes in place of nodes: a scan would find what it found then. The node is created without arguments and
+    given them through the ``args``/``kwargs`` setters, which do the bookkeeping ``Node.__init__`` does (inputs,
+    users)."""
+    args = fx.map_arg(node.args, arg_transform)
+    kwargs = fx.map_arg(node.kwargs, arg_transform)
+    copied = g.create_node(node.op, node.target, name=node.name, type_expr=node.type)
+    if args:
+        copied.args = args
+    if kwargs:
+        copied.kwargs = kwargs
+    copied.meta = copy.copy(node.meta)
+    return copied
+
+
+def _rewire(g: fx.Graph, replacements: dict[fx.Node, fx.Node]) -> None:
+    """``old.replace_all_uses_with(new)`` for each pair in order, with the output node's rewrites folded into one:
+    each rewrite of the output maps all its arguments (~600 in a 64-layer backward), which made merging quadratic.
+    Rewriting it when the last pair would gives every node the same users in the same order."""
+    module = g.owning_module
+    output = next(iter(g.find_nodes(op="output")), None)
+    last = max((i for i, old in enumerate(replacements) if output in old.users), default=None)
+    if last is None or getattr(module, "_replace_hooks", None):  # hooks see each rewrite
+        for old, new in replacements.items():
+            old.replace_all_uses_with(new)
+        return
+    for i, (old, new) in enumerate(replacements.items()):
+        for user in list(old.users):
+            if user is not output:
+                user.replace_input_with(old, new)
+            elif i == last:
+                output.args = fx.map_arg(output.args, lambda n: replacements.get(n, n))
+                if output.kwargs:
+                    output.kwargs = fx.map_arg(output.kwargs, lambda n: replacements.get(n, n))
+
+
+_PROVENANCE_KEYS = (("nn_module_stack", ""), ("fwd_nn_module_stack", ""), ("stack_trace", ""), ("custom", {}))
+
+
+def populate_meta(sources: Sequence[fx.Node], new_nodes: Sequence[fx.Node]) -> None:
+    """What the new nodes came from, as inductor's bucketing records it: the first source's module stacks, stack
+    trace and ``custom`` metadata, every source's under ``bucketing_<key>_sources``, and a ``from_node`` record per
+    source (inductor's provenance tracking reads it). Each source's record is made once and shared (records are
+    never mutated); each node gets its own list and set objects."""
+    if not sources:
+        return
+    first = sources[0].meta
+    from_node = [NodeSource(n, "bucketing_pass", [NodeSourceAction.CREATE, NodeSourceAction.REPLACE])
+                 for n in sources]
+    per_key: list[tuple[str, str, object, list[object] | compat.OrderedSet[object]]] = []
+    for key, default in _PROVENANCE_KEYS:
+        values = [n.meta.get(key, default) for n in sources if n.meta.get(key, default)]
+        collected = compat.OrderedSet(values) if key == "stack_trace" else values
+        per_key.append((key, f"bucketing_{key}_sources", first.get(key, default), collected))
+    for n in new_nodes:
+        meta = n.meta
+        for key, source_key, value, collected in per_key:
+            meta[key] = value
+            meta[source_key] = collected.copy()
+        meta["from_node"] = list(from_node)
+
+
+def sort_region(g: fx.Graph, new_nodes: Sequence[fx.Node], inputs: Sequence[fx.Node]) -> None:
+    """Order the smallest stretch of the graph spanning ``new_nodes`` and their inputs so every node follows its
+    inputs, moving as little as possible (a stable topological sort of the stretch).
+
+    Needed where a bucket is stamped before one of its inputs is computed (an all-gather stamped after the first of
+    its collectives reads a parameter cast that comes later). Placeholders head the graph and never move, so the
+    search for the stretch's start stops at them: linear, where searching the whole graph for each bucket of
+    parameters was quadratic."""
+    if not new_nodes:
+        return
+    new = set(new_nodes)
+    external = {n for n in inputs if n not in new and n.op != "placeholder"}
+    if not external:
+        return
+    first, last = new_nodes[0], new_nodes[-1]
+    remaining = len(external)
+    cursor = first.prev
+    while remaining and cursor.op not in ("placeholder", "root"):
+        if cursor in external:
+            first = cursor
+            remaining -= 1
+        cursor = cursor.prev
+    cursor = last.next
+    while remaining and cursor.op not in ("output", "root"):
+        if cursor in external:
+            last = cursor
+            remaining -= 1
+        cursor = cursor.next
+    if first is last:
+        return
+    _stable_sort(list(_stretch(first, last)))
+
+
+def _stretch(first: fx.Node, last: fx.Node) -> Iterator[fx.Node]:
+    cursor = first
+    while True:
+        yield cursor
+        if cursor is last:
+            return
+        cursor = cursor.next
+
+
+def _stable_sort(region: list[fx.Node]) -> None:
+    """Reorder ``region`` (consecutive nodes) so each node follows its inputs inside it; a node already after its
+    inputs keeps its place relative to the nodes before it. Nodes outside the region count as ready."""
+    inside = set(region)
+    pending = list(reversed(region))
+    ready: set[fx.Node] = set()
+    waiting: dict[fx.Node, list[fx.Node]] = collections.defaultdict(list)
+    cursor: fx.Node | None = None
+    while pending:
+        node = pending.pop()
+        unready = None
+        for x in node.all_input_nodes:
+            if x not in ready and x in inside:
+                unready = x
+        if unready is not None:
+            waiting[unready].append(node)
+            continue
+        ready.add(node)
+        if cursor is not None and cursor.next is not node:
+            cursor.append(node)
+        cursor = node
+        pending.extend(reversed(waiting.pop(node, ())))
+    if len(ready) != len(region):
+        raise AssertionError("overlapcfg merge: the nodes around a merged bucket form a cycle")
