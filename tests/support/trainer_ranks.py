@@ -75,8 +75,8 @@ def lightning_ranks(rank: int, world_size: int, cfg: dict[str, Any], bad_cfg: di
         trainer = ex.trainer(STEPS, devices=world_size)
         trainer.fit(module, ex.batches(rank, STEPS, module.model.config.vocab_size))
         out[variant] = {"losses": [x.item() for x in module.losses], "params": _local(module.model)}
-        if variant == "overlapcfg":
-            out[variant].update(_observed(module.model))
+        out[variant].update(_observed(module.model) if variant == "overlapcfg" else
+                            {"groups": read_fsdp2(module.model).groups})
     module = ex.LitLlama(bad_cfg)
     try:
         ex.trainer(STEPS, devices=world_size).fit(module, ex.batches(rank, STEPS, module.model.config.vocab_size))
