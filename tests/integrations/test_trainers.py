@@ -55,7 +55,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         "lightning": (LIGHTNING_CFG, {"plan": {"buckets": ["tok_embeddings", "layer.*", ["norm", "output"]]}}),
         "accelerate": ({"plan": {"buckets": ["model.embed", "model.layers.*"]}},),
     }
-    return run_on_gloo(all_trainers, jobs, timeout_s=280)
+    return run_on_gloo(all_trainers, jobs, timeout_s=280,
+                       preload=("tests.support.trainer_ranks", "lightning.pytorch", "accelerate", "transformers"))
 
 
 # trainer -> (its own variant, the forward order of the groups the plan makes)
