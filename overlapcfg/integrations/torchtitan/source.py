@@ -52,16 +52,21 @@ def torchtitan_plan(module_bucket_plans: ModuleBucketPlans) -> dict[str, Any]:
     return {"name": TORCHTITAN_PLAN_NAME, "buckets": buckets, "require_full_coverage": True}
 
 
-def find_config(module_bucket_plans: ModuleBucketPlans, environ: Mapping[str, str] | None = None) -> OverlapConfig:
+def find_config(module_bucket_plans: ModuleBucketPlans | Mapping[str, Any],
+                environ: Mapping[str, str] | None = None) -> OverlapConfig:
     """The overlap config ``OVERLAPCFG_CONFIG`` selects (module docstring), or ``OverlapConfigError``.
 
-    ``module_bucket_plans``: torchtitan's own plan for this model, used unless a file gives a plan."""
+    ``module_bucket_plans``: torchtitan's own plan for this model, used unless a file gives a plan: the graph
+    trainer's ``module_bucket_plans`` list, or a whole plan mapping (the main trainer's, whose buckets carry
+    ``reshard_after_forward``)."""
+    plan = dict(module_bucket_plans) if isinstance(module_bucket_plans, Mapping) else \
+        torchtitan_plan(module_bucket_plans)
     value = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
     if not value:
-        return load_config({"plan": torchtitan_plan(module_bucket_plans)}, root=ENV_VAR)
+        return load_config({"plan": plan}, root=ENV_VAR)
     policies = preset_names("policy")
     if value in policies:
-        return load_config(_with_policy(value, module_bucket_plans), root=f"{ENV_VAR}={value}")
+        return load_config(_with_policy(value, plan), root=f"{ENV_VAR}={value}")
     path = Path(value).expanduser()
     if not path.exists():
         near = did_you_mean(value, policies)
@@ -75,11 +80,11 @@ def find_config(module_bucket_plans: ModuleBucketPlans, environ: Mapping[str, st
         raise OverlapConfigError(err.faults, header=f"invalid overlap config in {str(path)!r} ({ENV_VAR})") from None
 
 
-def _with_policy(name: str, module_bucket_plans: ModuleBucketPlans) -> dict[str, Any]:
+def _with_policy(name: str, plan: Mapping[str, Any]) -> dict[str, Any]:
     """A policy preset with torchtitan's buckets; a preset that selects its own strategy (``auto``: torch's
     automatic scheduler, which buckets by its own estimates and takes no plan) brings it along."""
     preset = load_preset("policy", name)
     strategy = preset.get("strategy") if isinstance(preset.get("policy"), dict) else None
     if strategy is not None:
         return {"strategy": strategy, "policy": name}
-    return {"plan": torchtitan_plan(module_bucket_plans), "policy": name}
+    return {"plan": dict(plan), "policy": name}
