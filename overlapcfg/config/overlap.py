@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from pydantic import (
     Field,
     PrivateAttr,
     SerializeAsAny,
-    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -211,10 +209,7 @@ class OverlapConfig(ConfigModel):
         for setting in self.settings(*DEPTH_FIELDS, sites=("plan", "overrides")):
             if setting.key not in fields:
                 continue  # the strategy has no policy value of that name: the resolved plan carries it as written
-            try:
-                _field_validator(model, setting.key).validate_python(setting.value)
-            except ValidationError as err:
-                faults += [_raised_again(e, setting) for e in err.errors(include_url=False)]
+            faults += _as_policy_value(model, setting)
         if faults:
             raise ValidationError.from_exception_data("OverlapConfig", faults)
         return self
@@ -225,11 +220,14 @@ class OverlapConfig(ConfigModel):
         return dump_yaml(self.model_dump(mode="json"))
 
 
-@cache
-def _field_validator(model: type[PolicyBase], key: str) -> TypeAdapter[Any]:
-    """Validates one value as ``model``'s field ``key`` (its type and constraints, without the rest of the model)."""
-    field = model.model_fields[key]
-    return TypeAdapter(Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation)
+def _as_policy_value(model: type[PolicyBase], setting: Setting) -> list[InitErrorDetails]:
+    """The faults of ``setting``'s value as ``model``'s field of the same name (its type, constraints and field
+    validators; the rest of the model at its defaults), raised again at ``setting``'s location."""
+    try:
+        model.model_validate({setting.key: setting.value})
+    except ValidationError as err:
+        return [_raised_again(e, setting) for e in err.errors(include_url=False) if e["loc"][:1] == (setting.key,)]
+    return []
 
 
 def _raised_again(error: Any, setting: Setting) -> InitErrorDetails:
@@ -239,8 +237,8 @@ def _raised_again(error: Any, setting: Setting) -> InitErrorDetails:
         PydanticKnownError(error["type"], error.get("ctx"))
     except KeyError:
         custom = PydanticCustomError(error["type"], "{msg}", {"msg": error["msg"]})
-        return InitErrorDetails(type=custom, loc=(*setting.loc, *error["loc"]), input=setting.value)
-    found = InitErrorDetails(type=error["type"], loc=(*setting.loc, *error["loc"]), input=setting.value)
+        return InitErrorDetails(type=custom, loc=(*setting.loc, *error["loc"][1:]), input=setting.value)
+    found = InitErrorDetails(type=error["type"], loc=(*setting.loc, *error["loc"][1:]), input=setting.value)
     if "ctx" in error:
         found["ctx"] = error["ctx"]
     return found

@@ -11,13 +11,11 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
-from overlapcfg.config.base import ConfigModel, Depth
+from overlapcfg.config.base import ConfigModel
+from overlapcfg.config.depths import DEPTH_FIELDS, DepthChanges
 from overlapcfg.errors import OverlapConfigError
 
 __all__ = ["DEPTH_FIELDS", "Bucket", "BucketEntry", "BucketPlan", "ModuleOverride", "PatternText", "check_pattern"]
-
-DEPTH_FIELDS: tuple[str, ...] = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay", "all_reduce_delay")
-"""The per-bucket values a plan entry or an override may set in place of the policy's (fields of the same name)."""
 
 
 def check_pattern(text: Any) -> str:
@@ -51,12 +49,8 @@ ReshardAfterForward = Annotated[bool | int | None, BeforeValidator(_check_reshar
 """FSDP2's ``reshard_after_forward``: a bool, or an integer number of ranks (>= 1); None means not set."""
 
 
-class Bucket(ConfigModel):
-    """A plan entry written as a mapping: the patterns it holds and how they are split into buckets.
-
-    ``{modules: [layers.*.attention_norm, layers.*.attention], per: layers.*}`` gives one bucket per layer holding
-    that layer's attention and its norm.
-    """
+class _Members(ConfigModel):
+    """A plan entry's modules and how they are split (``Bucket`` holds these fields first, then its depths)."""
 
     modules: tuple[PatternText, ...] = Field(min_length=1)
     """Patterns of the modules this entry holds."""
@@ -64,15 +58,16 @@ class Bucket(ConfigModel):
     """One bucket for each module matching this pattern, holding the matches of ``modules`` inside it."""
     group_size: int | None = Field(None, ge=1)
     """Chunk the matches into consecutive groups of this many modules; None puts them all in one bucket."""
-    forward_prefetch: Depth | None = None
-    """Forward all-gather prefetch depth for these buckets; None keeps the policy's value."""
-    backward_prefetch: Depth | None = None
-    """Backward all-gather prefetch depth for these buckets; None keeps the policy's value."""
-    reduce_scatter_delay: Depth | None = None
-    """Reduce-scatter delay for these buckets; None keeps the policy's value."""
-    all_reduce_delay: Depth | None = None
-    """HSDP all-reduce delay for these buckets; None keeps the policy's value (by default the reduce-scatter
-    delay)."""
+
+
+class Bucket(DepthChanges, _Members):
+    """A plan entry written as a mapping: the patterns it holds, how they are split into buckets, and the depths
+    of those buckets in place of the policy's (``overlapcfg.config.depths.DepthChanges``).
+
+    ``{modules: [layers.*.attention_norm, layers.*.attention], per: layers.*}`` gives one bucket per layer holding
+    that layer's attention and its norm.
+    """
+
     reshard_after_forward: ReshardAfterForward = None
     """FSDP2's own meaning: true frees these buckets' unsharded parameters after forward (all-gathered again in
     backward), false keeps them until backward, an integer N reshards them to groups of N ranks (a divisor of the
@@ -123,23 +118,20 @@ class BucketPlan(ConfigModel):
 
 
 
-class ModuleOverride(ConfigModel):
-    """Per-module depths, applied to every bucket holding a module that ``match`` matches (later ones win)."""
+class _Match(ConfigModel):
+    """What an override reaches (``ModuleOverride`` holds this field first, then its depths)."""
 
     match: PatternText
     """A module pattern, e.g. ``layers.0`` or ``layers.28:32``."""
-    forward_prefetch: Depth | None = None
-    """Forward all-gather prefetch depth while the matched buckets compute; None keeps the current value."""
-    backward_prefetch: Depth | None = None
-    """Backward all-gather prefetch depth while the matched buckets compute; None keeps the current value."""
-    reduce_scatter_delay: Depth | None = None
-    """Reduce-scatter delay of the matched buckets; None keeps the current value."""
-    all_reduce_delay: Depth | None = None
-    """HSDP all-reduce delay of the matched buckets; None keeps the current value."""
+
+
+class ModuleOverride(DepthChanges, _Match):
+    """Per-module depths (``overlapcfg.config.depths.DepthChanges``), applied to every bucket holding a module
+    that ``match`` matches (later ones win)."""
 
     @model_validator(mode="after")
     def _sets_something(self) -> ModuleOverride:
-        if all(getattr(self, key) is None for key in DEPTH_FIELDS):
+        if not self.changes():
             raise PydanticCustomError("empty_override", "an override must set at least one of {keys}",
                                       {"keys": ", ".join(DEPTH_FIELDS)})
         return self

@@ -1,7 +1,8 @@
 """Policies: *how far ahead* collectives are issued. Which modules share a collective lives in ``plan.py``.
 
-Each strategy declares its own policy model (``overlapcfg.config.contracts``); the policy in a config is validated
-against the selected strategy's class, so a knob a strategy would ignore is rejected instead. A policy model is also
+The depths themselves are declared in ``overlapcfg.config.depths``. Each strategy declares its own policy model
+(``overlapcfg.config.contracts``); the policy in a config is validated against the selected strategy's class, so a
+knob a strategy would ignore is rejected instead. A policy model is also
 where a strategy's rules on depths live: a plan entry's or an override's depth is validated against the field of the
 same name (``OverlapConfig._entries_within_policy``), so ``TorchManualPolicy``'s fixed depth of 1 holds there too.
 """
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from overlapcfg.config.base import ByteCount, ConfigModel, Depth
+from overlapcfg.config.base import ByteCount, ConfigModel
+from overlapcfg.config.depths import DEPTH_FIELDS, Depths
 
 __all__ = ["AutoPolicy", "BucketMode", "IssueOrder", "OverlapPolicy", "PolicyBase", "TorchManualPolicy"]
 
@@ -29,24 +31,9 @@ class PolicyBase(ConfigModel):
     """Base class of every strategy's policy model (third-party strategies subclass it)."""
 
 
-class OverlapPolicy(PolicyBase):
-    """Prefetch depths and delays for the ``manual`` scheduler (FSDP2 ``set_modules_to_*_prefetch`` semantics)."""
-
-    forward_prefetch: Depth = 1
-    """While bucket i computes in forward, the all-gathers of buckets i+1..i+k are in flight. 0: each all-gather
-    is issued right before its own wait (no overlap). 1 reproduces torch's ``manual_overlap_bucketing``."""
-
-    backward_prefetch: Depth = 1
-    """The same as ``forward_prefetch`` for backward all-gathers (graphs with reshard-after-forward), walking the
-    buckets in reverse order."""
-
-    reduce_scatter_delay: Depth = 1
-    """Bucket i's reduce-scatter wait is placed after the reduce-scatter starts of the next d buckets. 0: wait
-    right after issue."""
-
-    all_reduce_delay: Depth | None = None
-    """HSDP graphs: bucket i's gradient all-reduce (the replicate-group half of the reduction) has its wait
-    placed after the all-reduce starts of the next d buckets. None: the same as ``reduce_scatter_delay``."""
+class OverlapPolicy(PolicyBase, Depths):
+    """Prefetch depths and delays for the ``manual`` scheduler (FSDP2 ``set_modules_to_*_prefetch`` semantics): the
+    depths (``overlapcfg.config.depths.Depths``), then how in-flight bytes are capped and collectives ordered."""
 
     max_inflight_bytes: ByteCount | None = None
     """Cap on the unsharded bytes of all-gathers issued but not yet waited. Where it binds, the effective depth
@@ -66,15 +53,23 @@ class OverlapPolicy(PolicyBase):
     """How a bucket's collectives are merged; ``custom_ops`` is what torch's manual pass uses."""
 
 
-def _fixed_at_one(value: Any) -> int:
-    if value != 1 or isinstance(value, bool):
-        raise PydanticCustomError(
-            "torch_manual_depth",
-            "torch_manual has a fixed depth of 1 (upstream manual_overlap_bucketing), got {got}; "
-            "use strategy 'manual' for other depths",
-            {"got": repr(value)},
-        )
-    return 1
+_FIXED_AT_ONE = ("torch_manual_depth", "torch_manual has a fixed depth of 1 (upstream manual_overlap_bucketing), "
+                                       "got {got}; use strategy 'manual' for other depths")
+_PINNED_MESSAGES = {
+    "all_reduce_delay": ("torch_manual_all_reduce", "torch_manual does not bucket or schedule HSDP all-reduces "
+                         "(upstream manual_overlap_bucketing skips all-reduces), got {got}; use strategy 'manual' "
+                         "for all_reduce_delay"),
+}
+"""What a value other than upstream's says, by depth; the others read ``_FIXED_AT_ONE``."""
+
+
+def _pinned(name: str, value: Any) -> Any:
+    """``value`` if it is ``Depths``' default for depth ``name`` (upstream's only value), else the error."""
+    default = Depths.model_fields[name].default
+    if value == default and not isinstance(value, bool):
+        return default
+    kind, message = _PINNED_MESSAGES.get(name, _FIXED_AT_ONE)
+    raise PydanticCustomError(kind, message, {"got": repr(value)})
 
 
 def _unsupported(value: Any) -> None:
@@ -98,37 +93,18 @@ def _gather_first(value: Any) -> str:
     return value
 
 
-def _no_all_reduces(value: Any) -> None:
-    if value is not None:
-        raise PydanticCustomError(
-            "torch_manual_all_reduce",
-            "torch_manual does not bucket or schedule HSDP all-reduces (upstream manual_overlap_bucketing skips "
-            "all-reduces), got {got}; use strategy 'manual' for all_reduce_delay",
-            {"got": repr(value)},
-        )
-
-
-_FixedAtOne = Annotated[int, BeforeValidator(_fixed_at_one)]
-_NoAllReduces = Annotated[None, BeforeValidator(_no_all_reduces)]
 _Unsupported = Annotated[None, BeforeValidator(_unsupported)]
 _GatherFirst = Annotated[str, BeforeValidator(_gather_first)]
 
 
-class TorchManualPolicy(PolicyBase):
+class TorchManualPolicy(PolicyBase, Depths):
     """Policy of ``torch_manual``: upstream ``manual_overlap_bucketing`` has a fixed depth of 1 and no cap.
 
     The depth fields exist so a config written for ``manual`` at the defaults also runs the reference; any other
-    value is rejected rather than silently ignored.
+    value is rejected rather than silently ignored: each depth is pinned to its default (1; the all-reduce delay
+    unset, since upstream leaves HSDP all-reduces alone, so the shipped policy presets, which list it, apply).
     """
 
-    forward_prefetch: _FixedAtOne = 1
-    """Fixed at 1 upstream."""
-    backward_prefetch: _FixedAtOne = 1
-    """Fixed at 1 upstream."""
-    reduce_scatter_delay: _FixedAtOne = 1
-    """Fixed at 1 upstream."""
-    all_reduce_delay: _NoAllReduces = None
-    """Upstream leaves HSDP all-reduces alone: unset only (so the shipped policy presets, which list it, apply)."""
     max_inflight_bytes: _Unsupported = None
     """Not supported upstream."""
     issue_order: _GatherFirst = "gather_first"
@@ -137,6 +113,11 @@ class TorchManualPolicy(PolicyBase):
     """Passed through to upstream."""
     bucket_mode: BucketMode = "custom_ops"
     """Passed through to upstream."""
+
+    @field_validator(*DEPTH_FIELDS, mode="before")
+    @classmethod
+    def _upstream_depths(cls, value: Any, info: ValidationInfo) -> Any:
+        return _pinned(str(info.field_name), value)
 
 
 class AutoPolicy(PolicyBase):

@@ -16,6 +16,7 @@ from collections import Counter
 from torch import nn
 
 from overlapcfg.config import OverlapConfig
+from overlapcfg.config.depths import DEPTH_FIELDS
 from overlapcfg.fsdp2.checks import NATIVE_REDUCE_SCATTER_DELAY
 from overlapcfg.fsdp2.layout import LayoutBucket, ShardLayout, reshards
 from overlapcfg.fsdp2.tree import ParamInfo
@@ -162,8 +163,7 @@ def _bucket_record(b: LayoutBucket, changes: tuple[CollectiveChange, ...],
     r = b.resolved
     return BucketRecord(
         name=r.name, entry_index=r.entry_index, entry_text=r.entry_text, modules=r.modules,
-        forward_prefetch=r.forward_prefetch, backward_prefetch=r.backward_prefetch,
-        reduce_scatter_delay=r.reduce_scatter_delay, overridden_by=r.overridden_by,
+        **r.model_dump(include=set(DEPTH_FIELDS)), overridden_by=r.overridden_by,
         params=tuple(p.fqn for p in b.params), param_count=len(b.params), numel=sum(p.numel for p in b.params),
         unsharded_bytes=b.unsharded_bytes, sharded_bytes=sum(p.sharded_bytes for p in b.params),
         collectives=changes, decisions=tuple(d for d in decisions if d.bucket == r.name),

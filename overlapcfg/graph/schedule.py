@@ -114,12 +114,8 @@ def exclusive_descendants(waits: Sequence[fx.Node], index: dict[fx.Node, int]) -
 
 
 def _depth(plan: ResolvedPlan, step: Step) -> int:
-    bucket = plan.buckets[step.bucket]
-    if step.kind == "reduce_scatter":
-        return bucket.reduce_scatter_delay
-    if step.kind == "all_reduce":
-        return bucket.all_reduce_delay
-    return bucket.forward_prefetch if step.direction == "forward" else bucket.backward_prefetch
+    """The depth the step's bucket asks for its direction and kind (``overlapcfg.config.depths.DEPTH_OF``)."""
+    return plan.buckets[step.bucket].depth(step.direction, step.kind)
 
 
 def schedule_manual(gm: fx.GraphModule, plan: ResolvedPlan, merged: Sequence[MergedCollective],

@@ -23,10 +23,11 @@ from torch import fx, nn
 from overlapcfg import compat
 from overlapcfg._version import __version__
 from overlapcfg.config import BucketPlan, OverlapConfig, load_config
+from overlapcfg.config.depths import depths_of
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.passes.backend import GraphBackend, GraphCompiler, GraphName, model_facts
 from overlapcfg.passes.pipeline import apply
-from overlapcfg.resolve import DepthSource, resolve_plan
+from overlapcfg.resolve import resolve_plan
 from overlapcfg.strategies.registry import get_strategy
 
 __all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "check_plan_fits", "inductor_pass",
@@ -87,7 +88,7 @@ def check_plan_fits(cfg: OverlapConfig, model: nn.Module, *, config_root: str | 
     root = config_root or cfg.config_root
     plan = BucketPlan.model_validate({**cfg.plan.model_dump(), "require_full_coverage": False})
     modules, _ = model_facts(model)
-    depths = cfg.policy if isinstance(cfg.policy, DepthSource) else None
+    depths = depths_of(cfg.policy)
     resolve_plan(plan, modules, overrides=cfg.overrides, policy=depths, path=f"{root}.plan",
                  overrides_path=f"{root}.overrides")
 

@@ -27,6 +27,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
+from overlapcfg.config.depths import depths_of
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
 from overlapcfg.graph.collectives import Collective, count_collectives, find_collectives, group_traffic
@@ -43,7 +44,7 @@ from overlapcfg.graph.record import (
 from overlapcfg.graph.summary import GraphSummary, summarize
 from overlapcfg.graph.verify import verify
 from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting
-from overlapcfg.resolve import DepthSource, ResolvedPlan, resolve_plan
+from overlapcfg.resolve import ResolvedPlan, resolve_plan
 from overlapcfg.strategies import PassContext, Strategy, get_strategy
 
 __all__ = ["GraphKind", "apply"]
@@ -162,7 +163,7 @@ def apply(
     plan = ResolvedPlan(())
     if strategy.uses_plan and cfg.plan is not None:
         fqns = list(module_fqns) if module_fqns is not None else _model_fqns(gm.graph, fn, owners)
-        depths = cfg.policy if isinstance(cfg.policy, DepthSource) else None
+        depths = depths_of(cfg.policy)
         plan = resolve_plan(cfg.plan, fqns, owners, overrides=cfg.overrides, policy=depths,
                             path=f"{config_root}.plan", overrides_path=f"{config_root}.overrides")
         _check_attributed(collectives, cfg, config_root)

@@ -24,16 +24,15 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from overlapcfg.config.depths import DEPTH_OF, depth_field
 from overlapcfg.graph.record import BucketRecord
 from overlapcfg.report.labels import KIND_LABELS, fmt_bytes
 
 __all__ = ["BucketRow", "bucket_rows", "bucket_table", "plan_entries"]
 
 _DIR = {"forward": "fw", "backward": "bw"}
-_DEPTH_FIELDS = {("forward", "all_gather"): "forward_prefetch", ("backward", "all_gather"): "backward_prefetch",
-                 ("backward", "reduce_scatter"): "reduce_scatter_delay", ("backward", "all_reduce"): "all_reduce_delay"}
-"""The depth each (direction, kind) is scheduled with: prefetch depth for all-gathers, delay for the others."""
-_ORDER = tuple(_DEPTH_FIELDS)
+_ORDER: tuple[tuple[str, str], ...] = tuple(DEPTH_OF)
+"""Columns in schedule order: each (direction, kind) a depth schedules (``overlapcfg.config.depths.DEPTH_OF``)."""
 _INDEX = re.compile(r"(?<![^.+])(\d+)(?![^.+])")
 """A whole-segment integer of a bucket name (``layers.12``, ``layers.3.attention+layers.3.ffn``)."""
 _WRAP_AT = 28
@@ -57,7 +56,7 @@ class BucketRow:
 def _kinds(buckets: Sequence[BucketRecord]) -> list[tuple[str, str]]:
     """(direction, kind) pairs present in any bucket: the known ones in schedule order, then the rest."""
     present = dict.fromkeys((c.direction, c.kind) for b in buckets for c in b.collectives)
-    return [k for k in _ORDER if k in present] + [k for k in present if k not in _DEPTH_FIELDS]
+    return [k for k in _ORDER if k in present] + [k for k in present if k not in _ORDER]
 
 
 def _header(direction: str, kind: str) -> str:
@@ -70,10 +69,9 @@ def _cell(b: BucketRecord, direction: str, kind: str) -> str:
     if change is None:
         return ""
     text = f"{change.before}→{change.after}"
-    field = _DEPTH_FIELDS.get((direction, kind))
-    if field is None:
+    if depth_field(direction, kind) is None:
         return text
-    requested = getattr(b, field)
+    requested = b.depth(direction, kind)
     placed = [d.effective for d in b.decisions if (d.direction, d.kind) == (direction, kind)]
     return f"{text} d{requested}" if not placed or placed[0] == requested else f"{text} d{requested}→{placed[0]}"
 

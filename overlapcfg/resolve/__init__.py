@@ -3,7 +3,6 @@ concrete buckets with effective depths. Below it: ``overlapcfg.config``; above i
 
 from overlapcfg.resolve.names import bucket_name
 from overlapcfg.resolve.plan import entry_text, resolve_plan
-from overlapcfg.resolve.records import DEPTH_FIELDS, DepthSource, ResolvedBucket, ResolvedPlan
+from overlapcfg.resolve.records import ResolvedBucket, ResolvedPlan
 
-__all__ = ["DEPTH_FIELDS", "DepthSource", "ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text",
-           "resolve_plan"]
+__all__ = ["ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_plan"]

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from overlapcfg.config.depths import FOLLOWED
 from overlapcfg.config.plan import ModuleOverride
 from overlapcfg.errors import Fault
 from overlapcfg.resolve.matcher import Matcher, ancestors, show
-from overlapcfg.resolve.records import DEPTH_FIELDS, FOLLOWS_REDUCE_SCATTER, ResolvedBucket, ResolvedPlan
+from overlapcfg.resolve.records import ResolvedBucket, ResolvedPlan
 
 __all__ = ["apply_overrides"]
 
@@ -44,11 +45,11 @@ def _unreached(plan: ResolvedPlan, override: ModuleOverride, hits: list[str], wh
 
 
 def _override(bucket: ResolvedBucket, override: ModuleOverride, where: str) -> ResolvedBucket:
-    changes = {k: v for k in DEPTH_FIELDS if (v := getattr(override, k)) is not None}
-    if ("reduce_scatter_delay" in changes and "all_reduce_delay" not in changes
-            and bucket.origin("all_reduce_delay") == FOLLOWS_REDUCE_SCATTER):
-        changes["all_reduce_delay"] = changes["reduce_scatter_delay"]  # still following it: the origin stays
-    explicit = {k for k in DEPTH_FIELDS if getattr(override, k) is not None}
+    explicit = override.changes()
+    changes = dict(explicit)
+    for key, followed in FOLLOWED.items():
+        if followed in changes and key not in changes and bucket.origin(key) == followed:
+            changes[key] = changes[followed]  # still following it: the origin stays
     origins = tuple((k, where if k in explicit else src) for k, src in bucket.origins)
     return bucket.model_copy(update={**changes, "overridden_by": (*bucket.overridden_by, where),
                                      "origins": origins})

@@ -37,17 +37,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED, Depths
 from overlapcfg.config.module_index import ModuleIndex
 from overlapcfg.config.patterns import normalize_fqns
 from overlapcfg.config.plan import Bucket, BucketPlan, ModuleOverride
-from overlapcfg.config.policy import OverlapPolicy
 from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.resolve.matcher import Matcher, ancestors, outermost, show
 from overlapcfg.resolve.names import bucket_name, unique_names
 from overlapcfg.resolve.overrides import apply_overrides
-from overlapcfg.resolve.records import DEPTH_FIELDS, FOLLOWS_REDUCE_SCATTER, DepthSource, ResolvedBucket, ResolvedPlan
+from overlapcfg.resolve.records import ResolvedBucket, ResolvedPlan
 
-__all__ = ["DEPTH_FIELDS", "DepthSource", "ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_plan"]
+__all__ = ["ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ Entry: TypeAlias = str | tuple[str, ...] | list[str] | Bucket
 class _Draft:
     modules: tuple[str, ...]
     entry_index: int
-    values: dict[str, int | None]
+    values: dict[str, int]
 
 
 def resolve_plan(
@@ -67,7 +67,7 @@ def resolve_plan(
     owners: Sequence[str] | None = None,
     *,
     overrides: Sequence[ModuleOverride] = (),
-    policy: DepthSource | None = None,
+    policy: Depths | None = None,
     path: str = "plan",
     overrides_path: str = "overrides",
 ) -> ResolvedPlan:
@@ -88,7 +88,7 @@ def resolve_plan(
         drafts += _resolve_entry(entry, i, f"{path}.buckets[{i}]", texts[i], matcher)
     faults += _conflicts(drafts, texts, path)
     names = unique_names([bucket_name(d.modules) for d in drafts])
-    base = policy if policy is not None else OverlapPolicy()
+    base = policy if policy is not None else Depths()
     buckets = [_finish(d, n, texts[d.entry_index], base, path) for d, n in zip(drafts, names, strict=True)]
     buckets = apply_overrides(ResolvedPlan(tuple(buckets)), overrides, overrides_path, matcher, plan_ok=not faults)
     result = ResolvedPlan(tuple(buckets))
@@ -127,7 +127,7 @@ def _resolve_entry(entry: Entry, index: int, path: str, text: str, m: Matcher) -
     if isinstance(entry, (tuple, list)):
         matches = m.match_all(entry, path, text)
         return [_Draft(tuple(matches), index, {})] if matches else []
-    values = {k: getattr(entry, k) for k in DEPTH_FIELDS}
+    values = entry.changes()
     return [_Draft(group, index, values) for group in _resolve_mapping(entry, path, text, m)]
 
 
@@ -217,15 +217,15 @@ def _conflicts(drafts: list[_Draft], texts: list[str], path: str) -> list[Fault]
     return faults
 
 
-def _finish(d: _Draft, name: str, text: str, policy: DepthSource, path: str) -> ResolvedBucket:
+def _finish(d: _Draft, name: str, text: str, policy: Depths, path: str) -> ResolvedBucket:
     values: dict[str, int] = {}
     origins: list[tuple[str, str]] = []
     for key in DEPTH_FIELDS:
         own = d.values.get(key)
-        base = getattr(policy, key, None)  # a policy without all-reduces (torch_manual) has no all_reduce_delay
-        if own is None and base is None and key == "all_reduce_delay":
-            values[key] = values["reduce_scatter_delay"]
-            origins.append((key, FOLLOWS_REDUCE_SCATTER))
+        base = getattr(policy, key)
+        if own is None and base is None:  # nobody set it: it follows another depth (FOLLOWED)
+            values[key] = values[FOLLOWED[key]]
+            origins.append((key, FOLLOWED[key]))
             continue
         values[key] = own if own is not None else base
         origins.append((key, f"{path}.buckets[{d.entry_index}]" if own is not None else "policy"))

@@ -5,27 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from overlapcfg.config.depths import DEPTH_FIELDS, ResolvedDepths
 from overlapcfg.config.patterns import strip_wrappers
-from overlapcfg.config.plan import DEPTH_FIELDS
 from overlapcfg.errors import closest
 from overlapcfg.resolve.matcher import ancestors, show
 
-__all__ = ["DEPTH_FIELDS", "DepthSource", "RecordModel", "ResolvedBucket", "ResolvedPlan"]
-
-FOLLOWS_REDUCE_SCATTER = "reduce_scatter_delay"
-"""The origin of an ``all_reduce_delay`` nobody set: it follows the bucket's reduce-scatter delay."""
-
-@runtime_checkable
-class DepthSource(Protocol):
-    """Anything with the three depths (``OverlapPolicy``, ``TorchManualPolicy``)."""
-
-    forward_prefetch: int
-    backward_prefetch: int
-    reduce_scatter_delay: int
+__all__ = ["DEPTH_FIELDS", "RecordModel", "ResolvedBucket", "ResolvedPlan"]
 
 
 class RecordModel(BaseModel):
@@ -35,12 +23,8 @@ class RecordModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
-class ResolvedBucket(RecordModel):
-    """One bucket: concrete modules (wrappers stripped, model order), where it came from, its effective depths.
-
-    Defined once here; the pass extends it with what it found in a graph (``overlapcfg.graph.record.BucketRecord``),
-    and that is also what a report holds.
-    """
+class _Placed(RecordModel):
+    """Which bucket and where it came from (``ResolvedBucket`` holds these fields first, then its depths)."""
 
     name: str
     modules: tuple[str, ...]
@@ -48,11 +32,16 @@ class ResolvedBucket(RecordModel):
     """Position of the plan entry that produced the bucket (``plan.buckets[i]``)."""
     entry_text: str
     """That entry as the user wrote it: ``layers.*``."""
-    forward_prefetch: int
-    backward_prefetch: int
-    reduce_scatter_delay: int
-    all_reduce_delay: int = 1
-    """HSDP all-reduce delay (``OverlapPolicy.all_reduce_delay``); the reduce-scatter delay unless set."""
+
+
+class ResolvedBucket(ResolvedDepths, _Placed):
+    """One bucket: concrete modules (wrappers stripped, model order), where it came from, its effective depths
+    (``overlapcfg.config.depths.ResolvedDepths``).
+
+    Defined once here; the pass extends it with what it found in a graph (``overlapcfg.graph.record.BucketRecord``),
+    and that is also what a report holds.
+    """
+
     overridden_by: tuple[str, ...] = ()
     """Paths of the overrides that set a value here, in the order applied (``overrides[1]``)."""
     origins: tuple[tuple[str, str], ...] = ()

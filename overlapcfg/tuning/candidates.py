@@ -11,14 +11,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.depths import DEPTH_FIELDS, SEARCHED_DEPTHS, Depths
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.resolve import ResolvedPlan
 from overlapcfg.tuning.quick import Grouped, Score, Stall, score
 from overlapcfg.tuning.structure import Grouping
 
-__all__ = ["Arm", "Candidate", "Knobs", "PER_BUCKET_FIELDS", "TIE_TOLERANCE", "choose"]
+__all__ = ["DEPTH_LABELS", "Arm", "Candidate", "Knobs", "TIE_TOLERANCE", "choose"]
 
-PER_BUCKET_FIELDS = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")
+DEPTH_LABELS = {"forward_prefetch": "fp", "backward_prefetch": "bp", "reduce_scatter_delay": "rs",
+                "all_reduce_delay": "ar"}
+"""How a candidate's name abbreviates each depth (``fp2 bp3 rs1``); a depth not listed is written in full."""
 TIE_TOLERANCE = 1e-3
 """Candidates whose predicted step is within this fraction (0.1 %) of the fastest are a tie, and the tie goes to
 the one needing the fewest bytes in flight. The cost model leaves out launch overheads, SM/HBM contention and
@@ -30,25 +33,29 @@ hold more memory (the demo trial: +0.007 % speed for +76 % bytes in flight)."""
 class Knobs:
     """The schedule half of a candidate: global values and per-bucket exceptions."""
 
-    forward_prefetch: int
-    backward_prefetch: int
-    reduce_scatter_delay: int
+    depths: Depths
+    """The global depths (``overlapcfg.config.depths.Depths``): the policy's."""
     issue_order: IssueOrder
     max_inflight_bytes: int | None
     per_bucket: tuple[tuple[int, str, int], ...] = ()
-    """``(bucket index, field, value)``, sorted: where a bucket departs from the global value."""
+    """``(bucket index, depth field, value)``, sorted: where a bucket departs from the global value."""
 
     def values(self, name: str, buckets: int) -> list[int]:
-        out = [getattr(self, name)] * buckets
+        """Depth ``name`` of each of ``buckets`` buckets."""
+        out = [getattr(self.depths, name)] * buckets
         for bucket, field_name, value in self.per_bucket:
             if field_name == name:
                 out[bucket] = value
         return out
 
+    def per_bucket_depths(self, buckets: int) -> dict[str, list[int]]:
+        """Every searched depth of each of ``buckets`` buckets, by field: what ``quick.score`` replays."""
+        return {name: self.values(name, buckets) for name in SEARCHED_DEPTHS}
+
     def with_bucket(self, bucket: int, name: str, value: int) -> Knobs:
         """These knobs with one per-bucket value set (dropped again when it equals the global one)."""
         rest = [(b, f, v) for b, f, v in self.per_bucket if (b, f) != (bucket, name)]
-        if value != getattr(self, name):
+        if value != getattr(self.depths, name):
             rest.append((bucket, name, value))
         return replace(self, per_bucket=tuple(sorted(rest)))
 
@@ -67,10 +74,7 @@ class Arm:
         self.names = tuple(b.name for b in self.resolved.buckets)
 
     def score(self, knobs: Knobs, *, memory: bool = False, stalls: list[Stall] | None = None) -> Score:
-        n = len(self.names)
-        return score(self.grouped, forward_prefetch=knobs.values("forward_prefetch", n),
-                     backward_prefetch=knobs.values("backward_prefetch", n),
-                     reduce_scatter_delay=knobs.values("reduce_scatter_delay", n),
+        return score(self.grouped, knobs.per_bucket_depths(len(self.names)),
                      max_inflight_bytes=knobs.max_inflight_bytes, issue_order=knobs.issue_order, memory=memory,
                      stalls=stalls)
 
@@ -82,9 +86,8 @@ class Arm:
             overrides.setdefault(bucket, {"match": self.resolved.buckets[bucket].modules[0]})[name] = value
         return load_config({
             "strategy": "manual", "plan": self.plan,
-            "policy": {"forward_prefetch": knobs.forward_prefetch, "backward_prefetch": knobs.backward_prefetch,
-                       "reduce_scatter_delay": knobs.reduce_scatter_delay, "issue_order": knobs.issue_order,
-                       "max_inflight_bytes": knobs.max_inflight_bytes},
+            "policy": {**knobs.depths.model_dump(include=set(DEPTH_FIELDS), exclude_none=True),
+                       "issue_order": knobs.issue_order, "max_inflight_bytes": knobs.max_inflight_bytes},
             "overrides": [overrides[b] for b in sorted(overrides)]})
 
 
@@ -112,7 +115,8 @@ class Candidate:
 
 def describe(grouping: Grouping, knobs: Knobs, cap_text: str | None) -> str:
     """``attn|ffn split fp4 bp3 rs3 rs-first cap=2.0GiB +2 per-bucket``."""
-    text = f"{grouping.label} fp{knobs.forward_prefetch} bp{knobs.backward_prefetch} rs{knobs.reduce_scatter_delay}"
+    depths = (f"{DEPTH_LABELS.get(name, name)}{getattr(knobs.depths, name)}" for name in SEARCHED_DEPTHS)
+    text = " ".join((grouping.label, *depths))
     if knobs.issue_order != "gather_first":
         text += " rs-first"
     if cap_text:

@@ -36,6 +36,7 @@ import torch
 from torch import fx
 
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED
 from overlapcfg.config.hardware import HardwareProfile
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.meta import merged_mark
@@ -156,7 +157,7 @@ def unit_config(owners: Sequence[str]) -> OverlapConfig:
     """The finest plan: one bucket per parameter-owning module, every depth 0, no verification (nothing runs)."""
     return load_config({"strategy": "manual", "verify": False,
                         "plan": {"buckets": list(owners), "require_full_coverage": True, "name": "units"},
-                        "policy": {"forward_prefetch": 0, "backward_prefetch": 0, "reduce_scatter_delay": 0}})
+                        "policy": {name: 0 for name in DEPTH_FIELDS if name not in FOLLOWED}})
 
 
 def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: int,

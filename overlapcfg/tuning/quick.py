@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import torch
 
+from overlapcfg.config.depths import depth_field
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.graph.placement import (
     DelayedStep,
@@ -282,10 +283,10 @@ class GraphScore:
     peak_unsharded_param_bytes: int
 
 
-def score(grouped: Grouped, *, forward_prefetch: Sequence[int], backward_prefetch: Sequence[int],
-          reduce_scatter_delay: Sequence[int], max_inflight_bytes: int | None,
+def score(grouped: Grouped, depths: Mapping[str, Sequence[int]], *, max_inflight_bytes: int | None,
           issue_order: IssueOrder = "gather_first", memory: bool = True, stalls: list[Stall] | None = None) -> Score:
-    """Schedule ``grouped`` with per-bucket depths (indexed by bucket) and replay it.
+    """Schedule ``grouped`` with per-bucket depths (``depths[field][bucket]``, by depth field) and replay it: each
+    graph's all-gathers and reduce-scatters at the depth ``overlapcfg.config.depths.DEPTH_OF`` names for them.
 
     Each graph is replayed on its own and memoized on the grouping: the forward depends only on the forward
     depths and the cap, the backward only on its own knobs, so a grid over both replays each half once per value.
@@ -295,9 +296,8 @@ def score(grouped: Grouped, *, forward_prefetch: Sequence[int], backward_prefetc
     """
     parts = []
     for g in grouped.graphs:
-        depths = forward_prefetch if g.profile.name == "forward" else backward_prefetch
-        asked = (tuple(depths[s.bucket] for s in g.gathers_at), tuple(reduce_scatter_delay[s.bucket]
-                                                                      for s in g.scatters_at))
+        asked = (_asked(depths, g.profile.name, "all_gather", g.gathers_at),
+                 _asked(depths, g.profile.name, "reduce_scatter", g.scatters_at))
         key = (*asked, max_inflight_bytes, issue_order if g.reduce_scatters else "", memory)
         part = g.cache.get(key) if stalls is None else None
         if part is None:
@@ -310,6 +310,18 @@ def score(grouped: Grouped, *, forward_prefetch: Sequence[int], backward_prefetc
                  peak_unsharded_param_bytes=max(p.peak_unsharded_param_bytes for p in parts),
                  lower_bound_seconds=grouped.lower_bound_seconds,
                  unhidable_bound_seconds=grouped.unhidable_bound_seconds)
+
+
+def _asked(depths: Mapping[str, Sequence[int]], graph: str, kind: str,
+           steps: Sequence[GatherStep] | Sequence[DelayedStep]) -> tuple[int, ...]:
+    """The depth each step asks for, in schedule order (none asked where the graph has no such step)."""
+    if not steps:
+        return ()
+    name = depth_field(graph, kind)
+    if name is None:
+        raise AssertionError(f"tune: the {graph} graph has {kind} steps, which no depth schedules")  # a bug check
+    values = depths[name]
+    return tuple(values[s.bucket] for s in steps)
 
 
 def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays: Sequence[int], cap: int | None,

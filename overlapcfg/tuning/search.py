@@ -19,6 +19,7 @@ Deterministic: the grid is enumerated in a fixed order (sampled with ``space.see
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -30,6 +31,7 @@ import torch
 
 from overlapcfg.config import OverlapConfig, load_config, preset_names
 from overlapcfg.config.base import ByteCount, RankCount
+from overlapcfg.config.depths import DEPTH_FIELDS, SEARCHED_DEPTHS, Depths, depth_field, depths_of
 from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.config.load import validate_value
 from overlapcfg.errors import OverlapConfigError
@@ -216,16 +218,18 @@ def _arms(profile: Profile, structure: Structure, groupings: list[Grouping], ste
 
 
 def _grid(arms: list[Arm], space: TuneSpace, caps: list[int | None]) -> list[tuple[int, Knobs]]:
+    """Every arm x cap x the searched depths' values (``overlapcfg.config.depths.DepthGrid``, in field order) x
+    issue order, in that fixed order, sampled down to ``space.max_candidates``."""
     grid = []
+    choices = [getattr(space, name) for name in SEARCHED_DEPTHS]
     for a in range(len(arms)):
         for cap in caps:
-            for fp in space.forward_prefetch:
-                for bp in space.backward_prefetch:
-                    for rs in space.reduce_scatter_delay:
-                        for order in space.issue_order:
-                            if order != "gather_first" and bp < 2:
-                                continue  # no all-gather is prefetched two buckets ahead: the same schedule
-                            grid.append((a, Knobs(fp, bp, rs, order, cap)))
+            for values in itertools.product(*choices):
+                depths = Depths(**dict(zip(SEARCHED_DEPTHS, values, strict=True)))
+                for order in space.issue_order:
+                    if order != "gather_first" and depths.backward_prefetch < 2:
+                        continue  # no all-gather is prefetched two buckets ahead: the same schedule
+                    grid.append((a, Knobs(depths, order, cap)))
     if len(grid) > space.max_candidates:
         keep = sorted(random.Random(space.seed).sample(range(len(grid)), space.max_candidates))
         grid = [grid[i] for i in keep]
@@ -266,12 +270,10 @@ def _score_config(name: str, cfg: OverlapConfig, resolved: Any, profile: Profile
     policy = cfg.policy
     order = getattr(policy, "issue_order", "gather_first")
     cap = getattr(policy, "max_inflight_bytes", None)
-    knobs = Knobs(policy.forward_prefetch, policy.backward_prefetch, policy.reduce_scatter_delay,  # type: ignore[attr-defined]
-                  order, cap)
-    s = score(grouped, forward_prefetch=[b.forward_prefetch for b in resolved.buckets],
-              backward_prefetch=[b.backward_prefetch for b in resolved.buckets],
-              reduce_scatter_delay=[b.reduce_scatter_delay for b in resolved.buckets], max_inflight_bytes=cap,
-              issue_order=order, memory=True, stalls=stalls)
+    depths = Depths(**(depths_of(policy) or Depths()).model_dump(include=set(DEPTH_FIELDS)))
+    s = score(grouped, {name: [getattr(b, name) for b in resolved.buckets] for name in SEARCHED_DEPTHS},
+              max_inflight_bytes=cap, issue_order=order, memory=True, stalls=stalls)
+    knobs = Knobs(depths, order, cap)
     return Candidate(name, -1, knobs, s, cfg)
 
 
@@ -308,13 +310,15 @@ def _refine(arm: Arm, start: Candidate, space: TuneSpace, budget: int | None) ->
         moves: dict[tuple[int, str, int], None] = {}
         for stall in stalls:
             bucket = index[stall.bucket]
+            name = depth_field(stall.graph, stall.kind)
+            if name is None:
+                continue
             if stall.kind == "all_gather":
-                name = "forward_prefetch" if stall.graph == "forward" else "backward_prefetch"
                 order = [s.bucket for s in graphs[stall.graph].all_gathers]
                 j = order.index(bucket)
                 sources = order[max(0, j - LOOKBACK):j]
             else:
-                name, sources = "reduce_scatter_delay", [bucket]
+                sources = [bucket]
             values = knobs.values(name, len(arm.names))
             for b in sources:
                 for v in (values[b] + 1, values[b] + 2):

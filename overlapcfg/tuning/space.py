@@ -13,16 +13,15 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from overlapcfg.config.base import ByteCount, ConfigModel, Depth
+from overlapcfg.config.depths import DepthGrid
 from overlapcfg.config.load import validate_config
 from overlapcfg.config.plan import PatternText
 from overlapcfg.config.policy import IssueOrder
 
 __all__ = ["TuneSpace", "load_space"]
 
-class TuneSpace(ConfigModel):
-    """What ``overlapcfg.tune`` searches. By default the grouping comes from the model (its repeated blocks and
-    their parts, ``overlapcfg.tuning.structure``); narrow or widen any field (``tune.space.forward_prefetch=[1,2]``
-    on the command line)."""
+class _Groupings(ConfigModel):
+    """How modules are grouped into buckets (``TuneSpace`` holds these fields first, then the depths to try)."""
 
     blocks: PatternText | None = None
     """The model's repeated blocks, one match per block in model order: what ``layers_per_bucket`` counts and
@@ -51,14 +50,13 @@ class TuneSpace(ConfigModel):
     merge_last: Annotated[tuple[bool, ...], Field(min_length=1)] = (False, True)
     """True: the owners after the blocks share the last block's bucket."""
 
-    forward_prefetch: Annotated[tuple[Depth, ...], Field(min_length=1)] = (1, 2, 3, 4)
-    """Global forward prefetch depths to try."""
 
-    backward_prefetch: Annotated[tuple[Depth, ...], Field(min_length=1)] = (1, 2, 3, 4)
-    """Global backward prefetch depths to try."""
 
-    reduce_scatter_delay: Annotated[tuple[Depth, ...], Field(min_length=1)] = (1, 2, 3)
-    """Global reduce-scatter delays to try."""
+class TuneSpace(DepthGrid, _Groupings):
+    """What ``overlapcfg.tune`` searches: groupings, the depths to try (``overlapcfg.config.depths.DepthGrid``), issue
+    orders and caps. By default the grouping comes from the model (its repeated blocks and their parts,
+    ``overlapcfg.tuning.structure``); narrow or widen any field (``tune.space.forward_prefetch=[1,2]`` on the
+    command line)."""
 
     issue_order: Annotated[tuple[IssueOrder, ...], Field(min_length=1)] = ("gather_first", "reduce_scatter_first")
     """Issue orders to try (``OverlapPolicy.issue_order``)."""

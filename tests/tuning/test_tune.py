@@ -23,6 +23,7 @@ from torch import fx
 
 import overlapcfg
 from overlapcfg import compat
+from overlapcfg.config.depths import SEARCHED_DEPTHS
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.collectives import collective_kind, is_collective_start, started_by
@@ -63,9 +64,7 @@ def _random_config(rng: random.Random, n_layers: int) -> dict[str, Any]:
 def _quick(step: CapturedStep, profile: Any, cfg: overlapcfg.OverlapConfig) -> Any:
     plan = resolve_plan(cfg.plan, step.module_fqns, step.param_owners, overrides=cfg.overrides, policy=cfg.policy)
     grouped = group(profile, [plan.bucket_index(u) for u in profile.units], [b.name for b in plan.buckets])
-    return score(grouped, forward_prefetch=[b.forward_prefetch for b in plan.buckets],
-                 backward_prefetch=[b.backward_prefetch for b in plan.buckets],
-                 reduce_scatter_delay=[b.reduce_scatter_delay for b in plan.buckets],
+    return score(grouped, {name: [getattr(b, name) for b in plan.buckets] for name in SEARCHED_DEPTHS},
                  max_inflight_bytes=cfg.policy.max_inflight_bytes, issue_order=cfg.policy.issue_order)
 
 

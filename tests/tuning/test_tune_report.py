@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 
 import overlapcfg
+from overlapcfg.config.depths import Depths
 from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_seconds
 from overlapcfg.tuning import TuneSpace, tune
 from overlapcfg.tuning.candidates import TIE_TOLERANCE, Candidate, Knobs, choose
@@ -38,7 +39,7 @@ def _candidate(name: str, step: float, inflight: int, *, unsharded: int | None =
     score = Score(step_seconds=step, exposed_comm_seconds=exposed, compute_seconds=120e-6, comm_seconds=100e-6,
                   peak_inflight_bytes=inflight, peak_unsharded_param_bytes=unsharded or 2 * inflight,
                   lower_bound_seconds=123.1e-6, unhidable_bound_seconds=130.5e-6)
-    return Candidate(name, arm, Knobs(1, 1, 1, "gather_first", None), score, CONFIG if name == BEST else None)
+    return Candidate(name, arm, Knobs(Depths(), "gather_first", None), score, CONFIG if name == BEST else None)
 
 
 def _result(*, budget: int | None = 8 * MIB) -> TuneResult:

@@ -34,11 +34,12 @@ import torch.distributed as dist
 from torch import fx
 
 from overlapcfg.config import OverlapConfig
+from overlapcfg.config.depths import depths_of
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.parameters import state_input_names
 from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config
 from overlapcfg.passes import PassRecord, apply, pass_record
-from overlapcfg.resolve import DepthSource, resolve_plan
+from overlapcfg.resolve import resolve_plan
 from overlapcfg.strategies import get_strategy
 
 __all__ = ["PASS_NAME", "PIPELINE_NAME", "REPLACED_PASS", "check_trainer", "overlapcfg_bucketing_pass",
@@ -145,7 +146,7 @@ def _check_plan_fits(cfg: OverlapConfig, model: Any) -> None:
     owners = list(dict.fromkeys(name.rpartition(".")[0] for name, p in model.named_parameters() if p.requires_grad))
     root = cfg.config_root
     resolve_plan(cfg.plan, modules, owners, overrides=cfg.overrides,  # type: ignore[arg-type]
-                 policy=cfg.policy if isinstance(cfg.policy, DepthSource) else None, path=f"{root}.plan",
+                 policy=depths_of(cfg.policy), path=f"{root}.plan",
                  overrides_path=f"{root}.overrides")
 
 
