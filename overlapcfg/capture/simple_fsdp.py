@@ -85,7 +85,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from overlapcfg import compat
 from overlapcfg.capture.hsdp import HSDP_REDUCE_ORDERS, HsdpReduce
 from overlapcfg.errors import Fault, OverlapConfigError
-from overlapcfg.graph.attribution import user_fqn
+from overlapcfg.module_paths import user_fqn
 
 __all__ = [
     "AllGatherShard",

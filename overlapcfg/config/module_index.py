@@ -23,10 +23,9 @@ from overlapcfg.config.patterns import (
     _match,
     _min_parts,
     compile_pattern,
-    normalize_fqns,
-    split_fqn,
 )
 from overlapcfg.errors import natural_key
+from overlapcfg.module_paths import normalize_fqns, split_fqn
 
 __all__ = ["SHAPE_POOL", "SUGGEST_EDITS", "ModuleIndex", "match_modules", "suggest_fixes"]
 

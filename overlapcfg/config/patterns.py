@@ -18,7 +18,7 @@ range (``a:b`` with ``a >= b``) and wrapper segments inside a pattern.
 
 Wrapper segments (``_orig_mod`` from ``torch.compile``, ``_checkpoint_wrapped_module``, ``_fsdp_wrapped_module``)
 are not part of the FQN a user thinks in, so they are dropped from module FQNs before matching
-(:func:`strip_wrappers`). A pattern that spells one is rejected, since it could never match.
+(``overlapcfg.module_paths.strip_wrappers``). A pattern that spells one is rejected, since it could never match.
 
 Matching is a linear-time NFA walk over the segments (no regexes, no backtracking), so ``**.**.**.x``
 against a deep FQN costs ``O(len(pattern) * len(fqn))``; a pattern needing more segments than an FQN has (or,
@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.module_paths import WRAPPER_SEGMENTS, split_fqn, strip_wrappers
 
 __all__ = [
-    "WRAPPER_SEGMENTS",
     "AnySegment",
     "AnySegments",
     "IndexRange",
@@ -47,14 +46,7 @@ __all__ = [
     "Pattern",
     "Segment",
     "compile_pattern",
-    "is_inside",
-    "normalize_fqns",
-    "split_fqn",
-    "strip_wrappers",
 ]
-
-WRAPPER_SEGMENTS: tuple[str, ...] = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
-"""Segments inserted by ``torch.compile``, activation checkpointing and FSDP1 wrappers; never matched."""
 
 _INDEX = re.compile(r"[0-9]+")
 _RANGE = re.compile(r"(-?[0-9]*):(-?[0-9]*)")
@@ -139,34 +131,6 @@ class Pattern:
 
     def __str__(self) -> str:
         return self.text
-
-
-def split_fqn(fqn: str) -> tuple[str, ...]:
-    """Segments of an FQN; the root module ``""`` has none (``"".split(".")`` would give one empty segment)."""
-    return tuple(fqn.split(".")) if fqn else ()
-
-
-def strip_wrappers(fqn: str) -> str:
-    """``_orig_mod.layers.0._checkpoint_wrapped_module.attention`` -> ``layers.0.attention``."""
-    if not any(w in fqn for w in WRAPPER_SEGMENTS):
-        return fqn
-    return ".".join(p for p in split_fqn(fqn) if p not in WRAPPER_SEGMENTS)
-
-
-def normalize_fqns(fqns: Iterable[str]) -> tuple[str, ...]:
-    """Wrapper-stripped FQNs in first-seen order, duplicates dropped.
-
-    A compiled model lists both ``""`` and ``_orig_mod``, which are the same module once stripped.
-    """
-    return tuple(dict.fromkeys(strip_wrappers(f) for f in fqns))
-
-
-def is_inside(fqn: str, ancestor: str) -> bool:
-    """Whether ``fqn`` is ``ancestor`` or nested in it, by whole segments: ``layers.10`` is not in ``layers.1``.
-
-    Every module is inside the root ``""``.
-    """
-    return not ancestor or fqn == ancestor or fqn.startswith(ancestor + ".")
 
 
 def compile_pattern(text: str, *, path: str = "") -> Pattern:

@@ -83,15 +83,12 @@ def check_plan(overlap: OverlapConfig, spec: DemoSettings, *, root: str = "overl
     with the path as the user wrote it (``overlap.plan.buckets[1]``) instead of one after the trace.
     """
     if overlap.plan is None or not contract_of(overlap.strategy).uses_plan:
-        return
+        return  # nothing to resolve: the model need not be built
     from overlapcfg.demo.llama import Llama
-    from overlapcfg.resolve import resolve_plan
+    from overlapcfg.module_paths import ModelFacts
+    from overlapcfg.resolve import resolve_config
 
-    model = Llama(spec.llama_config(), device="meta")
-    fqns = [name for name, _ in model.named_modules() if name]
-    owners = list(dict.fromkeys(p.rpartition(".")[0] for p, _ in model.named_parameters()))
-    resolve_plan(overlap.plan, fqns, owners, overrides=overlap.overrides, policy=overlap.policy,
-                 path=f"{root}.plan", overrides_path=f"{root}.overrides")
+    resolve_config(overlap, ModelFacts.of(Llama(spec.llama_config(), device="meta")), root=root)
 
 
 class Progress:

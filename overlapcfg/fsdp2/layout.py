@@ -36,7 +36,8 @@ from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.fsdp2.checks import check_config, ignored_settings
 from overlapcfg.fsdp2.prefetch import DirectionPlan, plan_direction
 from overlapcfg.fsdp2.tree import ModuleTree, ParamInfo, module_tree, param_info
-from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
+from overlapcfg.module_paths import ModelFacts
+from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_config
 
 __all__ = ["LayoutBucket", "ShardLayout", "plan_layout", "reordered", "reshards"]
 
@@ -123,8 +124,7 @@ def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None,
     tree = module_tree(model)
     policy = cfg.policy if isinstance(cfg.policy, OverlapPolicy) else OverlapPolicy()
     try:
-        plan = resolve_plan(cfg.plan, tree.fqns, tree.owners, overrides=cfg.overrides, policy=policy,
-                            path=f"{root}.plan", overrides_path=f"{root}.overrides")
+        plan = resolve_config(cfg, ModelFacts(tree.fqns, tree.owners), root=root)
     except OverlapConfigError as err:
         raise OverlapConfigError([*err.faults, *faults], header=HEADER) from None
     ordered = sorted(plan.buckets, key=lambda b: min(tree.order[m] for m in b.modules))

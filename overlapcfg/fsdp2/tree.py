@@ -15,7 +15,7 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
-from overlapcfg.config.patterns import strip_wrappers
+from overlapcfg.module_paths import strip_wrappers
 
 __all__ = ["ModuleTree", "ParamInfo", "module_tree", "param_info"]
 

@@ -24,33 +24,28 @@ picks one silently.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.config.patterns import WRAPPER_SEGMENTS, is_inside
-from overlapcfg.errors import natural_key
 from overlapcfg.graph.gradients import partial_sum_root
 from overlapcfg.graph.meta import CollectiveOwner, owner, saved_view, set_owner
 from overlapcfg.graph.ops import collective_kind, wait_of
 from overlapcfg.graph.parameters import placeholder_sources
+from overlapcfg.module_paths import clean_path, is_inside, parameter_owner, user_fqn
 
 __all__ = [
     "AttributionError",
     "CollectiveOwner",
     "ModuleFqnFn",
     "annotate_owners",
-    "clean_path",
     "custom_module_fqn",
     "dynamo_parameter_inputs",
     "module_fqn",
     "parameter_fqn",
     "stack_module_fqn",
-    "user_fqn",
-    "with_parents",
 ]
 
 ModuleFqnFn: TypeAlias = Callable[[fx.Node], "str | None"]
@@ -59,81 +54,6 @@ ModuleFqnFn: TypeAlias = Callable[[fx.Node], "str | None"]
 class AttributionError(RuntimeError):
     """Two pieces of evidence name different owners for one collective, or a collective names a parameter that the
     model does not have. The message names the node and the candidates; nothing has been changed."""
-
-
-# --- paths ----------------------------------------------------------------------------------------------------
-
-_ROOT = re.compile(r"^(?:[LG]\[(?:'[^']*'|\"[^\"]*\")\](?:\[(?:'[^']*'|\"[^\"]*\"|\d+)\])*|self)")
-_TOKEN = re.compile(r"\.(\w+)|\[(?:'([^']*)'|\"([^\"]*)\"|(\d+))\]")
-_CONTAINERS = frozenset({"_modules", "_parameters", "_buffers"})
-_NOT_A_MODULE_PATH = ("type(", "__dict__", ".fget", "getattr(", "(")
-_PARAMETRIZATIONS = "parametrizations"
-
-
-def clean_path(path: str) -> str | None:
-    """A dynamo source or module-stack path as the dotted FQN a user writes; ``None`` if it is not a module path.
-
-    ``L['args'][0].model.layers.0.self_attn`` -> ``model.layers.0.self_attn``;
-    ``L['self'].layers.0.forward.__closure__[1].cell_contents.__self__.attention`` -> ``layers.0.attention``;
-    ``L['self']._modules['layers']._modules['0']._modules['wq']._parameters['weight']`` -> ``layers.0.wq.weight``;
-    ``dict(type(L['self'].layers.0).__dict__)['weight'].fget`` -> ``None``.
-    """
-    if any(marker in path for marker in _NOT_A_MODULE_PATH):
-        return None
-    root = _ROOT.match(path)
-    rest = path[root.end():] if root else path
-    if rest and rest[0] not in ".[":
-        rest = "." + rest
-    tokens = [next(g for g in m.groups() if g is not None) for m in _TOKEN.finditer(rest)]
-    if "".join(f".{t}" for t in tokens).replace(".", "") != re.sub(r"[.\[\]'\"]", "", rest):
-        return None  # something we do not understand sits in the path: do not guess
-    parts: list[str] = []
-    skip_index = False
-    for i, token in enumerate(tokens):
-        if skip_index and token.isdecimal():  # the cell number after __closure__
-            skip_index = False
-            continue
-        skip_index = token == "__closure__"
-        following = tokens[i + 1] if i + 1 < len(tokens) else ""
-        if token.startswith("__") or token == "cell_contents" or token in _CONTAINERS:
-            continue
-        if following in ("__closure__", "__func__", "__wrapped__"):  # a method name, not a module
-            continue
-        parts.append(token)
-    return user_fqn(".".join(parts))
-
-
-def user_fqn(fqn: str) -> str:
-    """Parametrization internals and wrapper segments removed.
-
-    ``layers.0.wq.parametrizations.weight.original`` -> ``layers.0.wq.weight`` (a parameter);
-    ``layers.0.wq.parametrizations.weight.0`` -> ``layers.0.wq`` (the parametrization module: its owner);
-    ``_orig_mod.norm`` -> ``norm``.
-    """
-    parts = [s for s in fqn.split(".") if s and s not in WRAPPER_SEGMENTS]
-    if _PARAMETRIZATIONS not in parts:
-        return ".".join(parts)
-    cut = parts.index(_PARAMETRIZATIONS)
-    owner, rest = parts[:cut], parts[cut + 1:]
-    if len(rest) >= 2 and rest[1].startswith("original"):
-        owner.append(rest[0])
-    return ".".join(owner)
-
-
-def with_parents(fqns: Iterable[str]) -> tuple[str, ...]:
-    """``fqns`` and every module above them, natural order: the module tree plan patterns are matched against
-    when only some of a model's modules are visible (those on module stacks, those owning parameters)."""
-    closed: dict[str, None] = {}
-    for fqn in fqns:
-        parts = fqn.split(".")
-        for i in range(1, len(parts) + 1):
-            closed.setdefault(".".join(parts[:i]))
-    return tuple(sorted(closed, key=natural_key))
-
-
-def parameter_owner(param_fqn: str) -> str:
-    """``layers.0.wq.weight`` -> ``layers.0.wq``."""
-    return param_fqn.rpartition(".")[0]
 
 
 # --- evidence per node ------------------------------------------------------------------------------------------

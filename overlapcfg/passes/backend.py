@@ -31,17 +31,15 @@ from overlapcfg.graph.attribution import (
     AttributionError,
     CollectiveOwner,
     annotate_owners,
-    clean_path,
     dynamo_parameter_inputs,
-    parameter_owner,
     stack_module_fqn,
-    with_parents,
 )
 from overlapcfg.graph.parameters import mark_saved_parameter_views, saved_parameter_views
+from overlapcfg.module_paths import ModelFacts, parameter_owner, with_parents
 from overlapcfg.passes.step import CapturedStep, GraphName
 
 __all__ = ["CapturedStep", "GraphBackend", "GraphCompiler", "GraphName", "GraphPass", "boxed_eager",
-           "model_facts", "module_tree"]
+           "modules_seen"]
 GraphPass: TypeAlias = Callable[[fx.GraphModule], fx.GraphModule]
 """A graph pass as the backend applies it: takes aot's graph module, returns the one to run."""
 GraphCompiler: TypeAlias = Callable[[fx.GraphModule, Sequence[object]], Callable[..., object]]
@@ -52,35 +50,12 @@ def boxed_eager(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callabl
     return compat.make_boxed_func(gm.forward)
 
 
-def module_tree(dynamo_gm: fx.GraphModule, parameters: Sequence[str | None]) -> tuple[str, ...]:
+def modules_seen(dynamo_gm: fx.GraphModule, parameters: Sequence[str | None]) -> tuple[str, ...]:
     """Module FQNs a dynamo graph shows (parameter owners, module-stack entries, and all their parents): what plan
-    patterns are matched against when the model itself is not given."""
+    patterns are matched against when the model itself is not given (``ModelFacts.of(model)`` when it is)."""
     seen = [parameter_owner(p) for p in parameters if p]
     seen += [m for node in dynamo_gm.graph.nodes if (m := stack_module_fqn(node))]
     return with_parents(seen)
-
-
-def model_facts(model: nn.Module) -> tuple[tuple[str, ...], frozenset[str]]:
-    """``(module FQNs, parameter FQNs)`` of a real model, wrappers and parametrization internals removed."""
-    modules = dict.fromkeys(f for name, _ in model.named_modules() if (f := clean_path(name) or ""))
-    params = frozenset(clean_path(name) or name for name, _ in model.named_parameters(remove_duplicate=False))
-    return tuple(modules), params
-
-
-def module_types(model: nn.Module, fqns: Sequence[str]) -> tuple[str, ...]:
-    """The class name of each of ``fqns`` (``model_facts``' module FQNs): the innermost module under a cleaned path,
-    so a wrapper (``_orig_mod``, ``_checkpoint_wrapped_module``) names what it wraps; parametrization modules
-    (which clean to their owner's path) are not the owner."""
-    found: dict[str, str] = {}
-    for name, module in model.named_modules():
-        fqn = clean_path(name) or ""
-        if fqn and "parametrizations" not in name.split("."):
-            found[fqn] = type(module).__name__
-    return tuple(found.get(f, "") for f in fqns)
-
-
-def _param_order(model: nn.Module) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(clean_path(name) or name for name, _ in model.named_parameters(remove_duplicate=False)))
 
 
 @dataclass(slots=True)
@@ -120,14 +95,15 @@ class GraphBackend:
         self.world = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else None
         self.param_inputs = dynamo_parameter_inputs(gm)
         if self.model is not None:
-            modules, params = model_facts(self.model)
+            facts = ModelFacts.of(self.model)
+            params = set(facts.params)
             unknown = [p for p in self.param_inputs if p and p not in params]
             if unknown:
                 raise AttributionError(f"overlapcfg backend: dynamo's inputs name parameters the model does not "
                                        f"have ({', '.join(unknown[:4])}); pass module_fqn_fn= or check model=")
-            self.module_fqns = modules
+            self.module_fqns = facts.modules
         else:
-            self.module_fqns = module_tree(gm, self.param_inputs)
+            self.module_fqns = modules_seen(gm, self.param_inputs)
         extra = {"decompositions": self.decompositions} if self.decompositions is not None else {}
         # Per compiled region: with graph breaks, aot compiles a region's backward lazily, after later regions'
         # forwards, so what a forward saved must travel with its own region.
@@ -182,9 +158,10 @@ class GraphBackend:
                                "FSDP collectives to bucket")
         collectives = self.collectives["forward"] + self.collectives["backward"]
         attributed = dict.fromkeys(c.param_fqn for c in collectives)
-        order = _param_order(self.model) if self.model is not None else tuple(p for p in self.param_inputs if p)
+        facts = ModelFacts.of(self.model) if self.model is not None else None
+        order = facts.params if facts is not None else tuple(p for p in self.param_inputs if p)
         params = (*(p for p in order if p in attributed), *(p for p in attributed if p not in order))
-        types = module_types(self.model, self.module_fqns) if self.model is not None else ()
+        types = _types_of(facts, self.module_fqns) if facts is not None else ()
         return CapturedStep(
             forward=self.captured["forward"], backward=self.captured["backward"], module_fqns=self.module_fqns,
             param_fqns=params, param_owners=tuple(dict.fromkeys(parameter_owner(p) for p in params)),
@@ -197,3 +174,9 @@ class GraphBackend:
         model = f", model={type(self.model).__name__}" if self.model is not None else ""
         return (f"GraphBackend(passes=[{', '.join(passes)}]{model}, compiled={sorted(self.graphs)}, "
                 f"regions={self.regions})")
+
+
+def _types_of(facts: ModelFacts, fqns: Sequence[str]) -> tuple[str, ...]:
+    """The class name of each of ``fqns`` (the modules the last region matched plans against), "" where unknown."""
+    types = dict(zip(facts.modules, facts.types, strict=True))
+    return tuple(types.get(f, "") for f in fqns)

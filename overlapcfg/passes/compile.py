@@ -22,13 +22,12 @@ from torch import fx, nn
 
 from overlapcfg import compat
 from overlapcfg._version import __version__
-from overlapcfg.config import BucketPlan, OverlapConfig, load_config
-from overlapcfg.config.depths import depths_of
+from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.load import ConfigSource
-from overlapcfg.passes.backend import GraphBackend, GraphCompiler, GraphName, model_facts
+from overlapcfg.module_paths import ModelFacts
+from overlapcfg.passes.backend import GraphBackend, GraphCompiler, GraphName
 from overlapcfg.passes.pipeline import apply
-from overlapcfg.resolve import resolve_plan
-from overlapcfg.strategies.registry import get_strategy
+from overlapcfg.resolve import resolve_config
 
 __all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "check_plan_fits", "inductor_pass",
            "source_hash"]
@@ -83,14 +82,7 @@ def check_plan_fits(cfg: OverlapConfig, model: nn.Module, *, config_root: str | 
     Coverage (``require_full_coverage``) is left to the pass: which parameters are FSDP's is known only from the
     graph (a model may keep some parameters unsharded).
     """
-    if cfg.plan is None or not get_strategy(cfg.strategy).uses_plan:
-        return
-    root = config_root or cfg.config_root
-    plan = BucketPlan.model_validate({**cfg.plan.model_dump(), "require_full_coverage": False})
-    modules, _ = model_facts(model)
-    depths = depths_of(cfg.policy)
-    resolve_plan(plan, modules, overrides=cfg.overrides, policy=depths, path=f"{root}.plan",
-                 overrides_path=f"{root}.overrides")
+    resolve_config(cfg, ModelFacts.of(model), root=config_root, coverage=False)
 
 
 def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Module | None = None,

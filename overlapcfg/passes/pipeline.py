@@ -27,9 +27,8 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
-from overlapcfg.config.depths import depths_of
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
-from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
+from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn
 from overlapcfg.graph.collectives import Collective, count_collectives, find_collectives, group_traffic
 from overlapcfg.graph.merge import MergedCollective, attribute, fold_repeated_waits
 from overlapcfg.graph.meta import is_merged, record_pass
@@ -43,8 +42,9 @@ from overlapcfg.graph.record import (
 )
 from overlapcfg.graph.summary import GraphSummary, summarize
 from overlapcfg.graph.verify import verify
+from overlapcfg.module_paths import ModelFacts, with_parents
 from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting
-from overlapcfg.resolve import ResolvedPlan, resolve_plan
+from overlapcfg.resolve import ResolvedPlan, resolve_config
 from overlapcfg.strategies import PassContext, Strategy, get_strategy
 
 __all__ = ["GraphKind", "apply"]
@@ -162,10 +162,8 @@ def apply(
     owners = list(dict.fromkeys(c.module_fqn for c in fsdp if c.module_fqn))
     plan = ResolvedPlan(())
     if strategy.uses_plan and cfg.plan is not None:
-        fqns = list(module_fqns) if module_fqns is not None else _model_fqns(gm.graph, fn, owners)
-        depths = depths_of(cfg.policy)
-        plan = resolve_plan(cfg.plan, fqns, owners, overrides=cfg.overrides, policy=depths,
-                            path=f"{config_root}.plan", overrides_path=f"{config_root}.overrides")
+        fqns = tuple(module_fqns) if module_fqns is not None else _model_fqns(gm.graph, fn, owners)
+        plan = resolve_config(cfg, ModelFacts(fqns, tuple(owners)), root=config_root)
         _check_attributed(collectives, cfg, config_root)
         merged_before = _already_merged(fsdp)
         if merged_before and plan.buckets:

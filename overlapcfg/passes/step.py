@@ -26,6 +26,7 @@ from overlapcfg import compat
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.attribution import CollectiveOwner, ModuleFqnFn, module_fqn
 from overlapcfg.graph.ops import group_name
+from overlapcfg.module_paths import ModelFacts
 
 __all__ = ["CapturedStep", "GraphName", "ensure_process_group"]
 
@@ -87,6 +88,11 @@ class CapturedStep:
 
     def graph(self, name: GraphName) -> fx.GraphModule:
         return self.forward if name == "forward" else self.backward
+
+    @property
+    def facts(self) -> ModelFacts:
+        """What plans are resolved against for this step (``overlapcfg.resolve.resolve_config``)."""
+        return ModelFacts(self.module_fqns, self.param_owners, self.param_fqns, self.module_types)
 
     def group_names(self) -> tuple[str, ...]:
         """The process groups the step's FSDP collectives run on, as the graphs name them (first use order)."""

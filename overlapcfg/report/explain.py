@@ -25,6 +25,7 @@ from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.graph.meta import merged_mark, pass_record
 from overlapcfg.graph.ops import collective_kind
 from overlapcfg.graph.record import BucketRecord, CollectiveChange, PassRecord
+from overlapcfg.module_paths import is_inside
 from overlapcfg.passes.applied import AppliedStep, applied_graph, apply_graph, apply_step
 from overlapcfg.passes.pipeline import GraphKind
 from overlapcfg.passes.step import GRAPH_NAMES, CapturedStep
@@ -46,10 +47,6 @@ MANY_LAYERS = 2
 _LAYER = re.compile(r"^(.*?)(\d+)(?:\.|$)")
 
 
-def _in(module: str, modules: Sequence[str]) -> bool:
-    return any(module == m or module.startswith(m + ".") for m in modules)
-
-
 def node_labels(gm: fx.GraphModule, fqn_fn: Callable[[fx.Node], str | None] = module_fqn) -> dict[str, str]:
     """A short name for each collective start and wait (its bucket, else its owning module) and compute node."""
     record = pass_record(gm)
@@ -61,7 +58,7 @@ def node_labels(gm: fx.GraphModule, fqn_fn: Callable[[fx.Node], str | None] = mo
             name = buckets[mark.bucket].name
         else:
             owner = c.module_fqn
-            hit = next((b.name for b in buckets if owner and _in(owner, b.modules)), None)
+            hit = next((b.name for b in buckets if owner and any(is_inside(owner, m) for m in b.modules)), None)
             name = hit or owner or c.start.name
         for n in (c.start, *c.waits):
             labels[n.name] = name

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from overlapcfg.config.module_index import ModuleIndex, suggest_fixes
-from overlapcfg.config.patterns import AnySegments, IndexRange, Pattern, compile_pattern, split_fqn
+from overlapcfg.config.patterns import AnySegments, IndexRange, Pattern, compile_pattern
 from overlapcfg.errors import Fault, OverlapConfigError
+from overlapcfg.module_paths import ancestors, split_fqn
 
-__all__ = ["SUGGESTED_PATTERNS", "Matcher", "ancestors", "outermost", "range_past_the_model", "show"]
+__all__ = ["SUGGESTED_PATTERNS", "Matcher", "outermost", "range_past_the_model", "show"]
 
 SUGGESTED_PATTERNS = 20
 """Unmatched patterns that get "did you mean" hints; a plan with more is wrong wholesale, not by a typo."""
@@ -108,12 +109,6 @@ def outermost(matches: list[str]) -> list[str]:
     """Drop matches nested inside another match (the outer module's bucket already holds them)."""
     present = set(matches)  # membership only; order comes from ``matches``
     return [m for m in matches if not any(a in present for a in ancestors(m))]
-
-
-def ancestors(fqn: str) -> list[str]:
-    """Proper ancestors, outermost first: ``a.b.c`` -> ``["", "a", "a.b"]``; the root has none."""
-    parts = split_fqn(fqn)
-    return [".".join(parts[:i]) for i in range(len(parts))]
 
 
 def show(items: Sequence[str], limit: int = 6) -> str:

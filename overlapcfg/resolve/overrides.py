@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from overlapcfg.config.depths import FOLLOWED
 from overlapcfg.config.plan import ModuleOverride
 from overlapcfg.errors import Fault
-from overlapcfg.resolve.matcher import Matcher, ancestors, show
+from overlapcfg.module_paths import ancestors
+from overlapcfg.resolve.matcher import Matcher, show
 from overlapcfg.resolve.records import ResolvedBucket, ResolvedPlan
 
 __all__ = ["apply_overrides"]

@@ -39,10 +39,10 @@ from typing import TypeAlias
 
 from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED, Depths
 from overlapcfg.config.module_index import ModuleIndex
-from overlapcfg.config.patterns import normalize_fqns
 from overlapcfg.config.plan import Bucket, BucketPlan, ModuleOverride
 from overlapcfg.errors import Fault, OverlapConfigError
-from overlapcfg.resolve.matcher import Matcher, ancestors, outermost, show
+from overlapcfg.module_paths import ancestors, normalize_fqns
+from overlapcfg.resolve.matcher import Matcher, outermost, show
 from overlapcfg.resolve.names import bucket_name, unique_names
 from overlapcfg.resolve.overrides import apply_overrides
 from overlapcfg.resolve.records import ResolvedBucket, ResolvedPlan

@@ -9,9 +9,9 @@ from types import MappingProxyType
 from pydantic import BaseModel, ConfigDict
 
 from overlapcfg.config.depths import DEPTH_FIELDS, ResolvedDepths
-from overlapcfg.config.patterns import strip_wrappers
 from overlapcfg.errors import closest
-from overlapcfg.resolve.matcher import ancestors, show
+from overlapcfg.module_paths import ancestors, strip_wrappers
+from overlapcfg.resolve.matcher import show
 
 __all__ = ["DEPTH_FIELDS", "RecordModel", "ResolvedBucket", "ResolvedPlan"]
 

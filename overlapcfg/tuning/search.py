@@ -40,7 +40,7 @@ from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
 from overlapcfg.report.node_costs import NodeCosts
-from overlapcfg.resolve import resolve_plan
+from overlapcfg.resolve import ResolvedPlan, resolve_config
 from overlapcfg.tuning.candidates import TIE_TOLERANCE, Arm, Candidate, Knobs, choose, describe, pareto
 from overlapcfg.tuning.profile import Profile, build_profile
 from overlapcfg.tuning.quick import Stall, group, score
@@ -249,8 +249,7 @@ def _presets(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], tup
                 if cfg.strategy not in ("manual", "torch_manual"):  # policy auto selects its own strategy
                     skipped.append(f"{name}: strategy {cfg.strategy!r} (the quick model replays plan schedules)")
                     continue
-                resolved = resolve_plan(cfg.plan, step.module_fqns, step.param_owners, overrides=cfg.overrides,
-                                        policy=cfg.policy)  # type: ignore[arg-type]
+                resolved = resolve_config(cfg, step.facts)
             except OverlapConfigError as err:
                 skipped.append(f"{name}: {err.faults[0].message}")
                 continue
@@ -262,7 +261,7 @@ def _presets(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], tup
     return out, tuple(dict.fromkeys(skipped))
 
 
-def _score_config(name: str, cfg: OverlapConfig, resolved: Any, profile: Profile,
+def _score_config(name: str, cfg: OverlapConfig, resolved: ResolvedPlan, profile: Profile,
                   stalls: list[Stall] | None = None) -> Candidate:
     """Any manual-style config, through its own resolution (presets; the winner's cross-check)."""
     names = [b.name for b in resolved.buckets]
@@ -359,9 +358,7 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
         _check_config(best, arms[best.arm], step, profile)
     else:  # a preset won: replay it through its own resolution for the stalls
         cfg = best.config
-        _score_config(best.name, cfg, resolve_plan(cfg.plan, step.module_fqns, step.param_owners,  # type: ignore[arg-type]
-                                                   overrides=cfg.overrides, policy=cfg.policy),  # type: ignore[arg-type]
-                      profile, stalls)
+        _score_config(best.name, cfg, resolve_config(cfg, step.facts), profile, stalls)
     ranked = sorted(everything, key=lambda c: (c.step_seconds, c.peak_inflight_bytes, len(c.knobs.per_bucket)))
     unique = list({(c.name, c.knobs): c for c in ranked}.values())
     # For the tables, one candidate per outcome: a per-bucket value that changes nothing is not a new candidate.
@@ -387,8 +384,7 @@ def _check_config(best: Candidate, arm: Arm, step: CapturedStep, profile: Profil
     """The emitted config, resolved on its own, must be the candidate (same buckets, same depths, same score)."""
     assert best.config is not None
     cfg = best.config
-    resolved = resolve_plan(cfg.plan, step.module_fqns, step.param_owners, overrides=cfg.overrides,  # type: ignore[arg-type]
-                            policy=cfg.policy)  # type: ignore[arg-type]
+    resolved = resolve_config(cfg, step.facts)
     again = _score_config(best.name, cfg, resolved, profile)
     if abs(again.step_seconds - best.step_seconds) > 1e-9 * best.step_seconds:
         raise AssertionError(f"tune: the emitted config scores {again.step_seconds}, the candidate "

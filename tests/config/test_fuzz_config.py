@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from overlapcfg import OverlapConfig, OverlapConfigError, load_config
-from overlapcfg.config.patterns import WRAPPER_SEGMENTS, AnySegment, AnySegments, IndexRange, compile_pattern
+from overlapcfg.config.patterns import AnySegment, AnySegments, IndexRange, compile_pattern
 from overlapcfg.config.presets import preset_names
+from overlapcfg.module_paths import WRAPPER_SEGMENTS
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -13,11 +13,9 @@ from overlapcfg.config.patterns import (
     IndexRange,
     Literal,
     compile_pattern,
-    is_inside,
-    normalize_fqns,
-    strip_wrappers,
 )
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.module_paths import is_inside, normalize_fqns, strip_wrappers
 
 # (pattern, fqn, expected)
 MATCH_TABLE = [

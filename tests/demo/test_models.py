@@ -14,7 +14,7 @@ from overlapcfg.demo import LLAMA3_8B, Llama, LlamaConfig
 from overlapcfg.demo.gloo import RankFailedError, run_on_gloo
 from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.graph.attribution import user_fqn
+from overlapcfg.module_paths import user_fqn
 
 SMALL = LlamaConfig()
 

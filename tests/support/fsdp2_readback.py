@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
-from overlapcfg.config.patterns import strip_wrappers
+from overlapcfg.module_paths import strip_wrappers
 
 ROOT = "<root>"
 

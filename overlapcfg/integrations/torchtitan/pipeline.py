@@ -34,12 +34,12 @@ import torch.distributed as dist
 from torch import fx
 
 from overlapcfg.config import OverlapConfig
-from overlapcfg.config.depths import depths_of
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.parameters import state_input_names
 from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config
+from overlapcfg.module_paths import ModelFacts
 from overlapcfg.passes import PassRecord, apply, pass_record
-from overlapcfg.resolve import resolve_plan
+from overlapcfg.resolve import resolve_config
 from overlapcfg.strategies import get_strategy
 
 __all__ = ["PASS_NAME", "PIPELINE_NAME", "REPLACED_PASS", "check_trainer", "overlapcfg_bucketing_pass",
@@ -142,12 +142,7 @@ def check_trainer(trainer: Any) -> None:
 def _check_plan_fits(cfg: OverlapConfig, model: Any) -> None:
     """Resolve a config file's plan against the model's modules now: a pattern that matches nothing, or a
     parameter owner outside every bucket under ``require_full_coverage``, fails before minutes of tracing."""
-    modules = [name for name, _ in model.named_modules()]
-    owners = list(dict.fromkeys(name.rpartition(".")[0] for name, p in model.named_parameters() if p.requires_grad))
-    root = cfg.config_root
-    resolve_plan(cfg.plan, modules, owners, overrides=cfg.overrides,  # type: ignore[arg-type]
-                 policy=depths_of(cfg.policy), path=f"{root}.plan",
-                 overrides_path=f"{root}.overrides")
+    resolve_config(cfg, ModelFacts.of(model))
 
 
 def _function(graph_pass: object) -> Callable[..., Any]:
