@@ -35,14 +35,14 @@ from rich.console import Console
 from rich.table import Table
 
 import overlapcfg
-from overlapcfg.config.hardware import HardwareProfile, save_hardware
 from overlapcfg.config.presets import command_conf_dir
+from overlapcfg.cost.hardware import HardwareProfile, save_hardware
+from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.job import compare_configs, demo_spec
 from overlapcfg.measuring.calibration import profile_header
 from overlapcfg.measuring.kernels import MatmulMix, matmul_mix
 from overlapcfg.measuring.render import calibration_table
-from overlapcfg.report.node_costs import NodeCosts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -27,13 +27,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from overlapcfg.cost.simulator import GroupPlacement
 from overlapcfg.demo import LLAMA3_8B
 from overlapcfg.demo.dims import ParallelDims
 from overlapcfg.demo.tracing import trace_train_step
 from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
-from overlapcfg.report.simulate import GroupPlacement
 from overlapcfg.report.timeline import write_timeline
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -3,8 +3,9 @@
 The pipeline a config flows through, one sub-package per stage:
 ``config`` (what users write) → ``resolve`` (patterns matched against a model's modules) → ``graph`` (collectives,
 attribution, merge, schedule, verify) → ``strategies`` → ``passes`` (rewrite the graph, then prove it; the
-``torch.compile`` backend; the ``CapturedStep``) | ``fsdp2`` → ``report`` (what happened and what it will cost) |
-``capture`` (your model's step as a ``CapturedStep``) → ``tuning`` → ``demo``.
+``torch.compile`` backend; the ``CapturedStep``) | ``fsdp2`` → ``cost`` (what a step will cost) → ``report`` (what
+happened, and the prediction, drawn) | ``capture`` (your model's step as a ``CapturedStep``) → ``tuning`` |
+``measuring`` → ``demo`` | ``integrations``.
 
 Names are exported lazily so ``import overlapcfg`` stays cheap and imports no torch until a graph is touched.
 """
@@ -55,19 +56,19 @@ _EXPORTS: dict[str, str] = {
     "fully_shard": "overlapcfg.fsdp2",
     "exit_process": "overlapcfg.process_exit",
     "explain": "overlapcfg.report",
-    "simulate": "overlapcfg.report",
+    "simulate": "overlapcfg.cost",
     "compare": "overlapcfg.report",
     "tune": "overlapcfg.tuning",
     "calibrate": "overlapcfg.measuring",
     "measure": "overlapcfg.measuring",
     "Measurement": "overlapcfg.measuring",
-    "NodeCosts": "overlapcfg.report.node_costs",
-    "save_hardware": "overlapcfg.config.hardware",
+    "NodeCosts": "overlapcfg.cost",
+    "save_hardware": "overlapcfg.cost",
     "TuneResult": "overlapcfg.tuning",
     "TuneSpace": "overlapcfg.tuning",
     "Report": "overlapcfg.report",
-    "HardwareProfile": "overlapcfg.config.hardware",
-    "load_hardware": "overlapcfg.config.hardware",
+    "HardwareProfile": "overlapcfg.cost",
+    "load_hardware": "overlapcfg.cost",
 }
 
 __all__ = [
@@ -142,7 +143,7 @@ if TYPE_CHECKING:
         load_config,
         preset_names,
     )
-    from overlapcfg.config.hardware import HardwareProfile, load_hardware, save_hardware
+    from overlapcfg.cost import HardwareProfile, NodeCosts, load_hardware, save_hardware, simulate
     from overlapcfg.demo.tracing import trace_train_step
     from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
     from overlapcfg.fsdp2 import fully_shard
@@ -152,8 +153,7 @@ if TYPE_CHECKING:
     from overlapcfg.passes.compile import backend, inductor_pass
     from overlapcfg.passes.step import CapturedStep, ensure_process_group
     from overlapcfg.process_exit import exit_process
-    from overlapcfg.report import Report, compare, explain, simulate
-    from overlapcfg.report.node_costs import NodeCosts
+    from overlapcfg.report import Report, compare, explain
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.strategies.base import PassContext, Strategy
     from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy

@@ -8,7 +8,7 @@ Nothing a user passes escapes as anything but ``OverlapConfigError`` (a wrong Py
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
@@ -40,6 +40,7 @@ from overlapcfg.errors import Fault, OverlapConfigError, join_path, show_value
 __all__ = [
     "MAX_FILE_BYTES",
     "ConfigSource",
+    "config_data",
     "dump_yaml",
     "from_hydra",
     "load_config",
@@ -151,34 +152,48 @@ def _refuse_whole_config(node: DictConfig) -> None:
 
 def _to_container(src: Any, root: str) -> Any:
     """Plain data for ``src``, unwrapped from a single ``overlap`` key, measured and with references resolved."""
+    return config_data(src, root, unwrap=_unwrap)
+
+
+def config_data(src: Any, root: str, *, what: str = "config file", header: str = HEADER,
+                unwrap: Callable[[Any], tuple[Any, KeyPath]] | None = None) -> Any:
+    """Plain data for any config source, read one way whatever it describes (an ``OverlapConfig``, a hardware
+    profile): a Hydra node (``DictConfig`` / ``ListConfig``: ``${key}`` references resolved against the composed
+    config), a ``pathlib.Path`` (a YAML file, ``what`` naming it in faults), YAML text or a mapping; measured
+    against the reader's limits, ``${key}`` references resolved and resolvers (``${oc.env:...}``) refused, faults
+    under ``root`` (``header`` above those of references). ``unwrap``: where the data sits inside what was read
+    (``load_config`` accepts an ``overlap:`` key around a config); default: the whole of it."""
+    unwrap = unwrap or _whole
     if isinstance(src, (DictConfig, ListConfig)):
-        return _from_omegaconf(src, root)
+        return _from_omegaconf(src, root, unwrap, header)
     if isinstance(src, os.PathLike):
-        return _from_text(read_text(Path(src), root), root, Path(src))
+        return _from_text(read_text(Path(src), root, what=what), root, Path(src), unwrap, header)
     if isinstance(src, str):
-        return _from_text(src, root, None)
+        return _from_text(src, root, None, unwrap, header)
     if isinstance(src, Mapping):
         measure_or_fault(src, root, None)
-        return _unwrap(src)[0]
+        return unwrap(src)[0]
     raise TypeError(
         f"load_config expects an OverlapConfig, a mapping, a DictConfig, YAML text or a pathlib.Path; "
         f"got {type(src).__name__}"
     )
 
 
-def _from_text(text: str, root: str, path: Path | None) -> Any:
+def _from_text(text: str, root: str, path: Path | None, unwrap: Callable[[Any], tuple[Any, KeyPath]],
+               header: str) -> Any:
     data = parse_yaml(text, root, source=path)
-    inner, at = _unwrap(data)
+    inner, at = unwrap(data)
     if has_references(inner):
-        return with_references_resolved(data, root, at=at, header=HEADER)
+        return with_references_resolved(data, root, at=at, header=header)
     return inner
 
 
-def _from_omegaconf(node: DictConfig | ListConfig, root: str) -> Any:
+def _from_omegaconf(node: DictConfig | ListConfig, root: str, unwrap: Callable[[Any], tuple[Any, KeyPath]],
+                    header: str) -> Any:
     try:
         data = OmegaConf.to_container(node, resolve=False, throw_on_missing=True)
         measure_or_fault(data, root, None)
-        data, inner = _unwrap(data)
+        data, inner = unwrap(data)
         if not has_references(data):
             return data
         top = root_of(node)
@@ -193,7 +208,7 @@ def _from_omegaconf(node: DictConfig | ListConfig, root: str) -> Any:
         # Inside the node: the user's path from ``root``; elsewhere in the composed config: its own path.
         return join_path(root, p[len(at):]) if p[: len(at)] == at else format_path(p) or "<root>"
 
-    return with_references_resolved(whole, root, at=at, show=show, header=HEADER)
+    return with_references_resolved(whole, root, at=at, show=show, header=header)
 
 
 def _omegaconf_path(err: OmegaConfBaseException, node: DictConfig | ListConfig, root: str) -> str:
@@ -214,6 +229,10 @@ def _omegaconf_problem(err: OmegaConfBaseException) -> str:
         return "required value is missing: the config has '???' here (a group option nobody chose, or a value to fill)"
     message = str(getattr(err, "msg", err)).strip().splitlines()
     return f"{type(err).__name__}: {message[0] if message else ''}".rstrip(": ")
+
+
+def _whole(data: Any) -> tuple[Any, KeyPath]:
+    return data, ()
 
 
 def _unwrap(data: Any) -> tuple[Any, KeyPath]:

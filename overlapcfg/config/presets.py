@@ -6,7 +6,7 @@ package in a wheel, where hatch force-includes them), so every install reads the
 - ``presets/`` (wheel: ``overlapcfg/presets``): the ``overlap`` groups user apps compose. The Hydra search-path
   plugin puts this tree, and nothing else, on every Hydra app's search path;
 - ``conf/`` (wheel: ``overlapcfg/conf``): the ``overlapcfg`` command's own primary config (``overlapcfg.yaml``)
-  and the hardware profiles (``hardware/``, read by ``overlapcfg.config.hardware``). No user app sees it, so a
+  and the hardware profiles (``hardware/``, read by ``overlapcfg.cost.hardware``). No user app sees it, so a
   user's own ``hardware`` group or ``overlapcfg.yaml`` never collides with ours.
 
 Within ``from_hydra`` (``searching_hydra``), a name is also looked up on the composed Hydra search path, so a

@@ -5,7 +5,7 @@ kernels on the device, fits them, and writes a ``HardwareProfile`` whose ``colle
 datasheet numbers per kind and whose ``calibration`` says where every number came from: when, on what, at which
 sizes, and how well the fit matched (its residual). Nothing here runs anything; these are the schema.
 
-The fits are the ring model's own terms (``overlapcfg.report.cost.collective_seconds``): over ``p`` ranks an
+The fits are the ring model's own terms (``overlapcfg.cost.price.collective_cost``): over ``p`` ranks an
 all-gather or reduce-scatter of ``n`` full-size bytes takes ``(p - 1) * latency + (p - 1) / p * n / bandwidth``
 and an all-reduce twice that (nccl-tests' bus bandwidth convention), so a fit made on 2 ranks extrapolates to
 ``p`` ranks the way the datasheet numbers do, and with the same caveats.

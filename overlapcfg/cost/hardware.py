@@ -11,32 +11,33 @@ Profiles you make (``overlapcfg mode=calibrate``, or by hand) live in the user d
 there works wherever a shipped name does (``hardware=<name>`` on the command line, whose search path includes the
 directory, and ``load_hardware(name)``); a shipped name always wins, so calibration refuses one. ``load_hardware``
 also takes a path to a YAML file. A calibrated profile adds measured ``collectives`` fits and a ``calibration``
-record (``overlapcfg.config.calibration``).
+record (``overlapcfg.cost.calibration``).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig
 from pydantic import Field
 
 from overlapcfg.config.base import ConfigModel
-from overlapcfg.config.calibration import Calibration, CollectiveFit, CollectiveFits
-from overlapcfg.config.interpolate import has_references
-from overlapcfg.config.load import validate_config
+from overlapcfg.config.load import config_data, validate_config
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.config.safe_yaml import dump_yaml
-from overlapcfg.config.yaml_files import read_yaml, with_references_resolved
+from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFits
 from overlapcfg.errors import OverlapConfigError, closest, natural_key
 
 __all__ = ["HardwareProfile", "PeakFlops", "hardware_home", "hardware_names", "load_hardware", "save_hardware",
            "shipped_hardware_names"]
 
 GROUP = "hardware"
+HEADER = "invalid hardware profile"
 HOME_ENV = "OVERLAPCFG_HOME"
 """Environment variable naming the user's overlapcfg directory (profiles in its ``hardware/``)."""
 
@@ -138,23 +139,26 @@ def _load(name: str) -> HardwareProfile:
 
 
 def _read(path: Path, name: str) -> HardwareProfile:
-    # The reader of user configs, limits included; ``${key}`` references between the profile's own keys mean what
-    # they mean when the command composes the profile (``hardware=<name>``), and ``save_hardware``'s ``\${`` reads
-    # back as ``${``.
-    data: Any = read_yaml(path, GROUP, what="hardware profile") or {}
-    if has_references(data):
-        data = with_references_resolved(data, GROUP, header="invalid hardware profile")
+    # The one reader of configs (``overlapcfg.config.load.config_data``), limits included: ``${key}`` references
+    # between the profile's own keys mean what they mean when the command composes the profile
+    # (``hardware=<name>``), resolvers are refused there as here, and ``save_hardware``'s ``\${`` reads back as ``${``.
+    data = config_data(path, GROUP, what="hardware profile", header=HEADER)
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise OverlapConfigError.single(GROUP, f"{path} is not a mapping")
     data.setdefault("name", name)
     return hardware_from(data, path=GROUP)
 
 
-def hardware_from(data: HardwareProfile | dict[str, Any], *, path: str = GROUP) -> HardwareProfile:
-    """Validate a mapping (a Hydra node converted to a container, say) into a profile; faults name ``path``."""
+def hardware_from(data: HardwareProfile | Mapping[str, Any] | DictConfig, *, path: str = GROUP) -> HardwareProfile:
+    """Validate a mapping, or the ``hardware`` node of a Hydra config (the ``overlapcfg`` command's), into a
+    profile; faults name ``path``. A node is read as a profile file is (``${key}`` references honoured, resolvers
+    refused: ``overlapcfg.config.load.config_data``)."""
     if isinstance(data, HardwareProfile):
         return data
-    return validate_config(HardwareProfile, data, root=path, header="invalid hardware profile")
+    plain = config_data(data, path, header=HEADER)
+    return validate_config(HardwareProfile, plain, root=path, header=HEADER)
 
 
 def load_hardware(name: str | Path | HardwareProfile) -> HardwareProfile:

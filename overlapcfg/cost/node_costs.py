@@ -23,13 +23,13 @@ from typing import Any
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.report.cost import iter_tensors, node_kind
+from overlapcfg.cost.price import iter_tensors, node_kind
 
 __all__ = ["NODE_COSTS_SCHEMA", "MEASURABLE_KINDS", "NodeCosts", "node_signature"]
 
 NODE_COSTS_SCHEMA = "overlapcfg.node_costs/1"
 MEASURABLE_KINDS = frozenset({"compute", "memory", "free"})
-"""Node kinds (``overlapcfg.report.cost.node_kind``) whose measured time replaces the model's."""
+"""Node kinds (``overlapcfg.cost.price.node_kind``) whose measured time replaces the model's."""
 
 
 def _describe(value: object) -> str:

@@ -16,11 +16,11 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.config.hardware import HardwareProfile
+from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.graph.ops import collective_kind, is_collective_start, is_compute_node, is_free, started_by
 
-__all__ = ["NodeKind", "collective_issue_seconds", "collective_seconds", "collective_source", "compute_seconds",
-           "node_bytes", "node_flops", "node_kind"]
+__all__ = ["CollectiveCost", "NodeKind", "collective_bytes", "collective_cost", "compute_seconds", "iter_tensors",
+           "node_bytes", "node_flops", "node_kind", "tensor_bytes"]
 
 NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
 
@@ -105,7 +105,7 @@ def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | Non
 
     No per-kernel constant: merging buckets must only add bytes (the tuner's quick model sums its units' copies),
     and a calibrated profile's rates already fold the overhead in at the model's sizes; measured node durations
-    (``overlapcfg.report.node_costs``) are the way to price small kernels exactly.
+    (``overlapcfg.cost.node_costs``) are the way to price small kernels exactly.
 
     A bucket's copy-in (``_pre_bucket_all_gather``) reads shards; its bytes are rescaled from the traced world
     size to ``world_size``. Other shard-sized kernels are costed as traced (they are small either way).
@@ -132,47 +132,41 @@ def collective_bytes(node: fx.Node, as_dtype: torch.dtype | None = None) -> int:
     return sum(tensor_bytes(t, as_dtype) for t in iter_tensors(node.meta.get("val")))
 
 
-def collective_seconds(kind: str, nbytes: int, hw: HardwareProfile, world_size: int, *,
-                       inter_node: bool | None = None) -> float:
-    """Ring alpha-beta model over ``world_size`` ranks (the group's) of the full-size ``nbytes``.
+@dataclass(frozen=True, slots=True)
+class CollectiveCost:
+    """What one collective costs: its time on its own stream, the compute stream's time issuing it, and which
+    numbers priced it."""
 
-    all-gather / reduce-scatter: ``(p-1)/p * bytes / bw + (p-1) * latency``; all-reduce (reduce-scatter then
-    all-gather) twice that. ``bw`` is per direction: ``inter_node`` says whether the ring crosses nodes (an HSDP
-    replicate group of 8 ranks strided over 8 nodes does; a shard group of the same size inside one node does
-    not); None decides by size alone (intra-node while ``p <= gpus_per_node``).
+    seconds: float
+    issue_seconds: float
+    source: Literal["fitted", "datasheet"]
+
+
+def collective_cost(kind: str, nbytes: int, hw: HardwareProfile, world_size: int, *,
+                    inter_node: bool | None = None) -> CollectiveCost:
+    """A collective of ``kind`` moving the full-size ``nbytes`` over ``world_size`` ranks (the group's), with the
+    profile's fit for the kind and link looked up once.
+
+    Ring alpha-beta model. all-gather / reduce-scatter: ``(p-1)/p * bytes / bw + (p-1) * latency``; all-reduce
+    (reduce-scatter then all-gather) twice that. ``bw`` is per direction: ``inter_node`` says whether the ring
+    crosses nodes (an HSDP replicate group of 8 ranks strided over 8 nodes does; a shard group of the same size
+    inside one node does not); None decides by size alone (intra-node while ``p <= gpus_per_node``).
     A calibrated profile's measured fit for the kind and link (``HardwareProfile.collectives``) replaces the
-    datasheet latency and bandwidth in the same formula; its issue time is ``collective_issue_seconds``, paid by
-    the compute stream before the collective starts on its own.
+    datasheet latency and bandwidth in the same formula (``source`` "fitted"), and gives the issue time the
+    compute stream pays before the collective starts on its own: ``issue_latency + bytes / issue_bandwidth``
+    (gloo does part of a reduce-scatter on the caller); without a fit issuing is free.
     """
     p = world_size
-    if p <= 1 or nbytes <= 0:
-        return 0.0
     crosses = p > hw.gpus_per_node if inter_node is None else inter_node
     fit = hw.collective_fit(kind, crosses)
+    source: Literal["fitted", "datasheet"] = "fitted" if fit is not None else "datasheet"
+    if p <= 1 or nbytes <= 0:
+        return CollectiveCost(0.0, 0.0, source)
     if fit is not None:
         bw, latency = fit.bandwidth, fit.latency
+        issue = fit.issue_latency + (nbytes / fit.issue_bandwidth if fit.issue_bandwidth else 0.0)
     else:
         bw = (hw.inter_node_bandwidth if crosses else hw.intra_node_bandwidth) * hw.comm_efficiency
-        latency = hw.latency
+        latency, issue = hw.latency, 0.0
     one = (p - 1) / p * nbytes / bw + (p - 1) * latency
-    return 2 * one if kind in ("all_reduce", "other") else one
-
-
-def collective_source(kind: str, hw: HardwareProfile, world_size: int, *,
-                      inter_node: bool | None = None) -> str:
-    """``fitted`` where the profile has a measured fit for this kind and link, else ``datasheet``."""
-    crosses = world_size > hw.gpus_per_node if inter_node is None else inter_node
-    return "fitted" if hw.collective_fit(kind, crosses) is not None else "datasheet"
-
-
-def collective_issue_seconds(kind: str, nbytes: int, hw: HardwareProfile, world_size: int, *,
-                             inter_node: bool | None = None) -> float:
-    """Time the compute stream spends issuing a collective of ``nbytes`` full-size bytes: measured by calibration
-    (gloo does part of a reduce-scatter on the caller); 0 without a fit (datasheet profiles: issuing is free)."""
-    if world_size <= 1 or nbytes <= 0:
-        return 0.0
-    crosses = world_size > hw.gpus_per_node if inter_node is None else inter_node
-    fit = hw.collective_fit(kind, crosses)
-    if fit is None:
-        return 0.0
-    return fit.issue_latency + (nbytes / fit.issue_bandwidth if fit.issue_bandwidth else 0.0)
+    return CollectiveCost(2 * one if kind in ("all_reduce", "other") else one, issue, source)

@@ -1,4 +1,4 @@
-"""The simulator's event semantics: one implementation for ``overlapcfg.report.simulate`` (node by node over a
+"""The simulator's event semantics: one implementation for ``overlapcfg.cost.simulator`` (node by node over a
 scheduled graph) and the tuner's quick score (``overlapcfg.tuning.quick``, event by event over a profile).
 
 One compute stream and one stream per process group. Compute runs in order. A collective issued when the compute

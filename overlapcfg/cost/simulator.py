@@ -2,7 +2,7 @@
 
 The replay is the schedule's own semantics, nothing more: nodes run in graph order; a collective start is issued
 when the compute stream reaches it and runs on its group's stream after whatever that stream already holds; a
-wait blocks the compute stream until its collective is done (``overlapcfg.report.replay``, the streams the tuner's
+wait blocks the compute stream until its collective is done (``overlapcfg.cost.replay``, the streams the tuner's
 quick score replays its events on too). So a schedule's quality is exactly the stall time it leaves
 (``exposed_comm_seconds``), and ``step_seconds >= max(compute, busiest stream)`` holds by construction.
 
@@ -12,7 +12,7 @@ and copies of its slices) count as unsharded parameters; the rest allocated insi
 Inputs are not counted (the shards, and in backward the saved activations, exist before the graph starts).
 
 Costs: each kernel by the roofline on the profile, or by its measured duration
-when ``node_costs`` has one for that node (``overlapcfg.report.node_costs``); each collective by the ring model,
+when ``node_costs`` has one for that node (``overlapcfg.cost.node_costs``); each collective by the ring model,
 with the profile's measured fits where calibration made them, and the compute stream paying the fit's issue time
 at each start. ``Simulation.cost_sources`` says which source priced how much.
 
@@ -30,23 +30,21 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.config.hardware import HardwareProfile, load_hardware
-from overlapcfg.graph.collectives import feeds_compute, find_collectives
-from overlapcfg.graph.ops import group_name, started_by
-from overlapcfg.report.cost import (
+from overlapcfg.cost.hardware import HardwareProfile, load_hardware
+from overlapcfg.cost.node_costs import NodeCosts
+from overlapcfg.cost.prediction import CostSource, Event, Simulation, StreamTime
+from overlapcfg.cost.price import (
     collective_bytes,
-    collective_issue_seconds,
+    collective_cost,
     collective_kind,
-    collective_seconds,
-    collective_source,
     compute_seconds,
     iter_tensors,
     node_kind,
     tensor_bytes,
 )
-from overlapcfg.report.model import CostSource, Event, Simulation, StreamTime
-from overlapcfg.report.node_costs import NodeCosts
-from overlapcfg.report.replay import Memory, Streams
+from overlapcfg.cost.replay import Memory, Streams
+from overlapcfg.graph.collectives import feeds_compute, find_collectives
+from overlapcfg.graph.ops import group_name, started_by
 
 __all__ = ["COMPUTE_STREAM", "Event", "GroupPlacement", "Simulation", "node_seconds", "simulate", "storage_plan",
            "traced_group_size", "value_bytes"]
@@ -218,8 +216,8 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                 group = group_name(node)
                 stream = f"comm:{group}"
                 place = placement.get(group, GroupPlacement(world_size))
-                issue = collective_issue_seconds(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
-                dur = collective_seconds(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
+                priced = collective_cost(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
+                issue, dur = priced.issue_seconds, priced.seconds
                 at = streams.t
                 start = streams.issue(node, stream, dur, issue_seconds=issue,
                                       inflight_bytes=nbytes if node in param_gathers else 0)
@@ -227,7 +225,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                     events.append(Event(graph_name, node.name, COMPUTE_STREAM, "issue", at, at + issue,
                                         _label(node, graph_labels), nbytes))
                     tally.add("issue", "fitted", issue)
-                tally.add("collectives", collective_source(ckind, hw, place.size, inter_node=place.inter_node), dur)
+                tally.add("collectives", priced.source, dur)
                 if node in blocking:
                     blocking_comm += dur
                 events.append(Event(graph_name, node.name, stream, ckind, start, start + dur,

@@ -131,7 +131,7 @@ def _search_user_profiles() -> None:
     """Put the user's overlapcfg directory on the command's search path (``hydra.searchpath`` in
     ``conf/overlapcfg.yaml`` reads it), when it exists: ``hardware=<name>`` then finds ``hardware/<name>.yaml``
     there, as calibration writes it."""
-    from overlapcfg.config.hardware import user_conf_dir
+    from overlapcfg.cost.hardware import user_conf_dir
 
     home = user_conf_dir()
     if home.is_dir():

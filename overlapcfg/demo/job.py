@@ -33,8 +33,8 @@ from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.files import write_atomic
 
 if TYPE_CHECKING:
+    from overlapcfg.cost.hardware import HardwareProfile
     from overlapcfg.demo.tracing import TracedStep
-    from overlapcfg.report import HardwareProfile
 
 __all__ = ["Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
            "run_report", "traced"]
@@ -65,15 +65,16 @@ def replay_hardware(cfg: DictConfig, spec: DemoSettings, mode: str, eager_hint: 
 
 
 def hardware_of(cfg: DictConfig) -> HardwareProfile | None:
-    """The ``hardware`` node as a profile, or None where the group is unset (``hardware=null``)."""
+    """The ``hardware`` node as a profile, or None where the group is unset (``hardware=null``): read as the library
+    reads a profile file (``hardware_from``: ``${key}`` references honoured, resolvers refused)."""
     node = cfg.get("hardware")
     if node is None:
         return None
-    from overlapcfg.config.hardware import hardware_from, load_hardware
+    from overlapcfg.cost.hardware import hardware_from, load_hardware
 
     if isinstance(node, str):
         return load_hardware(node)
-    return hardware_from(OmegaConf.to_container(node, resolve=True), path="hardware")
+    return hardware_from(node, path="hardware")
 
 
 def check_plan(overlap: OverlapConfig, spec: DemoSettings, *, root: str = "overlap") -> None:

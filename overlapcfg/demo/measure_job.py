@@ -35,7 +35,7 @@ from overlapcfg.errors import OverlapConfigError
 if TYPE_CHECKING:
     import torch
 
-    from overlapcfg.config.hardware import HardwareProfile
+    from overlapcfg.cost.hardware import HardwareProfile
     from overlapcfg.demo.dims import ParallelDims
     from overlapcfg.demo.parallel import DemoMesh
     from overlapcfg.demo.settings import DemoSettings
@@ -162,14 +162,14 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     with stages.stage("validated config"):
         spec, settings, hardware = _validated(cfg, "calibrate", CalibrateSettings)
         _check_launched("calibrate")
-        from overlapcfg.config.hardware import shipped_hardware_names
+        from overlapcfg.cost.hardware import shipped_hardware_names
 
         if settings.name in shipped_hardware_names():
             raise OverlapConfigError.single("calibrate.name", f"{settings.name!r} is a shipped profile's name, which "
                                                               "would always be found first; choose another")
     import torch.distributed as dist
 
-    from overlapcfg.config.hardware import hardware_home, save_hardware
+    from overlapcfg.cost.hardware import hardware_home, save_hardware
     from overlapcfg.demo.parallel import build_mesh
     from overlapcfg.demo.tracing import trace_train_step
     from overlapcfg.measuring import CalibrationProgress, calibrate

@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from overlapcfg.config.hardware import hardware_names
 from overlapcfg.config.presets import command_conf_dir, conf_dir, load_preset
+from overlapcfg.cost.hardware import hardware_names
 from overlapcfg.errors import closest_first, did_you_mean
 
 __all__ = ["COMMAND_KEYS", "known_fields", "top_level_keys", "unknown_override_keys"]

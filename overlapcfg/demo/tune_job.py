@@ -25,7 +25,7 @@ from overlapcfg.files import write_atomic
 from overlapcfg.tuning.space import TuneSpace
 
 if TYPE_CHECKING:
-    from overlapcfg.report.node_costs import NodeCosts
+    from overlapcfg.cost.node_costs import NodeCosts
 
 __all__ = ["TUNED_FILE", "TuneSettings", "run_tune", "tune_settings"]
 
@@ -58,7 +58,7 @@ def tune_settings(cfg: DictConfig) -> TuneSettings:
 def _node_costs(path: str | None) -> NodeCosts | None:
     if path is None:
         return None
-    from overlapcfg.report.node_costs import NodeCosts
+    from overlapcfg.cost.node_costs import NodeCosts
 
     try:
         return NodeCosts.from_json(Path(path).expanduser().read_text())

@@ -33,8 +33,8 @@ import torch.distributed as dist
 from torch import fx
 
 from overlapcfg._version import __version__
-from overlapcfg.config.calibration import Calibration, CollectiveFits, KernelSamples
-from overlapcfg.config.hardware import HardwareProfile, PeakFlops, hardware_from, load_hardware, save_hardware
+from overlapcfg.cost.calibration import Calibration, CollectiveFits, KernelSamples
+from overlapcfg.cost.hardware import HardwareProfile, PeakFlops, hardware_from, load_hardware, save_hardware
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.collectives import (

@@ -11,7 +11,7 @@ size).
 
 Fits (``overlapcfg.measuring.fit``): per kind of link (inside a host, across hosts) and per kind, one least squares
 over the timings of every group on that link, in the ring model's terms, so the fitted latency and bandwidth are
-what ``overlapcfg.report.cost.collective_seconds`` reads, whatever the group size.
+what ``overlapcfg.cost.price.collective_cost`` reads, whatever the group size.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from overlapcfg import compat
-from overlapcfg.config.calibration import CollectiveFit, CollectiveFits, GroupSamples, KindSamples, LinkFits
+from overlapcfg.cost.calibration import CollectiveFit, CollectiveFits, GroupSamples, KindSamples, LinkFits
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.fit import LinearFit, fit_nonnegative, ring_terms
 

@@ -1,7 +1,7 @@
 """Fits of timings to the cost model's own formulas, by least squares on relative error (numpy).
 
 A collective over ``p`` ranks of ``n`` full-size bytes is modelled as ``steps(p) * latency + volume(p, n) /
-bandwidth`` (``overlapcfg.report.cost.collective_seconds``: ``steps = p - 1`` and ``volume = (p - 1) / p * n``
+bandwidth`` (``overlapcfg.cost.price.collective_cost``: ``steps = p - 1`` and ``volume = (p - 1) / p * n``
 for an all-gather or reduce-scatter, twice both for an all-reduce). That is linear in ``(latency,
 1 / bandwidth)``, so timings of one kind on one kind of link, over any sizes and any groups, fit by one linear
 least squares: each row ``(steps, volume) -> seconds``. Rows are weighted by ``1 / seconds`` so that a 4 KiB and a

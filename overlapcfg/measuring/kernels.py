@@ -1,6 +1,6 @@
 """Time the kernels the roofline prices: the model's matmuls (compute) and an elementwise kernel (memory).
 
-The roofline (``overlapcfg.report.cost.compute_seconds``) charges a kernel ``max(FLOPs / peak, bytes /
+The roofline (``overlapcfg.cost.price.compute_seconds``) charges a kernel ``max(FLOPs / peak, bytes /
 bandwidth)``. Calibration measures each term where it applies:
 
 - ``mem_bandwidth``: ``out = a + b`` over log-spaced sizes, back to back, fitted as ``overhead + bytes /
@@ -23,7 +23,7 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.config.calibration import KernelSamples
+from overlapcfg.cost.calibration import KernelSamples
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collectives import log_sizes
 from overlapcfg.measuring.fit import fit_line

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from overlapcfg.config.hardware import HardwareProfile
+from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.measuring.result import Measurement
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
 from overlapcfg.report.render import cost_sources_line

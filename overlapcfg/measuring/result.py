@@ -2,7 +2,7 @@
 
 Frozen pydantic models, so ``measure.json`` is the schema (``Measurement.to_json()`` / ``Measurement.from_json``,
 versioned by ``MEASURE_SCHEMA``). The per-node durations travel separately (``node_costs.json``, see
-``overlapcfg.report.node_costs``): they are large and are an input to the simulator and the tuner.
+``overlapcfg.cost.node_costs``): they are large and are an input to the simulator and the tuner.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from overlapcfg.config.hardware import HardwareProfile
-from overlapcfg.report.model import CostSource
-from overlapcfg.report.node_costs import NodeCosts
+from overlapcfg.cost.hardware import HardwareProfile
+from overlapcfg.cost.node_costs import NodeCosts
+from overlapcfg.cost.prediction import CostSource
 
 __all__ = ["MEASURE_SCHEMA", "Measurement", "MeasuredCollective", "MeasuredConfig"]
 

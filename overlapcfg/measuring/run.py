@@ -36,7 +36,11 @@ from torch.profiler import ProfilerActivity, profile
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig, load_config
-from overlapcfg.config.hardware import HardwareProfile, load_hardware
+from overlapcfg.cost.hardware import HardwareProfile, load_hardware
+from overlapcfg.cost.node_costs import NodeCosts
+from overlapcfg.cost.prediction import Simulation
+from overlapcfg.cost.price import collective_bytes
+from overlapcfg.cost.simulator import simulate
 from overlapcfg.graph.ops import collective_kind, is_collective_start
 from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.result import MeasuredCollective, MeasuredConfig, Measurement
@@ -44,11 +48,7 @@ from overlapcfg.measuring.runner import Recorder, merge_node_seconds
 from overlapcfg.measuring.trace import read_trace
 from overlapcfg.passes.backend import GraphBackend
 from overlapcfg.passes.compile import backend as overlap_backend
-from overlapcfg.report.cost import collective_bytes
 from overlapcfg.report.explain import GRAPHS
-from overlapcfg.report.model import Simulation
-from overlapcfg.report.node_costs import NodeCosts
-from overlapcfg.report.simulate import simulate
 
 __all__ = ["MeasureProgress", "StepFactory", "measure"]
 

@@ -21,10 +21,10 @@ from torch import fx
 from torch.profiler import record_function
 
 from overlapcfg import compat
+from overlapcfg.cost.node_costs import MEASURABLE_KINDS, NodeCosts, node_signature
+from overlapcfg.cost.price import node_kind
 from overlapcfg.measuring.clock import Clock, Mark
 from overlapcfg.passes.backend import GraphCompiler
-from overlapcfg.report.cost import node_kind
-from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts, node_signature
 
 __all__ = ["REGION", "Recorder"]
 

@@ -1,33 +1,27 @@
-"""What a pass did and what a plan will cost: ``explain`` (per-bucket report), ``simulate`` (cost model and
-replay), ``compare`` (several configs on one trace, with a timeline), hardware profiles.
+"""What a pass did and what a plan will cost, presented: ``explain`` (per-bucket report), ``compare`` (several
+configs on one trace, with a timeline), their tables. The prediction itself is ``overlapcfg.cost``'s.
 
-Layout: ``model`` (report data, JSON schema), ``explain`` (building it), ``render`` (rich tables), ``cost``
-(per-node FLOPs/bytes, alpha-beta collectives), ``simulate`` (the replay), ``hardware`` (profiles),
-``compare`` and ``timeline`` (Chrome trace + PNG).
+Layout: ``model`` (report and comparison data, JSON schema), ``explain`` (building a report), ``compare``,
+``render`` (rich tables; registers how ``print(report)`` draws), ``bucket_table``, ``labels`` (one vocabulary for
+numbers and kinds), ``timeline`` (Chrome trace + PNG), ``fsdp2`` (a report read off an eagerly sharded model),
+``sweep``.
 """
 
 from __future__ import annotations
 
-from overlapcfg.config.hardware import HardwareProfile, PeakFlops, hardware_names, load_hardware
-from overlapcfg.report.compare import Comparison, ComparisonRow, compare
+from overlapcfg.report import render as _render  # registers print(report) / print(comparison)
+from overlapcfg.report.compare import compare
 from overlapcfg.report.explain import explain
-from overlapcfg.report.model import SCHEMA, Event, GraphReport, Report, Simulation
-from overlapcfg.report.simulate import GroupPlacement, simulate
+from overlapcfg.report.model import SCHEMA, Comparison, ComparisonRow, GraphReport, Report
 
 __all__ = [
     "SCHEMA",
     "Comparison",
     "ComparisonRow",
-    "Event",
     "GraphReport",
-    "GroupPlacement",
-    "HardwareProfile",
-    "PeakFlops",
     "Report",
-    "Simulation",
     "compare",
     "explain",
-    "hardware_names",
-    "load_hardware",
-    "simulate",
 ]
+
+del _render

@@ -7,84 +7,23 @@ the table (``render.comparison_table``) come from the same numbers.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from rich.console import RenderableType
 
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.base import RankCount
-from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.config.load import validate_value
+from overlapcfg.cost.hardware import HardwareProfile, load_hardware
+from overlapcfg.cost.node_costs import NodeCosts
+from overlapcfg.cost.simulator import GroupPlacement, simulate
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.explain import GRAPHS, explain, node_labels
 from overlapcfg.report.labels import fmt_bytes
-from overlapcfg.report.model import Report, Simulation
-from overlapcfg.report.node_costs import NodeCosts
-from overlapcfg.report.render import comparison_table, plain_text
-from overlapcfg.report.simulate import GroupPlacement, simulate
+from overlapcfg.report.model import Comparison, ComparisonRow, Report
 
-__all__ = ["COMPARE_SCHEMA", "Comparison", "ComparisonRow", "compare", "compare_reports", "default_name"]
-
-COMPARE_SCHEMA = "overlapcfg.compare/1"
-
-
-@dataclass(frozen=True, slots=True)
-class ComparisonRow:
-    name: str
-    strategy: str
-    report: Report
-    simulation: Simulation
-
-    @property
-    def collectives(self) -> int:
-        """FSDP collectives after the pass, both graphs."""
-        return sum(g.collectives_after for g in self.report.graphs)
-
-    @property
-    def pass_seconds(self) -> float:
-        return sum(g.pass_seconds for g in self.report.graphs)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "strategy": self.strategy, "config": self.report.config,
-                "collectives": self.collectives, "pass_seconds": self.pass_seconds,
-                "simulation": self.simulation.model_dump(mode="json")}
-
-
-@dataclass(frozen=True, slots=True)
-class Comparison:
-    hardware: str
-    world_size: int
-    rows: tuple[ComparisonRow, ...]
-
-    def row(self, name: str) -> ComparisonRow:
-        for r in self.rows:
-            if r.name == name:
-                return r
-        raise KeyError(f"no row {name!r}; have {[r.name for r in self.rows]}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": COMPARE_SCHEMA, "hardware": self.hardware, "world_size": self.world_size,
-                "rows": [r.to_dict() for r in self.rows]}
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    def __rich__(self) -> RenderableType:
-        """``rich.print(comparison)``: the table, in colour."""
-        return comparison_table(self)
-
-    def __str__(self) -> str:
-        """``print(comparison)``: the table as plain text (``render.comparison_table``)."""
-        return plain_text(comparison_table(self))
-
-    def __repr__(self) -> str:
-        return (f"Comparison({self.hardware}, world size {self.world_size}, rows "
-                f"{', '.join(repr(r.name) for r in self.rows)})")
-
+__all__ = ["compare", "compare_reports", "default_name"]
 
 def default_name(cfg: OverlapConfig) -> str:
     """``manual fp2 bp2 rs1 cap=1GiB``, ``torch_manual``, ``none``: the knobs that tell rows apart."""
@@ -107,7 +46,7 @@ def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, A
 
     Include ``{"strategy": "none"}`` and ``{"strategy": "torch_manual", "plan": ...}`` to get the baselines.
     ``as_dtype=torch.bfloat16`` predicts bf16 mixed precision from an fp32 trace (see ``simulate``).
-    ``node_costs``: measured node durations instead of the roofline (``overlapcfg.report.node_costs``).
+    ``node_costs``: measured node durations instead of the roofline (``overlapcfg.cost.node_costs``).
     """
     loaded = [load_config(c) for c in configs]
     if world_size is not None:  # before the configs are applied, not after

@@ -18,8 +18,11 @@ from torch import fx, nn
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.base import RankCount
 from overlapcfg.config.contracts import contract_of
-from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.config.load import validate_value
+from overlapcfg.cost.hardware import HardwareProfile, load_hardware
+from overlapcfg.cost.node_costs import NodeCosts
+from overlapcfg.cost.price import node_kind
+from overlapcfg.cost.simulator import GroupPlacement, simulate, traced_group_size
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.graph.meta import merged_mark, pass_record
@@ -29,12 +32,9 @@ from overlapcfg.module_paths import is_inside
 from overlapcfg.passes.applied import AppliedStep, applied_graph, apply_graph, apply_step
 from overlapcfg.passes.pipeline import GraphKind
 from overlapcfg.passes.step import GRAPH_NAMES, CapturedStep
-from overlapcfg.report.cost import node_kind
 from overlapcfg.report.fsdp2 import fsdp2_report, is_fsdp2_model
 from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import GraphReport, Report
-from overlapcfg.report.node_costs import NodeCosts
-from overlapcfg.report.simulate import GroupPlacement, simulate, traced_group_size
 
 __all__ = ["explain", "node_labels", "compact_order"]
 
@@ -198,7 +198,7 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
     already transformed it, its record is read and nothing is re-run; otherwise ``cfg`` is applied to a copy
     (``graph_kind`` as for ``apply``) and the copy is reported. ``world_size``: the size the prediction is made for
     (default: the trace's). ``groups`` places process groups by name for the prediction
-    (``overlapcfg.report.simulate.GroupPlacement``: HSDP's replicate group across nodes); unplaced groups keep
+    (``overlapcfg.cost.simulator.GroupPlacement``: HSDP's replicate group across nodes); unplaced groups keep
     their traced size, the whole world scales to ``world_size``.
     """
     if isinstance(step, AppliedStep):

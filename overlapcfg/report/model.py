@@ -1,38 +1,52 @@
-"""The report's data: what the pass did per bucket and per graph, and what the plan is predicted to cost.
+"""The report's data: what the pass did per bucket and per graph, what the plan is predicted to cost, and several
+configs compared on one trace. Data only: nothing here draws.
 
 Plain frozen pydantic models so the JSON form is the schema (``Report.to_json()`` / ``Report.from_json()``,
-versioned by ``SCHEMA``). Building a report lives in ``explain.py``, drawing it in ``render.py``, the cost model in
-``simulate.py``. The transformed graph modules ride along on the ``Report`` object but never into JSON.
-``print(report)`` shows the rendered tables (``render.report_table``: the renderer stays a free function over the
-data, which it imports only for type checking), ``repr(report)`` one line.
+versioned by ``SCHEMA``). Building a report lives in ``explain.py``, comparing in ``compare.py``, drawing in
+``render.py``, the prediction in ``overlapcfg.cost``. The transformed graph modules ride along on the ``Report``
+object but never into JSON. ``print(report)`` and ``rich.print(report)`` show what ``render.py`` draws: the data
+asks ``as_text`` / ``as_renderable``, on which the renderers register their drawing of each type (the data knows
+that it can be drawn, not how), and ``repr(report)`` is one line.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr
-from rich.console import RenderableType
+from pydantic import PrivateAttr
 from torch import fx
 
+from overlapcfg.cost.prediction import Simulation
 from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
 from overlapcfg.report.labels import fmt_seconds
-from overlapcfg.report.render import plain_text, report_table
+from overlapcfg.resolve.records import RecordModel
 
-__all__ = ["SCHEMA", "CostSource", "Event", "GraphReport", "Report", "Simulation", "StreamTime"]
+__all__ = ["COMPARE_SCHEMA", "SCHEMA", "Comparison", "ComparisonRow", "GraphReport", "Report", "as_renderable",
+           "as_text"]
+
+
+@functools.singledispatch
+def as_text(data: object) -> str:
+    """``str(data)`` of a report or a comparison: the tables ``overlapcfg.report.render`` draws for its type, as
+    plain text (registered there; a type nothing draws reads as its ``repr``)."""
+    return repr(data)
+
+
+@functools.singledispatch
+def as_renderable(data: object) -> object:
+    """``rich.print(data)``: what ``overlapcfg.report.render`` draws for its type, in colour (registered there)."""
+    return repr(data)
+
 
 SCHEMA = "overlapcfg.report/4"
 """Bumped on any change to the fields (added, renamed, removed, or changed in meaning): reports are validated
 strictly (``extra="forbid"``), so a reader accepts exactly the version it was written for."""
 
 
-class _Data(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-
-class GraphReport(_Data):
+class GraphReport(RecordModel):
     """One graph (forward or backward) after the pass."""
 
     name: str
@@ -55,86 +69,7 @@ class GraphReport(_Data):
     notes: tuple[str, ...] = ()
 
 
-class StreamTime(_Data):
-    stream: str
-    busy_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One interval on one stream, for timelines (never in JSON). ``kind``: compute, memory (bandwidth-bound
-    kernel), all_gather, reduce_scatter, all_reduce, other, or wait (the compute stream stalled on ``node``, a
-    collective of kind ``waits_on``)."""
-
-    graph: str
-    node: str
-    stream: str
-    kind: str
-    start: float
-    end: float
-    label: str = ""
-    nbytes: int = 0
-    waits_on: str = ""
-    """For a wait: the kind of the collective waited on (``all_gather``, ``reduce_scatter``, ...)."""
-
-
-class CostSource(_Data):
-    """Where part of a prediction's time came from: which nodes were priced how, and the seconds they add up to."""
-
-    part: Literal["compute", "issue", "collectives"]
-    """``compute``: kernels and views on the compute stream; ``issue``: the compute stream issuing collectives;
-    ``collectives``: collectives on their own streams."""
-    source: Literal["measured", "roofline", "fitted", "datasheet"]
-    """``measured``: per-node durations from a profile of the same graph (``NodeCosts``); ``roofline``: FLOPs and
-    bytes over the profile's peaks; ``fitted``: the profile's calibrated collective fits; ``datasheet``: its ring
-    model numbers."""
-    nodes: int
-    seconds: float
-
-
-class Simulation(_Data):
-    """The cost model's prediction for the whole step (forward then backward), see ``overlapcfg.report.simulate``.
-
-    ``events`` (the replay's intervals, for timelines) ride along on the object but never into JSON.
-    """
-
-    hardware: str
-    world_size: int
-    step_seconds: float
-    compute_seconds: float
-    comm_seconds: float
-    """Sum over every collective on every stream."""
-    exposed_comm_seconds: float
-    """Time the compute stream waits on collectives."""
-    overlap_ratio: float | None
-    """Share of communication hidden behind compute; None without communication."""
-    lower_bound_seconds: float
-    """max(compute + collectives no schedule can hide (tensor-parallel activations), busiest comm stream): no
-    bucketing or reordering of data-parallel collectives can beat it."""
-    peak_inflight_bytes: int
-    """Peak unsharded bytes of all-gathers issued but not yet waited."""
-    peak_unsharded_param_bytes: int
-    """Peak bytes of unsharded parameters alive (issued all-gathers until the gathered weights' last use)."""
-    peak_activation_bytes: int | None
-    """Peak bytes the graphs allocate besides unsharded parameters and their inputs, where derivable."""
-    streams: tuple[StreamTime, ...] = ()
-    cost_sources: tuple[CostSource, ...] = ()
-    """How each part of the prediction was priced (measured, roofline, fitted, datasheet), nodes and seconds."""
-    node_costs: str | None = None
-    """What the measured node durations were, when given (``NodeCosts.source``)."""
-
-    _events: tuple[Event, ...] = PrivateAttr(())
-
-    @property
-    def events(self) -> tuple[Event, ...]:
-        return self._events
-
-    def with_events(self, events: tuple[Event, ...]) -> Simulation:
-        self._events = events
-        return self
-
-
-class Report(_Data):
+class Report(RecordModel):
     """What ``explain`` found. ``forward`` / ``backward``: the transformed graph modules (not serialized)."""
 
     schema_: str = SCHEMA
@@ -209,13 +144,13 @@ class Report(_Data):
         self._forward, self._backward = forward, backward
         return self
 
-    def __rich__(self) -> RenderableType:
-        """``rich.print(report)``: the tables, in colour."""
-        return report_table(self)
+    def __rich__(self) -> object:
+        """``rich.print(report)``: the tables, in colour (``render.report_table``)."""
+        return as_renderable(self)
 
     def __str__(self) -> str:
         """``print(report)``: the tables as plain text (``render.report_table``)."""
-        return plain_text(report_table(self))
+        return as_text(self)
 
     def __repr__(self) -> str:
         graphs = ", ".join(f"{g.name} {g.collectives_before}→{g.collectives_after}" for g in self.graphs)
@@ -223,3 +158,64 @@ class Report(_Data):
         sim = f", predicted step {fmt_seconds(self.simulation.step_seconds)} on {self.simulation.hardware}" \
             if self.simulation is not None else ""
         return f"Report(strategy={self.strategy!r}{plan}, {len(self.buckets)} buckets, {graphs}{sim})"
+
+
+COMPARE_SCHEMA = "overlapcfg.compare/1"
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonRow:
+    """One config of a comparison: its report (with the prediction) and the prediction itself."""
+
+    name: str
+    strategy: str
+    report: Report
+    simulation: Simulation
+
+    @property
+    def collectives(self) -> int:
+        """FSDP collectives after the pass, both graphs."""
+        return sum(g.collectives_after for g in self.report.graphs)
+
+    @property
+    def pass_seconds(self) -> float:
+        return sum(g.pass_seconds for g in self.report.graphs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "strategy": self.strategy, "config": self.report.config,
+                "collectives": self.collectives, "pass_seconds": self.pass_seconds,
+                "simulation": self.simulation.model_dump(mode="json")}
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Several configs on one trace, predicted on one hardware profile at one world size (``compare``)."""
+
+    hardware: str
+    world_size: int
+    rows: tuple[ComparisonRow, ...]
+
+    def row(self, name: str) -> ComparisonRow:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(f"no row {name!r}; have {[r.name for r in self.rows]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": COMPARE_SCHEMA, "hardware": self.hardware, "world_size": self.world_size,
+                "rows": [r.to_dict() for r in self.rows]}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def __rich__(self) -> object:
+        """``rich.print(comparison)``: the table, in colour (``render.comparison_table``)."""
+        return as_renderable(self)
+
+    def __str__(self) -> str:
+        """``print(comparison)``: the table as plain text (``render.comparison_table``)."""
+        return as_text(self)
+
+    def __repr__(self) -> str:
+        return (f"Comparison({self.hardware}, world size {self.world_size}, rows "
+                f"{', '.join(repr(r.name) for r in self.rows)})")

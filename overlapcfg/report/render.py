@@ -1,4 +1,7 @@
-"""Rich renderables for reports and comparisons. Rendering only: every number comes from the report data."""
+"""Rich renderables for reports and comparisons. Rendering only: every number comes from the report data
+(``overlapcfg.report.model``), which this module imports and draws; ``print(report)`` and ``rich.print(report)``
+reach these tables through ``model.as_text`` / ``model.as_renderable``, registered at the end of this module (the
+package imports it, so they are registered wherever a report exists)."""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import io
 import shutil
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -14,12 +16,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from overlapcfg.cost.prediction import CostSource, Simulation
 from overlapcfg.report.bucket_table import bucket_table
 from overlapcfg.report.labels import LEGEND, ROLE_LABELS, fmt_bytes, fmt_change, fmt_order, fmt_seconds
-
-if TYPE_CHECKING:
-    from overlapcfg.report.compare import Comparison
-    from overlapcfg.report.model import CostSource, Report, Simulation
+from overlapcfg.report.model import Comparison, Report, as_renderable, as_text
 
 __all__ = ["PIPED_WIDTH", "comparison_table", "cost_sources_line", "groups_table", "plain_text", "report_table"]
 
@@ -193,3 +193,23 @@ def comparison_table(comparison: Comparison) -> Table:
                       fmt_bytes(s.peak_unsharded_param_bytes), str(r.collectives), f"{r.pass_seconds * 1e3:.0f} ms",
                       style=style)
     return table
+
+
+@as_renderable.register
+def _report_renderable(report: Report) -> RenderableType:
+    return report_table(report)
+
+
+@as_text.register
+def _report_text(report: Report) -> str:
+    return plain_text(report_table(report))
+
+
+@as_renderable.register
+def _comparison_renderable(comparison: Comparison) -> RenderableType:
+    return comparison_table(comparison)
+
+
+@as_text.register
+def _comparison_text(comparison: Comparison) -> str:
+    return plain_text(comparison_table(comparison))

@@ -14,11 +14,11 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from overlapcfg.cost.prediction import Event, Simulation
+from overlapcfg.cost.simulator import COMPUTE_STREAM
 from overlapcfg.files import write_atomic
-from overlapcfg.report.compare import Comparison
 from overlapcfg.report.labels import KIND_LABELS
-from overlapcfg.report.model import Event, Simulation
-from overlapcfg.report.simulate import COMPUTE_STREAM
+from overlapcfg.report.model import Comparison
 
 __all__ = ["COLORS", "backward_start", "bar_label", "chrome_trace", "stream_label", "write_chrome_trace",
            "write_gantt_png", "write_timeline"]

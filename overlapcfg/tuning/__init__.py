@@ -5,7 +5,7 @@
 presets on the same trace. Underneath: ``profile`` (one real apply at the finest grouping, read into a compact
 model), ``quick`` (the scheduler and simulator replayed on it, about a millisecond a candidate), ``structure`` and
 ``candidates`` (groupings written as plans), ``space`` (what is searched; the command's ``tune/space`` group),
-``render`` (tables and the Pareto PNG). Sits above ``report``, whose cost model it replays; the demo uses it.
+``render`` (tables and the Pareto PNG). Sits above ``cost`` (whose model it replays) and ``report``; the demo uses it.
 """
 
 from __future__ import annotations

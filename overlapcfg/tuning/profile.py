@@ -15,13 +15,13 @@ nodes, all-gather waits and reduce-scatter starts keep their relative order unde
 Where the original graph issued an all-gather (the scheduler leaves the first bucket there when that is before
 the first compute) is read from the untransformed graph.
 
-Costs come from ``overlapcfg.report.simulate.node_seconds`` and ``overlapcfg.report.cost``, the functions
+Costs come from ``overlapcfg.cost.simulator.node_seconds`` and ``overlapcfg.cost.price``, the functions
 ``simulate`` uses, at the hardware, world size and dtype of the search, with measured node durations
 (``NodeCosts``) where given; a profile is built per (hardware, world size, dtype, node costs). The unit graph
 keeps the untransformed graph's nodes and names, so a profile of the untransformed step prices them both alike.
 What moves with a collective is what the scheduler moves (``overlapcfg.graph.schedule.exclusive_ancestors`` and
 ``exclusive_descendants``); which storages hold unsharded parameters is the simulator's rule
-(``overlapcfg.report.simulate.storage_plan``).
+(``overlapcfg.cost.simulator.storage_plan``).
 """
 
 from __future__ import annotations
@@ -37,17 +37,17 @@ from torch import fx
 
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED
-from overlapcfg.config.hardware import HardwareProfile
+from overlapcfg.cost.hardware import HardwareProfile
+from overlapcfg.cost.node_costs import MEASURABLE_KINDS, NodeCosts
+from overlapcfg.cost.price import collective_bytes, compute_seconds, iter_tensors, node_kind
+from overlapcfg.cost.simulator import node_seconds, storage_plan, value_bytes
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.meta import merged_mark
 from overlapcfg.graph.ops import collective_kind, group_name, is_collective_start, is_compute_node, started_by
 from overlapcfg.graph.schedule import exclusive_ancestors, exclusive_descendants
 from overlapcfg.passes.applied import apply_step
 from overlapcfg.passes.backend import CapturedStep
-from overlapcfg.report.cost import collective_bytes, compute_seconds, iter_tensors, node_kind
 from overlapcfg.report.explain import GRAPHS
-from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts
-from overlapcfg.report.simulate import node_seconds, storage_plan, value_bytes
 
 __all__ = ["GraphProfile", "ParamCopy", "Profile", "UnitCollective", "build_profile", "unit_config"]
 
@@ -198,7 +198,7 @@ def _dtype(node: fx.Node) -> str:
 
 class _Costs:
     """Node costs at the search's hardware, world size and dtype, measured where ``node_costs`` has the node
-    (``overlapcfg.report.simulate.node_seconds``, as ``simulate`` prices it)."""
+    (``overlapcfg.cost.simulator.node_seconds``, as ``simulate`` prices it)."""
 
     def __init__(self, hw: HardwareProfile, world_size: int, traced_world_size: int,
                  as_dtype: torch.dtype | None, node_costs: NodeCosts | None = None) -> None:
@@ -304,7 +304,7 @@ def _last_alias_reader(node: fx.Node, root: dict[fx.Node, fx.Node], index: dict[
 
 
 def _storages(graph: fx.Graph) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node, bool], dict[fx.Node, fx.Node]]:
-    """``overlapcfg.report.simulate.storage_plan``, every all-gather a parameter's (the profile admits no other):
+    """``overlapcfg.cost.simulator.storage_plan``, every all-gather a parameter's (the profile admits no other):
     both count the same bytes."""
     gathers = {n for n in graph.nodes if node_kind(n) == "collective" and collective_kind(n) == "all_gather"}
     return storage_plan(graph, gathers)

@@ -1,6 +1,6 @@
 """The quick score: replay one grouping and schedule on a ``Profile`` without rewriting a graph.
 
-It is ``overlapcfg.graph.schedule`` and ``overlapcfg.report.simulate`` run on the profile's events instead of a
+It is ``overlapcfg.graph.schedule`` and ``overlapcfg.cost.simulator`` run on the profile's events instead of a
 graph's nodes, with their own rules, not copies of them:
 
 - grouping (``group``, once per grouping): each bucket's units merged per graph and kind (sizes and costs added,
@@ -8,7 +8,7 @@ graph's nodes, with their own rules, not copies of them:
   unit was; the steps numbered as the scheduler numbers them (``overlapcfg.graph.placement.in_schedule_order``);
 - schedule (``score``, per candidate): every moved chain at the key the scheduler's placement rule gives it
   (``overlapcfg.graph.placement``), every other event at its own position; then the events in key order on the
-  simulator's streams (``overlapcfg.report.replay``), the fixed nodes between them run as prefix sums. Memory is
+  simulator's streams (``overlapcfg.cost.replay``), the fixed nodes between them run as prefix sums. Memory is
   replayed alongside: bytes in flight, and unsharded parameters alive.
 
 Scoring a candidate is a sort of a few events per bucket: about a thousand candidates a second on a 32-layer
@@ -27,6 +27,8 @@ import torch
 
 from overlapcfg.config.depths import depth_field
 from overlapcfg.config.policy import IssueOrder
+from overlapcfg.cost.price import collective_cost
+from overlapcfg.cost.replay import Memory, Streams
 from overlapcfg.graph.placement import (
     DelayedStep,
     GatherStep,
@@ -35,8 +37,6 @@ from overlapcfg.graph.placement import (
     place_all_gathers,
     place_delayed,
 )
-from overlapcfg.report.cost import collective_issue_seconds, collective_seconds
-from overlapcfg.report.replay import Memory, Streams
 from overlapcfg.tuning.profile import GraphProfile, Profile, UnitCollective
 
 __all__ = ["GraphScore", "Grouped", "GroupedGraph", "Score", "Stall", "Step", "group", "score"]
@@ -206,11 +206,10 @@ def _merge(units: Sequence[UnitCollective], profile: Profile) -> Merged:
     total = sum(p.numel for p in params) // first.group_size
     views = [p for p in params if _stays_a_view(p.shape, first.group_size, total)]
     copied = [p for p in params if p not in views]
+    priced = collective_cost(kind, nbytes, profile.hardware, profile.world_size)
     return Merged(
         kind=kind, group=first.group, cost_bytes=nbytes, traced_bytes=sum(u.traced_bytes for u in units),
-        seconds=collective_seconds(kind, nbytes, profile.hardware, profile.world_size),
-        issue_cost=sum(u.issue_cost for u in units) + collective_issue_seconds(kind, nbytes, profile.hardware,
-                                                                               profile.world_size),
+        seconds=priced.seconds, issue_cost=sum(u.issue_cost for u in units) + priced.issue_seconds,
         wait_cost=sum(u.wait_cost for u in units) + sum(p.copy_seconds for p in copied),
         start=(max if kind == "reduce_scatter" else min)(u.start for u in units),
         wait=min(u.wait for u in units),
@@ -326,7 +325,7 @@ def _asked(depths: Mapping[str, Sequence[int]], graph: str, kind: str,
 
 def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays: Sequence[int], cap: int | None,
             issue_order: IssueOrder, memory: bool, stalls: list[Stall] | None) -> GraphScore:
-    """One graph's events in key order on the simulator's streams (``overlapcfg.report.replay``), the fixed
+    """One graph's events in key order on the simulator's streams (``overlapcfg.cost.replay``), the fixed
     compute between them run as prefix sums. ``depths`` and ``delays``: per step, in schedule order."""
     events = _events(g, depths, delays, cap, issue_order, memory)
     events.sort(key=lambda e: e[0])

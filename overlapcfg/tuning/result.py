@@ -15,8 +15,9 @@ import torch
 
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.load import dump_yaml
+from overlapcfg.cost.prediction import Simulation
 from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_seconds
-from overlapcfg.report.model import Report, Simulation
+from overlapcfg.report.model import Report
 from overlapcfg.report.render import cost_sources_line
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.quick import Score, Stall

@@ -32,14 +32,14 @@ import torch
 from overlapcfg.config import OverlapConfig, load_config, preset_names
 from overlapcfg.config.base import ByteCount, RankCount
 from overlapcfg.config.depths import DEPTH_FIELDS, SEARCHED_DEPTHS, Depths, depth_field, depths_of
-from overlapcfg.config.hardware import HardwareProfile, load_hardware
 from overlapcfg.config.load import validate_value
+from overlapcfg.cost.hardware import HardwareProfile, load_hardware
+from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
-from overlapcfg.report.node_costs import NodeCosts
 from overlapcfg.resolve import ResolvedPlan, resolve_config
 from overlapcfg.tuning.candidates import TIE_TOLERANCE, Arm, Candidate, Knobs, choose, describe, pareto
 from overlapcfg.tuning.profile import Profile, build_profile
@@ -82,7 +82,7 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     ``as_dtype`` costs floating tensors as that dtype (``torch.bfloat16``: mixed precision from an fp32 trace).
     ``verify``: re-check the winner by a real apply + verify + simulate (the quick score must agree within 1 %).
     ``config_root``: where the caller's tune settings sit (``tune``), so faults read ``tune.memory_budget``.
-    ``node_costs``: measured node durations (``overlapcfg.report.node_costs``, best of the untransformed step)
+    ``node_costs``: measured node durations (``overlapcfg.cost.node_costs``, best of the untransformed step)
     priced instead of the roofline, by the search and by the winner's full check alike.
     A budget no candidate fits raises ``OverlapConfigError`` naming the smallest feasible budget.
     """

@@ -256,8 +256,8 @@ def test_compare_notes_shadowed_keys_only_for_what_the_user_overrode() -> None:
 
 
 def test_a_sweep_summary_has_one_row_per_job_and_names_what_varied() -> None:
+    from overlapcfg.cost.prediction import Simulation
     from overlapcfg.report import Report
-    from overlapcfg.report.model import Simulation
     from overlapcfg.report.sweep import split_overrides, sweep_table
 
     def report(step: float) -> Report:

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from overlapcfg.config import load_config, load_preset, preset_names
-from overlapcfg.config.hardware import HardwareProfile, load_hardware, save_hardware, shipped_hardware_names
 from overlapcfg.config.presets import command_conf_dir, conf_dir
 from overlapcfg.config.yaml_files import read_yaml
+from overlapcfg.cost.hardware import HardwareProfile, load_hardware, save_hardware, shipped_hardware_names
 from overlapcfg.errors import OverlapConfigError
 
 SHIPPED = sorted([*conf_dir().rglob("*.yaml"), *command_conf_dir().rglob("*.yaml")])

@@ -169,8 +169,8 @@ NET = {"peak_flops": {"bf16": 1e12, "fp32": 1e12}, "mem_bandwidth": 1e12, "intra
 def test_an_inter_node_group_costs_its_own_links() -> None:
     """Same graph, same group size: placing the group across nodes costs the all-reduces at inter-node bandwidth
     (10x slower here), exactly the alpha-beta model's ratio."""
-    from overlapcfg.report import HardwareProfile
-    from overlapcfg.report.simulate import GroupPlacement, simulate
+    from overlapcfg.cost import HardwareProfile
+    from overlapcfg.cost.simulator import GroupPlacement, simulate
 
     syn = backward_graph(LAYERS, hsdp="reduce_scatter_first")
     hw = HardwareProfile(name="net", **NET)  # type: ignore[arg-type]
@@ -183,8 +183,8 @@ def test_an_inter_node_group_costs_its_own_links() -> None:
 def test_collectives_no_schedule_can_hide_raise_the_lower_bound() -> None:
     """An activation all-reduce (role other: tensor parallel) sits between compute that makes and compute that
     reads it, so the bound is compute plus its time, not max(compute, comm)."""
-    from overlapcfg.report import HardwareProfile
-    from overlapcfg.report.simulate import GroupPlacement, simulate
+    from overlapcfg.cost import HardwareProfile
+    from overlapcfg.cost.simulator import GroupPlacement, simulate
 
     gm, _ = _append_all_reduce(None, into_compute=True, group="7")
     hw = HardwareProfile(name="net", **NET)  # type: ignore[arg-type]

@@ -11,13 +11,13 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from overlapcfg import compat, load_config
+from overlapcfg.cost.price import node_kind
 from overlapcfg.errors import OverlapVerificationError
 from overlapcfg.graph.meta import merged_mark
 from overlapcfg.graph.ops import started_by, wait_of
 from overlapcfg.graph.parameters import placeholder_sources
 from overlapcfg.graph.verify import verify
 from overlapcfg.passes import apply
-from overlapcfg.report.cost import node_kind
 from tests.support.synthetic import forward_graph
 
 _aten = torch.ops.aten

@@ -1,5 +1,5 @@
 """The placement rule and the simulator's streams, on abstract positions: what the scheduler and the tuner's quick
-model share (``overlapcfg.graph.placement``, ``overlapcfg.report.replay``). Torch-free and fast."""
+model share (``overlapcfg.graph.placement``, ``overlapcfg.cost.replay``). Torch-free and fast."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import get_args
 import pytest
 
 from overlapcfg.config.policy import IssueOrder
+from overlapcfg.cost.replay import Memory, Streams
 from overlapcfg.graph.placement import (
     Delay,
     DelayedStep,
@@ -20,7 +21,6 @@ from overlapcfg.graph.placement import (
     place_delayed,
 )
 from overlapcfg.graph.schedule import schedule_manual
-from overlapcfg.report.replay import Memory, Streams
 from overlapcfg.tuning.quick import score
 
 

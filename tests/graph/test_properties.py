@@ -562,7 +562,7 @@ def test_control_deps_wrapped_all_gathers_keep_their_group_and_are_counted_on_a_
     valid config: "group '<node _pre_bucket_all_gather>'"), the record counts it (it used to lose them), and the
     prediction is the one without the wrappers (wrapped waits were costed as memory kernels, wrapped starts not
     at all)."""
-    from overlapcfg.report import simulate
+    from overlapcfg.cost import simulate
 
     syn = backward_graph([[2, 1], [1], [3, 2], [1, 1]], regather=True)
     policy = {"backward_prefetch": 2, "issue_order": "reduce_scatter_first"}

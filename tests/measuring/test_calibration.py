@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 import overlapcfg
-from overlapcfg.config.calibration import CollectiveFit, CollectiveFits, LinkFits
-from overlapcfg.config.hardware import HardwareProfile, hardware_names, load_hardware, save_hardware
+from overlapcfg.cost.calibration import CollectiveFit, CollectiveFits, LinkFits
+from overlapcfg.cost.hardware import HardwareProfile, hardware_names, load_hardware, save_hardware
+from overlapcfg.cost.price import collective_cost
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.collectives import GroupTimings, KindTimings, coverage_order, fit_collectives, log_sizes
 from overlapcfg.measuring.fit import fit_line, fit_nonnegative
-from overlapcfg.report.cost import collective_issue_seconds, collective_seconds
 
 TRUTH = {  # kind -> (latency per ring step, bus bandwidth, issue latency, issue bandwidth or None)
     "all_gather": (30e-6, 2.0e9, 20e-6, None),
@@ -71,15 +71,15 @@ def test_fit_recovers_known_latency_and_bandwidth_per_kind(noise: float) -> None
 
 
 def test_fitted_profile_predicts_the_timings_it_was_fitted_on() -> None:
-    """The fit's own terms are what ``collective_seconds`` reads: a profile made from exact timings reproduces
+    """The fit's own terms are what ``collective_cost`` reads: a profile made from exact timings reproduces
     them at every size and group size, issue time included."""
     fits, _ = fit_collectives(_synthetic(0.0, seed=1))
     hw = _profile(fits)
     for p in (2, 4, 8):
         for kind, (lat, bw, ilat, ibw) in TRUTH.items():
             for n in (4096, 2**20, 2**26):
-                assert collective_seconds(kind, n, hw, p) == pytest.approx(_ring(kind, p, n, lat, bw), rel=1e-6)
-                assert collective_issue_seconds(kind, n, hw, p) == pytest.approx(
+                assert collective_cost(kind, n, hw, p).seconds == pytest.approx(_ring(kind, p, n, lat, bw), rel=1e-6)
+                assert collective_cost(kind, n, hw, p).issue_seconds == pytest.approx(
                     ilat + (n / ibw if ibw else 0.0), rel=1e-6)
 
 
@@ -87,11 +87,11 @@ def test_a_kind_without_a_fit_keeps_the_datasheet_ring_model() -> None:
     datasheet = load_hardware("cpu_gloo")
     only_gather = _profile(CollectiveFits(intra_node=LinkFits(all_gather=CollectiveFit(latency=1e-5, bandwidth=1e9))))
     n = 2**20
-    assert collective_seconds("reduce_scatter", n, only_gather, 2) == collective_seconds("reduce_scatter", n,
-                                                                                         datasheet, 2)
-    assert collective_issue_seconds("reduce_scatter", n, only_gather, 2) == 0.0
+    assert collective_cost("reduce_scatter", n, only_gather, 2).seconds == collective_cost("reduce_scatter", n,
+                                                                                         datasheet, 2).seconds
+    assert collective_cost("reduce_scatter", n, only_gather, 2).issue_seconds == 0.0
     # a group wider than a node crosses nodes: no inter-node fit, so the datasheet's inter-node numbers
-    assert collective_seconds("all_gather", n, only_gather, 16) == collective_seconds("all_gather", n, datasheet, 16)
+    assert collective_cost("all_gather", n, only_gather, 16) == collective_cost("all_gather", n, datasheet, 16)
 
 
 def test_negative_coefficients_are_pinned_at_zero() -> None:

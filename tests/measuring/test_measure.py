@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import overlapcfg
+from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.measuring.result import Measurement
 from overlapcfg.measuring.trace import uncovered_seconds
-from overlapcfg.report.node_costs import NodeCosts
 from tests.support.traces import traced_step
 
 CONFIGS: dict[str, dict[str, Any]] = {

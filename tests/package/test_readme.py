@@ -114,9 +114,9 @@ def _prerequisites(heading: str, code: str, home: Path) -> None:
     if "node_costs.json" not in code:
         return
     import overlapcfg
+    from overlapcfg.cost.node_costs import MEASURABLE_KINDS, NodeCosts, node_signature
+    from overlapcfg.cost.price import node_kind
     from overlapcfg.demo import LlamaConfig
-    from overlapcfg.report.cost import node_kind
-    from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts, node_signature
 
     profile = overlapcfg.load_hardware("cpu_gloo").model_copy(update={"name": "my_cluster"})
     overlapcfg.save_hardware(profile)

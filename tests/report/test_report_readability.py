@@ -15,9 +15,10 @@ import pytest
 from rich.console import Console
 
 import overlapcfg
+from overlapcfg.cost.prediction import Simulation, StreamTime
 from overlapcfg.graph.record import GroupTraffic
-from overlapcfg.report import Report, Simulation
-from overlapcfg.report.model import GraphReport, StreamTime
+from overlapcfg.report import Report
+from overlapcfg.report.model import GraphReport
 from overlapcfg.report.render import report_table
 from overlapcfg.report.timeline import _LEGEND, chrome_trace, stream_label
 from tests.support.synthetic import captured_step

@@ -8,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from overlapcfg.config.hardware import hardware_names
+from overlapcfg.cost import HardwareProfile, load_hardware, simulate
+from overlapcfg.cost.hardware import hardware_names
+from overlapcfg.cost.price import collective_cost
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.report import HardwareProfile, explain, load_hardware, simulate
-from overlapcfg.report.cost import collective_seconds
+from overlapcfg.report import explain
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +124,7 @@ def test_collective_time_is_the_ring_alpha_beta_model_at_the_requested_world_siz
         event = next(e for e in sim.events if e.kind == "all_gather" and e.nbytes == nbytes)
         expected = (world_size - 1) / world_size * nbytes / bw + (world_size - 1) * hw.latency
         assert event.end - event.start == pytest.approx(expected)
-    assert collective_seconds("all_gather", nbytes, hw, 1) == 0.0
+    assert collective_cost("all_gather", nbytes, hw, 1).seconds == 0.0
 
 
 def test_bf16_costing_halves_collective_bytes(reports):

@@ -25,13 +25,13 @@ import overlapcfg
 from overlapcfg import compat
 from overlapcfg.config.depths import SEARCHED_DEPTHS
 from overlapcfg.config.presets import command_conf_dir
+from overlapcfg.cost.node_costs import MEASURABLE_KINDS, NodeCosts, node_signature
+from overlapcfg.cost.price import node_kind
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.collectives import collective_kind, is_collective_start, started_by
 from overlapcfg.passes import apply
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare
-from overlapcfg.report.cost import node_kind
-from overlapcfg.report.node_costs import MEASURABLE_KINDS, NodeCosts, node_signature
 from overlapcfg.resolve import resolve_plan
 from overlapcfg.tuning import TuneSpace, load_space, tune
 from overlapcfg.tuning.candidates import TIE_TOLERANCE

@@ -1,0 +1,94 @@
+"""What the cost model predicts: ``Simulation`` (the step's times, peaks and how each part was priced; the JSON a
+report, a comparison and a measurement hold) and ``Event`` (one interval on one stream, for timelines, never in
+JSON). Made by ``overlapcfg.cost.simulator``; drawn by ``overlapcfg.report``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import PrivateAttr
+
+from overlapcfg.resolve.records import RecordModel
+
+__all__ = ["CostSource", "Event", "Simulation", "StreamTime"]
+
+
+class StreamTime(RecordModel):
+    stream: str
+    busy_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One interval on one stream, for timelines (never in JSON). ``kind``: compute, memory (bandwidth-bound
+    kernel), all_gather, reduce_scatter, all_reduce, other, or wait (the compute stream stalled on ``node``, a
+    collective of kind ``waits_on``)."""
+
+    graph: str
+    node: str
+    stream: str
+    kind: str
+    start: float
+    end: float
+    label: str = ""
+    nbytes: int = 0
+    waits_on: str = ""
+    """For a wait: the kind of the collective waited on (``all_gather``, ``reduce_scatter``, ...)."""
+
+
+class CostSource(RecordModel):
+    """Where part of a prediction's time came from: which nodes were priced how, and the seconds they add up to."""
+
+    part: Literal["compute", "issue", "collectives"]
+    """``compute``: kernels and views on the compute stream; ``issue``: the compute stream issuing collectives;
+    ``collectives``: collectives on their own streams."""
+    source: Literal["measured", "roofline", "fitted", "datasheet"]
+    """``measured``: per-node durations from a profile of the same graph (``NodeCosts``); ``roofline``: FLOPs and
+    bytes over the profile's peaks; ``fitted``: the profile's calibrated collective fits; ``datasheet``: its ring
+    model numbers."""
+    nodes: int
+    seconds: float
+
+
+class Simulation(RecordModel):
+    """The cost model's prediction for the whole step (forward then backward), see ``overlapcfg.cost.simulator``.
+
+    ``events`` (the replay's intervals, for timelines) ride along on the object but never into JSON.
+    """
+
+    hardware: str
+    world_size: int
+    step_seconds: float
+    compute_seconds: float
+    comm_seconds: float
+    """Sum over every collective on every stream."""
+    exposed_comm_seconds: float
+    """Time the compute stream waits on collectives."""
+    overlap_ratio: float | None
+    """Share of communication hidden behind compute; None without communication."""
+    lower_bound_seconds: float
+    """max(compute + collectives no schedule can hide (tensor-parallel activations), busiest comm stream): no
+    bucketing or reordering of data-parallel collectives can beat it."""
+    peak_inflight_bytes: int
+    """Peak unsharded bytes of all-gathers issued but not yet waited."""
+    peak_unsharded_param_bytes: int
+    """Peak bytes of unsharded parameters alive (issued all-gathers until the gathered weights' last use)."""
+    peak_activation_bytes: int | None
+    """Peak bytes the graphs allocate besides unsharded parameters and their inputs, where derivable."""
+    streams: tuple[StreamTime, ...] = ()
+    cost_sources: tuple[CostSource, ...] = ()
+    """How each part of the prediction was priced (measured, roofline, fitted, datasheet), nodes and seconds."""
+    node_costs: str | None = None
+    """What the measured node durations were, when given (``NodeCosts.source``)."""
+
+    _events: tuple[Event, ...] = PrivateAttr(())
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return self._events
+
+    def with_events(self, events: tuple[Event, ...]) -> Simulation:
+        self._events = events
+        return self
