@@ -21,8 +21,14 @@ from overlapcfg._version import __version__
 # imports restate it only because linters and type checkers read them without running anything;
 # tests/package/test_package.py fails when either disagrees with it.
 _EXPORTS: dict[str, str] = {
+    "OverlapcfgError": "overlapcfg.errors",
     "OverlapConfigError": "overlapcfg.errors",
+    "OverlapUsageError": "overlapcfg.errors",
+    "OverlapStateError": "overlapcfg.errors",
+    "OverlapLookupError": "overlapcfg.errors",
     "OverlapVerificationError": "overlapcfg.errors",
+    "UnsupportedGraphError": "overlapcfg.errors",
+    "AttributionError": "overlapcfg.errors",
     "Fault": "overlapcfg.errors",
     "OverlapConfig": "overlapcfg.config",
     "BucketPlan": "overlapcfg.config",
@@ -73,6 +79,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "__version__",
+    "AttributionError",
     "AutoPolicy",
     "Bucket",
     "CapturedStep",
@@ -84,8 +91,12 @@ __all__ = [
     "NodeCosts",
     "OverlapConfig",
     "OverlapConfigError",
+    "OverlapLookupError",
     "OverlapPolicy",
+    "OverlapStateError",
+    "OverlapUsageError",
     "OverlapVerificationError",
+    "OverlapcfgError",
     "PassContext",
     "PassRecord",
     "PolicyBase",
@@ -96,6 +107,7 @@ __all__ = [
     "TorchManualPolicy",
     "TuneResult",
     "TuneSpace",
+    "UnsupportedGraphError",
     "apply",
     "available_strategies",
     "backend",
@@ -145,7 +157,17 @@ if TYPE_CHECKING:
     )
     from overlapcfg.cost import HardwareProfile, NodeCosts, load_hardware, save_hardware, simulate
     from overlapcfg.demo.tracing import trace_train_step
-    from overlapcfg.errors import Fault, OverlapConfigError, OverlapVerificationError
+    from overlapcfg.errors import (
+        AttributionError,
+        Fault,
+        OverlapcfgError,
+        OverlapConfigError,
+        OverlapLookupError,
+        OverlapStateError,
+        OverlapUsageError,
+        OverlapVerificationError,
+        UnsupportedGraphError,
+    )
     from overlapcfg.fsdp2 import fully_shard
     from overlapcfg.graph.verify import verify
     from overlapcfg.measuring import Measurement, calibrate, measure

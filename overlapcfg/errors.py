@@ -1,7 +1,24 @@
-"""The two error families users see: bad configuration data, and a transformed graph that broke an invariant.
+"""The errors users see: one family under ``OverlapcfgError`` (catch it to catch every error overlapcfg raises on
+purpose), plus the helpers that word them (closest names, shortened values, dotted paths).
 
-Both carry their faults as data (``.faults``) so callers (the CLI, tests) can inspect them, and render as one
-line per fault so a message fits on one screen.
+- ``OverlapConfigError`` (a ``ValueError``): a value a user gave is wrong: a config, a setting, an argument, a file
+  read. Its faults are data (``.faults``: dotted path, message), one line each, all at once; nothing is applied.
+- ``OverlapUsageError`` (a ``TypeError``): an API called wrongly: a wrong type, a missing or contradictory argument.
+- ``OverlapStateError`` (a ``RuntimeError``): called where it cannot work: no process group, nothing compiled yet,
+  a model already sharded, a name already registered.
+- ``OverlapLookupError`` (a ``KeyError``): no bucket, graph, row or depth of that name; the message lists those
+  there are.
+- ``UnsupportedGraphError`` (a ``RuntimeError``): a graph the pass cannot handle correctly; it is returned
+  untouched, never half-rewritten.
+- ``AttributionError`` (a ``RuntimeError``): the evidence of which parameter a collective carries disagrees.
+- ``OverlapVerificationError`` (a ``RuntimeError``): a transformed graph broke an invariant; names the nodes.
+- ``RankFailedError`` (a ``RuntimeError``): a rank of a multi-process run (``overlapcfg.demo.gloo``) raised, or the
+  run timed out; the message holds the rank's traceback.
+
+Each keeps the builtin its kind was raised as before the family existed, so ``except ValueError`` and the like
+still catch what they caught. What is left a bare ``AssertionError`` is a bug check on overlapcfg's own
+invariants (a scheduler that leaves nodes unplaced, a merge whose inputs the classification already guaranteed),
+never a user's mistake.
 """
 
 from __future__ import annotations
@@ -14,9 +31,15 @@ from dataclasses import dataclass
 __all__ = [
     "SHOWN_FAULTS",
     "SHOWN_PATHS",
+    "AttributionError",
     "Fault",
     "OverlapConfigError",
+    "OverlapLookupError",
+    "OverlapStateError",
+    "OverlapUsageError",
     "OverlapVerificationError",
+    "OverlapcfgError",
+    "RankFailedError",
     "UnsupportedGraphError",
     "closest",
     "closest_first",
@@ -97,8 +120,13 @@ def join_path(root: str, loc: Sequence[str | int]) -> str:
     return out
 
 
-class OverlapConfigError(ValueError):
-    """A configuration (or a plan resolved against a model) is invalid. Nothing has been applied.
+class OverlapcfgError(Exception):
+    """Base of every error overlapcfg raises for a user to see (the family is in the module docstring)."""
+
+
+class OverlapConfigError(OverlapcfgError, ValueError):
+    """A configuration (or a plan resolved against a model), a setting or an argument value is invalid. Nothing has
+    been applied.
 
     ``str(err)`` lists every fault, one line each: ``overlap.policy.forward_prefetch: expected an integer >= 0,
     got 'abc'``.
@@ -152,7 +180,29 @@ def _group_lines(faults: Sequence[Fault]) -> list[tuple[str, int]]:
     return lines
 
 
-class OverlapVerificationError(RuntimeError):
+class OverlapUsageError(OverlapcfgError, TypeError):
+    """An API called wrongly: a wrong type, a missing or contradictory argument; the message says what to pass."""
+
+
+class OverlapStateError(OverlapcfgError, RuntimeError):
+    """Called where it cannot work (no process group, nothing compiled yet, a model already sharded, a name
+    already registered); the message says what to do first."""
+
+
+class OverlapLookupError(OverlapcfgError, KeyError):
+    """No bucket, graph, row or depth of that name; the message lists those there are (closest first)."""
+
+
+class AttributionError(OverlapcfgError, RuntimeError):
+    """Two pieces of evidence name different owners for one collective, or a collective names a parameter that the
+    model does not have. The message names the node and the candidates; nothing has been changed."""
+
+
+class RankFailedError(OverlapcfgError, RuntimeError):
+    """A rank raised (message holds its traceback), or the run timed out."""
+
+
+class OverlapVerificationError(OverlapcfgError, RuntimeError):
     """A transformed graph violates an invariant; the message names the offending nodes."""
 
     def __init__(self, problems: Sequence[str], *, pass_name: str = "overlapcfg") -> None:
@@ -204,6 +254,6 @@ def did_you_mean(name: str, candidates: Iterable[str], n: int = 3) -> str:
     return " (did you mean " + ", ".join(repr(h) for h in hits) + "?)"
 
 
-class UnsupportedGraphError(RuntimeError):
+class UnsupportedGraphError(OverlapcfgError, RuntimeError):
     """A graph the pass cannot handle correctly (already bucketed, or no FSDP collective under ``strict``); it is
     returned untouched, never half-rewritten."""

@@ -84,7 +84,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from overlapcfg import compat
 from overlapcfg.capture.hsdp import HSDP_REDUCE_ORDERS, HsdpReduce
-from overlapcfg.errors import Fault, OverlapConfigError
+from overlapcfg.errors import Fault, OverlapConfigError, OverlapStateError, OverlapUsageError
 from overlapcfg.module_paths import user_fqn
 
 __all__ = [
@@ -189,7 +189,7 @@ class AllGatherShard(nn.Module):
     def forward(self, shard: torch.Tensor) -> torch.Tensor:
         group = self.group if self.group is not None else dist.group.WORLD
         if group is None:
-            raise RuntimeError("SimpleFSDP parameter accessed without a process group; init one first")
+            raise OverlapStateError("SimpleFSDP parameter accessed without a process group; init one first")
         args = (shard, group, self.param_dtype, self.reduce_dtype, self.replicate_group, self.hsdp_reduce)
         if not self.reshard_after_forward:
             full = _gather(*args)
@@ -225,16 +225,17 @@ def _group_facts(group: dist.ProcessGroup | None, world_size: int | None,
     live = group if group is not None else (dist.group.WORLD if dist.is_initialized() else None)
     if world_size is None:
         if live is None:
-            raise TypeError("shard_module: no process group exists yet; pass world_size= (the ranks you shard for) "
-                            "and rank= (default 0)")
+            raise OverlapUsageError(
+                "shard_module: no process group exists yet; pass world_size= (the ranks you shard for) "
+                "and rank= (default 0)")
         world_size = live.size()
     if live is not None and live.size() != world_size:
         which = "group" if group is not None else "the default process group"
-        raise ValueError(f"shard_module: {which} has {live.size()} ranks but world_size={world_size}")
+        raise OverlapConfigError(f"shard_module: {which} has {live.size()} ranks but world_size={world_size}")
     if rank is None:
         rank = dist.get_rank(live) if live is not None else 0
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got world_size={world_size}, rank={rank}")
+        raise OverlapConfigError(f"need 0 <= rank < world_size, got world_size={world_size}, rank={rank}")
     return world_size, rank
 
 
@@ -273,13 +274,14 @@ def shard_module(module: nn.Module, *, world_size: int | None = None, rank: int 
     """
     world_size, rank = _group_facts(group, world_size, rank)
     if is_sharded(module):
-        raise RuntimeError("shard_module: module is already sharded")
+        raise OverlapStateError("shard_module: module is already sharded")
     if hsdp_reduce not in HSDP_REDUCE_ORDERS:
-        raise ValueError(f"shard_module: hsdp_reduce must be one of {', '.join(HSDP_REDUCE_ORDERS)}, got "
-                         f"{hsdp_reduce!r}")
+        raise OverlapConfigError(f"shard_module: hsdp_reduce must be one of {', '.join(HSDP_REDUCE_ORDERS)}, got "
+                                 f"{hsdp_reduce!r}")
     for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise ValueError(f"shard_module: {name} must be a floating-point torch.dtype or None, got {dtype!r}")
+            raise OverlapConfigError(
+                f"shard_module: {name} must be a floating-point torch.dtype or None, got {dtype!r}")
     _check_divisible(module, world_size)
     for uses in _owners(module):
         first, attr = uses[0]

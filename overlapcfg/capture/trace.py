@@ -31,7 +31,7 @@ from torch import nn
 
 from overlapcfg import compat
 from overlapcfg.capture.simple_fsdp import AllGatherShard
-from overlapcfg.errors import UnsupportedGraphError
+from overlapcfg.errors import OverlapConfigError, OverlapUsageError, UnsupportedGraphError
 from overlapcfg.passes.backend import GraphBackend
 from overlapcfg.passes.step import CapturedStep, ensure_process_group
 
@@ -59,8 +59,9 @@ def default_loss(output: Any) -> torch.Tensor:
     leaves = [t for t in compat.tree_leaves(output)
               if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
     if not leaves:
-        raise TypeError(f"capture_step: the model's output ({type(output).__name__}) holds no floating-point tensor "
-                        "that needs a gradient; pass loss_fn=lambda output: ... returning the scalar loss")
+        raise OverlapUsageError(
+            f"capture_step: the model's output ({type(output).__name__}) holds no floating-point tensor "
+            "that needs a gradient; pass loss_fn=lambda output: ... returning the scalar loss")
     return torch.stack([t.float().sum() for t in leaves]).sum()
 
 
@@ -74,14 +75,15 @@ def _world(model: nn.Module, world_size: int | None, rank: int | None) -> tuple[
     if dist.is_initialized():
         live = (dist.get_world_size(), dist.get_rank())
         if (world_size is not None and world_size != live[0]) or (rank is not None and rank != live[1]):
-            raise ValueError(f"capture_step: world_size={world_size}, rank={rank} contradict the live process group "
-                             f"(rank {live[1]} of {live[0]}); inside a job, leave them out")
+            raise OverlapConfigError(
+                f"capture_step: world_size={world_size}, rank={rank} contradict the live process group "
+                f"(rank {live[1]} of {live[0]}); inside a job, leave them out")
         return live
     sharded = _sharded_for(model)
     if world_size is None:
         if sharded is None:
-            raise TypeError("capture_step: no process group exists; pass world_size= (the ranks the model is "
-                            "sharded for): a fake group of that size is opened for the capture")
+            raise OverlapUsageError("capture_step: no process group exists; pass world_size= (the ranks the model is "
+                                    "sharded for): a fake group of that size is opened for the capture")
         world_size = sharded[0]
     if rank is None:
         rank = sharded[1] if sharded is not None and sharded[0] == world_size else 0

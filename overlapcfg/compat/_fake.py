@@ -18,6 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx as _make_fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _statically_known_true
 
+from overlapcfg.errors import UnsupportedGraphError
+
 __all__ = [
     "detect_fake_mode",
     "fake_tensor",
@@ -129,4 +131,4 @@ def size_hint(size: object) -> int:
         hint = size.node.hint
         if hint is not None:
             return int(hint)
-    raise ValueError(f"overlapcfg merge: the size {size!r} has no value to group collectives by")
+    raise UnsupportedGraphError(f"overlapcfg merge: the size {size!r} has no value to group collectives by")

@@ -50,6 +50,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 # and fake values that are lists of tensors (a split's pieces) ---------------------------------------------------
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
+from overlapcfg.errors import OverlapConfigError, OverlapStateError
+
 __all__ = [
     "DynamoUnsupported",
     "FakeStore",
@@ -106,9 +108,9 @@ def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.Proc
     "0"). Refuses to replace a default group someone else initialized.
     """
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        raise OverlapConfigError(f"rank must be in [0, world_size={world_size}), got {rank}")
     if dist.is_initialized():
-        raise RuntimeError("fake_process_group: a default process group is already initialized; destroy it first")
+        raise OverlapStateError("fake_process_group: a default process group is already initialized; destroy it first")
     # init_process_group installs a ``[rankN]:``-prefixing sys.excepthook that destroy_process_group keeps:
     # every later uncaught exception in the caller's process would carry it. Restore what was there.
     excepthook = sys.excepthook

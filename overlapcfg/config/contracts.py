@@ -67,7 +67,7 @@ def declare(contract: StrategyContract) -> None:
     """Add ``contract``; a taken name raises ``ValueError`` naming both registrants."""
     taken = _CONTRACTS.get(contract.name)
     if taken is not None:
-        raise ValueError(
+        raise OverlapConfigError(
             f"strategy {contract.name!r} is already registered (by {taken.origin}); {contract.origin} tried to "
             "register it again. Pick another name."
         )
@@ -78,7 +78,7 @@ def attach(name: str, run: GraphCall) -> StrategyContract:
     """Give the strategy declared as ``name`` without a graph call its call; a second call is refused."""
     contract = contract_of(name)
     if contract.run is not None and contract.run is not run:
-        raise ValueError(f"strategy {name!r} (declared by {contract.origin}) already has a graph call")
+        raise OverlapConfigError(f"strategy {name!r} (declared by {contract.origin}) already has a graph call")
     _CONTRACTS[name] = attached = dataclasses.replace(contract, run=run)
     return attached
 

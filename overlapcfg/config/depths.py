@@ -23,6 +23,7 @@ from typing import Annotated
 from pydantic import Field
 
 from overlapcfg.config.base import ConfigModel, Depth
+from overlapcfg.errors import OverlapLookupError
 from overlapcfg.kinds import BucketKind, Direction
 
 __all__ = ["DEPTH_FIELDS", "DEPTH_OF", "FOLLOWED", "SEARCHED_DEPTHS", "DepthChanges", "DepthGrid", "Depths",
@@ -77,7 +78,8 @@ class Depths(ConfigModel):
         value where this one is unset. ``KeyError`` for collectives no depth schedules."""
         name = depth_field(direction, kind)
         if name is None:
-            raise KeyError(f"no depth schedules {direction} {kind} collectives; depths: {', '.join(DEPTH_FIELDS)}")
+            raise OverlapLookupError(
+                f"no depth schedules {direction} {kind} collectives; depths: {', '.join(DEPTH_FIELDS)}")
         value = getattr(self, name)
         return getattr(self, FOLLOWED[name]) if value is None else value
 

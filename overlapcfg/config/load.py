@@ -35,7 +35,7 @@ from overlapcfg.config.yaml_files import (
     read_text,
     with_references_resolved,
 )
-from overlapcfg.errors import Fault, OverlapConfigError, join_path, show_value
+from overlapcfg.errors import Fault, OverlapConfigError, OverlapUsageError, join_path, show_value
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -114,7 +114,7 @@ def from_hydra(node: DictConfig) -> OverlapConfig:
     own ``${hydra:...}`` (the shipped ``overlap`` group never uses one: it only holds at run time).
     """
     if not isinstance(node, DictConfig):
-        raise TypeError(f"from_hydra expects an omegaconf DictConfig node, got {type(node).__name__}")
+        raise OverlapUsageError(f"from_hydra expects an omegaconf DictConfig node, got {type(node).__name__}")
     _refuse_whole_config(node)
     with searching_hydra():  # the user's own overlap/plan/<name>.yaml resolves by name too
         return load_config(node, root=full_key(node) or "overlap")
@@ -173,7 +173,7 @@ def config_data(src: Any, root: str, *, what: str = "config file", header: str =
     if isinstance(src, Mapping):
         measure_or_fault(src, root, None)
         return unwrap(src)[0]
-    raise TypeError(
+    raise OverlapUsageError(
         f"load_config expects an OverlapConfig, a mapping, a DictConfig, YAML text or a pathlib.Path; "
         f"got {type(src).__name__}"
     )

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from overlapcfg.errors import OverlapConfigError
+from overlapcfg.errors import OverlapConfigError, OverlapUsageError
 from overlapcfg.module_paths import WRAPPER_SEGMENTS, split_fqn, strip_wrappers
 
 __all__ = [
@@ -140,7 +140,7 @@ def compile_pattern(text: str, *, path: str = "") -> Pattern:
     ``TypeError`` for a non-string: that is API misuse, not bad config data (the schema checks types first).
     """
     if not isinstance(text, str):
-        raise TypeError(f"compile_pattern expects a str, got {type(text).__name__}: {text!r}")
+        raise OverlapUsageError(f"compile_pattern expects a str, got {type(text).__name__}: {text!r}")
     parsed = _parse(text)
     if isinstance(parsed, str):
         raise OverlapConfigError.single(path, f"bad pattern {text!r}: {parsed}")

@@ -24,7 +24,7 @@ from typing import Any
 
 from overlapcfg.compat.omegaconf import hydra_group_option, hydra_group_options
 from overlapcfg.config.yaml_files import read_yaml
-from overlapcfg.errors import natural_key
+from overlapcfg.errors import OverlapLookupError, OverlapStateError, OverlapUsageError, natural_key
 
 __all__ = ["command_conf_dir", "conf_dir", "load_preset", "preset_names", "searching_hydra"]
 
@@ -36,7 +36,7 @@ def _tree(name: str, marker: str) -> Path:
     for candidate in (package / name, package.parent / name):
         if (candidate / marker).exists():
             return candidate
-    raise FileNotFoundError(f"overlapcfg's config tree {name}/ is missing (looked in {package / name} and "
+    raise OverlapStateError(f"overlapcfg's config tree {name}/ is missing (looked in {package / name} and "
                             f"{package.parent / name}); the installation is broken")
 
 
@@ -84,8 +84,8 @@ def load_preset(group: str, name: str) -> dict[str, Any]:
         if found is not None:
             return found
     if name not in _shipped(group):
-        raise KeyError(name)
+        raise OverlapLookupError(name)
     data = read_yaml(conf_dir() / "overlap" / group / f"{name}.yaml", "", what="shipped preset") or {}
     if not isinstance(data, dict):
-        raise TypeError(f"preset overlap/{group}/{name}.yaml is not a mapping")
+        raise OverlapUsageError(f"preset overlap/{group}/{name}.yaml is not a mapping")
     return data

@@ -31,7 +31,7 @@ from overlapcfg.config.load import config_data, validate_config
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.config.safe_yaml import dump_yaml
 from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFits
-from overlapcfg.errors import OverlapConfigError, closest, natural_key
+from overlapcfg.errors import OverlapConfigError, OverlapUsageError, closest, natural_key
 
 __all__ = ["HardwareProfile", "PeakFlops", "hardware_home", "hardware_names", "load_hardware", "save_hardware",
            "shipped_hardware_names"]
@@ -172,8 +172,8 @@ def load_hardware(name: str | Path | HardwareProfile) -> HardwareProfile:
             raise OverlapConfigError.single(GROUP, f"no hardware profile file {str(path)!r}")
         return _read(path, path.stem)
     if not isinstance(name, str):
-        raise TypeError(f"load_hardware takes a profile name, a path or a HardwareProfile, got "
-                        f"{type(name).__name__}; validate a mapping with hardware_from(data)")
+        raise OverlapUsageError(f"load_hardware takes a profile name, a path or a HardwareProfile, got "
+                                f"{type(name).__name__}; validate a mapping with hardware_from(data)")
     if name in shipped_hardware_names():
         return _load(name)
     names = hardware_names()

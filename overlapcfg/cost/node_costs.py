@@ -24,6 +24,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.cost.price import iter_tensors, node_kind
+from overlapcfg.errors import OverlapConfigError
 
 __all__ = ["NODE_COSTS_SCHEMA", "MEASURABLE_KINDS", "NodeCosts", "node_signature"]
 
@@ -76,7 +77,8 @@ class NodeCosts:
         """Read what ``to_json`` wrote (``node_costs.json`` of ``overlapcfg mode=measure``)."""
         data = json.loads(text) if isinstance(text, str) else dict(text)
         if data.get("schema") != NODE_COSTS_SCHEMA:
-            raise ValueError(f"not overlapcfg node costs of schema {NODE_COSTS_SCHEMA!r} (got {data.get('schema')!r})")
+            raise OverlapConfigError(
+                f"not overlapcfg node costs of schema {NODE_COSTS_SCHEMA!r} (got {data.get('schema')!r})")
         graphs = {str(g): {str(n): (str(e["signature"]), float(e["seconds"])) for n, e in nodes.items()}
                   for g, nodes in data["graphs"].items()}
         return cls(source=str(data["source"]), graphs=graphs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from overlapcfg.capture.hsdp import HSDP_REDUCE_ORDERS, HsdpReduce
+from overlapcfg.errors import OverlapConfigError
 
 __all__ = ["HSDP_REDUCE_ORDERS", "MESH_DIMS", "HsdpReduce", "ParallelDims", "tensor_parallel_faults"]
 
@@ -35,12 +36,13 @@ class ParallelDims:
         for name in MESH_DIMS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ParallelDims.{name} must be an integer >= 1, got {value!r}")
+                raise OverlapConfigError(f"ParallelDims.{name} must be an integer >= 1, got {value!r}")
         if self.sequence_parallel and self.tp == 1:
-            raise ValueError("ParallelDims.sequence_parallel needs tp > 1 (it shards activations over the TP group)")
+            raise OverlapConfigError(
+                "ParallelDims.sequence_parallel needs tp > 1 (it shards activations over the TP group)")
         if self.hsdp_reduce not in HSDP_REDUCE_ORDERS:
-            raise ValueError(f"ParallelDims.hsdp_reduce must be one of {', '.join(HSDP_REDUCE_ORDERS)}, got "
-                             f"{self.hsdp_reduce!r}")
+            raise OverlapConfigError(f"ParallelDims.hsdp_reduce must be one of {', '.join(HSDP_REDUCE_ORDERS)}, got "
+                                     f"{self.hsdp_reduce!r}")
 
     @property
     def world_size(self) -> int:

@@ -24,16 +24,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from overlapcfg.errors import RankFailedError
+
 __all__ = ["RankFailedError", "run_on_gloo"]
 
 log = logging.getLogger(__name__)
 
 RankFn = Callable[..., Any]
 """``fn(rank, world_size, *args)``; must be importable by name (module level) since processes are spawned."""
-
-
-class RankFailedError(RuntimeError):
-    """A rank raised (message holds its traceback), or the run timed out."""
 
 
 @dataclass(frozen=True, slots=True)

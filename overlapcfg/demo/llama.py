@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from overlapcfg.errors import OverlapConfigError
+
 __all__ = [
     "LLAMA3_8B",
     "Attention",
@@ -42,11 +44,12 @@ class LlamaConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_hidden", "max_seq_len"):
             if getattr(self, name) < 1:
-                raise ValueError(f"LlamaConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise OverlapConfigError(f"LlamaConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.dim % self.n_heads:
-            raise ValueError(f"LlamaConfig.dim={self.dim} is not divisible by n_heads={self.n_heads}")
+            raise OverlapConfigError(f"LlamaConfig.dim={self.dim} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.kv_heads:
-            raise ValueError(f"LlamaConfig.n_heads={self.n_heads} is not divisible by n_kv_heads={self.kv_heads}")
+            raise OverlapConfigError(
+                f"LlamaConfig.n_heads={self.n_heads} is not divisible by n_kv_heads={self.kv_heads}")
 
     @property
     def head_dim(self) -> int:

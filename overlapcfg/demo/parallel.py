@@ -32,7 +32,7 @@ from torch.distributed.tensor.parallel import (
 
 from overlapcfg.capture.simple_fsdp import is_sharded, shard_module
 from overlapcfg.demo.dims import MESH_DIMS, ParallelDims, tensor_parallel_faults
-from overlapcfg.errors import Fault, OverlapConfigError
+from overlapcfg.errors import Fault, OverlapConfigError, OverlapStateError
 
 __all__ = ["DemoMesh", "ParallelDims", "apply_tensor_parallel", "build_mesh", "parallelize"]
 
@@ -67,10 +67,10 @@ class DemoMesh:
 def build_mesh(dims: ParallelDims, *, device_type: str = "cpu") -> DemoMesh:
     """The demo mesh for this rank, in the default process group (which must have ``dims.world_size`` ranks)."""
     if not dist.is_initialized():
-        raise RuntimeError("build_mesh: no default process group; open one first (e.g. compat.fake_process_group)")
+        raise OverlapStateError("build_mesh: no default process group; open one first (e.g. compat.fake_process_group)")
     if dist.get_world_size() != dims.world_size:
-        raise ValueError(f"build_mesh: the default group has {dist.get_world_size()} ranks, the mesh "
-                         f"{dims.describe()} needs {dims.world_size}")
+        raise OverlapConfigError(f"build_mesh: the default group has {dist.get_world_size()} ranks, the mesh "
+                                 f"{dims.describe()} needs {dims.world_size}")
     if dims.is_1d:
         return DemoMesh(dims, None, None, dist.get_rank(), None, None, dist.get_rank())
     mesh = init_device_mesh(device_type, (dims.dp_replicate, dims.dp_shard, dims.tp), mesh_dim_names=MESH_DIMS)
@@ -110,7 +110,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_par
     output projection is column-wise (vocabulary) and returns whole logits, so the loss is unchanged.
     """
     if is_sharded(model):
-        raise RuntimeError("apply_tensor_parallel: apply tensor parallel before SimpleFSDP (shard_module)")
+        raise OverlapStateError("apply_tensor_parallel: apply tensor parallel before SimpleFSDP (shard_module)")
     if sequence_parallel:
         parallelize_module(model, tp_mesh, {
             "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),

@@ -35,6 +35,7 @@ from overlapcfg.capture.trace import capture_step
 from overlapcfg.demo.dims import ParallelDims
 from overlapcfg.demo.llama import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.parallel import build_mesh, parallelize
+from overlapcfg.errors import OverlapConfigError, OverlapLookupError, OverlapUsageError
 from overlapcfg.graph.attribution import CollectiveOwner, module_fqn
 from overlapcfg.passes.backend import CapturedStep, GraphBackend, GraphName, GraphPass
 
@@ -77,7 +78,8 @@ class TracedStep(CapturedStep):
         """The process-group name the graphs use for mesh dimension ``dim`` (``dp_replicate``, ``dp_shard``, ``tp``)."""
         found = dict(self.mesh_groups)
         if dim not in found:
-            raise KeyError(f"TracedStep.group_of: no {dim!r} group in this trace; it has {', '.join(found) or 'none'}")
+            raise OverlapLookupError(
+                f"TracedStep.group_of: no {dim!r} group in this trace; it has {', '.join(found) or 'none'}")
         return found[dim]
 
     @contextlib.contextmanager
@@ -106,7 +108,7 @@ def compile_with_pass(model: nn.Module, fw_pass: GraphPass | None = None, bw_pas
     another backend would otherwise be reused or hit the recompile limit. Pass ``backend`` to inspect the graphs.
     """
     if backend is not None and (fw_pass is not None or bw_pass is not None):
-        raise TypeError("compile_with_pass: give the passes or a backend that holds them, not both")
+        raise OverlapUsageError("compile_with_pass: give the passes or a backend that holds them, not both")
     compat.dynamo_reset()
     backend = backend if backend is not None else StepBackend(fw_pass, bw_pass)
     return torch.compile(model, backend=backend, fullgraph=True)
@@ -163,14 +165,15 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
     config: LlamaConfig | None = model.config if isinstance(model, Llama) else None
     sharded = is_sharded(model)
     if sharded and (param_dtype is not None or reduce_dtype is not None):
-        raise TypeError("trace_train_step: the model is already sharded; give param_dtype/reduce_dtype to "
-                        "shard_module instead")
+        raise OverlapUsageError("trace_train_step: the model is already sharded; give param_dtype/reduce_dtype to "
+                                "shard_module instead")
     if sharded and not dims.is_1d:
-        raise TypeError("trace_train_step: a mesh (parallel=...) needs an unsharded model: its groups exist only in "
-                        "the process group this call opens")
+        raise OverlapUsageError(
+            "trace_train_step: a mesh (parallel=...) needs an unsharded model: its groups exist only in "
+            "the process group this call opens")
     if inputs is None:
         if config is None:
-            raise TypeError("trace_train_step: pass inputs=(tokens, targets) for a model that is not a Llama")
+            raise OverlapUsageError("trace_train_step: pass inputs=(tokens, targets) for a model that is not a Llama")
         inputs = demo_batch(config.vocab_size, batch=batch, seq_len=seq_len, seed=seed, device=device)
     tokens, targets = inputs
     start = time.perf_counter()
@@ -190,8 +193,9 @@ def _dims(world_size: int | None, parallel: ParallelDims | None) -> ParallelDims
     if parallel is None:
         return ParallelDims(dp_shard=2 if world_size is None else world_size)
     if world_size is not None and world_size != parallel.world_size:
-        raise ValueError(f"trace_train_step: world_size={world_size} contradicts parallel={parallel.describe()} "
-                         f"({parallel.world_size} ranks); give one of them")
+        raise OverlapConfigError(
+            f"trace_train_step: world_size={world_size} contradicts parallel={parallel.describe()} "
+            f"({parallel.world_size} ranks); give one of them")
     return parallel
 
 

@@ -22,7 +22,14 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from overlapcfg.config import OverlapConfig, OverlapPolicy
-from overlapcfg.errors import Fault, closest_first, did_you_mean
+from overlapcfg.errors import (
+    Fault,
+    OverlapConfigError,
+    OverlapStateError,
+    OverlapUsageError,
+    closest_first,
+    did_you_mean,
+)
 
 __all__ = ["NATIVE_REDUCE_SCATTER_DELAY", "check_config", "check_kwargs", "check_mesh", "check_unsharded",
            "ignored_settings", "shard_size"]
@@ -92,11 +99,13 @@ def check_kwargs(kwargs: Mapping[str, Any]) -> None:
     accepted = [name for name in inspect.signature(torch_fully_shard).parameters if name not in _RESERVED]
     for name in kwargs:
         if name in _RESERVED:
-            raise TypeError(f"overlapcfg.fully_shard: {name!r} is not a pass-through keyword; the model is the first "
-                            "argument and mesh= is overlapcfg.fully_shard's own keyword")
+            raise OverlapUsageError(
+                f"overlapcfg.fully_shard: {name!r} is not a pass-through keyword; the model is the first "
+                "argument and mesh= is overlapcfg.fully_shard's own keyword")
         if name not in accepted:
-            raise TypeError(f"overlapcfg.fully_shard got an unexpected keyword {name!r}{did_you_mean(name, accepted)};"
-                            f" torch.distributed.fsdp.fully_shard takes: {', '.join(closest_first(name, accepted))}")
+            raise OverlapUsageError(
+                f"overlapcfg.fully_shard got an unexpected keyword {name!r}{did_you_mean(name, accepted)};"
+                f" torch.distributed.fsdp.fully_shard takes: {', '.join(closest_first(name, accepted))}")
 
 
 def check_unsharded(model: nn.Module) -> None:
@@ -105,8 +114,9 @@ def check_unsharded(model: nn.Module) -> None:
     for name, module in model.named_modules():
         if isinstance(module, FSDPModule):
             where = f"module {name!r}" if name else "the model itself"
-            raise RuntimeError(f"overlapcfg.fully_shard: {where} is already sharded with FSDP2; pass the unsharded "
-                               "model (the driver calls torch's fully_shard on every bucket and on the root)")
+            raise OverlapStateError(
+                f"overlapcfg.fully_shard: {where} is already sharded with FSDP2; pass the unsharded "
+                "model (the driver calls torch's fully_shard on every bucket and on the root)")
 
 
 def check_mesh(mesh: object, kwargs: Mapping[str, Any]) -> None:
@@ -119,7 +129,7 @@ def check_mesh(mesh: object, kwargs: Mapping[str, Any]) -> None:
     if mesh is None:
         return
     if not isinstance(mesh, DeviceMesh):
-        raise TypeError(f"overlapcfg.fully_shard: mesh must be a DeviceMesh or None, got {type(mesh).__name__}")
+        raise OverlapUsageError(f"overlapcfg.fully_shard: mesh must be a DeviceMesh or None, got {type(mesh).__name__}")
     if kwargs.get("dp_mesh_dims") is not None:
         return  # torch checks the names against the mesh; shard_size reads them
     names = mesh.mesh_dim_names
@@ -129,12 +139,14 @@ def check_mesh(mesh: object, kwargs: Mapping[str, Any]) -> None:
         dp = [n for n in names or () if n.startswith("dp")]
         example = f'mesh["{dp[0]}"]' if len(dp) == 1 else (
             "mesh[" + ", ".join(f'"{n}"' for n in dp) + "]" if dp else 'mesh["dp"]')
-        raise ValueError(f"overlapcfg.fully_shard: mesh has {mesh.ndim} dims ({shape}); FSDP2 shards over a 1-D mesh "
-                         f"(FSDP) or a 2-D one (HSDP: replicate, shard). Pass the data-parallel sub-mesh ({example}), "
-                         "or the whole mesh with dp_mesh_dims=DataParallelMeshDims(shard=..., replicate=...)")
+        raise OverlapConfigError(
+            f"overlapcfg.fully_shard: mesh has {mesh.ndim} dims ({shape}); FSDP2 shards over a 1-D mesh "
+            f"(FSDP) or a 2-D one (HSDP: replicate, shard). Pass the data-parallel sub-mesh ({example}), "
+            "or the whole mesh with dp_mesh_dims=DataParallelMeshDims(shard=..., replicate=...)")
     if mesh.ndim == 2 and names is None:
-        raise ValueError(f"overlapcfg.fully_shard: a 2-D mesh ({shape}) is HSDP, and FSDP2 needs its dims named: "
-                         'init_device_mesh(..., mesh_dim_names=("replicate", "shard"))')
+        raise OverlapConfigError(
+            f"overlapcfg.fully_shard: a 2-D mesh ({shape}) is HSDP, and FSDP2 needs its dims named: "
+            'init_device_mesh(..., mesh_dim_names=("replicate", "shard"))')
 
 
 def shard_size(mesh: DeviceMesh | None, kwargs: Mapping[str, Any]) -> int | None:

@@ -214,8 +214,9 @@ def _check_default_reshard(value: object, shard_size: int | None) -> None:
     if value is None or isinstance(value, bool):
         return
     if not isinstance(value, int) or value < 1 or (shard_size is not None and shard_size % value):
-        raise ValueError(f"overlapcfg.fully_shard: reshard_after_forward={value!r} must be a bool or an integer "
-                         f"that divides the shard world size ({shard_size})")
+        raise OverlapConfigError(
+            f"overlapcfg.fully_shard: reshard_after_forward={value!r} must be a bool or an integer "
+            f"that divides the shard world size ({shard_size})")
 
 
 def _reshard(cfg: OverlapConfig, bucket: ResolvedBucket, kwargs: Mapping[str, Any], shard_size: int | None,

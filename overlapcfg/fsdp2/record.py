@@ -17,6 +17,7 @@ from torch import nn
 
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.depths import DEPTH_FIELDS
+from overlapcfg.errors import OverlapLookupError, OverlapUsageError
 from overlapcfg.fsdp2.checks import NATIVE_REDUCE_SCATTER_DELAY
 from overlapcfg.fsdp2.layout import LayoutBucket, ShardLayout, reshards
 from overlapcfg.fsdp2.tree import ParamInfo
@@ -75,7 +76,7 @@ class Fsdp2Record(RecordModel):
         for b in self.record.buckets:
             if b.name == name:
                 return b
-        raise KeyError(f"no bucket {name!r}; have {[b.name for b in self.record.buckets]}")
+        raise OverlapLookupError(f"no bucket {name!r}; have {[b.name for b in self.record.buckets]}")
 
 
 def explain(model: nn.Module) -> Fsdp2Record:
@@ -85,7 +86,7 @@ def explain(model: nn.Module) -> Fsdp2Record:
         record = vars(candidate).get(RECORD_ATTR) if candidate is not None else None
         if isinstance(record, Fsdp2Record):
             return record
-    raise TypeError(f"{type(model).__name__} was not sharded by overlapcfg.fully_shard: it carries no record")
+    raise OverlapUsageError(f"{type(model).__name__} was not sharded by overlapcfg.fully_shard: it carries no record")
 
 
 def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float) -> Fsdp2Record:

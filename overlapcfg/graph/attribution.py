@@ -30,6 +30,7 @@ from typing import TypeAlias
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.errors import AttributionError
 from overlapcfg.graph.gradients import partial_sum_root
 from overlapcfg.graph.meta import CollectiveOwner, owner, saved_view, set_owner
 from overlapcfg.graph.ops import collective_kind, wait_of
@@ -37,7 +38,6 @@ from overlapcfg.graph.parameters import placeholder_sources
 from overlapcfg.module_paths import clean_path, is_inside, parameter_owner, user_fqn
 
 __all__ = [
-    "AttributionError",
     "CollectiveOwner",
     "ModuleFqnFn",
     "annotate_owners",
@@ -50,11 +50,6 @@ __all__ = [
 
 ModuleFqnFn: TypeAlias = Callable[[fx.Node], "str | None"]
 """Maps a node to the FQN of the module it belongs to (``None``: unknown)."""
-
-class AttributionError(RuntimeError):
-    """Two pieces of evidence name different owners for one collective, or a collective names a parameter that the
-    model does not have. The message names the node and the candidates; nothing has been changed."""
-
 
 # --- evidence per node ------------------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.gradients import (
     ends_as_gradient,
     flows_to_outputs,
@@ -236,8 +237,9 @@ def find_collectives(
         vals = _tensors(start.meta.get("val"))
         if fsdp and not vals:
             # Sizes drive the byte cap and the report: guessing 0 bytes would silently disable the cap.
-            raise RuntimeError(f"overlapcfg.apply: FSDP collective {start.name} has no meta['val'] fake tensor; "
-                               "run the pass on a traced graph (aot_autograd or inductor post-grad) that has them")
+            raise UnsupportedGraphError(
+                f"overlapcfg.apply: FSDP collective {start.name} has no meta['val'] fake tensor; "
+                "run the pass on a traced graph (aot_autograd or inductor post-grad) that has them")
         dtype = vals[0].dtype if vals else torch.float32
         dirn: Direction = "backward" if role in ("fsdp_reduce_scatter", "hsdp_all_reduce") or kind == \
             "reduce_scatter" else (direction or node_direction(start))

@@ -31,6 +31,7 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.meta import saved_view, set_saved_view
 from overlapcfg.graph.ops import data_inputs, is_transparent
 
@@ -152,10 +153,11 @@ def state_input_names(graph: fx.Graph, state_fqns: list[str] | tuple[str, ...],
     its mesh), in order. What torchtitan's ``TracedResult`` records (``state_fqns``, ``input_subclass_layouts``).
     Buffers are named too; they are never gathered, so they never count."""
     if len(state_fqns) != len(flat_counts):
-        raise ValueError(f"state_fqns has {len(state_fqns)} entries but flat_counts {len(flat_counts)}")
+        raise OverlapConfigError(f"state_fqns has {len(state_fqns)} entries but flat_counts {len(flat_counts)}")
     placeholders = graph.find_nodes(op="placeholder")
     if sum(flat_counts) > len(placeholders):
-        raise ValueError(f"the state flattens to {sum(flat_counts)} inputs but the graph has {len(placeholders)}")
+        raise OverlapConfigError(
+            f"the state flattens to {sum(flat_counts)} inputs but the graph has {len(placeholders)}")
     names: dict[str, str] = {}
     position = 0
     for fqn, count in zip(state_fqns, flat_counts, strict=True):

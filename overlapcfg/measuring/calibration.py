@@ -35,7 +35,7 @@ from torch import fx
 from overlapcfg._version import __version__
 from overlapcfg.cost.calibration import Calibration, CollectiveFits, KernelSamples
 from overlapcfg.cost.hardware import HardwareProfile, PeakFlops, hardware_from, load_hardware, save_hardware
-from overlapcfg.errors import OverlapConfigError
+from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.collectives import (
     KINDS,
@@ -101,7 +101,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     Every rank of the default group must call it with the same arguments.
     """
     if not dist.is_initialized():
-        raise RuntimeError("calibrate: no process group; run under torchrun (or init_process_group) on every rank")
+        raise OverlapStateError("calibrate: no process group; run under torchrun (or init_process_group) on every rank")
     started = time.perf_counter()
     clock = Clock(device if device is not None else default_device())
     base_hw = load_hardware(base if base is not None else ("h100_nvlink" if clock.cuda else "cpu_gloo"))

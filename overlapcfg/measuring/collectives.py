@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from overlapcfg import compat
 from overlapcfg.cost.calibration import CollectiveFit, CollectiveFits, GroupSamples, KindSamples, LinkFits
+from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.fit import LinearFit, fit_nonnegative, ring_terms
 
@@ -69,7 +70,7 @@ class GroupTimings:
 def log_sizes(min_bytes: int, max_bytes: int, *, per_octave: int = 2, multiple: int = 1) -> list[int]:
     """Log-spaced byte counts from ``min_bytes`` to ``max_bytes``, each a multiple of ``multiple``, ascending."""
     if max_bytes < min_bytes:
-        raise ValueError(f"log_sizes: max_bytes {max_bytes} < min_bytes {min_bytes}")
+        raise OverlapConfigError(f"log_sizes: max_bytes {max_bytes} < min_bytes {min_bytes}")
     count = max(1, round(per_octave * math.log2(max_bytes / min_bytes))) + 1
     sizes = (min_bytes * (max_bytes / min_bytes) ** (i / max(count - 1, 1)) for i in range(count))
     return sorted({max(multiple, round(s / multiple) * multiple) for s in sizes})
@@ -103,7 +104,7 @@ def _functional(kind: str, full: torch.Tensor, group: dist.ProcessGroup) -> Call
         return lambda: compat.REDUCE_SCATTER_TENSOR(full, "sum", p, name)
     if kind == "all_reduce":
         return lambda: compat.ALL_REDUCE(full, "sum", name)
-    raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
+    raise OverlapConfigError(f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
 def _once(issue: Callable[[], torch.Tensor], clock: Clock, group: dist.ProcessGroup,
@@ -173,8 +174,8 @@ def _fit_kind(kind: str, groups: Sequence[GroupTimings], *, measured_issue: bool
     latency, inverse_bw = link.coefficients
     if inverse_bw <= 0:
         largest = max(max(k.sizes) for g in groups for k in g.kinds if k.kind == kind)
-        raise ValueError(f"calibrate: {kind} times do not grow with size over {len(seconds)} timings up to "
-                         f"{largest} bytes; raise the largest size (calibrate.max_bytes)")
+        raise OverlapConfigError(f"calibrate: {kind} times do not grow with size over {len(seconds)} timings up to "
+                                 f"{largest} bytes; raise the largest size (calibrate.max_bytes)")
     issue = fit_nonnegative(issue_rows, issue_seconds) if measured_issue else LinearFit((0.0, 0.0), 0.0, 0)
     fit = CollectiveFit(latency=latency, bandwidth=1.0 / inverse_bw, issue_latency=issue.coefficients[0],
                         issue_bandwidth=1.0 / issue.coefficients[1] if issue.coefficients[1] > 0 else None)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from overlapcfg.errors import OverlapConfigError
+
 __all__ = ["LinearFit", "fit_line", "fit_nonnegative", "ring_terms"]
 
 
@@ -40,10 +42,11 @@ def fit_nonnegative(design: Sequence[Sequence[float]], seconds: Sequence[float])
     a = np.asarray(design, dtype=np.float64)
     t = np.asarray(seconds, dtype=np.float64)
     if a.ndim != 2 or a.shape[0] != t.shape[0] or a.shape[0] < a.shape[1]:
-        raise ValueError(f"fit: {t.shape[0]} timings for {a.shape[1] if a.ndim == 2 else '?'} unknowns; need at "
-                         "least as many timings as unknowns (raise the time budget)")
+        raise OverlapConfigError(
+            f"fit: {t.shape[0]} timings for {a.shape[1] if a.ndim == 2 else '?'} unknowns; need at "
+            "least as many timings as unknowns (raise the time budget)")
     if np.any(t <= 0) or not np.all(np.isfinite(t)):
-        raise ValueError("fit: timings must be positive and finite")
+        raise OverlapConfigError("fit: timings must be positive and finite")
     weighted, ones = a / t[:, None], np.ones_like(t)
     free = list(range(a.shape[1]))
     coef = np.zeros(a.shape[1])

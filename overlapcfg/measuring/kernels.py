@@ -24,6 +24,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.cost.calibration import KernelSamples
+from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collectives import log_sizes
 from overlapcfg.measuring.fit import fit_line
@@ -129,8 +130,8 @@ def memory_samples(sizes: Sequence[int], seconds: Sequence[float]) -> KernelSamp
     fit = fit_line(sizes, seconds)
     overhead, per_byte = fit.coefficients
     if per_byte <= 0:
-        raise ValueError(f"calibrate: elementwise kernel times do not grow with size up to {max(sizes)} bytes; "
-                         "raise the largest size")
+        raise OverlapConfigError(f"calibrate: elementwise kernel times do not grow with size up to {max(sizes)} bytes; "
+                                 "raise the largest size")
     return KernelSamples(what="memory (a + b, float32)", shapes=tuple(f"{n} B" for n in sizes),
                          work=tuple(float(n) for n in sizes), seconds=tuple(seconds), rate=1.0 / per_byte,
                          overhead=overhead, residual=fit.residual)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.prediction import CostSource
+from overlapcfg.errors import OverlapConfigError, OverlapLookupError
 
 __all__ = ["MEASURE_SCHEMA", "Measurement", "MeasuredCollective", "MeasuredConfig"]
 
@@ -118,7 +119,7 @@ class Measurement(_Data):
         for c in self.configs:
             if c.name == name:
                 return c
-        raise KeyError(f"no config {name!r}; have {[c.name for c in self.configs]}")
+        raise OverlapLookupError(f"no config {name!r}; have {[c.name for c in self.configs]}")
 
     def median_abs_error(self, *, profiled: bool = False) -> float | None:
         """Median over configs of ``|predicted - measured| / measured``."""
@@ -154,7 +155,7 @@ class Measurement(_Data):
         """Read ``measure.json`` back (the derived fields ``to_dict`` adds are dropped)."""
         data = json.loads(text) if isinstance(text, str) else dict(text)
         if data.pop("schema", None) != MEASURE_SCHEMA:
-            raise ValueError(f"not an overlapcfg measurement of schema {MEASURE_SCHEMA!r}")
+            raise OverlapConfigError(f"not an overlapcfg measurement of schema {MEASURE_SCHEMA!r}")
         data.pop("summary", None)
         derived = ("error", "profiled_error", "predicted_rank", "predicted_profiled_rank", "measured_rank")
         data["configs"] = [{k: v for k, v in row.items() if k not in derived} for row in data["configs"]]

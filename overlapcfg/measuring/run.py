@@ -41,6 +41,7 @@ from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.prediction import Simulation
 from overlapcfg.cost.price import collective_bytes
 from overlapcfg.cost.simulator import simulate
+from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.graph.ops import collective_kind, is_collective_start
 from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.result import MeasuredCollective, MeasuredConfig, Measurement
@@ -97,15 +98,15 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
     Call on every rank, with the same arguments.
     """
     if not dist.is_initialized():
-        raise RuntimeError("measure: no process group; run under torchrun (or init_process_group) on every rank")
+        raise OverlapStateError("measure: no process group; run under torchrun (or init_process_group) on every rank")
     if steps < 1 or warmup < 1 or profiled_steps < 1:
-        raise ValueError("measure: warmup, steps and profiled_steps must each be at least 1 (warmup compiles)")
+        raise OverlapConfigError("measure: warmup, steps and profiled_steps must each be at least 1 (warmup compiles)")
     started = time.perf_counter()
     hw = load_hardware(hardware)
     loaded = {str(name): load_config(cfg if isinstance(cfg, OverlapConfig) else dict(cfg),
                                      root=f"{config_root}.{name}") for name, cfg in configs.items()}
     if not loaded:
-        raise ValueError("measure: no configs to measure")
+        raise OverlapConfigError("measure: no configs to measure")
     reference = _reference(loaded, node_costs, config_root)
     clock = Clock(device if device is not None else default_device())
     given = {str(name): cfg for name, cfg in configs.items()}
@@ -178,7 +179,7 @@ def _reference(loaded: Mapping[str, OverlapConfig], node_costs: bool | str, root
         return None
     if isinstance(node_costs, str):
         if node_costs not in loaded:
-            raise ValueError(f"measure: node_costs={node_costs!r} names no config; have {', '.join(loaded)}")
+            raise OverlapConfigError(f"measure: node_costs={node_costs!r} names no config; have {', '.join(loaded)}")
         return node_costs
     return next((n for n, c in loaded.items() if c.strategy == "none"), next(iter(loaded)))
 
@@ -203,8 +204,9 @@ def _prepare(make_step: StepFactory, name: str, cfg: OverlapConfig, clock: Clock
     for _ in range(warmup):
         step()
     if set(built.graphs) != set(GRAPHS):
-        raise RuntimeError(f"measure: the step compiled {sorted(built.graphs) or 'no graphs'} through the backend, "
-                           "expected one forward and one backward graph (one compiled region, fullgraph=True)")
+        raise OverlapStateError(
+            f"measure: the step compiled {sorted(built.graphs) or 'no graphs'} through the backend, "
+            "expected one forward and one backward graph (one compiled region, fullgraph=True)")
     return _Prepared(name, step, recorder, built.graphs)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from overlapcfg.errors import OverlapStateError
 from overlapcfg.measuring.runner import REGION
 
 __all__ = ["StepTrace", "read_trace", "uncovered_seconds"]
@@ -66,8 +67,8 @@ def read_trace(events: Sequence[object], *, steps: int, cuda: bool) -> StepTrace
     regions = sorted((e for e in events if e.name.startswith(REGION)),  # type: ignore[attr-defined]
                      key=lambda e: _span(e)[0])
     if not regions:
-        raise RuntimeError("measure: the profiler saw no overlapcfg graph ranges: did the step run the compiled "
-                           "model built with the backend it was given?")
+        raise OverlapStateError("measure: the profiler saw no overlapcfg graph ranges: did the step run the compiled "
+                                "model built with the backend it was given?")
     per_step = max(1, len(regions) // steps)
     if cuda:
         return _read_cuda(events, regions, steps, per_step)

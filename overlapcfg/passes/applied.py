@@ -27,7 +27,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
-from overlapcfg.errors import UnsupportedGraphError
+from overlapcfg.errors import OverlapLookupError, OverlapUsageError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn
 from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.graph.meta import pass_record
@@ -70,7 +70,7 @@ class AppliedStep:
         for applied in self.graphs:
             if applied.name == name:
                 return applied
-        raise KeyError(f"no {name!r} graph; have {', '.join(a.name for a in self.graphs)}")
+        raise OverlapLookupError(f"no {name!r} graph; have {', '.join(a.name for a in self.graphs)}")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -115,8 +115,9 @@ def _name(record: PassRecord) -> str:
 def _record(gm: fx.GraphModule) -> PassRecord:
     rec = pass_record(gm)
     if rec is None:
-        raise TypeError("this graph module has no overlapcfg pass record; run overlapcfg.apply on it first, or pass "
-                        "the CapturedStep")
+        raise OverlapUsageError(
+            "this graph module has no overlapcfg pass record; run overlapcfg.apply on it first, or pass "
+            "the CapturedStep")
     return rec
 
 

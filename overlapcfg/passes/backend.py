@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch import fx, nn
 
 from overlapcfg import compat
+from overlapcfg.errors import AttributionError, OverlapStateError, OverlapUsageError
 from overlapcfg.graph.attribution import (
-    AttributionError,
     CollectiveOwner,
     annotate_owners,
     dynamo_parameter_inputs,
@@ -137,7 +137,7 @@ class GraphBackend:
             if graph_pass is not None:
                 gm = graph_pass(gm)
                 if not isinstance(gm, fx.GraphModule):
-                    raise TypeError(f"{name} pass returned {type(gm).__name__}, expected a GraphModule")
+                    raise OverlapUsageError(f"{name} pass returned {type(gm).__name__}, expected a GraphModule")
             self.graphs[name] = gm
             return compiler(gm, example_inputs)
 
@@ -152,10 +152,11 @@ class GraphBackend:
             why = (f"{self.regions} regions were compiled (graph breaks or recompiles); a step is one region: compile "
                    "with fullgraph=True and one input shape" if self.regions > 1 else
                    f"no {' or '.join(missing)} graph was compiled yet: run one forward and backward first")
-            raise RuntimeError(f"GraphBackend.step: {why}")
+            raise OverlapStateError(f"GraphBackend.step: {why}")
         if self.world is None:
-            raise RuntimeError("GraphBackend.step: no process group existed when the step was compiled, so it has no "
-                               "FSDP collectives to bucket")
+            raise OverlapStateError(
+                "GraphBackend.step: no process group existed when the step was compiled, so it has no "
+                "FSDP collectives to bucket")
         collectives = self.collectives["forward"] + self.collectives["backward"]
         attributed = dict.fromkeys(c.param_fqn for c in collectives)
         facts = ModelFacts.of(self.model) if self.model is not None else None

@@ -24,6 +24,7 @@ from overlapcfg import compat
 from overlapcfg._version import __version__
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.load import ConfigSource
+from overlapcfg.errors import OverlapUsageError
 from overlapcfg.module_paths import ModelFacts
 from overlapcfg.passes.backend import GraphBackend, GraphCompiler, GraphName
 from overlapcfg.passes.pipeline import apply
@@ -102,7 +103,7 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
     """
     loaded = load_config(cfg, root=config_root) if config_root else load_config(cfg)
     if compiler not in ("eager", "inductor"):
-        raise TypeError(f"backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
+        raise OverlapUsageError(f"backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
     if model is not None:
         check_plan_fits(loaded, model, config_root=config_root)
     lowered = compiler == "inductor"
@@ -160,7 +161,7 @@ class OverlapGraphPass(compat.CustomGraphPass):
     def __call__(self, graph: fx.Graph) -> None:
         gm = graph.owning_module
         if not isinstance(gm, fx.GraphModule):
-            raise TypeError("inductor_pass: the post-grad graph has no owning GraphModule")
+            raise OverlapUsageError("inductor_pass: the post-grad graph has no owning GraphModule")
         # Inductor's post-grad passes end with ``gm.recompile()``: regenerating the code here too would be paid twice.
         apply(gm, self.cfg, graph_kind="auto", for_compiler=True, recompile=False)
 

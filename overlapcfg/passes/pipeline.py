@@ -27,7 +27,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
-from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
+from overlapcfg.errors import Fault, OverlapConfigError, OverlapUsageError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn
 from overlapcfg.graph.collectives import Collective, count_collectives, find_collectives, group_traffic
 from overlapcfg.graph.merge import MergedCollective, attribute, fold_repeated_waits
@@ -140,8 +140,8 @@ def apply(
     A graph left as it was (failure, nothing to do) needs no new code either way.
     """
     if not isinstance(cfg, OverlapConfig):
-        raise TypeError(f"apply takes a validated OverlapConfig, got {type(cfg).__name__}; build one with "
-                        "overlapcfg.load_config(...) (it reads dicts, YAML text, files and Hydra nodes)")
+        raise OverlapUsageError(f"apply takes a validated OverlapConfig, got {type(cfg).__name__}; build one with "
+                                "overlapcfg.load_config(...) (it reads dicts, YAML text, files and Hydra nodes)")
     started = time.perf_counter()
     config_root = config_root or cfg.config_root
     if strict is not None and strict != cfg.strict:

@@ -18,6 +18,7 @@ from overlapcfg.config.load import validate_value
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.simulator import GroupPlacement, simulate
+from overlapcfg.errors import OverlapUsageError
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.explain import GRAPHS, explain, node_labels
 from overlapcfg.report.labels import fmt_bytes
@@ -52,7 +53,7 @@ def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, A
     if world_size is not None:  # before the configs are applied, not after
         validate_value(RankCount, world_size, path="world_size")
     if names is not None and len(names) != len(loaded):
-        raise TypeError(f"compare: {len(names)} names for {len(loaded)} configs")
+        raise OverlapUsageError(f"compare: {len(names)} names for {len(loaded)} configs")
     labels = list(names) if names is not None else [default_name(c) for c in loaded]
     seen: dict[str, int] = {}
     for i, label in enumerate(labels):  # keep names unique: they key the timeline's processes

@@ -23,6 +23,7 @@ from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.price import node_kind
 from overlapcfg.cost.simulator import GroupPlacement, simulate, traced_group_size
+from overlapcfg.errors import OverlapUsageError
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.graph.meta import merged_mark, pass_record
@@ -203,10 +204,10 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
     """
     if isinstance(step, AppliedStep):
         if cfg is not None:
-            raise TypeError("explain: an AppliedStep carries the config it was applied with; pass no cfg")
+            raise OverlapUsageError("explain: an AppliedStep carries the config it was applied with; pass no cfg")
         config = step.config
     elif cfg is None:
-        raise TypeError("explain: pass the config to apply (cfg=...)")
+        raise OverlapUsageError("explain: pass the config to apply (cfg=...)")
     else:
         config = load_config(cfg)
     if world_size is not None:  # 0 is a fault, not "the trace's size"
@@ -215,13 +216,14 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
         return _report(step, hardware=hardware, world_size=world_size, groups=groups, node_costs=node_costs)
     if is_fsdp2_model(step):
         if hardware is not None:
-            raise TypeError("explain: no prediction for eager FSDP2 (the cost model replays graphs); pass no hardware")
+            raise OverlapUsageError(
+                "explain: no prediction for eager FSDP2 (the cost model replays graphs); pass no hardware")
         return fsdp2_report(step, config)  # type: ignore[arg-type]
     if isinstance(step, fx.GraphModule):
         # The traced group size is written into every collective; a bare graph has no CapturedStep to ask.
         found = traced_group_size(step)
         if found is None and world_size is None:
-            raise TypeError("explain: this graph has no collective that names its group size; pass world_size=")
+            raise OverlapUsageError("explain: this graph has no collective that names its group size; pass world_size=")
         trace_ws = found or world_size or 1
         done = pass_record(step) is not None
         applied = applied_graph(step, config, world_size=trace_ws) if done else \

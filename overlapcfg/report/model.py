@@ -20,6 +20,7 @@ from pydantic import PrivateAttr
 from torch import fx
 
 from overlapcfg.cost.prediction import Simulation
+from overlapcfg.errors import OverlapConfigError, OverlapLookupError
 from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
 from overlapcfg.report.labels import fmt_seconds
 from overlapcfg.resolve.records import RecordModel
@@ -106,7 +107,7 @@ class Report(RecordModel):
         for g in self.graphs:
             if g.name == name:
                 return g
-        raise KeyError(f"no graph {name!r} in this report; have {[g.name for g in self.graphs]}")
+        raise OverlapLookupError(f"no graph {name!r} in this report; have {[g.name for g in self.graphs]}")
 
     def group_label(self, group: str) -> str:
         """``dp_shard (group 3)`` where the mesh names ``group``, else ``group 3``."""
@@ -117,7 +118,7 @@ class Report(RecordModel):
         for b in self.buckets:
             if b.name == name:
                 return b
-        raise KeyError(f"no bucket {name!r}; have {[b.name for b in self.buckets]}")
+        raise OverlapLookupError(f"no bucket {name!r}; have {[b.name for b in self.buckets]}")
 
     def __eq__(self, other: object) -> bool:  # the graph modules are attachments, not data
         return isinstance(other, Report) and self.model_dump() == other.model_dump()
@@ -137,7 +138,7 @@ class Report(RecordModel):
         data = json.loads(text) if isinstance(text, str) else dict(text)
         schema = data.pop("schema", None)
         if schema != SCHEMA:
-            raise ValueError(f"not an overlapcfg report of schema {SCHEMA!r} (got schema {schema!r})")
+            raise OverlapConfigError(f"not an overlapcfg report of schema {SCHEMA!r} (got schema {schema!r})")
         return cls.model_validate({"schema_": schema, **data})
 
     def attach(self, forward: fx.GraphModule | None, backward: fx.GraphModule | None) -> Report:
@@ -199,7 +200,7 @@ class Comparison:
         for r in self.rows:
             if r.name == name:
                 return r
-        raise KeyError(f"no row {name!r}; have {[r.name for r in self.rows]}")
+        raise OverlapLookupError(f"no row {name!r}; have {[r.name for r in self.rows]}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": COMPARE_SCHEMA, "hardware": self.hardware, "world_size": self.world_size,

@@ -40,7 +40,7 @@ from typing import TypeAlias
 from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED, Depths
 from overlapcfg.config.module_index import ModuleIndex
 from overlapcfg.config.plan import Bucket, BucketPlan, ModuleOverride
-from overlapcfg.errors import Fault, OverlapConfigError
+from overlapcfg.errors import Fault, OverlapConfigError, OverlapUsageError
 from overlapcfg.module_paths import ancestors, normalize_fqns
 from overlapcfg.resolve.matcher import Matcher, outermost, show
 from overlapcfg.resolve.names import bucket_name, unique_names
@@ -78,7 +78,7 @@ def resolve_plan(
     ``path`` / ``overrides_path`` prefix fault paths so they point where the user wrote the plan.
     """
     if plan.require_full_coverage and owners is None:
-        raise TypeError("resolve_plan: the plan sets require_full_coverage, so pass owners=[...] to check it")
+        raise OverlapUsageError("resolve_plan: the plan sets require_full_coverage, so pass owners=[...] to check it")
     fqns = normalize_fqns(module_fqns)
     texts = [entry_text(e) for e in plan.buckets]
     faults: list[Fault] = []

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from pydantic import BaseModel, ConfigDict
 
 from overlapcfg.config.depths import DEPTH_FIELDS, ResolvedDepths
-from overlapcfg.errors import closest
+from overlapcfg.errors import OverlapLookupError, closest
 from overlapcfg.module_paths import ancestors, strip_wrappers
 from overlapcfg.resolve.matcher import show
 
@@ -52,7 +52,7 @@ class ResolvedBucket(ResolvedDepths, _Placed):
         for key, source in self.origins:
             if key == name:
                 return source
-        raise KeyError(f"{name!r} is not a depth field; expected one of {', '.join(DEPTH_FIELDS)}")
+        raise OverlapLookupError(f"{name!r} is not a depth field; expected one of {', '.join(DEPTH_FIELDS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ class ResolvedPlan:
             if bucket.name == name:
                 return bucket
         hint = show(closest(name, [b.name for b in self.buckets])) or "none close"
-        raise KeyError(f"no bucket named {name!r} (closest: {hint})")
+        raise OverlapLookupError(f"no bucket named {name!r} (closest: {hint})")
 
     def module_lists(self) -> list[list[str]]:
         """The plan as torch's ``manual_overlap_bucketing`` takes it: one list of FQNs per bucket."""

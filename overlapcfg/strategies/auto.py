@@ -6,6 +6,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.policy import AutoPolicy
+from overlapcfg.errors import OverlapUsageError
 from overlapcfg.strategies.base import PassContext, StrategyResult
 
 __all__ = ["run"]
@@ -16,7 +17,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
     torch's ``RuntimeError`` (``collective_bucketing`` on an HSDP backward that reduce-scatters first makes them):
     they only guide overlap, the record says how many were dropped, and ``apply`` verifies the result."""
     if not isinstance(ctx.policy, AutoPolicy):
-        raise TypeError(f"auto: expected an AutoPolicy, got {type(ctx.policy).__name__}")
+        raise OverlapUsageError(f"auto: expected an AutoPolicy, got {type(ctx.policy).__name__}")
     with compat.no_triton_runtime_estimates(), compat.dropped_cyclic_overlap_deps() as dropped:
         compat.schedule_overlap_bucketing(gm, **ctx.policy.model_dump())
     notes = tuple(f"auto: torch's scheduler made ordering hints that form a cycle and they were dropped (overlap "

@@ -16,6 +16,7 @@ from torch import fx
 
 from overlapcfg.config.contracts import StrategyContract
 from overlapcfg.config.policy import PolicyBase
+from overlapcfg.errors import OverlapLookupError
 from overlapcfg.graph.attribution import ModuleFqnFn
 from overlapcfg.graph.collectives import Collective
 from overlapcfg.graph.merge import MergedCollective
@@ -64,8 +65,9 @@ class Strategy:
 
     def __post_init__(self) -> None:
         if self.contract.run is None:
-            raise LookupError(f"strategy {self.contract.name!r} ({self.contract.origin}) has no graph call attached; "
-                              "register it with overlapcfg.register_strategy")
+            raise OverlapLookupError(
+                f"strategy {self.contract.name!r} ({self.contract.origin}) has no graph call attached; "
+                "register it with overlapcfg.register_strategy")
 
     @property
     def run(self) -> StrategyFn:

@@ -6,6 +6,7 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.policy import OverlapPolicy
+from overlapcfg.errors import OverlapUsageError
 from overlapcfg.graph.merge import merge_buckets
 from overlapcfg.graph.schedule import schedule_manual
 from overlapcfg.strategies.base import PassContext, StrategyResult
@@ -16,7 +17,7 @@ __all__ = ["run"]
 def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
     policy = ctx.policy
     if not isinstance(policy, OverlapPolicy):  # the contract validates it; a direct caller may not have
-        raise TypeError(f"manual: expected an OverlapPolicy, got {type(policy).__name__}")
+        raise OverlapUsageError(f"manual: expected an OverlapPolicy, got {type(policy).__name__}")
     merged = merge_buckets(gm, ctx.covered, ctx.plan, policy.bucket_mode, fresh_fake_values=ctx.fresh_fake_values)
     result = schedule_manual(gm, ctx.plan, merged, policy.max_inflight_bytes, policy.issue_order)
     if policy.insert_overlap_deps and result.overlap_deps:

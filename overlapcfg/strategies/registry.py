@@ -13,6 +13,7 @@ from collections.abc import Callable
 from overlapcfg.config import contracts
 from overlapcfg.config.contracts import ENTRY_POINT_GROUP, StrategyContract
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
+from overlapcfg.errors import OverlapUsageError
 from overlapcfg.strategies import auto, identity, manual, torch_manual
 from overlapcfg.strategies.base import Strategy, StrategyFn
 
@@ -28,7 +29,7 @@ def register_strategy(name: str, *, policy: type[PolicyBase] = OverlapPolicy, us
     ... def run(gm, ctx): ...
     """
     if not isinstance(policy, type) or not issubclass(policy, PolicyBase):
-        raise TypeError(f"register_strategy({name!r}): policy must be a PolicyBase subclass, got {policy!r}")
+        raise OverlapUsageError(f"register_strategy({name!r}): policy must be a PolicyBase subclass, got {policy!r}")
 
     def decorator(run: StrategyFn) -> StrategyFn:
         source = origin or getattr(run, "__module__", None) or "unknown"

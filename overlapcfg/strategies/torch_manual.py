@@ -11,6 +11,7 @@ from torch import fx, nn
 
 from overlapcfg import compat
 from overlapcfg.config.policy import TorchManualPolicy
+from overlapcfg.errors import OverlapUsageError
 from overlapcfg.strategies.base import PassContext, StrategyResult
 
 __all__ = ["run"]
@@ -19,7 +20,7 @@ __all__ = ["run"]
 def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
     policy = ctx.policy
     if not isinstance(policy, TorchManualPolicy):
-        raise TypeError(f"torch_manual: expected a TorchManualPolicy, got {type(policy).__name__}")
+        raise OverlapUsageError(f"torch_manual: expected a TorchManualPolicy, got {type(policy).__name__}")
 
     def module_stack(node: fx.Node) -> list[tuple[str, type]]:
         fqn = ctx.module_fqn_fn(node)

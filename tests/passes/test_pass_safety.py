@@ -169,7 +169,7 @@ def test_the_backend_checks_attribution_against_the_model_it_is_given() -> None:
     from overlapcfg.capture import shard_module
     from overlapcfg.demo import Llama, LlamaConfig
     from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
-    from overlapcfg.graph.attribution import AttributionError
+    from overlapcfg.errors import AttributionError
     from overlapcfg.passes.compile import backend
 
     cfg = LlamaConfig(n_layers=1, dim=32, n_heads=2, ffn_hidden=64, vocab_size=64)

@@ -24,6 +24,7 @@ from typing import Any
 
 from torchtitan.experiments.graph_trainer import registry as _registry
 
+from overlapcfg.errors import OverlapStateError
 from overlapcfg.integrations.torchtitan.pipeline import (
     PASS_NAME,
     PIPELINE_NAME,
@@ -41,8 +42,8 @@ def _register(table: MutableMapping[str, Callable[..., Any]], decorator: Callabl
               fn: Callable[..., Any], what: str) -> None:
     existing = table.get(PIPELINE_NAME)
     if existing is not None and _origin(existing) != _origin(fn):
-        raise RuntimeError(f"torchtitan {what} {PIPELINE_NAME!r} is already registered by {_origin(existing)}; "
-                           f"overlapcfg would replace it with {_origin(fn)}")
+        raise OverlapStateError(f"torchtitan {what} {PIPELINE_NAME!r} is already registered by {_origin(existing)}; "
+                                f"overlapcfg would replace it with {_origin(fn)}")
     decorator(PIPELINE_NAME)(fn)
 
 

@@ -49,7 +49,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.load import ConfigSource
-from overlapcfg.errors import Fault, OverlapConfigError
+from overlapcfg.errors import Fault, OverlapConfigError, OverlapStateError
 from overlapcfg.fsdp2 import fully_shard, plan_layout
 from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config
 from overlapcfg.integrations.trainer_checks import raise_faults, version_fault
@@ -105,8 +105,8 @@ def parallelize_fn(base: ParallelizeFn, cfg: ConfigSource | None = None) -> Para
         with _replaced(step_owner, functools.partial(_apply_fsdp, cfg=chosen, calls=calls)):
             out = base(model, parallel_dims=parallel_dims, parallelism=parallelism, **kwargs)
         if len(calls) != 1:
-            raise RuntimeError(f"overlapcfg: {_name(base)} called {FSDP_STEP} {len(calls)} times, expected once; "
-                               "the model is not sharded as the overlap config says")
+            raise OverlapStateError(f"overlapcfg: {_name(base)} called {FSDP_STEP} {len(calls)} times, expected once; "
+                                    "the model is not sharded as the overlap config says")
         return out
 
     return parallelize
@@ -160,8 +160,8 @@ def _check_plan(model: nn.Module, cfg: OverlapConfig, parallelism: Any, where: s
         plan_layout(model, cfg, shard_size=None, kwargs={}, root=cfg.config_root)
     except OverlapConfigError as err:
         raise OverlapConfigError(err.faults, header=f"{HEADER}: {where} does not fit the model "
-                                                    f"(fsdp_reshard_after_forward="
-                                                    f"{parallelism.fsdp_reshard_after_forward})") from None
+                                 f"(fsdp_reshard_after_forward="
+                                 f"{parallelism.fsdp_reshard_after_forward})") from None
 
 
 def _apply_fsdp(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, reduce_dtype: torch.dtype,

@@ -70,7 +70,8 @@ def find_config(module_bucket_plans: ModuleBucketPlans | Mapping[str, Any],
     path = Path(value).expanduser()
     if not path.exists():
         near = did_you_mean(value, policies)
-        raise OverlapConfigError([Fault(ENV_VAR, (
+        raise OverlapConfigError(
+            [Fault(ENV_VAR, (
             f"{value!r} is neither a policy preset{near} nor an existing file (looked for {str(path.absolute())!r}); "
             f"policy presets: {', '.join(closest_first(value, policies))}; a whole config goes in a YAML file"))],
             header="invalid overlap config")
