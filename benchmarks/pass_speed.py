@@ -49,14 +49,15 @@ from rich.table import Table
 from overlapcfg import compat, load_config
 from overlapcfg.config import OverlapConfig
 from overlapcfg.demo import LlamaConfig
-from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
+from overlapcfg.demo.tracing import TracedStep, trace_train_step
 from overlapcfg.graph.stamp import forget_traces
 from overlapcfg.graph.summary import summarize as summarize_graph
 from overlapcfg.graph.verify import verify
+from overlapcfg.kinds import Direction
 from overlapcfg.passes import apply
 
 RESULTS = Path(__file__).resolve().parent / "results"
-GRAPHS: tuple[GraphName, ...] = ("forward", "backward")
+GRAPHS: tuple[Direction, ...] = ("forward", "backward")
 POLICY = {"forward_prefetch": 1, "backward_prefetch": 1, "reduce_scatter_delay": 1}
 UPSTREAM = load_config({"strategy": "torch_manual", "plan": "llama_layers", "policy": POLICY})
 CONFIGS = {
@@ -78,7 +79,7 @@ def trace(layers: int) -> TracedStep:
                             batch=1, seq_len=8)
 
 
-def _upstream(step: TracedStep, graph: GraphName) -> Any:
+def _upstream(step: TracedStep, graph: Direction) -> Any:
     """The bare upstream call on a copy, with the plan resolved beforehand (returns a zero-argument callable)."""
     from torch import nn
 
@@ -101,8 +102,8 @@ def _upstream(step: TracedStep, graph: GraphName) -> Any:
     return call
 
 
-def run_pass(step: TracedStep, graph: GraphName, cfg: OverlapConfig,
-             after: GraphName | None = None, as_hook: bool = False) -> tuple[float, float]:
+def run_pass(step: TracedStep, graph: Direction, cfg: OverlapConfig,
+             after: Direction | None = None, as_hook: bool = False) -> tuple[float, float]:
     """Seconds ``apply`` takes on a fresh copy (the copy is not timed), and seconds one more ``gm.recompile()`` of
     its output takes: the Python codegen and ``compile`` every pass ends with (ours and upstream's alike), timed on
     the graph the pass produced, so that the pass's own work can be told from the codegen both pay. ``as_hook``:
@@ -135,14 +136,14 @@ def run_pass(step: TracedStep, graph: GraphName, cfg: OverlapConfig,
         gc.enable()
 
 
-def median_ms(step: TracedStep, graph: GraphName, cfg: OverlapConfig, repeats: int,
+def median_ms(step: TracedStep, graph: Direction, cfg: OverlapConfig, repeats: int,
               as_hook: bool = False) -> tuple[float, float]:
     """Median ms of the pass and of the codegen of its output (``run_pass``)."""
     runs = [run_pass(step, graph, cfg, as_hook=as_hook) for _ in range(repeats)]
     return 1e3 * statistics.median(r[0] for r in runs), 1e3 * statistics.median(r[1] for r in runs)
 
 
-def verify_ms(step: TracedStep, graph: GraphName, repeats: int) -> tuple[float, float]:
+def verify_ms(step: TracedStep, graph: Direction, repeats: int) -> tuple[float, float]:
     """Median ms of ``summarize(before)`` and of ``verify(summary, after)`` on our pass's output (built untimed)."""
     before = step.graph(graph)
     after = apply(copy.deepcopy(before), CONFIGS["no_verify"], module_fqn_fn=step.module_fqn_fn(graph),
@@ -218,7 +219,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def profile(step: TracedStep, graph: GraphName, top: int = 25) -> str:
+def profile(step: TracedStep, graph: Direction, top: int = 25) -> str:
     """cProfile of our pass on ``graph`` (by cumulative and by own time), for finding where the time goes."""
     profiler = cProfile.Profile()
     gm = copy.deepcopy(step.graph(graph))

@@ -155,13 +155,6 @@ class OverlapConfigError(OverlapcfgError, ValueError):
             return f"{self.header} ({len(self.faults)} {noun}):\n  " + "\n  ".join(lines)
         return "\n".join(lines)
 
-    def with_prefix(self, prefix: str) -> OverlapConfigError:
-        """The same faults with every path re-rooted under ``prefix`` (where the user mounted the config)."""
-        if not prefix:
-            return self
-        faults = [Fault(f"{prefix}.{f.path}" if f.path else prefix, f.message) for f in self.faults]
-        return OverlapConfigError(faults, header=self.header)
-
 
 def _group_lines(faults: Sequence[Fault]) -> list[tuple[str, int]]:
     """One line per message, with how many faults it stands for: ``a, b, c and 26 more: <message>``, or

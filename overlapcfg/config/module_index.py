@@ -27,7 +27,7 @@ from overlapcfg.config.patterns import (
 from overlapcfg.errors import natural_key
 from overlapcfg.module_paths import normalize_fqns, split_fqn
 
-__all__ = ["SHAPE_POOL", "SUGGEST_EDITS", "ModuleIndex", "match_modules", "suggest_fixes"]
+__all__ = ["SHAPE_POOL", "SUGGEST_EDITS", "ModuleIndex", "suggest_fixes"]
 
 
 SUGGEST_EDITS = 24
@@ -167,12 +167,6 @@ class ModuleIndex:
 
 def _shape(segs: tuple[str, ...]) -> str:
     return ".".join("#" if s.isascii() and s.isdigit() else s for s in segs)
-
-
-def match_modules(pattern: Pattern | str, fqns: Sequence[str] | ModuleIndex) -> list[str]:
-    """The wrapper-stripped FQNs matching ``pattern``, in the given (model) order, each once."""
-    index = fqns if isinstance(fqns, ModuleIndex) else ModuleIndex(fqns)
-    return index.match(pattern)
 
 
 def suggest_fixes(pattern: Pattern, fqns: Sequence[str] | ModuleIndex, n: int = 3) -> list[str]:

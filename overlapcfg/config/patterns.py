@@ -115,16 +115,6 @@ class Pattern:
     text: str
     segments: tuple[Segment, ...]
 
-    @property
-    def is_literal(self) -> bool:
-        """True when the pattern names one FQN exactly (no wildcard, no range)."""
-        return all(isinstance(s, Literal) for s in self.segments)
-
-    @property
-    def min_parts(self) -> int:
-        """Fewest FQN segments this pattern can match (every segment but ``**`` consumes one)."""
-        return _min_parts(self.segments)
-
     def matches(self, fqn: str) -> bool:
         """Whether the whole ``fqn`` (wrapper segments dropped) matches this pattern."""
         return _match(self.segments, split_fqn(strip_wrappers(fqn)))

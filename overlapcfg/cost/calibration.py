@@ -13,16 +13,13 @@ and an all-reduce twice that (nccl-tests' bus bandwidth convention), so a fit ma
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from overlapcfg.config.base import ConfigModel
+from overlapcfg.kinds import BucketKind
 
-__all__ = ["Calibration", "CollectiveFit", "CollectiveFits", "CollectiveKind", "GroupSamples", "KernelSamples",
+__all__ = ["Calibration", "CollectiveFit", "CollectiveFits", "GroupSamples", "KernelSamples",
            "KindSamples", "LinkFits"]
-
-CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce"]
 
 
 class CollectiveFit(ConfigModel):
@@ -59,7 +56,7 @@ class CollectiveFits(ConfigModel):
 class KindSamples(ConfigModel):
     """The timings one fit of one group was made from."""
 
-    kind: CollectiveKind
+    kind: BucketKind
     sizes: tuple[int, ...]
     """Full-size bytes (an all-gather's output, a reduce-scatter's input, an all-reduce's buffer), ascending."""
     seconds: tuple[float, ...]

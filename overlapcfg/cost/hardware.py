@@ -87,11 +87,6 @@ class HardwareProfile(ConfigModel):
             return self.peak_flops.bf16 * self.compute_efficiency
         return self.peak_flops.fp32 * self.compute_efficiency
 
-    def link_bandwidth(self, world_size: int) -> float:
-        """Per-direction bandwidth a ring over ``world_size`` ranks runs at (the slowest link it crosses)."""
-        bw = self.intra_node_bandwidth if world_size <= self.gpus_per_node else self.inter_node_bandwidth
-        return bw * self.comm_efficiency
-
     def collective_fit(self, kind: str, inter_node: bool) -> CollectiveFit | None:
         """The measured fit for ``kind`` on that kind of link, if calibration made one."""
         if self.collectives is None:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import PrivateAttr
 
-from overlapcfg.resolve.records import RecordModel
+from overlapcfg.resolve.resolved import RecordModel
 
 __all__ = ["CostSource", "Event", "Simulation", "StreamTime"]
 

@@ -37,11 +37,12 @@ from overlapcfg.demo.llama import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.parallel import build_mesh, parallelize
 from overlapcfg.errors import OverlapConfigError, OverlapLookupError, OverlapUsageError
 from overlapcfg.graph.attribution import CollectiveOwner, module_fqn
-from overlapcfg.passes.backend import CapturedStep, GraphBackend, GraphName, GraphPass
+from overlapcfg.kinds import Direction
+from overlapcfg.passes.backend import CapturedStep, GraphBackend, GraphPass
 
 __all__ = [
     "CollectiveOwner",
-    "GraphName",
+    "Direction",
     "GraphPass",
     "StepBackend",
     "TracedStep",
@@ -54,7 +55,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LossFn: TypeAlias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Criterion: TypeAlias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""The demo's loss from its logits and targets (cross-entropy by default); ``capture.trace.LossFn`` is the loss a
+captured step reads off any model's output."""
 
 StepBackend = GraphBackend
 """The demo traces with the production backend (no pass): the graphs it captures are the graphs users get."""
@@ -123,7 +126,7 @@ def demo_batch(vocab_size: int, *, batch: int = 2, seq_len: int = 16, seed: int 
 
 
 def train_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, *,
-               loss_fn: LossFn = cross_entropy_loss) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+               loss_fn: Criterion = cross_entropy_loss) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One forward + backward (no optimizer step). Returns the detached loss and each parameter's local gradient
     (the shard's, for a sharded model), cloned and keyed by user FQN. The loss is computed outside the model so
     the compiled region is the model alone and its module stacks are rooted at ``L['self']``."""
@@ -141,7 +144,7 @@ def trace_train_step(model_or_config: nn.Module | LlamaConfig | None = None, *, 
                      rank: int = 0, reshard_after_forward: bool = False, batch: int = 2, seq_len: int = 16,
                      device: torch.device | str = "cpu", seed: int = 0,
                      inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     loss_fn: LossFn = cross_entropy_loss, param_dtype: torch.dtype | None = None,
+                     loss_fn: Criterion = cross_entropy_loss, param_dtype: torch.dtype | None = None,
                      reduce_dtype: torch.dtype | None = None, parallel: ParallelDims | None = None) -> TracedStep:
     """Trace one training step of a SimpleFSDP-sharded model under a fake process group of ``world_size``.
 

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from overlapcfg.graph.reach import prefetch_reach
-from overlapcfg.graph.record import DepthDecision, Direction
+from overlapcfg.graph.record import DepthDecision
+from overlapcfg.kinds import Direction
 
 __all__ = ["DirectionPlan", "plan_direction"]
 

@@ -10,7 +10,7 @@ The one place in the package with side effects on the model, in three steps:
    all-gathers them as one group), deepest buckets first, then once on the root for the parameters no bucket
    holds (FSDP2 requires inner modules to be sharded before the modules containing them).
 3. **Prefetch**: ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` on every group, from
-   the plan's depths (``overlapcfg.fsdp2.prefetch``), then the record is attached (``overlapcfg.fsdp2.record``).
+   the plan's depths (``overlapcfg.fsdp2.prefetch``), then the record is attached (``overlapcfg.fsdp2.sharded``).
    The first forward checks the bucket order the lists assume and re-plans them if the model runs its buckets
    in another order (``overlapcfg.fsdp2.observe``).
 
@@ -38,8 +38,8 @@ from overlapcfg.config.load import ConfigSource
 from overlapcfg.fsdp2.checks import check_kwargs, check_mesh, check_unsharded, shard_size
 from overlapcfg.fsdp2.layout import ShardLayout, plan_layout
 from overlapcfg.fsdp2.observe import watch_first_forward
-from overlapcfg.fsdp2.record import RECORD_ATTR, build_record
 from overlapcfg.fsdp2.rollback import Snapshot
+from overlapcfg.fsdp2.sharded import RECORD_ATTR, build_record
 
 __all__ = ["fully_shard"]
 

@@ -31,7 +31,7 @@ from overlapcfg.graph.record import (
     Uncovered,
 )
 
-__all__ = ["RECORD_ATTR", "ROOT", "Fsdp2Record", "build_record", "explain"]
+__all__ = ["RECORD_ATTR", "ROOT", "Fsdp2Record", "build_record", "read_record"]
 
 RECORD_ATTR = "_overlapcfg_record"
 """``getattr(model, RECORD_ATTR)``: the ``Fsdp2Record`` of the ``overlapcfg.fully_shard`` call that sharded it."""
@@ -79,7 +79,7 @@ class Fsdp2Record(RecordModel):
         raise OverlapLookupError(f"no bucket {name!r}; have {[b.name for b in self.record.buckets]}")
 
 
-def explain(model: nn.Module) -> Fsdp2Record:
+def read_record(model: nn.Module) -> Fsdp2Record:
     """The record of the ``overlapcfg.fully_shard`` call that sharded ``model`` (or the module a
     ``torch.compile`` wrapper holds). ``TypeError`` if it was not sharded that way."""
     for candidate in (model, model.get_submodule("_orig_mod") if hasattr(model, "_orig_mod") else None):

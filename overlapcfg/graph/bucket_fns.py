@@ -31,7 +31,7 @@ from overlapcfg import compat
 from overlapcfg.config.policy import BucketMode
 
 if TYPE_CHECKING:
-    from overlapcfg.graph.ops import CollectiveKind
+    from overlapcfg.kinds import CollectiveKind
 
 __all__ = ["MergeFn", "bucket_dtype", "foreach_groups", "group_key", "group_name_of", "merge_fn"]
 

@@ -27,7 +27,6 @@ from overlapcfg.graph.gradients import (
 )
 from overlapcfg.graph.meta import is_merged, merged_mark, owner
 from overlapcfg.graph.ops import (
-    CollectiveKind,
     collective_kind,
     group_name,
     is_collective_start,
@@ -38,7 +37,8 @@ from overlapcfg.graph.ops import (
     started_by,
 )
 from overlapcfg.graph.parameters import InputEvidence, graph_inputs, placeholder_sources
-from overlapcfg.graph.record import CollectiveCounts, Direction, GroupTraffic
+from overlapcfg.graph.record import CollectiveCounts, GroupTraffic
+from overlapcfg.kinds import CollectiveKind, Direction
 
 if TYPE_CHECKING:
     from overlapcfg.graph.attribution import ModuleFqnFn

@@ -29,9 +29,9 @@ from overlapcfg.config.policy import BucketMode
 from overlapcfg.graph.bucket_fns import bucket_dtype, group_key, group_name_of, merge_fn
 from overlapcfg.graph.collectives import Collective, positions
 from overlapcfg.graph.meta import MergedMark, mark_merged
-from overlapcfg.graph.ops import CollectiveKind, started_by
-from overlapcfg.graph.record import Direction
+from overlapcfg.graph.ops import started_by
 from overlapcfg.graph.stamp import populate_meta, sort_region, splice, traces_used
+from overlapcfg.kinds import CollectiveKind, Direction
 from overlapcfg.resolve import ResolvedPlan
 
 __all__ = ["MergedCollective", "attribute", "fold_repeated_waits", "merge_buckets"]

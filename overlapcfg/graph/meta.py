@@ -25,12 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
-from overlapcfg.graph.record import Direction, PassRecord
+from overlapcfg.graph.record import PassRecord
+from overlapcfg.kinds import Direction
 
 if TYPE_CHECKING:
     from torch import fx
 
-    from overlapcfg.graph.ops import CollectiveKind
+    from overlapcfg.kinds import CollectiveKind
 
 __all__ = [
     "BUCKET_KEY",

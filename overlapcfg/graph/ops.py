@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TypeAlias
 
 import torch
 from torch import fx
 
 from overlapcfg import compat
-
-if TYPE_CHECKING:
-    from overlapcfg.graph.record import Direction
+from overlapcfg.kinds import CollectiveKind, Direction
 
 __all__ = [
     "ALLOCATIONS",
@@ -44,7 +42,6 @@ __all__ = [
     "MODELLED_COLLECTIVES",
     "RESHAPES",
     "SAME_BYTES",
-    "CollectiveKind",
     "Effects",
     "argument",
     "collective_kind",
@@ -62,9 +59,6 @@ __all__ = [
     "wait_of",
     "written_inputs",
 ]
-
-CollectiveKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "other"]
-"""The one classification of ``_c10d_functional`` collectives (merged and coalesced forms included)."""
 
 # --- collectives: starts, waits and kinds --------------------------------------------------------------------------
 

@@ -49,7 +49,8 @@ from typing import NamedTuple, TypeVar
 
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.graph.reach import prefetch_reach, reach
-from overlapcfg.graph.record import DepthDecision, Direction
+from overlapcfg.graph.record import DepthDecision
+from overlapcfg.kinds import Direction
 
 __all__ = ["Delay", "DelayedStep", "GatherStep", "Key", "Placement", "SortKey", "all_gather_decisions",
            "in_schedule_order", "place_all_gathers", "place_delayed"]

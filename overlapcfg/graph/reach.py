@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from overlapcfg.graph.record import DepthDecision, Direction
+from overlapcfg.graph.record import DepthDecision
+from overlapcfg.kinds import Direction
 
 __all__ = ["prefetch_reach", "reach"]
 

@@ -5,22 +5,17 @@
 - ``BucketRecord``: one bucket as the pass saw it (its resolved modules and depths, its parameters and sizes,
   its collective changes and decisions). The report's buckets are the same type, forward and backward combined;
 - ``PassRecord``: one graph's pass (``gm.meta["overlapcfg"]``: ``overlapcfg.graph.meta.pass_record``);
-- ``Direction``: which side of autograd, the one spelling every stage uses.
 
 Frozen pydantic models: the JSON form of a report is made of these, and ``Report.from_json`` reads them back.
 """
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
-
-from overlapcfg.resolve.records import RecordModel, ResolvedBucket
+from overlapcfg.kinds import Direction
+from overlapcfg.resolve.resolved import RecordModel, ResolvedBucket
 
 __all__ = ["BucketRecord", "CollectiveChange", "CollectiveCounts", "DepthDecision", "GroupTraffic",
-           "Direction", "PassRecord", "RecordModel", "Uncovered"]
-
-Direction: TypeAlias = Literal["forward", "backward"]
-"""Which side of autograd a node, a collective or a decision is on (``overlapcfg.graph.ops.node_direction``)."""
+           "PassRecord", "RecordModel", "Uncovered"]
 
 
 class DepthDecision(RecordModel):

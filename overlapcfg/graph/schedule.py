@@ -35,7 +35,8 @@ from overlapcfg.graph.collectives import positions
 from overlapcfg.graph.merge import MergedCollective
 from overlapcfg.graph.ops import is_collective_start, is_compute_node, may_alias_input, node_direction, written_inputs
 from overlapcfg.graph.placement import SortKey
-from overlapcfg.graph.record import DepthDecision, Direction
+from overlapcfg.graph.record import DepthDecision
+from overlapcfg.kinds import Direction
 from overlapcfg.resolve import ResolvedPlan
 
 __all__ = ["ScheduleResult", "Step", "exclusive_ancestors", "exclusive_descendants", "schedule_manual"]

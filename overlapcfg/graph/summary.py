@@ -15,9 +15,9 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.graph.memory import Interpretation, interpret
-from overlapcfg.graph.ops import MODELLED_COLLECTIVES, CollectiveKind, data_inputs, group_name, node_direction
+from overlapcfg.graph.ops import MODELLED_COLLECTIVES, data_inputs, group_name, node_direction
 from overlapcfg.graph.provenance import Run, Value
-from overlapcfg.graph.record import Direction
+from overlapcfg.kinds import CollectiveKind, Direction
 
 __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "summarize_with_memory"]
 

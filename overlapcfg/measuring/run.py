@@ -43,13 +43,13 @@ from overlapcfg.cost.price import collective_bytes
 from overlapcfg.cost.simulator import simulate
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.graph.ops import collective_kind, is_collective_start
+from overlapcfg.kinds import DIRECTIONS
 from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.result import MeasuredCollective, MeasuredConfig, Measurement
 from overlapcfg.measuring.runner import Recorder, merge_node_seconds
 from overlapcfg.measuring.trace import read_trace
 from overlapcfg.passes.backend import GraphBackend
 from overlapcfg.passes.compile import backend as overlap_backend
-from overlapcfg.report.explain import GRAPHS
 
 __all__ = ["MeasureProgress", "StepFactory", "measure"]
 
@@ -203,7 +203,7 @@ def _prepare(make_step: StepFactory, name: str, cfg: OverlapConfig, clock: Clock
     step = make_step(built)
     for _ in range(warmup):
         step()
-    if set(built.graphs) != set(GRAPHS):
+    if set(built.graphs) != set(DIRECTIONS):
         raise OverlapStateError(
             f"measure: the step compiled {sorted(built.graphs) or 'no graphs'} through the backend, "
             "expected one forward and one backward graph (one compiled region, fullgraph=True)")
@@ -250,9 +250,9 @@ def _align(clock: Clock) -> None:
 def _row(name: str, given: Any, cfg: OverlapConfig, graphs: Mapping[str, Any], ranks: Sequence[_RankResult],
          hw: HardwareProfile, costs: NodeCosts | None) -> MeasuredConfig:
     ws = dist.get_world_size()
-    gms = [graphs[g] for g in GRAPHS]
-    sim = simulate(gms, hw, world_size=ws, names=GRAPHS)
-    profiled = simulate(gms, hw, world_size=ws, names=GRAPHS, node_costs=costs) if costs is not None else None
+    gms = [graphs[g] for g in DIRECTIONS]
+    sim = simulate(gms, hw, world_size=ws, names=DIRECTIONS)
+    profiled = simulate(gms, hw, world_size=ws, names=DIRECTIONS, node_costs=costs) if costs is not None else None
     per_step = [max(r.graph_seconds[i] for r in ranks) for i in range(len(ranks[0].graph_seconds))]
     walls = [max(r.wall_seconds[i] for r in ranks) for i in range(len(ranks[0].wall_seconds))]
     exposed = [statistics.mean(r.exposed[i] for r in ranks) for i in range(len(ranks[0].exposed))]
@@ -282,7 +282,7 @@ def _collectives(gms: Sequence[Any], sim: Simulation, ranks: Sequence[_RankResul
     """Each collective start of the graphs with its predicted and (matched in issue order) measured duration."""
     predicted = {(e.graph, e.node): e.end - e.start for e in sim.events if e.stream.startswith("comm:")}
     out = []
-    for graph, gm in zip(GRAPHS, gms, strict=True):
+    for graph, gm in zip(DIRECTIONS, gms, strict=True):
         starts = [n for n in gm.graph.nodes if is_collective_start(n)]
         samples = [d.get(graph, ()) for r in ranks for d in r.collectives]
         matched = [s for s in samples if len(s) == len(starts)]

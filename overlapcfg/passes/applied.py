@@ -33,8 +33,9 @@ from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.graph.meta import pass_record
 from overlapcfg.graph.record import PassRecord
 from overlapcfg.graph.summary import GraphSummary, summarize
+from overlapcfg.kinds import DIRECTIONS, Direction
 from overlapcfg.passes.pipeline import GraphKind, apply
-from overlapcfg.passes.step import GRAPH_NAMES, CapturedStep, GraphName
+from overlapcfg.passes.step import CapturedStep
 
 __all__ = ["AppliedGraph", "AppliedStep", "applied_graph", "apply_graph", "apply_step"]
 
@@ -81,7 +82,7 @@ def apply_step(step: CapturedStep, cfg: OverlapConfig) -> AppliedStep:
     """``cfg`` applied to copies of ``step``'s forward and backward graphs (``step`` is untouched)."""
     graphs = []
     with step.process_groups():  # a mesh step's sub-groups too: merging resolves groups by name
-        for name in GRAPH_NAMES:
+        for name in DIRECTIONS:
             original = step.graph(name)
             fqn_fn = step.module_fqn_fn(name)
             gm = apply(compat.lazy_graph_module_copy(original), cfg, module_fqn_fn=fqn_fn,
@@ -109,7 +110,7 @@ def applied_graph(gm: fx.GraphModule, cfg: OverlapConfig, *, world_size: int) ->
 
 
 def _name(record: PassRecord) -> str:
-    return record.graph_kind if record.graph_kind in GRAPH_NAMES else "graph"
+    return record.graph_kind if record.graph_kind in DIRECTIONS else "graph"
 
 
 def _record(gm: fx.GraphModule) -> PassRecord:
@@ -142,7 +143,7 @@ _SUMMARIES: weakref.WeakKeyDictionary[fx.GraphModule, dict[str, tuple[int, Graph
 summaries with them when they go."""
 
 
-def _summary(gm: fx.GraphModule, direction: GraphName) -> GraphSummary:
+def _summary(gm: fx.GraphModule, direction: Direction) -> GraphSummary:
     """``summarize(gm, direction=...)``, taken once per captured graph (see the module docstring)."""
     stamp = _fingerprint(gm)
     cached = _SUMMARIES.get(gm, {}).get(direction)

@@ -35,10 +35,11 @@ from overlapcfg.graph.attribution import (
     stack_module_fqn,
 )
 from overlapcfg.graph.parameters import mark_saved_parameter_views, saved_parameter_views
+from overlapcfg.kinds import Direction
 from overlapcfg.module_paths import ModelFacts, parameter_owner, with_parents
-from overlapcfg.passes.step import CapturedStep, GraphName
+from overlapcfg.passes.step import CapturedStep
 
-__all__ = ["CapturedStep", "GraphBackend", "GraphCompiler", "GraphName", "GraphPass", "boxed_eager",
+__all__ = ["CapturedStep", "GraphBackend", "GraphCompiler", "Direction", "GraphPass", "boxed_eager",
            "modules_seen"]
 GraphPass: TypeAlias = Callable[[fx.GraphModule], fx.GraphModule]
 """A graph pass as the backend applies it: takes aot's graph module, returns the one to run."""
@@ -121,7 +122,7 @@ class GraphBackend:
             self.graphs["joint"] = copy.deepcopy(joint)
         return compat.min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
-    def _graph_compiler(self, name: GraphName, graph_pass: GraphPass | None, compiler: GraphCompiler,
+    def _graph_compiler(self, name: Direction, graph_pass: GraphPass | None, compiler: GraphCompiler,
                         saved_views: dict[str, object]) -> GraphCompiler:
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
             # A backward that re-gathers forward-saved views of parameters (FSDP + TP with reshard-after-forward)

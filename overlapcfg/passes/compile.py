@@ -25,8 +25,9 @@ from overlapcfg._version import __version__
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.errors import OverlapUsageError
+from overlapcfg.kinds import Direction
 from overlapcfg.module_paths import ModelFacts
-from overlapcfg.passes.backend import GraphBackend, GraphCompiler, GraphName
+from overlapcfg.passes.backend import GraphBackend, GraphCompiler
 from overlapcfg.passes.pipeline import apply
 from overlapcfg.resolve import resolve_config
 
@@ -61,7 +62,7 @@ Also set ``policy.insert_overlap_deps: true`` (as torchtitan does for inductor) 
 waits where the pass put them; the backend leaves the policy as written."""
 
 
-def _inductor_compiler(graph: GraphName) -> GraphCompiler:
+def _inductor_compiler(graph: Direction) -> GraphCompiler:
     """``compile_fx_inner`` for one of aot's graphs, under ``INDUCTOR_SETTINGS``.
 
     Patched per call rather than around ``torch.compile``: aot_autograd compiles the backward lazily, at the
@@ -115,7 +116,7 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
     else:
         result = GraphBackend(model=model)
 
-    def graph_pass(name: GraphName) -> Callable[[fx.GraphModule], fx.GraphModule]:
+    def graph_pass(name: Direction) -> Callable[[fx.GraphModule], fx.GraphModule]:
         def run(gm: fx.GraphModule) -> fx.GraphModule:
             return apply(gm, loaded, graph_kind=name, module_fqns=result.module_fqns, config_root=config_root,
                          for_compiler=lowered, strict=strict)

@@ -36,12 +36,12 @@ from overlapcfg.graph.record import (
     BucketRecord,
     CollectiveChange,
     DepthDecision,
-    Direction,
     PassRecord,
     Uncovered,
 )
 from overlapcfg.graph.summary import GraphSummary, summarize
 from overlapcfg.graph.verify import verify
+from overlapcfg.kinds import Direction
 from overlapcfg.module_paths import ModelFacts, with_parents
 from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting
 from overlapcfg.resolve import ResolvedPlan, resolve_config

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
 
 import torch.distributed as dist
 from torch import fx
@@ -26,12 +25,10 @@ from overlapcfg import compat
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.attribution import CollectiveOwner, ModuleFqnFn, module_fqn
 from overlapcfg.graph.ops import group_name
+from overlapcfg.kinds import DIRECTIONS, Direction
 from overlapcfg.module_paths import ModelFacts
 
-__all__ = ["CapturedStep", "GraphName", "ensure_process_group"]
-
-GraphName: TypeAlias = Literal["forward", "backward"]
-GRAPH_NAMES: tuple[GraphName, GraphName] = ("forward", "backward")
+__all__ = ["CapturedStep", "ensure_process_group"]
 
 
 @contextlib.contextmanager
@@ -86,7 +83,7 @@ class CapturedStep:
     ``(("dp_shard", "5"), ("tp", "9"))``, where the step knows its device mesh; reports then name groups by
     dimension. Empty: unknown (groups are named by their process-group names alone)."""
 
-    def graph(self, name: GraphName) -> fx.GraphModule:
+    def graph(self, name: Direction) -> fx.GraphModule:
         return self.forward if name == "forward" else self.backward
 
     @property
@@ -97,7 +94,7 @@ class CapturedStep:
     def group_names(self) -> tuple[str, ...]:
         """The process groups the step's FSDP collectives run on, as the graphs name them (first use order)."""
         names: dict[str, None] = {}
-        for name in GRAPH_NAMES:
+        for name in DIRECTIONS:
             starts = {rec.node for rec in self.collectives_in(name)}
             if not starts:
                 continue
@@ -122,10 +119,10 @@ class CapturedStep:
                     "captured under (in the same job, or the same fake_process_group after building the mesh)")
             yield group
 
-    def collectives_in(self, graph: GraphName, kind: str | None = None) -> tuple[CollectiveOwner, ...]:
+    def collectives_in(self, graph: Direction, kind: str | None = None) -> tuple[CollectiveOwner, ...]:
         return tuple(c for c in self.collectives if c.graph == graph and (kind is None or c.kind == kind))
 
-    def module_fqn_fn(self, graph: GraphName) -> ModuleFqnFn:
+    def module_fqn_fn(self, graph: Direction) -> ModuleFqnFn:
         """Attribution for nodes of ``graph``: the recorded owners for collective starts and waits (by node name,
         so it also works on a copy of the graph), the default evidence order for everything else."""
         by_name: dict[str, str] = {}

@@ -19,8 +19,9 @@ from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.simulator import GroupPlacement, simulate
 from overlapcfg.errors import OverlapUsageError
+from overlapcfg.kinds import DIRECTIONS
 from overlapcfg.passes.backend import CapturedStep
-from overlapcfg.report.explain import GRAPHS, explain, node_labels
+from overlapcfg.report.explain import explain, node_labels
 from overlapcfg.report.labels import fmt_bytes
 from overlapcfg.report.model import Comparison, ComparisonRow, Report
 
@@ -77,8 +78,8 @@ def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: 
     rows = []
     for name, explained in zip(names, reports, strict=True):
         graphs = [explained.forward, explained.backward]
-        node_names = {g: node_labels(gm, step.module_fqn_fn(g)) for g, gm in zip(GRAPHS, graphs, strict=True)}
-        sim = simulate(graphs, hw, world_size=ws, names=GRAPHS, labels=node_names,
+        node_names = {g: node_labels(gm, step.module_fqn_fn(g)) for g, gm in zip(DIRECTIONS, graphs, strict=True)}
+        sim = simulate(graphs, hw, world_size=ws, names=DIRECTIONS, labels=node_names,
                        traced_world_size=step.world_size, as_dtype=as_dtype, groups=groups, node_costs=node_costs)
         report = explained.model_copy(update={"simulation": sim}).attach(*graphs)
         rows.append(ComparisonRow(name, report.strategy, report, sim))

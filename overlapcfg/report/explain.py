@@ -29,17 +29,17 @@ from overlapcfg.graph.collectives import find_collectives
 from overlapcfg.graph.meta import merged_mark, pass_record
 from overlapcfg.graph.ops import collective_kind
 from overlapcfg.graph.record import BucketRecord, CollectiveChange, PassRecord
+from overlapcfg.kinds import DIRECTIONS
 from overlapcfg.module_paths import is_inside
 from overlapcfg.passes.applied import AppliedStep, applied_graph, apply_graph, apply_step
 from overlapcfg.passes.pipeline import GraphKind
-from overlapcfg.passes.step import GRAPH_NAMES, CapturedStep
+from overlapcfg.passes.step import CapturedStep
 from overlapcfg.report.fsdp2 import fsdp2_report, is_fsdp2_model
 from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import GraphReport, Report
 
 __all__ = ["explain", "node_labels", "compact_order"]
 
-GRAPHS = GRAPH_NAMES
 SHOWN = 5
 """How many names a warning lists before it counts the rest (the JSON report holds them all)."""
 MANY_LAYERS = 2
@@ -122,7 +122,7 @@ def _bucket(recs: Sequence[BucketRecord], order: Mapping[str, int]) -> BucketRec
 
 def _change_order(item: tuple[tuple[str, str], list[int]]) -> tuple[int, int, str]:
     (direction, kind), _ = item
-    return (GRAPHS.index(direction) if direction in GRAPHS else 2, kind != "all_gather", kind)
+    return (DIRECTIONS.index(direction) if direction in DIRECTIONS else 2, kind != "all_gather", kind)
 
 
 def _layers(names: Sequence[str]) -> int:
@@ -140,7 +140,7 @@ def _warnings(buckets: Sequence[BucketRecord], records: Mapping[str, PassRecord]
             out.append(f"bucket {b.name!r} (entry {b.entry_index} {b.entry_text!r}) spans {layers} layers: one "
                        f"all-gather brings them all in and nothing overlaps it within them")
     for graph, rec in records.items():
-        for direction in GRAPHS:
+        for direction in DIRECTIONS:
             ags = [s for s in rec.decisions if s.kind == "all_gather" and s.direction == direction]
             capped = [s for s in ags if s.reason and "max_inflight_bytes" in s.reason]
             bindable = [s for s in ags if s.reason != "end of graph"]
@@ -149,7 +149,7 @@ def _warnings(buckets: Sequence[BucketRecord], records: Mapping[str, PassRecord]
                 out.append(f"{graph}: max_inflight_bytes binds at every {direction} all-gather (effective depth "
                            f"{', '.join(map(str, eff))} instead of {capped[0].requested}); raise the cap or "
                            f"lower the depth")
-        for direction in GRAPHS:
+        for direction in DIRECTIONS:
             ags = [s for s in rec.decisions if s.kind == "all_gather" and s.direction == direction]
             if ags and all(s.requested >= len(ags) for s in ags) and max(s.requested for s in ags) > len(ags):
                 out.append(f"{graph}: {direction} prefetch depth {max(s.requested for s in ags)} is more than the "

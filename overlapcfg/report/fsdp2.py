@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from overlapcfg.config import OverlapConfig
-from overlapcfg.fsdp2 import RECORD_ATTR, Fsdp2Record
-from overlapcfg.fsdp2 import explain as fsdp2_record
+from overlapcfg.fsdp2 import RECORD_ATTR, Fsdp2Record, read_record
 from overlapcfg.report.model import GraphReport, Report
 
 __all__ = ["fsdp2_report", "is_fsdp2_model"]
@@ -26,7 +25,7 @@ def _lists(pairs: Sequence[tuple[str, Sequence[str]]]) -> str:
 
 def fsdp2_report(model: nn.Module, config: OverlapConfig) -> Report:
     """Buckets, modules, parameters, unsharded bytes, effective depths and why, and the prefetch lists set."""
-    rec = fsdp2_record(model)
+    rec = read_record(model)
     r = rec.record
     graph = GraphReport(
         name="fsdp2", strategy=r.strategy, nodes=0, collectives_before=r.before.total_fsdp,

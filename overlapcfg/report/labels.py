@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["KIND_LABELS", "LEGEND", "ROLE_LABELS", "SHOWN_ORDER", "byte_unit", "fmt_bytes", "fmt_change", "fmt_count",
+__all__ = ["KIND_LABELS", "LEGEND", "ROLE_LABELS", "SHOWN_ORDER", "byte_unit", "fmt_bytes", "fmt_change",
            "fmt_order", "fmt_seconds", "time_unit"]
 
 KIND_LABELS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A", "wait": "W"}
@@ -46,10 +46,6 @@ def fmt_seconds(s: float | None) -> str:
     unit, scale = time_unit(s)
     digits = {"s": 3, "ms": 2}.get(unit, 1)
     return f"{s / scale:.{digits}f} {unit}"
-
-
-def fmt_count(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
 
 
 def fmt_change(value: float, base: float, digits: int = 2) -> str:

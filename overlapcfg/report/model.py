@@ -23,7 +23,7 @@ from overlapcfg.cost.prediction import Simulation
 from overlapcfg.errors import OverlapConfigError, OverlapLookupError
 from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
 from overlapcfg.report.labels import fmt_seconds
-from overlapcfg.resolve.records import RecordModel
+from overlapcfg.resolve.resolved import RecordModel
 
 __all__ = ["COMPARE_SCHEMA", "SCHEMA", "Comparison", "ComparisonRow", "GraphReport", "Report", "as_renderable",
            "as_text"]

@@ -14,7 +14,7 @@ from overlapcfg.config.overlap import OverlapConfig
 from overlapcfg.config.plan import BucketPlan
 from overlapcfg.module_paths import ModelFacts
 from overlapcfg.resolve.plan import resolve_plan
-from overlapcfg.resolve.records import ResolvedPlan
+from overlapcfg.resolve.resolved import ResolvedPlan
 
 __all__ = ["resolve_config"]
 

@@ -13,7 +13,7 @@ from overlapcfg.config.plan import ModuleOverride
 from overlapcfg.errors import Fault
 from overlapcfg.module_paths import ancestors
 from overlapcfg.resolve.matcher import Matcher, show
-from overlapcfg.resolve.records import ResolvedBucket, ResolvedPlan
+from overlapcfg.resolve.resolved import ResolvedBucket, ResolvedPlan
 
 __all__ = ["apply_overrides"]
 

@@ -45,7 +45,7 @@ from overlapcfg.module_paths import ancestors, normalize_fqns
 from overlapcfg.resolve.matcher import Matcher, outermost, show
 from overlapcfg.resolve.names import bucket_name, unique_names
 from overlapcfg.resolve.overrides import apply_overrides
-from overlapcfg.resolve.records import ResolvedBucket, ResolvedPlan
+from overlapcfg.resolve.resolved import ResolvedBucket, ResolvedPlan
 
 __all__ = ["ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_plan"]
 

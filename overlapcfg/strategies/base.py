@@ -20,7 +20,8 @@ from overlapcfg.errors import OverlapLookupError
 from overlapcfg.graph.attribution import ModuleFqnFn
 from overlapcfg.graph.collectives import Collective
 from overlapcfg.graph.merge import MergedCollective
-from overlapcfg.graph.record import DepthDecision, Direction
+from overlapcfg.graph.record import DepthDecision
+from overlapcfg.kinds import Direction
 from overlapcfg.resolve import ResolvedPlan
 
 __all__ = ["PassContext", "Strategy", "StrategyFn", "StrategyResult"]

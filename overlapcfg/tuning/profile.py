@@ -45,9 +45,9 @@ from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.meta import merged_mark
 from overlapcfg.graph.ops import collective_kind, group_name, is_collective_start, is_compute_node, started_by
 from overlapcfg.graph.schedule import exclusive_ancestors, exclusive_descendants
+from overlapcfg.kinds import DIRECTIONS
 from overlapcfg.passes.applied import apply_step
 from overlapcfg.passes.backend import CapturedStep
-from overlapcfg.report.explain import GRAPHS
 
 __all__ = ["GraphProfile", "ParamCopy", "Profile", "UnitCollective", "build_profile", "unit_config"]
 
@@ -172,7 +172,7 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
                                     "only submodules can be bucketed, so the tuner cannot group them")
     graphs = {a.name: a.graph for a in apply_step(step, unit_config(owners)).graphs}
     costs = _Costs(hardware, world_size, step.world_size, as_dtype, node_costs)
-    profiles = tuple(_graph_profile(name, graphs[name], step.graph(name), costs) for name in GRAPHS)
+    profiles = tuple(_graph_profile(name, graphs[name], step.graph(name), costs) for name in DIRECTIONS)
     seconds = time.perf_counter() - started
     log.info("tune: profiled %d units on %s at %d ranks in %.2fs", len(owners), hardware.name, world_size, seconds)
     return Profile(units=owners, graphs=profiles, module_fqns=tuple(step.module_fqns), hardware=hardware,

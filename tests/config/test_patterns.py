@@ -6,16 +6,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from overlapcfg.config.module_index import match_modules, suggest_fixes
+from overlapcfg.config.module_index import ModuleIndex, suggest_fixes
 from overlapcfg.config.patterns import (
     AnySegment,
     AnySegments,
     IndexRange,
     Literal,
+    Pattern,
     compile_pattern,
 )
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.module_paths import is_inside, normalize_fqns, strip_wrappers
+
+
+def _is_literal(pattern: Pattern) -> bool:
+    """The pattern names one FQN exactly (no wildcard, no range)."""
+    return all(isinstance(s, Literal) for s in pattern.segments)
+
 
 # (pattern, fqn, expected)
 MATCH_TABLE = [
@@ -137,8 +144,8 @@ def test_compiled_segments_are_typed() -> None:
         IndexRange(8, None),
     )
     assert str(pattern) == "**.**.layers.*.0:4.8:"
-    assert not pattern.is_literal
-    assert compile_pattern("layers.0.attention").is_literal
+    assert not _is_literal(pattern)
+    assert _is_literal(compile_pattern("layers.0.attention"))
 
 
 def test_strip_wrappers_drops_only_wrapper_segments() -> None:
@@ -152,10 +159,10 @@ def test_normalize_fqns_merges_wrapped_duplicates_in_first_seen_order() -> None:
     assert normalize_fqns(fqns) == ("", "norm", "output")
 
 
-def test_match_modules_keeps_model_order_and_strips_wrappers() -> None:
+def test_module_index_match_keeps_model_order_and_strips_wrappers() -> None:
     fqns = ["", "_orig_mod", "_orig_mod.layers", "_orig_mod.layers.10", "_orig_mod.layers.2", "_orig_mod.norm"]
-    assert match_modules("layers.*", fqns) == ["layers.10", "layers.2"]
-    assert match_modules(compile_pattern("**"), fqns) == ["", "layers", "layers.10", "layers.2", "norm"]
+    assert ModuleIndex(fqns).match("layers.*") == ["layers.10", "layers.2"]
+    assert ModuleIndex(fqns).match(compile_pattern("**")) == ["", "layers", "layers.10", "layers.2", "norm"]
 
 
 @pytest.mark.parametrize(
@@ -203,7 +210,7 @@ _fqn = st.lists(_segment, min_size=1, max_size=6).map(".".join)
 @given(_fqn, _fqn)
 def test_literal_pattern_matches_exactly_itself(text: str, other: str) -> None:
     pattern = compile_pattern(text)
-    assert pattern.is_literal
+    assert _is_literal(pattern)
     assert pattern.matches(text)
     assert pattern.matches(other) is (other == text)
 

@@ -28,7 +28,7 @@ from overlapcfg.compat import fake_process_group
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.llama import Llama, LlamaConfig
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.fsdp2 import RECORD_ATTR, explain
+from overlapcfg.fsdp2 import RECORD_ATTR, read_record
 from overlapcfg.fsdp2.prefetch import plan_direction
 from tests.support.fsdp2_ranks import ROOT, STEPS, Event, train_models
 from tests.thirdparty import models as M
@@ -88,7 +88,7 @@ def test_each_bucket_is_one_fsdp2_group_and_the_root_takes_the_rest(mesh: Any) -
     assert len({state(layer) for layer in model.layers.values()}) == 4
     assert state(model) not in {state(model.norm), *(state(layer) for layer in model.layers.values())}
     assert isinstance(model.tok_embeddings.weight, DTensor)  # sharded by the root's group
-    record = explain(model)
+    record = read_record(model)
     assert record.root_params == ("tok_embeddings.weight",)
     assert record.record.uncovered[0].owner == "tok_embeddings"
     assert record.forward_order == ("layers.0", "layers.1", "layers.2", "layers.3", "norm+output")
@@ -97,7 +97,7 @@ def test_each_bucket_is_one_fsdp2_group_and_the_root_takes_the_rest(mesh: Any) -
 def test_record_reads_like_the_compiled_path(mesh: Any) -> None:
     model = _demo()
     overlapcfg.fully_shard(model, {"plan": "llama_layers", "policy": {"forward_prefetch": 2}}, mesh=mesh)
-    record = explain(model)
+    record = read_record(model)
     assert record.record.graph_kind == "fsdp2"
     layer = record.bucket("layers.0")
     assert layer.param_count == 9 and layer.numel == 41088
@@ -120,14 +120,14 @@ def test_bucket_reshard_after_forward_reaches_fsdp2(mesh: Any) -> None:
     model(torch.zeros(1, 4, dtype=torch.long))  # the fake group's all-gathers return garbage; only states matter
     assert not isinstance(model.layers["0"].attention.wq.weight, DTensor)  # kept unsharded after forward
     assert isinstance(model.output.weight, DTensor)  # resharded (FSDP2's default)
-    assert dict(explain(model).reshard_after_forward) == {"tok_embeddings": None, "layers.0": False,
+    assert dict(read_record(model).reshard_after_forward) == {"tok_embeddings": None, "layers.0": False,
                                                          "layers.1": False, "norm+output": None}
 
 
 def test_compiled_only_settings_are_noted_not_dropped(mesh: Any) -> None:
     model = _demo(2)
     overlapcfg.fully_shard(model, {"plan": "llama_layers", "policy": {"insert_overlap_deps": True}}, mesh=mesh)
-    assert any("insert_overlap_deps is ignored" in n for n in explain(model).record.notes)
+    assert any("insert_overlap_deps is ignored" in n for n in read_record(model).record.notes)
 
 
 def test_fully_shard_is_exported_at_the_top_level() -> None:
@@ -139,7 +139,7 @@ def test_fully_shard_is_exported_at_the_top_level() -> None:
 
 def test_explain_refuses_a_model_it_did_not_shard() -> None:
     with pytest.raises(TypeError, match=r"not sharded by overlapcfg\.fully_shard"):
-        explain(_demo(1))
+        read_record(_demo(1))
 
 
 # --- bad input: an error before anything is sharded -----------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_tied_parameters_in_one_bucket_are_one_tensor(mesh: Any) -> None:
     plan = {"buckets": [["model.embed_tokens", "lm_head"], "model.layers.*", "model.norm"],
             "require_full_coverage": True}
     overlapcfg.fully_shard(model, {"plan": plan}, mesh=mesh)
-    tied = explain(model).bucket("model.embed_tokens+lm_head")
+    tied = read_record(model).bucket("model.embed_tokens+lm_head")
     assert tied.params == ("model.embed_tokens.weight",)
     assert tied.unsharded_bytes == M.VOCAB * 64 * 4
 
@@ -251,7 +251,7 @@ def test_a_tied_bucket_is_first_in_backward_and_the_record_says_why(mesh: Any) -
     at ``lm_head``: backward is not the reverse of forward, and the lists must follow backward's own order."""
     model, _ = M.hf_gpt2()
     overlapcfg.fully_shard(model, {"plan": GPT2_PLAN, "policy": {"backward_prefetch": 2}}, mesh=mesh)
-    record = explain(model)
+    record = read_record(model)
     assert record.forward_order == (GPT2_TIED, "transformer.wpe", "transformer.h.0", "transformer.h.1",
                                     "transformer.ln_f")
     assert record.backward_order == (GPT2_TIED, "transformer.ln_f", "transformer.h.1", "transformer.h.0",
@@ -284,9 +284,9 @@ def test_the_first_forward_measures_the_bucket_order_and_replans_the_lists(mesh:
     model = _NormFirst()
     overlapcfg.fully_shard(model, {"plan": {"buckets": ["norm", "blocks.*"]},
                                    "policy": {"forward_prefetch": 1, "backward_prefetch": 1}}, mesh=mesh)
-    assert explain(model).forward_order == ("norm", "blocks.0", "blocks.1")  # registration order, a guess
+    assert read_record(model).forward_order == ("norm", "blocks.0", "blocks.1")  # registration order, a guess
     model(torch.zeros(2, 8))  # the fake group's all-gathers return garbage; only the order matters
-    record = explain(model)
+    record = read_record(model)
     assert record.forward_order == ("blocks.0", "blocks.1", "norm")
     assert record.backward_order == ("norm", "blocks.1", "blocks.0")
     assert dict(record.forward_prefetch)["blocks.0"] == ("blocks.1",)
@@ -296,15 +296,15 @@ def test_the_first_forward_measures_the_bucket_order_and_replans_the_lists(mesh:
     assert state(model.blocks[0])._states_to_forward_prefetch == [state(model.blocks[1])]
     assert state(model.norm)._states_to_backward_prefetch == [state(model.blocks[1])]
     model(torch.zeros(2, 8))  # the hooks are gone: nothing is measured twice
-    assert sum("bucket order" in n for n in explain(model).record.notes) == 1
+    assert sum("bucket order" in n for n in read_record(model).record.notes) == 1
 
 
 def test_a_model_run_in_registration_order_keeps_its_lists_and_says_it_checked(mesh: Any) -> None:
     model = _demo(2)
     overlapcfg.fully_shard(model, {"plan": "llama_layers"}, mesh=mesh)
-    before = explain(model)
+    before = read_record(model)
     model(torch.zeros(1, 4, dtype=torch.long))
-    after = explain(model)
+    after = read_record(model)
     assert after.forward_prefetch == before.forward_prefetch and after.backward_prefetch == before.backward_prefetch
     assert "bucket order checked on the first forward: as planned" in after.record.notes
 
@@ -585,7 +585,7 @@ def test_a_deep_copy_of_the_config_shards_the_same(mesh: Any) -> None:
     a, b = _demo(), _demo()
     overlapcfg.fully_shard(a, cfg, mesh=mesh)
     overlapcfg.fully_shard(b, copy.deepcopy(cfg), mesh=mesh)
-    assert explain(a).model_dump(exclude={"record": {"seconds"}}) == explain(b).model_dump(exclude={"record":
+    assert read_record(a).model_dump(exclude={"record": {"seconds"}}) == read_record(b).model_dump(exclude={"record":
                                                                                                       {"seconds"}})
 
 

@@ -20,7 +20,6 @@ from overlapcfg.capture import shard_module
 from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import (
-    GraphName,
     TracedStep,
     compile_with_pass,
     demo_batch,
@@ -28,6 +27,7 @@ from overlapcfg.demo.tracing import (
     train_step,
 )
 from overlapcfg.graph.attribution import stack_module_fqn
+from overlapcfg.kinds import Direction
 from tests.support.checker import (
     achieved_delays,
     achieved_prefetch,
@@ -74,7 +74,7 @@ def _nodes(gm: fx.GraphModule, target: object) -> list[fx.Node]:
     return list(gm.graph.find_nodes(op="call_function", target=target))
 
 
-def _owners(step: TracedStep, graph: GraphName, kind: str) -> list[tuple[str, str]]:
+def _owners(step: TracedStep, graph: Direction, kind: str) -> list[tuple[str, str]]:
     return sorted((c.module_fqn, c.param_fqn) for c in step.collectives_in(graph, kind))  # type: ignore[arg-type]
 
 
@@ -148,11 +148,11 @@ def test_bad_mixed_precision_options_are_refused_before_any_tracing() -> None:
 GRAPHS = [(False, "forward"), (False, "backward"), (True, "forward"), (True, "backward")]
 
 
-def _has_all_gathers(reshard: bool, graph: GraphName) -> bool:
+def _has_all_gathers(reshard: bool, graph: Direction) -> bool:
     return graph == "forward" or reshard
 
 
-def _check_counts_and_dtypes(gm: fx.GraphModule, step: TracedStep, graph: GraphName) -> None:
+def _check_counts_and_dtypes(gm: fx.GraphModule, step: TracedStep, graph: Direction) -> None:
     """One merged collective per bucket and kind, in the wire dtype, and nothing left unmerged."""
     record = gm.meta["overlapcfg"]
     starts = collective_starts(gm)
@@ -164,7 +164,7 @@ def _check_counts_and_dtypes(gm: fx.GraphModule, step: TracedStep, graph: GraphN
 
 @pytest.mark.parametrize("k", [0, 1, 2])
 @pytest.mark.parametrize(("reshard", "graph"), GRAPHS)
-def test_depths_and_bucket_counts_hold_with_casts_in_the_graph(reshard: bool, graph: GraphName, k: int) -> None:
+def test_depths_and_bucket_counts_hold_with_casts_in_the_graph(reshard: bool, graph: Direction, k: int) -> None:
     step = mp_step(reshard)
     gm = apply_to(step, graph, {"plan": "llama_layers", "policy": {
         "forward_prefetch": k, "backward_prefetch": k, "reduce_scatter_delay": k}})  # debug=True: verified
@@ -184,7 +184,7 @@ def test_depths_and_bucket_counts_hold_with_casts_in_the_graph(reshard: bool, gr
 
 
 @pytest.mark.parametrize(("reshard", "graph"), [g for g in GRAPHS if _has_all_gathers(*g)])
-def test_memory_cap_counts_bf16_bytes_and_binds_where_the_checker_says(reshard: bool, graph: GraphName) -> None:
+def test_memory_cap_counts_bf16_bytes_and_binds_where_the_checker_says(reshard: bool, graph: Direction) -> None:
     step = mp_step(reshard)
     order = original_order(step, graph, "all_gather")
     sizes = bucket_sizes(step, graph, "all_gather")  # from the gathered tensors: 2 bytes per element
@@ -215,7 +215,7 @@ def _order_with_inputs(gm: fx.GraphModule) -> list[tuple[str, str, tuple[str, ..
 @pytest.mark.parametrize("plan", ["llama_layers", "two_layers_per_bucket", "single_bucket"])
 @pytest.mark.parametrize("reduce_dtype", [FP32, None], ids=["rs_fp32", "rs_bf16"])
 @pytest.mark.parametrize(("reshard", "graph"), GRAPHS)
-def test_depth_one_equals_upstream_node_for_node_with_casts(reshard: bool, graph: GraphName,
+def test_depth_one_equals_upstream_node_for_node_with_casts(reshard: bool, graph: Direction,
                                                            reduce_dtype: torch.dtype | None, plan: str) -> None:
     """Same nodes, same order, same inputs. With bf16 reduce-scatters the casts after each merged wait used to
     come out in their original order where upstream emits them breadth first from the wait (buffer layout)."""

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from overlapcfg.demo.tracing import GraphName, TracedStep
+from overlapcfg.demo.tracing import TracedStep
 from overlapcfg.graph.collectives import is_compute_node
+from overlapcfg.kinds import Direction
 from tests.support.checker import (
     achieved_delays,
     achieved_prefetch,
@@ -44,11 +45,11 @@ def _ks(order: list[str], default: int, per: Mapping[str, int] | None = None) ->
     return [(per or {}).get(b, default) for b in order]
 
 
-def _prefetch_field(graph: GraphName) -> str:
+def _prefetch_field(graph: Direction) -> str:
     return "forward_prefetch" if graph == "forward" else "backward_prefetch"
 
 
-def _check_prefetch(applied: ApplyFn, reshard: bool, graph: GraphName, cfg: dict[str, Any], default: int,
+def _check_prefetch(applied: ApplyFn, reshard: bool, graph: Direction, cfg: dict[str, Any], default: int,
                     per: Mapping[str, int] | None = None) -> tuple[list[int], list[int], Any]:
     step = _step(reshard)
     gm = applied(step, graph, cfg)
@@ -63,7 +64,7 @@ def _check_prefetch(applied: ApplyFn, reshard: bool, graph: GraphName, cfg: dict
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
 @pytest.mark.parametrize(("reshard", "graph"), AG_GRAPHS)
-def test_uniform_prefetch_depth_is_achieved_at_every_bucket(applied: ApplyFn, reshard: bool, graph: GraphName,
+def test_uniform_prefetch_depth_is_achieved_at_every_bucket(applied: ApplyFn, reshard: bool, graph: Direction,
                                                             k: int) -> None:
     got, _, _ = _check_prefetch(applied, reshard, graph,
                                 {"plan": "llama_layers", "policy": {_prefetch_field(graph): k}}, k)
@@ -84,7 +85,7 @@ def test_uniform_reduce_scatter_delay_is_achieved_at_every_bucket(applied: Apply
 
 @pytest.mark.parametrize(("reshard", "graph"), AG_GRAPHS)
 def test_zero_prefetch_issues_every_all_gather_right_before_its_wait(applied: ApplyFn, reshard: bool,
-                                                                     graph: GraphName) -> None:
+                                                                     graph: Direction) -> None:
     step = _step(reshard)
     gm = applied(step, graph, {"plan": "llama_layers", "policy": {_prefetch_field(graph): 0}})
     nodes = list(gm.graph.nodes)
@@ -171,7 +172,7 @@ def test_per_bucket_delay_override_is_independent_of_neighbours(applied: ApplyFn
 
 @pytest.mark.parametrize("k", [0, 2])
 @pytest.mark.parametrize(("reshard", "graph"), [(False, "forward"), (True, "backward")])
-def test_depths_hold_for_buckets_of_two_layers(applied: ApplyFn, reshard: bool, graph: GraphName, k: int) -> None:
+def test_depths_hold_for_buckets_of_two_layers(applied: ApplyFn, reshard: bool, graph: Direction, k: int) -> None:
     step = _step(reshard)
     gm = applied(step, graph, {"plan": "two_layers_per_bucket",
                                "policy": {_prefetch_field(graph): k, "reduce_scatter_delay": k}})
@@ -202,7 +203,7 @@ def test_checker_expectations_on_hand_examples() -> None:
 
 @pytest.mark.parametrize(("reshard", "graph"), AG_GRAPHS)
 def test_binding_memory_cap_shrinks_depth_where_it_binds_and_says_why(applied: ApplyFn, reshard: bool,
-                                                                     graph: GraphName) -> None:
+                                                                     graph: Direction) -> None:
     step = _step(reshard)
     order = original_order(step, graph, "all_gather")
     sizes = bucket_sizes(step, graph, "all_gather")
@@ -253,7 +254,7 @@ INVARIANT_CASES = [
 @pytest.mark.parametrize(("reshard", "graph"), [(False, "forward"), (False, "backward"), (True, "forward"),
                                                 (True, "backward")])
 def test_schedule_keeps_bucket_counts_issue_order_and_compute_order(applied: ApplyFn, reshard: bool,
-                                                                    graph: GraphName,
+                                                                    graph: Direction,
                                                                     policy: dict[str, int]) -> None:
     step = _step(reshard)
     gm = applied(step, graph, {"plan": "llama_layers", "policy": policy})
@@ -314,7 +315,7 @@ def _order_with_inputs(gm: Any) -> list[tuple[str, str, tuple[str, ...]]]:
 @pytest.mark.parametrize(("reshard", "graph"), [(False, "forward"), (False, "backward"), (True, "forward"),
                                                 (True, "backward")])
 def test_depth_one_node_order_equals_upstream_manual_overlap_bucketing(applied: ApplyFn, reshard: bool,
-                                                                       graph: GraphName, plan: str) -> None:
+                                                                       graph: Direction, plan: str) -> None:
     step = traced_step(2, reshard)
     ours = applied(step, graph, {"plan": plan})
     upstream = applied(step, graph, {"plan": plan, "strategy": "torch_manual"})
@@ -324,7 +325,7 @@ def test_depth_one_node_order_equals_upstream_manual_overlap_bucketing(applied: 
 @pytest.mark.parametrize("plan", UPSTREAM_PLANS)
 @pytest.mark.parametrize(("reshard", "graph"), [(False, "forward"), (False, "backward"), (True, "forward"),
                                                 (True, "backward")])
-def test_depth_one_merged_inputs_are_in_upstream_order(applied: ApplyFn, reshard: bool, graph: GraphName,
+def test_depth_one_merged_inputs_are_in_upstream_order(applied: ApplyFn, reshard: bool, graph: Direction,
                                                        plan: str) -> None:
     """Stronger than names and targets: every node reads the same inputs in the same order (buffer layout)."""
     step = traced_step(2, reshard)

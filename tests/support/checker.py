@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from overlapcfg.demo.tracing import GraphName, TracedStep
+from overlapcfg.demo.tracing import TracedStep
+from overlapcfg.kinds import Direction
 from tests.thirdparty.conformance import custom_module, summed_partials
 from tests.thirdparty.conformance import direction as side
 
@@ -86,11 +87,11 @@ class Merged:
     sources: tuple[str, ...]
 
 
-def _owners(step: TracedStep, graph: GraphName) -> dict[str, str]:
+def _owners(step: TracedStep, graph: Direction) -> dict[str, str]:
     return {c.node: c.module_fqn for c in step.collectives_in(graph)}
 
 
-def merged_collectives(gm: fx.GraphModule, step: TracedStep, graph: GraphName,
+def merged_collectives(gm: fx.GraphModule, step: TracedStep, graph: Direction,
                        bucket_of: BucketOf = llama_layers_bucket) -> list[Merged]:
     """Every tagged merged collective start in final graph order, its wait, and its bucket (from its sources)."""
     owners = _owners(step, graph)
@@ -205,7 +206,7 @@ def two_layers_bucket(module_fqn: str) -> str:
     return llama_layers_bucket(module_fqn)
 
 
-def original_order(step: TracedStep, graph: GraphName, kind: str,
+def original_order(step: TracedStep, graph: Direction, kind: str,
                    bucket_of: BucketOf = llama_layers_bucket, *, by: str | None = None) -> list[str]:
     """Buckets in the order the *original* graph uses them: by default all-gathers by first wait (compute
     order) and reduce-scatters by first start (issue order); ``by="start"`` / ``"wait"`` forces one."""
@@ -220,7 +221,7 @@ def original_order(step: TracedStep, graph: GraphName, kind: str,
     return sorted(first, key=first.__getitem__)
 
 
-def bucket_sizes(step: TracedStep, graph: GraphName, kind: str,
+def bucket_sizes(step: TracedStep, graph: Direction, kind: str,
                  bucket_of: BucketOf = llama_layers_bucket) -> dict[str, int]:
     """Unsharded bytes per bucket, summed over the original collectives' full-size tensors."""
     gm = step.graph(graph)

@@ -2,7 +2,8 @@
 ``fully_shard`` call grouped and which groups each one prefetches, forward and backward.
 
 Groups are named by the test from the modules they hold (``"norm+output"``, wrappers stripped), so a test compares
-them with what the plan means, written out by hand, and separately with ``overlapcfg.explain(model).forward_prefetch``.
+them with what the plan means, written out by hand, and separately with
+``overlapcfg.fsdp2.read_record(model).forward_prefetch``.
 FSDP2's state is private (``_fsdp_param_group``, ``_states_to_*_prefetch``): tests may read it, the package may not.
 """
 
@@ -66,8 +67,8 @@ def windows(order: list[str], depth: int) -> dict[str, tuple[str, ...]]:
 
 
 def record_lists(model: nn.Module) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
-    """overlapcfg's record of the lists it handed FSDP2 (``overlapcfg.fsdp2.explain``), bucket names as groups."""
-    from overlapcfg.fsdp2 import explain
+    """overlapcfg's record of the lists it handed FSDP2 (``overlapcfg.fsdp2.read_record``), bucket names as groups."""
+    from overlapcfg.fsdp2 import read_record
 
-    record = explain(model)
+    record = read_record(model)
     return dict(record.forward_prefetch), dict(record.backward_prefetch)

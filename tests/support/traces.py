@@ -16,9 +16,10 @@ from torch import fx
 
 from overlapcfg.compat import fake_process_group
 from overlapcfg.demo import LlamaConfig
-from overlapcfg.demo.tracing import GraphName, TracedStep, trace_train_step
+from overlapcfg.demo.tracing import TracedStep, trace_train_step
+from overlapcfg.kinds import Direction
 
-ApplyFn: TypeAlias = Callable[[TracedStep, GraphName, Any], fx.GraphModule]
+ApplyFn: TypeAlias = Callable[[TracedStep, Direction, Any], fx.GraphModule]
 
 _TRACES: dict[tuple[int, bool], TracedStep] = {}
 
@@ -32,7 +33,7 @@ def traced_step(n_layers: int, reshard_after_forward: bool) -> TracedStep:
     return _TRACES[key]
 
 
-def apply_to(step: TracedStep, graph_name: GraphName, cfg: Any) -> fx.GraphModule:
+def apply_to(step: TracedStep, graph_name: Direction, cfg: Any) -> fx.GraphModule:
     """Run ``overlapcfg.passes.apply`` on a deep copy of ``step``'s ``graph_name`` graph; return the copy.
 
     Runs under the fake process group (the merge helpers read the rank); ``apply`` verifies by default, so every

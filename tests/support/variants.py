@@ -25,8 +25,9 @@ from torch import fx
 
 from overlapcfg import compat, load_config
 from overlapcfg.config import OverlapConfig
+from overlapcfg.kinds import Direction
 from overlapcfg.passes import apply
-from overlapcfg.passes.backend import GraphBackend, GraphName
+from overlapcfg.passes.backend import GraphBackend
 
 __all__ = ["REFERENCE", "REFERENCE_AGAIN", "TAMPERED", "Variants", "assert_harness_ran_what_it_selected"]
 
@@ -53,7 +54,7 @@ class Variants:
 
     configs: Mapping[str, Any]
     selected: str = REFERENCE
-    graphs: dict[GraphName, dict[str, fx.GraphModule]] = field(default_factory=dict)
+    graphs: dict[Direction, dict[str, fx.GraphModule]] = field(default_factory=dict)
     backend: GraphBackend = field(init=False)
     _loaded: dict[str, OverlapConfig] = field(init=False)
 
@@ -64,7 +65,7 @@ class Variants:
         self.backend = GraphBackend(fw_pass=self._pass("forward"), bw_pass=self._pass("backward"),
                                     compiler=self._compiler("forward"), bw_compiler=self._compiler("backward"))
 
-    def _pass(self, name: GraphName) -> Any:
+    def _pass(self, name: Direction) -> Any:
         def run(gm: fx.GraphModule) -> fx.GraphModule:
             variants = {REFERENCE: gm, TAMPERED: _scaled_first_output(gm, 2 if name == "forward" else 0)}
             for label, cfg in self._loaded.items():
@@ -80,7 +81,7 @@ class Variants:
         return ((REFERENCE, REFERENCE), *((name, name) for name in self.configs), (TAMPERED, TAMPERED),
                 (REFERENCE_AGAIN, REFERENCE))
 
-    def _compiler(self, name: GraphName) -> Any:
+    def _compiler(self, name: Direction) -> Any:
         def compile_graph(gm: fx.GraphModule, example_inputs: Any) -> Any:
             variants = self.graphs[name]
 

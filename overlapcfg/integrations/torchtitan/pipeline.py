@@ -54,7 +54,9 @@ PASS_NAME = "overlapcfg_bucketing_pass"
 REPLACED_PASS = "joint_transformer_block_bucketing_reordering_pass"
 """torchtitan's joint bucketing pass, the one entry of its default list this pipeline replaces."""
 
-GraphPass: TypeAlias = Callable[..., fx.GraphModule]
+TorchtitanPass: TypeAlias = Callable[..., fx.GraphModule]
+"""A pass of torchtitan's graph-trainer pipeline: a graph module (and its bound settings) in, a graph module out;
+unlike ``overlapcfg.passes.backend.GraphPass`` it may take more than the graph."""
 
 
 def overlapcfg_bucketing_pass(gm: fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
@@ -73,7 +75,7 @@ def overlapcfg_bucketing_pass(gm: fx.GraphModule, example_inputs: Sequence[Any] 
     return gm
 
 
-def overlapcfg_pipeline(traced_result: Any, config: Any, *, parallel_dims: Any = None) -> list[GraphPass]:
+def overlapcfg_pipeline(traced_result: Any, config: Any, *, parallel_dims: Any = None) -> list[TorchtitanPass]:
     """torchtitan's default pass list (``construct_default_graph_passes``) with its joint bucketing pass replaced by
     ``overlapcfg_bucketing_pass``, configured from ``OVERLAPCFG_CONFIG``. The signature is the one
     ``GraphTrainer`` calls a registered pipeline with.
