@@ -61,9 +61,9 @@ _EXPORTS: dict[str, str] = {
     "inductor_pass": "overlapcfg.passes.compile",
     "fully_shard": "overlapcfg.fsdp2",
     "exit_process": "overlapcfg.process_exit",
-    "explain": "overlapcfg.report",
+    "explain": "overlapcfg.report.explain",
     "simulate": "overlapcfg.cost",
-    "compare": "overlapcfg.report",
+    "compare": "overlapcfg.report.compare",
     "tune": "overlapcfg.tuning",
     "calibrate": "overlapcfg.measuring",
     "measure": "overlapcfg.measuring",
@@ -175,7 +175,9 @@ if TYPE_CHECKING:
     from overlapcfg.passes.compile import backend, inductor_pass
     from overlapcfg.passes.step import CapturedStep, ensure_process_group
     from overlapcfg.process_exit import exit_process
-    from overlapcfg.report import Report, compare, explain
+    from overlapcfg.report import Report
+    from overlapcfg.report.compare import compare
+    from overlapcfg.report.explain import explain
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
     from overlapcfg.strategies.base import PassContext, Strategy
     from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy

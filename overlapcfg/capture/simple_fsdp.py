@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -123,21 +124,22 @@ class _ShardGather(torch.autograd.Function):
     reduce-scatter as ``order`` says.
     """
 
+    # ``ctx``: autograd's context, a bag of attributes forward leaves for backward (typed Any: it has no fields).
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, shard: torch.Tensor, group: dist.ProcessGroup,
+    def forward(ctx: Any, shard: torch.Tensor, group: dist.ProcessGroup,
                 param_dtype: torch.dtype, reduce_dtype: torch.dtype, replicate_group: dist.ProcessGroup | None,
                 order: HsdpReduce) -> torch.Tensor:
-        ctx.group = group  # type: ignore[attr-defined]
-        ctx.reduce_dtype = reduce_dtype  # type: ignore[attr-defined]
-        ctx.shard_dtype = shard.dtype  # type: ignore[attr-defined]
-        ctx.replicate_group = replicate_group  # type: ignore[attr-defined]
-        ctx.order = order  # type: ignore[attr-defined]
+        ctx.group = group
+        ctx.reduce_dtype = reduce_dtype
+        ctx.shard_dtype = shard.dtype
+        ctx.replicate_group = replicate_group
+        ctx.order = order
         return compat.functional_collectives.all_gather_single(shard.to(param_dtype), gather_dim=0, group=group)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        group, reduce_dtype, shard_dtype = ctx.group, ctx.reduce_dtype, ctx.shard_dtype  # type: ignore[attr-defined]
-        replicate_group, order = ctx.replicate_group, ctx.order  # type: ignore[attr-defined]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        group, reduce_dtype, shard_dtype = ctx.group, ctx.reduce_dtype, ctx.shard_dtype
+        replicate_group, order = ctx.replicate_group, ctx.order
         fc = compat.functional_collectives
         reduced = grad.to(reduce_dtype)
         if replicate_group is not None and order == "all_reduce_first":

@@ -13,7 +13,7 @@ compat.fake_process_group`` works and
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _MODULES = ("overlapcfg.compat._torch", "overlapcfg.compat._inductor", "overlapcfg.compat._fake")
 
@@ -28,3 +28,13 @@ def __getattr__(name: str) -> Any:
             globals()[name] = value
             return value
     raise AttributeError(f"module 'overlapcfg.compat' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    # The typed surface: what ``__getattr__`` forwards is each module's ``__all__``, and a type checker reads the
+    # same lists here (each module's own annotations), so ``compat.fake_process_group`` is typed, not ``Any``, and a
+    # name missing from an ``__all__`` is an error at its use. Star imports, so a name added to a module is typed
+    # here without a second list to keep in step.
+    from overlapcfg.compat._fake import *  # noqa: F403
+    from overlapcfg.compat._inductor import *  # noqa: F403
+    from overlapcfg.compat._torch import *  # noqa: F403

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch as _torch
 from torch import fx as _fx
@@ -54,6 +54,7 @@ def trace_with_fake_mode(fn: Callable[..., object], inps: Sequence[object], mode
             ignorable = list(shape_env.ignorable_fresh_unbacked_symbols)
             shape_env.ignorable_fresh_unbacked_symbols.clear()
     try:
+        # torch._C's python-dispatcher context manager is untyped in torch's stubs
         with mode, _enable_python_dispatcher():  # type: ignore[attr-defined]
             gm = _make_fx(fn)(*inps)
     finally:
@@ -71,7 +72,7 @@ def fake_tensor(mode: object, elem: _torch.Tensor, device: _torch.device) -> _to
     """A fake tensor of ``mode`` on ``device`` whose shape, strides, offset, dtype and storage are those of the meta
     tensor ``elem``: what running an op under the mode would return, made without dispatching one (~10 us against
     ~1 ms)."""
-    return _FakeTensor(mode, elem, device)  # type: ignore[arg-type]
+    return _FakeTensor(mode, elem, device)
 
 
 def storage_id(t: _torch.Tensor) -> int:
@@ -84,7 +85,7 @@ def meta_view_of_storage(t: _torch.Tensor, dtype: _torch.dtype) -> _torch.Tensor
     views of it share ``t``'s storage."""
     storage = t.untyped_storage()
     numel = int(storage.nbytes()) // dtype.itemsize
-    return _torch.empty(0, dtype=dtype, device="meta").set_(storage, 0, (numel,), (1,))  # type: ignore[call-overload]
+    return _torch.empty(0, dtype=dtype, device="meta").set_(storage, 0, (numel,), (1,))
 
 
 def propagate_fake_values(gm: _fx.GraphModule, inputs: Sequence[object]) -> dict[_fx.Node, object]:
@@ -97,13 +98,14 @@ def propagate_fake_values(gm: _fx.GraphModule, inputs: Sequence[object]) -> dict
     return dict(interpreter.env)
 
 
-def run_under_fake_mode(target: Callable[..., object], args: object, kwargs: object, current: object) -> object | None:
+def run_under_fake_mode(target: Callable[..., object], args: Sequence[object], kwargs: Mapping[str, object],
+                        current: object) -> object | None:
     """``target(*args, **kwargs)`` on fake values under their mode; None where the op cannot run so (the caller
     keeps what it had)."""
     mode = _detect_fake_mode((current, args, kwargs))
     try:
         with mode if mode is not None else contextlib.nullcontext():
-            return target(*args, **kwargs)  # type: ignore[operator]
+            return target(*args, **kwargs)
     except Exception:  # a node whose op fails on fake values keeps its value, as inductor's own repair does
         logger.debug("fake metadata of a reader left as it was: %s", target, exc_info=True)
         return None
@@ -117,7 +119,7 @@ def statically_equal(lhs: Sequence[object], rhs: Sequence[object]) -> bool:
         if type(a) is int and type(b) is int:
             if a != b:
                 return False
-        elif not _statically_known_true(a == b):  # type: ignore[arg-type]
+        elif not _statically_known_true(a == b):
             return False
     return True
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch as _torch
 from torch import fx as _fx
@@ -62,6 +63,7 @@ def unwrap_control_deps(node: object) -> tuple[object, tuple[object, ...], tuple
     target = getattr(node, "target", None)
     if target is not _control_deps:
         return target, tuple(getattr(node, "all_input_nodes", ())), ()
+    # node: an fx node, typed object so callers outside the graph layer may pass anything
     deps, subgraph_attr, *inputs = node.args  # type: ignore[attr-defined]
     module = node.graph.owning_module  # type: ignore[attr-defined]
     subgraph = getattr(module, subgraph_attr.target) if module is not None else None
@@ -78,11 +80,13 @@ def unwrapped_call(node: object) -> tuple[object, tuple[object, ...], dict[str, 
     """
     target = getattr(node, "target", None)
     if target is not _control_deps:
+        # node: an fx node (see unwrap_control_deps)
         return target, node.args, node.kwargs  # type: ignore[attr-defined]
     _, subgraph_attr, *inputs = node.args  # type: ignore[attr-defined]
     subgraph = getattr(node.graph.owning_module, subgraph_attr.target)  # type: ignore[attr-defined]
     calls = [n for n in subgraph.graph.nodes if n.op == "call_function"]
     if len(calls) != 1:
+        # as above
         return target, node.args, node.kwargs  # type: ignore[attr-defined]
     placeholders = [n for n in subgraph.graph.nodes if n.op == "placeholder"]
     outer = dict(zip(placeholders, inputs, strict=True))
@@ -94,17 +98,18 @@ def unwrapped_call(node: object) -> tuple[object, tuple[object, ...], dict[str, 
 def is_fsdp_reduce_scatter(node: object) -> bool:
     """Upstream's own test for an FSDP reduce-scatter (an independent oracle for the test suite; overlapcfg's
     classification is ``overlapcfg.graph.gradients``')."""
+    # upstream types its argument as a Node; any object is tested the same way
     return bool(_bucketing.is_fsdp_reduce_scatter(node))  # type: ignore[arg-type]
 
 
-def manual_overlap_bucketing(*args: object, **kwargs: object) -> object:
+def manual_overlap_bucketing(*args: Any, **kwargs: Any) -> Any:
     """Upstream ``manual_overlap_bucketing`` (imported on first use: its module pulls in the whole scheduler)."""
     from torch._inductor.fx_passes.overlap_manual_scheduling import manual_overlap_bucketing as upstream
 
     return upstream(*args, **kwargs)
 
 
-def schedule_overlap_bucketing(*args: object, **kwargs: object) -> object:
+def schedule_overlap_bucketing(*args: Any, **kwargs: Any) -> Any:
     """Upstream automatic ``schedule_overlap_bucketing`` (imported on first use)."""
     from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing as upstream
 
@@ -190,14 +195,14 @@ from torch._inductor import config as _inductor_config  # noqa: E402
 inductor_config_patch = _inductor_config.patch
 
 
-def compile_fx_inner(*args: object, **kwargs: object) -> object:
+def compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
     """Upstream ``torch._inductor.compile_fx.compile_fx_inner`` (imported on first use)."""
     from torch._inductor.compile_fx import compile_fx_inner as upstream
 
     return upstream(*args, **kwargs)
 
 
-def inductor_decompositions() -> dict[object, object]:
+def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decomposition table inductor's own ``compile_fx`` hands to aot_autograd (depends on inductor config)."""
     from torch._inductor.decomposition import select_decomp_table
 

@@ -13,7 +13,7 @@ import copy
 import functools
 import inspect
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch as _torch
 import torch.distributed as dist
@@ -135,7 +135,7 @@ from torch.utils import flop_counter as _flop_counter  # noqa: E402
 _aten = _torch.ops.aten
 # CPU SDPA kernels (what a CPU trace records) have no formula in torch's registry; they do the work of flash
 # attention and take the same arguments first, so they borrow its formula.
-_EXTRA_FLOPS: dict[object, object] = {
+_EXTRA_FLOPS: dict[object, Callable[..., int]] = {
     _aten._scaled_dot_product_flash_attention_for_cpu: _flop_counter.flop_registry[
         _aten._scaled_dot_product_flash_attention],
 }
@@ -143,6 +143,7 @@ _EXTRA_FLOPS: dict[object, object] = {
 
 def _sdpa_cpu_backward_flops(grad_out: object, query: object, key: object, value: object, *args: object,
                              **kwargs: object) -> int:
+    # fake tensors, typed object here: torch reads their shapes
     return _flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)  # type: ignore[attr-defined]
 
 
@@ -168,7 +169,7 @@ def is_op_overload(target: object) -> bool:
     return isinstance(target, _OpOverload)
 
 
-def flop_formula(target: object) -> object | None:
+def flop_formula(target: object) -> Callable[..., int] | None:
     """torch's FLOP formula for an op (``torch.utils.flop_counter``), CPU attention kernels included; else None."""
     packet = getattr(target, "overloadpacket", None)
     if packet in _EXTRA_FLOPS:
@@ -219,6 +220,7 @@ def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | N
             if info is None:
                 return False
             if sets:
+                # torch's alias info objects (torch._C._AliasInfo) carry no type information
                 return bool(sets & set(info.before_set))  # type: ignore[attr-defined]
             # A list of views (``split``: ``Tensor(a -> *) self -> Tensor(a)[]``) or a wildcard result: the
             # elements alias the argument whose set flows into the wildcard, or any annotated one.
@@ -244,7 +246,7 @@ def registered_group_size(name: str) -> int | None:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     try:
-        return int(_resolve_process_group(name).size())
+        return int(_resolve_process_group(name).size())  # type: ignore[arg-type]  # torch's GroupName: a str
     except (KeyError, ValueError, RuntimeError):  # unknown name: c10d raises one of these depending on version
         return None
 
@@ -254,7 +256,7 @@ def rank_in_group(name: str) -> int:
     in at this rank's slot)."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    return int(dist.get_rank(_resolve_process_group(name)))
+    return int(dist.get_rank(_resolve_process_group(name)))  # type: ignore[arg-type]  # GroupName: a str
 
 
 __all__ += ["process_group_initialized", "rank_in_group", "registered_group_size"]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import Container, DictConfig, ListConfig, OmegaConf
 
 __all__ = ["full_key", "hydra_group_option", "hydra_group_options", "root_of"]
 
 
-def full_key(node: DictConfig) -> str:
+def full_key(node: DictConfig | ListConfig) -> str:
     """The dotted path where ``node`` sits in its composed config (``trainer.overlap``), ``""`` at the root.
 
     OmegaConf has no public API for it; ``_get_full_key(None)`` is what its own error messages use.
@@ -17,7 +17,7 @@ def full_key(node: DictConfig) -> str:
     return str(node._get_full_key(None) or "")
 
 
-def root_of(node: DictConfig | ListConfig) -> DictConfig | ListConfig:
+def root_of(node: DictConfig | ListConfig) -> Container:
     """The whole composed config a node belongs to (``${key}`` references resolve against it)."""
     return node._get_root()
 
@@ -28,7 +28,7 @@ def hydra_group_options(group: str) -> tuple[str, ...]:
     return tuple(loader.get_group_options(group)) if loader is not None else ()
 
 
-def hydra_group_option(group: str, name: str) -> dict[str, Any] | None:
+def hydra_group_option(group: str, name: str) -> dict[Any, Any] | None:
     """The raw mapping of ``group/name`` from the running Hydra app's search path, or None.
 
     Hydra has no public "load this group option" call; its config repository (``ConfigLoaderImpl.repository``)

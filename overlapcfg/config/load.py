@@ -128,7 +128,7 @@ def _overlap_nodes(node: DictConfig, prefix: str = "", depth: int = 0) -> Iterat
         child = None if OmegaConf.is_missing(node, key) else node.get(key)
         if isinstance(child, DictConfig):
             keys = {str(k) for k in child}
-            path = f"{prefix}{key}"
+            path = f"{prefix}{key!s}"
             if keys and keys <= fields and keys & {"strategy", "plan"}:
                 yield path
             elif depth < 4:

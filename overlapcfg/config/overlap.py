@@ -64,7 +64,7 @@ class OverlapConfig(ConfigModel):
     """Which modules share a bucket: a mapping, or the name of a shipped preset (``llama_layers``). Required by
     strategies that bucket by plan (``manual``, ``torch_manual``); others may leave it out."""
 
-    policy: SerializeAsAny[PolicyBase] = Field(None, validate_default=True)  # type: ignore[assignment]
+    policy: SerializeAsAny[PolicyBase] = Field(None, validate_default=True)
     """Depths and limits, validated against the strategy's own policy model; defaults to that model's defaults.
     A preset name (``aggressive``), or a mapping. A policy that belongs to another strategy says so with a
     ``strategy`` key (the ``auto`` preset has ``strategy: auto``): choosing it selects that strategy where the

@@ -83,7 +83,7 @@ CONFIG_RESOLVERS = _resolvers()
 class _NoDuplicateKeys:
     """Constructor mixin: a mapping with the same key twice is an error (YAML would keep the last silently)."""
 
-    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
         for key_node, _ in node.value:
             if isinstance(key_node, ScalarNode) and key_node.tag == "tag:yaml.org,2002:str":
@@ -91,6 +91,7 @@ class _NoDuplicateKeys:
                     mark = key_node.start_mark
                     raise YamlLimitError(f"duplicate key {key_node.value!r}", mark.line + 1, mark.column + 1)
                 seen.add(key_node.value)
+        # A mixin: the constructor is the loader's it is mixed into, which mypy cannot see from here.
         return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
 
 
@@ -104,7 +105,7 @@ class _Loader(_NoDuplicateKeys, yaml.SafeLoader):
         self._depth = 0
         self._nodes = 0
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:  # type: ignore[override]
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         # Counted here, before the recursion, so a 10,000-deep flow list fails fast instead of blowing the stack,
         # and a document of a million values stops at the 500,001st instead of being composed whole.
         self._depth += 1
@@ -123,13 +124,18 @@ class _Loader(_NoDuplicateKeys, yaml.SafeLoader):
 
 if yaml.__with_libyaml__:
 
-    class _CLoader(_NoDuplicateKeys, yaml.CSafeLoader):  # type: ignore[misc, name-defined]
+    class _CLoader(_NoDuplicateKeys, yaml.CSafeLoader):
         """libyaml's parser and composer (about 5x faster), with our resolvers and duplicate-key check.
 
         Its composer recurses in C, so nesting is checked first on the (flat) event stream.
         """
 
         yaml_implicit_resolvers = CONFIG_RESOLVERS
+
+
+def _where(mark: Any) -> tuple[int | None, int | None]:
+    """``(line, column)``, 1-based, of a parser mark (events may carry none)."""
+    return (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
 
 
 def _too_many() -> str:
@@ -149,13 +155,11 @@ def _check_events(text: str) -> None:
         if isinstance(event, _NODE):
             nodes += 1
             if nodes > MAX_NODES:
-                mark = event.start_mark
-                raise YamlLimitError(_too_many(), mark.line + 1, mark.column + 1)
+                raise YamlLimitError(_too_many(), *_where(event.start_mark))
         if isinstance(event, _OPEN):
             depth += 1
             if depth > MAX_DEPTH:
-                mark = event.start_mark
-                raise YamlLimitError(f"nesting deeper than {MAX_DEPTH} levels", mark.line + 1, mark.column + 1)
+                raise YamlLimitError(f"nesting deeper than {MAX_DEPTH} levels", *_where(event.start_mark))
         elif isinstance(event, _CLOSE):
             depth -= 1
 
@@ -168,7 +172,7 @@ def load_yaml(text: str) -> Any:
     """
     if yaml.__with_libyaml__:
         _check_events(text)
-        loader: yaml.SafeLoader = _CLoader(text)
+        loader: yaml.SafeLoader | yaml.CSafeLoader = _CLoader(text)
     else:
         loader = _Loader(text)
     try:
@@ -262,6 +266,7 @@ _DONE = object()
 _BaseDumper = yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper
 
 
+# the base is chosen at import (libyaml's dumper or the Python one), which mypy cannot follow
 class _Dumper(_BaseDumper):  # type: ignore[misc, valid-type]
     yaml_implicit_resolvers = CONFIG_RESOLVERS
 

@@ -69,10 +69,10 @@ def node_flops(node: fx.Node) -> int:
     formula = compat.flop_formula(node.target)
     if formula is None:
         return 0
-    args = _val(node.args)
+    args = tuple(_val(a) for a in node.args)
     kwargs = {k: _val(v) for k, v in node.kwargs.items()}
     try:
-        return int(formula(*args, out_val=node.meta.get("val"), **kwargs))  # type: ignore[operator]
+        return int(formula(*args, out_val=node.meta.get("val"), **kwargs))
     except (TypeError, ValueError, AttributeError, AssertionError, IndexError):
         return 0
 

@@ -90,7 +90,7 @@ def _placements(g: fx.GraphModule, world_size: int, traced_world_size: int | Non
     return out, blocking, gathers
 
 
-def _label(node: fx.Node, labels: dict[str, str] | None) -> str:
+def _label(node: fx.Node, labels: Mapping[str, str] | None) -> str:
     if labels and node.name in labels:
         return labels[node.name]
     return node.name
@@ -163,7 +163,7 @@ class _Tally:
         slot[1] += seconds
 
     def sources(self) -> tuple[CostSource, ...]:
-        return tuple(CostSource(part=p, source=s, nodes=int(n), seconds=sec)  # type: ignore[arg-type]
+        return tuple(CostSource(part=p, source=s, nodes=int(n), seconds=sec)
                      for (p, s), (n, sec) in self.parts.items())
 
 
@@ -180,7 +180,7 @@ def node_seconds(node: fx.Node, graph: str, hw: HardwareProfile, node_costs: Nod
 
 
 def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwareProfile | str, *, world_size: int,
-             names: Sequence[str] | None = None, labels: dict[str, dict[str, str]] | None = None,
+             names: Sequence[str] | None = None, labels: Mapping[str, Mapping[str, str]] | None = None,
              traced_world_size: int | None = None, as_dtype: torch.dtype | None = None,
              groups: Mapping[str, GroupPlacement] | None = None, node_costs: NodeCosts | None = None) -> Simulation:
     """Predict one step of ``gm`` (or of several graphs run back to back: forward then backward) at ``world_size``.
@@ -211,7 +211,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
         for node in g.graph.nodes:
             kind = node_kind(node)
             if kind == "collective":
-                ckind = kinds[node] = collective_kind(node)
+                ckind = kinds[node] = collective_kind(node) or "other"  # a start always has a kind
                 nbytes = collective_bytes(node, as_dtype)
                 group = group_name(node)
                 stream = f"comm:{group}"
@@ -233,9 +233,9 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
             elif kind == "wait":
                 start_node = started_by(node)
                 at = streams.t
-                if streams.wait(start_node) > 0:
+                if start_node is not None and streams.wait(start_node) > 0:
                     events.append(Event(graph_name, node.name, COMPUTE_STREAM, "wait", at, streams.t,
-                                        _label(node, graph_labels), waits_on=kinds[start_node]))  # type: ignore[index]
+                                        _label(node, graph_labels), waits_on=kinds[start_node]))
             elif kind in ("compute", "memory", "free"):
                 ws_now, traced_now = _copy_in_sizes(node, placement, world_size, traced)
                 seconds, bound, source, nbytes = node_seconds(node, graph_name, hw, node_costs, world_size=ws_now,
@@ -245,7 +245,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                     events.append(Event(graph_name, node.name, COMPUTE_STREAM, bound, at, streams.t,
                                         _label(node, graph_labels), nbytes))
                     tally.add("compute", source, seconds)
-            if root.get(node) is node and node.op == "call_function":
+            if node in root and root[node] is node and node.op == "call_function":
                 mem.alloc(node.name, value_bytes(node, as_dtype), is_param.get(node, False))
             for inp in node.all_input_nodes:
                 r = root[inp]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import multiprocessing.context
 import os
 import queue
 import time
@@ -88,6 +89,7 @@ def run_on_gloo(fn: RankFn, *args: Any, world_size: int = 2, timeout_s: float = 
     single-threaded and clean (not this process), and is started once per process: if an earlier call started it,
     its preload stands and ranks import the rest themselves (slower, same results).
     """
+    ctx: multiprocessing.context.BaseContext
     if preload:
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(preload))

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -47,7 +47,7 @@ def demo_spec(cfg: DictConfig) -> DemoSettings:
     """``model.*``, ``world_size``, ``parallel.*``, ``reshard_after_forward``, ``batch``, ``seq_len`` of the composed
     config."""
     composed = OmegaConf.to_container(cfg, resolve=True)
-    return demo_settings(composed if isinstance(composed, dict) else {})
+    return demo_settings(cast("dict[str, Any]", composed) if isinstance(composed, dict) else {})
 
 
 def replay_hardware(cfg: DictConfig, spec: DemoSettings, mode: str, eager_hint: str = "") -> HardwareProfile:
@@ -171,7 +171,7 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
     from overlapcfg.report.render import report_table
 
     console = progress.console
-    with process_group(spec.world_size) as (rank, world_size, group):
+    with process_group(cast(int, spec.world_size)) as (rank, world_size, group):  # DemoSettings fills it
         if rank:
             console.quiet = True  # a group someone else made: rank 0 prints and writes the report
         where = "one process, fake process group" if group == "fake" else f"{group} group, rank {rank}"
@@ -197,9 +197,9 @@ def compare_configs(cfg: DictConfig, *, key: str = "compare") -> tuple[list[str]
 
     Replacing, not merging, is deliberate: ``{strategy: auto, policy: {}}`` must drop the manual depths.
     """
-    base = OmegaConf.to_container(cfg.overlap, resolve=True)
+    base = cast("dict[str, Any]", OmegaConf.to_container(cfg.overlap, resolve=True))
     node = OmegaConf.select(cfg, key)
-    entries = OmegaConf.to_container(node, resolve=True) if node is not None else None
+    entries = cast("Mapping[str, Any] | None", OmegaConf.to_container(node, resolve=True) if node is not None else None)
     if not isinstance(entries, Mapping) or not entries:
         raise OverlapConfigError.single(key, f"mode={cfg.get('mode', 'compare')} needs a mapping of label -> "
                                              "overlap keys")
@@ -224,7 +224,7 @@ def shadowed_keys(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, l
     """For each ``overlap`` key the user set on the command line (``overrides``, as Hydra lists them), the
     ``compare`` rows that replace it: there the override changes nothing, and the user should be told so. Keys
     nobody overrode are not reported: rows replacing the default ``policy`` is how ``compare`` works."""
-    entries = OmegaConf.to_container(cfg.get("compare") or {}, resolve=True) or {}
+    entries = cast("Mapping[str, Any]", OmegaConf.to_container(cfg.get("compare") or {}, resolve=True) or {})
     rows = {str(label): e for label, e in entries.items() if isinstance(e, Mapping)}
     overridden = {key for key in cfg.overlap if any(_sets_overlap_key(o, str(key)) for o in overrides)}
     out = {key: [label for label, e in rows.items() if key in e] for key in cfg.overlap if key in overridden}

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 import torch
 from torch import fx, nn
@@ -114,7 +114,7 @@ def compile_with_pass(model: nn.Module, fw_pass: GraphPass | None = None, bw_pas
         raise OverlapUsageError("compile_with_pass: give the passes or a backend that holds them, not both")
     compat.dynamo_reset()
     backend = backend if backend is not None else StepBackend(fw_pass, bw_pass)
-    return torch.compile(model, backend=backend, fullgraph=True)
+    return cast(nn.Module, torch.compile(model, backend=backend, fullgraph=True))  # a Module in, an OptimizedModule out
 
 
 def demo_batch(vocab_size: int, *, batch: int = 2, seq_len: int = 16, seed: int = 0,

@@ -157,7 +157,8 @@ def shard_size(mesh: DeviceMesh | None, kwargs: Mapping[str, Any]) -> int | None
     if mesh is not None and dims is not None:
         size = 1
         for name in dims.shard_names:
-            size *= mesh.size(mesh.mesh_dim_names.index(name)) if name in (mesh.mesh_dim_names or ()) else 1
+            names = mesh.mesh_dim_names or ()
+            size *= mesh.size(names.index(name)) if name in names else 1
         return size
     if mesh is not None:
         return mesh.size(mesh.ndim - 1)

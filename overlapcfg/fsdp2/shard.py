@@ -110,7 +110,7 @@ def _shard(model: nn.Module, layout: ShardLayout, mesh: DeviceMesh | None,
     return [_fsdp(g) for g in groups]
 
 
-def _fsdp(module: nn.Module | None) -> FSDPModule:
+def _fsdp(module: object) -> FSDPModule:
     if not isinstance(module, FSDPModule):
         raise AssertionError(f"overlapcfg.fully_shard: {type(module).__name__} is not an FSDP module after sharding")
     return module

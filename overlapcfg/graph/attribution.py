@@ -25,7 +25,7 @@ picks one silently.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 from torch import fx
 
@@ -159,7 +159,7 @@ def _gradient_output_index(wait: fx.Node) -> tuple[int | None, bool]:
         users = list(cur.users)
         outputs = [u for u in users if u.op == "output"]
         if outputs:
-            flat = list(outputs[0].args[0])
+            flat = list(cast("Sequence[fx.Node]", outputs[0].args[0]))  # the output node's one argument
             position = flat.index(cur)
             desc = outputs[0].meta.get("desc")
             index = _grad_root_index(desc[position]) if desc is not None and position < len(desc) else None

@@ -109,6 +109,7 @@ class _Cut:
 
 def _make(shape: Sequence[int], dtype: torch.dtype, runs: Iterable[Run]) -> Value | None:
     value = Value(tuple(shape), dtype, _normalized(runs))
+    # Value's shape is Optional in general, set here from the given shape
     return value if value.nbytes == math.prod(value.shape) * dtype.itemsize else None  # type: ignore[arg-type]
 
 
@@ -127,6 +128,7 @@ def _cast(value: Value, dtype: torch.dtype) -> Value | None:
 def _infer(size: Sequence[object], numel: int) -> tuple[int, ...] | None:
     if not all(isinstance(s, int) for s in size):
         return None
+    # every s is an int (checked just above); mypy does not narrow through all()
     dims = [int(s) for s in size]  # type: ignore[call-overload]
     if dims.count(-1) == 1:
         rest = math.prod(d for d in dims if d != -1)
@@ -161,13 +163,14 @@ def _slices(value: Value, dim: int, bounds: Sequence[tuple[int, int]]) -> tuple[
 
 def _cat(values: Sequence[Value], dim: int) -> Value | None:
     values = [v for v in values if v.shape != (0,)]  # legacy empty tensors are skipped by cat
-    if not values or any(v.shape is None or v.dtype != values[0].dtype for v in values):
+    shapes = [v.shape for v in values if v.shape is not None and v.dtype == values[0].dtype]
+    if not values or len(shapes) != len(values):
         return None
-    first = values[0].shape
-    assert first is not None and values[0].dtype is not None
+    first, dtype = shapes[0], values[0].dtype
+    if dtype is None:
+        raise AssertionError("byte_runs: a value with a shape has a dtype")  # a bug check: Value is made so
     dim %= len(first)
-    if any(len(v.shape) != len(first) or v.shape[:dim] != first[:dim] or v.shape[dim + 1:] != first[dim + 1:]
-           for v in values):  # type: ignore[arg-type]
+    if any(len(s) != len(first) or s[:dim] != first[:dim] or s[dim + 1:] != first[dim + 1:] for s in shapes):
         return None
     outer = math.prod(first[:dim])
     if outer * len(values) > _MAX_RUNS:
@@ -177,8 +180,8 @@ def _cat(values: Sequence[Value], dim: int) -> Value | None:
     for o in range(outer):
         for cut, row in cuts:
             cut.take(o * row, (o + 1) * row, runs)
-    shape = (*first[:dim], sum(v.shape[dim] for v in values), *first[dim + 1:])  # type: ignore[index]
-    return _make(shape, values[0].dtype, runs)
+    shape = (*first[:dim], sum(s[dim] for s in shapes), *first[dim + 1:])
+    return _make(shape, dtype, runs)
 
 
 def _all_gather(value: Value, size: int, group: str) -> Value | None:
@@ -265,7 +268,9 @@ def _pre_bucket_reduce_scatter(ins: Sequence[Value], size: object) -> Value | No
             return None
         rows.append(Value((size, value.nbytes // size // value.dtype.itemsize), value.dtype, value.runs))
     cat = _cat(rows, 1)
-    return None if cat is None or cat.shape is None else _make((math.prod(cat.shape),), cat.dtype, cat.runs)
+    if cat is None or cat.shape is None or cat.dtype is None:
+        return None
+    return _make((math.prod(cat.shape),), cat.dtype, cat.runs)
 
 
 # --- storage: reading a view of a storage, writing into one -------------------------------------------------------
@@ -289,7 +294,7 @@ def substitute(address: Value, storage: Value) -> Value | None:
         return None
     if any(offset + n > storage.nbytes for _, offset, n in address.runs):
         return None
-    cut, runs = _Cut(storage), []
+    cut, runs = _Cut(storage), list[Run]()
     for _, offset, n in address.runs:
         cut.take(offset, offset + n, runs)
     return Value(address.shape, address.dtype, _normalized(runs))
@@ -302,7 +307,7 @@ def overwrite(storage: Value, address: Value, content: Value) -> Value | None:
     if pieces is None or storage.shape is None:
         return None
     pieces.sort(key=operator.itemgetter(0))
-    cut, runs, pos = _Cut(storage), [], 0
+    cut, runs, pos = _Cut(storage), list[Run](), 0
     for offset, piece in pieces:
         if offset < pos or offset > storage.nbytes:
             return None  # overlapping or out-of-bounds pieces: a view we cannot place

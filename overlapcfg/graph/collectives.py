@@ -175,8 +175,9 @@ def _group_size(start: fx.Node, kind: CollectiveKind) -> int | None:
     so the live process group answers when one is registered under that name."""
     position = {"all_gather": 1, "reduce_scatter": 2}.get(kind)
     args = compat.unwrapped_call(start)[1]
-    if position is not None and len(args) > position and isinstance(args[position], int):
-        return int(args[position])
+    size = args[position] if position is not None and len(args) > position else None
+    if isinstance(size, int):
+        return int(size)
     return compat.registered_group_size(group_name(start))
 
 

@@ -129,6 +129,7 @@ class Interpretation:
 
     def _storage(self, root: fx.Node) -> tuple[Value, int]:
         written = self._written.get(root)
+        # a root's slot holds a Value (roots are made for tensor contents only)
         return written if written is not None else (self._slots[root][0], 0)  # type: ignore[return-value]
 
     def _fresh(self, node: fx.Node, content: Content) -> None:
@@ -141,6 +142,7 @@ class Interpretation:
             return
         root = slot[1]
         written = self._written.get(root)
+        # the slot of a view: its root is a node whenever the parent's is (an alias keeps the root)
         self._slots[node] = (content, root, written[1] if written is not None else 0, parent)  # type: ignore[assignment]
 
     def _address(self, node: fx.Node) -> Content:
@@ -159,6 +161,7 @@ class Interpretation:
         for view in reversed(chain):
             parent = self._slots[view][3]
             above = self._addresses.get(parent) if parent is not None else None
+            # parent is a node here: above is only found for a node parent
             self._addresses[view] = None if above is None else _view_address(view, parent, above)  # type: ignore[arg-type]
         return self._addresses.get(node)
 
@@ -193,6 +196,7 @@ class Interpretation:
             if not isinstance(dsts, (list, tuple)) or not isinstance(srcs, (list, tuple)) or len(dsts) != len(srcs):
                 return False
             written = [copy_content(d, s) for d, s in zip(dsts, srcs, strict=True)]
+            # a foreach write's destination is a list of nodes (the op's schema says so)
             for i, (dst, content) in enumerate(zip(args[0], written, strict=True)):  # type: ignore[call-overload]
                 self._write(dst, content, node, f"{node.name}[{i}]")
             return None not in written
@@ -211,12 +215,13 @@ class Interpretation:
     def _call(self, node: fx.Node, visit: Visitor | None) -> None:
         target, args, kwargs = compat.unwrapped_call(node)
         read = self.read
-        read_args = fx.map_arg(args, read)
-        read_kwargs = fx.map_arg(kwargs, read) if kwargs else kwargs
+        # map_arg puts any value in a node's place (torch annotates the result as graph arguments only)
+        read_args = fx.map_arg(args, read)  # type: ignore[type-var, arg-type]
+        read_kwargs = fx.map_arg(kwargs, read) if kwargs else kwargs  # type: ignore[type-var, arg-type]
         mode, writes, alias = _plan(node, target)
         modelled = False
         if mode == _WRITE:
-            modelled = self._interpreted_write(node, target, args, kwargs, read_args, read_kwargs)  # type: ignore[arg-type]
+            modelled = self._interpreted_write(node, target, args, kwargs, read_args, read_kwargs)
         elif writes:
             for ref in writes:
                 dst = argument(args, kwargs, ref)
@@ -226,7 +231,7 @@ class Interpretation:
         if writes or mode == _WRITE:
             content: Content = read(parent) if isinstance(parent, fx.Node) else ()
         else:
-            content = step(node, target, read_args, read_kwargs) if mode == _STEP else None  # type: ignore[arg-type]
+            content = step(node, target, read_args, read_kwargs) if mode == _STEP else None
             modelled = content is not None
             if content is None:
                 content = opaque(node)
@@ -241,7 +246,7 @@ class Interpretation:
         else:
             self._fresh(node, content)
         if visit is not None:
-            visit(node, target, read_args, read_kwargs, not modelled)  # type: ignore[arg-type]
+            visit(node, target, read_args, read_kwargs, not modelled)
 
 
 def _view_address(view: fx.Node, parent: fx.Node, above: Content) -> Content:
@@ -250,8 +255,9 @@ def _view_address(view: fx.Node, parent: fx.Node, above: Content) -> Content:
     if target not in _VIEWS:
         _, writes, alias = _plan(view, target)
         return above if writes and alias is not None else None  # an in-place op's result is its argument
-    args = fx.map_arg(args, lambda n: above if n is parent else None)
-    return step(view, target, args, kwargs)  # type: ignore[arg-type]
+    # map_arg puts any value in a node's place (torch annotates the result as graph arguments only)
+    addresses = fx.map_arg(args, lambda n: above if n is parent else None)  # type: ignore[type-var, arg-type, return-value]
+    return step(view, target, addresses, kwargs)
 
 
 def _substitute(address: Content, storage: Value) -> Content:
@@ -278,6 +284,7 @@ def interpret(graph: fx.Graph, visit: Visitor | None = None) -> Interpretation:
             state.inputs.append(node)
         elif op == "output":
             if visit is not None:
+                # map_arg puts contents in the nodes' places (torch annotates graph arguments only)
                 visit(node, None, fx.map_arg(node.args, state.read), {}, False)  # type: ignore[arg-type]
         else:
             state._fresh(node, opaque(node))

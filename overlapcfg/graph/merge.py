@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 from torch import fx
@@ -82,12 +83,16 @@ def _module_rank(plan: ResolvedPlan, index: int, fqn: str | None) -> int:
     return len(plan.buckets[index].modules)
 
 
+GroupKey: TypeAlias = tuple[int, Direction, CollectiveKind, tuple[object, ...]]
+"""``(bucket, direction, kind, what merging needs equal)``: the collectives merged into one."""
+
+
 def _groups(covered: Sequence[tuple[int, Collective]], plan: ResolvedPlan,
-            mode: BucketMode) -> dict[tuple[object, ...], list[Collective]]:
+            mode: BucketMode) -> dict[GroupKey, list[Collective]]:
     # Upstream collects a bucket's nodes module by module in plan order, each module's in graph order; that
     # order decides which group merges first (node names) and the layout of the merged buffer. We use the same
     # so that, at depth 1, our graph is upstream's node for node.
-    groups: dict[tuple[object, ...], list[Collective]] = {}
+    groups: dict[GroupKey, list[Collective]] = {}
     ordered = sorted(covered, key=lambda item: (item[0], _module_rank(plan, item[0], item[1].module_fqn)))
     for index, c in ordered:  # sorted() is stable: graph order within one module
         key = (index, c.direction, c.kind, group_key(c.start, c.kind, mode))
@@ -160,6 +165,8 @@ def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, dir
     if not waits:
         raise AssertionError(f"overlapcfg merge: no wait among the nodes merged for {[n.name for n in starts]}")
     start = started_by(waits[0])
+    if start is None:  # a bug check: waits were chosen as the nodes a start is found for
+        raise AssertionError(f"overlapcfg merge: the wait {waits[0].name} of the merged bucket has no start")
     sources = tuple(s.name for s in starts)
     mark_merged(start, MergedMark(bucket, kind, direction, "start", sources))
     for wait in waits:

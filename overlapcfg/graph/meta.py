@@ -95,6 +95,7 @@ class CollectiveOwner:
 
 def owner(node: fx.Node) -> CollectiveOwner | None:
     """The ``CollectiveOwner`` the aot descriptors tie ``node`` (a collective start or wait) to, if any."""
+    # our namespace holds what set_owner wrote (a CollectiveOwner), stored untyped on the node
     return _ours(node).get(OWNER_KEY)  # type: ignore[return-value]
 
 
@@ -141,6 +142,7 @@ def merged_mark(node: fx.Node) -> MergedMark | None:
     ours = _ours(node)
     if BUCKET_KEY not in ours:
         return None
+    # our namespace holds what mark_merged wrote, field by field, stored untyped on the node
     return MergedMark(ours[BUCKET_KEY], ours[KIND_KEY], ours[DIRECTION_KEY], ours[PART_KEY],  # type: ignore[arg-type]
                       ours[SOURCES_KEY])  # type: ignore[arg-type]
 

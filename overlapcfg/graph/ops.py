@@ -77,6 +77,7 @@ def _target_kind(target: object) -> CollectiveKind:
 
 def data_inputs(node: fx.Node) -> tuple[fx.Node, ...]:
     """The nodes ``node`` reads (a ``control_deps`` wrapper's ordering edges are not reads)."""
+    # compat returns the wrapper's inputs as objects; for a wrapped op they are its input nodes
     return compat.unwrap_control_deps(node)[1]  # type: ignore[return-value]
 
 
@@ -92,6 +93,7 @@ def started_by(node: fx.Node) -> fx.Node | None:
     """If ``node`` is a wait (also one wrapped by ``insert_overlap_deps``), the collective start it waits on."""
     if node.op != "call_function":
         return None
+    start: object
     if node.target is _WAIT:
         start = node.args[0] if node.args else None
     elif node.target is _CONTROL_DEPS:

@@ -23,9 +23,9 @@ inputs nothing confirms is *undecided*: ``undecided_reason`` says why, and the p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, cast
 
 import torch
 from torch import fx
@@ -179,7 +179,7 @@ def saved_parameter_views(forward: fx.GraphModule) -> dict[str, object]:
     if output is None or not descs:
         return {}
     found: dict[str, object] = {}
-    for node, desc in zip(output.args[0], descs, strict=False):  # type: ignore[arg-type]
+    for node, desc in zip(cast("Sequence[object]", output.args[0]), descs, strict=False):
         if not isinstance(node, fx.Node) or not compat.is_saved_for_backward_descriptor(desc):
             continue
         if node.op == "placeholder":

@@ -45,6 +45,7 @@ import itertools
 import math
 import operator
 from collections.abc import Sequence
+from typing import TypeGuard, cast
 
 import torch
 from torch import fx
@@ -91,7 +92,7 @@ def step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str
     through here twice: on contents, and on addresses (byte offsets into their storage)."""
     x = args[0] if args else None
     if target is operator.getitem:
-        return x[args[1]] if isinstance(x, tuple) and isinstance(args[1], int) else None  # type: ignore[index]
+        return x[args[1]] if isinstance(x, tuple) and isinstance(args[1], int) else None
     if target in ALLOCATIONS:
         val = node.meta.get("val")
         size = x
@@ -103,22 +104,23 @@ def step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str
     if target is compat.pre_bucket_all_gather:
         if not _all_values(x) or len(args) < 5:
             return None
-        return _pre_bucket_all_gather(node, x, args, _arg(args, kwargs, 5, "foreach_group_indices"))  # type: ignore[arg-type]
+        return _pre_bucket_all_gather(node, x, args, _arg(args, kwargs, 5, "foreach_group_indices"))
     if target is compat.pre_bucket_reduce_scatter:
-        return _pre_bucket_reduce_scatter(x, args[1]) if _all_values(x) else None  # type: ignore[arg-type]
+        return _pre_bucket_reduce_scatter(x, args[1]) if _all_values(x) else None
     if target is compat.REDUCE_SCATTER_TENSOR_COALESCED:
         if not _all_values(x):
             return None
-        outs = tuple(_reduce_scatter(v, args[1], args[2], group_name(node)) for v in x)  # type: ignore[union-attr,arg-type]
+        op, size = cast(str, args[1]), cast(int, args[2])  # the op's own arguments: reduce op, group size
+        outs = tuple(_reduce_scatter(v, op, size, group_name(node)) for v in x)
         return None if None in outs else outs
     if target is compat.ALL_GATHER_INTO_TENSOR_COALESCED:
         if not _all_values(x):
             return None
-        outs = tuple(_all_gather(v, args[1], group_name(node)) for v in x)  # type: ignore[union-attr,arg-type]
+        outs = tuple(_all_gather(v, cast(int, args[1]), group_name(node)) for v in x)  # args[1]: the group size
         return None if None in outs else outs
     if target is _aten.cat.default:
         dim = _arg(args, kwargs, 1, "dim", 0)
-        return _cat(x, dim) if _all_values(x) and isinstance(dim, int) else None  # type: ignore[arg-type]
+        return _cat(x, dim) if _all_values(x) and isinstance(dim, int) else None
     if not isinstance(x, Value) or x.shape is None or x.dtype is None:
         return None
     if target is compat.WAIT_TENSOR:
@@ -126,10 +128,12 @@ def step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str
     if target is compat.ALL_GATHER_INTO_TENSOR:
         return _all_gather(x, args[1], group_name(node)) if isinstance(args[1], int) else None
     if target is compat.REDUCE_SCATTER_TENSOR:
+        # args[1] is the op's reduce op string; args[2] (the group size) is narrowed to int here
         return _reduce_scatter(x, args[1], args[2], group_name(node)) if isinstance(args[2], int) else None  # type: ignore[arg-type]
     if target is compat.ALL_REDUCE:
         return Value(x.shape, x.dtype, _normalized((("ar", args[1], group_name(node), k), s, n) for k, s, n in x.runs))
     if target in RESHAPES:
+        # args[1] is the view's size list, whatever fx types an argument as
         shape = _infer(args[1], math.prod(x.shape))  # type: ignore[arg-type]
         return None if shape is None else Value(shape, x.dtype, x.runs)
     if target in SAME_BYTES:
@@ -189,7 +193,7 @@ def copy_content(dst: object, src: object) -> Value | None:
     return _cast(src, dst.dtype)
 
 
-def _all_values(x: object) -> bool:
+def _all_values(x: object) -> TypeGuard[Sequence[Value]]:
     return isinstance(x, (list, tuple)) and all(isinstance(v, Value) and v.shape is not None for v in x)
 
 
@@ -198,26 +202,30 @@ def _all_values(x: object) -> bool:
 def leaf_name(key: Key) -> str:
     """The node whose bytes a key ultimately names (the parameter, the gradient), through casts and collectives."""
     while key[0] in ("cast", "ag", "rs", "ar"):
-        key = key[4] if key[0] in ("ag", "rs") else key[3]  # type: ignore[assignment]
-    return key[1].name if key[0] == "input" else str(key[1])  # type: ignore[union-attr]
+        key = cast(Key, key[4] if key[0] in ("ag", "rs") else key[3])
+    return cast(fx.Node, key[1]).name if key[0] == "input" else str(key[1])
 
 
 def render_key(key: Key) -> str:
     """A key as text: ``all_gather[group '0', 2 ranks](bfloat16(primals_3))``."""
     tag = key[0]
     if tag == "input":
-        return key[1].name  # type: ignore[union-attr]
+        return cast(fx.Node, key[1]).name
     if tag == "node":
         return str(key[1])
     if tag == "uninit":
         return f"uninitialized({key[1]})"
     if tag == "after":
+        # a key's parts are typed object (Key is a tuple of anything); these are keys or values by tag
         return f"{key[1]}(after a write into its storage, now {describe(key[2])})"  # type: ignore[arg-type]
     if tag == "cast":
+        # as above
         return f"{str(key[2]).removeprefix('torch.')}({render_key(key[3])})"  # type: ignore[arg-type]
     if tag == "ag":
+        # as above
         return f"all_gather[group {key[1]!r}, {key[2]} ranks]({render_key(key[4])})"  # type: ignore[arg-type]
     if tag == "rs":
+        # as above
         return f"reduce_scatter[{key[1]}, group {key[2]!r}, {key[3]} ranks]({render_key(key[4])})"  # type: ignore[arg-type]
     return f"all_reduce[{key[1]}, group {key[2]!r}]({render_key(key[3])})"  # type: ignore[arg-type]
 

@@ -31,9 +31,11 @@ import copy
 import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeAlias, cast
 
 import torch
 from torch import fx
+from torch.fx.node import Argument
 from torch.fx.traceback import NodeSource, NodeSourceAction
 
 from overlapcfg import compat
@@ -114,7 +116,7 @@ def splice(g: fx.Graph, fn: Callable[..., object], inps: Sequence[object], inser
     fn_g = gm.graph
     placeholders = list(fn_g.find_nodes(op="placeholder"))
     values = _fresh_values(gm, placeholders, g_fn_inps) if fresh and not made_now else None
-    env: dict[fx.Node, object] = dict(zip(placeholders, g_fn_inps, strict=False))
+    env: dict[fx.Node, fx.Node] = dict(zip(placeholders, g_fn_inps, strict=False))
     new_outs: list[fx.Node] = []
     new_nodes: list[fx.Node] = []
     copy_node = g.node_copy if _first_stamp(g, fn_g) else functools.partial(_stamp, g)
@@ -125,7 +127,7 @@ def splice(g: fx.Graph, fn: Callable[..., object], inps: Sequence[object], inser
             copied = copy_node(node, env.__getitem__)
             env[node] = copied
             if node.op == "output":
-                new_outs = list(copied.args[0])  # type: ignore[arg-type]
+                new_outs = list(cast("Sequence[fx.Node]", copied.args[0]))  # the output node's one argument
                 g.erase_node(copied)
                 continue
             if values is not None and node in values:
@@ -149,14 +151,19 @@ _LAYOUTS_ATTR = "_overlapcfg_layouts"
 _UNSET = object()
 
 
-def _layouts(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> dict[fx.Node, tuple[object, ...]] | None:
+NodeLayout: TypeAlias = tuple[Any, tuple[object, ...], tuple[int, ...]]
+"""A traced node's value as ``(pytree spec, leaves, leaf ids)``: each tensor leaf ``(storage key, dtype, shape,
+stride, offset, device)``, any other leaf as it is."""
+
+
+def _layouts(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> dict[fx.Node, NodeLayout] | None:
     """Each traced node's value as layouts over numbered storages: ``("input", i)`` for the trace's i-th input's
     storage, ``("new", k, nbytes)`` for one the trace allocated. None where a layout is not plain integers or the
     trace's inputs share a storage (then a storage does not say which input a view is of). Kept on the trace."""
     cached = getattr(gm, _LAYOUTS_ATTR, _UNSET)
     if cached is not _UNSET:
-        return cached  # type: ignore[return-value]
-    result: dict[fx.Node, tuple[object, ...]] | None = {}
+        return cast("dict[fx.Node, NodeLayout] | None", cached)
+    result: dict[fx.Node, NodeLayout] | None = {}
     storages: dict[int, object] = {}
     for i, p in enumerate(placeholders):
         val = p.meta.get("val")
@@ -203,15 +210,18 @@ def _fresh_values(gm: fx.GraphModule, placeholders: Sequence[fx.Node],
         return _rerun(gm, g_fn_inps)
     storages: dict[object, torch.Tensor] = {}
 
-    def storage(key: tuple[object, ...], dtype: torch.dtype) -> torch.Tensor:
+    def storage(key: tuple[Any, ...], dtype: torch.dtype) -> torch.Tensor:
         """A meta tensor of ``dtype`` over the whole storage ``key`` (offset 0)."""
         if key[0] == "input":
-            val = inputs[key[1]]  # type: ignore[call-overload]
+            val = inputs[key[1]]
+            if not isinstance(val, torch.Tensor):
+                raise AssertionError("overlapcfg merge: a storage key names an input that is not a tensor")
             raw = compat.meta_view_of_storage(val, torch.uint8)
         else:
-            raw = storages.get(key)
-            if raw is None:
-                raw = storages[key] = torch.empty(key[2], dtype=torch.uint8, device="meta")  # type: ignore[arg-type]
+            found = storages.get(key)
+            if found is None:
+                found = storages[key] = torch.empty(key[2], dtype=torch.uint8, device="meta")
+            raw = found
         return raw.view(dtype)
 
     made: dict[int, torch.Tensor] = {}
@@ -224,7 +234,7 @@ def _fresh_values(gm: fx.GraphModule, placeholders: Sequence[fx.Node],
                 continue
             if leaf_id not in made:
                 key, dtype, shape, stride, offset, device = leaf
-                elem = storage(key, dtype).as_strided(shape, stride, offset)  # type: ignore[arg-type]
+                elem = storage(key, dtype).as_strided(shape, stride, offset)
                 made[leaf_id] = compat.fake_tensor(mode, elem, device)
             leaves.append(made[leaf_id])
         out[node] = compat.tree_unflatten(leaves, spec)
@@ -254,10 +264,10 @@ def _same_layout(lhs: object, rhs: object) -> bool:
         a_tensor, b_tensor = isinstance(a, torch.Tensor), isinstance(b, torch.Tensor)
         if a_tensor != b_tensor:
             return False
-        if a_tensor and not (a.dtype == b.dtype and a.device == b.device and a.layout == b.layout  # type: ignore[union-attr]
+        if a_tensor and not (a.dtype == b.dtype and a.device == b.device and a.layout == b.layout
                              and compat.statically_equal(
-                                 (*a.shape, *a.stride(), a.storage_offset()),  # type: ignore[union-attr]
-                                 (*b.shape, *b.stride(), b.storage_offset()))):  # type: ignore[union-attr]
+                                 (*a.shape, *a.stride(), a.storage_offset()),
+                                 (*b.shape, *b.stride(), b.storage_offset()))):
             return False
     return True
 
@@ -310,7 +320,7 @@ def _first_stamp(g: fx.Graph, traced: fx.Graph) -> bool:
     return True
 
 
-def _stamp(g: fx.Graph, node: fx.Node, arg_transform: Callable[[fx.Node], object]) -> fx.Node:
+def _stamp(g: fx.Graph, node: fx.Node, arg_transform: Callable[[fx.Node], Argument]) -> fx.Node:
     """``g.node_copy(node, arg_transform)`` for a traced graph stamped into ``g`` before, without
     ``create_node``'s scan of every argument for raw symbolic values (a ``pytree`` walk, 80% of ``create_node``'s
     time on a merge's long argument lists). The arguments are the first stamp's, which ``node_copy`` scanned, with
@@ -349,7 +359,8 @@ def _rewire(g: fx.Graph, replacements: dict[fx.Node, fx.Node]) -> None:
                     output.kwargs = fx.map_arg(output.kwargs, lambda n: replacements.get(n, n))
 
 
-_PROVENANCE_KEYS = (("nn_module_stack", ""), ("fwd_nn_module_stack", ""), ("stack_trace", ""), ("custom", {}))
+_PROVENANCE_KEYS: tuple[tuple[str, object], ...] = (("nn_module_stack", ""), ("fwd_nn_module_stack", ""),
+                                                    ("stack_trace", ""), ("custom", {}))
 
 
 def populate_meta(sources: Sequence[fx.Node], new_nodes: Sequence[fx.Node]) -> None:

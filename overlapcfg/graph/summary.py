@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.graph.byte_runs import Key
 from overlapcfg.graph.memory import Interpretation, interpret
 from overlapcfg.graph.ops import MODELLED_COLLECTIVES, data_inputs, group_name, node_direction
 from overlapcfg.graph.provenance import Run, Value
@@ -123,7 +124,7 @@ def _target_name(target: object) -> str:
 
 
 def _canonical(values: Iterable[object]) -> tuple[Run, ...]:
-    by_key: dict[object, list[tuple[int, int]]] = {}
+    by_key: dict[Key, list[tuple[int, int]]] = {}
     for value in values:
         if isinstance(value, Value):
             for key, start, n in value.runs:
@@ -136,13 +137,14 @@ def _canonical(values: Iterable[object]) -> tuple[Run, ...]:
             if s == lo + n:
                 n += m
             else:
-                out.append((key, lo, n))  # type: ignore[arg-type]
+                out.append((key, lo, n))
                 lo, n = s, m
-        out.append((key, lo, n))  # type: ignore[arg-type]
+        out.append((key, lo, n))
     return tuple(out)
 
 
-def _collective(node: fx.Node, target: object, args: tuple[object, ...], direction: str | None) -> CollectiveData:
+def _collective(node: fx.Node, target: object, args: tuple[object, ...],
+                direction: Direction | None) -> CollectiveData:
     """``args``: the collective's arguments as read (its inputs' contents at its start)."""
     kind = MODELLED_COLLECTIVES[target]
     values = list(args[0]) if isinstance(args[0], (list, tuple)) else [args[0]]
@@ -154,11 +156,11 @@ def _collective(node: fx.Node, target: object, args: tuple[object, ...], directi
         attrs = (group, args[2], args[1], dtype)
     else:
         attrs = (group, args[1], dtype)
-    where = "backward" if kind == "reduce_scatter" else direction or node_direction(node)
+    where: Direction = "backward" if kind == "reduce_scatter" else direction or node_direction(node)
     return CollectiveData(node.name, kind, where, tuple(_freeze(a) for a in attrs), _canonical(values))
 
 
-def summarize_with_memory(gm: fx.GraphModule, direction: str | None) -> tuple[GraphSummary, Interpretation]:
+def summarize_with_memory(gm: fx.GraphModule, direction: Direction | None) -> tuple[GraphSummary, Interpretation]:
     calls: list[CallRecord] = []
     collectives: list[CollectiveData] = []
     outputs: list[tuple[str, object]] = []
@@ -189,7 +191,7 @@ def summarize_with_memory(gm: fx.GraphModule, direction: str | None) -> tuple[Gr
     return summary, interpretation
 
 
-def summarize(gm: fx.GraphModule, *, direction: str | None = None) -> GraphSummary:
+def summarize(gm: fx.GraphModule, *, direction: Direction | None = None) -> GraphSummary:
     """``direction``: "forward"/"backward" for aot_autograd's separate graphs, None to read node metadata
     (it only words messages: "parameter p is no longer all-gathered in forward")."""
     return summarize_with_memory(gm, direction)[0]

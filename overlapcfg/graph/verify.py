@@ -35,13 +35,16 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Collection, Iterable
+from typing import TypeAlias, TypeGuard
 
 from torch import fx
 
 from overlapcfg.errors import OverlapVerificationError
+from overlapcfg.graph.byte_runs import Key
 from overlapcfg.graph.provenance import Value, describe, leaf_name, render_key
 from overlapcfg.graph.summary import CallRecord, CollectiveData, GraphSummary, summarize, summarize_with_memory
 from overlapcfg.graph.well_formed import structure_faults
+from overlapcfg.kinds import Direction
 
 __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "verify"]
 
@@ -49,6 +52,10 @@ __all__ = ["CallRecord", "CollectiveData", "GraphSummary", "summarize", "verify"
 
 _NOUN = {"all_gather": ("parameter", "all-gathered"), "reduce_scatter": ("gradient", "reduce-scattered"),
          "all_reduce": ("tensor", "all-reduced")}
+
+
+Span: TypeAlias = tuple[tuple[object, ...], Key, int, int]
+"""``(collective attributes, byte-run key, offset, bytes)``: one span of data a collective sends, for counting."""
 
 
 def _attrs_text(kind: str, attrs: tuple[object, ...]) -> str:
@@ -78,17 +85,17 @@ def _coverage(spans: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _by_leaf(collectives: Iterable[CollectiveData]) -> dict[tuple[str, str], tuple[Counter[object], list[str],
+def _by_leaf(collectives: Iterable[CollectiveData]) -> dict[tuple[str, str], tuple[Counter[Span], list[str],
                                                                                  dict[str, None]]]:
     """(kind, source node) -> (how often each byte range is sent, by which collective starts, directions).
 
     Counting covered bytes rather than spans makes a merged bucket (one span per rank row) equal to the
     collectives it replaced, and a duplicated one (every byte sent twice) differ from them."""
-    spans: dict[tuple[str, str], dict[tuple[object, object], list[tuple[int, int]]]] = {}
-    out: dict[tuple[str, str], tuple[Counter[object], list[str], dict[str, None]]] = {}
+    spans: dict[tuple[str, str], dict[tuple[tuple[object, ...], Key], list[tuple[int, int]]]] = {}
+    out: dict[tuple[str, str], tuple[Counter[Span], list[str], dict[str, None]]] = {}
     for c in collectives:
         for key, start, n in c.data:
-            leaf = (c.kind, leaf_name(key))
+            leaf: tuple[str, str] = (c.kind, leaf_name(key))
             spans.setdefault(leaf, {}).setdefault((c.attrs, key), []).append((start, n))
             _, starts, where = out.setdefault(leaf, (Counter(), [], {}))
             if c.start not in starts:
@@ -102,8 +109,8 @@ def _by_leaf(collectives: Iterable[CollectiveData]) -> dict[tuple[str, str], tup
     return out
 
 
-def _attrs_list(kind: str, counter: Counter[object]) -> str:
-    return "; ".join(_attrs_text(kind, a) for a in dict.fromkeys(a for a, *_ in counter))  # type: ignore[misc]
+def _attrs_list(kind: str, counter: Counter[Span]) -> str:
+    return "; ".join(_attrs_text(kind, a) for a in dict.fromkeys(a for a, *_ in counter))
 
 
 def _compare_collectives(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
@@ -120,7 +127,7 @@ def _compare_collectives(before: GraphSummary, after: GraphSummary, problems: li
             problems.append(f"{noun} {leaf} is no longer {verb} in {places}")
         elif not was:
             problems.append(f"{noun} {leaf} is now {verb} in {places} but was not before (by {by})")
-        elif {a for a, *_ in was} != {a for a, *_ in now}:  # type: ignore[misc]
+        elif {a for a, *_ in was} != {a for a, *_ in now}:
             problems.append(f"{noun} {leaf}: {verb} in {_attrs_list(kind, now)} by {by}, "
                             f"was {_attrs_list(kind, was)}")
         elif _keys_text(was) == _keys_text(now) and max(was.values()) != max(now.values()):
@@ -133,15 +140,15 @@ def _compare_collectives(before: GraphSummary, after: GraphSummary, problems: li
             problems.append(f"{noun} {leaf}: other data is {verb} in {places} (by {by}): {what}")
 
 
-def _keys_text(counter: Counter[object]) -> str:
-    return " + ".join(dict.fromkeys(render_key(k) for _, k, _, _ in counter))  # type: ignore[misc]
+def _keys_text(counter: Counter[Span]) -> str:
+    return " + ".join(dict.fromkeys(render_key(k) for _, k, _, _ in counter))
 
 
-def _spans(counter: Counter[object]) -> list[tuple[int, int, int]]:
-    return sorted((s, n, times) for (_, _, s, n), times in counter.items())  # type: ignore[misc]
+def _spans(counter: Counter[Span]) -> list[tuple[int, int, int]]:
+    return sorted((s, n, times) for (_, _, s, n), times in counter.items())
 
 
-def _is_scattered(content: object) -> bool:
+def _is_scattered(content: object) -> TypeGuard[Value]:
     return isinstance(content, Value) and bool(content.runs) and all(k[0] == "rs" for k, _, _ in content.runs)
 
 
@@ -152,10 +159,10 @@ def _compare_outputs(before: GraphSummary, after: GraphSummary, problems: list[s
         if was == now:
             continue
         if _is_scattered(was):
-            grad = leaf_name(was.runs[0][0])  # type: ignore[union-attr]
-            if _is_scattered(now) and leaf_name(now.runs[0][0]) != grad:  # type: ignore[union-attr]
+            grad = leaf_name(was.runs[0][0])
+            if _is_scattered(now) and leaf_name(now.runs[0][0]) != grad:
                 problems.append(f"graph output {label} is now the reduce-scattered gradient of "
-                                f"{leaf_name(now.runs[0][0])}, which it was not (it was {grad}'s)")  # type: ignore[union-attr]
+                                f"{leaf_name(now.runs[0][0])}, which it was not (it was {grad}'s)")
                 continue
             if not _is_scattered(now):
                 problems.append(f"graph output {label} is no longer the reduce-scattered gradient of {grad}: "
@@ -165,7 +172,7 @@ def _compare_outputs(before: GraphSummary, after: GraphSummary, problems: list[s
 
 
 def _text(content: object) -> str:
-    return describe(content) if isinstance(content, (Value, tuple)) else repr(content)  # type: ignore[arg-type]
+    return describe(content) if isinstance(content, (Value, tuple)) else repr(content)
 
 
 def _compare_inputs(before: GraphSummary, after: GraphSummary, problems: list[str]) -> None:
@@ -229,7 +236,7 @@ def _without_regathers(summary: GraphSummary, names: frozenset[str], problems: l
     return dataclasses.replace(summary, collectives=tuple(c for c in summary.collectives if c.start not in found))
 
 
-def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, direction: str | None = None,
+def verify(before: fx.GraphModule | GraphSummary, after: fx.GraphModule, *, direction: Direction | None = None,
            pass_name: str = "overlapcfg", reused_regathers: Collection[str] = ()) -> None:
     """Raise ``OverlapVerificationError`` listing every broken invariant; return None if all hold.
 

@@ -93,6 +93,7 @@ def _check_in_flight(graph: fx.Graph, memory: Interpretation, index: dict[fx.Nod
         return
     early: dict[fx.Node, dict[fx.Node, None]] = {}
     for node in graph.nodes:
+        # root() of a node the interpretation saw is a node; None only for nodes it did not
         spans = windows.get(memory.root(node))  # type: ignore[arg-type]
         if not spans:
             continue

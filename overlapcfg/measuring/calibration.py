@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -114,7 +115,8 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     max_bytes = max_bytes or (2**30 if clock.cuda else 2**26)
     hosts: list[str] = [""] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
-    live = {n: g for n, g in (groups or {"world": dist.group.WORLD}).items() if dist.get_world_size(g) > 1}
+    world = cast(dist.ProcessGroup, dist.group.WORLD)  # initialized: checked above
+    live = {n: g for n, g in (groups or {"world": world}).items() if dist.get_world_size(g) > 1}
     crosses = group_hosts(live, hosts)
     sizes = log_sizes(MIN_BYTES, max_bytes, per_octave=2)
     mem_sizes = memory_sizes(min(max_bytes, 2**28))
@@ -140,6 +142,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], Exception):
         raise box[0]
+    # what rank 0 broadcast: a profile's mapping (an exception was raised above)
     result = hardware_from(box[0], path="calibrate")  # type: ignore[arg-type]
     if save is not False and dist.get_rank() == 0:
         save_hardware(result, None if save is True else Path(save), root="calibrate.name",
@@ -254,7 +257,7 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
             peak_flops=peak, mem_bandwidth=mem.rate,
             intra_node_bandwidth=intra_ag.bandwidth if intra_ag else base.intra_node_bandwidth,
             inter_node_bandwidth=inter_ag.bandwidth if inter_ag else base.inter_node_bandwidth,
-            latency=(intra_ag or inter_ag).latency if (intra_ag or inter_ag) else base.latency,
+            latency=gather.latency if (gather := intra_ag or inter_ag) else base.latency,
             gpus_per_node=gpus, compute_efficiency=1.0, comm_efficiency=1.0, collectives=fits,
             calibration=record.model_copy(update={"notes": tuple(notes)}))
     except ValueError as err:  # pydantic: a fitted number out of range

@@ -152,14 +152,17 @@ def time_group(name: str, group: dist.ProcessGroup, *, sizes: Sequence[int], dty
             if elapsed > share and len(done) >= MIN_SIZES:
                 break
         done.sort()
-        out.append(KindTimings(kind, *(tuple(x) for x in zip(*done, strict=True))))  # type: ignore[arg-type]
+        out.append(KindTimings(kind, *(tuple(x) for x in zip(*done, strict=True))))
     return GroupTimings(name, p, inter_node, tuple(out))
 
 
 def _fit_kind(kind: str, groups: Sequence[GroupTimings], *, measured_issue: bool,
               ) -> tuple[CollectiveFit, dict[str, tuple[float, float]]]:
     """One fit over every group's timings of ``kind``; per group the residuals ``(collective, issue)``."""
-    rows, seconds, issue_rows, issue_seconds = [], [], [], []
+    rows: list[tuple[float, ...]] = []
+    issue_rows: list[tuple[float, ...]] = []
+    seconds: list[float] = []
+    issue_seconds: list[float] = []
     spans: dict[str, tuple[int, int]] = {}
     for g in groups:
         timed = next(k for k in g.kinds if k.kind == kind)
@@ -205,7 +208,7 @@ def fit_collectives(groups: Sequence[GroupTimings], *, measured_issue: bool = Tr
     fits = CollectiveFits(intra_node=LinkFits(**links[False]) if False in links else None,
                           inter_node=LinkFits(**links[True]) if True in links else None)
     samples = tuple(GroupSamples(name=g.name, size=g.size, inter_node=g.inter_node, collectives=tuple(
-        KindSamples(kind=k.kind, sizes=k.sizes, seconds=k.seconds, issue_seconds=k.issue_seconds,  # type: ignore[arg-type]
+        KindSamples(kind=k.kind, sizes=k.sizes, seconds=k.seconds, issue_seconds=k.issue_seconds,
                     residual=residuals[(g.name, k.kind)][0], issue_residual=residuals[(g.name, k.kind)][1])
         for k in g.kinds)) for g in groups)
     return fits, samples

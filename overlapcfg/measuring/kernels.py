@@ -14,6 +14,7 @@ bandwidth)``. Calibration measures each term where it applies:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -86,8 +87,8 @@ def time_matmuls(chosen: Sequence[MatmulShape], dtype: torch.dtype, clock: Clock
         batch, m, k, n = shape
         a = torch.randn(batch, m, k, dtype=dtype, device=clock.device)
         b = torch.randn(batch, k, n, dtype=dtype, device=clock.device)
-        op: Callable[[], object] = (lambda a=a, b=b: torch.bmm(a, b)) if batch > 1 else \
-            (lambda a=a[0], b=b[0]: torch.mm(a, b))
+        op: Callable[[], object] = functools.partial(torch.bmm, a, b) if batch > 1 else \
+            functools.partial(torch.mm, a[0], b[0])
         seconds.append(clock.per_call(op))
         if progress is not None:
             progress("matmuls", 1)
@@ -119,7 +120,7 @@ def time_memory(sizes: Sequence[int], clock: Clock, *, progress: Callable[[str, 
     for nbytes in sizes:
         numel = nbytes // 12
         a, b, out = (torch.ones(numel, device=clock.device) for _ in range(3))
-        seconds.append(clock.per_call(lambda a=a, b=b, out=out: torch.add(a, b, out=out)))
+        seconds.append(clock.per_call(functools.partial(torch.add, a, b, out=out)))
         if progress is not None:
             progress("memory", 1)
     return seconds

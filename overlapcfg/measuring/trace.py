@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from overlapcfg.errors import OverlapStateError
 from overlapcfg.measuring.runner import REGION
@@ -57,14 +58,15 @@ def uncovered_seconds(spans: Iterable[tuple[float, float]], cover: Iterable[tupl
     return total
 
 
-def _span(event: object) -> tuple[float, float]:
-    tr = event.time_range  # type: ignore[attr-defined]
+def _span(event: Any) -> tuple[float, float]:
+    tr = event.time_range
     return tr.start / 1e6, tr.end / 1e6
 
 
-def read_trace(events: Sequence[object], *, steps: int, cuda: bool) -> StepTrace:
+def read_trace(events: Sequence[Any], *, steps: int, cuda: bool) -> StepTrace:
+    """(``events``: ``torch.profiler``'s ``FunctionEvent``s, whose attributes torch does not type.)"""
     """``events``: ``profiler.events()`` of ``steps`` profiled steps (graphs in ``overlapcfg::`` ranges)."""
-    regions = sorted((e for e in events if e.name.startswith(REGION)),  # type: ignore[attr-defined]
+    regions = sorted((e for e in events if e.name.startswith(REGION)),
                      key=lambda e: _span(e)[0])
     if not regions:
         raise OverlapStateError("measure: the profiler saw no overlapcfg graph ranges: did the step run the compiled "
@@ -72,9 +74,9 @@ def read_trace(events: Sequence[object], *, steps: int, cuda: bool) -> StepTrace
     per_step = max(1, len(regions) // steps)
     if cuda:
         return _read_cuda(events, regions, steps, per_step)
-    thread = regions[0].thread  # type: ignore[attr-defined]
-    waits = [_span(e) for e in events if e.name == _WAIT and e.thread == thread]  # type: ignore[attr-defined]
-    comms = sorted((_span(e) for e in events if e.name.startswith("gloo:")), key=lambda s: s[0])  # type: ignore[attr-defined]
+    thread = regions[0].thread
+    waits = [_span(e) for e in events if e.name == _WAIT and e.thread == thread]
+    comms = sorted((_span(e) for e in events if e.name.startswith("gloo:")), key=lambda s: s[0])
     exposed, inside, collectives = [], [], []
     for i in range(steps):
         mine = regions[i * per_step:(i + 1) * per_step]
@@ -83,17 +85,17 @@ def read_trace(events: Sequence[object], *, steps: int, cuda: bool) -> StepTrace
             a, b = _span(region)
             spans += b - a
             total += sum(max(0.0, min(b, d) - max(a, c)) for c, d in waits)
-            durations[region.name.removeprefix(REGION)] = tuple(d - c for c, d in comms if a <= c < b)  # type: ignore[attr-defined]
+            durations[region.name.removeprefix(REGION)] = tuple(d - c for c, d in comms if a <= c < b)
         exposed.append(total)
         inside.append(spans)
         collectives.append(durations)
     return StepTrace(tuple(exposed), tuple(inside), tuple(collectives))
 
 
-def _read_cuda(events: Sequence[object], regions: Sequence[object], steps: int, per_step: int) -> StepTrace:
+def _read_cuda(events: Sequence[Any], regions: Sequence[Any], steps: int, per_step: int) -> StepTrace:
     device = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
-    comm = [_span(e) for e in device if "nccl" in e.name.lower()]  # type: ignore[attr-defined]
-    compute = [_span(e) for e in device if "nccl" not in e.name.lower()]  # type: ignore[attr-defined]
+    comm = [_span(e) for e in device if "nccl" in e.name.lower()]
+    compute = [_span(e) for e in device if "nccl" not in e.name.lower()]
     exposed = uncovered_seconds(comm, compute) / steps
     durations = tuple(d - c for c, d in sorted(comm))
     per = len(durations) // steps if steps else 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import torch.distributed as dist
 from torch import fx, nn
@@ -117,7 +117,7 @@ class GraphBackend:
             **extra,
         )(gm, example_inputs)
 
-    def _partition(self, joint: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: object) -> object:
+    def _partition(self, joint: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any) -> object:
         if self.capture_joint:
             self.graphs["joint"] = copy.deepcopy(joint)
         return compat.min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)

@@ -122,7 +122,9 @@ def keep_unsharded(gm: fx.GraphModule, cfg: OverlapConfig, plan: ResolvedPlan,
     index = positions(gm.graph)
     kept: list[Kept] = []
     for i in wanted:
-        removed, params, left = [], [], []
+        removed: list[str] = []
+        params: list[str] = []
+        left: list[str] = []
         held: dict[fx.Node, int] = {}  # per forward value now kept alive (two re-gathers of one value hold it once)
         for c in regathers[i]:
             source, why = _forward_value(c, forward.get(_gathered_from(c), []), content_of, index)
@@ -172,8 +174,8 @@ def _forward_value(regather: Collective, candidates: Sequence[Collective], conte
             why = writer
         elif (mine := content_of(wait)) is None or mine != content_of(source):
             why = f"it gathers other elements than the forward's {candidate.start.name} (another cast or view)"
-        elif (writer := _writer(source, index[source], last_reader, index)) is not None:
-            why = f"{writer.name} writes the forward's gathered value before the backward reads it"
+        elif (written := _writer(source, index[source], last_reader, index)) is not None:
+            why = f"{written.name} writes the forward's gathered value before the backward reads it"
         else:
             return source, ""
     return None, why

@@ -83,7 +83,7 @@ def _ignored_settings(cfg: OverlapConfig, strategy: Strategy, root: str) -> tupl
 
 
 def _forced_direction(kind: GraphKind) -> Direction | None:
-    return kind if kind in ("forward", "backward") else None  # type: ignore[return-value]
+    return kind if kind in ("forward", "backward") else None
 
 
 def _folded_waits(starts: Sequence[str]) -> tuple[str, ...]:

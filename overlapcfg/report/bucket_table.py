@@ -55,7 +55,7 @@ class BucketRow:
 
 def _kinds(buckets: Sequence[BucketRecord]) -> list[tuple[str, str]]:
     """(direction, kind) pairs present in any bucket: the known ones in schedule order, then the rest."""
-    present = dict.fromkeys((c.direction, c.kind) for b in buckets for c in b.collectives)
+    present: dict[tuple[str, str], None] = dict.fromkeys((c.direction, c.kind) for b in buckets for c in b.collectives)
     return [k for k in _ORDER if k in present] + [k for k in present if k not in _ORDER]
 
 
@@ -101,7 +101,8 @@ def _template(name: str) -> tuple[str, int] | None:
 def _ranges(indices: Sequence[int]) -> str:
     """Runs of consecutive indices joined by an en dash, others by commas (``0``, en dash, ``3, 5``): bucket names
     already use ``-`` for one bucket spanning layers."""
-    out, start = [], indices[0]
+    out: list[str] = []
+    start: int | None = indices[0]
     for prev, cur in zip(indices, [*indices[1:], None], strict=True):
         if cur != prev + 1:
             out.append(str(start) if start == prev else f"{start}–{prev}")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config import OverlapConfig, OverlapPolicy, load_config
 from overlapcfg.config.base import RankCount
 from overlapcfg.config.load import validate_value
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
@@ -30,7 +30,7 @@ __all__ = ["compare", "compare_reports", "default_name"]
 def default_name(cfg: OverlapConfig) -> str:
     """``manual fp2 bp2 rs1 cap=1GiB``, ``torch_manual``, ``none``: the knobs that tell rows apart."""
     policy = cfg.policy
-    if cfg.strategy != "manual":
+    if cfg.strategy != "manual" or not isinstance(policy, OverlapPolicy):
         return cfg.strategy
     text = f"manual fp{policy.forward_prefetch} bp{policy.backward_prefetch} rs{policy.reduce_scatter_delay}"
     if policy.max_inflight_bytes is not None:
@@ -77,8 +77,12 @@ def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: 
     ws = step.world_size if world_size is None else validate_value(RankCount, world_size, path="world_size")
     rows = []
     for name, explained in zip(names, reports, strict=True):
+        if explained.forward is None or explained.backward is None:
+            raise OverlapUsageError(f"compare: the report of {name!r} holds no graphs to predict (an eager FSDP2 "
+                                    "model's report has none)")
         graphs = [explained.forward, explained.backward]
-        node_names = {g: node_labels(gm, step.module_fqn_fn(g)) for g, gm in zip(DIRECTIONS, graphs, strict=True)}
+        node_names: dict[str, dict[str, str]] = {g: node_labels(gm, step.module_fqn_fn(g))
+                                                 for g, gm in zip(DIRECTIONS, graphs, strict=True)}
         sim = simulate(graphs, hw, world_size=ws, names=DIRECTIONS, labels=node_names,
                        traced_world_size=step.world_size, as_dtype=as_dtype, groups=groups, node_costs=node_costs)
         report = explained.model_copy(update={"simulation": sim}).attach(*graphs)

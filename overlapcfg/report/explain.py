@@ -218,6 +218,7 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
         if hardware is not None:
             raise OverlapUsageError(
                 "explain: no prediction for eager FSDP2 (the cost model replays graphs); pass no hardware")
+        # is_fsdp2_model(step) holds: step is the nn.Module fully_shard sharded
         return fsdp2_report(step, config)  # type: ignore[arg-type]
     if isinstance(step, fx.GraphModule):
         # The traced group size is written into every collective; a bare graph has no CapturedStep to ask.
@@ -228,8 +229,11 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
         done = pass_record(step) is not None
         applied = applied_graph(step, config, world_size=trace_ws) if done else \
             apply_graph(step, config, world_size=trace_ws, graph_kind=graph_kind)
-    else:
+    elif isinstance(step, CapturedStep):
         applied = apply_step(step, config)
+    else:
+        raise OverlapUsageError(f"explain: expected a CapturedStep, an AppliedStep, a graph module or a model "
+                                f"overlapcfg.fully_shard sharded, got {type(step).__name__}")
     return _report(applied, hardware=hardware, world_size=world_size, groups=groups, node_costs=node_costs)
 
 

@@ -123,6 +123,7 @@ class Report(RecordModel):
     def __eq__(self, other: object) -> bool:  # the graph modules are attachments, not data
         return isinstance(other, Report) and self.model_dump() == other.model_dump()
 
+    # reports are compared by value and are not hashable (the attached graphs are not data)
     __hash__ = None  # type: ignore[assignment]
 
     def to_dict(self) -> dict[str, Any]:

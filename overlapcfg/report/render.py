@@ -98,6 +98,7 @@ def _simulation(report: Report, sim: Simulation, baseline: Simulation | None = N
             continue
         after = fmt(value(sim))
         if fmt is fmt_seconds:
+            # a seconds row's values are floats (rows formatted with fmt_seconds hold times)
             after += _change(value(baseline), value(sim))  # type: ignore[arg-type]
         table.add_row(escape(label), fmt(value(baseline)), after)
     return table
@@ -133,7 +134,7 @@ def report_table(report: Report, *, baseline: Simulation | None = None) -> Group
         nodes = str(g.nodes) if g.nodes else "—"  # eager FSDP2 has no graph
         graphs.add_row(g.name, nodes, f"{g.collectives_before} → {g.collectives_after}",
                        escape(_left_alone(g.non_fsdp)), escape(uncovered), fmt_seconds(g.pass_seconds))
-    parts: list[object] = [buckets, graphs]
+    parts: list[RenderableType] = [buckets, graphs]
     groups = groups_table(report)
     if groups is not None:
         parts.append(groups)
@@ -167,9 +168,8 @@ def groups_table(report: Report) -> Table | None:
     if len({t.group for _, t in rows}) < 2 and all(t.role.startswith("fsdp_") for _, t in rows):
         return None
     table = Table(title="process groups (role: what the pass may do with it)")
-    for col, kw in (("graph", {}), ("group", {}), ("ranks", {"justify": "right"}), ("role", {}),
-                    ("collectives before → after", {}), ("bytes per step", {"justify": "right"})):
-        table.add_column(col, **kw)
+    for col in ("graph", "group", "ranks", "role", "collectives before → after", "bytes per step"):
+        table.add_column(col, justify="right" if col in ("ranks", "bytes per step") else "left")
     for name, t in rows:
         table.add_row(name, escape(report.group_label(t.group)), "?" if t.size is None else str(t.size),
                       ROLE_LABELS.get(t.role, t.role), f"{t.before} → {t.after}", fmt_bytes(t.unsharded_bytes))

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from overlapcfg.cost.prediction import Event, Simulation
 from overlapcfg.cost.simulator import COMPUTE_STREAM
@@ -127,7 +128,7 @@ def bar_label(label: str, width_px: float, *, prefix: str = "") -> str | None:
     return next((t for t in tries if t and len(t) * _CHAR_PX + 4 <= width_px), None)
 
 
-def _bar_style(kind: str, stream: str) -> dict[str, object]:
+def _bar_style(kind: str, stream: str) -> dict[str, Any]:
     """Colours of one kind of bar. A stall wears the colour of the collective it waits on, hatched in the stall
     red, so an all-gather stall and a reduce-scatter stall are told apart at a glance. White edges keep
     back-to-back collectives apart; compute kernels are too many and too thin for them."""

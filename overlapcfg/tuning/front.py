@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from overlapcfg.files import write_atomic
 from overlapcfg.report.labels import byte_unit, fmt_bytes, fmt_seconds, time_unit
@@ -121,7 +122,7 @@ def front_view(result: TuneResult) -> FrontView:
     low_x, high_x = min(sizes), max(sizes)
     budget_shown = budget is not None and budget <= high_x + 0.5 * max(high_x - low_x, 0.1 * high_x)
     if budget_shown:
-        low_x, high_x = min(low_x, budget), max(high_x, budget)  # type: ignore[type-var]
+        low_x, high_x = min(low_x, cast(int, budget)), max(high_x, cast(int, budget))  # shown: not None
     x_unit, x_scale = byte_unit(high_x)
     y_unit, y_scale = time_unit(high_y)
     x_low, x_high = _span(low_x / x_scale, high_x / x_scale)
@@ -246,6 +247,7 @@ def write_front_png(result: TuneResult, path: Path) -> Path:
 
 def _number_presets(fig: object, ax: object, view: FrontView, shown: list[PresetPoint], best: Candidate) -> None:
     """Each drawn preset's number beside it, placed where it overlaps no other number and no marker."""
+    # matplotlib's axes, passed in as object so this module imports no matplotlib at import
     to_px = ax.transData.transform  # type: ignore[attr-defined]
     pts = [tuple(to_px((view.x(p.inflight_bytes), view.y(p.step_seconds)))) for p in shown]
     star = to_px((view.x(best.peak_inflight_bytes), view.y(best.step_seconds)))
@@ -253,11 +255,13 @@ def _number_presets(fig: object, ax: object, view: FrontView, shown: list[Preset
     sizes = [(char_w * len(str(p.number)) + 2, char_h + 2) for p in shown]
     obstacles = [(px - 5, py - 5, px + 5, py + 5) for px, py in pts] + [(star[0] - 9, star[1] - 9, star[0] + 9,
                                                                          star[1] + 9)]
+    # as above
     frame = tuple(ax.get_window_extent().extents)  # type: ignore[attr-defined]
-    offsets = place_labels(pts, sizes, obstacles, frame)  # type: ignore[arg-type]
+    offsets = place_labels(pts, sizes, obstacles, frame)
     px_to_pt = 72 / _DPI
     for p, (ox, oy) in zip(shown, offsets, strict=True):
         far = abs(ox) > min(_RINGS) or abs(oy) > min(_RINGS)
+        # as above
         ax.annotate(str(p.number), (view.x(p.inflight_bytes), view.y(p.step_seconds)),  # type: ignore[attr-defined]
                     xytext=(ox * px_to_pt, oy * px_to_pt), textcoords="offset points", fontsize=_FONT_PT,
                     ha="left" if ox > 0 else "right" if ox < 0 else "center",

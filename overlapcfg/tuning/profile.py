@@ -209,6 +209,7 @@ class _Costs:
 
     def __call__(self, node: fx.Node, graph: str | None = None) -> float:
         if graph is not None and node_kind(node) in MEASURABLE_KINDS:
+            # self.kw holds exactly node_seconds' and compute_seconds' keyword arguments
             return node_seconds(node, graph, self.hw, self.node_costs, **self.kw)[0]  # type: ignore[arg-type]
         return compute_seconds(node, self.hw, **self.kw).seconds  # type: ignore[arg-type]
 
@@ -262,7 +263,7 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
     records = []
     for start, mark, kind, issue, waits, after in chains:
         consumer: float | None = None
-        buffer, params = 0, ()
+        buffer, params = 0, tuple[ParamCopy, ...]()
         wait_cost = sum(cost.get(n, 0.0) for n in after)
         if kind == "all_gather":
             where = min((original_start[s] for s in mark.sources if s in original_start),

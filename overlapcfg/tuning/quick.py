@@ -21,7 +21,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import torch
 
@@ -237,7 +237,8 @@ def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str]) ->
         gathers = _in_schedule_order([_gather(b, names[b], ms) for (k, b), ms in steps.items() if k == "all_gather"])
         scatters = _in_schedule_order([_scatter(b, names[b], ms) for (k, b), ms in steps.items()
                                        if k == "reduce_scatter"])
-        chains = sum(c.issue_cost + c.wait_cost for s in (*gathers, *scatters) for c in s.collectives)
+        merged_steps: list[Step[GatherStep] | Step[DelayedStep]] = [*gathers, *scatters]
+        chains = sum(c.issue_cost + c.wait_cost for s in merged_steps for c in s.collectives)
         compute = g.prefix[-1] + chains
         hidden = _unhidable(g, gathers, scatters)
         graphs.append(GroupedGraph(g, gathers, scatters, compute, hidden,
@@ -340,7 +341,7 @@ def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays
             run(prefix[n] - prefix[done])
             done = n
         if code == _ISSUE:
-            merged: Merged = payload  # type: ignore[assignment]
+            merged = cast(Merged, payload)  # an _ISSUE event carries its collective
             if merged.kind == "all_gather":
                 issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
                       inflight_bytes=merged.cost_bytes)
@@ -348,7 +349,7 @@ def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays
             else:
                 issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost)
         elif code == _WAIT:
-            merged = payload  # type: ignore[assignment]
+            merged = cast(Merged, payload)
             at = streams.t
             stall = wait(id(merged))
             if stall > 0 and stalls is not None:
@@ -360,9 +361,9 @@ def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays
                 if merged.buffer_last < 0:
                     mem.free(merged.buffer_bytes, True)
         elif code == _ALLOC:
-            mem.alloc(payload, True)  # type: ignore[arg-type]
+            mem.alloc(cast(int, payload), True)  # memory events carry bytes
         else:
-            mem.free(payload, True)  # type: ignore[arg-type]
+            mem.free(cast(int, payload), True)
     run(prefix[-1] - prefix[done])
     return GraphScore(streams.end_graph(), streams.exposed, streams.peak_inflight, mem.peak_param if memory else 0)
 
@@ -385,10 +386,11 @@ def _events(g: GroupedGraph, depths: Sequence[int], delays: Sequence[int], cap: 
             if m.buffer_last >= 0:
                 events.append(((m.buffer_last, 0, 0, 2), _FREE, m.buffer_bytes, bucket))
             events += [((last, 0, 0, 2), _FREE, nbytes, bucket) for nbytes, last in m.copies]
-    for step, at, p in zip(g.reduce_scatters, g.scatters_at, place_delayed(g.scatters_at, delays), strict=True):
-        for m in step.collectives:
-            events.append(((m.start, 0, 0, 0), _ISSUE, m, at.bucket))
-            events.append(((*p.key, 0), _WAIT, m, at.bucket))
+    for scatter, delayed, d in zip(g.reduce_scatters, g.scatters_at, place_delayed(g.scatters_at, delays),
+                                   strict=True):
+        for m in scatter.collectives:
+            events.append(((m.start, 0, 0, 0), _ISSUE, m, delayed.bucket))
+            events.append(((*d.key, 0), _WAIT, m, delayed.bucket))
     for position, last, nbytes in g.profile.params if memory else ():
         events.append(((position, 0, 0, 1), _ALLOC, nbytes, -1))
         events.append(((last, 0, 0, 2), _FREE, nbytes, -1))

@@ -33,6 +33,7 @@ from overlapcfg.config import OverlapConfig, load_config, preset_names
 from overlapcfg.config.base import ByteCount, RankCount
 from overlapcfg.config.depths import DEPTH_FIELDS, SEARCHED_DEPTHS, Depths, depth_field, depths_of
 from overlapcfg.config.load import validate_value
+from overlapcfg.config.policy import IssueOrder
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.errors import OverlapConfigError
@@ -213,6 +214,7 @@ def _arms(profile: Profile, structure: Structure, groupings: list[Grouping], ste
         if any(b is None for b in unit_bucket):
             raise AssertionError(f"tune: grouping {g.label!r} leaves parameter owners unbucketed")
         names = [b.name for b in resolved.buckets]
+        # no unit is None: checked just above (an unbucketed owner raises)
         arms.append(Arm(g, plan, resolved, group(profile, unit_bucket, names)))  # type: ignore[arg-type]
     return arms
 
@@ -265,15 +267,23 @@ def _score_config(name: str, cfg: OverlapConfig, resolved: ResolvedPlan, profile
                   stalls: list[Stall] | None = None) -> Candidate:
     """Any manual-style config, through its own resolution (presets; the winner's cross-check)."""
     names = [b.name for b in resolved.buckets]
-    grouped = group(profile, [resolved.bucket_index(u) for u in profile.units], names)
+    grouped = group(profile, _unit_buckets(resolved, profile, name), names)
     policy = cfg.policy
-    order = getattr(policy, "issue_order", "gather_first")
+    order: IssueOrder = getattr(policy, "issue_order", "gather_first")
     cap = getattr(policy, "max_inflight_bytes", None)
     depths = Depths(**(depths_of(policy) or Depths()).model_dump(include=set(DEPTH_FIELDS)))
     s = score(grouped, {name: [getattr(b, name) for b in resolved.buckets] for name in SEARCHED_DEPTHS},
               max_inflight_bytes=cap, issue_order=order, memory=True, stalls=stalls)
     knobs = Knobs(depths, order, cap)
     return Candidate(name, -1, knobs, s, cfg)
+
+
+def _unit_buckets(resolved: ResolvedPlan, profile: Profile, what: str) -> list[int]:
+    """The bucket of each profile unit; every unit has one (configs leaving owners out are skipped before)."""
+    found = [resolved.bucket_index(u) for u in profile.units]
+    if any(b is None for b in found):  # a bug check: uncovered plans never reach scoring
+        raise AssertionError(f"tune: {what} leaves parameter owners unbucketed")
+    return [b for b in found if b is not None]
 
 
 def _refine_best(arms: list[Arm], fits: list[Candidate], space: TuneSpace, budget: int | None,

@@ -128,7 +128,7 @@ def find_blocks(module_fqns: Sequence[str], owners: Sequence[str], module_types:
             path, "found no repeated blocks in the model (a ModuleList, Sequential or ModuleDict of two or more "
                   "same-class modules numbered 0..n-1, each owning parameters); name them, e.g. "
                   "space={'blocks': 'encoder.layer.*'}, or give the plan yourself")
-    held, parent, blocks = max(stacks, key=lambda s: s[0])  # the first of equals: model order
+    _, parent, blocks = max(stacks, key=lambda s: s[0])  # the first of equals: model order
 
     def pattern_of(parent: str, n: int) -> str:
         every = all(c.isdecimal() for c in children[parent])

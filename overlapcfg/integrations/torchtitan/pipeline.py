@@ -94,7 +94,7 @@ def overlapcfg_pipeline(traced_result: Any, config: Any, *, parallel_dims: Any =
             f"(passes: {names}); the pipeline replaces exactly one. A precompiled artifact "
             "(compile.precompile_artifact_dir) was built with torchtitan's default passes and cannot be re-bucketed")
     index = found[0]
-    plans = passes[index].keywords["module_bucket_plans"]  # type: ignore[union-attr]
+    plans = passes[index].keywords["module_bucket_plans"]
     cfg = find_config(plans)
     logger.info("overlapcfg: %s %s; strategy %s, plan %s", ENV_VAR, _source_text(), cfg.strategy,
                 cfg.plan.name if cfg.plan is not None and cfg.plan.name else "(unnamed)")
@@ -102,7 +102,7 @@ def overlapcfg_pipeline(traced_result: Any, config: Any, *, parallel_dims: Any =
     return passes
 
 
-def _state(traced_result: Any) -> dict[str, tuple[Any, ...]]:
+def _state(traced_result: Any) -> dict[str, Any]:
     """``TracedResult``'s model state: its FQNs and how many flat graph inputs each became (a DTensor: two)."""
     fqns = tuple(traced_result.state_fqns)
     layouts = traced_result.input_subclass_layouts
@@ -135,7 +135,7 @@ def check_trainer(trainer: Any) -> None:
     if faults:
         raise OverlapConfigError(faults, header=f"compile.pass_pipeline={PIPELINE_NAME} cannot run here")
     cfg = find_config(("tok_embeddings",))  # torchtitan's own plan is known at trace time; a file's is checked now
-    parts = getattr(trainer, "model_parts", None) or ()
+    parts: Sequence[Any] = getattr(trainer, "model_parts", None) or ()
     if cfg.plan is not None and cfg.plan.name != TORCHTITAN_PLAN_NAME and get_strategy(cfg.strategy).uses_plan \
             and len(parts) == 1:
         _check_plan_fits(cfg, parts[0])
@@ -148,6 +148,7 @@ def _check_plan_fits(cfg: OverlapConfig, model: Any) -> None:
 
 
 def _function(graph_pass: object) -> Callable[..., Any]:
+    # torchtitan's passes are plain functions or partials of them
     return graph_pass.func if isinstance(graph_pass, functools.partial) else graph_pass  # type: ignore[return-value]
 
 
