@@ -45,7 +45,8 @@ BLOCKS = _python_blocks()
 MODULE_BLOCK = re.compile(r"^# (\w+)\.py$")
 """A block whose first line names a module file (``# my_configs.py``) is a module another program imports, not a
 script: it is run by the test written for that program (torchtitan's ``ConfigManager`` below)."""
-MODULE_BLOCK_TESTS = {"my_configs": "test_the_torchtitan_config_module_example_selects_the_pipeline"}
+MODULE_BLOCK_TESTS = {"my_configs": "test_the_torchtitan_config_module_example_selects_the_pipeline",
+                      "train": "test_the_hydra_app_example_takes_a_preset_by_name_and_its_fields"}
 
 
 EXAMPLE_TESTS = {"measure_steps/measure_steps.py": ("multiprocess/test_calibrate_measure_command.py",
@@ -198,6 +199,25 @@ def test_the_torchtitan_keep_unsharded_example_config_loads():
     kept = [b for b in cfg.plan.buckets if not isinstance(b, (str, tuple))]
     assert [(b.modules, b.reshard_after_forward) for b in kept] == [(("layers.31",), False)]
     assert cfg.policy.forward_prefetch == 2
+
+
+def test_the_hydra_app_example_takes_a_preset_by_name_and_its_fields(tmp_path):
+    """README's ``train.py`` as a user's app, the group mounted at ``trainer.overlap``: a preset by name, then a
+    field, is the preset with the field on top; a typo under the mount is named with the closest field."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "train.yaml").write_text("defaults:\n  - overlap@trainer.overlap: default\n  - _self_\n")
+    (tmp_path / "train.py").write_text(block_after("**A preset by name, then its fields.**", "python"))
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120, check=False)
+
+    out = run("trainer.overlap.policy=aggressive", "trainer.overlap.policy.forward_prefetch=4")
+    assert out.returncode == 0, out.stderr
+    assert "forward_prefetch=4 backward_prefetch=2 reduce_scatter_delay=2" in out.stdout
+    typo = run("trainer.overlap.policy.forwad_prefetch=4")
+    assert typo.returncode == 1 and "did you mean 'forward_prefetch'" in typo.stderr
 
 
 @pytest.mark.slow
