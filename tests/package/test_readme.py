@@ -80,7 +80,8 @@ def _expect(heading: str, mode: str, out: str) -> None:
             assert re.search(rf"rank {rank} forward: 21 -> [1-4] FSDP collectives", out), out[-2000:]
             assert re.search(rf"rank {rank} backward: 41 -> [2-8] FSDP collectives", out), out[-2000:]
         assert out.count("blocks model.layers.*") == 1  # printed by rank 0 only
-        assert "overlapcfg: strategy manual, plan hf_decoder_layers" in out
+        assert "overlapcfg: strategy manual, plan hf_decoder_layers, traced at world size 2" in out
+        assert "Prediction: h100_nvlink, world size 64 (traced at 2)" in out  # each figure says its world size
     if heading.startswith("In Python"):
         assert "overlapcfg: strategy manual, plan llama_layers" in out and "Prediction: h100_nvlink" in out
 
