@@ -37,7 +37,8 @@ def sweep_table(jobs: Sequence[Job], numbers: Sequence[int] | None = None) -> Ta
     title = f"sweep: {len(jobs)} jobs" + (f" (all with {' '.join(shared)})" if shared else "")
     if len(sizes) == 1:  # one world size for every row: the title says it; else each row does
         ((traced, predicted),) = sizes
-        title += f", traced at world size {traced}" + (f", predicted at {predicted}" if predicted else "")
+        title += f", world size {traced}" if predicted in (None, traced) else \
+            f", traced at world size {traced}, predicted at {predicted}"
     table = Table(title=escape(title), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     table.add_column("job", justify="right", no_wrap=True)
     table.add_column("overrides")
