@@ -226,7 +226,8 @@ def test_the_torchtitan_config_module_example_selects_the_pipeline(tmp_path, mon
     """README's ``my_configs.py``, imported by torchtitan's ``ConfigManager`` as ``--module my_configs``."""
     from tests.thirdparty import graph_trainer as G
 
-    (tmp_path / "my_configs.py").write_text(block_after("register the pipeline from your own config module", "python"))
+    recipe = block_after("**`--compile.pass_pipeline overlapcfg` alone does nothing.**", "python")
+    (tmp_path / "my_configs.py").write_text(recipe)
     monkeypatch.syspath_prepend(str(tmp_path))
     with G.graph_trainer_stubs():
         from torchtitan.config import ConfigManager
