@@ -1,7 +1,7 @@
 """Pydantic models of what users write (no torch, no Hydra): plans, policies, overrides, the whole config."""
 
+from overlapcfg.config.command_line import hydra_overrides, with_hydra_overrides
 from overlapcfg.config.faults import faults_from_validation_error
-from overlapcfg.config.hydra_overrides import hydra_overrides, with_hydra_overrides
 from overlapcfg.config.load import from_hydra, load_config
 from overlapcfg.config.overlap import OverlapConfig
 from overlapcfg.config.plan import Bucket, BucketEntry, BucketPlan, ModuleOverride

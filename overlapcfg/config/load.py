@@ -18,8 +18,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from overlapcfg.compat.omegaconf import full_key, hydra_command_line, root_of
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
+from overlapcfg.config.command_line import with_presets_chosen_by_name
 from overlapcfg.config.faults import faults_from_validation_error
-from overlapcfg.config.hydra_overrides import with_presets_chosen_by_name
 from overlapcfg.config.interpolate import (
     KeyPath,
     format_path,
@@ -112,7 +112,7 @@ def from_hydra(node: DictConfig) -> OverlapConfig:
 
     A plan or policy the command line chose by name (``overlap.policy=aggressive``) is the preset with the command
     line's field overrides on top, as the group option (``overlap/policy=aggressive``) composes it, also where
-    Hydra's value override dropped one or the other (``overlapcfg.config.hydra_overrides``).
+    Hydra's value override dropped one or the other (``overlapcfg.config.command_line``).
 
     ``${key}`` references may point anywhere in the composed config; resolvers are refused, including Hydra's
     own ``${hydra:...}`` (the shipped ``overlap`` group never uses one: it only holds at run time).

@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
-from overlapcfg.config.hydra_overrides import preset_overrides
+from overlapcfg.config.command_line import preset_overrides
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.demo.overrides import unknown_override_keys
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_you_mean

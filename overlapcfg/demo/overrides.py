@@ -11,7 +11,7 @@ one (``hardware=h100``). Here every override is held against what the command re
 - a group option that does not exist (``hardware=h100``, ``overlap/plan=llama_layer``), also where it is chosen
   by name (``overlap.plan=llama_layer``): closest option first.
 
-The overlap keys (``overlap.*``) are checked as in any Hydra app (``overlapcfg.config.hydra_overrides``), with the
+The overlap keys (``overlap.*``) are checked as in any Hydra app (``overlapcfg.config.command_line``), with the
 command's own strategy (``manual``) known; ``main`` then rewrites presets chosen by name into group options, so
 ``overlap.policy=aggressive overlap.policy.forward_prefetch=4`` is the config ``overlap/policy=aggressive ...`` is.
 
@@ -26,8 +26,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from overlapcfg.config.command_line import chosen_by_name, override_faults
 from overlapcfg.config.hardware import hardware_names
-from overlapcfg.config.hydra_overrides import chosen_by_name, override_faults
 from overlapcfg.config.presets import command_conf_dir, conf_dir
 from overlapcfg.errors import closest_first, did_you_mean
 
@@ -52,7 +52,7 @@ def top_level_keys() -> tuple[str, ...]:
 
 def known_fields() -> dict[str, tuple[str, ...]]:
     """Keys under each node the command validates with a pydantic model (``overlap`` has its own check:
-    ``overlapcfg.config.hydra_overrides.override_faults``)."""
+    ``overlapcfg.config.command_line.override_faults``)."""
     from overlapcfg.demo.settings import DemoModel, DemoParallel
 
     return {"": top_level_keys(), "model": tuple(DemoModel.model_fields),

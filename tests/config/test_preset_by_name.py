@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from overlapcfg import OverlapConfig, from_hydra, load_config
-from overlapcfg.config.hydra_overrides import hydra_overrides, preset_overrides
+from overlapcfg.config.command_line import hydra_overrides, preset_overrides
 from overlapcfg.config.presets import command_conf_dir
 
 MINE = "# a user's own plan preset, without a name of its own\nbuckets:\n  - tok_embeddings\n  - layers.*\n" \
