@@ -202,6 +202,7 @@ def _result(out: subprocess.CompletedProcess[str]) -> str:
     return next(line for line in out.stdout.splitlines() if line.startswith("RESULT"))
 
 
+@pytest.mark.slow  # five runs of the app, each a process
 def test_a_user_hydra_main_app_with_the_decorator_takes_fields_on_a_preset_by_name(tmp_path: Path) -> None:
     """The user's ``mine`` lists ``buckets`` only: with the decorator a field lands whether a preset lists it or
     not, in both spellings."""

@@ -202,6 +202,7 @@ def test_the_torchtitan_keep_unsharded_example_config_loads():
     assert cfg.policy.forward_prefetch == 2
 
 
+@pytest.mark.slow  # two runs of the app, each a process
 def test_the_hydra_app_example_takes_a_preset_by_name_and_its_fields(tmp_path):
     """README's ``train.py`` as a user's app, the group mounted at ``trainer.overlap``: a preset by name, then a
     field, is the preset with the field on top; a typo under the mount is named with the closest field."""
