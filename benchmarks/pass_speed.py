@@ -67,6 +67,9 @@ CONFIGS = {
 }
 LINEARITY_TARGET = 9.0
 SPEEDUP_TARGET = 8.0
+CLOCK = time.perf_counter
+"""What every time is read from: wall clock (default), or with ``--clock cpu`` this process's CPU time
+(``time.process_time``), for a machine other jobs share, where wall time counts their turns on the cores too."""
 
 
 def model_config(layers: int) -> LlamaConfig:
@@ -122,16 +125,16 @@ def run_pass(step: TracedStep, graph: Direction, cfg: OverlapConfig,
     try:
         if cfg is UPSTREAM:
             call = _upstream(step, graph)
-            start = time.perf_counter()
+            start = CLOCK()
             call(gm)
         else:
-            start = time.perf_counter()
+            start = CLOCK()
             apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(graph), module_fqns=step.module_fqns,
                   graph_kind=graph, **({"for_compiler": True, "recompile": False} if as_hook else {}))
-        seconds = time.perf_counter() - start
-        start = time.perf_counter()
+        seconds = CLOCK() - start
+        start = CLOCK()
         gm.recompile()
-        return seconds, time.perf_counter() - start
+        return seconds, CLOCK() - start
     finally:
         gc.enable()
 
@@ -153,12 +156,12 @@ def verify_ms(step: TracedStep, graph: Direction, repeats: int) -> tuple[float, 
         gc.collect()
         gc.disable()
         try:
-            start = time.perf_counter()
+            start = CLOCK()
             summary = summarize_graph(before, direction=graph)
-            middle = time.perf_counter()
+            middle = CLOCK()
             verify(summary, after, direction=graph)
             summary_s.append(middle - start)
-            verify_s.append(time.perf_counter() - middle)
+            verify_s.append(CLOCK() - middle)
         finally:
             gc.enable()
     return 1e3 * statistics.median(summary_s), 1e3 * statistics.median(verify_s)
@@ -215,7 +218,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         }
     out["sizes"] = [smallest, largest]
     out["meets_targets"] = (largest == 64 and smallest == 8 and all(
-        out[g]["linearity"] <= LINEARITY_TARGET and out[g]["speedup"] >= SPEEDUP_TARGET for g in GRAPHS))
+        out[g]["linearity"] <= LINEARITY_TARGET and out[g]["speedup_in_inductor_hook"] >= SPEEDUP_TARGET
+        for g in GRAPHS))
     return out
 
 
@@ -272,7 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 layers, one repeat (smoke test)")
     parser.add_argument("--out", type=Path, default=RESULTS / "pass_speed.json")
     parser.add_argument("--profile", action="store_true", help="always profile our pass at the largest size")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall clock, or this process's CPU time (for a machine other jobs share)")
     args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     layer_counts, repeats = ([8], 1) if args.quick else (sorted(args.layers), args.repeats)
     logging.basicConfig(level=logging.WARNING)
     console = Console()
@@ -280,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(layer_counts, repeats, console)
     summary = summarize(rows)
     render(rows, summary, console)
-    result: dict[str, Any] = {"repeats": repeats, "rows": rows, "summary": summary}
+    result: dict[str, Any] = {"repeats": repeats, "clock": args.clock, "rows": rows, "summary": summary}
     if args.profile or (not args.quick and not summary["meets_targets"]):
         result["profile_backward"] = profile(trace(max(layer_counts)), "backward")
         console.print(result["profile_backward"])

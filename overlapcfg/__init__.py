@@ -40,6 +40,8 @@ _EXPORTS: dict[str, str] = {
     "ModuleOverride": "overlapcfg.config",
     "load_config": "overlapcfg.config",
     "from_hydra": "overlapcfg.config",
+    "hydra_overrides": "overlapcfg.config",
+    "with_hydra_overrides": "overlapcfg.config",
     "preset_names": "overlapcfg.config",
     "resolve_plan": "overlapcfg.resolve",
     "ResolvedPlan": "overlapcfg.resolve",
@@ -118,6 +120,7 @@ __all__ = [
     "exit_process",
     "explain",
     "from_hydra",
+    "hydra_overrides",
     "fully_shard",
     "get_strategy",
     "inductor_pass",
@@ -131,6 +134,7 @@ __all__ = [
     "save_hardware",
     "simulate",
     "trace_train_step",
+    "with_hydra_overrides",
     "tune",
     "verify",
 ]
@@ -152,8 +156,10 @@ if TYPE_CHECKING:
         PolicyBase,
         TorchManualPolicy,
         from_hydra,
+        hydra_overrides,
         load_config,
         preset_names,
+        with_hydra_overrides,
     )
     from overlapcfg.cost import HardwareProfile, NodeCosts, load_hardware, save_hardware, simulate
     from overlapcfg.demo.tracing import trace_train_step

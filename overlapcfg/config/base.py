@@ -6,6 +6,8 @@ closest valid field name, which pydantic's own ``extra_forbidden`` error does no
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +20,7 @@ from pydantic_core import PydanticCustomError
 from overlapcfg.errors import did_you_mean, show_value
 
 __all__ = ["MAX_BYTES", "MAX_RANKS", "TARGET_KEY", "ByteCount", "ConfigModel", "Depth", "RankCount",
-           "collect_unknown_field_hints"]
+           "collect_unknown_field_hints", "measured"]
 
 TARGET_KEY = "_target_"
 TARGET_MESSAGE = (
@@ -146,3 +148,27 @@ RankCount = Annotated[int, BeforeValidator(_check_ranks)]
 
 def _show(value: Any) -> str:
     return show_value(value) if not isinstance(value, (dict, list, tuple)) else type(value).__name__
+
+
+def measured(unit: str, low: float, high: float, *, example: str = "") -> BeforeValidator:
+    """The check of a measured quantity in ``unit`` (``"bytes/s"``, ``"seconds"``): a finite number in
+    ``[low, high]``, as ``Annotated[float, measured(...)]`` (a type alias a type checker reads as ``float``).
+    Infinity, NaN and values no hardware has (a bandwidth of 1e300 bytes/s) are refused with the range expected,
+    instead of making every prediction zero or infinite; ``example`` names the range in words
+    (``"1 MB/s to 1 PB/s"``)."""
+    span = f"{low:g} to {high:g}" + (f" ({example})" if example else "")
+    expected = f"{unit}, a finite number from {span}"
+
+    def check(value: Any) -> float:
+        number = math.nan
+        if isinstance(value, str) and len(value) <= 64:  # '2e12' as a string: what pydantic's float took before
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value) if not isinstance(value, int) or value.bit_length() < 1000 else math.inf
+        if not (math.isfinite(number) and low <= number <= high):
+            raise PydanticCustomError("measured", "expected {expected}, got {got}",
+                                      {"expected": expected, "got": _show(value)})
+        return number
+
+    return BeforeValidator(check)

@@ -16,8 +16,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from overlapcfg.compat.omegaconf import full_key, root_of
+from overlapcfg.compat.omegaconf import full_key, hydra_command_line, root_of
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
+from overlapcfg.config.command_line import with_presets_chosen_by_name
 from overlapcfg.config.faults import faults_from_validation_error
 from overlapcfg.config.interpolate import (
     KeyPath,
@@ -110,14 +111,22 @@ def validate_value(kind: Any, value: Any, *, path: str, header: str | None = Non
 def from_hydra(node: DictConfig) -> OverlapConfig:
     """``load_config`` for a node of a composed Hydra config; fault paths start where the node is mounted.
 
+    A plan or policy the command line chose by name (``overlap.policy=aggressive``) is the preset with the command
+    line's field overrides on top, as the group option (``overlap/policy=aggressive``) composes it, also where
+    Hydra's value override dropped one or the other (``overlapcfg.config.command_line``).
+
     ``${key}`` references may point anywhere in the composed config; resolvers are refused, including Hydra's
     own ``${hydra:...}`` (the shipped ``overlap`` group never uses one: it only holds at run time).
     """
     if not isinstance(node, DictConfig):
         raise OverlapUsageError(f"from_hydra expects an omegaconf DictConfig node, got {type(node).__name__}")
     _refuse_whole_config(node)
+    root = full_key(node) or "overlap"
     with searching_hydra():  # the user's own overlap/plan/<name>.yaml resolves by name too
-        return load_config(node, root=full_key(node) or "overlap")
+        data = _to_container(node, root)
+        if isinstance(data, Mapping):  # a preset Hydra's value override replaced, rebuilt as its group option
+            data = with_presets_chosen_by_name(data, mount=root, command_line=hydra_command_line(node))
+        return load_config(data, root=root) if isinstance(data, Mapping) else load_config(node, root=root)
 
 
 def _overlap_nodes(node: DictConfig, prefix: str = "", depth: int = 0) -> Iterator[str]:

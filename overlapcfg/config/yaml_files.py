@@ -22,7 +22,7 @@ from overlapcfg.config.interpolate import KeyPath, resolve_references
 from overlapcfg.config.safe_yaml import YamlLimitError, load_yaml, measure
 from overlapcfg.errors import OverlapConfigError, join_path
 
-__all__ = ["MAX_FILE_BYTES", "check_text", "measure_or_fault", "parse_yaml", "read_text", "read_yaml",
+__all__ = ["MAX_FILE_BYTES", "check_path", "check_text", "measure_or_fault", "parse_yaml", "read_text", "read_yaml",
            "with_references_resolved"]
 
 MAX_FILE_BYTES = 16 * 2**20
@@ -39,6 +39,7 @@ def read_text(path: Path, root: str, *, what: str = "config file") -> str:
     """``path``'s text, read from one open descriptor (what is checked is what is read) and at most
     ``MAX_FILE_BYTES`` + 1 bytes of it, whatever size the file reports."""
     name = repr(str(path))  # whole: a shortened path does not find the file
+    check_path(path, root, what=what)
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
@@ -61,6 +62,15 @@ def read_text(path: Path, root: str, *, what: str = "config file") -> str:
     except UnicodeDecodeError as err:
         raise OverlapConfigError.single(
             root, f"{what} {name} is not UTF-8 text (byte {err.start} of {len(data):,})") from None
+
+
+def check_path(path: str | os.PathLike[str], root: str, *, what: str = "config file") -> None:
+    """A path no file can have is a config fault here, not the operating system's ``ValueError`` later: a NUL byte
+    ends a C string, so ``open`` refuses it (``embedded null byte``) and ``Path.exists`` answers False."""
+    text = os.fspath(path)
+    if "\x00" in text:
+        raise OverlapConfigError.single(root, f"{what} path {text!r} contains a NUL byte (character "
+                                              f"{text.index(chr(0))}); no file name can, check how it was built")
 
 
 def _read_capped(fd: int, named: str, root: str) -> bytes:

@@ -13,27 +13,35 @@ and an all-reduce twice that (nccl-tests' bus bandwidth convention), so a fit ma
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated
 
-from overlapcfg.config.base import ConfigModel
+from overlapcfg.config.base import ConfigModel, measured
 from overlapcfg.kinds import BucketKind
 
 __all__ = ["Calibration", "CollectiveFit", "CollectiveFits", "GroupSamples", "KernelSamples",
            "KindSamples", "LinkFits"]
 
+Seconds = Annotated[float, measured("seconds", 0.0, 1.0, example="up to 1 s")]
+"""A fitted per-collective constant: 0 up to a second."""
+BusBandwidth = Annotated[float, measured("bytes/s", 1e6, 1e15, example="1 MB/s to 1 PB/s")]
+"""A fitted bandwidth: what no link reaches (or a fit whose slope vanished) is refused, not priced."""
+IssueBandwidth = Annotated[float, measured("bytes/s", 1e6, 1e18, example="1 MB/s to 1 EB/s")]
+"""How fast the calling thread works through a collective's bytes while issuing it: where issuing hardly depends
+on the size, the fit's slope is near zero and this is very large (1e15 measured on gloo), but finite."""
+
 
 class CollectiveFit(ConfigModel):
     """One collective kind on one kind of link, fitted from timings."""
 
-    latency: float = Field(ge=0)
+    latency: Seconds
     """Seconds per ring step (the alpha): ``(p - 1)`` of them per all-gather or reduce-scatter, ``2 (p - 1)`` per
     all-reduce."""
-    bandwidth: float = Field(gt=0)
+    bandwidth: BusBandwidth
     """Bus bandwidth per direction (bytes/s): the ring moves ``(p - 1) / p`` of the full size at it (all-reduce:
     twice that)."""
-    issue_latency: float = Field(0.0, ge=0)
+    issue_latency: Seconds = 0.0
     """Seconds the calling (compute) thread spends issuing one, before it runs on its own stream or thread."""
-    issue_bandwidth: float | None = Field(None, gt=0)
+    issue_bandwidth: IssueBandwidth | None = None
     """Bytes/s at which the calling thread works through the full size while issuing (gloo copies and reduces
     on the caller for some kinds); null: issuing costs ``issue_latency`` whatever the size."""
 

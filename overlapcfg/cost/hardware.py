@@ -17,21 +17,22 @@ record (``overlapcfg.cost.calibration``).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from omegaconf import DictConfig
 from pydantic import Field
 
-from overlapcfg.config.base import ConfigModel
+from overlapcfg.config.base import ConfigModel, measured
 from overlapcfg.config.load import config_data, validate_config
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.config.safe_yaml import dump_yaml
+from overlapcfg.config.yaml_files import check_path
 from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFits
 from overlapcfg.errors import OverlapConfigError, OverlapUsageError, closest, natural_key
+from overlapcfg.files import write_atomic
 
 __all__ = ["HardwareProfile", "PeakFlops", "hardware_home", "hardware_names", "load_hardware", "save_hardware",
            "shipped_hardware_names"]
@@ -42,17 +43,28 @@ HOME_ENV = "OVERLAPCFG_HOME"
 """Environment variable naming the user's overlapcfg directory (profiles in its ``hardware/``)."""
 
 
+FlopRate = Annotated[float, measured("FLOP/s", 1e6, 1e18, example="1 MFLOP/s to 1 EFLOP/s")]
+"""Peak compute of one device: far below a single CPU core, or above any accelerator, is a typo or a unit mix-up."""
+ByteRate = Annotated[float, measured("bytes/s", 1e6, 1e15, example="1 MB/s to 1 PB/s")]
+"""A memory or link bandwidth of one device, per direction."""
+Latency = Annotated[float, measured("seconds", 0.0, 1.0, example="up to 1 s")]
+"""Per-step latency of a ring: 0 (none modelled) up to a second."""
+
+
 class PeakFlops(ConfigModel):
     """Dense peak FLOP/s per dtype (no sparsity). Dtypes not listed fall back to ``fp32``."""
 
-    bf16: float = Field(gt=0)
+    bf16: FlopRate
     """Tensor-core bf16 (fp16 is costed the same)."""
-    fp32: float = Field(gt=0)
+    fp32: FlopRate
     """Plain fp32 (not TF32): what an fp32 model gets without ``allow_tf32``."""
 
 
 class HardwareProfile(ConfigModel):
-    """One accelerator and its network, as the cost model sees it (SI units: FLOP/s, bytes/s, seconds)."""
+    """One accelerator and its network, as the cost model sees it (SI units: FLOP/s, bytes/s, seconds).
+
+    Every number is finite and within what hardware has (``FlopRate``, ``ByteRate``, ``Latency``): ``.inf`` or
+    ``1e300`` in a profile is an error naming the field and the range, not a prediction of zero seconds."""
 
     name: str
     """Short name shown in reports (the YAML file name for shipped profiles)."""
@@ -60,13 +72,13 @@ class HardwareProfile(ConfigModel):
     """One line: which part and which interconnect."""
     peak_flops: PeakFlops
     """Dense peak compute per dtype."""
-    mem_bandwidth: float = Field(gt=0)
+    mem_bandwidth: ByteRate
     """Device memory bandwidth (bytes/s): the roofline's slope for memory-bound ops."""
-    intra_node_bandwidth: float = Field(gt=0)
+    intra_node_bandwidth: ByteRate
     """Per-GPU, per-direction bandwidth between GPUs of one node (bytes/s); used when the group fits in a node."""
-    inter_node_bandwidth: float = Field(gt=0)
+    inter_node_bandwidth: ByteRate
     """Per-GPU, per-direction bandwidth across nodes (bytes/s); a ring spanning nodes is limited by it."""
-    latency: float = Field(ge=0)
+    latency: Latency
     """Per-hop latency of a ring step (seconds): the alpha of the alpha-beta model, paid (p - 1) times."""
     gpus_per_node: int = Field(ge=1)
     """Devices per node: groups of at most this many ranks use ``intra_node_bandwidth``."""
@@ -162,6 +174,7 @@ def load_hardware(name: str | Path | HardwareProfile) -> HardwareProfile:
     if isinstance(name, HardwareProfile):
         return name
     if isinstance(name, Path) or (isinstance(name, str) and (name.endswith((".yaml", ".yml")) or "/" in name)):
+        check_path(name, GROUP, what="hardware profile")
         path = Path(name).expanduser()
         if not path.is_file():
             raise OverlapConfigError.single(GROUP, f"no hardware profile file {str(path)!r}")
@@ -191,10 +204,7 @@ def save_hardware(profile: HardwareProfile, path: Path | None = None, *, header:
             raise OverlapConfigError.single(root, f"{profile.name!r} is a shipped profile's name, which would "
                                                   "always be found first; choose another name")
         path = hardware_home() / f"{profile.name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_path(path, root, what="hardware profile")
     body = dump_yaml(profile.model_dump(mode="json", exclude_none=True), width=120)  # reads back as written
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
-        tmp.write(comment + body)
-    Path(tmp.name).replace(path)
-    return path
+    return write_atomic(path, comment + body)

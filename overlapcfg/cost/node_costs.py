@@ -11,26 +11,37 @@ the model's, since their time is what the schedule changes.
 
 A profile of the untransformed step serves every config of that step: the pass keeps the nodes it does not
 create, names included.
+
+Durations are held to what a measurement can be: a finite number of seconds from 0 to ``MAX_NODE_SECONDS``. NaN,
+a negative or an infinite duration, or one of 1e300 s, is an ``OverlapConfigError`` naming the file (``read``)
+and the entry, never a node dropped or a step predicted at infinity.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.config.yaml_files import read_text
 from overlapcfg.cost.price import iter_tensors, node_kind
-from overlapcfg.errors import OverlapConfigError
+from overlapcfg.errors import Fault, OverlapConfigError, show_value
 
-__all__ = ["NODE_COSTS_SCHEMA", "MEASURABLE_KINDS", "NodeCosts", "node_signature"]
+__all__ = ["MAX_NODE_SECONDS", "NODE_COSTS_SCHEMA", "MEASURABLE_KINDS", "NodeCosts", "node_signature"]
 
 NODE_COSTS_SCHEMA = "overlapcfg.node_costs/1"
 MEASURABLE_KINDS = frozenset({"compute", "memory", "free"})
 """Node kinds (``overlapcfg.cost.price.node_kind``) whose measured time replaces the model's."""
+MAX_NODE_SECONDS = 3600.0
+"""Longest duration a node may have: an hour for one kernel of one step is not a measurement (a unit mix-up, a
+corrupted file), and it would price the whole step at hours."""
+HEADER = "invalid node costs"
 
 
 def _describe(value: object) -> str:
@@ -54,6 +65,11 @@ class NodeCosts:
     """What was measured, for reports: backend, ranks, which config's graphs, how many steps, when."""
     graphs: Mapping[str, Mapping[str, tuple[str, float]]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        faults = list(_duration_faults(self.graphs))
+        if faults:
+            raise OverlapConfigError(faults, header=HEADER)
+
     def seconds(self, graph: str, node: fx.Node) -> float | None:
         """The measured time of ``node`` in ``graph``, or None (not measured, or a different kernel there)."""
         entry = self.graphs.get(graph, {}).get(node.name)
@@ -73,12 +89,73 @@ class NodeCosts:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_json(cls, text: str | Mapping[str, Any]) -> NodeCosts:
-        """Read what ``to_json`` wrote (``node_costs.json`` of ``overlapcfg mode=measure``)."""
-        data = json.loads(text) if isinstance(text, str) else dict(text)
-        if data.get("schema") != NODE_COSTS_SCHEMA:
-            raise OverlapConfigError(
-                f"not overlapcfg node costs of schema {NODE_COSTS_SCHEMA!r} (got {data.get('schema')!r})")
-        graphs = {str(g): {str(n): (str(e["signature"]), float(e["seconds"])) for n, e in nodes.items()}
-                  for g, nodes in data["graphs"].items()}
-        return cls(source=str(data["source"]), graphs=graphs)
+    def from_json(cls, text: str | Mapping[str, Any], *, where: str | None = None) -> NodeCosts:
+        """Read what ``to_json`` wrote (``node_costs.json`` of ``overlapcfg mode=measure``). Anything else, a
+        duration that is not a finite number of seconds from 0 to ``MAX_NODE_SECONDS`` included, is an
+        ``OverlapConfigError`` listing every bad entry (``graphs.forward.mm_3.seconds: ...``); ``where`` names the
+        file in its header."""
+        header = f"{HEADER} in {where!r}" if where else HEADER
+        try:
+            data = json.loads(text) if isinstance(text, str) else dict(text)
+        except ValueError as err:
+            raise OverlapConfigError([Fault("", f"not JSON: {err}")], header=header) from None
+        if not isinstance(data, Mapping) or data.get("schema") != NODE_COSTS_SCHEMA:
+            got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
+            raise OverlapConfigError([Fault("schema", f"not overlapcfg node costs of schema {NODE_COSTS_SCHEMA!r} "
+                                                      f"(got {show_value(got)})")], header=header)
+        graphs, faults = _entries(data.get("graphs"))
+        if faults:
+            raise OverlapConfigError(faults, header=header)
+        try:
+            return cls(source=str(data.get("source", "")), graphs=graphs)
+        except OverlapConfigError as err:
+            raise OverlapConfigError(err.faults, header=header) from None
+
+    @classmethod
+    def read(cls, path: str | Path, *, root: str = "node_costs") -> NodeCosts:
+        """``from_json`` of a file (``node_costs.json``): its faults name the file; a file that cannot be read is
+        an ``OverlapConfigError`` at ``root`` (where the path was given: ``tune.node_costs``)."""
+        path = Path(path).expanduser()
+        text = read_text(path, root, what="node costs file")
+        return cls.from_json(text, where=str(path))
+
+
+def _entries(graphs: Any) -> tuple[dict[str, dict[str, tuple[str, float]]], list[Fault]]:
+    """``graphs`` of a ``node_costs.json`` as ``NodeCosts.graphs``, and a fault per entry of the wrong shape."""
+    if not isinstance(graphs, Mapping):
+        return {}, [Fault("graphs", f"expected a mapping of graph -> node -> {{signature, seconds}}, got "
+                                    f"{type(graphs).__name__}")]
+    out: dict[str, dict[str, tuple[str, float]]] = {}
+    faults = []
+    for g, nodes in graphs.items():
+        if not isinstance(nodes, Mapping):
+            faults.append(Fault(f"graphs.{g}", f"expected a mapping of node -> {{signature, seconds}}, got "
+                                               f"{type(nodes).__name__}"))
+            continue
+        for n, entry in nodes.items():
+            where = f"graphs.{g}.{n}"
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("signature"), str) or "seconds" not in entry:
+                faults.append(Fault(where, "expected {signature: <text>, seconds: <number>}"))
+                continue
+            out.setdefault(str(g), {})[str(n)] = (entry["signature"], _number(entry["seconds"]))
+    return out, faults
+
+
+def _number(value: Any) -> Any:
+    """A JSON number as a float (an integer too); anything else as it is, for the fault to show."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return value
+    return value
+
+
+def _duration_faults(graphs: Mapping[str, Mapping[str, tuple[str, float]]]) -> Iterator[Fault]:
+    for g, nodes in graphs.items():
+        for n, (_, seconds) in nodes.items():
+            number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+            ok = number and (isinstance(seconds, int) or math.isfinite(seconds)) and 0 <= seconds <= MAX_NODE_SECONDS
+            if not ok:
+                yield Fault(f"graphs.{g}.{n}.seconds", f"expected a duration in seconds, a finite number from 0 to "
+                                                       f"{MAX_NODE_SECONDS:g}, got {show_value(seconds)}")

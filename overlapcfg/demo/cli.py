@@ -26,6 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
+from overlapcfg.config.command_line import preset_overrides
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.demo.overrides import unknown_override_keys
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_you_mean
@@ -143,6 +144,7 @@ def main() -> None:
     faults = unknown_override_keys(sys.argv[1:])
     if faults:
         sys.exit(f"invalid overrides ({len(faults)} fault{'s' if len(faults) > 1 else ''}):\n  " + "\n  ".join(faults))
+    sys.argv[1:] = preset_overrides(sys.argv[1:])  # overlap.plan=NAME: the group option, fields on top as there
     _search_user_profiles()
     app = hydra.main(config_path=str(command_conf_dir()), config_name="overlapcfg", version_base="1.3")(_task)
     try:

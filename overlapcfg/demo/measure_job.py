@@ -30,7 +30,9 @@ from overlapcfg.config.base import ByteCount, ConfigModel
 from overlapcfg.config.load import validate_config
 from overlapcfg.demo.job import Progress as Stages
 from overlapcfg.demo.job import check_plan, compare_configs, demo_spec, replay_hardware
+from overlapcfg.demo.outputs import MEASURE_FILE, NODE_COSTS_FILE
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.files import write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -43,8 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CalibrateSettings", "MeasureSettings", "demo_step", "run_calibrate", "run_measure"]
 
-MEASURE_FILE = "measure.json"
-NODE_COSTS_FILE = "node_costs.json"
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -281,10 +281,10 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         path = output_dir / MEASURE_FILE
         if rank == 0:
             console.print(measurement_table(result))
-            path.write_text(result.to_json())
+            write_atomic(path, result.to_json())
             written = [str(path)]
             if result.measured_node_costs is not None:
-                (output_dir / NODE_COSTS_FILE).write_text(result.measured_node_costs.to_json())
+                write_atomic(output_dir / NODE_COSTS_FILE, result.measured_node_costs.to_json())
                 written.append(str(output_dir / NODE_COSTS_FILE))
             console.print(f"measurement: {', '.join(written)}  [dim](total {stages.total():.1f} s)[/dim]",
                           soft_wrap=True)

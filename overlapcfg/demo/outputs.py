@@ -17,8 +17,8 @@ from pathlib import Path
 
 from overlapcfg.files import TEMP_GLOB
 
-__all__ = ["COMPARE_FILE", "FRONT_FILE", "OUTPUT_FILES", "REPORT_FILE", "TIMELINE_STEM", "TUNED_FILE", "TUNE_FILE",
-           "clear_outputs"]
+__all__ = ["COMPARE_FILE", "FRONT_FILE", "MEASURE_FILE", "NODE_COSTS_FILE", "OUTPUT_FILES", "REPORT_FILE",
+           "TIMELINE_STEM", "TUNED_FILE", "TUNE_FILE", "clear_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,13 @@ TIMELINE_STEM = "timeline"
 TUNED_FILE = "tuned.yaml"
 TUNE_FILE = "tune.json"
 FRONT_FILE = "tune_front.png"
+MEASURE_FILE = "measure.json"
+NODE_COSTS_FILE = "node_costs.json"
 OUTPUT_FILES = (REPORT_FILE, COMPARE_FILE, f"{TIMELINE_STEM}.json", f"{TIMELINE_STEM}.png", TUNED_FILE, TUNE_FILE,
-                FRONT_FILE)
+                FRONT_FILE, MEASURE_FILE, NODE_COSTS_FILE)
 """Every file a mode writes (``mode=run``: the report; ``compare``: the comparison and the timeline; ``tune``:
-the tuned config, its evidence and the front)."""
+the tuned config, its evidence and the front; ``measure``: the measurement and the node costs). ``calibrate``'s
+copy of the profile is named after it (``<name>.yaml``) and stays: its name says which run made it."""
 
 
 def clear_outputs(output_dir: Path) -> list[str]:

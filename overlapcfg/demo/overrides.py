@@ -8,7 +8,12 @@ one (``hardware=h100``). Here every override is held against what the command re
 - a field no model of its node has (``parallel.dp_shrd=2``): closest field and the valid ones;
 - a policy field of another strategy than the active one (``overlap.policy.max_in_flight_gb`` with ``manual``):
   the valid fields are the active strategy's, and the strategy the field belongs to is named;
-- a group option that does not exist (``hardware=h100``, ``overlap/plan=llama_layer``): closest option first.
+- a group option that does not exist (``hardware=h100``, ``overlap/plan=llama_layer``), also where it is chosen
+  by name (``overlap.plan=llama_layer``): closest option first.
+
+The overlap keys (``overlap.*``) are checked as in any Hydra app (``overlapcfg.config.command_line``), with the
+command's own strategy (``manual``) known; ``main`` then rewrites presets chosen by name into group options, so
+``overlap.policy=aggressive overlap.policy.forward_prefetch=4`` is the config ``overlap/policy=aggressive ...`` is.
 
 Left to Hydra: deletions (``~``), Hydra's own keys and groups (``hydra.*``, ``hydra/...``), sweep expressions
 other than a plain comma list, and group options when the search path is extended (``hydra.searchpath``,
@@ -18,10 +23,11 @@ other than a plain comma list, and group options when the search path is extende
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
-from overlapcfg.config.presets import command_conf_dir, conf_dir, load_preset
+from overlapcfg.config.command_line import chosen_by_name, override_faults
+from overlapcfg.config.presets import command_conf_dir, conf_dir
 from overlapcfg.cost.hardware import hardware_names
 from overlapcfg.errors import closest_first, did_you_mean
 
@@ -44,54 +50,13 @@ def top_level_keys() -> tuple[str, ...]:
     return (*COMMAND_KEYS, *DemoSettings.model_fields)
 
 
-def known_fields(strategy: str = "manual") -> dict[str, tuple[str, ...]]:
-    """Keys under each node the command validates with a pydantic model; ``overlap.policy`` is ``strategy``'s."""
-    from overlapcfg.config.overlap import OverlapConfig
+def known_fields() -> dict[str, tuple[str, ...]]:
+    """Keys under each node the command validates with a pydantic model (``overlap`` has its own check:
+    ``overlapcfg.config.command_line.override_faults``)."""
     from overlapcfg.demo.settings import DemoModel, DemoParallel
 
     return {"": top_level_keys(), "model": tuple(DemoModel.model_fields),
-            "parallel": tuple(DemoParallel.model_fields), "overlap": tuple(OverlapConfig.model_fields),
-            "overlap.policy": tuple(_policy_fields(strategy) or _all_policy_fields())}
-
-
-def _policy_fields(strategy: str) -> tuple[str, ...]:
-    from overlapcfg.config.contracts import contract_of
-    from overlapcfg.errors import OverlapConfigError
-
-    try:
-        return tuple(contract_of(strategy).policy.model_fields)
-    except OverlapConfigError:  # an unknown strategy: its own fault comes from validation
-        return ()
-
-
-def _all_policy_fields() -> tuple[str, ...]:
-    from overlapcfg.config.contracts import strategy_names
-
-    return tuple(sorted({f for name in strategy_names() for f in _policy_fields(name)}))
-
-
-def _active_strategy(args: Sequence[str]) -> str:
-    """The strategy the command line leaves active: an explicit ``overlap.strategy=...``, else the one a chosen
-    policy belongs to (``overlap/policy=auto`` or ``overlap.policy=auto``), else the default (``manual``)."""
-    chosen: str | None = None
-    policy: str | None = None
-    for arg in args:
-        key, _, value = arg.partition("=")
-        key = key.lstrip("+")
-        if key == "overlap.strategy":
-            chosen = value
-        elif key in ("overlap/policy", "overlap.policy"):
-            policy = value
-    if chosen is not None:
-        return chosen
-    if policy is not None:
-        try:
-            owner = load_preset("policy", policy).get("strategy")
-        except (KeyError, TypeError):
-            owner = None
-        if isinstance(owner, str):
-            return owner
-    return "manual"
+            "parallel": tuple(DemoParallel.model_fields)}
 
 
 def _options(group: str) -> tuple[str, ...]:
@@ -102,7 +67,9 @@ def _options(group: str) -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in (root / path).glob("*.yaml")))
 
 
-def _group_fault(key: str, value: str) -> str | None:
+def _group_fault(key: str, value: str, *, written: str | None = None) -> str | None:
+    """A fault for an option of group ``key`` that does not exist; ``written``: the key as the user wrote it
+    (``overlap.plan``, a preset by name), when it differs from the group's."""
     options = _options(key)
     if not _PLAIN_VALUES.fullmatch(value):
         return None  # a sweep expression (range(...), glob(...)): Hydra's to expand
@@ -110,12 +77,12 @@ def _group_fault(key: str, value: str) -> str | None:
         if (option in ("null", "None") and key == "hardware") or option in options:
             continue
         listing = ", ".join(closest_first(option, options))
-        return (f"{key}={value}: no option {option!r} in group {key}{did_you_mean(option, options)}; options "
-                f"(closest first): {listing}")
+        return (f"{written or key}={value}: no option {option!r} in group {key}{did_you_mean(option, options)}; "
+                f"options (closest first): {listing}")
     return None
 
 
-def _field_fault(key: str, known: dict[str, tuple[str, ...]], strategy: str, *, appending: bool = False) -> str | None:
+def _field_fault(key: str, known: dict[str, tuple[str, ...]], *, appending: bool = False) -> str | None:
     """A fault for ``key`` (as written, without ``+``), or None: its top-level key first, then its field."""
     top = key.split(".", 1)[0]
     if top not in known[""]:
@@ -126,35 +93,14 @@ def _field_fault(key: str, known: dict[str, tuple[str, ...]], strategy: str, *, 
     if appending or parent not in known or leaf in known[parent]:
         return None
     valid = ", ".join(sorted(known[parent]))
-    if parent == "overlap.policy":
-        from overlapcfg.config.contracts import contract_of, strategy_names
-
-        owners = [name for name in strategy_names()
-                  if contract_of(name).reads_policy and leaf in _policy_fields(name)]
-        if owners:
-            return (f"{key}: not a field of the policy of strategy {strategy!r}; it belongs to strategy "
-                    f"{', '.join(map(repr, owners))} ({_selector(owners[0])}); valid fields: {valid}")
-        return (f"{key}: unknown field of the policy of strategy {strategy!r}"
-                f"{did_you_mean(leaf, known[parent])}; valid fields: {valid}")
     return f"{key}: unknown field{did_you_mean(leaf, known[parent])}; valid fields: {valid}"
-
-
-def _selector(strategy: str) -> str:
-    """How to switch to ``strategy`` with its policy: a policy preset of it (one without a ``strategy`` key
-    belongs to the default, ``manual``), ``default`` first; else the strategy alone."""
-    presets = sorted(_options("overlap/policy"), key=lambda name: name != "default")
-    for name in presets:
-        if load_preset("policy", name).get("strategy", "manual") == strategy:
-            return f"overlap/policy={name}"
-    return f"overlap.strategy={strategy}"
 
 
 def unknown_override_keys(args: Iterable[str]) -> list[str]:
     """One fault per override that sets something the command does not read, or picks a group option that does
     not exist (see the module docstring); ``[]`` when every override is known."""
     args = list(args)
-    strategy = _active_strategy(args)
-    known = known_fields(strategy)
+    known = known_fields()
     groups_visible = not any(a.startswith(_SEARCH_PATH_FLAGS) for a in args)
     faults = []
     for arg in args:
@@ -165,10 +111,16 @@ def unknown_override_keys(args: Iterable[str]) -> list[str]:
         key, _, package = key.lstrip("+").partition("@")
         if key.startswith("hydra"):
             continue
-        if "/" in key or (key in _GROUPS and not appending):  # a group option: hardware=..., overlap/plan=...
+        by_name = chosen_by_name(arg)
+        if by_name is not None:  # a preset by name: checked as the group option the command runs it as
+            fault = _group_fault(f"overlap/{by_name[1]}", value, written=key) if groups_visible else None
+        elif key.startswith("overlap."):
+            fault = None  # override_faults below
+        elif "/" in key or (key in _GROUPS and not appending):  # a group option: hardware=..., overlap/plan=...
             fault = _group_fault(key, value) if key in _GROUPS and groups_visible and not package else None
         else:  # appending (+key=...) adds below a node; only its top-level key must be one the command reads
-            fault = _field_fault(key, known, strategy, appending=appending)
+            fault = _field_fault(key, known, appending=appending)
         if fault is not None:
             faults.append(fault)
+    faults += [str(f) for f in override_faults(args, mounts=("overlap",), strategy="manual")]
     return faults

@@ -56,14 +56,18 @@ def tune_settings(cfg: DictConfig) -> TuneSettings:
 
 
 def _node_costs(path: str | None) -> NodeCosts | None:
+    """The measured node durations ``tune.node_costs`` names; a file that cannot be read, or holds a duration that
+    is not a finite number of seconds (NaN, negative, infinite, absurd), is an error naming it and the entry."""
     if path is None:
         return None
     from overlapcfg.cost.node_costs import NodeCosts
 
     try:
-        return NodeCosts.from_json(Path(path).expanduser().read_text())
-    except (OSError, ValueError, KeyError) as err:
-        raise OverlapConfigError.single("tune.node_costs", f"cannot read node costs from {path!r}: {err}") from None
+        return NodeCosts.read(path, root="tune.node_costs")
+    except OverlapConfigError as err:
+        if err.header is None:  # the file itself: its fault is at tune.node_costs already
+            raise
+        raise OverlapConfigError(err.faults, header=f"{err.header} (tune.node_costs)") from None
 
 
 def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
@@ -83,10 +87,10 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
             raise OverlapConfigError.single("parallel", f"mode=tune models plain FSDP graphs (every collective an "
                                                         f"FSDP all-gather or reduce-scatter); {spec.dims.describe()} "
                                                         "adds HSDP or tensor-parallel traffic: drop parallel.*")
+        node_costs = _node_costs(settings.node_costs)  # before tracing: a bad file fails in a second
     with stages.stage(f"traced {spec.model.n_layers}-layer demo model for {spec.world_size} ranks"):
         step = traced(spec)
     as_dtype = getattr(torch, _DTYPES[settings.dtype]) if settings.dtype else None
-    node_costs = _node_costs(settings.node_costs)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), console=console, transient=True)
 

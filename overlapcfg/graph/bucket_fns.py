@@ -37,7 +37,6 @@ __all__ = ["MergeFn", "bucket_dtype", "foreach_groups", "group_key", "group_name
 
 MergeFn: TypeAlias = Callable[..., list[torch.Tensor]]
 
-_functional = torch.ops._c10d_functional
 _legacy = torch.ops.c10d_functional  # upstream waits through the legacy namespace; it traces to the same op
 
 
@@ -106,7 +105,7 @@ def _all_gather_default(ag_ins: list[torch.Tensor], group_name: Any, group_size:
     # One copy of a cat: inductor fuses it into one kernel (a _foreach_copy_ launches one per input).
     new_ag_in.copy_(torch.cat(ag_ins_flattened))
     wait_tensor = _legacy.wait_tensor(
-        _functional.all_gather_into_tensor_out.default(new_ag_in, group_size, group_name, out=new_ag_out))
+        compat.ALL_GATHER_INTO_TENSOR_OUT(new_ag_in, group_size, group_name, out=new_ag_out))
     new_ag_out_reshaped = wait_tensor.reshape(group_size, -1)
     outs = torch.split_with_sizes(new_ag_out_reshaped, ins_split_sizes, dim=1)
     return [o.reshape((shape[0] * group_size, *shape[1:])) for o, shape in zip(outs, ins_sizes, strict=True)]
@@ -126,7 +125,7 @@ def _all_gather_custom_ops(ag_ins: list[torch.Tensor], group_name: Any, group_si
                                                  foreach_groups(ag_ins, out_dtypes))
     new_ag_in = new_ag_out.narrow(0, ag_input_numel * rank, ag_input_numel)
     wait_tensor = _legacy.wait_tensor(
-        _functional.all_gather_into_tensor_out.default(new_ag_in, group_size, group_name, out=new_ag_out))
+        compat.ALL_GATHER_INTO_TENSOR_OUT(new_ag_in, group_size, group_name, out=new_ag_out))
     new_ag_out_reshaped = wait_tensor.reshape(group_size, -1)
     outs_bucket_dtype = torch.split_with_sizes(new_ag_out_reshaped, ins_split_sizes, dim=1)
     return [o.view(out_dtype).reshape((shape[0] * group_size, *shape[1:]))
@@ -140,7 +139,7 @@ def _reduce_scatter_default(rs_ins: list[torch.Tensor], group_name: Any, group_s
     new_out_numels = [x.numel() // group_size for x in rs_ins]
     new_rs_in = torch.cat(rs_ins_flattened, dim=1).flatten()
     new_rs_out = _legacy.wait_tensor(
-        _functional.reduce_scatter_tensor.default(new_rs_in, reduce_op, group_size, group_name))
+        compat.REDUCE_SCATTER_TENSOR(new_rs_in, reduce_op, group_size, group_name))
     new_out_flat = new_rs_out.split(new_out_numels, 0)
     return [x.reshape(s) for x, s in zip(new_out_flat, new_out_sizes, strict=False)]
 
@@ -151,7 +150,7 @@ def _reduce_scatter_custom_ops(rs_ins: list[torch.Tensor], group_name: Any, grou
     new_out_numels = [x.numel() // group_size for x in rs_ins]
     new_rs_in = compat.pre_bucket_reduce_scatter(rs_ins, group_size)
     new_rs_out = _legacy.wait_tensor(
-        _functional.reduce_scatter_tensor.default(new_rs_in, reduce_op, group_size, group_name))
+        compat.REDUCE_SCATTER_TENSOR(new_rs_in, reduce_op, group_size, group_name))
     new_out_flat = new_rs_out.split(new_out_numels, 0)
     return [x.reshape(s) for x, s in zip(new_out_flat, new_out_sizes, strict=False)]
 
@@ -161,7 +160,7 @@ def _reduce_scatter_coalesced(rs_ins: list[torch.Tensor], group_name: Any, group
     # NCCL's coalesced API (one group start/end): no copy into one buffer.
     rs_ins_flat = [x.reshape(-1) for x in rs_ins]
     new_out_sizes = [(x.shape[0] // group_size, *x.shape[1:]) for x in rs_ins]
-    rs_outs = _functional.reduce_scatter_tensor_coalesced(rs_ins_flat, reduce_op, group_size, group_name)
+    rs_outs = compat.REDUCE_SCATTER_TENSOR_COALESCED(rs_ins_flat, reduce_op, group_size, group_name)
     rs_outs = [_legacy.wait_tensor(o) for o in rs_outs]
     return [o.reshape(s) for o, s in zip(rs_outs, new_out_sizes, strict=False)]
 
@@ -170,7 +169,7 @@ def _all_reduce(ar_ins: list[torch.Tensor], group_name: Any, reduce_op: str, red
                 device: torch.device) -> list[torch.Tensor]:
     ar_ins_flattened = [x.reshape(-1) for x in ar_ins]
     new_ar_in = torch.cat(ar_ins_flattened)
-    new_ar_out = _legacy.wait_tensor(_functional.all_reduce.default(new_ar_in, reduce_op, group_name))
+    new_ar_out = _legacy.wait_tensor(compat.ALL_REDUCE(new_ar_in, reduce_op, group_name))
     split_sizes = [x.numel() for x in ar_ins]
     new_outs_flat = new_ar_out.split(split_sizes)
     return [x.reshape(ar_in.shape) for x, ar_in in zip(new_outs_flat, ar_ins, strict=False)]

@@ -31,7 +31,8 @@ import copy
 import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeAlias, cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import fx
@@ -145,99 +146,122 @@ def splice(g: fx.Graph, fn: Callable[..., object], inps: Sequence[object], inser
 
 # --- fresh fake values ------------------------------------------------------------------------------------------
 
-_Leaf = tuple[object, torch.dtype, tuple[int, ...], tuple[int, ...], int, torch.device]
-"""A fake tensor's layout: (storage id, dtype, shape, strides, offset, device)."""
-_LAYOUTS_ATTR = "_overlapcfg_layouts"
+@dataclass(frozen=True, slots=True)
+class _Recipe:
+    """How to lay a trace's fake values on new storages (``_fresh_values``), worked out once per trace.
+
+    ``storages[k]``: ``("input", i)`` for storage ``k`` that is the trace's i-th input's, ``("new", nbytes)`` for
+    one the trace allocated. ``tensors[j]``: the j-th distinct fake tensor as ``(storage, dtype, shape, strides,
+    offset, device)``. ``nodes``: per traced node, the index of its one tensor, or its value's pytree spec with a
+    tensor index or a constant per leaf."""
+
+    storages: tuple[tuple[str, int], ...]
+    tensors: tuple[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int, torch.device], ...]
+    nodes: tuple[tuple[fx.Node, int | None, Any, tuple[int | _Constant, ...]], ...]
+
+
+_RECIPE_ATTR = "_overlapcfg_recipe"
 _UNSET = object()
 
 
-NodeLayout: TypeAlias = tuple[Any, tuple[object, ...], tuple[int, ...]]
-"""A traced node's value as ``(pytree spec, leaves, leaf ids)``: each tensor leaf ``(storage key, dtype, shape,
-stride, offset, device)``, any other leaf as it is."""
+def _recipe(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> _Recipe | None:
+    """The trace's ``_Recipe``, kept on it; None where a layout is not plain integers, a value requires grad, or
+    the trace's inputs share a storage (then a storage does not say which input a view is of)."""
+    cached = getattr(gm, _RECIPE_ATTR, _UNSET)
+    if cached is _UNSET:
+        cached = _make_recipe(gm, placeholders)
+        setattr(gm, _RECIPE_ATTR, cached)
+    return cast("_Recipe | None", cached)
 
 
-def _layouts(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> dict[fx.Node, NodeLayout] | None:
-    """Each traced node's value as layouts over numbered storages: ``("input", i)`` for the trace's i-th input's
-    storage, ``("new", k, nbytes)`` for one the trace allocated. None where a layout is not plain integers or the
-    trace's inputs share a storage (then a storage does not say which input a view is of). Kept on the trace."""
-    cached = getattr(gm, _LAYOUTS_ATTR, _UNSET)
-    if cached is not _UNSET:
-        return cast("dict[fx.Node, NodeLayout] | None", cached)
-    result: dict[fx.Node, NodeLayout] | None = {}
-    storages: dict[int, object] = {}
+def _make_recipe(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> _Recipe | None:
+    storage_index: dict[int, int] = {}
+    storages: list[tuple[str, int]] = []
     for i, p in enumerate(placeholders):
         val = p.meta.get("val")
         if isinstance(val, torch.Tensor):
             key = compat.storage_id(val)
-            if key in storages:
-                result = None
-                break
-            storages[key] = ("input", i)
-    if result is not None:
-        for node in gm.graph.nodes:
-            if node.op in ("placeholder", "output"):
-                continue
-            leaves, spec = compat.tree_flatten(node.meta.get("val"))
-            layout: list[object] = []
-            for leaf in leaves:
-                if not isinstance(leaf, torch.Tensor):
-                    layout.append(leaf)
-                    continue
-                numbers = (*leaf.shape, *leaf.stride(), leaf.storage_offset(), leaf.untyped_storage().nbytes())
-                if leaf.requires_grad or not all(type(n) is int for n in numbers):
-                    result = None
-                    break
-                key = compat.storage_id(leaf)
-                if key not in storages:
-                    storages[key] = ("new", len(storages), leaf.untyped_storage().nbytes())
-                layout.append((storages[key], leaf.dtype, tuple(leaf.shape), tuple(leaf.stride()),
-                               leaf.storage_offset(), leaf.device))
-            if result is None:
-                break
-            result[node] = (spec, tuple(layout), tuple(id(leaf) for leaf in leaves))
-    setattr(gm, _LAYOUTS_ATTR, result)
-    return result
+            if key in storage_index:
+                return None
+            storage_index[key] = len(storages)
+            storages.append(("input", i))
+    tensor_index: dict[int, int] = {}
+    tensors: list[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int, torch.device]] = []
+    nodes: list[tuple[fx.Node, int | None, Any, tuple[int | _Constant, ...]]] = []
+
+    def index_of(t: torch.Tensor) -> int | None:
+        if id(t) in tensor_index:
+            return tensor_index[id(t)]
+        nbytes = t.untyped_storage().nbytes()
+        numbers = (*t.shape, *t.stride(), t.storage_offset(), nbytes)
+        if t.requires_grad or not all(type(n) is int for n in numbers):
+            return None
+        key = compat.storage_id(t)
+        if key not in storage_index:
+            storage_index[key] = len(storages)
+            storages.append(("new", nbytes))
+        tensor_index[id(t)] = len(tensors)
+        tensors.append((storage_index[key], t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()),
+                        t.device))
+        return tensor_index[id(t)]
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            index = index_of(val)
+            if index is None:
+                return None
+            nodes.append((node, index, None, ()))
+            continue
+        leaves, spec = compat.tree_flatten(val)
+        refs: list[int | _Constant] = []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                index = index_of(leaf)
+                if index is None:
+                    return None
+                refs.append(index)
+            else:
+                refs.append(_Constant(leaf))
+        nodes.append((node, None, spec, tuple(refs)))
+    return _Recipe(tuple(storages), tuple(tensors), tuple(nodes))
+
+
+@dataclass(frozen=True, slots=True)
+class _Constant:
+    """A non-tensor leaf of a traced value (kept as it is)."""
+
+    value: object
 
 
 def _fresh_values(gm: fx.GraphModule, placeholders: Sequence[fx.Node],
                   g_fn_inps: Sequence[fx.Node]) -> dict[fx.Node, object]:
-    """Fake values for one more stamp of ``gm``: the trace's layouts on storages of this stamp's own (``_layouts``),
-    the same tensor object wherever the trace had one (a split's pieces and their ``getitem`` nodes)."""
-    layouts = _layouts(gm, placeholders)
+    """Fake values for one more stamp of ``gm``: the trace's layouts on storages of this stamp's own (``_recipe``),
+    one tensor object wherever the trace had one (a split's pieces and their ``getitem`` nodes)."""
+    recipe = _recipe(gm, placeholders)
     inputs = [n.meta.get("val") for n in g_fn_inps]
     mode = compat.detect_fake_mode(inputs)
-    if layouts is None or mode is None or _inputs_share_a_storage(inputs):
+    if recipe is None or mode is None or _inputs_share_a_storage(inputs):
         return _rerun(gm, g_fn_inps)
-    storages: dict[object, torch.Tensor] = {}
-
-    def storage(key: tuple[Any, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A meta tensor of ``dtype`` over the whole storage ``key`` (offset 0)."""
-        if key[0] == "input":
-            val = inputs[key[1]]
-            if not isinstance(val, torch.Tensor):
-                raise AssertionError("overlapcfg merge: a storage key names an input that is not a tensor")
-            raw = compat.meta_view_of_storage(val, torch.uint8)
-        else:
-            found = storages.get(key)
-            if found is None:
-                found = storages[key] = torch.empty(key[2], dtype=torch.uint8, device="meta")
-            raw = found
-        return raw.view(dtype)
-
-    made: dict[int, torch.Tensor] = {}
+    # an "input" storage is a tensor input's (the recipe gives storage keys to tensors only)
+    raw = [compat.meta_view_of_storage(inputs[ref], torch.uint8) if kind == "input"  # type: ignore[arg-type]
+           else torch.empty(ref, dtype=torch.uint8, device="meta") for kind, ref in recipe.storages]
+    typed: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    tensors: list[torch.Tensor] = []
+    for storage, dtype, shape, stride, offset, device in recipe.tensors:
+        base = typed.get((storage, dtype))
+        if base is None:
+            base = typed[(storage, dtype)] = raw[storage].view(dtype)
+        tensors.append(compat.fake_tensor(mode, base.as_strided(shape, stride, offset), device))
     out: dict[fx.Node, object] = {}
-    for node, (spec, layout, ids) in layouts.items():
-        leaves: list[object] = []
-        for leaf, leaf_id in zip(layout, ids, strict=True):
-            if not isinstance(leaf, tuple):
-                leaves.append(leaf)
-                continue
-            if leaf_id not in made:
-                key, dtype, shape, stride, offset, device = leaf
-                elem = storage(key, dtype).as_strided(shape, stride, offset)
-                made[leaf_id] = compat.fake_tensor(mode, elem, device)
-            leaves.append(made[leaf_id])
-        out[node] = compat.tree_unflatten(leaves, spec)
+    for node, single, spec, refs in recipe.nodes:
+        if single is not None:
+            out[node] = tensors[single]
+        else:
+            leaves = [r.value if isinstance(r, _Constant) else tensors[r] for r in refs]
+            out[node] = compat.tree_unflatten(leaves, spec)
     return out
 
 

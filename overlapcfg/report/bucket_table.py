@@ -152,11 +152,16 @@ def plan_entries(buckets: Sequence[BucketRecord]) -> list[str]:
     return [f"[{i}] {text}" for i, text in entries.items()]
 
 
-def bucket_table(title: str, buckets: Sequence[BucketRecord], *, world_size: int) -> Group:
-    """The per-bucket table (see the module docstring) and the plan entries it refers to by index. Each rank
-    keeps ``unsharded / world_size`` of a bucket (``sharded_bytes`` in ``report.json``), said under the table."""
+def bucket_table(title: str, buckets: Sequence[BucketRecord], *, world_size: int, source: str = "traced") -> Group:
+    """The per-bucket table (see the module docstring) and the plan entries it refers to by index.
+
+    Every number in it is for the world size the buckets were made at (``world_size``, as ``source`` says:
+    ``traced``, or ``sharded`` for eager FSDP2), and the title says so: a prediction printed below it may be for
+    another. What each rank keeps of a bucket is read off the records (``sharded_bytes``: its shard of the group
+    that gathers it, which is the world only for plain FSDP; HSDP and tensor parallel shard over fewer ranks)."""
     kinds = _kinds(buckets)
     rows = bucket_rows(buckets)
+    title = f"{title}, {source} at world size {world_size}"
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     # Only `why` wraps: rich shrinks every wrappable column to fit, and a bucket name must never be cut (long
     # names are already one `+` part per line).
@@ -178,8 +183,20 @@ def bucket_table(title: str, buckets: Sequence[BucketRecord], *, world_size: int
     entries = plan_entries(buckets)
     one_line = "plan entries: " + " · ".join(entries)
     text = one_line if len(one_line) <= _ENTRIES_ON_ONE_LINE else "\n  ".join(["plan entries:", *entries])
-    sharded = f"unsharded: bytes one all-gather brings in; each of the {world_size} ranks keeps 1/{world_size} of it"
+    sharded = "unsharded: bytes one all-gather brings in (at any world size); " + _kept(buckets, world_size, source)
     if held:
         sharded += ("\nheld: unsharded bytes kept from the forward gather to the backward instead of gathered again "
                     "(reshard_after_forward: false)")
     return Group(table, Text("\n".join([text, sharded]) if entries else sharded, style="dim"))
+
+
+def _kept(buckets: Sequence[BucketRecord], world_size: int, source: str) -> str:
+    """What each rank keeps of a bucket at the world size the table is for, from the records' own sizes."""
+    shards = {round(b.unsharded_bytes / b.sharded_bytes) for b in buckets if b.sharded_bytes and b.unsharded_bytes}
+    if len(shards) != 1:
+        return f"each rank keeps its shard of it ({source} at world size {world_size}; sharded_bytes in report.json)"
+    (group,) = shards
+    if group == world_size:
+        return f"each of the {world_size} {source} ranks keeps 1/{group} of it"
+    return (f"each rank keeps 1/{group} of it, its shard of the {group}-rank group that gathers it ({source} at world "
+            f"size {world_size})")

@@ -66,7 +66,7 @@ def _simulation(report: Report, sim: Simulation, baseline: Simulation | None = N
 
     The lower bound bounds the step time (it sits under it); with several process groups, communication is their
     sum while the bound counts the busiest group alone, so each group's own time is shown under the sum."""
-    table = Table(title=f"Prediction: {sim.hardware}, world size {sim.world_size}", show_header=baseline is not None,
+    table = Table(title=f"Prediction: {sim.hardware}, {_predicted_at(report, sim)}", show_header=baseline is not None,
                   caption=f"priced by {cost_sources_line(sim.cost_sources, sim.node_costs)}"
                   if sim.cost_sources else None)
     table.add_column("metric", style="bold")
@@ -104,6 +104,18 @@ def _simulation(report: Report, sim: Simulation, baseline: Simulation | None = N
     return table
 
 
+def _predicted_at(report: Report, sim: Simulation) -> str:
+    """``world size 64 (traced at 2)``: the size a prediction is for, and the trace's where they differ, so a
+    prediction never reads as being for the size of the tables above it."""
+    traced = f" (traced at {report.world_size})" if report.world_size != sim.world_size else ""
+    return f"world size {sim.world_size}{traced}"
+
+
+def _source(report: Report) -> str:
+    """How the report's buckets came to be at their world size: a trace, or eager FSDP2 sharding (no graph)."""
+    return "sharded" if report.graphs and all(g.nodes == 0 for g in report.graphs) else "traced"
+
+
 def _no_buckets(report: Report) -> Text:
     """What stands in for an empty bucket table (``auto`` merges by itself, ``none`` leaves the graph): the counts,
     not a table with headers and no rows."""
@@ -111,7 +123,8 @@ def _no_buckets(report: Report) -> Text:
     after = sum(g.collectives_after for g in report.graphs)
     what = (f"the strategy merged FSDP collectives by itself, {before} → {after} (graphs table and order lines "
             "below)" if after < before else f"nothing merged, the {before} FSDP collectives stay as traced")
-    return Text.assemble((f"overlapcfg: strategy {report.strategy}", "bold"), f"\nno plan buckets: {what}")
+    return Text.assemble((f"overlapcfg: strategy {report.strategy}, {_source(report)} at world size "
+                          f"{report.world_size}", "bold"), f"\nno plan buckets: {what}")
 
 
 def report_table(report: Report, *, baseline: Simulation | None = None) -> Group:
@@ -122,9 +135,10 @@ def report_table(report: Report, *, baseline: Simulation | None = None) -> Group
     """
     baseline = baseline if baseline is not None else report.baseline
     title = f"overlapcfg: strategy {report.strategy}" + (f", plan {report.plan_name}" if report.plan_name else "")
-    buckets = (bucket_table(title, report.buckets, world_size=report.world_size) if report.buckets
-               else _no_buckets(report))
-    graphs = Table(title="graphs")
+    at = f"{_source(report)} at world size {report.world_size}"
+    buckets = (bucket_table(title, report.buckets, world_size=report.world_size, source=_source(report))
+               if report.buckets else _no_buckets(report))
+    graphs = Table(title=f"graphs, {at}")
     for col in ("graph", "nodes", "FSDP collectives", "non-FSDP left alone", "uncovered", "pass time"):
         graphs.add_column(col)
     for g in report.graphs:
@@ -167,7 +181,8 @@ def groups_table(report: Report) -> Table | None:
     rows = [(g.name, t) for g in report.graphs for t in g.groups]
     if len({t.group for _, t in rows}) < 2 and all(t.role.startswith("fsdp_") for _, t in rows):
         return None
-    table = Table(title="process groups (role: what the pass may do with it)")
+    table = Table(title=f"process groups, {_source(report)} at world size {report.world_size} (role: what the pass "
+                        "may do with it)")
     for col in ("graph", "group", "ranks", "role", "collectives before → after", "bytes per step"):
         table.add_column(col, justify="right" if col in ("ranks", "bytes per step") else "left")
     for name, t in rows:
@@ -177,8 +192,9 @@ def groups_table(report: Report) -> Table | None:
 
 
 def comparison_table(comparison: Comparison) -> Table:
-    first = comparison.rows[0].simulation if comparison.rows else None
-    title = "compare" + (f": {first.hardware}, world size {first.world_size}" if first else "")
+    first = comparison.rows[0] if comparison.rows else None
+    title = "compare" + (f": {first.simulation.hardware}, {_predicted_at(first.report, first.simulation)}"
+                         if first else "")
     # Light rules and no wrapping of names or values (a cut name is unreadable); only the headers wrap.
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     for col in ("config", "strategy", "step\ntime", "lower\nbound", "exposed\ncomm", "overlap", "peak in\nflight",

@@ -33,10 +33,17 @@ def sweep_table(jobs: Sequence[Job], numbers: Sequence[int] | None = None) -> Ta
     such as ``sharding=fsdp2``, show ``—``). ``numbers``: the jobs' own numbers (Hydra's), where some jobs of the
     sweep are missing (failed); default 0, 1, ..."""
     shared, varying = split_overrides([overrides for overrides, _ in jobs])
+    sizes = {(r.world_size, r.simulation.world_size if r.simulation else None) for _, r in jobs}
     title = f"sweep: {len(jobs)} jobs" + (f" (all with {' '.join(shared)})" if shared else "")
+    if len(sizes) == 1:  # one world size for every row: the title says it; else each row does
+        ((traced, predicted),) = sizes
+        title += f", world size {traced}" if predicted in (None, traced) else \
+            f", traced at world size {traced}, predicted at {predicted}"
     table = Table(title=escape(title), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     table.add_column("job", justify="right", no_wrap=True)
     table.add_column("overrides")
+    if len(sizes) > 1:
+        table.add_column("world\nsize", justify="right", no_wrap=True)
     for col in ("buckets", "FSDP colls\nfw + bw", "step\ntime", "exposed\ncomm", "overlap", "peak in\nflight"):
         table.add_column(col, justify="right", no_wrap=True)
     steps = [r.simulation.step_seconds for _, r in jobs if r.simulation is not None]
@@ -47,8 +54,15 @@ def sweep_table(jobs: Sequence[Job], numbers: Sequence[int] | None = None) -> Ta
         overlap = "—" if sim is None or sim.overlap_ratio is None else f"{100 * sim.overlap_ratio:.1f}%"
         style = "bold green" if sim is not None and sim.step_seconds == best else None
         number = numbers[i] if numbers is not None else i
-        table.add_row(str(number), escape(" ".join(changed) or "(none)"), str(len(report.buckets)), collectives,
+        size = [_sizes(report)] if len(sizes) > 1 else []
+        table.add_row(str(number), escape(" ".join(changed) or "(none)"), *size, str(len(report.buckets)), collectives,
                       fmt_seconds(sim.step_seconds if sim else None),
                       fmt_seconds(sim.exposed_comm_seconds if sim else None), overlap,
                       fmt_bytes(sim.peak_inflight_bytes if sim else None), style=style)
     return table
+
+
+def _sizes(report: Report) -> str:
+    """``2`` (traced, no prediction or predicted there), ``2→64`` (traced at 2, predicted at 64)."""
+    predicted = report.simulation.world_size if report.simulation else report.world_size
+    return str(report.world_size) if predicted == report.world_size else f"{report.world_size}→{predicted}"

@@ -74,7 +74,8 @@ def _summary(result: TuneResult) -> Table:
 
 
 def _stalls(result: TuneResult) -> Table:
-    table = Table(title="Where the tuned step still waits (quick model)", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=f"Where the tuned step still waits (quick model, {result.world_size} ranks)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("graph", "waits on", "bucket", "at", "stall"):
         right = col in ("at", "stall")
         table.add_column(col, justify="right" if right else "left", no_wrap=col != "bucket",
@@ -88,9 +89,10 @@ def _stalls(result: TuneResult) -> Table:
 def tune_tables(result: TuneResult) -> Group:
     """Summary, top candidates, Pareto front, presets and remaining stalls, for ``Console.print``."""
     presets = tuple(sorted(result.presets, key=lambda c: c.step_seconds))
-    parts = [_summary(result), _candidates("Top candidates within the budget", result.top, result),
-             _candidates("Pareto front: step time vs peak all-gathers in flight", result.pareto, result),
-             _candidates("Shipped presets on the same trace", presets, result)]
+    at = f" ({result.hardware}, {result.world_size} ranks)"  # every table is for the size the search was made at
+    parts = [_summary(result), _candidates("Top candidates within the budget" + at, result.top, result),
+             _candidates("Pareto front: step time vs peak all-gathers in flight" + at, result.pareto, result),
+             _candidates("Shipped presets on the same trace" + at, presets, result)]
     if result.stalls:
         parts.append(_stalls(result))
     return Group(*parts)

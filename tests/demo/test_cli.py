@@ -54,8 +54,8 @@ BAD_OVERRIDES = {
     "bad_value": (["overlap.policy.forward_prefetch=abc"], ["overlap.policy.forward_prefetch",
                                                              "expected an integer"]),
     "unmatched_pattern": (["overlap.plan.buckets=[layer.*]"], ["overlap.plan.buckets[0]", "did you mean 'layers.*'"]),
-    "unknown_preset_name": (["overlap.plan=llama_layer"], ["unknown plan preset 'llama_layer'",
-                                                          "did you mean 'llama_layers'"]),
+    "unknown_preset_name": (["overlap.plan=llama_layer"], ["overlap.plan=llama_layer: no option 'llama_layer' in "
+                                                          "group overlap/plan", "did you mean 'llama_layers'"]),
 }
 
 

@@ -46,3 +46,84 @@ def test_clearing_a_run_directory_removes_every_mode_s_outputs_and_stale_tempora
     removed = clear_outputs(tmp_path)
     assert sorted(removed) == sorted([*OUTPUT_FILES, f".{TUNED_FILE}.123.abcd.tmp.yaml"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "notes.txt"]
+
+
+WRITER = """
+import signal, sys, time
+from pathlib import Path
+
+from overlapcfg.files import write_atomic
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the parent left SIGINT as
+target, how = Path(sys.argv[1]), sys.argv[2]
+
+
+def half_then_wait(path):
+    with open(path, "w") as f:
+        f.write("overlap:\\n  plan: llama_")  # a valid YAML prefix: loads as another config, without a word
+        f.flush()
+        print("half written", flush=True)
+        time.sleep(120)
+        f.write("layers\\n")
+
+
+if how == "atomic":
+    write_atomic(target, half_then_wait)
+else:  # what a plain write does, to show the check below would see a half file
+    half_then_wait(target)
+"""
+
+
+@pytest.mark.parametrize("how", ["atomic", "plain"])
+def test_sigint_in_the_middle_of_a_write_leaves_the_previous_file_whole(tmp_path: Path, how: str) -> None:
+    """A real SIGINT (Ctrl-C on ``mode=tune``) while the output is half written: the target still holds the previous
+    run's file and no temporary is left (a plain write, the control, leaves the half file)."""
+    import signal
+    import subprocess
+    import sys
+
+    target = tmp_path / TUNED_FILE
+    previous = "overlap:\n  plan: llama_layers\n"
+    target.write_text(previous)
+    (tmp_path / "writer.py").write_text(WRITER)
+    child = subprocess.Popen([sys.executable, str(tmp_path / "writer.py"), str(target), how], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "half written\n"
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode != 0
+    if how == "atomic":
+        assert target.read_text() == previous
+        assert sorted(p.name for p in tmp_path.iterdir()) == [TUNED_FILE, "writer.py"]
+    else:
+        assert target.read_text() == "overlap:\n  plan: llama_"
+
+
+def test_saving_a_profile_that_fails_half_way_keeps_the_previous_one(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``save_hardware`` (``mode=calibrate``) writes through the same atomic write: no half profile, no temporary."""
+    import overlapcfg
+    from overlapcfg.cost import hardware
+
+    path = tmp_path / "mine.yaml"
+    profile = overlapcfg.load_hardware("cpu_gloo").model_copy(update={"name": "mine"})
+    overlapcfg.save_hardware(profile, path)
+    before = path.read_bytes()
+
+    def interrupted(target: Path, data: object) -> Path:
+        from overlapcfg import files
+
+        def half(tmp: Path) -> None:
+            tmp.write_text(str(data)[:40])
+            raise KeyboardInterrupt
+
+        return files.write_atomic(target, half)
+
+    monkeypatch.setattr(hardware, "write_atomic", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        overlapcfg.save_hardware(profile.model_copy(update={"latency": 1e-3}), path)
+    assert path.read_bytes() == before and overlapcfg.load_hardware(path) == profile
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.yaml"]

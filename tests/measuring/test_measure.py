@@ -38,9 +38,10 @@ def test_unreadable_node_costs_are_a_fault_at_tune_node_costs(tmp_path) -> None:
     from overlapcfg.errors import OverlapConfigError
 
     (tmp_path / "costs.json").write_text('{"schema": "something else"}')
-    for path in (tmp_path / "missing.json", tmp_path / "costs.json"):
-        with pytest.raises(OverlapConfigError, match=r"tune\.node_costs: cannot read node costs"):
-            _node_costs(str(path))
+    with pytest.raises(OverlapConfigError, match=r"tune\.node_costs: node costs file '.*missing.json' does not exist"):
+        _node_costs(str(tmp_path / "missing.json"))
+    with pytest.raises(OverlapConfigError, match=r"invalid node costs in '.*costs.json' \(tune\.node_costs\)"):
+        _node_costs(str(tmp_path / "costs.json"))
     assert _node_costs(None) is None
 
 

@@ -45,7 +45,8 @@ BLOCKS = _python_blocks()
 MODULE_BLOCK = re.compile(r"^# (\w+)\.py$")
 """A block whose first line names a module file (``# my_configs.py``) is a module another program imports, not a
 script: it is run by the test written for that program (torchtitan's ``ConfigManager`` below)."""
-MODULE_BLOCK_TESTS = {"my_configs": "test_the_torchtitan_config_module_example_selects_the_pipeline"}
+MODULE_BLOCK_TESTS = {"my_configs": "test_the_torchtitan_config_module_example_selects_the_pipeline",
+                      "train": "test_the_hydra_app_example_takes_a_preset_by_name_and_its_fields"}
 
 
 EXAMPLE_TESTS = {"measure_steps/measure_steps.py": ("multiprocess/test_calibrate_measure_command.py",
@@ -79,7 +80,8 @@ def _expect(heading: str, mode: str, out: str) -> None:
             assert re.search(rf"rank {rank} forward: 21 -> [1-4] FSDP collectives", out), out[-2000:]
             assert re.search(rf"rank {rank} backward: 41 -> [2-8] FSDP collectives", out), out[-2000:]
         assert out.count("blocks model.layers.*") == 1  # printed by rank 0 only
-        assert "overlapcfg: strategy manual, plan hf_decoder_layers" in out
+        assert "overlapcfg: strategy manual, plan hf_decoder_layers, traced at world size 2" in out
+        assert "Prediction: h100_nvlink, world size 64 (traced at 2)" in out  # each figure says its world size
     if heading.startswith("In Python"):
         assert "overlapcfg: strategy manual, plan llama_layers" in out and "Prediction: h100_nvlink" in out
 
@@ -200,12 +202,33 @@ def test_the_torchtitan_keep_unsharded_example_config_loads():
     assert cfg.policy.forward_prefetch == 2
 
 
+@pytest.mark.slow  # two runs of the app, each a process
+def test_the_hydra_app_example_takes_a_preset_by_name_and_its_fields(tmp_path):
+    """README's ``train.py`` as a user's app, the group mounted at ``trainer.overlap``: a preset by name, then a
+    field, is the preset with the field on top; a typo under the mount is named with the closest field."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "train.yaml").write_text("defaults:\n  - overlap@trainer.overlap: default\n  - _self_\n")
+    (tmp_path / "train.py").write_text(block_after("**A preset by name, then its fields.**", "python"))
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120, check=False)
+
+    out = run("trainer.overlap.policy=aggressive", "trainer.overlap.policy.forward_prefetch=4")
+    assert out.returncode == 0, out.stderr
+    assert "forward_prefetch=4 backward_prefetch=2 reduce_scatter_delay=2" in out.stdout
+    typo = run("trainer.overlap.policy.forwad_prefetch=4")
+    assert typo.returncode == 1 and "did you mean 'forward_prefetch'" in typo.stderr
+
+
 @pytest.mark.slow
 def test_the_torchtitan_config_module_example_selects_the_pipeline(tmp_path, monkeypatch):
     """README's ``my_configs.py``, imported by torchtitan's ``ConfigManager`` as ``--module my_configs``."""
     from tests.thirdparty import graph_trainer as G
 
-    (tmp_path / "my_configs.py").write_text(block_after("register the pipeline from your own config module", "python"))
+    recipe = block_after("**`--compile.pass_pipeline overlapcfg` alone does nothing.**", "python")
+    (tmp_path / "my_configs.py").write_text(recipe)
     monkeypatch.syspath_prepend(str(tmp_path))
     with G.graph_trainer_stubs():
         from torchtitan.config import ConfigManager

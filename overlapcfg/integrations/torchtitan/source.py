@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from overlapcfg.config import OverlapConfig, load_config, load_preset, preset_names
+from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED
 from overlapcfg.errors import Fault, OverlapConfigError, closest_first, did_you_mean
 
-__all__ = ["ENV_VAR", "TORCHTITAN_PLAN_NAME", "find_config", "torchtitan_plan"]
+__all__ = ["ENV_VAR", "TORCHTITAN_PLAN_NAME", "describe_config", "find_config", "torchtitan_plan"]
 
 ENV_VAR = "OVERLAPCFG_CONFIG"
 """The environment variable naming the overlap config (see the module docstring)."""
@@ -79,6 +80,28 @@ def find_config(module_bucket_plans: ModuleBucketPlans | Mapping[str, Any],
         return load_config(path)
     except OverlapConfigError as err:
         raise OverlapConfigError(err.faults, header=f"invalid overlap config in {str(path)!r} ({ENV_VAR})") from None
+
+
+def describe_config(environ: Mapping[str, str] | None = None) -> str:
+    """What ``OVERLAPCFG_CONFIG`` selects, validated as far as it can be without the model (one line to print), or
+    ``OverlapConfigError``: ``python -m overlapcfg.integrations.torchtitan --check``, on any machine."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_VAR, "").strip()
+    cfg = find_config((), env)  # torchtitan's buckets stand in empty: the model is not here
+    if not value:
+        return f"{ENV_VAR} unset: torchtitan's own buckets for the model trained, {_depths(cfg)}"
+    if value in preset_names("policy"):
+        return f"{ENV_VAR}={value}: policy preset {value!r} with torchtitan's own buckets, {_depths(cfg)}"
+    plan = cfg.plan
+    what = "no plan" if plan is None else f"plan {plan.name or '(unnamed)'} with {len(plan.buckets)} entries"
+    return (f"{ENV_VAR}={value}: a valid config, strategy {cfg.strategy}, {what}, {_depths(cfg)}; its patterns are "
+            "matched against the model's modules when the trainer starts, before tracing")
+
+
+def _depths(cfg: OverlapConfig) -> str:
+    fields = [f for f in DEPTH_FIELDS if f not in FOLLOWED]  # the depths a policy always sets
+    shown = [f"{f} {getattr(cfg.policy, f)}" for f in fields if hasattr(cfg.policy, f)]
+    return ", ".join(shown) if shown else f"policy {type(cfg.policy).__name__}"
 
 
 def _with_policy(name: str, plan: Mapping[str, Any]) -> dict[str, Any]:
