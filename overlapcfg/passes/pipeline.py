@@ -44,8 +44,9 @@ from overlapcfg.graph.verify import verify
 from overlapcfg.kinds import Direction
 from overlapcfg.module_paths import ModelFacts, with_parents
 from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting
+from overlapcfg.passes.notes import folded_waits, ignored_settings
 from overlapcfg.resolve import ResolvedPlan, resolve_config
-from overlapcfg.strategies import PassContext, Strategy, get_strategy
+from overlapcfg.strategies import PassContext, get_strategy
 
 __all__ = ["GraphKind", "apply"]
 
@@ -67,33 +68,8 @@ def _model_fqns(graph: fx.Graph, fn: ModuleFqnFn, owners: Sequence[str]) -> tupl
     return with_parents([*(m for n in graph.nodes if n.op == "call_function" and (m := fn(n))), *owners])
 
 
-def _ignored_settings(cfg: OverlapConfig, strategy: Strategy, root: str) -> tuple[str, ...]:
-    """Settings the selected strategy does not read, written by the user: never silently dropped."""
-    notes = []
-    if not strategy.uses_plan and cfg.plan is not None and cfg.plan.buckets:
-        notes.append(f"{root}.plan is ignored: strategy {cfg.strategy!r} does not bucket by plan")
-    if not strategy.uses_plan and cfg.overrides:
-        notes.append(f"{root}.overrides are ignored: strategy {cfg.strategy!r} does not bucket by plan")
-    if not strategy.reads_policy and cfg.policy != type(cfg.policy)():
-        notes.append(f"{root}.policy is ignored: strategy {cfg.strategy!r} reads no policy")
-    if not strategy.uses_plan:
-        notes += [f"{s.path(root)} is ignored: strategy {cfg.strategy!r} does not bucket by plan"
-                  for s in cfg.settings("reshard_after_forward", sites=("plan",))]
-    return tuple(notes)
-
-
 def _forced_direction(kind: GraphKind) -> Direction | None:
     return kind if kind in ("forward", "backward") else None
-
-
-def _folded_waits(starts: Sequence[str]) -> tuple[str, ...]:
-    """Said in the record: the pass erased waits (``fold_repeated_waits``; torch's merge helpers take one wait per
-    collective, and "none" leaves the graph be)."""
-    if not starts:
-        return ()
-    return (f"{len(starts)} collectives were waited more than once (the tracer merged equal collectives, e.g. "
-            f"two equal bias gradients); their first wait now serves every reader: {', '.join(starts[:4])}"
-            f"{' ...' if len(starts) > 4 else ''}",)
 
 
 def _already_merged(fsdp: Sequence[Collective]) -> list[str]:
@@ -151,7 +127,7 @@ def apply(
     collectives = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
     fsdp = [c for c in collectives if c.fsdp]
     strategy = get_strategy(cfg.strategy)
-    notes = (*_ignored_settings(cfg, strategy, config_root), *_unattributed_gathers(collectives),
+    notes = (*ignored_settings(cfg, strategy, config_root), *_unattributed_gathers(collectives),
              *_left_alone_chains(collectives))
     if not fsdp:
         _no_fsdp_collectives(gm, cfg, collectives)
@@ -211,7 +187,7 @@ def apply(
     if recompile:
         gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
-    notes = (*notes, *kept.notes, *_folded_waits(folded), *result.notes,
+    notes = (*notes, *kept.notes, *folded_waits(folded), *result.notes,
              *_unbucketed_all_reduces(cfg, covered, result.merged))
     record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
                      started, notes, strategy_uses_plan=strategy.uses_plan, kept=kept)

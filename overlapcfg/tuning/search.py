@@ -29,11 +29,9 @@ from typing import Any
 
 import torch
 
-from overlapcfg.config import OverlapConfig, load_config, preset_names
 from overlapcfg.config.base import ByteCount, RankCount
-from overlapcfg.config.depths import DEPTH_FIELDS, SEARCHED_DEPTHS, Depths, depth_field, depths_of
+from overlapcfg.config.depths import SEARCHED_DEPTHS, Depths, depth_field
 from overlapcfg.config.load import validate_value
-from overlapcfg.config.policy import IssueOrder
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.errors import OverlapConfigError
@@ -41,10 +39,11 @@ from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
-from overlapcfg.resolve import ResolvedPlan, resolve_config
+from overlapcfg.resolve import resolve_config
 from overlapcfg.tuning.candidates import TIE_TOLERANCE, Arm, Candidate, Knobs, choose, describe, pareto
+from overlapcfg.tuning.presets import score_config, score_presets
 from overlapcfg.tuning.profile import Profile, build_profile
-from overlapcfg.tuning.quick import Stall, group, score
+from overlapcfg.tuning.quick import Stall, group
 from overlapcfg.tuning.result import AGREEMENT, TuneResult, Verification
 from overlapcfg.tuning.space import TuneSpace, load_space
 from overlapcfg.tuning.structure import Grouping, Structure, find_structure, plan_for
@@ -113,7 +112,7 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
                                 arm.score(knobs)))
         if i % 50 == 0 or i == len(grid) - 1:
             report("grid", i + 1, len(grid), _best(scored, budget))
-    presets, skipped = _presets(step, profile)
+    presets, skipped = score_presets(step, profile)
     fits = [c for c in (*scored, *presets) if budget is None or c.peak_inflight_bytes <= budget]
     if not fits:
         smallest = min((*scored, *presets), key=lambda c: (c.peak_inflight_bytes, c.step_seconds))
@@ -238,54 +237,6 @@ def _grid(arms: list[Arm], space: TuneSpace, caps: list[int | None]) -> list[tup
     return grid
 
 
-def _presets(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], tuple[str, ...]]:
-    """Every shipped plan x manual policy preset, and ``torch_manual`` per plan, that fits the model."""
-    out: list[Candidate] = []
-    skipped: list[str] = []
-    for plan in preset_names("plan"):
-        for policy in (*preset_names("policy"), None):
-            name = f"torch_manual {plan}" if policy is None else f"{plan} / {policy}"
-            try:
-                cfg = load_config({"strategy": "torch_manual", "plan": plan} if policy is None
-                                  else {"plan": plan, "policy": policy})
-                if cfg.strategy not in ("manual", "torch_manual"):  # policy auto selects its own strategy
-                    skipped.append(f"{name}: strategy {cfg.strategy!r} (the quick model replays plan schedules)")
-                    continue
-                resolved = resolve_config(cfg, step.facts)
-            except OverlapConfigError as err:
-                skipped.append(f"{name}: {err.faults[0].message}")
-                continue
-            if resolved.uncovered:
-                skipped.append(f"{name}: leaves {len(resolved.uncovered)} parameter owners unbucketed (their "
-                               "collectives stay as traced, which the quick model does not replay)")
-                continue
-            out.append(_score_config(name, cfg, resolved, profile))
-    return out, tuple(dict.fromkeys(skipped))
-
-
-def _score_config(name: str, cfg: OverlapConfig, resolved: ResolvedPlan, profile: Profile,
-                  stalls: list[Stall] | None = None) -> Candidate:
-    """Any manual-style config, through its own resolution (presets; the winner's cross-check)."""
-    names = [b.name for b in resolved.buckets]
-    grouped = group(profile, _unit_buckets(resolved, profile, name), names)
-    policy = cfg.policy
-    order: IssueOrder = getattr(policy, "issue_order", "gather_first")
-    cap = getattr(policy, "max_inflight_bytes", None)
-    depths = Depths(**(depths_of(policy) or Depths()).model_dump(include=set(DEPTH_FIELDS)))
-    s = score(grouped, {name: [getattr(b, name) for b in resolved.buckets] for name in SEARCHED_DEPTHS},
-              max_inflight_bytes=cap, issue_order=order, memory=True, stalls=stalls)
-    knobs = Knobs(depths, order, cap)
-    return Candidate(name, -1, knobs, s, cfg)
-
-
-def _unit_buckets(resolved: ResolvedPlan, profile: Profile, what: str) -> list[int]:
-    """The bucket of each profile unit; every unit has one (configs leaving owners out are skipped before)."""
-    found = [resolved.bucket_index(u) for u in profile.units]
-    if any(b is None for b in found):  # a bug check: uncovered plans never reach scoring
-        raise AssertionError(f"tune: {what} leaves parameter owners unbucketed")
-    return [b for b in found if b is not None]
-
-
 def _refine_best(arms: list[Arm], fits: list[Candidate], space: TuneSpace, budget: int | None,
                  report: _Reporter) -> list[Candidate]:
     """Per-bucket refinement of the best candidates of distinct groupings (then the next best of any)."""
@@ -368,7 +319,7 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
         _check_config(best, arms[best.arm], step, profile)
     else:  # a preset won: replay it through its own resolution for the stalls
         cfg = best.config
-        _score_config(best.name, cfg, resolve_config(cfg, step.facts), profile, stalls)
+        score_config(best.name, cfg, resolve_config(cfg, step.facts), profile, stalls)
     ranked = sorted(everything, key=lambda c: (c.step_seconds, c.peak_inflight_bytes, len(c.knobs.per_bucket)))
     unique = list({(c.name, c.knobs): c for c in ranked}.values())
     # For the tables, one candidate per outcome: a per-bucket value that changes nothing is not a new candidate.
@@ -395,7 +346,7 @@ def _check_config(best: Candidate, arm: Arm, step: CapturedStep, profile: Profil
     assert best.config is not None
     cfg = best.config
     resolved = resolve_config(cfg, step.facts)
-    again = _score_config(best.name, cfg, resolved, profile)
+    again = score_config(best.name, cfg, resolved, profile)
     if abs(again.step_seconds - best.step_seconds) > 1e-9 * best.step_seconds:
         raise AssertionError(f"tune: the emitted config scores {again.step_seconds}, the candidate "
                              f"{best.step_seconds}: the overrides do not say what the search chose")
