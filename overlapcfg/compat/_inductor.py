@@ -219,5 +219,15 @@ pre_bucket_all_gather = _torch.ops.bucketing._pre_bucket_all_gather.default
 pre_bucket_reduce_scatter = _torch.ops.bucketing._pre_bucket_reduce_scatter.default
 bucket_dtype_table: tuple[_torch.dtype, ...] = tuple(_bucketing._ALL_DTYPES)
 
-__all__ += ["bucket_dtype_table", "pre_bucket_all_gather", "pre_bucket_reduce_scatter"]
+_PRE_BUCKET_ALL_GATHER_ARGS = frozenset(a.name for a in pre_bucket_all_gather._schema.arguments)
+
+
+def call_pre_bucket_all_gather(**arguments: object) -> _torch.Tensor:
+    """``bucketing._pre_bucket_all_gather`` with its arguments by name, those this release's schema has: torch 2.11
+    takes the group's name too (``group_name``, third), 2.13 and 2.14 do not. Passed by name, the call records the
+    same node as upstream's positional call on each release."""
+    return pre_bucket_all_gather(**{k: v for k, v in arguments.items() if k in _PRE_BUCKET_ALL_GATHER_ARGS})
+
+
+__all__ += ["bucket_dtype_table", "call_pre_bucket_all_gather", "pre_bucket_all_gather", "pre_bucket_reduce_scatter"]
 

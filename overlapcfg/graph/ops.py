@@ -261,9 +261,16 @@ def written_inputs(node: fx.Node) -> tuple[fx.Node, ...]:
     ``self``, ``_foreach_mul_``'s list, an ``out=`` buffer. Empty for calls that write nothing (``getitem``)."""
     if node.op not in ("call_function", "call_method"):
         return ()
-    target, args, kwargs = compat.unwrapped_call(node)
+    if node.target is not _CONTROL_DEPS:  # the common case, without unwrapping: most ops write nothing
+        refs = effects(node.target, node.op)[0]
+        if not refs:
+            return ()
+        args, kwargs = node.args, node.kwargs
+    else:
+        target, args, kwargs = compat.unwrapped_call(node)
+        refs = effects(target, node.op)[0]
     written: list[fx.Node] = []
-    for ref in effects(target, node.op)[0]:
+    for ref in refs:
         value = argument(args, kwargs, ref)
         written.extend(v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, fx.Node))
     return tuple(written)
