@@ -250,8 +250,8 @@ def find_collectives(
                               _params(owner_node, owner_kind, inputs) if fsdp else (), partner))
     index = positions(graph)
     out.sort(key=lambda c: index[c.start])
-    out = _undecided(out, inputs)
     out = no_hsdp_on_activation_groups(out)
+    out = _undecided(out, inputs)
     out = one_owner_per_shared_gradient(out)
     owner_of = {c.start: c.module_fqn for c in out if c.role == "fsdp_reduce_scatter"}
     return [dataclasses.replace(c, module_fqn=owner_of.get(c.partner, c.module_fqn))
@@ -311,6 +311,10 @@ def _undecided(collectives: list[Collective], inputs: InputEvidence) -> list[Col
     marked ``unattributed`` with the cause, so the pass counts them as uncovered and ``strict`` /
     ``require_full_coverage`` refuse the graph instead of silently leaving them unbucketed."""
     dp_groups = {c.group for c in collectives if c.fsdp}
+    # Reduce-scatters: only on groups that carry FSDP's own traffic and no activations (a tensor-parallel group with
+    # sequence parallel reduce-scatters activation gradients whose path to compute can pass through its gathers).
+    activation_groups = {c.group for c in collectives if c.role == "other" and _reaches_compute(c.waits)}
+    gradient_groups = {c.group for c in collectives if c.role in ("fsdp_all_gather", "fsdp_reduce_scatter")}
     reason = inputs.undecided_reason()
 
     def undecided(c: Collective) -> str | None:
@@ -318,7 +322,8 @@ def _undecided(collectives: list[Collective], inputs: InputEvidence) -> list[Col
             return None
         if c.kind == "all_gather" and _gather_verdict(c.start, inputs) == "undecided":
             return reason
-        if c.kind == "reduce_scatter" and not _reaches_compute(c.waits) and not reduced_again(c.waits):
+        if c.kind == "reduce_scatter" and c.group in gradient_groups and c.group not in activation_groups \
+                and not _reaches_compute(c.waits) and not reduced_again(c.waits):
             return UNRECOGNIZED_GRADIENT
         return None
 
