@@ -91,7 +91,7 @@ def applied() -> ApplyFn:
 
 @pytest.fixture(scope="session")
 def whole_step() -> Callable[..., Any]:
-    """``whole_step(model="llama3", reshard="always", optimizer=False) -> WholeStep`` (see
+    """``whole_step(model="llama3", reshard="always", optimizer=False, loss="cross_entropy") -> WholeStep`` (see
     ``tests.support.traces.whole_step_capture``)."""
     return whole_step_capture
 

@@ -60,6 +60,7 @@ __all__ = [
     "dynamo_recompile_limit",
     "dynamo_reset",
     "fake_process_group",
+    "forget_dtensor_caches",
     "make_boxed_func",
     "min_cut_rematerialization_partition",
     "tree_flatten",
@@ -96,6 +97,32 @@ def dynamo_input_source(placeholder: object) -> str | None:
     return source.name if _SOURCE_NAME_IS_PROPERTY else source.name()
 
 
+# --- DTensor's caches ------------------------------------------------------------------------------------------
+# DTensor memoizes sharding propagation (a Python lru_cache and a C++ fast path) and redistribution plans, keyed by
+# ``DeviceMesh`` *equality*: same ranks, layout, dimension names and thread; not the process groups, not the object.
+# The cached results hold the mesh object they were computed with. A mesh built again in a later process group
+# (another fake group of the same size, one trace after another) equals the first, so ops on its DTensors get specs
+# carrying the *first* mesh, a mesh of a group that no longer exists: tensor-parallel parameters of the second
+# model end up on the old mesh, dynamo then sees two distinct meshes where the model has one (an extra graph input;
+# sequence-parallel activations on both meshes mis-shaped), and what a capture sees depends on what the process
+# traced before. Nothing in torch clears these caches when a group is destroyed.
+from torch.distributed.tensor import _redistribute as _dtensor_redistribute  # noqa: E402
+from torch.distributed.tensor import debug as _dtensor_debug  # noqa: E402
+
+
+def forget_dtensor_caches() -> None:
+    """Clear DTensor's sharding-propagation and redistribution caches (see above): every DTensor op after this
+    computes its output placements afresh, on the meshes it is given. Only a cost (the caches refill), never a
+    change of results. ``fake_process_group`` calls it when a group opens and when it closes."""
+    _dtensor_debug._clear_sharding_prop_cache()
+    clear_planner = getattr(_dtensor_redistribute, "clear_redistribute_planner_cache", None)
+    if clear_planner is not None:
+        clear_planner()
+    transform_infos = getattr(_dtensor_redistribute, "_gen_transform_infos", None)
+    if transform_infos is not None and hasattr(transform_infos, "cache_clear"):
+        transform_infos.cache_clear()
+
+
 @contextlib.contextmanager
 def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.ProcessGroup]:
     """Init the default process group with the communication-free "fake" backend; destroy it on exit.
@@ -103,7 +130,8 @@ def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.Proc
     One CPU process can then trace (and even run) graphs with real ``_c10d_functional`` collectives as rank
     ``rank`` of ``world_size``: the fake backend returns without communicating, so values are garbage but shapes,
     dtypes and group names are those of a real run. Safe to enter repeatedly in one process (the group name stays
-    "0"). Refuses to replace a default group someone else initialized.
+    "0"): DTensor's caches, which would carry device meshes from one group to the next, are cleared on entry and
+    on exit (``forget_dtensor_caches``). Refuses to replace a default group someone else initialized.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
@@ -112,6 +140,7 @@ def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.Proc
     # init_process_group installs a ``[rankN]:``-prefixing sys.excepthook that destroy_process_group keeps:
     # every later uncaught exception in the caller's process would carry it. Restore what was there.
     excepthook = sys.excepthook
+    forget_dtensor_caches()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         group = dist.group.WORLD
@@ -120,6 +149,7 @@ def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.Proc
         yield group
     finally:
         dist.destroy_process_group()
+        forget_dtensor_caches()
         sys.excepthook = excepthook
 
 

@@ -31,7 +31,13 @@ from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn, with_parents
-from overlapcfg.graph.collectives import Collective, count_collectives, find_collectives, group_traffic
+from overlapcfg.graph.collectives import (
+    Collective,
+    count_collectives,
+    find_collectives,
+    group_traffic,
+    partial_gradients,
+)
 from overlapcfg.graph.merge import MergedCollective, attribute, fold_repeated_waits
 from overlapcfg.graph.meta import is_merged, record_pass
 from overlapcfg.graph.record import (
@@ -182,7 +188,7 @@ def apply(
     collectives = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
     fsdp = [c for c in collectives if c.fsdp]
     strategy = get_strategy(cfg.strategy)
-    notes = (*_ignored_settings(cfg, strategy, config_root), *_unattributed_gathers(collectives),
+    notes = (*_ignored_settings(cfg, strategy, config_root), *_unattributed(collectives),
              *_left_alone_chains(collectives))
     if not fsdp:
         _no_fsdp_collectives(gm, cfg, collectives)
@@ -206,6 +212,7 @@ def apply(
                 "collectives is not supported. Apply each config to a fresh copy of the traced graph "
                 "(copy.deepcopy before the first apply), or use strategy 'none' to only read it")
     covered, uncovered = attribute(collectives, plan)
+    partials = partial_gradients(c for _, c in covered)  # read now: merging erases the sums' original waits
     if strategy.uses_plan and cfg.plan is not None and not covered:
         _nothing_covered(cfg, fsdp, config_root)
     if strategy.uses_plan and plan.buckets and cfg.strict:
@@ -245,6 +252,7 @@ def apply(
         gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
     notes = (*notes, *kept.notes, *_folded_waits(folded), *result.notes,
+             *_held_partials(partials, plan, result.merged),
              *_unbucketed_all_reduces(cfg, covered, result.merged))
     record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
                      started, notes, strategy_uses_plan=strategy.uses_plan, kept=kept)
@@ -288,25 +296,56 @@ def _left_alone_chains(collectives: Sequence[Collective]) -> tuple[str, ...]:
     return notes
 
 
-def _unattributed_gathers(collectives: Sequence[Collective]) -> tuple[str, ...]:
-    """All-gathers shaped like FSDP parameter gathers whose inputs the graph cannot confirm as parameters
-    (``Collective.unattributed``): left where they are, counted as uncovered, said loudly with the cause."""
-    found = [c for c in collectives if c.unattributed]
-    if not found:
-        return ()
-    names = [c.start.name for c in found]
-    shown = ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
-    causes = "; ".join(dict.fromkeys(c.unattributed for c in found if c.unattributed))
-    message = (f"overlapcfg: {len(found)} all-gathers look like FSDP parameter gathers ({shown}) but are left "
-               f"unbucketed and counted as uncovered: {causes}")
-    _warn_once(message)
-    return (message,)
+_LOOK_LIKE = {"all_gather": ("all-gathers", "FSDP parameter gathers"),
+              "reduce_scatter": ("reduce-scatters", "FSDP gradient reductions")}
+"""How ``Collective.unattributed`` collectives of each kind are described."""
+
+
+def _unattributed(collectives: Sequence[Collective]) -> tuple[str, ...]:
+    """Collectives shaped like FSDP's that the graph's evidence cannot confirm (``Collective.unattributed``): left
+    where they are, counted as uncovered, said loudly with the cause; one note per kind."""
+    notes = []
+    for kind, (plural, what) in _LOOK_LIKE.items():
+        found = [c for c in collectives if c.unattributed and c.kind == kind]
+        if not found:
+            continue
+        names = [c.start.name for c in found]
+        shown = ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
+        causes = "; ".join(dict.fromkeys(c.unattributed for c in found if c.unattributed))
+        message = (f"overlapcfg: {len(found)} {plural} look like {what} ({shown}) but are left unbucketed and "
+                   f"counted as uncovered: {causes}")
+        _warn_once(message)
+        notes.append(message)
+    return tuple(notes)
 
 
 def _refuse_unattributed(collectives: Sequence[Collective], cfg: OverlapConfig) -> None:
-    found = [c for c in collectives if c.unattributed]
+    found = _unattributed(collectives)
     if found:
-        raise UnsupportedGraphError(f"{_unattributed_gathers(found)[0]} (overlap.strict is set)")
+        raise UnsupportedGraphError(f"{found[0]} (overlap.strict is set)")
+
+
+def _held_partials(gradients: Sequence[tuple[Collective, ...]], plan: ResolvedPlan,
+                   merged: Sequence[MergedCollective]) -> tuple[str, ...]:
+    """Per gradient summed from several reduce-scattered partials that one merged reduce-scatter now carries, what
+    merging them costs: the partials (full size) all stay alive until the bucket's reduce-scatter, where alone each
+    was reduce-scattered as soon as it was computed. The sums are as before, bit for bit (each element is reduced
+    over the same ranks, and summed after in the traced order)."""
+    merged_into = {source: m for m in merged if m.kind == "reduce_scatter" for source in m.sources}
+    notes = []
+    for partials in gradients:
+        into = {id(merged_into[c.start.name]) for c in partials if c.start.name in merged_into}
+        if len(into) != 1 or not all(c.start.name in merged_into for c in partials):
+            continue  # not merged (an upstream strategy), or not together: nothing held longer than traced
+        bucket = merged_into[partials[0].start.name].bucket
+        held = sum(c.unsharded_bytes for c in partials)
+        owner = partials[-1].module_fqn or "?"
+        notes.append(f"bucket {plan.buckets[bucket].name!r}: {len(partials)} reduce-scatters are partial "
+                     f"gradients of one parameter of {owner!r} (a shared parameter, or a module run "
+                     f"{len(partials)} times a step, such as a chunked loss's head), summed after them as traced; "
+                     f"merged, all {len(partials)} unsharded partials ({held:,} bytes) stay alive until the "
+                     "bucket's reduce-scatter")
+    return tuple(notes)
 
 
 def _unbucketed_all_reduces(cfg: OverlapConfig, covered: Sequence[tuple[int, Collective]],
@@ -341,8 +380,8 @@ def _no_fsdp_collectives(gm: fx.GraphModule, cfg: OverlapConfig, collectives: Se
 
 def _check_attributed(collectives: Sequence[Collective], cfg: OverlapConfig, root: str) -> None:
     """With ``require_full_coverage``, a collective nobody can attribute is a coverage fault, not a silent skip:
-    an FSDP collective without an owning module, or an FSDP-shaped all-gather whose inputs the graph cannot
-    confirm as parameters."""
+    an FSDP collective without an owning module, an FSDP-shaped all-gather whose inputs the graph cannot confirm as
+    parameters, or a reduce-scatter on an FSDP group whose result ends nowhere overlapcfg recognizes."""
     if cfg.plan is None or not cfg.plan.require_full_coverage:
         return
     faults = []
@@ -353,14 +392,15 @@ def _check_attributed(collectives: Sequence[Collective], cfg: OverlapConfig, roo
             f"{len(unknown)} FSDP collective(s) cannot be attributed to a module ({', '.join(unknown[:6])}"
             f"{' ...' if len(unknown) > 6 else ''}): the graph has no aot descriptors, meta['custom']"
             "['module_fqn'] or module stacks for them; pass module_fqn_fn= to apply"))
-    undecided = [c for c in collectives if c.unattributed]
-    if undecided:
-        names = [c.start.name for c in undecided]
-        faults.append(Fault(
-            f"{root}.plan.require_full_coverage",
-            f"{len(undecided)} all-gather(s) look like FSDP parameter gathers ({', '.join(names[:6])}"
-            f"{' ...' if len(names) > 6 else ''}) but cannot be attributed: "
-            f"{'; '.join(dict.fromkeys(c.unattributed for c in undecided if c.unattributed))}"))
+    for kind, (plural, what) in _LOOK_LIKE.items():
+        undecided = [c for c in collectives if c.unattributed and c.kind == kind]
+        if undecided:
+            names = [c.start.name for c in undecided]
+            faults.append(Fault(
+                f"{root}.plan.require_full_coverage",
+                f"{len(undecided)} {plural[:-1]}(s) look like {what} ({', '.join(names[:6])}"
+                f"{' ...' if len(names) > 6 else ''}) but cannot be attributed: "
+                f"{'; '.join(dict.fromkeys(c.unattributed for c in undecided if c.unattributed))}"))
     if faults:
         raise OverlapConfigError(faults, header="the bucket plan does not fit the model")
 

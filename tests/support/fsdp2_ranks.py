@@ -32,6 +32,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 import overlapcfg
 from overlapcfg.demo.llama import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
+from overlapcfg.fsdp2 import explain
 from tests.thirdparty import models as M
 
 ROOT = "<root>"
@@ -166,6 +167,22 @@ def plain_per_block(model: nn.Module, kind: str, mesh: Any) -> nn.Module:
     return model
 
 
+def prefetch_readback(model: nn.Module, buckets: dict[str, list[str]]) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """What FSDP2 itself holds, not what the driver meant to give it: each group's explicit forward and backward
+    prefetch lists (``FSDPState._states_to_forward_prefetch`` / ``_states_to_backward_prefetch``, private: the only
+    place FSDP2 keeps them), by bucket name, the root's group as ``ROOT``. A group listed in its own backward list
+    (how the driver switches FSDP2's implicit prefetch off) is left out: prefetching itself is a no-op."""
+    states = {ROOT: model._get_fsdp_state()}  # type: ignore[operator]
+    states.update({name: model.get_submodule(fqns[0])._get_fsdp_state() for name, fqns in buckets.items()})
+    name_of = {id(state): name for name, state in states.items()}
+
+    def names(owner: str, listed: list[Any]) -> tuple[str, ...]:
+        return tuple(n for s in listed if (n := name_of.get(id(s), "?")) != owner)
+
+    return {name: (names(name, state._states_to_forward_prefetch), names(name, state._states_to_backward_prefetch))
+            for name, state in states.items()}
+
+
 # --- the rank function --------------------------------------------------------------------------------------------
 
 def train_variants(rank: int, world_size: int, kind: str, variants: dict[str, Any],
@@ -201,6 +218,13 @@ def train_variants(rank: int, world_size: int, kind: str, variants: dict[str, An
                 res["grads"].append(grads)
         res["events"] = probe.steps
         res["params"] = {n: p.detach().to_local().clone() for n, p in model.named_parameters()}
+        if cfg is not None:  # after the steps: the first forward may have re-planned the lists
+            record = explain(model)
+            res["readback"] = prefetch_readback(model, buckets)
+            res["record"] = {"forward": dict(record.forward_prefetch), "backward": dict(record.backward_prefetch),
+                             "effective": [(d.direction, d.bucket, d.position, d.effective)
+                                           for d in record.decisions if d.kind == "all_gather"],
+                             "backward_order": record.backward_order}
         out[variant] = res
     return out
 
