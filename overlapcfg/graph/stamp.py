@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import copy
 import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -355,7 +354,7 @@ def _stamp(g: fx.Graph, node: fx.Node, arg_transform: Callable[[fx.Node], object
         copied.args = args
     if kwargs:
         copied.kwargs = kwargs
-    copied.meta = copy.copy(node.meta)
+    copied.meta = dict(node.meta)
     return copied
 
 
@@ -398,7 +397,7 @@ def populate_meta(sources: Sequence[fx.Node], new_nodes: Sequence[fx.Node]) -> N
         values = [n.meta.get(key, default) for n in sources if n.meta.get(key, default)]
         collected = compat.OrderedSet(values) if key == "stack_trace" else values
         per_key.append((key, f"bucketing_{key}_sources", first.get(key, default), collected))
-    for n in new_nodes:
+    for n in new_nodes:  # keys in the order inductor's bucketing sets them
         meta = n.meta
         for key, source_key, value, collected in per_key:
             meta[key] = value
