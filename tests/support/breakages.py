@@ -334,7 +334,9 @@ def _copy_out_end(node: fx.Node) -> fx.Node:
     return node
 
 
-_COPY_OUT = (_aten.view.dtype, _aten.clone.default, _aten._unsafe_view.default, _aten.view.default)
+_COPY_OUT = (_aten.view.dtype, _aten.alias.default, _aten.clone.default, _aten._unsafe_view.default,
+             _aten.view.default)
+"""The ops of a merged all-gather's copy-out (torch 2.14's merge also puts an ``alias`` after the dtype view)."""
 
 
 # --- writes and identity ----------------------------------------------------------------------------------------
