@@ -10,7 +10,7 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch as _torch
 from torch import fx as _fx
@@ -341,6 +341,25 @@ def compile_fx_inner(*args: object, **kwargs: object) -> object:
     return upstream(*args, **kwargs)
 
 
+def compile_fx_from_fake_inputs(gm: _fx.GraphModule, *, is_backward: bool) -> object:
+    """Inductor's ``compile_fx_inner`` of an aot graph given the fake values on its placeholders as inputs: the
+    graph is lowered and its kernels are generated and compiled for the placeholders' device, and nothing runs.
+
+    For a step captured under a fake process group (where running would move no data), or too big to run here.
+    The graph must have been traced with ``inductor_decompositions()``, as inductor's own route traces it; the
+    caller patches inductor's settings. The fake values come from the capture's fake mode, which inductor must see
+    as the tracing context's (aot_autograd sets it up the same way before calling its compilers).
+    """
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+
+    inputs = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    mode = detect_fake_mode(inputs)
+    if mode is None:
+        raise ValueError("compile_fx_from_fake_inputs: the graph's placeholders carry no fake values (meta['val'])")
+    with tracing(TracingContext(mode)), mode:
+        return compile_fx_inner(gm, inputs, is_backward=is_backward)
+
+
 def inductor_decompositions() -> dict[object, object]:
     """The decomposition table inductor's own ``compile_fx`` hands to aot_autograd (depends on inductor config)."""
     from torch._inductor.decomposition import select_decomp_table
@@ -348,7 +367,7 @@ def inductor_decompositions() -> dict[object, object]:
     return select_decomp_table()
 
 
-__all__ += ["compile_fx_inner", "inductor_config_patch", "inductor_decompositions"]
+__all__ += ["compile_fx_from_fake_inputs", "compile_fx_inner", "inductor_config_patch", "inductor_decompositions"]
 
 # torch's own file hash for ``CustomGraphPass.uuid()`` (``overlapcfg.passes.compile.source_hash``).
 from torch._inductor.custom_graph_pass import get_hash_for_files as hash_files  # noqa: E402
@@ -363,5 +382,20 @@ pre_bucket_all_gather = _torch.ops.bucketing._pre_bucket_all_gather.default
 pre_bucket_reduce_scatter = _torch.ops.bucketing._pre_bucket_reduce_scatter.default
 bucket_dtype_table: tuple[_torch.dtype, ...] = tuple(_bucketing._ALL_DTYPES)
 
-__all__ += ["bucket_dtype_table", "pre_bucket_all_gather", "pre_bucket_reduce_scatter"]
+_PRE_BUCKET_ALL_GATHER_ARGS = tuple(a.name for a in pre_bucket_all_gather._schema.arguments)
+"""Argument names of ``_pre_bucket_all_gather``, in order: torch 2.11's schema has a ``group_name`` after
+``group_size`` that 2.13 dropped, so positions differ between releases and names do not."""
+
+
+def pre_bucket_all_gather_arguments(args: Sequence[object], kwargs: Mapping[str, object]) -> dict[str, object]:
+    """A ``_pre_bucket_all_gather`` call's arguments by schema name (``ag_ins``, ``group_size``, ``dtype``,
+    ``out_dtype_ints``, ``rank``, ``foreach_group_indices``; ``group_name`` too on torch 2.11), for readers that
+    must not depend on the installed release's argument positions. Missing optional arguments are absent."""
+    bound = dict(zip(_PRE_BUCKET_ALL_GATHER_ARGS, args, strict=False))
+    bound.update(kwargs)
+    return bound
+
+
+__all__ += ["bucket_dtype_table", "pre_bucket_all_gather", "pre_bucket_all_gather_arguments",
+            "pre_bucket_reduce_scatter"]
 
