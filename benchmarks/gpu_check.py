@@ -9,7 +9,8 @@ Three parts, each a table and a section of the JSON:
    wants it. Each config trains ``--steps`` SGD steps from the same weights on the same batch; the losses of every
    step and the gradients of the last must be **bitwise equal** to ``none``'s. Per config: compile time (the first
    step less a steady one), the pass's seconds (its ``PassRecord``, forward + backward) and share of that, the
-   median step, and on CUDA the peak memory.
+   median step, and on CUDA the peak memory. A second ``none`` compile is the control (it must equal the first);
+   deterministic algorithms are on (warn-only) unless ``--nondeterministic``.
 2. **Eight ranks, a fake group, an 8B-shaped step, compiled and not run**: a Llama-3-8B-shaped 2-layer model
    (``LLAMA3_8B`` dims), sharded for 8 ranks, captured under a fake process group of 8 (the capture runs the step
    once with communication-free collectives), traced with inductor's decompositions; ``--fake-config`` applied to
@@ -56,8 +57,10 @@ from pathlib import Path
 from typing import Any
 
 # Compile cold, every run: a warm on-disk cache from an earlier run would make compile times meaningless. Set before
-# torch is imported (inductor reads it then); a directory the caller chose is kept.
+# torch is imported (inductor reads it then); a directory the caller chose is kept. cuBLAS needs its workspace fixed
+# before CUDA starts for deterministic algorithms (``--nondeterministic`` leaves them off).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="overlapcfg-gpu-check-inductor-"))
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch
 import torch.distributed as dist
@@ -81,10 +84,13 @@ _DEPTH1 = {"forward_prefetch": 1, "backward_prefetch": 1, "reduce_scatter_delay"
 _DEPTH2 = {"forward_prefetch": 2, "backward_prefetch": 2, "reduce_scatter_delay": 2}
 CONFIGS: dict[str, dict[str, Any]] = {
     "none": {"strategy": "none"},
+    "none again": {"strategy": "none"},
     "depth 1": {"plan": "llama_layers", "policy": {**_DEPTH1, "insert_overlap_deps": True}},
     "depth 2": {"plan": "llama_layers", "policy": {**_DEPTH2, "insert_overlap_deps": True}},
 }
-"""Part 1's configs; ``none`` is the reference the others must equal bit for bit."""
+"""Part 1's configs; ``none`` is the reference the others must equal bit for bit. ``none again`` is the control: a
+second compile of the same step must equal the first, or the setup itself is not reproducible (a kernel with atomics,
+say) and a difference of the others says nothing about the pass."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,8 +279,12 @@ def calibrate(graphs: list[Any], device: torch.device, budget_s: float) -> dict[
 # --- the run -------------------------------------------------------------------------------------------------------
 
 def _error(err: BaseException) -> str:
-    lines = traceback.format_exception_only(type(err), err)
-    return "".join(lines).strip().splitlines()[-1][:500]
+    """The root cause in one line: the innermost chained exception (dynamo wraps a backend's error in
+    ``BackendCompilerFailed``, whose own message ends with advice on logging)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}"[:500]
 
 
 def _ms(seconds: float | None) -> str:
@@ -304,8 +314,8 @@ def render(result: dict[str, Any], console: Console) -> None:
                       _s(row["compile_s"]), share, _ms(row["step_s"]), memory)
     console.print(table)
     part2 = result.get("fake_group", {})
-    layers = part2.get("model", {}).get("n_layers")
-    table = Table(title=f"2. {part2.get('world_size', 8)} fake ranks, 8B-shaped {layers}-layer step, lowered by "
+    layers = result["sizes"]["fake_model"]["n_layers"]
+    table = Table(title=f"2. {result['sizes']['fake_world']} fake ranks, 8B-shaped {layers}-layer step, lowered by "
                         f"inductor for {result['device']}, not run")
     for col in ("graph", "nodes", "FSDP collectives", "buckets", "pass", "inductor lowering", "compiled"):
         table.add_column(col)
@@ -335,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fake-config", choices=tuple(CONFIGS), default="depth 2",
                         help="the config part 2 applies before lowering")
     parser.add_argument("--calibrate-s", type=float, default=None, help="calibration budget (default 30; small 5)")
+    parser.add_argument("--nondeterministic", action="store_true",
+                        help="leave torch.use_deterministic_algorithms off (on by default, warn-only: a kernel "
+                             "without a deterministic version warns instead of failing)")
     parser.add_argument("--skip", choices=("one_rank", "fake_group"), nargs="*", default=[])
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     args = parser.parse_args(argv)
@@ -349,12 +362,16 @@ def main(argv: list[str] | None = None) -> int:
     param_dtype = None if dtype_name == "float32" else getattr(torch, dtype_name)
     calibrate_s = args.calibrate_s if args.calibrate_s is not None else (5.0 if args.small else 30.0)
     logging.basicConfig(level=logging.WARNING)
+    if not args.nondeterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     console = Console(width=150)
     started = time.perf_counter()
     result: dict[str, Any] = {
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else
         platform.processor() or platform.machine(), "torch": torch.__version__, "overlapcfg": overlapcfg.__version__,
-        "compiler": compiler, "steps": steps, "param_dtype": dtype_name, "sizes": dataclasses.asdict(sizes)}
+        "overlapcfg_from": str(Path(overlapcfg.__file__).parent),
+        "compiler": compiler, "steps": steps, "param_dtype": dtype_name, "sizes": dataclasses.asdict(sizes),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
     ok = True
     if "one_rank" not in args.skip:
         result["one_rank"] = one_rank(sizes, device, compiler, steps, param_dtype, calibrate_s)
