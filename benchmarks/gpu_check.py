@@ -239,9 +239,12 @@ def fake_group_compile(sizes: Sizes, device: torch.device, cfg: dict[str, Any],
                            "overlap": cfg, "graphs": []}
     compat.dynamo_reset()
     started = time.perf_counter()
-    model = shard_module(Llama(sizes.fake_model, device=device, seed=0), world_size=sizes.fake_world, rank=0,
-                         reshard_after_forward=True, param_dtype=param_dtype,
-                         reduce_dtype=torch.float32 if param_dtype is not None else None)
+    # The weights' values do not matter (the step runs once, for its graphs, with collectives that move nothing):
+    # allocate without drawing 1.3 billion random numbers on the host.
+    unsharded = Llama(sizes.fake_model, device="meta").to_empty(device=device)
+    model = shard_module(unsharded, world_size=sizes.fake_world, rank=0, reshard_after_forward=True,
+                         param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype is not None else None)
+    del unsharded
     tokens, targets = demo_batch(sizes.fake_model.vocab_size, batch=sizes.fake_batch, seq_len=sizes.fake_seq_len,
                                  device=device)
     capture = GraphBackend(model=model, decompositions=compat.inductor_decompositions())
