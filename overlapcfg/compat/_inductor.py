@@ -125,8 +125,8 @@ def _schedule_overlap_bucketing() -> tuple[Callable[..., object], frozenset[str]
 
 
 class UnsupportedByThisTorch(ValueError):
-    """A setting the installed torch's upstream pass has no way to honour (``setting`` names it, ``supported``
-    lists what this torch does instead). Strategies turn it into a config error at the setting's path."""
+    """A setting the installed torch's upstream pass has no way to honour (``setting``: the policy field; the
+    message says what this torch does instead). Strategies turn it into a config error at the setting's path."""
 
     def __init__(self, setting: str, message: str) -> None:
         super().__init__(message)
