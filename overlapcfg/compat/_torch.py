@@ -298,6 +298,22 @@ ALL_REDUCE = _c10d_functional.all_reduce.default
 
 __all__ += ["ALL_GATHER_INTO_TENSOR", "ALL_REDUCE", "REDUCE_SCATTER_TENSOR", "WAIT_TENSOR", "functional_collectives"]
 
+# The all-gather of one tensor along dim 0, in both forms, as each supported release names them (probed once here):
+# - functional (what SimpleFSDP's parametrization traces): ``all_gather_single`` since torch 2.13, where
+#   ``all_gather_tensor`` became a deprecated alias (a ``FutureWarning`` outside compiled code); torch 2.11 has
+#   only ``all_gather_tensor``. Both trace to ``_c10d_functional.all_gather_into_tensor`` + ``wait_tensor``.
+# - c10d (eager, into a given output): ``torch.distributed.all_gather_single`` since 2.13, which FSDP2 calls;
+#   2.11 has only ``all_gather_into_tensor`` (same arguments, same result), and its FSDP2 calls that.
+functional_all_gather = getattr(functional_collectives, "all_gather_single", None) or \
+    functional_collectives.all_gather_tensor
+"""``functional_all_gather(shard, gather_dim, group)``: the traceable all-gather (``_c10d_functional`` ops)."""
+C10D_ALL_GATHER_NAME = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+"""Name in ``torch.distributed`` of the eager all-gather into a tensor that this release's FSDP2 calls."""
+c10d_all_gather = getattr(dist, C10D_ALL_GATHER_NAME)
+"""``c10d_all_gather(output, input, group=None)``: the eager all-gather into ``output`` (``C10D_ALL_GATHER_NAME``)."""
+
+__all__ += ["C10D_ALL_GATHER_NAME", "c10d_all_gather", "functional_all_gather"]
+
 # --- verify: the other collective overloads the verifier interprets (overlapcfg.graph.provenance) ---------------
 # ``_c10d_functional`` ops that merged buckets use besides the plain ones above: the ``out=`` all-gather of torch's
 # bucket modes and the coalesced forms of ``bucket_mode="coalesced"``.

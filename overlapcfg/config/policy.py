@@ -102,8 +102,9 @@ def _no_all_reduces(value: Any) -> None:
     if value is not None:
         raise PydanticCustomError(
             "torch_manual_all_reduce",
-            "torch_manual does not bucket or schedule HSDP all-reduces (upstream manual_overlap_bucketing skips "
-            "all-reduces), got {got}; use strategy 'manual' for all_reduce_delay",
+            "torch_manual has no all_reduce_delay (upstream manual_overlap_bucketing skips HSDP all-reduces before "
+            "torch 2.14 and from 2.14 buckets them with the reduce-scatters at their fixed delay of 1), got {got}; "
+            "use strategy 'manual' for all_reduce_delay",
             {"got": repr(value)},
         )
 
@@ -128,7 +129,8 @@ class TorchManualPolicy(PolicyBase):
     reduce_scatter_delay: _FixedAtOne = 1
     """Fixed at 1 upstream."""
     all_reduce_delay: _NoAllReduces = None
-    """Upstream leaves HSDP all-reduces alone: unset only (so the shipped policy presets, which list it, apply)."""
+    """Upstream leaves HSDP all-reduces alone before torch 2.14 and delays them by 1 from 2.14: unset only (so the
+    shipped policy presets, which list it, apply)."""
     max_inflight_bytes: _Unsupported = None
     """Not supported upstream."""
     issue_order: _GatherFirst = "gather_first"

@@ -238,7 +238,7 @@ def apply(
             scheduled, left = attribute(now, plan)
         folded = [c.start.name for _, c in scheduled if strategy.uses_plan and fold_repeated_waits(gm.graph, c)]
         ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
-                          fresh_fake_values=for_compiler)
+                          fresh_fake_values=for_compiler, config_root=config_root)
         result = strategy.run(gm, ctx)
         if summary is None:
             gm.graph.lint()
@@ -253,7 +253,7 @@ def apply(
     after = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
     notes = (*notes, *kept.notes, *_folded_waits(folded), *result.notes,
              *_held_partials(partials, plan, result.merged),
-             *_unbucketed_all_reduces(cfg, covered, result.merged))
+             *_unbucketed_all_reduces(cfg, covered, result.merged, after))
     record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
                      started, notes, strategy_uses_plan=strategy.uses_plan, kept=kept)
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
@@ -349,16 +349,20 @@ def _held_partials(gradients: Sequence[tuple[Collective, ...]], plan: ResolvedPl
 
 
 def _unbucketed_all_reduces(cfg: OverlapConfig, covered: Sequence[tuple[int, Collective]],
-                            merged: Sequence[object]) -> tuple[str, ...]:
-    """A strategy that buckets HSDP all-reduces emits merged all-reduces; one that does not (upstream's) leaves
-    one per parameter on the replicate group's links: say so, loudly, rather than report a bucketed step."""
+                            merged: Sequence[object], after: Sequence[Collective]) -> tuple[str, ...]:
+    """A strategy that buckets HSDP all-reduces emits merged all-reduces; one that does not (upstream's before
+    torch 2.14) leaves one per parameter on the replicate group's links: say so, loudly, rather than report a
+    bucketed step. Strategies that return no merges (upstream's passes) are judged by the graph they left."""
     ars = [c for _, c in covered if c.role == "hsdp_all_reduce"]
     if not ars or any(getattr(m, "kind", None) == "all_reduce" for m in merged):
         return ()
-    groups = ", ".join(sorted({repr(c.group) for c in ars}))
-    message = (f"overlapcfg[{cfg.strategy}]: {len(ars)} HSDP gradient all-reduces (group {groups}) left unbucketed "
+    groups = {c.group for c in ars}
+    if sum(1 for c in after if c.kind == "all_reduce" and c.group in groups) < len(ars):
+        return ()  # fewer all-reduces on those groups than HSDP gradients: the strategy bucketed them
+    shown = ", ".join(sorted(repr(g) for g in groups))
+    message = (f"overlapcfg[{cfg.strategy}]: {len(ars)} HSDP gradient all-reduces (group {shown}) left unbucketed "
                "and unscheduled: this strategy does not handle them (upstream manual_overlap_bucketing skips "
-               "all-reduces); strategy 'manual' buckets them per bucket with all_reduce_delay")
+               "all-reduces before torch 2.14); strategy 'manual' buckets them per bucket with all_reduce_delay")
     _warn_once(message)
     return (message,)
 

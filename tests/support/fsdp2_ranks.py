@@ -4,7 +4,8 @@ everything here is importable by name).
 The probe does not read the driver's record or prefetch lists. It watches FSDP2 itself:
 
 - an **all-gather** is the real process-group call (``torch.distributed.all_gather_single``, what FSDP2's default
-  all-gather issues), attributed to the FSDP2 parameter group whose ``unshard`` is on the stack;
+  all-gather issues; ``all_gather_into_tensor`` on torch 2.11: ``compat.C10D_ALL_GATHER_NAME``), attributed to
+  the FSDP2 parameter group whose ``unshard`` is on the stack;
 - a bucket **starts computing in forward** at its first module's forward pre-hook, registered after sharding, so
   it runs after FSDP2's own pre-forward (which FSDP2 prepends): its unshard and its prefetches;
 - a bucket **starts computing in backward** when autograd first unpacks a tensor the bucket saved in forward
@@ -30,6 +31,7 @@ from torch.distributed.fsdp import fully_shard as torch_fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
 import overlapcfg
+from overlapcfg import compat
 from overlapcfg.demo.llama import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
 from overlapcfg.fsdp2 import explain
@@ -75,7 +77,7 @@ class Probe:
     @contextlib.contextmanager
     def installed(self) -> Iterator[Probe]:
         probe = self
-        unshard, all_gather = FSDPParamGroup.unshard, dist.all_gather_single
+        unshard, all_gather = FSDPParamGroup.unshard, getattr(dist, compat.C10D_ALL_GATHER_NAME)
 
         def traced_unshard(group: FSDPParamGroup, *args: Any, **kwargs: Any) -> Any:
             probe._groups.append(probe._label(group))
@@ -94,12 +96,12 @@ class Probe:
             handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
             handles.append(module.register_forward_hook(self._post_hook()))
         FSDPParamGroup.unshard = traced_unshard  # type: ignore[method-assign]
-        dist.all_gather_single = traced_all_gather
+        setattr(dist, compat.C10D_ALL_GATHER_NAME, traced_all_gather)
         try:
             yield self
         finally:
             FSDPParamGroup.unshard = unshard  # type: ignore[method-assign]
-            dist.all_gather_single = all_gather
+            setattr(dist, compat.C10D_ALL_GATHER_NAME, all_gather)
             for h in handles:
                 h.remove()
 
