@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from overlapcfg.demo.tracing import TracedStep
-from tests.support.compat_tier import known_merge_failure, mark_tier
+from tests.support.compat_tier import mark_tier
 from tests.support.traces import ApplyFn, apply_to, traced_step, whole_step_capture
 
 
@@ -66,19 +66,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return next((i for i, prefix in enumerate(_RUN_FIRST) if where.startswith(prefix)), len(_RUN_FIRST))
 
     items.sort(key=rank)  # stable: the order within a file and among equals is pytest's
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A compat-tier test failing with a known failure of the bucket merge on this torch is an expected failure
-    with that reason (``tests/support/compat_tier.py``); every other outcome is left as it is."""
-    outcome = yield
-    report = outcome.get_result()  # type: ignore[attr-defined]
-    if report.failed and item.get_closest_marker("compat") is not None:
-        reason = known_merge_failure(str(report.longrepr))
-        if reason is not None:
-            report.outcome = "skipped"
-            report.wasxfail = reason
 
 
 @pytest.fixture(scope="session")

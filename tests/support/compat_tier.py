@@ -10,10 +10,7 @@ Entries marked ``torchtitan`` run where torchtitan's models import (an optional,
 needs torch >= 2.13); where they do not, the tier (``-m compat``) skips their tests with the import error as the
 reason, and ``-ra`` lists each.
 
-``KNOWN_MERGE_FAILURES``: the bucket merge today swaps helpers of torch's private ``bucketing`` module that torch
-2.11 lacks, and owning that merge is a separate change (issue 29, item 1). Until it lands, a compat test failing
-with exactly one of these messages is reported as an expected failure naming the reason (``-ra`` lists each);
-any other failure stays a failure, and once the merge no longer needs the helper the tests simply pass.
+Nothing is excused: a failure in the tier is a failure on that release.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
-__all__ = ["KNOWN_MERGE_FAILURES", "TIER", "Entry", "known_merge_failure", "mark_tier"]
+__all__ = ["TIER", "Entry", "mark_tier"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +83,6 @@ TIER: tuple[Entry, ...] = (
 """What the compat tier runs. Keep it to minutes per release: a capability once, on the demo and one third-party
 model, not every parametrization (the full suite on 2.13 covers those)."""
 
-KNOWN_MERGE_FAILURES: tuple[str, ...] = (
-    "module 'torch._inductor.fx_passes.bucketing' has no attribute '_sort_bucket_region'",
-)
-"""Failure messages of the bucket merge's private torch helpers on releases that lack them (see the module
-docstring); nothing else is excused."""
-
-
 def _torchtitan_import_error() -> str | None:
     """Why torchtitan's model code does not import with this torch, or None. Its package imports on every release;
     its models need newer torch APIs (0.3.0 on torch 2.11: ``DataParallelMeshDims`` from ``torch.distributed.fsdp``)."""
@@ -135,12 +125,3 @@ def mark_tier(config: pytest.Config, items: list[pytest.Item]) -> None:
              if not matched.get(prefix) and prefix.split("::", 1)[0] in collected_files and "::" in prefix]
     if stale:
         raise pytest.UsageError("tests/support/compat_tier.py names tests that no longer exist: " + ", ".join(stale))
-
-
-def known_merge_failure(report_text: str) -> str | None:
-    """The reason to report a compat test's failure as expected, if its text is a known merge failure."""
-    for message in KNOWN_MERGE_FAILURES:
-        if message in report_text:
-            return (f"needs the owned bucket merge (issue 29): this torch's bucketing module lacks what the merge "
-                    f"swaps ({message})")
-    return None
