@@ -59,6 +59,30 @@ control_deps = _control_deps
 """The wrapper ``insert_overlap_deps`` puts around an op to order it (what ``unwrap_control_deps`` sees through)."""
 
 
+def _run_subgraph(additional_deps: object, subgraph: Callable[..., object], *args: object, **kwargs: object) -> object:
+    return subgraph(*args, **kwargs)
+
+
+def _backport_control_deps_kernels() -> None:
+    """Give torch 2.11's ``control_deps`` the eager and autograd kernels torch 2.13 registers for it (both run the
+    wrapped op): 2.11 has only a fake one, so a graph holding it cannot run eagerly (the backend's eager compiler)
+    and inductor's ``compile_fx_inner``, which runs the graph under fake tensors with autograd's dispatch key still
+    active, fails with "could not find kernel for HigherOrderOperator control_deps at DispatchKey.AutogradCPU".
+    Where the release has them, nothing is registered. Also marked side-effecting, as 2.13 does (dead-code
+    elimination must keep an ordering wrapper whose result nobody reads)."""
+    from torch._C import DispatchKey
+    from torch.fx.node import _side_effectful_functions, has_side_effect
+
+    for key in (DispatchKey.CompositeExplicitAutograd, DispatchKey.Autograd):
+        if key not in _control_deps.py_kernels:
+            _control_deps.py_impl(key)(_run_subgraph)
+    if _control_deps not in _side_effectful_functions:
+        has_side_effect(_control_deps)
+
+
+_backport_control_deps_kernels()
+
+
 def unwrap_control_deps(node: object) -> tuple[object, tuple[object, ...], tuple[object, ...]]:
     """``(target, data inputs, ordering-only inputs)`` of a node, seeing through a ``control_deps`` wrapper.
 
