@@ -19,8 +19,8 @@ from overlapcfg import compat
 from overlapcfg.config.hardware import HardwareProfile
 from overlapcfg.graph.ops import collective_kind, is_collective_start, is_compute_node, is_free, started_by
 
-__all__ = ["NodeKind", "collective_issue_seconds", "collective_seconds", "collective_source", "compute_seconds",
-           "node_bytes", "node_flops", "node_kind"]
+__all__ = ["NodeKind", "collective_contention", "collective_issue_seconds", "collective_seconds", "collective_source",
+           "compute_seconds", "node_bytes", "node_flops", "node_kind"]
 
 NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
 
@@ -176,3 +176,12 @@ def collective_issue_seconds(kind: str, nbytes: int, hw: HardwareProfile, world_
     if fit is None:
         return 0.0
     return fit.issue_latency + (nbytes / fit.issue_bandwidth if fit.issue_bandwidth else 0.0)
+
+
+def collective_contention(hw: HardwareProfile, world_size: int, *,
+                          inter_node: bool | None = None) -> tuple[float, float]:
+    """``(compute_slowdown, comm_slowdown)`` of a collective over ``world_size`` ranks (its link placed as in
+    ``collective_seconds``): the profile's measured contention for that link, else none."""
+    crosses = world_size > hw.gpus_per_node if inter_node is None else inter_node
+    fit = hw.contention_for(crosses) if world_size > 1 else None
+    return (fit.compute_slowdown, fit.comm_slowdown) if fit is not None else (0.0, 0.0)

@@ -11,12 +11,21 @@ the model's, since their time is what the schedule changes.
 
 A profile of the untransformed step serves every config of that step: the pass keeps the nodes it does not
 create, names included.
+
+One footing for both sources (``Footing``): the nodes a measurement lacks (the copies a pass creates) are not
+priced by the bare roofline, whose clock is the profile's peaks, but by the roofline put on the measurement's
+footing: per kind of node, ``scale x roofline`` fitted through the measured nodes (how far this machine's kernels
+of that kind are from the profile's peaks). Both sources are the work of a kernel alone; contention is the
+simulator's, applied to both alike. ``overlapcfg.measure`` also puts the
+durations themselves on the clock of the timed steps (``clock_scale``): the node-timed steps run once, at the end,
+under whatever load the machine had then.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +34,7 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.report.cost import iter_tensors, node_kind
 
-__all__ = ["NODE_COSTS_SCHEMA", "MEASURABLE_KINDS", "NodeCosts", "node_signature"]
+__all__ = ["MEASURABLE_KINDS", "NODE_COSTS_SCHEMA", "Footing", "NodeCosts", "fit_footing", "node_signature"]
 
 NODE_COSTS_SCHEMA = "overlapcfg.node_costs/1"
 MEASURABLE_KINDS = frozenset({"compute", "memory", "free"})
@@ -52,6 +61,8 @@ class NodeCosts:
     source: str
     """What was measured, for reports: backend, ranks, which config's graphs, how many steps, when."""
     graphs: Mapping[str, Mapping[str, tuple[str, float]]] = field(default_factory=dict)
+    clock_scale: float = 1.0
+    """The factor the durations were multiplied by to put them on the clock of the timed steps (1.0: as timed)."""
 
     def seconds(self, graph: str, node: fx.Node) -> float | None:
         """The measured time of ``node`` in ``graph``, or None (not measured, or a different kernel there)."""
@@ -63,8 +74,20 @@ class NodeCosts:
     def __len__(self) -> int:
         return sum(len(nodes) for nodes in self.graphs.values())
 
+    def footing(self, graphs: Iterable[tuple[str, fx.GraphModule]],
+                roofline: Callable[[fx.Node], float]) -> Footing:
+        """The roofline on this measurement's footing (``fit_footing``), from every measured node of ``graphs``
+        (``(name, graph)`` pairs) and its ``roofline`` seconds."""
+        pairs = []
+        for name, gm in graphs:
+            for node in gm.graph.nodes:
+                measured = self.seconds(name, node) if node.op == "call_function" else None
+                if measured is not None:
+                    pairs.append((node_kind(node), roofline(node), measured))
+        return fit_footing(pairs)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": NODE_COSTS_SCHEMA, "source": self.source,
+        return {"schema": NODE_COSTS_SCHEMA, "source": self.source, "clock_scale": self.clock_scale,
                 "graphs": {g: {n: {"signature": sig, "seconds": s} for n, (sig, s) in nodes.items()}
                            for g, nodes in self.graphs.items()}}
 
@@ -79,4 +102,43 @@ class NodeCosts:
             raise ValueError(f"not overlapcfg node costs of schema {NODE_COSTS_SCHEMA!r} (got {data.get('schema')!r})")
         graphs = {str(g): {str(n): (str(e["signature"]), float(e["seconds"])) for n, e in nodes.items()}
                   for g, nodes in data["graphs"].items()}
-        return cls(source=str(data["source"]), graphs=graphs)
+        return cls(source=str(data["source"]), graphs=graphs, clock_scale=float(data.get("clock_scale", 1.0)))
+
+
+MIN_PAIRS = 3
+"""Measured nodes of a kind needed to fit its scale; fewer, and that kind keeps the bare roofline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Footing:
+    """The roofline on a measurement's footing: per node kind (``compute``, ``memory``), ``seconds = scale x
+    roofline``. A kind without a scale is priced by the bare roofline. A scale and no per-kernel constant: merging
+    buckets must only add bytes, the rule the tuner's quick model sums its units' copies by (see
+    ``overlapcfg.report.cost.compute_seconds``), so views stay free and a copy costs its bytes, at this machine's
+    rate."""
+
+    scales: Mapping[str, float] = field(default_factory=dict)
+
+    def price(self, kind: str, roofline: float) -> float:
+        return roofline * self.scales.get(kind, 1.0)
+
+    def describe(self) -> str:
+        """``compute x1.3 roofline; memory x4.1 roofline``, for reports."""
+        return "; ".join(f"{kind} x{scale:.3g} roofline" for kind, scale in self.scales.items())
+
+
+def fit_footing(pairs: Iterable[tuple[str, float, float]]) -> Footing:
+    """Per kind with a roofline (``compute``, ``memory``), the scale minimizing the squared relative error of
+    ``scale x roofline`` against the measured seconds over ``(kind, roofline, measured)`` triples: a small kernel
+    counts as much as a large one."""
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    for kind, roof, measured in pairs:
+        if kind != "free" and roof > 0 and measured > 0 and math.isfinite(measured) and math.isfinite(roof):
+            by_kind.setdefault(kind, []).append((roof, measured))
+    scales = {}
+    for kind, rows in sorted(by_kind.items()):
+        if len(rows) >= MIN_PAIRS:
+            # min sum (b r / m - 1)^2: b = sum(r / m) / sum((r / m)^2)
+            ratios = [r / m for r, m in rows]
+            scales[kind] = sum(ratios) / sum(x * x for x in ratios)
+    return Footing(scales)
