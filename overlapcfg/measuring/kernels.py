@@ -3,13 +3,17 @@
 The roofline (``overlapcfg.report.cost.compute_seconds``) charges a kernel ``max(FLOPs / peak, bytes /
 bandwidth)``. Calibration measures each term where it applies:
 
-- ``mem_bandwidth``: ``out = a + b`` over log-spaced sizes, back to back, fitted as ``overhead + bytes /
-  bandwidth`` (bytes read and written, as the roofline counts them); the overhead (what a tiny kernel costs) is
-  recorded, not priced: the roofline has no per-kernel constant (see ``compute_seconds``);
-- the matmul rate: every distinct matmul shape of the step's graphs (``mm``, ``addmm``, ``bmm``, ``baddbmm``, read
-  from their fake tensors) in the step's dtype, timed back to back; the rate is their FLOPs over their time, each
-  shape weighted by how often the step runs it, so the roofline reproduces the model's matmul time as a whole.
-  Without a step, a few square shapes stand in.
+- ``mem_bandwidth``: ``out = a + b`` over log-spaced sizes up to well beyond the last-level cache, back to back.
+  The bandwidth is the slope of ``overhead + bytes / bandwidth`` (bytes read and written, as the roofline counts
+  them) through the sizes at least ``BEYOND_CACHE`` times the cache (``overlapcfg.measuring.device``): a buffer
+  that fits in the cache times the cache, which on an H200 came out at 8.8 TB/s against 4.8 of HBM. The overhead
+  (what a tiny kernel costs, from all sizes) is recorded, not priced: the roofline has no per-kernel constant
+  (see ``compute_seconds``);
+- the matmul rates: every distinct matmul shape of the step's graphs (``mm``, ``addmm``, ``bmm``, ``baddbmm``, read
+  from their fake tensors), timed back to back in each dtype of ``MATMUL_DTYPES`` (what a model trains in is
+  measured, not extrapolated from another dtype); a rate is their FLOPs over their time, each shape weighted by how
+  often the step runs it, so the roofline reproduces the model's matmul time as a whole. Without a step, a few
+  square shapes stand in.
 """
 
 from __future__ import annotations
@@ -28,11 +32,22 @@ from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collectives import log_sizes
 from overlapcfg.measuring.fit import fit_line
 
-__all__ = ["MatmulMix", "MatmulShape", "chosen_shapes", "default_shapes", "matmul_mix", "matmul_samples",
-           "memory_samples", "memory_sizes", "time_matmuls", "time_memory"]
+__all__ = ["BEYOND_CACHE", "MATMUL_DTYPES", "MEMORY_CAP", "MatmulMix", "MatmulShape", "beyond_cache", "chosen_shapes",
+           "default_shapes", "matmul_mix", "matmul_samples", "memory_samples", "memory_sizes", "time_matmuls",
+           "time_memory"]
 
 MatmulShape = tuple[int, int, int, int]
 """``(batch, m, k, n)``: ``batch`` products of ``(m x k) @ (k x n)``."""
+
+MATMUL_DTYPES = (torch.float32, torch.bfloat16)
+"""Dtypes the matmul rate is measured in (``PeakFlops.fp32`` and ``.bf16``; fp16 is priced as bf16)."""
+BEYOND_CACHE = 4
+"""The memory bandwidth is fitted through sizes at least this many times the last-level cache."""
+MEMORY_CAP = {"cpu": 2**30, "gpu": 2**32}
+"""Largest total bytes (read + written) of the memory kernel, per device kind: a CPU's last-level cache can be
+hundreds of MiB (480 MiB here), and three buffers of a few GiB on a shared machine would be a burden."""
+MIN_BEYOND = 3
+"""Sizes the bandwidth is fitted through at least (the largest ones, where fewer lie beyond the cache)."""
 
 _MATMULS = {"aten.mm": (0, 1), "aten.addmm": (1, 2), "aten.bmm": (0, 1), "aten.baddbmm": (1, 2)}
 """Matmul ops and the argument positions of their two factors."""
@@ -106,9 +121,10 @@ def matmul_samples(shapes: Counter[MatmulShape], chosen: Sequence[MatmulShape], 
                          seconds=tuple(seconds), rate=rate, overhead=0.0, residual=residual)
 
 
-def memory_sizes(max_bytes: int) -> list[int]:
-    """Bytes read + written by the timed ``a + b`` (fp32: 12 bytes an element), one per octave."""
-    return log_sizes(12, max_bytes, per_octave=1, multiple=12)
+def memory_sizes(cache_bytes: int, cap: int) -> list[int]:
+    """Bytes read + written by the timed ``a + b`` (fp32: 12 bytes an element), one per octave, up to
+    ``2 * BEYOND_CACHE`` times the cache or ``cap``, whichever is smaller."""
+    return log_sizes(12, max(2**20, min(cap, 2 * BEYOND_CACHE * cache_bytes)), per_octave=1, multiple=12)
 
 
 def time_memory(sizes: Sequence[int], clock: Clock, *, progress: Callable[[str, int], None] | None = None,
@@ -124,14 +140,29 @@ def time_memory(sizes: Sequence[int], clock: Clock, *, progress: Callable[[str, 
     return seconds
 
 
-def memory_samples(sizes: Sequence[int], seconds: Sequence[float]) -> KernelSamples:
-    """``overhead + bytes / rate`` fitted through the timings."""
-    fit = fit_line(sizes, seconds)
-    overhead, per_byte = fit.coefficients
+def beyond_cache(sizes: Sequence[int], cache_bytes: int) -> list[int]:
+    """Indices of the sizes the bandwidth is fitted through: those at least ``BEYOND_CACHE`` times the cache, or
+    the ``MIN_BEYOND`` largest where fewer are."""
+    big = [i for i, n in enumerate(sizes) if n >= BEYOND_CACHE * cache_bytes]
+    return big if len(big) >= MIN_BEYOND else list(range(max(0, len(sizes) - MIN_BEYOND), len(sizes)))
+
+
+def memory_samples(sizes: Sequence[int], seconds: Sequence[float], cache_bytes: int) -> KernelSamples:
+    """The bandwidth: the slope of ``overhead + bytes / rate`` through the sizes beyond the cache
+    (``beyond_cache``); the overhead: the intercept of the same line through every size. The residual is the
+    bandwidth fit's."""
+    big = beyond_cache(sizes, cache_bytes)
+    fit = fit_line([sizes[i] for i in big], [seconds[i] for i in big])
+    per_byte = fit.coefficients[1]
     if per_byte <= 0:
         raise ValueError(f"calibrate: elementwise kernel times do not grow with size up to {max(sizes)} bytes; "
                          "raise the largest size")
-    return KernelSamples(what="memory (a + b, float32)", shapes=tuple(f"{n} B" for n in sizes),
+    overhead = fit_line(sizes, seconds).coefficients[0]
+    within = sizes[big[0]] < BEYOND_CACHE * cache_bytes
+    where = (f"bandwidth from {len(big)} sizes >= {sizes[big[0]] / 2**20:.0f} MiB" +
+             (f", within {BEYOND_CACHE}x the {cache_bytes / 2**20:.0f} MiB cache: may time the cache" if within else
+              f", beyond {BEYOND_CACHE}x the {cache_bytes / 2**20:.0f} MiB cache"))
+    return KernelSamples(what=f"memory (a + b, float32; {where})", shapes=tuple(f"{n} B" for n in sizes),
                          work=tuple(float(n) for n in sizes), seconds=tuple(seconds), rate=1.0 / per_byte,
                          overhead=overhead, residual=fit.residual)
 
