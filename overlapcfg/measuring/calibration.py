@@ -171,7 +171,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     if dist.get_rank() == 0:
         try:
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
-                                                     hosts, contended), clock, facts, budget_s, started)
+                                                     hosts, contended, mix.memory), clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
     dist.broadcast_object_list(box, src=0)
@@ -212,6 +212,8 @@ class _Measured:
     dtype: torch.dtype
     hosts: Sequence[str]
     contention: Sequence[Sequence[ContentionTimings]]
+    kernels: Counter[int]
+    """The step's memory-bound kernel sizes (``MatmulMix.memory``)."""
     """Per group, every rank's runs."""
 
 
@@ -219,7 +221,7 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
            started: float) -> dict[str, object]:
     """Rank 0: fit everything and assemble the profile (JSON form, for the broadcast)."""
     fits, samples = fit_collectives(m.collectives, measured_issue=not clock.cuda) if m.collectives else (None, ())
-    mem = memory_samples(m.memory_sizes, m.memory, facts.cache_bytes)
+    mem = memory_samples(m.memory_sizes, m.memory, facts.cache_bytes, m.kernels)
     mms = {dt: matmul_samples(m.shapes, m.chosen, seconds, dt) for dt, seconds in m.matmuls.items()}
     contention = [contention_fit(runs) for runs in m.contention]
     record = Calibration(
@@ -296,6 +298,13 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
                      "or a kernel or link the formula does not describe (one matmul rate for shapes of very "
                      "different efficiency). Predictions inherit it: rerun on an idle machine, with a larger "
                      "calibrate.budget_s, and check with mode=measure")
+    if "may time the cache" in mem.what:
+        notes.append(f"mem_bandwidth: the largest buffers timed are within 2x the {facts.cache_bytes / 2**20:.0f} "
+                     "MiB last-level cache (capped to spare memory): the memory's own bandwidth may be the cache's")
+    if "at the step's" in mem.what:
+        notes.append("mem_bandwidth: the rate at the step's own memory-bound kernel sizes, as the matmul rates are "
+                     "at its matmuls (kernels that fit in the cache run at the cache's speed); the memory's own "
+                     f"bandwidth is in the kernel record: {mem.what}")
     mem_bw = _capped("mem_bandwidth (GB/s)", mem.rate, facts.mem_bandwidth, 1e9, rough, notes, facts)
     rates = {dt: _capped(f"matmul {str(dt).removeprefix('torch.')} (TFLOP/s)", k.rate, facts.peak_for(dt), 1e12,
                          rough, notes, facts) for dt, k in mms.items()}

@@ -105,6 +105,8 @@ class NodeCosts:
         return cls(source=str(data["source"]), graphs=graphs, clock_scale=float(data.get("clock_scale", 1.0)))
 
 
+ALL = "all"
+"""The scale fitted through every measured node, for a kind without enough of its own."""
 MIN_PAIRS = 3
 """Measured nodes of a kind needed to fit its scale; fewer, and that kind keeps the bare roofline."""
 
@@ -112,7 +114,8 @@ MIN_PAIRS = 3
 @dataclass(frozen=True, slots=True)
 class Footing:
     """The roofline on a measurement's footing: per node kind (``compute``, ``memory``), ``seconds = scale x
-    roofline``. A kind without a scale is priced by the bare roofline. A scale and no per-kernel constant: merging
+    roofline``; a kind with too few measured nodes of its own takes the scale of all of them together (``ALL``),
+    and without any, the bare roofline. A scale and no per-kernel constant: merging
     buckets must only add bytes, the rule the tuner's quick model sums its units' copies by (see
     ``overlapcfg.report.cost.compute_seconds``), so views stay free and a copy costs its bytes, at this machine's
     rate."""
@@ -120,7 +123,7 @@ class Footing:
     scales: Mapping[str, float] = field(default_factory=dict)
 
     def price(self, kind: str, roofline: float) -> float:
-        return roofline * self.scales.get(kind, 1.0)
+        return roofline * self.scales.get(kind, self.scales.get(ALL, 1.0))
 
     def describe(self) -> str:
         """``compute x1.3 roofline; memory x4.1 roofline``, for reports."""
@@ -136,9 +139,10 @@ def fit_footing(pairs: Iterable[tuple[str, float, float]]) -> Footing:
         if kind != "free" and roof > 0 and measured > 0 and math.isfinite(measured) and math.isfinite(roof):
             by_kind.setdefault(kind, []).append((roof, measured))
     scales = {}
-    for kind, rows in sorted(by_kind.items()):
-        if len(rows) >= MIN_PAIRS:
+    pooled = [row for rows in by_kind.values() for row in rows]
+    for kind, pairs_of_kind in [*sorted(by_kind.items()), (ALL, pooled)]:
+        if len(pairs_of_kind) >= MIN_PAIRS:
             # min sum (b r / m - 1)^2: b = sum(r / m) / sum((r / m)^2)
-            ratios = [r / m for r, m in rows]
+            ratios = [r / m for r, m in pairs_of_kind]
             scales[kind] = sum(ratios) / sum(x * x for x in ratios)
     return Footing(scales)

@@ -162,11 +162,17 @@ class Streams:
         """A collective (``token``, for its wait) is issued: the compute stream first pays ``issue_seconds`` (its
         launch, as a calibrated fit measures it; the tuner adds the copy-in chain), then it takes ``seconds`` of
         work on ``stream`` after what that stream already holds, slowed by ``slowdown`` (its link's contention);
-        ``inflight_bytes`` count as in flight until its wait. Returns the compute stream's time when it is queued
-        (its start on ``stream`` is ``spans[token][0]`` once it has ended)."""
+        ``inflight_bytes`` count as in flight until its wait. Returns when it starts on ``stream`` at the rates of
+        the moment: exact without contention; with it, ``spans[token]`` once it has ended."""
         if issue_seconds:
             self.run(issue_seconds)
         queue = self._queues.setdefault(stream, deque())
+        start = self.t
+        if queue:  # behind what the stream holds: where that ends at the current rates
+            start = queue[0].end
+            for r in list(queue)[1:]:
+                start = max(start, r.issued) + r.seconds * self._rate_factor(r)
+            start = max(start, self.t)
         queue.append(_Running(token, seconds, slowdown, self.t))
         if slowdown != NO_CONTENTION:
             self._slowed += 1
@@ -178,7 +184,7 @@ class Streams:
         if inflight_bytes:
             self.inflight += inflight_bytes
             self.peak_inflight = max(self.peak_inflight, self.inflight)
-        return self.t
+        return start
 
     def wait(self, token: Hashable) -> float:
         """The compute stream waits for ``token``'s collective; returns how long it was blocked (0 when the
