@@ -281,9 +281,10 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                 seconds, bound, source, nbytes, part = node_seconds(
                     node, graph_name, hw, node_costs, world_size=ws_now, traced_world_size=traced_now,
                     as_dtype=as_dtype, attention=attention.role(gi, node), footing=footing)
-                share = parts.setdefault(part, [0, 0.0])
-                share[0] += 1
-                share[1] += seconds
+                if seconds > 0 or part == "attention":  # views cost nothing: no part of compute
+                    share = parts.setdefault(part, [0, 0.0])
+                    share[0] += 1
+                    share[1] += seconds
                 if seconds > 0:
                     at = streams.run(seconds)
                     events.append(Event(graph_name, node.name, COMPUTE_STREAM, bound, at, streams.t,
