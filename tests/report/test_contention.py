@@ -100,7 +100,7 @@ def test_quick_score_equals_the_full_simulation_under_contention(a: float, b: fl
     step = captured_step(LAYERS)
     hw = _contended("cpu_gloo", a, b)
     profile = build_profile(step, hw, world_size=4)
-    configs = _configs(random.Random(int(10 * a + b)), 5)
+    configs = _configs(random.Random(int(10 * a + b)), 3)
     rows = compare(step, configs, hardware=hw, world_size=4).rows
     plain = compare(step, configs, hardware="cpu_gloo", world_size=4).rows
     for cfg, row, base in zip(configs, rows, plain, strict=True):
