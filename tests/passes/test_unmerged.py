@@ -7,6 +7,7 @@ Fast tier: synthetic graphs (``tests.support.synthetic``) under a fake process g
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from typing import Any
 
@@ -65,7 +66,7 @@ def test_unmerged_reduce_scatters_are_still_delayed_with_their_bucket() -> None:
         (starts if is_collective_start(n) else waits).setdefault(mark.bucket, []).append(pos[n])
     order = sorted(starts, key=lambda b: min(starts[b]))  # buckets in the order their gradients are reduced
     assert all(len(starts[b]) == len(LAYERS[b]) for b in order)  # one per parameter
-    for this, following in zip(order, order[1:]):
+    for this, following in itertools.pairwise(order):
         assert min(waits[this]) > max(starts[following]), (this, following)
 
 
@@ -85,7 +86,7 @@ def test_unmerged_all_gathers_are_prefetched_together_with_their_bucket() -> Non
             first_wait[b] = min(first_wait.get(b, pos[n]), pos[n])
     order = sorted(first_wait, key=first_wait.__getitem__)
     assert all(len(issued[b]) == len(LAYERS[b]) for b in order)  # one per parameter
-    for this, following in zip(order, order[1:]):
+    for this, following in itertools.pairwise(order):
         assert max(issued[following]) < first_wait[this], (this, following)
 
 
