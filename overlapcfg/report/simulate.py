@@ -256,7 +256,8 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                 at = streams.t
                 streams.issue(node, stream, dur, issue_seconds=issue,
                               inflight_bytes=nbytes if node in param_gathers else 0,
-                              slowdown=collective_contention(hw, place.size, inter_node=place.inter_node))
+                              slowdown=collective_contention(ckind, nbytes, hw, place.size,
+                                                             inter_node=place.inter_node))
                 if issue > 0:
                     events.append(Event(graph_name, node.name, COMPUTE_STREAM, "issue", at, streams.t,
                                         _label(node, graph_labels), nbytes))

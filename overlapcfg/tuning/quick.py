@@ -219,7 +219,7 @@ def _merge(units: Sequence[UnitCollective], profile: Profile) -> Merged:
         buffer_bytes=sum(u.buffer_bytes for u in units),
         buffer_last=max(p.last_reader for p in views) if views else -1.0,
         copies=tuple((p.bytes, p.last_reader) for p in copied),
-        slowdown=collective_contention(profile.hardware, profile.world_size))
+        slowdown=collective_contention(kind, nbytes, profile.hardware, profile.world_size))
 
 
 def _as_traced(units: Sequence[UnitCollective], profile: Profile) -> list[Merged]:
@@ -240,7 +240,7 @@ def _as_traced(units: Sequence[UnitCollective], profile: Profile) -> list[Merged
                 wait_cost=u.raw_wait_cost if i == 0 else 0.0, start=u.start, wait=u.wait, consumer=u.consumer,
                 buffer_bytes=cost_bytes if u.kind == "all_gather" else 0,
                 buffer_last=last if u.kind == "all_gather" else -1.0, copies=(),
-                slowdown=collective_contention(profile.hardware, profile.world_size)))
+                slowdown=collective_contention(u.kind, cost_bytes, profile.hardware, profile.world_size)))
     return out
 
 

@@ -126,3 +126,16 @@ def test_quick_score_equals_the_full_simulation_under_contention(a: float, b: fl
         if a > 0 and sim.comm_seconds > 0 and sim.overlap_ratio and sim.overlap_ratio > 0:
             assert sim.contention_seconds > 0, cfg
             assert any(s.part == "contention" for s in sim.cost_sources)
+
+
+def test_compute_is_slowed_by_the_bytes_a_collective_moves_not_by_its_latency() -> None:
+    """Calibration measures the slowdowns with a collective that is nearly all transfer; a ring step's latency,
+    in which a collective mostly waits, takes no core or SM from compute. Its own slowdown applies whole."""
+    from overlapcfg.report.cost import collective_contention
+
+    hw = _contended("cpu_gloo", 0.8, 3.0)
+    tiny = collective_contention("all_gather", 8, hw, 2)
+    huge = collective_contention("all_gather", 2**34, hw, 2)
+    assert tiny[0] == pytest.approx(0.0, abs=1e-3) and huge[0] == pytest.approx(0.8, rel=1e-3)
+    assert tiny[1] == huge[1] == 3.0
+    assert collective_contention("all_gather", 2**20, overlapcfg.load_hardware("cpu_gloo"), 2) == (0.0, 0.0)
