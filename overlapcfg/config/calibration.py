@@ -72,7 +72,9 @@ class Contention(ConfigModel):
     model's). 0 and 0: no contention (the datasheet profiles)."""
 
     compute_slowdown: float = Field(ge=0)
-    """Extra compute time per second of compute under a collective (0.1: 10 % slower)."""
+    """Extra compute time per second of compute under a collective that is all transfer (0.1: 10 % slower); the
+    simulator scales it by the share of a collective's time spent moving bytes
+    (``overlapcfg.report.cost.collective_contention``)."""
     comm_slowdown: float = Field(ge=0)
     """Extra collective time per second of collective under compute."""
 
