@@ -60,7 +60,7 @@ def _calibrate(rank: int, world_size: int, mix: MatmulMix, budget: float) -> dic
 
 def _load_job(rank: int, world_size: int, settings: dict[str, Any], seconds: float, stop_file: str) -> int:
     """A neighbour: the demo's training step (no pass) in a loop on its own 2-rank gloo group, until ``stop_file``
-    exists or ``seconds`` have passed."""
+    exists or ``seconds`` have passed; ``<stop_file>.ready`` says it is running (compiled, first step done)."""
     import torch.distributed as dist
 
     from overlapcfg.config import load_config
@@ -70,6 +70,9 @@ def _load_job(rank: int, world_size: int, settings: dict[str, Any], seconds: flo
 
     step = demo_step(demo_settings(settings))(backend(load_config({"strategy": "none"})))
     steps, stop = 0, time.perf_counter() + seconds
+    step()
+    if rank == 0:
+        Path(f"{stop_file}.ready").touch()
     while True:
         flag = torch.tensor([time.perf_counter() < stop and not os.path.exists(stop_file)], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # both ranks stop together
@@ -124,7 +127,17 @@ def main() -> None:
     settings = spec.model_dump(mode="json", include={"model", "batch", "seq_len", "reshard_after_forward"})
     stop_file = args.out.parent / ".stop_load_job"
     stop_file.unlink(missing_ok=True)
+    ready = Path(f"{stop_file}.ready")
+    ready.unlink(missing_ok=True)
     neighbour = _start_load(settings, runs * 900 + budget * 4 + 300, stop_file) if args.with_load else None
+    if neighbour is not None:  # calibrate, tune and measure with the neighbour running, as it would be
+        deadline = time.perf_counter() + 600
+        while not ready.exists() and neighbour.is_alive() and time.perf_counter() < deadline:
+            time.sleep(1)
+        if not ready.exists():
+            raise RuntimeError("measured.py: the neighbouring 2-rank job did not start within 10 minutes")
+        ready.unlink()
+        console.print("another 2-rank job (the demo's step in a loop) is running alongside")
     try:
         mix = matmul_mix([step.forward, step.backward])
         calibrated = HardwareProfile.model_validate(
