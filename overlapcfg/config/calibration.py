@@ -76,7 +76,7 @@ class Contention(ConfigModel):
     simulator scales it by the share of a collective's time spent moving bytes
     (``overlapcfg.report.cost.collective_contention``)."""
     comm_slowdown: float = Field(ge=0)
-    """Extra collective time per second of collective under compute."""
+    """Extra collective time per second of collective under compute (all transfer; scaled the same way)."""
 
 
 class LinkContention(ConfigModel):

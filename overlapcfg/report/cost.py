@@ -182,11 +182,10 @@ def collective_contention(kind: str, nbytes: int, hw: HardwareProfile, world_siz
                           inter_node: bool | None = None) -> tuple[float, float]:
     """``(compute_slowdown, comm_slowdown)`` of one collective of ``nbytes`` full-size bytes over ``world_size``
     ranks (its link placed as in ``collective_seconds``): the profile's measured contention for that link, else
-    none. The compute slowdown is the measured one times the share of the collective's time spent moving bytes:
-    calibration measures it with a collective that is nearly all transfer, and what takes compute's cores or SMs is
-    the data moving (gloo copying through sockets, NCCL's copy kernels), not a ring step's latency, in which the
-    collective mostly waits. The collective's own slowdown applies whole: starved of a core or of SMs, its latency
-    stretches too."""
+    none. Both slowdowns are the measured ones times the share of the collective's time spent moving bytes:
+    calibration measures them with a collective that is nearly all transfer, and what contends is the data moving
+    (gloo copying through sockets, NCCL's copy kernels) against compute's cores or SMs, not a ring step's latency,
+    in which the collective mostly waits on its peers."""
     crosses = world_size > hw.gpus_per_node if inter_node is None else inter_node
     fit = hw.contention_for(crosses) if world_size > 1 and nbytes > 0 else None
     if fit is None:
@@ -196,4 +195,4 @@ def collective_contention(kind: str, nbytes: int, hw: HardwareProfile, world_siz
     measured = hw.collective_fit(kind, crosses)
     latency = steps * (measured.latency if measured is not None else hw.latency)
     share = max(0.0, total - latency) / total if total > 0 else 0.0
-    return (fit.compute_slowdown * share, fit.comm_slowdown)
+    return (fit.compute_slowdown * share, fit.comm_slowdown * share)

@@ -128,14 +128,14 @@ def test_quick_score_equals_the_full_simulation_under_contention(a: float, b: fl
             assert any(s.part == "contention" for s in sim.cost_sources)
 
 
-def test_compute_is_slowed_by_the_bytes_a_collective_moves_not_by_its_latency() -> None:
-    """Calibration measures the slowdowns with a collective that is nearly all transfer; a ring step's latency,
-    in which a collective mostly waits, takes no core or SM from compute. Its own slowdown applies whole."""
+def test_contention_scales_with_the_bytes_a_collective_moves_not_with_its_latency() -> None:
+    """Calibration measures the slowdowns with a collective that is nearly all transfer; in a ring step's latency a
+    collective mostly waits on its peers, and neither takes from nor loses to compute."""
     from overlapcfg.report.cost import collective_contention
 
     hw = _contended("cpu_gloo", 0.8, 3.0)
     tiny = collective_contention("all_gather", 8, hw, 2)
     huge = collective_contention("all_gather", 2**34, hw, 2)
     assert tiny[0] == pytest.approx(0.0, abs=1e-3) and huge[0] == pytest.approx(0.8, rel=1e-3)
-    assert tiny[1] == huge[1] == 3.0
+    assert tiny[1] == pytest.approx(0.0, abs=1e-2) and huge[1] == pytest.approx(3.0, rel=1e-3)
     assert collective_contention("all_gather", 2**20, overlapcfg.load_hardware("cpu_gloo"), 2) == (0.0, 0.0)
