@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from overlapcfg.config.base import ConfigModel, measured
-from overlapcfg.config.calibration import Calibration, CollectiveFit, CollectiveFits
+from overlapcfg.config.calibration import Calibration, CollectiveFit, CollectiveFits, Contention, LinkContention
 from overlapcfg.config.interpolate import has_references
 from overlapcfg.config.load import validate_config
 from overlapcfg.config.presets import command_conf_dir
@@ -68,6 +68,9 @@ class HardwareProfile(ConfigModel):
     """Short name shown in reports (the YAML file name for shipped profiles)."""
     description: str = ""
     """One line: which part and which interconnect."""
+    device_kind: Literal["gpu", "cpu"] = "gpu"
+    """What computes: ``gpu`` or ``cpu``. Calibration takes a base profile of the device's own kind for the numbers
+    it does not measure (a CPU profile's links and peaks say nothing about a GPU)."""
     peak_flops: PeakFlops
     """Dense peak compute per dtype."""
     mem_bandwidth: ByteRate
@@ -85,6 +88,9 @@ class HardwareProfile(ConfigModel):
     comm_efficiency: float = Field(1.0, gt=0, le=1)
     """Fraction of link bandwidth collectives reach (bus bandwidth / link bandwidth); 1.0 is optimistic. Not
     applied to measured ``collectives`` fits (they are what was reached)."""
+    contention: LinkContention | None = None
+    """Measured slowdowns of compute and communication while they overlap (``overlapcfg.calibrate``), per kind of
+    link; null: none (each runs as if alone, the datasheet profiles' optimistic assumption)."""
     collectives: CollectiveFits | None = None
     """Measured per-kind fits (``overlapcfg.calibrate``) that replace the ring model's datasheet numbers for the
     kinds and links they cover; null: the datasheet numbers above for everything."""
@@ -101,6 +107,12 @@ class HardwareProfile(ConfigModel):
         """Per-direction bandwidth a ring over ``world_size`` ranks runs at (the slowest link it crosses)."""
         bw = self.intra_node_bandwidth if world_size <= self.gpus_per_node else self.inter_node_bandwidth
         return bw * self.comm_efficiency
+
+    def contention_for(self, inter_node: bool) -> Contention | None:
+        """The measured contention of a collective on that kind of link, if calibration made one."""
+        if self.contention is None:
+            return None
+        return self.contention.inter_node if inter_node else self.contention.intra_node
 
     def collective_fit(self, kind: str, inter_node: bool) -> CollectiveFit | None:
         """The measured fit for ``kind`` on that kind of link, if calibration made one."""

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from overlapcfg.config.base import ByteCount, ConfigModel, Depth
 
-__all__ = ["AutoPolicy", "BucketMode", "IssueOrder", "OverlapPolicy", "PolicyBase", "TorchManualPolicy"]
+__all__ = ["AutoPolicy", "BucketMode", "IssueOrder", "MergeableKind", "OverlapPolicy", "PolicyBase",
+           "TorchManualPolicy"]
 
 BucketMode = Literal["default", "custom_ops", "custom_ops_multidtype", "coalesced"]
 """How merged collectives are emitted; the same names as ``torch._inductor.fx_passes.bucketing.BucketMode``."""
+
+MergeableKind = Literal["all_gather", "reduce_scatter", "all_reduce"]
+"""Collective kinds a bucket merges (``OverlapPolicy.unmerged`` leaves some as they are)."""
 
 IssueOrder = Literal["gather_first", "reduce_scatter_first"]
 """Which of an all-gather prefetched far ahead and a reduce-scatter issued after it goes first on the shared
@@ -64,6 +68,19 @@ class OverlapPolicy(PolicyBase):
 
     bucket_mode: BucketMode = "custom_ops"
     """How a bucket's collectives are merged; ``custom_ops`` is what torch's manual pass uses."""
+
+    unmerged: tuple[MergeableKind, ...] = ()
+    """Collective kinds a bucket leaves one per parameter, as traced: still scheduled with their bucket (prefetched
+    by its depth, delayed by its delay, counted against the cap) but not merged, so they need no copy into and
+    out of a bucket buffer, at the price of one collective's latency per parameter. ``[reduce_scatter]``: merged
+    all-gathers, per-parameter gradient reductions. Empty: every kind merged (torch's manual pass)."""
+
+    @field_validator("unmerged")
+    @classmethod
+    def _unmerged_once_each(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise PydanticCustomError("unmerged_repeated", "each kind at most once, got {got}", {"got": list(value)})
+        return tuple(sorted(value))
 
 
 def _fixed_at_one(value: Any) -> int:

@@ -2,7 +2,9 @@
 replay), ``compare`` (several configs on one trace, with a timeline), hardware profiles.
 
 Layout: ``model`` (report data, JSON schema), ``explain`` (building it), ``render`` (rich tables), ``cost``
-(per-node FLOPs/bytes, alpha-beta collectives), ``simulate`` (the replay), ``hardware`` (profiles),
+(per-node FLOPs/bytes, alpha-beta collectives, contention per link), ``attention`` (SDPA as one fused kernel),
+``node_costs`` (measured durations and their footing), ``replay`` (the streams, contention included: one
+implementation for the simulator and the tuner), ``simulate`` (the replay of a graph), ``hardware`` (profiles),
 ``compare`` and ``timeline`` (Chrome trace + PNG).
 """
 

@@ -19,8 +19,8 @@ from overlapcfg import compat
 from overlapcfg.config.hardware import HardwareProfile
 from overlapcfg.graph.ops import collective_kind, is_collective_start, is_compute_node, is_free, started_by
 
-__all__ = ["NodeKind", "collective_issue_seconds", "collective_seconds", "collective_source", "compute_seconds",
-           "node_bytes", "node_flops", "node_kind"]
+__all__ = ["NodeKind", "collective_contention", "collective_issue_seconds", "collective_seconds", "collective_source",
+           "compute_seconds", "node_bytes", "node_flops", "node_kind"]
 
 NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
 
@@ -176,3 +176,23 @@ def collective_issue_seconds(kind: str, nbytes: int, hw: HardwareProfile, world_
     if fit is None:
         return 0.0
     return fit.issue_latency + (nbytes / fit.issue_bandwidth if fit.issue_bandwidth else 0.0)
+
+
+def collective_contention(kind: str, nbytes: int, hw: HardwareProfile, world_size: int, *,
+                          inter_node: bool | None = None) -> tuple[float, float]:
+    """``(compute_slowdown, comm_slowdown)`` of one collective of ``nbytes`` full-size bytes over ``world_size``
+    ranks (its link placed as in ``collective_seconds``): the profile's measured contention for that link, else
+    none. Both slowdowns are the measured ones times the share of the collective's time spent moving bytes:
+    calibration measures them with a collective that is nearly all transfer, and what contends is the data moving
+    (gloo copying through sockets, NCCL's copy kernels) against compute's cores or SMs, not a ring step's latency,
+    in which the collective mostly waits on its peers."""
+    crosses = world_size > hw.gpus_per_node if inter_node is None else inter_node
+    fit = hw.contention_for(crosses) if world_size > 1 and nbytes > 0 else None
+    if fit is None:
+        return (0.0, 0.0)
+    total = collective_seconds(kind, nbytes, hw, world_size, inter_node=inter_node)
+    steps = world_size - 1 if kind not in ("all_reduce", "other") else 2 * (world_size - 1)
+    measured = hw.collective_fit(kind, crosses)
+    latency = steps * (measured.latency if measured is not None else hw.latency)
+    share = max(0.0, total - latency) / total if total > 0 else 0.0
+    return (fit.compute_slowdown * share, fit.comm_slowdown * share)

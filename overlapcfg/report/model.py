@@ -21,9 +21,10 @@ from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
 from overlapcfg.report.labels import fmt_seconds
 from overlapcfg.report.render import plain_text, report_table
 
-__all__ = ["SCHEMA", "CostSource", "Event", "GraphReport", "Report", "Simulation", "StreamTime"]
+__all__ = ["SCHEMA", "ComputePart", "ComputeShare", "CostSource", "Event", "GraphReport", "Report", "Simulation",
+           "StreamTime"]
 
-SCHEMA = "overlapcfg.report/4"
+SCHEMA = "overlapcfg.report/5"
 """Bumped on any change to the fields (added, renamed, removed, or changed in meaning): reports are validated
 strictly (``extra="forbid"``), so a reader accepts exactly the version it was written for."""
 
@@ -81,13 +82,28 @@ class Event:
 class CostSource(_Data):
     """Where part of a prediction's time came from: which nodes were priced how, and the seconds they add up to."""
 
-    part: Literal["compute", "issue", "collectives"]
+    part: Literal["compute", "issue", "collectives", "contention"]
     """``compute``: kernels and views on the compute stream; ``issue``: the compute stream issuing collectives;
-    ``collectives``: collectives on their own streams."""
+    ``collectives``: collectives on their own streams; ``contention``: compute time lost to collectives in flight
+    (the profile's measured slowdowns; ``nodes`` counts one)."""
     source: Literal["measured", "roofline", "fitted", "datasheet"]
     """``measured``: per-node durations from a profile of the same graph (``NodeCosts``); ``roofline``: FLOPs and
     bytes over the profile's peaks; ``fitted``: the profile's calibrated collective fits; ``datasheet``: its ring
     model numbers."""
+    nodes: int
+    seconds: float
+
+
+ComputePart = Literal["matmul", "attention", "memory", "other"]
+"""What compute-stream time goes to: FLOP-counted kernels (matmuls, convolutions) outside attention; attention
+(each SDPA call as the fused kernel trainers run, ``overlapcfg.report.attention``); memory-bound kernels
+(elementwise, norms, the copies bucketing adds); other (issuing collectives, views a measurement timed)."""
+
+
+class ComputeShare(_Data):
+    """One part of the compute stream's work (contention not included)."""
+
+    part: ComputePart
     nodes: int
     seconds: float
 
@@ -106,6 +122,9 @@ class Simulation(_Data):
     """Sum over every collective on every stream."""
     exposed_comm_seconds: float
     """Time the compute stream waits on collectives."""
+    contention_seconds: float = 0.0
+    """Compute time lost to contention: kernels running slower while collectives are in flight (the profile's
+    measured slowdowns; 0 on datasheet profiles). ``step = compute + contention + exposed``."""
     overlap_ratio: float | None
     """Share of communication hidden behind compute; None without communication."""
     lower_bound_seconds: float
@@ -122,6 +141,10 @@ class Simulation(_Data):
     """How each part of the prediction was priced (measured, roofline, fitted, datasheet), nodes and seconds."""
     node_costs: str | None = None
     """What the measured node durations were, when given (``NodeCosts.source``)."""
+    compute_parts: tuple[ComputeShare, ...] = ()
+    """``compute_seconds`` broken into matmul, attention, memory-bound and other (``ComputePart``)."""
+    attention_calls: int = 0
+    """Attention calls costed as fused kernels (forward; their backward too)."""
 
     _events: tuple[Event, ...] = PrivateAttr(())
 

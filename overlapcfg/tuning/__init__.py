@@ -4,7 +4,8 @@
 (``result``): the tuned ``OverlapConfig``, ``tuned.yaml``, the top candidates, the Pareto front and the shipped
 presets on the same trace. Underneath: ``profile`` (one real apply at the finest grouping, read into a compact
 model), ``quick`` (the scheduler and simulator replayed on it, about a millisecond a candidate), ``structure`` and
-``candidates`` (groupings written as plans), ``space`` (what is searched; the command's ``tune/space`` group),
+``candidates`` (groupings written as plans), ``competitors`` (``none`` and torch's ``auto``, applied and
+simulated; the lower bound on every config), ``space`` (what is searched; the command's ``tune/space`` group),
 ``render`` (tables and the Pareto PNG). Sits above ``report``, whose cost model it replays; the demo uses it.
 """
 

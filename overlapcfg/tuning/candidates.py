@@ -84,7 +84,7 @@ class Arm:
             "strategy": "manual", "plan": self.plan,
             "policy": {"forward_prefetch": knobs.forward_prefetch, "backward_prefetch": knobs.backward_prefetch,
                        "reduce_scatter_delay": knobs.reduce_scatter_delay, "issue_order": knobs.issue_order,
-                       "max_inflight_bytes": knobs.max_inflight_bytes},
+                       "max_inflight_bytes": knobs.max_inflight_bytes, "unmerged": list(self.grouping.unmerged)},
             "overrides": [overrides[b] for b in sorted(overrides)]})
 
 
@@ -95,7 +95,8 @@ class Candidate:
     name: str
     """``2 blocks/bucket fp2 bp3 rs2`` or a preset's name."""
     arm: int
-    """Index of its grouping among the search's arms (-1: a preset scored through its own resolution)."""
+    """Index of its grouping among the search's arms (-1: a preset scored through its own resolution; -2: a
+    competitor applied and simulated for real, ``overlapcfg.tuning.competitors``)."""
     knobs: Knobs
     score: Score
     config: OverlapConfig | None = None
@@ -122,12 +123,14 @@ def describe(grouping: Grouping, knobs: Knobs, cap_text: str | None) -> str:
     return text
 
 
-def choose(candidates: Sequence[Candidate], tolerance: float = TIE_TOLERANCE) -> Candidate:
-    """The winner: among the candidates within ``tolerance`` of the fastest step, the fewest peak bytes in flight,
-    then the fastest, then the fewest per-bucket exceptions; a full tie keeps the first (the search's fixed
-    order)."""
+def choose(candidates: Sequence[Candidate], tolerance: float = TIE_TOLERANCE, *,
+           ceiling: float | None = None) -> Candidate:
+    """The winner: among the candidates within ``tolerance`` of the fastest step (and no slower than ``ceiling``:
+    the fastest config the user could pick instead), the fewest peak bytes in flight, then the fastest, then the
+    fewest per-bucket exceptions; a full tie keeps the first (the search's fixed order)."""
     fastest = min(c.step_seconds for c in candidates)
-    ties = [c for c in candidates if c.step_seconds <= fastest * (1 + tolerance)]
+    limit = fastest * (1 + tolerance) if ceiling is None else max(fastest, min(fastest * (1 + tolerance), ceiling))
+    ties = [c for c in candidates if c.step_seconds <= limit]
     return min(ties, key=lambda c: (c.peak_inflight_bytes, c.step_seconds, len(c.knobs.per_bucket)))
 
 

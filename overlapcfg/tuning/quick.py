@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -34,8 +34,8 @@ from overlapcfg.graph.placement import (
     place_all_gathers,
     place_delayed,
 )
-from overlapcfg.report.cost import collective_issue_seconds, collective_seconds
-from overlapcfg.report.replay import Memory, Streams
+from overlapcfg.report.cost import collective_contention, collective_issue_seconds, collective_seconds
+from overlapcfg.report.replay import NO_CONTENTION, Memory, Slowdown, Streams
 from overlapcfg.tuning.profile import GraphProfile, Profile, UnitCollective
 
 __all__ = ["GraphScore", "Grouped", "GroupedGraph", "Score", "Stall", "Step", "group", "score"]
@@ -62,6 +62,8 @@ class Merged:
     left as a view of it."""
     copies: tuple[tuple[int, float], ...]
     """``(bytes, last reader)`` of each parameter copied out of the buffer (none for a lone parameter)."""
+    slowdown: Slowdown = NO_CONTENTION
+    """Its link's contention (``overlapcfg.report.cost.collective_contention``)."""
 
 
 At = TypeVar("At", GatherStep, DelayedStep)
@@ -216,11 +218,36 @@ def _merge(units: Sequence[UnitCollective], profile: Profile) -> Merged:
         consumer=min((u.consumer for u in units if u.consumer is not None), default=None),
         buffer_bytes=sum(u.buffer_bytes for u in units),
         buffer_last=max(p.last_reader for p in views) if views else -1.0,
-        copies=tuple((p.bytes, p.last_reader) for p in copied))
+        copies=tuple((p.bytes, p.last_reader) for p in copied),
+        slowdown=collective_contention(kind, nbytes, profile.hardware, profile.world_size))
 
 
-def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str]) -> Grouped:
-    """Merge ``profile``'s units into buckets: ``unit_bucket[u]`` is the bucket of unit ``u``."""
+def _as_traced(units: Sequence[UnitCollective], profile: Profile) -> list[Merged]:
+    """An unmerged kind (``OverlapPolicy.unmerged``): each traced collective of the units on its own, with the
+    traced nodes of its chains only (no copy into or out of a bucket buffer); an all-gather's output is the
+    parameter itself, alive until that parameter's last reader."""
+    out = []
+    for u in units:
+        sources = u.sources or ((u.cost_bytes, u.traced_bytes),)
+        lasts = [p.last_reader for p in u.params]
+        for i, (cost_bytes, traced_bytes) in enumerate(sources):
+            last = lasts[i] if len(lasts) == len(sources) else max(lasts, default=-1.0)
+            out.append(Merged(
+                kind=u.kind, group=u.group, cost_bytes=cost_bytes, traced_bytes=traced_bytes,
+                seconds=collective_seconds(u.kind, cost_bytes, profile.hardware, profile.world_size),
+                issue_cost=(u.raw_issue_cost if i == 0 else 0.0)
+                + collective_issue_seconds(u.kind, cost_bytes, profile.hardware, profile.world_size),
+                wait_cost=u.raw_wait_cost if i == 0 else 0.0, start=u.start, wait=u.wait, consumer=u.consumer,
+                buffer_bytes=cost_bytes if u.kind == "all_gather" else 0,
+                buffer_last=last if u.kind == "all_gather" else -1.0, copies=(),
+                slowdown=collective_contention(u.kind, cost_bytes, profile.hardware, profile.world_size)))
+    return out
+
+
+def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str],
+          unmerged: Collection[str] = ()) -> Grouped:
+    """Merge ``profile``'s units into buckets: ``unit_bucket[u]`` is the bucket of unit ``u``; kinds in
+    ``unmerged`` stay one collective per traced collective (``OverlapPolicy.unmerged``)."""
     if len(unit_bucket) != len(profile.units):
         raise AssertionError(f"tune: {len(unit_bucket)} bucket indices for {len(profile.units)} units")
     graphs = []
@@ -231,9 +258,9 @@ def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str]) ->
             by_key.setdefault((unit_bucket[c.unit], c.kind, c.key), []).append(c)
         steps: dict[tuple[str, int], list[Merged]] = {}
         for (bucket, kind, _), units in by_key.items():
-            merged = _merge(units, profile)
-            steps.setdefault((kind, bucket), []).append(merged)
-            busy[merged.group] = busy.get(merged.group, 0.0) + merged.seconds
+            for merged in (_as_traced(units, profile) if kind in unmerged else [_merge(units, profile)]):
+                steps.setdefault((kind, bucket), []).append(merged)
+                busy[merged.group] = busy.get(merged.group, 0.0) + merged.seconds
         gathers = _in_schedule_order([_gather(b, names[b], ms) for (k, b), ms in steps.items() if k == "all_gather"])
         scatters = _in_schedule_order([_scatter(b, names[b], ms) for (k, b), ms in steps.items()
                                        if k == "reduce_scatter"])
@@ -332,10 +359,11 @@ def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays
             merged: Merged = payload  # type: ignore[assignment]
             if merged.kind == "all_gather":
                 issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
-                      inflight_bytes=merged.cost_bytes)
+                      inflight_bytes=merged.cost_bytes, slowdown=merged.slowdown)
                 mem.alloc(merged.buffer_bytes, True)
             else:
-                issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost)
+                issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
+                      slowdown=merged.slowdown)
         elif code == _WAIT:
             merged = payload  # type: ignore[assignment]
             at = streams.t
@@ -364,9 +392,10 @@ def _events(g: GroupedGraph, depths: Sequence[int], delays: Sequence[int], cap: 
     placed = place_all_gathers(g.gathers_at, depths, cap, first_compute=g.profile.first_compute,
                                issue_order=issue_order, scatters=g.scatter_starts)
     for step, at, p in zip(g.all_gathers, g.gathers_at, placed, strict=True):
-        key: SortKey = (at.start, 0, 0, 0) if p.key is None else (*p.key, 0)
         bucket = at.bucket
         for m in step.collectives:
+            # Not moved (a direction's first bucket, issued before any compute): each collective where it is.
+            key: SortKey = (m.start, 0, 0, 0) if p.key is None else (*p.key, 0)
             events.append((key, _ISSUE, m, bucket))
             events.append(((m.wait, 0, 0, 0), _WAIT, m, bucket))
             if not memory:

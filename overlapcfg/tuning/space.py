@@ -15,7 +15,7 @@ from pydantic import Field
 from overlapcfg.config.base import ByteCount, ConfigModel, Depth
 from overlapcfg.config.load import validate_config
 from overlapcfg.config.plan import PatternText
-from overlapcfg.config.policy import IssueOrder
+from overlapcfg.config.policy import IssueOrder, MergeableKind
 
 __all__ = ["TuneSpace", "load_space"]
 
@@ -50,6 +50,12 @@ class TuneSpace(ConfigModel):
 
     merge_last: Annotated[tuple[bool, ...], Field(min_length=1)] = (False, True)
     """True: the owners after the blocks share the last block's bucket."""
+
+    unmerged: Annotated[tuple[tuple[MergeableKind, ...], ...], Field(min_length=1)] = (
+        (), ("reduce_scatter",), ("all_gather",), ("all_gather", "reduce_scatter"))
+    """Which kinds each bucket leaves one per parameter (``OverlapPolicy.unmerged``), each entry a choice: merging
+    saves a latency per parameter and costs a copy into and out of a bucket buffer, and which wins depends on the
+    machine (torch's ``auto`` merges nothing by default)."""
 
     forward_prefetch: Annotated[tuple[Depth, ...], Field(min_length=1)] = (1, 2, 3, 4)
     """Global forward prefetch depths to try."""
