@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from overlapcfg.demo.tracing import TracedStep
+from tests.support.compat_tier import mark_tier
 from tests.support.traces import ApplyFn, apply_to, traced_step, whole_step_capture
 
 
@@ -54,8 +55,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Puts ``_RUN_FIRST``'s files first (in that order), everything else after, each in its collected order."""
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``-m compat`` must see the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the compat tier (``tests/support/compat_tier.py``); puts ``_RUN_FIRST``'s files first (in that order),
+    everything else after, each in its collected order."""
+    mark_tier(config, items)
+
     def rank(item: pytest.Item) -> int:
         where = item.path.relative_to(_TESTS).as_posix() if item.path.is_relative_to(_TESTS) else ""
         return next((i for i, prefix in enumerate(_RUN_FIRST) if where.startswith(prefix)), len(_RUN_FIRST))
@@ -91,7 +96,7 @@ def applied() -> ApplyFn:
 
 @pytest.fixture(scope="session")
 def whole_step() -> Callable[..., Any]:
-    """``whole_step(model="llama3", reshard="always", optimizer=False) -> WholeStep`` (see
+    """``whole_step(model="llama3", reshard="always", optimizer=False, loss="cross_entropy") -> WholeStep`` (see
     ``tests.support.traces.whole_step_capture``)."""
     return whole_step_capture
 

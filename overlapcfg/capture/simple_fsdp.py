@@ -9,7 +9,8 @@ parameter is used), and handles tied parameters, mixed precision and HSDP. A mod
 captured as it is (``overlapcfg.capture_step``); so is any other sharder whose collectives are in the graph.
 
 Each parameter is replaced by its dim-0 shard and a ``torch.nn.utils.parametrize`` parametrization that all-gathers
-it with the functional collective ``all_gather_single`` on every access. Traced by ``torch.compile`` this yields
+it with the functional collective ``all_gather_single`` (``all_gather_tensor`` on torch 2.11:
+``compat.functional_all_gather``) on every access. Traced by ``torch.compile`` this yields
 one ``_c10d_functional.all_gather_into_tensor`` + ``wait_tensor`` per parameter in the forward graph. Its autograd
 formula (registered by torch on ``_c10d_functional::all_gather_into_tensor``) is
 ``reduce_scatter_tensor(grad, "sum", ...)``: the backward graph gets one reduce-scatter per parameter and **the
@@ -134,7 +135,7 @@ class _ShardGather(torch.autograd.Function):
         ctx.shard_dtype = shard.dtype
         ctx.replicate_group = replicate_group
         ctx.order = order
-        return compat.functional_collectives.all_gather_single(shard.to(param_dtype), gather_dim=0, group=group)
+        return compat.functional_all_gather(shard.to(param_dtype), gather_dim=0, group=group)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -154,7 +155,7 @@ def _gather(shard: torch.Tensor, group: dist.ProcessGroup, param_dtype: torch.dt
             reduce_dtype: torch.dtype | None = None, replicate_group: dist.ProcessGroup | None = None,
             order: HsdpReduce = "all_reduce_first") -> torch.Tensor:
     if param_dtype is None and reduce_dtype is None and replicate_group is None:
-        return compat.functional_collectives.all_gather_single(shard, gather_dim=0, group=group)
+        return compat.functional_all_gather(shard, gather_dim=0, group=group)
     gathered = param_dtype or shard.dtype
     return _ShardGather.apply(shard, group, gathered, reduce_dtype or gathered, replicate_group, order)
 
@@ -324,6 +325,6 @@ def gather_full_grads(module: nn.Module, group: dist.ProcessGroup | None = None)
             continue
         shard = param.grad.contiguous()
         out = torch.empty((world_size * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype, device=shard.device)
-        dist.all_gather_single(out, shard, group=group)
+        compat.c10d_all_gather(out, shard, group=group)
         grads[fqn] = out
     return grads

@@ -153,8 +153,9 @@ def capture_step(model: nn.Module, args: Sequence[Any] | torch.Tensor = (), kwar
     the job's groups; ``world_size`` / ``rank`` may be left out. Otherwise a fake group of ``world_size`` ranks
     (default: what ``shard_module`` sharded for) is opened for the capture and closed after it. The model's
     forward must trace as one graph (``fullgraph=True``). Dynamo's caches are reset before and after (a forward
-    compiled earlier with another backend would otherwise be reused); the model's gradients, buffers and the RNG
-    state are left as they were.
+    compiled earlier with another backend would otherwise be reused), and so are DTensor's sharding caches (they
+    would hand this trace device meshes of process groups traced before: ``compat.forget_dtensor_caches``); the
+    model's gradients, buffers and the RNG state are left as they were.
 
     Raises ``UnsupportedGraphError`` if the step has no FSDP collective (the model is not sharded, or sharded
     eagerly by FSDP2), or if the forward does not trace as one graph (dynamo's report of where it broke).
@@ -164,6 +165,7 @@ def capture_step(model: nn.Module, args: Sequence[Any] | torch.Tensor = (), kwar
     backend = GraphBackend(model=model)
     started = time.perf_counter()
     compat.dynamo_reset()
+    compat.forget_dtensor_caches()
     try:
         with ensure_process_group(ws, rk), _model_left_as_it_was(model), quiet_checkpoint_notice():
             output = torch.compile(model, backend=backend, fullgraph=True)(*inputs, **dict(kwargs or {}))
@@ -172,6 +174,7 @@ def capture_step(model: nn.Module, args: Sequence[Any] | torch.Tensor = (), kwar
         raise UnsupportedGraphError(_graph_break_message(err, kwargs)) from None
     finally:
         compat.dynamo_reset()
+        compat.forget_dtensor_caches()
     step = backend.step()
     if not step.collectives:
         raise UnsupportedGraphError(

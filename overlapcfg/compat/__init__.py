@@ -3,10 +3,11 @@ OmegaConf internals. Everything else in overlapcfg reaches them through this pac
 upgrade that moves one of them breaks exactly one place, and each probe for a changed API runs once at import.
 
 Split by what importing them costs: ``overlapcfg.compat.omegaconf`` (torch-free: the config layer uses it), and,
-forwarded from this package lazily, ``overlapcfg.compat._torch`` (dynamo, aot_autograd, the fake process group, op
-identity), ``overlapcfg.compat._inductor`` (bucket copy-in ops, schedulers, compiling) and ``overlapcfg.compat._fake``
-(fake tensors and tracing under a fake mode, for the bucket merge): ``from overlapcfg import compat;
-compat.fake_process_group`` works and
+forwarded from this package lazily, ``overlapcfg.compat._torch`` (dynamo, aot_autograd, op identity, graph copies),
+``overlapcfg.compat._distributed`` (the fake process group, the functional collectives' ops),
+``overlapcfg.compat._inductor`` (bucket copy-in ops, ordering wrappers, compiling), ``overlapcfg.compat._schedulers``
+(upstream's overlap schedulers) and ``overlapcfg.compat._fake`` (fake tensors and tracing under a fake mode, for
+the bucket merge): ``from overlapcfg import compat; compat.fake_process_group`` works and
 ``import overlapcfg.compat.omegaconf`` imports no torch.
 """
 
@@ -15,7 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_MODULES = ("overlapcfg.compat._torch", "overlapcfg.compat._inductor", "overlapcfg.compat._fake")
+_MODULES = ("overlapcfg.compat._torch", "overlapcfg.compat._distributed", "overlapcfg.compat._inductor",
+            "overlapcfg.compat._schedulers", "overlapcfg.compat._fake")
 
 
 def __getattr__(name: str) -> Any:
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     # same lists here (each module's own annotations), so ``compat.fake_process_group`` is typed, not ``Any``, and a
     # name missing from an ``__all__`` is an error at its use. Star imports, so a name added to a module is typed
     # here without a second list to keep in step.
+    from overlapcfg.compat._distributed import *  # noqa: F403
     from overlapcfg.compat._fake import *  # noqa: F403
     from overlapcfg.compat._inductor import *  # noqa: F403
+    from overlapcfg.compat._schedulers import *  # noqa: F403
     from overlapcfg.compat._torch import *  # noqa: F403

@@ -1,26 +1,29 @@
-"""Private inductor pieces: collective recognition and bucketing helpers, the upstream schedulers (with their
-CPU-only workaround), compiling aot graphs, the custom-pass hash, and the bucket copy-in ops the verifier reads.
+"""Private inductor pieces: collective recognition and bucketing helpers, the ordering wrapper, compiling aot graphs,
+the custom-pass hash, and the bucket copy-in ops the verifier reads. The upstream schedulers are in
+``overlapcfg.compat._schedulers``.
 
 Like ``overlapcfg.compat._torch``, reached as ``overlapcfg.compat.<name>``; nothing else imports them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch as _torch
 from torch import fx as _fx
 
+from overlapcfg.errors import OverlapConfigError
+
 __all__: list[str] = []
 
-# --- inductor: the bucket copy-in ops, ordering wrappers and the upstream schedulers -----------------------------
+# --- inductor: the bucket copy-in ops and ordering wrappers ------------------------------------------------------
 # What the graph pass borrows from ``torch/_inductor/fx_passes``: the ops a merged bucket is made of (importing
-# ``bucketing`` registers the ``bucketing::_pre_bucket_*`` copy-ins, which inductor lowers), ``control_deps``, and
-# upstream's two passes for the ``torch_manual`` and ``auto`` strategies. The merge itself is overlapcfg's
-# (``overlapcfg.graph.bucket_fns`` and ``stamp``): upstream's merge helpers differ between releases.
+# ``bucketing`` registers the ``bucketing::_pre_bucket_*`` copy-ins, which inductor lowers) and ``control_deps``.
+# Upstream's two passes for the ``torch_manual`` and ``auto`` strategies are ``compat._schedulers``'. The merge
+# itself is overlapcfg's (``overlapcfg.graph.bucket_fns`` and ``stamp``): upstream's merge helpers differ between
+# releases.
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.fx_passes import bucketing as _bucketing
 from torch._inductor.fx_passes import fsdp as _fsdp
@@ -40,17 +43,38 @@ __all__ += [
     "CustomGraphPass",
     "control_deps",
     "is_fsdp_reduce_scatter",
-    "manual_overlap_bucketing",
     "unwrap_control_deps",
     "unwrapped_call",
-    "no_triton_runtime_estimates",
     "preserve_node_ordering",
-    "schedule_overlap_bucketing",
 ]
 
 
 control_deps = _control_deps
 """The wrapper ``insert_overlap_deps`` puts around an op to order it (what ``unwrap_control_deps`` sees through)."""
+
+
+def _run_subgraph(additional_deps: object, subgraph: Callable[..., object], *args: object, **kwargs: object) -> object:
+    return subgraph(*args, **kwargs)
+
+
+def _backport_control_deps_kernels() -> None:
+    """Give torch 2.11's ``control_deps`` the eager and autograd kernels torch 2.13 registers for it (both run the
+    wrapped op): 2.11 has only a fake one, so a graph holding it cannot run eagerly (the backend's eager compiler)
+    and inductor's ``compile_fx_inner``, which runs the graph under fake tensors with autograd's dispatch key still
+    active, fails with "could not find kernel for HigherOrderOperator control_deps at DispatchKey.AutogradCPU".
+    Where the release has them, nothing is registered. Also marked side-effecting, as 2.13 does (dead-code
+    elimination must keep an ordering wrapper whose result nobody reads)."""
+    from torch._C import DispatchKey
+    from torch.fx.node import _side_effectful_functions, has_side_effect
+
+    for key in (DispatchKey.CompositeExplicitAutograd, DispatchKey.Autograd):
+        if key not in _control_deps.py_kernels:
+            _control_deps.py_impl(key)(_run_subgraph)
+    if _control_deps not in _side_effectful_functions:
+        has_side_effect(_control_deps)
+
+
+_backport_control_deps_kernels()
 
 
 def unwrap_control_deps(node: object) -> tuple[object, tuple[object, ...], tuple[object, ...]]:
@@ -102,88 +126,7 @@ def is_fsdp_reduce_scatter(node: object) -> bool:
     return bool(_bucketing.is_fsdp_reduce_scatter(node))  # type: ignore[arg-type]
 
 
-def manual_overlap_bucketing(*args: Any, **kwargs: Any) -> Any:
-    """Upstream ``manual_overlap_bucketing`` (imported on first use: its module pulls in the whole scheduler)."""
-    from torch._inductor.fx_passes.overlap_manual_scheduling import manual_overlap_bucketing as upstream
-
-    return upstream(*args, **kwargs)
-
-
-def schedule_overlap_bucketing(*args: Any, **kwargs: Any) -> Any:
-    """Upstream automatic ``schedule_overlap_bucketing`` (imported on first use)."""
-    from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing as upstream
-
-    return upstream(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def no_triton_runtime_estimates() -> Iterator[None]:
-    """Let upstream schedulers run on a CPU-only torch, for the duration of the block.
-
-    ``OverlapScheduler.__init__`` asks ``torch._inductor.utils.get_gpu_dram_gbps`` (triton) for roofline
-    estimates even when every estimate is overridden; without triton that raises ``ModuleNotFoundError``. Where
-    triton is importable nothing is changed.
-    """
-    try:
-        import triton  # noqa: F401
-
-        yield
-        return
-    except ImportError:
-        pass
-    import torch._inductor.utils as inductor_utils
-    import torch.utils._runtime_estimation as runtime_estimation
-
-    # Nominal figures (an H100's order of magnitude) only feed upstream's estimates; the manual scheduler
-    # overrides every estimate with 0, and ``auto`` on a CPU is a planning aid, not a measurement.
-    fakes = {"get_gpu_dram_gbps": lambda *a, **k: 3000, "get_device_tflops": lambda *a, **k: 500.0}
-    saved = [(mod, name, getattr(mod, name)) for mod in (inductor_utils, runtime_estimation) for name in fakes
-             if hasattr(mod, name)]
-    for mod, name, _ in saved:
-        setattr(mod, name, fakes[name])
-    try:
-        yield
-    finally:
-        for mod, name, value in saved:
-            setattr(mod, name, value)
-
 __all__ += ["OrderedSet"]
-
-
-@contextlib.contextmanager
-def dropped_cyclic_overlap_deps() -> Iterator[list[str]]:
-    """Within the block, upstream's automatic scheduler drops the ordering dependencies it added that form a
-    cycle instead of raising ``RuntimeError: detected N cyclic extra dep(s)`` (inductor's own escape hatch,
-    ``aten_distributed_optimizations.overlap_scheduling_autofix_cycles``), and the yielded list collects torch's
-    message naming each dropped pair. The dependencies are overlap hints, not data edges: dropping one costs
-    overlap, never correctness (and ``apply`` verifies the result).
-
-    Seen with ``collective_bucketing`` on HSDP backward graphs that reduce-scatter first: a bucket of
-    reduce-scatters gets a hint to wait for compute that itself needs an earlier all-reduce of the bucket."""
-    import logging
-
-    from torch._inductor import augmented_graph_helper
-    from torch._inductor import config as inductor_config
-
-    found: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            message = record.getMessage()
-            if "cyclic extra dep" in message:
-                found.append(message)
-
-    handler = _Collect(logging.WARNING)
-    logger = augmented_graph_helper.log
-    logger.addHandler(handler)
-    try:
-        with inductor_config.patch({"aten_distributed_optimizations.overlap_scheduling_autofix_cycles": True}):
-            yield found
-    finally:
-        logger.removeHandler(handler)
-
-
-__all__ += ["dropped_cyclic_overlap_deps"]
 
 # --- inductor: compiling aot graphs (overlapcfg.passes.compile) -----------------------------------------------
 # ``compile_fx_inner`` is what inductor's own aot_autograd fw/bw compilers call: it runs the post-grad passes and
@@ -202,6 +145,26 @@ def compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
     return upstream(*args, **kwargs)
 
 
+def compile_fx_from_fake_inputs(gm: _fx.GraphModule, *, is_backward: bool) -> object:
+    """Inductor's ``compile_fx_inner`` of an aot graph given the fake values on its placeholders as inputs: the
+    graph is lowered and its kernels are generated and compiled for the placeholders' device, and nothing runs.
+
+    For a step captured under a fake process group (where running would move no data), or too big to run here.
+    The graph must have been traced with ``inductor_decompositions()``, as inductor's own route traces it; the
+    caller patches inductor's settings. The fake values come from the capture's fake mode, which inductor must see
+    as the tracing context's (aot_autograd sets it up the same way before calling its compilers).
+    """
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+
+    inputs = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    mode = detect_fake_mode(inputs)
+    if mode is None:
+        raise OverlapConfigError("compile_fx_from_fake_inputs: the graph's placeholders carry no fake values "
+                                 "(meta['val'])")
+    with tracing(TracingContext(mode)), mode:
+        return compile_fx_inner(gm, inputs, is_backward=is_backward)
+
+
 def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decomposition table inductor's own ``compile_fx`` hands to aot_autograd (depends on inductor config)."""
     from torch._inductor.decomposition import select_decomp_table
@@ -209,7 +172,7 @@ def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     return select_decomp_table()
 
 
-__all__ += ["compile_fx_inner", "inductor_config_patch", "inductor_decompositions"]
+__all__ += ["compile_fx_from_fake_inputs", "compile_fx_inner", "inductor_config_patch", "inductor_decompositions"]
 
 # torch's own file hash for ``CustomGraphPass.uuid()`` (``overlapcfg.passes.compile.source_hash``).
 from torch._inductor.custom_graph_pass import get_hash_for_files as hash_files  # noqa: E402
@@ -224,5 +187,27 @@ pre_bucket_all_gather = _torch.ops.bucketing._pre_bucket_all_gather.default
 pre_bucket_reduce_scatter = _torch.ops.bucketing._pre_bucket_reduce_scatter.default
 bucket_dtype_table: tuple[_torch.dtype, ...] = tuple(_bucketing._ALL_DTYPES)
 
-__all__ += ["bucket_dtype_table", "pre_bucket_all_gather", "pre_bucket_reduce_scatter"]
+_PRE_BUCKET_ALL_GATHER_ARGS = tuple(a.name for a in pre_bucket_all_gather._schema.arguments)
+"""Argument names of ``_pre_bucket_all_gather``, in order: torch 2.11's schema has a ``group_name`` after
+``group_size`` that 2.13 dropped, so positions differ between releases and names do not."""
+
+
+def pre_bucket_all_gather_arguments(args: Sequence[object], kwargs: Mapping[str, object]) -> dict[str, object]:
+    """A ``_pre_bucket_all_gather`` call's arguments by schema name (``ag_ins``, ``group_size``, ``dtype``,
+    ``out_dtype_ints``, ``rank``, ``foreach_group_indices``; ``group_name`` too on torch 2.11), for readers that
+    must not depend on the installed release's argument positions. Missing optional arguments are absent."""
+    bound = dict(zip(_PRE_BUCKET_ALL_GATHER_ARGS, args, strict=False))
+    bound.update(kwargs)
+    return bound
+
+
+def call_pre_bucket_all_gather(**arguments: object) -> _torch.Tensor:
+    """``bucketing._pre_bucket_all_gather`` with its arguments by name, those this release's schema has (torch
+    2.11's takes ``group_name`` too): passed by name, the call records the same node as upstream's positional call
+    on each release."""
+    return pre_bucket_all_gather(**{k: v for k, v in arguments.items() if k in _PRE_BUCKET_ALL_GATHER_ARGS})
+
+
+__all__ += ["bucket_dtype_table", "call_pre_bucket_all_gather", "pre_bucket_all_gather",
+            "pre_bucket_all_gather_arguments", "pre_bucket_reduce_scatter"]
 

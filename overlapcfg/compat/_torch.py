@@ -1,6 +1,7 @@
 """Private torch pieces for tracing and classification: dynamo, aot_autograd descriptors and partitioner, the fake
-process group (``torch.testing._internal``), op identity and FLOP formulas, the functional collectives' ops.
-Inductor's pieces (bucketing, schedulers, compile) are in ``overlapcfg.compat._inductor``.
+op identity and FLOP formulas, graph snapshots and lazy copies. ``torch.distributed``'s pieces (the fake process
+group, the functional collectives' ops) are in ``overlapcfg.compat._distributed``, inductor's (bucketing,
+compile) in ``overlapcfg.compat._inductor``, its upstream schedulers in ``overlapcfg.compat._schedulers``.
 
 Everything else in overlapcfg imports them from here, so a torch upgrade that moves one of them breaks exactly one
 module, and each probe for a changed API runs once at import instead of ``hasattr`` checks at call sites.
@@ -12,11 +13,9 @@ import contextlib
 import copy
 import functools
 import inspect
-import sys
 from collections.abc import Callable, Iterator
 
 import torch as _torch
-import torch.distributed as dist
 import torch.fx as _fx
 
 # --- dynamo ------------------------------------------------------------------------------------------------------
@@ -42,26 +41,18 @@ from torch._guards import Source
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
-# --- fake process group (testing._internal) -------------------------------------------------------------------
-# Importing fake_pg registers the "fake" backend with torch.distributed as a side effect.
-from torch.testing._internal.distributed.fake_pg import FakeStore
-
 # --- pytree: the tensors in a model's output (tuples, dicts, Hugging Face ``ModelOutput``, which registers itself),
 # and fake values that are lists of tensors (a split's pieces) ---------------------------------------------------
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from overlapcfg.errors import OverlapConfigError, OverlapStateError
-
 __all__ = [
     "DynamoUnsupported",
-    "FakeStore",
     "GradAOTOutput",
     "PlainAOTInput",
     "aot_autograd",
     "dynamo_input_source",
     "dynamo_recompile_limit",
     "dynamo_reset",
-    "fake_process_group",
     "make_boxed_func",
     "min_cut_rematerialization_partition",
     "tree_flatten",
@@ -96,33 +87,6 @@ def dynamo_input_source(placeholder: object) -> str | None:
     if source is None:
         return None
     return source.name if _SOURCE_NAME_IS_PROPERTY else source.name()
-
-
-@contextlib.contextmanager
-def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.ProcessGroup]:
-    """Init the default process group with the communication-free "fake" backend; destroy it on exit.
-
-    One CPU process can then trace (and even run) graphs with real ``_c10d_functional`` collectives as rank
-    ``rank`` of ``world_size``: the fake backend returns without communicating, so values are garbage but shapes,
-    dtypes and group names are those of a real run. Safe to enter repeatedly in one process (the group name stays
-    "0"). Refuses to replace a default group someone else initialized.
-    """
-    if not 0 <= rank < world_size:
-        raise OverlapConfigError(f"rank must be in [0, world_size={world_size}), got {rank}")
-    if dist.is_initialized():
-        raise OverlapStateError("fake_process_group: a default process group is already initialized; destroy it first")
-    # init_process_group installs a ``[rankN]:``-prefixing sys.excepthook that destroy_process_group keeps:
-    # every later uncaught exception in the caller's process would carry it. Restore what was there.
-    excepthook = sys.excepthook
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-    try:
-        group = dist.group.WORLD
-        if group is None:
-            raise AssertionError("fake_process_group: init_process_group left no default group")
-        yield group
-    finally:
-        dist.destroy_process_group()
-        sys.excepthook = excepthook
 
 
 # --- op identity and FLOP formulas (graph classification, cost model) ----------------------------------------
@@ -233,55 +197,6 @@ def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | N
 __all__ += ["ArgumentRef", "flop_formula", "is_functional_collective", "is_op_overload", "is_plain_input_descriptor",
             "is_saved_for_backward_descriptor", "op_effects", "op_name"]
 
-def process_group_initialized() -> bool:
-    """Whether a default process group exists (``apply`` needs one to merge: the rank is written into graphs)."""
-    return dist.is_initialized()
-
-
-def registered_group_size(name: str) -> int | None:
-    """Size of the process group registered under ``name`` in this process; ``None`` if there is none (a graph
-    read after its process group is gone, or on another machine): graphs state all-reduce groups by name only."""
-    if not dist.is_initialized():
-        return None
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    try:
-        return int(_resolve_process_group(name).size())  # type: ignore[arg-type]  # torch's GroupName: a str
-    except (KeyError, ValueError, RuntimeError):  # unknown name: c10d raises one of these depending on version
-        return None
-
-
-def rank_in_group(name: str) -> int:
-    """This process's rank in the process group registered under ``name`` (a merged all-gather copies its shard
-    in at this rank's slot)."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return int(dist.get_rank(_resolve_process_group(name)))  # type: ignore[arg-type]  # GroupName: a str
-
-
-__all__ += ["process_group_initialized", "rank_in_group", "registered_group_size"]
-
-# --- functional collectives (the ops our graphs hold, and the demo's SimpleFSDP sharding) ------------------------
-import torch.distributed._functional_collectives as functional_collectives  # noqa: E402
-
-_c10d_functional = _torch.ops._c10d_functional
-WAIT_TENSOR = _c10d_functional.wait_tensor.default
-ALL_GATHER_INTO_TENSOR = _c10d_functional.all_gather_into_tensor.default
-REDUCE_SCATTER_TENSOR = _c10d_functional.reduce_scatter_tensor.default
-ALL_REDUCE = _c10d_functional.all_reduce.default
-
-__all__ += ["ALL_GATHER_INTO_TENSOR", "ALL_REDUCE", "REDUCE_SCATTER_TENSOR", "WAIT_TENSOR", "functional_collectives"]
-
-# --- verify: the other collective overloads the verifier interprets (overlapcfg.graph.provenance) ---------------
-# ``_c10d_functional`` ops that merged buckets use besides the plain ones above: the ``out=`` all-gather of torch's
-# bucket modes and the coalesced forms of ``bucket_mode="coalesced"``.
-ALL_GATHER_INTO_TENSOR_OUT = _torch.ops._c10d_functional.all_gather_into_tensor_out.default
-ALL_GATHER_INTO_TENSOR_COALESCED = _torch.ops._c10d_functional.all_gather_into_tensor_coalesced.default
-REDUCE_SCATTER_TENSOR_COALESCED = _torch.ops._c10d_functional.reduce_scatter_tensor_coalesced.default
-
-__all__ += ["ALL_GATHER_INTO_TENSOR_COALESCED", "ALL_GATHER_INTO_TENSOR_OUT", "REDUCE_SCATTER_TENSOR_COALESCED"]
-
-
 class GraphSnapshot:
     """What a graph is now, kept to rebuild it as an independent copy later, if a pass fails half-way.
 
@@ -356,19 +271,3 @@ LazyGraphModule = _LazyGraphModule
 """Torch's ``GraphModule`` whose ``recompile()`` only marks the code stale (generated when first read or called)."""
 
 __all__ += ["LazyGraphModule", "lazy_graph_module_copy"]
-
-# --- FSDP2 rollback (overlapcfg.fsdp2.rollback) ---------------------------------------------------------------
-# ``fully_shard`` records each module's state in a private module-level registry besides the module's own
-# ``__dict__``; a module whose sharding is rolled back must leave it, or a later ``fully_shard`` of that module
-# fails ("Inserting ... more than once", or "State has already been garbage collected").
-from torch.distributed import _composable_state  # noqa: E402
-
-
-def forget_module_states(modules: list[_torch.nn.Module]) -> None:
-    """Drop ``modules`` from torch's composable-API state registry (what ``fully_shard`` inserted)."""
-    mapping = _composable_state._module_state_mapping
-    for module in modules:
-        mapping.pop(module, None)
-
-
-__all__ += ["forget_module_states"]

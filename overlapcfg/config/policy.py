@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from overlapcfg.config.base import ByteCount, ConfigModel
 from overlapcfg.config.depths import DEPTH_FIELDS, Depths
+from overlapcfg.kinds import BucketKind
 
 __all__ = ["AutoPolicy", "BucketMode", "IssueOrder", "OverlapPolicy", "PolicyBase", "TorchManualPolicy"]
 
@@ -52,12 +53,26 @@ class OverlapPolicy(PolicyBase, Depths):
     bucket_mode: BucketMode = "custom_ops"
     """How a bucket's collectives are merged; ``custom_ops`` is what torch's manual pass uses."""
 
+    unmerged: tuple[BucketKind, ...] = ()
+    """Collective kinds a bucket leaves one per parameter, as traced: still scheduled with their bucket (prefetched
+    by its depth, delayed by its delay, counted against the cap) but not merged, so they need no copy into and
+    out of a bucket buffer, at the price of one collective's latency per parameter. ``[reduce_scatter]``: merged
+    all-gathers, per-parameter gradient reductions. Empty: every kind merged (torch's manual pass)."""
+
+    @field_validator("unmerged")
+    @classmethod
+    def _unmerged_once_each(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise PydanticCustomError("unmerged_repeated", "each kind at most once, got {got}", {"got": list(value)})
+        return tuple(sorted(value))
+
 
 _FIXED_AT_ONE = ("torch_manual_depth", "torch_manual has a fixed depth of 1 (upstream manual_overlap_bucketing), "
                                        "got {got}; use strategy 'manual' for other depths")
 _PINNED_MESSAGES = {
-    "all_reduce_delay": ("torch_manual_all_reduce", "torch_manual does not bucket or schedule HSDP all-reduces "
-                         "(upstream manual_overlap_bucketing skips all-reduces), got {got}; use strategy 'manual' "
+    "all_reduce_delay": ("torch_manual_all_reduce", "torch_manual has no all_reduce_delay (upstream "
+                         "manual_overlap_bucketing skips HSDP all-reduces before torch 2.14 and from 2.14 buckets "
+                         "them with the reduce-scatters at their fixed delay of 1), got {got}; use strategy 'manual' "
                          "for all_reduce_delay"),
 }
 """What a value other than upstream's says, by depth; the others read ``_FIXED_AT_ONE``."""
@@ -102,7 +117,8 @@ class TorchManualPolicy(PolicyBase, Depths):
 
     The depth fields exist so a config written for ``manual`` at the defaults also runs the reference; any other
     value is rejected rather than silently ignored: each depth is pinned to its default (1; the all-reduce delay
-    unset, since upstream leaves HSDP all-reduces alone, so the shipped policy presets, which list it, apply).
+    unset, since upstream leaves HSDP all-reduces alone before torch 2.14 and delays them by 1 from 2.14, so the
+    shipped policy presets, which list it, apply).
     """
 
     max_inflight_bytes: _Unsupported = None

@@ -18,8 +18,8 @@ from typing import Annotated
 from overlapcfg.config.base import ConfigModel, measured
 from overlapcfg.kinds import BucketKind
 
-__all__ = ["Calibration", "CollectiveFit", "CollectiveFits", "GroupSamples", "KernelSamples",
-           "KindSamples", "LinkFits"]
+__all__ = ["ROUGH_FIT", "Calibration", "CollectiveFit", "CollectiveFits", "Contention",
+           "ContentionSamples", "GroupSamples", "KernelSamples", "KindSamples", "LinkContention", "LinkFits"]
 
 Seconds = Annotated[float, measured("seconds", 0.0, 1.0, example="up to 1 s")]
 """A fitted per-collective constant: 0 up to a second."""
@@ -28,6 +28,16 @@ BusBandwidth = Annotated[float, measured("bytes/s", 1e6, 1e15, example="1 MB/s t
 IssueBandwidth = Annotated[float, measured("bytes/s", 1e6, 1e18, example="1 MB/s to 1 EB/s")]
 """How fast the calling thread works through a collective's bytes while issuing it: where issuing hardly depends
 on the size, the fit's slope is near zero and this is very large (1e15 measured on gloo), but finite."""
+
+Slowdown = Annotated[float, measured("extra seconds per second", 0.0, 100.0,
+                                     example="0 to 100: at most 101 times as slow")]
+"""A measured contention slowdown (0.1: 10 % slower): finite and below what is a broken measurement, not load."""
+
+ROUGH_FIT = 0.25
+"""A fit whose residual (RMS relative error at its own timings) is above this is rough: calibration lists it in
+``Calibration.rough_fits`` and its notes and logs a warning, and every prediction made on the profile shows it.
+Matmul rates included: one rate for every shape is off small shapes, and a large residual says the roofline will
+be off the model's own kernels by as much."""
 
 
 class CollectiveFit(ConfigModel):
@@ -59,6 +69,50 @@ class CollectiveFits(ConfigModel):
 
     intra_node: LinkFits | None = None
     inter_node: LinkFits | None = None
+
+
+class Contention(ConfigModel):
+    """How compute and communication slow each other while they overlap, on one kind of link.
+
+    The simulator's rates (``overlapcfg.cost.replay``): while a collective is in flight, compute runs at
+    ``1 / (1 + compute_slowdown)`` of its speed; while compute runs, a collective moves at ``1 / (1 + comm_slowdown)``
+    of its own. A collective alone (compute waiting on it, or idle) runs at full speed. On a CPU the two share
+    cores (gloo's threads against the compute thread); on a GPU, SMs and memory bandwidth (NCCL's kernels against the
+    model's). 0 and 0: no contention (the datasheet profiles)."""
+
+    compute_slowdown: Slowdown
+    """Extra compute time per second of compute under a collective that is all transfer (0.1: 10 % slower); the
+    simulator scales it by the share of a collective's time spent moving bytes
+    (``overlapcfg.cost.price.collective_cost``: its ``slowdown``)."""
+    comm_slowdown: Slowdown
+    """Extra collective time per second of collective under compute (all transfer; scaled the same way)."""
+
+
+class LinkContention(ConfigModel):
+    """Contention per kind of link a collective's ring crosses (inside one host, across hosts)."""
+
+    intra_node: Contention | None = None
+    inter_node: Contention | None = None
+
+
+class ContentionSamples(ConfigModel):
+    """The overlapped runs one group's contention was measured from (``overlapcfg.measuring.contention``)."""
+
+    group: str
+    """The group timed (``world``, ``dp_shard``...)."""
+    inter_node: bool
+    collective_bytes: int
+    """Full size of the all-gather run under compute."""
+    comm_seconds: float
+    """The all-gather alone (issue to wait), median."""
+    compute_seconds: tuple[float, ...]
+    """Per run: the compute alone."""
+    compute_under_comm: tuple[float, ...]
+    """Per run: the same compute with the all-gather in flight throughout."""
+    total_seconds: tuple[float, ...]
+    """Per run: issue to the wait returning."""
+    residual: float
+    """RMS relative error of the fitted slowdowns at these runs (compute and total times)."""
 
 
 class KindSamples(ConfigModel):
@@ -127,5 +181,10 @@ class Calibration(ConfigModel):
     """Wall time the calibration took."""
     groups: tuple[GroupSamples, ...]
     kernels: tuple[KernelSamples, ...] = ()
+    contention: tuple[ContentionSamples, ...] = ()
+    """The overlapped runs behind ``HardwareProfile.contention``, per group."""
+    rough_fits: tuple[str, ...] = ()
+    """Fits far from their own timings (residual above the calibration's threshold), or figures above the device's
+    datasheet: ``matmul bfloat16 1657%``. Predictions on this profile inherit them (``mode=measure`` says so)."""
     notes: tuple[str, ...] = ()
     """What was not measured, and what stands in for it."""

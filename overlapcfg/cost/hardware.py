@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from omegaconf import DictConfig
 from pydantic import Field
@@ -30,7 +30,7 @@ from overlapcfg.config.load import config_data, validate_config
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.config.safe_yaml import dump_yaml
 from overlapcfg.config.yaml_files import check_path
-from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFits
+from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFits, Contention, LinkContention
 from overlapcfg.errors import OverlapConfigError, OverlapUsageError, closest, natural_key
 from overlapcfg.files import write_atomic
 
@@ -70,6 +70,9 @@ class HardwareProfile(ConfigModel):
     """Short name shown in reports (the YAML file name for shipped profiles)."""
     description: str = ""
     """One line: which part and which interconnect."""
+    device_kind: Literal["gpu", "cpu"] = "gpu"
+    """What computes: ``gpu`` or ``cpu``. Calibration takes a base profile of the device's own kind for the numbers
+    it does not measure (a CPU profile's links and peaks say nothing about a GPU)."""
     peak_flops: PeakFlops
     """Dense peak compute per dtype."""
     mem_bandwidth: ByteRate
@@ -87,6 +90,9 @@ class HardwareProfile(ConfigModel):
     comm_efficiency: float = Field(1.0, gt=0, le=1)
     """Fraction of link bandwidth collectives reach (bus bandwidth / link bandwidth); 1.0 is optimistic. Not
     applied to measured ``collectives`` fits (they are what was reached)."""
+    contention: LinkContention | None = None
+    """Measured slowdowns of compute and communication while they overlap (``overlapcfg.calibrate``), per kind of
+    link; null: none (each runs as if alone, the datasheet profiles' optimistic assumption)."""
     collectives: CollectiveFits | None = None
     """Measured per-kind fits (``overlapcfg.calibrate``) that replace the ring model's datasheet numbers for the
     kinds and links they cover; null: the datasheet numbers above for everything."""
@@ -98,6 +104,12 @@ class HardwareProfile(ConfigModel):
         if dtype_name in ("bfloat16", "float16", "bf16", "fp16"):
             return self.peak_flops.bf16 * self.compute_efficiency
         return self.peak_flops.fp32 * self.compute_efficiency
+
+    def contention_for(self, inter_node: bool) -> Contention | None:
+        """The measured contention of a collective on that kind of link, if calibration made one."""
+        if self.contention is None:
+            return None
+        return self.contention.inter_node if inter_node else self.contention.intra_node
 
     def collective_fit(self, kind: str, inter_node: bool) -> CollectiveFit | None:
         """The measured fit for ``kind`` on that kind of link, if calibration made one."""

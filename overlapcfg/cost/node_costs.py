@@ -15,13 +15,21 @@ create, names included.
 Durations are held to what a measurement can be: a finite number of seconds from 0 to ``MAX_NODE_SECONDS``. NaN,
 a negative or an infinite duration, or one of 1e300 s, is an ``OverlapConfigError`` naming the file (``read``)
 and the entry, never a node dropped or a step predicted at infinity.
+
+One footing for both sources (``Footing``): the nodes a measurement lacks (the copies a pass creates) are not
+priced by the bare roofline, whose clock is the profile's peaks, but by the roofline put on the measurement's
+footing: per kind of node, ``scale x roofline`` fitted through the measured nodes (how far this machine's kernels
+of that kind are from the profile's peaks). Both sources are the work of a kernel alone; contention is the
+simulator's, applied to both alike. ``overlapcfg.measure`` also puts the
+durations themselves on the clock of the timed steps (``clock_scale``): the node-timed steps run once, at the end,
+under whatever load the machine had then.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +41,8 @@ from overlapcfg.config.yaml_files import read_text
 from overlapcfg.cost.price import iter_tensors, node_kind
 from overlapcfg.errors import Fault, OverlapConfigError, show_value
 
-__all__ = ["MAX_NODE_SECONDS", "NODE_COSTS_SCHEMA", "MEASURABLE_KINDS", "NodeCosts", "node_signature"]
+__all__ = ["MAX_NODE_SECONDS", "MEASURABLE_KINDS", "NODE_COSTS_SCHEMA", "Footing", "NodeCosts", "fit_footing",
+           "node_signature"]
 
 NODE_COSTS_SCHEMA = "overlapcfg.node_costs/1"
 MEASURABLE_KINDS = frozenset({"compute", "memory", "free"})
@@ -41,6 +50,9 @@ MEASURABLE_KINDS = frozenset({"compute", "memory", "free"})
 MAX_NODE_SECONDS = 3600.0
 """Longest duration a node may have: an hour for one kernel of one step is not a measurement (a unit mix-up, a
 corrupted file), and it would price the whole step at hours."""
+MAX_CLOCK_SCALE = 1000.0
+"""Largest ``clock_scale`` a file may carry: the timed steps and the node-timed ones ran on one machine minutes
+apart; a thousandfold difference is a corrupted file, not load."""
 HEADER = "invalid node costs"
 
 
@@ -64,6 +76,8 @@ class NodeCosts:
     source: str
     """What was measured, for reports: backend, ranks, which config's graphs, how many steps, when."""
     graphs: Mapping[str, Mapping[str, tuple[str, float]]] = field(default_factory=dict)
+    clock_scale: float = 1.0
+    """The factor the durations were multiplied by to put them on the clock of the timed steps (1.0: as timed)."""
 
     def __post_init__(self) -> None:
         faults = list(_duration_faults(self.graphs))
@@ -80,8 +94,20 @@ class NodeCosts:
     def __len__(self) -> int:
         return sum(len(nodes) for nodes in self.graphs.values())
 
+    def footing(self, graphs: Iterable[tuple[str, fx.GraphModule]],
+                roofline: Callable[[fx.Node], float]) -> Footing:
+        """The roofline on this measurement's footing (``fit_footing``), from every measured node of ``graphs``
+        (``(name, graph)`` pairs) and its ``roofline`` seconds."""
+        pairs = []
+        for name, gm in graphs:
+            for node in gm.graph.nodes:
+                measured = self.seconds(name, node) if node.op == "call_function" else None
+                if measured is not None:
+                    pairs.append((node_kind(node), roofline(node), measured))
+        return fit_footing(pairs)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": NODE_COSTS_SCHEMA, "source": self.source,
+        return {"schema": NODE_COSTS_SCHEMA, "source": self.source, "clock_scale": self.clock_scale,
                 "graphs": {g: {n: {"signature": sig, "seconds": s} for n, (sig, s) in nodes.items()}
                            for g, nodes in self.graphs.items()}}
 
@@ -106,8 +132,13 @@ class NodeCosts:
         graphs, faults = _entries(data.get("graphs"))
         if faults:
             raise OverlapConfigError(faults, header=header)
+        scale = _number(data.get("clock_scale", 1.0))
+        if not (isinstance(scale, float) and math.isfinite(scale) and 0 < scale <= MAX_CLOCK_SCALE):
+            raise OverlapConfigError([Fault("clock_scale", f"expected a positive finite factor up to "
+                                                           f"{MAX_CLOCK_SCALE:g}, got {show_value(scale)}")],
+                                     header=header)
         try:
-            return cls(source=str(data.get("source", "")), graphs=graphs)
+            return cls(source=str(data.get("source", "")), graphs=graphs, clock_scale=scale)
         except OverlapConfigError as err:
             raise OverlapConfigError(err.faults, header=header) from None
 
@@ -159,3 +190,46 @@ def _duration_faults(graphs: Mapping[str, Mapping[str, tuple[str, float]]]) -> I
             if not ok:
                 yield Fault(f"graphs.{g}.{n}.seconds", f"expected a duration in seconds, a finite number from 0 to "
                                                        f"{MAX_NODE_SECONDS:g}, got {show_value(seconds)}")
+
+
+ALL = "all"
+"""The scale fitted through every measured node, for a kind without enough of its own."""
+MIN_PAIRS = 3
+"""Measured nodes of a kind needed to fit its scale; fewer, and that kind keeps the bare roofline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Footing:
+    """The roofline on a measurement's footing: per node kind (``compute``, ``memory``), ``seconds = scale x
+    roofline``; a kind with too few measured nodes of its own takes the scale of all of them together (``ALL``),
+    and without any, the bare roofline. A scale and no per-kernel constant: merging
+    buckets must only add bytes, the rule the tuner's quick model sums its units' copies by (see
+    ``overlapcfg.cost.price.compute_seconds``), so views stay free and a copy costs its bytes, at this machine's
+    rate."""
+
+    scales: Mapping[str, float] = field(default_factory=dict)
+
+    def price(self, kind: str, roofline: float) -> float:
+        return roofline * self.scales.get(kind, self.scales.get(ALL, 1.0))
+
+    def describe(self) -> str:
+        """``compute x1.3 roofline; memory x4.1 roofline``, for reports."""
+        return "; ".join(f"{kind} x{scale:.3g} roofline" for kind, scale in self.scales.items())
+
+
+def fit_footing(pairs: Iterable[tuple[str, float, float]]) -> Footing:
+    """Per kind with a roofline (``compute``, ``memory``), the scale minimizing the squared relative error of
+    ``scale x roofline`` against the measured seconds over ``(kind, roofline, measured)`` triples: a small kernel
+    counts as much as a large one."""
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    for kind, roof, measured in pairs:
+        if kind != "free" and roof > 0 and measured > 0 and math.isfinite(measured) and math.isfinite(roof):
+            by_kind.setdefault(kind, []).append((roof, measured))
+    scales = {}
+    pooled = [row for rows in by_kind.values() for row in rows]
+    for kind, pairs_of_kind in [*sorted(by_kind.items()), (ALL, pooled)]:
+        if len(pairs_of_kind) >= MIN_PAIRS:
+            # min sum (b r / m - 1)^2: b = sum(r / m) / sum((r / m)^2)
+            ratios = [r / m for r, m in pairs_of_kind]
+            scales[kind] = sum(ratios) / sum(x * x for x in ratios)
+    return Footing(scales)

@@ -1,6 +1,6 @@
-"""What the cost model predicts: ``Simulation`` (the step's times, peaks and how each part was priced; the JSON a
-report, a comparison and a measurement hold) and ``Event`` (one interval on one stream, for timelines, never in
-JSON). Made by ``overlapcfg.cost.simulator``; drawn by ``overlapcfg.report``.
+"""What the cost model predicts: ``Simulation`` (the step's times, peaks, how each part was priced and what compute
+went to; the JSON a report, a comparison and a measurement hold) and ``Event`` (one interval on one stream, for
+timelines, never in JSON). Made by ``overlapcfg.cost.simulator``; drawn by ``overlapcfg.report``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pydantic import PrivateAttr
 
 from overlapcfg.resolve.resolved import RecordModel
 
-__all__ = ["CostSource", "Event", "Simulation", "StreamTime"]
+__all__ = ["ComputePart", "ComputeShare", "CostSource", "Event", "Simulation", "StreamTime"]
 
 
 class StreamTime(RecordModel):
@@ -41,13 +41,28 @@ class Event:
 class CostSource(RecordModel):
     """Where part of a prediction's time came from: which nodes were priced how, and the seconds they add up to."""
 
-    part: Literal["compute", "issue", "collectives"]
+    part: Literal["compute", "issue", "collectives", "contention"]
     """``compute``: kernels and views on the compute stream; ``issue``: the compute stream issuing collectives;
-    ``collectives``: collectives on their own streams."""
+    ``collectives``: collectives on their own streams; ``contention``: compute time lost to collectives in flight
+    (the profile's measured slowdowns; ``nodes`` counts one)."""
     source: Literal["measured", "roofline", "fitted", "datasheet"]
     """``measured``: per-node durations from a profile of the same graph (``NodeCosts``); ``roofline``: FLOPs and
     bytes over the profile's peaks; ``fitted``: the profile's calibrated collective fits; ``datasheet``: its ring
     model numbers."""
+    nodes: int
+    seconds: float
+
+
+ComputePart = Literal["matmul", "attention", "memory", "other"]
+"""What compute-stream time goes to: FLOP-counted kernels (matmuls, convolutions) outside attention; attention
+(each SDPA call as the fused kernel trainers run, ``overlapcfg.cost.attention``); memory-bound kernels
+(elementwise, norms, the copies bucketing adds); other (issuing collectives, views a measurement timed)."""
+
+
+class ComputeShare(RecordModel):
+    """One part of the compute stream's work (contention not included)."""
+
+    part: ComputePart
     nodes: int
     seconds: float
 
@@ -66,6 +81,9 @@ class Simulation(RecordModel):
     """Sum over every collective on every stream."""
     exposed_comm_seconds: float
     """Time the compute stream waits on collectives."""
+    contention_seconds: float = 0.0
+    """Compute time lost to contention: kernels running slower while collectives are in flight (the profile's
+    measured slowdowns; 0 on datasheet profiles). ``step = compute + contention + exposed``."""
     overlap_ratio: float | None
     """Share of communication hidden behind compute; None without communication."""
     lower_bound_seconds: float
@@ -82,6 +100,10 @@ class Simulation(RecordModel):
     """How each part of the prediction was priced (measured, roofline, fitted, datasheet), nodes and seconds."""
     node_costs: str | None = None
     """What the measured node durations were, when given (``NodeCosts.source``)."""
+    compute_parts: tuple[ComputeShare, ...] = ()
+    """``compute_seconds`` broken into matmul, attention, memory-bound and other (``ComputePart``)."""
+    attention_calls: int = 0
+    """Attention calls costed as fused kernels (forward; their backward too)."""
 
     _events: tuple[Event, ...] = PrivateAttr(())
 

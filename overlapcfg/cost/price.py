@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.cost.calibration import Contention
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.graph.ops import collective_kind, is_collective_start, is_compute_node, is_free, started_by
 
@@ -140,6 +141,9 @@ class CollectiveCost:
     seconds: float
     issue_seconds: float
     source: Literal["fitted", "datasheet"]
+    slowdown: tuple[float, float] = (0.0, 0.0)
+    """``(compute_slowdown, comm_slowdown)`` while it overlaps compute: the profile's measured contention on its
+    link (``HardwareProfile.contention``), scaled by the share of its time spent moving bytes; none without."""
 
 
 def collective_cost(kind: str, nbytes: int, hw: HardwareProfile, world_size: int, *,
@@ -154,7 +158,8 @@ def collective_cost(kind: str, nbytes: int, hw: HardwareProfile, world_size: int
     A calibrated profile's measured fit for the kind and link (``HardwareProfile.collectives``) replaces the
     datasheet latency and bandwidth in the same formula (``source`` "fitted"), and gives the issue time the
     compute stream pays before the collective starts on its own: ``issue_latency + bytes / issue_bandwidth``
-    (gloo does part of a reduce-scatter on the caller); without a fit issuing is free.
+    (gloo does part of a reduce-scatter on the caller); without a fit issuing is free. The link's measured
+    contention, if any, gives ``slowdown`` (``_slowdown``).
     """
     p = world_size
     crosses = p > hw.gpus_per_node if inter_node is None else inter_node
@@ -169,4 +174,23 @@ def collective_cost(kind: str, nbytes: int, hw: HardwareProfile, world_size: int
         bw = (hw.inter_node_bandwidth if crosses else hw.intra_node_bandwidth) * hw.comm_efficiency
         latency, issue = hw.latency, 0.0
     one = (p - 1) / p * nbytes / bw + (p - 1) * latency
-    return CollectiveCost(2 * one if kind in ("all_reduce", "other") else one, issue, source)
+    seconds = 2 * one if kind in ("all_reduce", "other") else one
+    return CollectiveCost(seconds, issue, source, _slowdown(hw.contention_for(crosses), seconds,
+                                                            _ring_steps(kind, p) * latency))
+
+
+def _ring_steps(kind: str, p: int) -> int:
+    """Latency terms of the ring: ``p - 1`` steps, twice that for an all-reduce."""
+    return 2 * (p - 1) if kind in ("all_reduce", "other") else p - 1
+
+
+def _slowdown(contention: Contention | None, seconds: float, latency: float) -> tuple[float, float]:
+    """``(compute_slowdown, comm_slowdown)`` of a collective taking ``seconds``, ``latency`` of them its ring
+    steps' latency: the link's measured contention, else none. Both slowdowns are the measured ones times the share
+    of the collective's time spent moving bytes: calibration measures them with a collective that is nearly all
+    transfer, and what contends is the data moving (gloo copying through sockets, NCCL's copy kernels) against
+    compute's cores or SMs, not a ring step's latency, in which the collective mostly waits on its peers."""
+    if contention is None:
+        return (0.0, 0.0)
+    share = max(0.0, seconds - latency) / seconds if seconds > 0 else 0.0
+    return (contention.compute_slowdown * share, contention.comm_slowdown * share)

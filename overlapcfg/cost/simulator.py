@@ -16,23 +16,26 @@ when ``node_costs`` has one for that node (``overlapcfg.cost.node_costs``); each
 with the profile's measured fits where calibration made them, and the compute stream paying the fit's issue time
 at each start. ``Simulation.cost_sources`` says which source priced how much.
 
-Deliberately not modelled: compute slowed by concurrent communication (SM/HBM contention; on CPU, cores shared
-with the communication threads), NCCL's channel tuning. ``overlapcfg mode=calibrate`` measures the rest, and
+Contention: where the profile has measured slowdowns (``HardwareProfile.contention``, from calibration), compute
+runs slower while a collective is in flight and the collective slower while compute runs (the rates are in
+``overlapcfg.cost.replay``); ``Simulation.contention_seconds`` is the compute time lost to it. Datasheet profiles
+have none. Deliberately not modelled: NCCL's channel tuning. ``overlapcfg mode=calibrate`` measures the rest, and
 ``overlapcfg mode=measure`` shows how far the prediction is from a measured step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.cost.attention import AttentionRole, FusedAttention, attention_plan, fused_seconds
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
-from overlapcfg.cost.node_costs import NodeCosts
-from overlapcfg.cost.prediction import CostSource, Event, Simulation, StreamTime
+from overlapcfg.cost.node_costs import Footing, NodeCosts
+from overlapcfg.cost.prediction import ComputePart, ComputeShare, CostSource, Event, Simulation, StreamTime
 from overlapcfg.cost.price import (
     collective_bytes,
     collective_cost,
@@ -46,10 +49,11 @@ from overlapcfg.cost.replay import Memory, Streams
 from overlapcfg.graph.collectives import feeds_compute, find_collectives
 from overlapcfg.graph.ops import group_name, started_by
 
-__all__ = ["COMPUTE_STREAM", "Event", "GroupPlacement", "Simulation", "node_seconds", "simulate", "storage_plan",
-           "traced_group_size", "value_bytes"]
+__all__ = ["COMPUTE_STREAM", "Event", "GroupPlacement", "Simulation", "measured_footing", "node_seconds", "simulate",
+           "storage_plan", "traced_group_size", "value_bytes"]
 
 COMPUTE_STREAM = "compute"
+COMPUTE_PARTS = ("matmul", "attention", "memory", "other")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,15 +172,37 @@ class _Tally:
 
 
 def node_seconds(node: fx.Node, graph: str, hw: HardwareProfile, node_costs: NodeCosts | None, *,
-                 world_size: int | None, traced_world_size: int | None,
-                 as_dtype: torch.dtype | None) -> tuple[float, str, str, int]:
-    """``(seconds, kind, source, bytes)`` of a compute-stream node: measured if ``node_costs`` has it, else the
-    roofline. The one rule for both the simulator and the tuner's profile."""
+                 world_size: int | None, traced_world_size: int | None, as_dtype: torch.dtype | None,
+                 attention: AttentionRole | None = None,
+                 footing: Footing | None = None) -> tuple[float, str, str, int, ComputePart]:
+    """``(seconds, kind, source, bytes, part)`` of a compute-stream node: measured if ``node_costs`` has it, else
+    the roofline (on the measurement's ``footing`` where node costs are given: ``NodeCosts.footing``), an attention
+    region's nodes as one fused kernel (``attention``: the node's role in the step's ``AttentionPlan``, None outside
+    one); ``part`` is its share of the compute breakdown. The one rule for both the simulator and the tuner's
+    profile."""
+    kind = node_kind(node)
+    part: ComputePart = "attention" if attention is not None else \
+        "matmul" if kind == "compute" else "memory" if kind == "memory" else "other"
     measured = node_costs.seconds(graph, node) if node_costs is not None else None
     if measured is not None:
-        return measured, "memory" if node_kind(node) == "free" else node_kind(node), "measured", 0
+        return measured, "memory" if kind == "free" else kind, "measured", 0, part
+    if isinstance(attention, FusedAttention):
+        seconds, bound, nbytes = fused_seconds(attention, hw, as_dtype)
+        return seconds, bound, "roofline", nbytes, part
+    if attention == "folded":  # into its region's fused kernel
+        return 0.0, "free", "roofline", 0, part
     cost = compute_seconds(node, hw, world_size=world_size, traced_world_size=traced_world_size, as_dtype=as_dtype)
-    return cost.seconds, cost.bound, "roofline", cost.bytes
+    seconds = footing.price(kind, cost.seconds) if footing is not None else cost.seconds
+    return seconds, cost.bound, "roofline", cost.bytes, part
+
+
+def measured_footing(graphs: Sequence[tuple[str, fx.GraphModule]], hw: HardwareProfile, node_costs: NodeCosts, *,
+                     world_size: int | None, traced_world_size: int | None,
+                     as_dtype: torch.dtype | None) -> Footing:
+    """``node_costs``' footing (``NodeCosts.footing``) against the roofline ``node_seconds`` would use."""
+    return node_costs.footing(graphs, lambda n: compute_seconds(n, hw, world_size=world_size,
+                                                                traced_world_size=traced_world_size,
+                                                                as_dtype=as_dtype).seconds)
 
 
 def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwareProfile | str, *, world_size: int,
@@ -201,7 +227,13 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     peak_param = peak_act = 0
     blocking_comm = 0.0
     tally = _Tally()
-    for graph_name, g in zip(names, graphs, strict=True):
+    running: list[tuple[int, fx.Node]] = []
+    attention = attention_plan(graphs)
+    footing = measured_footing(list(zip(names, graphs, strict=True)), hw, node_costs, world_size=world_size,
+                               traced_world_size=traced_world_size, as_dtype=as_dtype) \
+        if node_costs is not None else None
+    parts: dict[str, list[float]] = {}
+    for gi, (graph_name, g) in enumerate(zip(names, graphs, strict=True)):
         graph_labels = (labels or {}).get(graph_name, {})
         kinds: dict[fx.Node, str] = {}
         placement, blocking, param_gathers = _placements(g, world_size, traced_world_size, groups)
@@ -219,17 +251,22 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                 priced = collective_cost(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
                 issue, dur = priced.issue_seconds, priced.seconds
                 at = streams.t
-                start = streams.issue(node, stream, dur, issue_seconds=issue,
-                                      inflight_bytes=nbytes if node in param_gathers else 0)
+                streams.issue(node, stream, dur, issue_seconds=issue,
+                              inflight_bytes=nbytes if node in param_gathers else 0,
+                              slowdown=priced.slowdown)
                 if issue > 0:
-                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, "issue", at, at + issue,
+                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, "issue", at, streams.t,
                                         _label(node, graph_labels), nbytes))
                     tally.add("issue", "fitted", issue)
+                    share = parts.setdefault("other", [0, 0.0])
+                    share[0] += 1
+                    share[1] += issue
                 tally.add("collectives", priced.source, dur)
                 if node in blocking:
                     blocking_comm += dur
-                events.append(Event(graph_name, node.name, stream, ckind, start, start + dur,
-                                    _label(node, graph_labels), nbytes))
+                running.append((len(events), node))  # its span is known once it has ended
+                events.append(Event(graph_name, node.name, stream, ckind, 0.0, 0.0, _label(node, graph_labels),
+                                    nbytes))
             elif kind == "wait":
                 start_node = started_by(node)
                 at = streams.t
@@ -238,8 +275,13 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                                         _label(node, graph_labels), waits_on=kinds[start_node]))
             elif kind in ("compute", "memory", "free"):
                 ws_now, traced_now = _copy_in_sizes(node, placement, world_size, traced)
-                seconds, bound, source, nbytes = node_seconds(node, graph_name, hw, node_costs, world_size=ws_now,
-                                                              traced_world_size=traced_now, as_dtype=as_dtype)
+                seconds, bound, source, nbytes, part = node_seconds(
+                    node, graph_name, hw, node_costs, world_size=ws_now, traced_world_size=traced_now,
+                    as_dtype=as_dtype, attention=attention.role(gi, node), footing=footing)
+                if seconds > 0 or part == "attention":  # views cost nothing: no part of compute
+                    share = parts.setdefault(part, [0, 0.0])
+                    share[0] += 1
+                    share[1] += seconds
                 if seconds > 0:
                     at = streams.run(seconds)
                     events.append(Event(graph_name, node.name, COMPUTE_STREAM, bound, at, streams.t,
@@ -253,17 +295,34 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                     mem.free(r.name)
         peak_param, peak_act = max(peak_param, mem.memory.peak_param), max(peak_act, mem.memory.peak_act)
         streams.end_graph()  # the next graph starts when this one's collectives are done (the step's results)
+        for at_index, node in running:
+            start, end = streams.spans[node]
+            events[at_index] = replace(events[at_index], start=start, end=end)
+        running.clear()
     compute, comm, exposed = streams.compute, streams.comm, streams.exposed
+    if streams.contended > 0:
+        tally.add("contention", "fitted", streams.contended)
     busy = {COMPUTE_STREAM: compute, **streams.busy}
     comm_bound = max(streams.busy.values(), default=0.0)
     return Simulation(
         hardware=hw.name, world_size=world_size, step_seconds=streams.t, compute_seconds=compute, comm_seconds=comm,
-        exposed_comm_seconds=exposed, overlap_ratio=max(0.0, 1.0 - exposed / comm) if comm > 0 else None,
+        exposed_comm_seconds=exposed, contention_seconds=streams.contended,
+        overlap_ratio=max(0.0, 1.0 - exposed / comm) if comm > 0 else None,
         lower_bound_seconds=max(compute + blocking_comm, comm_bound), peak_inflight_bytes=streams.peak_inflight,
         peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,
         streams=tuple(StreamTime(stream=s, busy_seconds=b) for s, b in busy.items()),
-        cost_sources=tally.sources(), node_costs=node_costs.source if node_costs is not None else None,
+        cost_sources=tally.sources(), node_costs=_costs_text(node_costs, footing),
+        compute_parts=tuple(ComputeShare(part=p, nodes=int(parts[p][0]), seconds=parts[p][1])
+                            for p in COMPUTE_PARTS if p in parts), attention_calls=attention.calls,
     ).with_events(tuple(events))
+
+
+def _costs_text(node_costs: NodeCosts | None, footing: Footing | None) -> str | None:
+    if node_costs is None:
+        return None
+    scale = f", x{node_costs.clock_scale:.3g} to the timed steps' clock" if node_costs.clock_scale != 1.0 else ""
+    lines = footing.describe() if footing is not None else ""
+    return node_costs.source + scale + (f"; unmeasured nodes on its footing: {lines}" if lines else "")
 
 
 def _copy_in_sizes(node: fx.Node, placement: Mapping[str, GroupPlacement], world_size: int,

@@ -2,9 +2,10 @@
 
 - ``mode=calibrate``: trace the demo step on the meta device (its matmul shapes and dtype), join torchrun's group
   (NCCL on GPUs, else gloo), build the demo mesh (the FSDP group; HSDP's replicate and the TP group when
-  ``parallel.*`` asks for them), and ``overlapcfg.calibrate`` on those groups with a progress bar; rank 0 writes
-  the profile into the user's profile directory (``hardware=<calibrate.name>`` then finds it) and a copy into the
-  run directory, and prints the fits.
+  ``parallel.*`` asks for them), and ``overlapcfg.calibrate`` on those groups with a progress bar, unmeasured
+  numbers from ``calibrate.base`` (null: the device's own kind of profile); rank 0 writes the profile into the
+  user's profile directory (``hardware=<calibrate.name>`` then finds it) and a copy into the run directory, and
+  prints the fits.
 - ``mode=measure``: every ``measure.configs`` entry (label -> overlap keys replacing those of ``overlap``, as
   ``compare`` entries do) runs the demo's training step on real ranks (``overlapcfg.measure``); rank 0 prints the
   predicted-vs-measured table on ``hardware`` and writes ``measure.json`` and ``node_costs.json``.
@@ -31,7 +32,7 @@ from overlapcfg.config.load import validate_config
 from overlapcfg.demo.job import Progress as Stages
 from overlapcfg.demo.job import check_plan, compare_configs, demo_spec, replay_hardware
 from overlapcfg.demo.outputs import MEASURE_FILE, NODE_COSTS_FILE
-from overlapcfg.errors import OverlapConfigError
+from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.files import write_atomic
 
 if TYPE_CHECKING:
@@ -57,6 +58,11 @@ class CalibrateSettings(ConfigModel):
     """Wall seconds to aim for (each collective kind still times a few sizes)."""
     max_bytes: ByteCount | None = None
     """Largest collective timed; null: 64 MiB on CPU, 1 GiB on GPU."""
+    base: str | None = None
+    """The profile unmeasured numbers (links across hosts) come from, of the device's own kind; null: chosen by the
+    device (``cpu_gloo`` on CPU, the shipped GPU profile closest to the GPU). Not the ``hardware`` group, whose
+    default is the CPU profile: on a GPU its 50 us latency and 5 GB/s links would stand in for what is not
+    measured."""
 
 
 class MeasureSettings(ConfigModel):
@@ -160,7 +166,15 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=calibrate``; returns the profile's path in the run directory."""
     stages = Stages(console)
     with stages.stage("validated config"):
-        spec, settings, hardware = _validated(cfg, "calibrate", CalibrateSettings)
+        spec = demo_spec(cfg)
+        settings = _settings(cfg, "calibrate", CalibrateSettings)
+        if settings.base is not None:
+            from overlapcfg.cost.hardware import load_hardware
+
+            try:
+                load_hardware(settings.base)  # an unknown name is a fault now, not after the trace
+            except OverlapConfigError as err:
+                raise OverlapConfigError([Fault("calibrate.base", f.message) for f in err.faults]) from None
         _check_launched("calibrate")
         from overlapcfg.cost.hardware import shipped_hardware_names
 
@@ -191,7 +205,7 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
 
         with bar:
             task = bar.add_task("calibrate", total=1)
-            profile = calibrate(groups, step=step, name=settings.name, base=hardware, budget_s=settings.budget_s,
+            profile = calibrate(groups, step=step, name=settings.name, base=settings.base, budget_s=settings.budget_s,
                                 max_bytes=settings.max_bytes, device=default_device(), save=False, progress=show)
         measured = ", ".join(f"{n} ({dist.get_world_size(g)} ranks)" for n, g in groups.items())
         seconds = profile.calibration.seconds if profile.calibration is not None else 0.0

@@ -69,6 +69,11 @@ def check_config(cfg: OverlapConfig, root: str) -> list[Fault]:
     # FSDP2's HSDP all-reduce runs right after its reduce-scatter inside post-backward: no knob to delay it.
     no_all_reduce_delay = ("FSDP2 issues an HSDP bucket's all-reduce right after its reduce-scatter, with no "
                            "per-bucket delay; got {got}. Leave all_reduce_delay unset with overlapcfg.fully_shard")
+    if isinstance(cfg.policy, OverlapPolicy) and cfg.policy.unmerged:
+        faults.append(Fault(f"{root}.policy.unmerged", f"FSDP2 gathers and reduces a bucket's parameters in one "
+                                                       f"collective each (fully_shard of the bucket's modules): it "
+                                                       f"cannot leave {list(cfg.policy.unmerged)} unmerged. Leave "
+                                                       "unmerged empty with overlapcfg.fully_shard"))
     for setting in cfg.settings("reduce_scatter_delay", "all_reduce_delay"):
         if setting.key == "all_reduce_delay":
             faults.append(Fault(setting.path(root), no_all_reduce_delay.format(got=setting.value)))

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias, cast
 
+import torch
 from torch import fx
 
 from overlapcfg import compat
@@ -119,12 +120,14 @@ def _grad_root_index(desc: object) -> int | None:
 
 def dynamo_parameter_inputs(dynamo_gm: fx.GraphModule) -> tuple[str | None, ...]:
     """Parameter FQN (cleaned) for each placeholder of the dynamo graph, ``None`` for inputs that are not
-    parameters (the tokens, buffers, symbolic sizes)."""
+    parameters (the tokens, buffers, symbolic sizes, opaque objects such as a ``DeviceMesh`` a parametrization
+    module holds: its source names ``parametrizations`` too, but it is no tensor)."""
     out: list[str | None] = []
     for node in dynamo_gm.graph.find_nodes(op="placeholder"):
         source = compat.dynamo_input_source(node)
-        is_param = source is not None and ("_parameters[" in source or "parametrizations" in source
-                                           or _looks_like_parameter(node))
+        example = node.meta.get("example_value")
+        is_param = source is not None and (example is None or isinstance(example, torch.Tensor)) and (
+            "_parameters[" in source or "parametrizations" in source or _looks_like_parameter(node))
         out.append(clean_path(source) or None if is_param and source is not None else None)
     return tuple(out)
 

@@ -121,8 +121,9 @@ def _all_gather_custom_ops(ag_ins: list[torch.Tensor], group_name: Any, group_si
     ag_input_numel = sum(ins_split_sizes)
     table = compat.bucket_dtype_table
     out_dtype_ints = [table.index(dt) for dt in out_dtypes]
-    new_ag_out = compat.pre_bucket_all_gather(ag_ins, group_size, dtype, out_dtype_ints, rank,
-                                                 foreach_groups(ag_ins, out_dtypes))
+    new_ag_out = compat.call_pre_bucket_all_gather(
+        ag_ins=ag_ins, group_size=group_size, group_name=group_name, dtype=dtype, out_dtype_ints=out_dtype_ints,
+        rank=rank, foreach_group_indices=foreach_groups(ag_ins, out_dtypes))
     new_ag_in = new_ag_out.narrow(0, ag_input_numel * rank, ag_input_numel)
     wait_tensor = _legacy.wait_tensor(
         compat.ALL_GATHER_INTO_TENSOR_OUT(new_ag_in, group_size, group_name, out=new_ag_out))

@@ -231,11 +231,11 @@ def _copied(groups: object, n: int) -> set[int] | None:
     return {i for i in groups if i >= 0}
 
 
-def _pre_bucket_all_gather(node: fx.Node, ins: Sequence[Value], args: Sequence[object],
-                           groups: object = None) -> Value | None:
-    """``(ag_ins, group_size, dtype, out_dtype_ints, rank, foreach_group_indices)``: a buffer of ``group_size``
-    slots, this rank's holding each copied input cast to its ``out_dtype_ints`` dtype, back to back."""
-    size, dtype, dtype_ints, rank = args[1], args[2], args[3], args[4]
+def _pre_bucket_all_gather(node: fx.Node, ins: Sequence[Value], size: object, dtype: object, dtype_ints: object,
+                           rank: object, groups: object = None) -> Value | None:
+    """``_pre_bucket_all_gather(ag_ins, group_size, dtype, out_dtype_ints, rank, foreach_group_indices)`` (its
+    arguments by name: ``compat.pre_bucket_all_gather_arguments``): a buffer of ``group_size`` slots, this rank's
+    holding each copied input cast to its ``out_dtype_ints`` dtype, back to back."""
     if not isinstance(size, int) or not isinstance(rank, int) or not isinstance(dtype, torch.dtype) \
             or not isinstance(dtype_ints, (list, tuple)) or len(dtype_ints) != len(ins) or not 0 <= rank < size \
             or not all(isinstance(i, int) and 0 <= i < len(compat.bucket_dtype_table) for i in dtype_ints):

@@ -7,7 +7,6 @@ deterministic decisions without sorting by anything but positions.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeAlias
@@ -37,7 +36,6 @@ from overlapcfg.graph.ops import (
     started_by,
 )
 from overlapcfg.graph.parameters import InputEvidence, graph_inputs, placeholder_sources
-from overlapcfg.graph.record import CollectiveCounts, GroupTraffic
 from overlapcfg.kinds import CollectiveKind, Direction
 
 if TYPE_CHECKING:
@@ -46,13 +44,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Collective",
     "CollectiveRole",
-    "count_collectives",
     "feeds_compute",
     "find_collectives",
-    "group_traffic",
     "is_parameter_gather",
     "no_hsdp_on_activation_groups",
     "one_owner_per_shared_gradient",
+    "partial_gradients",
     "parameter_sources",
     "positions",
 ]
@@ -100,8 +97,9 @@ class Collective:
     note: str | None = None
     """Why a collective that looks like data-parallel traffic was left as ``other`` (said in the pass record)."""
     unattributed: str | None = None
-    """An all-gather shaped like an FSDP parameter gather whose inputs the graph cannot confirm as parameters:
-    why (``overlapcfg.graph.parameters``). Left alone as ``other``, and counted as uncovered by the pass."""
+    """An all-gather shaped like an FSDP parameter gather whose inputs the graph cannot confirm as parameters, or a
+    reduce-scatter on an FSDP group whose result neither feeds compute nor ends as a gradient the way overlapcfg
+    recognizes one: why. Left alone as ``other``, and counted as uncovered by the pass."""
 
     @property
     def fsdp(self) -> bool:
@@ -252,8 +250,8 @@ def find_collectives(
                               _params(owner_node, owner_kind, inputs) if fsdp else (), partner))
     index = positions(graph)
     out.sort(key=lambda c: index[c.start])
-    out = _undecided_gathers(out, inputs)
     out = no_hsdp_on_activation_groups(out)
+    out = _undecided(out, inputs)
     out = one_owner_per_shared_gradient(out)
     owner_of = {c.start: c.module_fqn for c in out if c.role == "fsdp_reduce_scatter"}
     return [dataclasses.replace(c, module_fqn=owner_of.get(c.partner, c.module_fqn))
@@ -279,6 +277,15 @@ def _computes_from(waits: Iterable[fx.Node]) -> Iterator[bool]:
             and user.target is not compat.pre_bucket_reduce_scatter
 
 
+def _reaches_compute(waits: Iterable[fx.Node]) -> bool:
+    """Whether anything reached from ``waits`` (through anything but the output and collectives) is a matmul,
+    attention or another op with a FLOP formula."""
+    def passes(user: fx.Node) -> bool:
+        return user.op != "output" and not is_collective_start(user) and started_by(user) is None
+
+    return any(user.op == "call_function" and is_compute_node(user) for user in reached_users(waits, passes))
+
+
 def _is_backward_graph(graph: fx.Graph, direction: Direction | None) -> bool:
     """A split backward graph: forced, or every compute node tagged ``autograd_backward`` (a whole-step graph holds
     forward compute too)."""
@@ -288,16 +295,40 @@ def _is_backward_graph(graph: fx.Graph, direction: Direction | None) -> bool:
     return bool(compute) and all(node_direction(n) == "backward" for n in compute)
 
 
-def _undecided_gathers(collectives: list[Collective], inputs: InputEvidence) -> list[Collective]:
-    """All-gathers shaped like FSDP's whose inputs the graph cannot confirm as parameters, on a group that carries
-    FSDP traffic (a tensor-parallel group's activation gathers are not FSDP-shaped in this sense): left alone and
+UNRECOGNIZED_GRADIENT = (
+    "their results reach no matmul or attention, so they reduce no activation, yet they do not end as a "
+    "parameter's gradient the way overlapcfg recognizes one (returned through views and casts, summed with the "
+    "other partial gradients of the same parameter, or consumed by an optimizer update traced into the graph)")
+"""Why a reduce-scatter on an FSDP group is counted as uncovered (``_undecided``)."""
+
+
+def _undecided(collectives: list[Collective], inputs: InputEvidence) -> list[Collective]:
+    """Collectives shaped like FSDP's that the graph's evidence cannot confirm, on a group that carries FSDP traffic
+    (a tensor-parallel group's activation collectives are not FSDP-shaped in this sense): all-gathers whose inputs
+    cannot be confirmed as parameters, and reduce-scatters whose result reaches no matmul or attention (an
+    activation's would, on its way to the loss's gradient) yet does not end as a gradient (nor goes through
+    another reduce-scatter: tensor parallel's half of a 2-D reduction). Left alone and
     marked ``unattributed`` with the cause, so the pass counts them as uncovered and ``strict`` /
     ``require_full_coverage`` refuse the graph instead of silently leaving them unbucketed."""
     dp_groups = {c.group for c in collectives if c.fsdp}
+    # Reduce-scatters: only on groups that carry FSDP's own traffic and no activations (a tensor-parallel group with
+    # sequence parallel reduce-scatters activation gradients whose path to compute can pass through its gathers).
+    activation_groups = {c.group for c in collectives if c.role == "other" and _reaches_compute(c.waits)}
+    gradient_groups = {c.group for c in collectives if c.role in ("fsdp_all_gather", "fsdp_reduce_scatter")}
     reason = inputs.undecided_reason()
-    return [dataclasses.replace(c, unattributed=reason)
-            if c.kind == "all_gather" and not c.fsdp and c.group in dp_groups
-            and _gather_verdict(c.start, inputs) == "undecided" else c for c in collectives]
+
+    def undecided(c: Collective) -> str | None:
+        if c.fsdp or c.group not in dp_groups:
+            return None
+        if c.kind == "all_gather" and _gather_verdict(c.start, inputs) == "undecided":
+            return reason
+        if c.kind == "reduce_scatter" and c.group in gradient_groups and c.group not in activation_groups \
+                and not _reaches_compute(c.waits) and not reduced_again(c.waits):
+            return UNRECOGNIZED_GRADIENT
+        return None
+
+    return [dataclasses.replace(c, unattributed=why) if (why := undecided(c)) is not None else c
+            for c in collectives]
 
 
 def no_hsdp_on_activation_groups(collectives: list[Collective]) -> list[Collective]:
@@ -325,13 +356,7 @@ def one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collect
     reduce-scatter backward issues last (graph order). That is also the owner the aot descriptors name (dynamo
     names a parameter by its first access), so a graph with descriptors (``overlapcfg.backend``) and one without
     (``apply`` on a captured graph) bucket a shared gradient in the same bucket, whatever the number of uses."""
-    sums: dict[fx.Node, list[int]] = {}
-    for i, c in enumerate(collectives):
-        if c.kind == "reduce_scatter" and c.fsdp and len(c.waits) == 1:
-            root = partial_sum_root(c.waits[0])
-            if root is not None:
-                sums.setdefault(root, []).append(i)
-    for members in sums.values():
+    for members in _partial_sums(collectives):
         first_user = collectives[members[-1]].module_fqn  # graph order: the last issued
         if len(members) > 1 and first_user is not None:
             for i in members:
@@ -339,27 +364,21 @@ def one_owner_per_shared_gradient(collectives: list[Collective]) -> list[Collect
     return collectives
 
 
-def count_collectives(collectives: Iterable[Collective]) -> CollectiveCounts:
-    counts: Counter[tuple[str, str]] = Counter()
-    other = 0
-    for c in collectives:
-        if c.fsdp:
-            counts[(c.direction, c.kind)] += 1
-        else:
-            other += 1
-    return CollectiveCounts(fsdp=tuple((d, k, n) for (d, k), n in sorted(counts.items())), other=other)
+def _partial_sums(collectives: list[Collective]) -> list[list[int]]:
+    """Indices of the FSDP reduce-scatters summed into one gradient (``partial_sum_root``), one list per gradient,
+    each in the order of ``collectives``."""
+    sums: dict[fx.Node, list[int]] = {}
+    for i, c in enumerate(collectives):
+        if c.kind == "reduce_scatter" and c.fsdp and len(c.waits) == 1:
+            root = partial_sum_root(c.waits[0])
+            if root is not None:
+                sums.setdefault(root, []).append(i)
+    return list(sums.values())
 
 
-def group_traffic(before: Iterable[Collective], after: Iterable[Collective]) -> tuple[GroupTraffic, ...]:
-    """Per (group, role), sorted by group then role: counts before and after, bytes (before; merging keeps them)."""
-    rows: dict[tuple[str, str], list[int]] = {}
-    sizes: dict[str, int | None] = {}
-    for which, collectives in ((0, before), (1, after)):
-        for c in collectives:
-            slot = rows.setdefault((c.group, c.role), [0, 0, 0])
-            slot[which] += 1
-            if which == 0:
-                slot[2] += c.unsharded_bytes
-            sizes[c.group] = sizes.get(c.group) or c.group_size
-    return tuple(GroupTraffic(group=g, size=sizes.get(g), role=r, before=v[0], after=v[1], unsharded_bytes=v[2])
-                 for (g, r), v in sorted(rows.items()))
+def partial_gradients(collectives: Iterable[Collective]) -> list[tuple[Collective, ...]]:
+    """The FSDP reduce-scatters of one gradient summed from several partials (a parameter shared by several
+    modules, or a module run several times a step: a chunked loss's head), per gradient, in graph order. Bucketed,
+    the partials are merged into their bucket's reduce-scatter, so all of them stay alive until it is issued."""
+    found = list(collectives)
+    return [tuple(found[i] for i in members) for members in _partial_sums(found) if len(members) > 1]

@@ -7,8 +7,10 @@ activation's reduction (tensor or sequence parallel) instead feeds more compute 
 
 A parameter used by several modules (T5 and BART share one embedding between encoder, decoder and the tied head;
 tied embeddings) gets one partial gradient per use, each reduce-scattered, summed before it ends:
-``add(add(rs_a, rs_b), rs_c)``. Every partial is FSDP's, and all belong to one module (``one_owner_per_shared_
-gradient`` in ``overlapcfg.graph.collectives``).
+``add(add(rs_a, rs_b), rs_c)``. So does a module called several times in one step: torchtitan's chunked loss runs
+``lm_head`` once per sequence chunk, and a whole-step trace of it reduce-scatters the weight's gradient once per
+chunk and accumulates the partials in place, ``add_(add_(rs_0, rs_1), rs_2) ...``. Every partial is FSDP's, and
+all belong to one module (``one_owner_per_shared_gradient`` in ``overlapcfg.graph.collectives``).
 
 Node-level structure over the op vocabulary (``overlapcfg.graph.ops``); ``overlapcfg.graph.collectives`` builds the
 roles of whole collectives on it.
@@ -42,6 +44,9 @@ __all__ = [
 ]
 
 _CHAIN_LIMIT = 16
+_SUM_OPS = frozenset({"aten.add", "aten.add_"})
+"""A sum of partial gradients: out of place (uses of a shared parameter), or accumulated in place into the first
+partial's buffer (a module called once per chunk). ``alpha`` other than 1 scales: not a plain sum."""
 
 
 def _is_unary(node: fx.Node) -> bool:
@@ -94,27 +99,37 @@ def ends_as_gradient(node: fx.Node) -> bool:
     return flows_to_outputs(node) or _updates_state(node)
 
 
+def _is_sum(node: fx.Node) -> bool:
+    """``add`` / ``add_`` of two nodes, unscaled."""
+    alpha = node.kwargs.get("alpha", 1)
+    return bool(compat.op_name(node.target) in _SUM_OPS and len(node.args) == 2 and alpha == 1 and
+                all(isinstance(a, fx.Node) for a in node.args))
+
+
 def partial_sum_root(wait: fx.Node) -> fx.Node | None:
-    """If ``wait`` (a collective's wait) is summed with other collective waits in a tree of ``add`` ops (and with
-    nothing else), the root of that tree; else None. ``add(add(w_a, w_b), w_c)`` -> the outer add, for each w."""
+    """If ``wait`` (a collective's wait) is summed with other collective waits in a tree of ``add`` / ``add_`` ops
+    (and with nothing else), the root of that tree; else None. ``add(add(w_a, w_b), w_c)`` -> the outer add, for
+    each w; the same for ``add_(add_(w_0, w_1), w_2)``. Every node on the way has one user, so no one else reads a
+    buffer an ``add_`` overwrites."""
     if len(wait.users) != 1:
         return None
     cur, root = wait, None
-    for _ in range(_CHAIN_LIMIT):
+    for _ in range(_CHAIN_LIMIT * 4):  # an in-place accumulation is a chain as long as the module's calls
         if len(cur.users) != 1:
             break
         user = next(iter(cur.users))
-        if compat.op_name(user.target) != "aten.add" or not all(
-                started_by(i) is not None or _is_partial_sum(i) for i in user.all_input_nodes):
+        if not _is_sum(user) or not all(started_by(i) is not None or _is_partial_sum(i)
+                                        for i in user.all_input_nodes):
             break
         cur = root = user
     return root
 
 
 def _is_partial_sum(node: fx.Node) -> bool:
-    """An ``add`` whose inputs are all collective waits or such adds (the inner nodes of a partial-sum tree)."""
-    for _ in range(_CHAIN_LIMIT):
-        if compat.op_name(node.target) != "aten.add":
+    """An ``add`` / ``add_`` whose inputs are all collective waits or such sums (the inner nodes of a partial-sum
+    tree)."""
+    for _ in range(_CHAIN_LIMIT * 4):
+        if not _is_sum(node):
             return False
         inner = [i for i in node.all_input_nodes if started_by(i) is None]
         if not inner:

@@ -18,7 +18,7 @@ After::
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -101,10 +101,13 @@ def _groups(covered: Sequence[tuple[int, Collective]], plan: ResolvedPlan,
 
 
 def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]], plan: ResolvedPlan,
-                  mode: BucketMode, *, fresh_fake_values: bool = False) -> list[MergedCollective]:
+                  mode: BucketMode, *, fresh_fake_values: bool = False,
+                  unmerged: Collection[str] = ()) -> list[MergedCollective]:
     """Merge each group in place; returns the merged collectives in graph order of their starts.
 
     ``fresh_fake_values``: give every merged node its own fake tensor (see ``overlapcfg.graph.stamp``).
+    ``unmerged``: kinds left as traced (``OverlapPolicy.unmerged``): each of their collectives is returned as a
+    merged collective of one, marked with its bucket for the scheduler, with no node added or removed.
     """
     graph = gm.graph
     merged: list[MergedCollective] = []
@@ -115,7 +118,10 @@ def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]],
         # its halves are merged, and merging the all-reduces last inserts them where both orders end up valid.
         groups = sorted(_groups(covered, plan, mode).items(), key=lambda item: item[0][2] == "all_reduce")
         for (index, direction, kind, _), group in groups:
-            merged.append(_merge_group(graph, original, index, direction, kind, group, mode, fresh_fake_values))
+            if kind in unmerged:
+                merged += [_as_is(index, direction, kind, c) for c in group]
+            else:
+                merged.append(_merge_group(graph, original, index, direction, kind, group, mode, fresh_fake_values))
     logger.debug("merged %d groups with %d distinct merge traces", len(merged), len(cache))
     index_of = positions(graph)
     merged.sort(key=lambda m: index_of[m.start])
@@ -141,6 +147,18 @@ def fold_repeated_waits(graph: fx.Graph, c: Collective) -> int:
         wait.replace_all_uses_with(first)
         graph.erase_node(wait)
     return len(rest)
+
+
+def _as_is(bucket: int, direction: Direction, kind: CollectiveKind, c: Collective) -> MergedCollective:
+    """``c`` left as traced, marked as its bucket's (the scheduler moves it with the bucket)."""
+    waits = tuple(w for w in c.waits if w.graph is c.start.graph and started_by(w) is c.start)
+    if not waits:
+        raise AssertionError(f"overlapcfg merge: collective {c.start.name} has no wait in the graph")
+    sources = (c.start.name,)
+    mark_merged(c.start, MergedMark(bucket, kind, direction, "start", sources))
+    for wait in waits:
+        mark_merged(wait, MergedMark(bucket, kind, direction, "wait", sources))
+    return MergedCollective(bucket, direction, kind, c.start, waits, c.group, sources, c.unsharded_bytes)
 
 
 def _merge_group(graph: fx.Graph, original: dict[fx.Node, int], bucket: int, direction: Direction,

@@ -21,7 +21,7 @@ models, what a collective kind is), made over fx nodes; the private torch pieces
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeAlias
 
 import torch
@@ -246,7 +246,7 @@ def effects(target: object, op: str = "call_function") -> Effects:
     return found
 
 
-def argument(args: Sequence[object], kwargs: dict[str, object], ref: compat.ArgumentRef) -> object:
+def argument(args: Sequence[object], kwargs: Mapping[str, object], ref: compat.ArgumentRef) -> object:
     """The value passed for schema argument ``ref``: by keyword if given so, else by position (None: not given)."""
     position, name = ref
     return kwargs[name] if name in kwargs else args[position] if position < len(args) else None
@@ -257,9 +257,18 @@ def written_inputs(node: fx.Node) -> tuple[fx.Node, ...]:
     ``self``, ``_foreach_mul_``'s list, an ``out=`` buffer. Empty for calls that write nothing (``getitem``)."""
     if node.op not in ("call_function", "call_method"):
         return ()
-    target, args, kwargs = compat.unwrapped_call(node)
+    args: Sequence[object]
+    kwargs: Mapping[str, object]
+    if node.target is not _CONTROL_DEPS:  # the common case, without unwrapping: most ops write nothing
+        refs = effects(node.target, node.op)[0]
+        if not refs:
+            return ()
+        args, kwargs = node.args, node.kwargs
+    else:
+        target, args, kwargs = compat.unwrapped_call(node)
+        refs = effects(target, node.op)[0]
     written: list[fx.Node] = []
-    for ref in effects(target, node.op)[0]:
+    for ref in refs:
         value = argument(args, kwargs, ref)
         written.extend(v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, fx.Node))
     return tuple(written)

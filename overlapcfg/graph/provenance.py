@@ -102,9 +102,11 @@ def step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str
             return None
         return _make(size, dtype, ((("uninit", node.name), 0, math.prod(size) * dtype.itemsize),))
     if target is compat.pre_bucket_all_gather:
-        if not _all_values(x) or len(args) < 5:
+        bound = compat.pre_bucket_all_gather_arguments(args, kwargs)  # by name: positions differ between releases
+        if not _all_values(x) or any(k not in bound for k in ("group_size", "dtype", "out_dtype_ints", "rank")):
             return None
-        return _pre_bucket_all_gather(node, x, args, _arg(args, kwargs, 5, "foreach_group_indices"))
+        return _pre_bucket_all_gather(node, x, bound["group_size"], bound["dtype"], bound["out_dtype_ints"],
+                                      bound["rank"], bound.get("foreach_group_indices"))
     if target is compat.pre_bucket_reduce_scatter:
         return _pre_bucket_reduce_scatter(x, args[1]) if _all_values(x) else None
     if target is compat.REDUCE_SCATTER_TENSOR_COALESCED:

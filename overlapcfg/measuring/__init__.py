@@ -6,8 +6,9 @@ model's shapes and writes a hardware profile (``overlapcfg.cost.hardware``) the 
 ``measure(make_step, configs, hardware=...)`` (``run``) runs a training step under each config on real ranks and
 returns a ``Measurement`` (``result``): per config the predicted and measured step, exposed communication and
 collectives, and the per-node durations (``NodeCosts``) that the simulator and the tuner can use instead of the
-roofline. Underneath: ``clock`` (host clock on CPU, CUDA events on GPU), ``fit`` (least squares in the cost
-model's terms), ``collectives`` and ``kernels`` (what calibration times), ``runner`` (the timed compiler),
+roofline. Underneath: ``clock`` (host clock on CPU, CUDA events on GPU), ``device`` (the device's cache and
+datasheet, and the base profile of its kind), ``fit`` (least squares in the cost model's terms), ``collectives``,
+``kernels`` and ``contention`` (what calibration times), ``runner`` (the timed compiler),
 ``trace`` (reading ``torch.profiler``), ``render`` (tables). Sits beside ``tuning``, above ``cost``, whose
 simulator it checks; the demo's ``mode=calibrate`` and ``mode=measure`` use it.
 """

@@ -5,16 +5,23 @@ Run on every rank of an initialized default process group (``torchrun``), in thi
 1. collectives (``overlapcfg.measuring.collectives``): each given group (the FSDP group; HSDP's replicate and the
    tensor-parallel group of a mesh) times all-gather, reduce-scatter and all-reduce over log-spaced sizes within
    its share of the budget; fits per kind of link (inside a host or across hosts) and kind;
-2. kernels (``overlapcfg.measuring.kernels``): an elementwise kernel over log-spaced sizes (memory bandwidth; the
-   per-kernel overhead is recorded), then the step's matmul shapes in its dtype (the achieved FLOP/s at the
-   model's mix);
-3. rank 0 builds the profile from the slowest rank's timings and broadcasts it: every rank returns the same
+2. kernels (``overlapcfg.measuring.kernels``): an elementwise kernel over log-spaced sizes up to well beyond the
+   last-level cache (memory bandwidth; the per-kernel overhead is recorded), then the step's matmul shapes in fp32
+   and in bf16 (the achieved FLOP/s at the model's mix, each dtype measured);
+3. contention (``overlapcfg.measuring.contention``): per group, how much the step's compute slows with an
+   all-gather in flight and the all-gather with compute running;
+4. rank 0 builds the profile from the slowest rank's timings and broadcasts it: every rank returns the same
    numbers, and rank 0 alone writes the YAML (``hardware_home()/<name>.yaml`` unless told otherwise).
 
-What is not measured comes from ``base`` (a datasheet profile) and is named in ``calibration.notes``: the
-inter-node links when every group stayed inside one host, the other dtype's peak (scaled by the base's ratio).
-On CUDA (NCCL) the same code times with CUDA events on the compute stream; issuing a collective costs the compute
-stream nothing there, so no issue time is fitted.
+Every figure is checked before it is written (``calibration.rough_fits``, logged as a warning and shown by
+``mode=measure``): a fit whose residual is above ``ROUGH_FIT`` (the kernel or link is not what the model's formula
+says, or the machine was busy), and a figure above the device's datasheet (``overlapcfg.measuring.device``: a
+cache or a timing error; the datasheet figure is kept instead).
+
+What is not measured comes from ``base``, a datasheet profile of the device's own kind (on CUDA by default the
+shipped GPU profile closest to the device, never the CPU one), and is named in ``calibration.notes``: the
+inter-node links when every group stayed inside one host. On CUDA (NCCL) the same code times with CUDA events on
+the compute stream; issuing a collective costs the compute stream nothing there, so no issue time is fitted.
 """
 
 from __future__ import annotations
@@ -34,8 +41,23 @@ import torch.distributed as dist
 from torch import fx
 
 from overlapcfg._version import __version__
-from overlapcfg.cost.calibration import Calibration, CollectiveFits, KernelSamples
-from overlapcfg.cost.hardware import HardwareProfile, PeakFlops, hardware_from, load_hardware, save_hardware
+from overlapcfg.cost.calibration import (
+    ROUGH_FIT,
+    Calibration,
+    CollectiveFits,
+    Contention,
+    ContentionSamples,
+    KernelSamples,
+    LinkContention,
+)
+from overlapcfg.cost.hardware import (
+    HardwareProfile,
+    PeakFlops,
+    hardware_from,
+    load_hardware,
+    save_hardware,
+    shipped_hardware_names,
+)
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.collectives import (
@@ -46,7 +68,11 @@ from overlapcfg.measuring.collectives import (
     log_sizes,
     time_group,
 )
+from overlapcfg.measuring.contention import ContentionTimings, contention_fit, time_contention
+from overlapcfg.measuring.device import DeviceFacts, device_facts
 from overlapcfg.measuring.kernels import (
+    MATMUL_DTYPES,
+    MEMORY_CAP,
     MatmulMix,
     MatmulShape,
     chosen_shapes,
@@ -60,14 +86,11 @@ from overlapcfg.measuring.kernels import (
 )
 from overlapcfg.passes.backend import CapturedStep
 
-__all__ = ["CalibrationProgress", "calibrate", "profile_header"]
+__all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header"]
 
 log = logging.getLogger(__name__)
 
 MIN_BYTES = 4096
-ROUGH_FIT = 0.25
-"""A collective or memory fit whose residual is above this is called out in the profile's notes (and logged). Not
-the matmul rate: one rate for every shape is off small shapes by design; its residual says by how much."""
 COLLECTIVE_SHARE = 0.75
 """Of the budget, what the collectives get (the kernels take the rest, and at least their few sizes)."""
 
@@ -77,7 +100,7 @@ class CalibrationProgress:
     """Where a calibration stands, for a progress display."""
 
     phase: str
-    """``dp_shard all_gather``, ``memory``, ``matmuls``, ``done``."""
+    """``dp_shard all_gather``, ``memory``, ``matmuls``, ``contention``, ``done``."""
     done: int
     total: int
     """Timings planned (sizes cut short by the budget are counted as done)."""
@@ -90,22 +113,24 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
               dtype: torch.dtype | None = None, device: torch.device | str | None = None,
               save: bool | Path = True, progress: Callable[[CalibrationProgress], None] | None = None,
               ) -> HardwareProfile:
-    """Measure collectives on ``groups`` (``{name: group}``; default the whole world as ``world``) and kernels at
-    ``step``'s matmul shapes and dtype (a ``CapturedStep``, its graphs, or their ``matmul_mix``); return the
-    calibrated profile, the same on every rank.
+    """Measure collectives on ``groups`` (``{name: group}``; default the whole world as ``world``), kernels at
+    ``step``'s matmul shapes (a ``CapturedStep``, its graphs, or their ``matmul_mix``) in fp32 and bf16, and the
+    contention between the two; return the calibrated profile, the same on every rank.
 
-    ``base``: the datasheet profile unmeasured numbers come from (default ``cpu_gloo`` on CPU, ``h100_nvlink``
-    on CUDA). ``budget_s``: wall seconds to aim for (each kind times at least a few sizes whatever the budget).
-    ``max_bytes``: the largest collective (default 64 MiB on CPU, 1 GiB on CUDA). ``dtype``: of collectives and
-    matmuls (default: the step's matmuls', else float32). ``save``: rank 0 writes the YAML to
-    ``hardware_home()/<name>.yaml`` (True), to a given path, or not at all (False).
-    Every rank of the default group must call it with the same arguments.
+    ``base``: the datasheet profile unmeasured numbers come from, of the device's own kind (default: ``cpu_gloo``
+    on CPU; on CUDA the shipped GPU profile closest to the device, ``overlapcfg.measuring.device``); a CPU profile
+    for a GPU, or the other way round, is refused. ``budget_s``: wall seconds to aim for (each kind times at least a
+    few sizes whatever the budget). ``max_bytes``: the largest collective (default 64 MiB on CPU, 1 GiB on CUDA).
+    ``dtype``: of collectives and of the contention runs' compute (default: the step's matmuls', else float32).
+    ``save``: rank 0 writes the YAML to ``hardware_home()/<name>.yaml`` (True), to a given path, or not at all
+    (False). Every rank of the default group must call it with the same arguments.
     """
     if not dist.is_initialized():
         raise OverlapStateError("calibrate: no process group; run under torchrun (or init_process_group) on every rank")
     started = time.perf_counter()
     clock = Clock(device if device is not None else default_device())
-    base_hw = load_hardware(base if base is not None else ("h100_nvlink" if clock.cuda else "cpu_gloo"))
+    facts = device_facts(clock)
+    base_hw = base_profile(base, facts)
     if isinstance(step, MatmulMix):
         mix = step
     else:
@@ -119,9 +144,10 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     live = {n: g for n, g in (groups or {"world": world}).items() if dist.get_world_size(g) > 1}
     crosses = group_hosts(live, hosts)
     sizes = log_sizes(MIN_BYTES, max_bytes, per_octave=2)
-    mem_sizes = memory_sizes(min(max_bytes, 2**28))
+    mem_sizes = memory_sizes(facts.cache_bytes, MEMORY_CAP[facts.kind])
     chosen = chosen_shapes(shapes)
-    ticker = _Ticker(progress, started, len(live) * len(KINDS) * len(sizes) + len(mem_sizes) + len(chosen))
+    planned = len(live) * (len(KINDS) * len(sizes) + 1) + len(mem_sizes) + len(chosen) * len(MATMUL_DTYPES)
+    ticker = _Ticker(progress, started, planned)
 
     timings = []
     for group_name, group in live.items():
@@ -129,14 +155,25 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
                                   inter_node=crosses[group_name], budget_s=COLLECTIVE_SHARE * budget_s / len(live),
                                   progress=ticker.size(sizes)))
     memory = _slowest(time_memory(mem_sizes, clock, progress=ticker.one), clock)
-    matmuls = _slowest(time_matmuls(chosen, dtype, clock, progress=ticker.one), clock)
+    matmuls = {dt: _slowest(time_matmuls(chosen, dt, clock, progress=ticker.one), clock) for dt in MATMUL_DTYPES}
+    fits = fit_collectives(timings, measured_issue=not clock.cuda)[0] if timings else None
+    contended = []
+    for group_name, group in live.items():
+        link = (fits.inter_node if crosses[group_name] else fits.intra_node) if fits is not None else None
+        mine = time_contention(group_name, group, inter_node=crosses[group_name],
+                               fit=link.all_gather if link is not None else None, shape=chosen[0], dtype=dtype,
+                               clock=clock, max_bytes=max_bytes)
+        every: list[ContentionTimings | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        contended.append([t for t in every if t is not None])
+        ticker.one("contention", 0)
     ticker("done", final=True)
 
     box: list[object] = [None]
     if dist.get_rank() == 0:
         try:
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
-                                                     hosts), clock, budget_s, started)
+                                                     hosts, contended, mix.memory), clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
     dist.broadcast_object_list(box, src=0)
@@ -150,6 +187,21 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     return result
 
 
+def base_profile(base: HardwareProfile | str | None, facts: DeviceFacts, *,
+                 root: str = "calibrate.base") -> HardwareProfile:
+    """The datasheet profile unmeasured numbers come from: ``base``, or the device's own (``DeviceFacts.base``); one
+    of another kind of device is refused (a CPU profile's 50 us latency and 5 GB/s links on a GPU, say)."""
+    profile = load_hardware(base if base is not None else facts.base)
+    if profile.device_kind != facts.kind:
+        same = [n for n in shipped_hardware_names() if load_hardware(n).device_kind == facts.kind]
+        raise OverlapConfigError.single(
+            root, f"{profile.name!r} is a {profile.device_kind.upper()} profile, but calibration runs on a "
+                  f"{facts.kind.upper()} ({facts.name}): its numbers would stand in for what is not measured here; "
+                  f"choose a {facts.kind.upper()} profile ({', '.join(same)}) or leave the base unset "
+                  f"({facts.base} for this device)")
+    return profile
+
+
 @dataclass(frozen=True, slots=True)
 class _Measured:
     """Every rank's timings, reduced to the slowest rank's (what rank 0 fits)."""
@@ -159,23 +211,29 @@ class _Measured:
     memory: Sequence[float]
     shapes: Counter[MatmulShape]
     chosen: Sequence[MatmulShape]
-    matmuls: Sequence[float]
+    matmuls: Mapping[torch.dtype, Sequence[float]]
     dtype: torch.dtype
     hosts: Sequence[str]
+    contention: Sequence[Sequence[ContentionTimings]]
+    kernels: Counter[int]
+    """The step's memory-bound kernel sizes (``MatmulMix.memory``)."""
+    """Per group, every rank's runs."""
 
 
-def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, budget_s: float,
+def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: DeviceFacts, budget_s: float,
            started: float) -> dict[str, object]:
     """Rank 0: fit everything and assemble the profile (JSON form, for the broadcast)."""
     fits, samples = fit_collectives(m.collectives, measured_issue=not clock.cuda) if m.collectives else (None, ())
-    mem = memory_samples(m.memory_sizes, m.memory)
-    mm = matmul_samples(m.shapes, m.chosen, m.matmuls, m.dtype)
+    mem = memory_samples(m.memory_sizes, m.memory, facts.cache_bytes, m.kernels)
+    mms = {dt: matmul_samples(m.shapes, m.chosen, seconds, dt) for dt, seconds in m.matmuls.items()}
+    contention = [contention_fit(runs) for runs in m.contention]
     record = Calibration(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         torch_version=torch.__version__, overlapcfg_version=__version__, backend=str(dist.get_backend()),
         device=clock.describe(), world_size=dist.get_world_size(), hosts=len(set(m.hosts)), base=base.name,
-        budget_seconds=budget_s, seconds=time.perf_counter() - started, groups=samples, kernels=(mem, mm))
-    built = _profile(name, base, fits, mem, mm, m.dtype, clock, m.hosts, record)
+        budget_seconds=budget_s, seconds=time.perf_counter() - started, groups=samples,
+        kernels=(mem, *mms.values()), contention=tuple(c[1] for c in contention))
+    built = _profile(name, base, fits, mem, mms, contention, facts, clock, m.hosts, record)
     return built.model_dump(mode="json", exclude_none=True)
 
 
@@ -217,30 +275,60 @@ class _Ticker:
         return tick
 
 
-def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem: KernelSamples, mm: KernelSamples,
-             dtype: torch.dtype, clock: Clock, hosts: Sequence[str], record: Calibration) -> HardwareProfile:
-    notes = []
-    low = dtype in (torch.bfloat16, torch.float16)
-    ratio = base.peak_flops.bf16 / base.peak_flops.fp32
-    peak = PeakFlops(bf16=mm.rate, fp32=mm.rate / ratio) if low else PeakFlops(bf16=mm.rate * ratio, fp32=mm.rate)
-    other = "fp32" if low else "bf16"
-    notes.append(f"peak_flops.{other}: not measured; the measured rate scaled by {base.name}'s bf16/fp32 ratio "
-                 f"({ratio:.1f})")
+def _capped(what: str, measured: float, ceiling: float | None, unit: float, rough: list[str], notes: list[str],
+            facts: DeviceFacts) -> float:
+    """``measured``, or the datasheet ``ceiling`` where the measurement is above it (said in ``rough`` and
+    ``notes``: a cache or a timing error, never the device)."""
+    if ceiling is None or measured <= ceiling:
+        return measured
+    rough.append(f"{what} {measured / unit:.3g} above the datasheet {ceiling / unit:.3g}")
+    notes.append(f"{what}: measured {measured / unit:.3g}, above {facts.name}'s datasheet {ceiling / unit:.3g} "
+                 f"({facts.source}): a cache or a timing error, not the device; the datasheet figure is kept")
+    return ceiling
+
+
+def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem: KernelSamples,
+             mms: Mapping[torch.dtype, KernelSamples], contention: Sequence[tuple[Contention, ContentionSamples]],
+             facts: DeviceFacts, clock: Clock, hosts: Sequence[str], record: Calibration) -> HardwareProfile:
+    notes: list[str] = []
     rough = [f"{k.kind} on {g.name} {100 * k.residual:.0f}%" for g in record.groups for k in g.collectives
              if k.residual > ROUGH_FIT]
-    rough += [f"memory kernel {100 * mem.residual:.0f}%"] if mem.residual > ROUGH_FIT else []
+    rough += [f"{k.what.split(' (')[0].replace('memory', 'memory kernel')} {100 * k.residual:.0f}%"
+              for k in (mem, *mms.values()) if k.residual > ROUGH_FIT]
+    rough += [f"contention on {c.group} {100 * c.residual:.0f}%" for _, c in contention if c.residual > ROUGH_FIT]
     if rough:
-        note = (f"fits far from their own timings (RMS relative error): {', '.join(rough)}; a busy machine or a "
-                "link that is not linear in size. Predictions inherit it: rerun on an idle machine, with a larger "
-                "calibrate.budget_s, and check with mode=measure")
-        log.warning("calibrate: %s", note)
-        notes.append(note)
+        notes.append(f"fits far from their own timings (RMS relative error): {', '.join(rough)}; a busy machine, "
+                     "or a kernel or link the formula does not describe (one matmul rate for shapes of very "
+                     "different efficiency). Predictions inherit it: rerun on an idle machine, with a larger "
+                     "calibrate.budget_s, and check with mode=measure")
+    if "may time the cache" in mem.what:
+        notes.append(f"mem_bandwidth: the largest buffers timed are within 2x the {facts.cache_bytes / 2**20:.0f} "
+                     "MiB last-level cache (capped to spare memory): the memory's own bandwidth may be the cache's")
+    if "at the step's" in mem.what:
+        notes.append("mem_bandwidth: the rate at the step's own memory-bound kernel sizes, as the matmul rates are "
+                     "at its matmuls (kernels that fit in the cache run at the cache's speed); the memory's own "
+                     f"bandwidth is in the kernel record: {mem.what}")
+    mem_bw = _capped("mem_bandwidth (GB/s)", mem.rate, facts.mem_bandwidth, 1e9, rough, notes, facts)
+    rates = {dt: _capped(f"matmul {str(dt).removeprefix('torch.')} (TFLOP/s)", k.rate, facts.peak_for(dt), 1e12,
+                         rough, notes, facts) for dt, k in mms.items()}
+    peak = PeakFlops(bf16=rates[torch.bfloat16], fp32=rates[torch.float32])
+    if rough:
+        log.warning("calibrate: %s", "; ".join(rough))
     intra = fits.intra_node if fits is not None else None
     inter = fits.inter_node if fits is not None else None
     if intra is None or intra.all_gather is None:
         notes.append(f"intra-node links: not measured (no group inside one host); {base.name}'s datasheet numbers")
     if inter is None or inter.all_gather is None:
         notes.append(f"inter-node links: not measured (no group crossed hosts); {base.name}'s datasheet numbers")
+    links: dict[bool, Contention] = {}
+    for fitted, samples in contention:  # several groups on one kind of link: the largest slowdowns
+        have = links.get(samples.inter_node)
+        links[samples.inter_node] = fitted if have is None else Contention(
+            compute_slowdown=max(have.compute_slowdown, fitted.compute_slowdown),
+            comm_slowdown=max(have.comm_slowdown, fitted.comm_slowdown))
+    if not contention:
+        notes.append("contention: not measured (no group of two or more ranks); compute and communication are "
+                     "priced as if each ran alone")
     per_host = max(hosts.count(h) for h in set(hosts))
     gpus = torch.cuda.device_count() if clock.cuda else max(per_host, base.gpus_per_node)
     if not clock.cuda:
@@ -254,12 +342,13 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
             description=f"calibrated on {record.device}, {record.backend} x {record.world_size} "
                         f"({record.hosts} host{'s' if record.hosts > 1 else ''}), {record.date[:10]}; "
                         f"unmeasured numbers from {base.name}",
-            peak_flops=peak, mem_bandwidth=mem.rate,
+            device_kind=facts.kind, peak_flops=peak, mem_bandwidth=mem_bw,
             intra_node_bandwidth=intra_ag.bandwidth if intra_ag else base.intra_node_bandwidth,
             inter_node_bandwidth=inter_ag.bandwidth if inter_ag else base.inter_node_bandwidth,
             latency=gather.latency if (gather := intra_ag or inter_ag) else base.latency,
             gpus_per_node=gpus, compute_efficiency=1.0, comm_efficiency=1.0, collectives=fits,
-            calibration=record.model_copy(update={"notes": tuple(notes)}))
+            contention=LinkContention(intra_node=links.get(False), inter_node=links.get(True)) if links else None,
+            calibration=record.model_copy(update={"notes": tuple(notes), "rough_fits": tuple(rough)}))
     except ValueError as err:  # pydantic: a fitted number out of range
         raise OverlapConfigError.single("calibrate", f"the calibrated profile is invalid: {err}") from None
 
@@ -272,5 +361,6 @@ def profile_header(profile: HardwareProfile) -> str:
             f"{cal.device}, {cal.backend} x {cal.world_size}, {cal.seconds:.0f} s.\n"
             "collectives: per link and kind, the ring model's latency (per step) and bus bandwidth fitted by least "
             "squares\nto the timings under calibration.groups (residual: RMS relative error). mem_bandwidth: a + b "
-            "over sizes;\npeak_flops: the achieved rate at the model's matmuls. Read by overlapcfg hardware=<name> "
-            "/ load_hardware.")
+            "over sizes beyond the cache;\npeak_flops: the achieved rate at the model's matmuls, per dtype. "
+            "contention: how much compute and\ncollectives slow each other while they overlap. "
+            "calibration.rough_fits: what to distrust. Read by overlapcfg\nhardware=<name> / load_hardware.")

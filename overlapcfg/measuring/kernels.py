@@ -3,38 +3,59 @@
 The roofline (``overlapcfg.cost.price.compute_seconds``) charges a kernel ``max(FLOPs / peak, bytes /
 bandwidth)``. Calibration measures each term where it applies:
 
-- ``mem_bandwidth``: ``out = a + b`` over log-spaced sizes, back to back, fitted as ``overhead + bytes /
-  bandwidth`` (bytes read and written, as the roofline counts them); the overhead (what a tiny kernel costs) is
-  recorded, not priced: the roofline has no per-kernel constant (see ``compute_seconds``);
-- the matmul rate: every distinct matmul shape of the step's graphs (``mm``, ``addmm``, ``bmm``, ``baddbmm``, read
-  from their fake tensors) in the step's dtype, timed back to back; the rate is their FLOPs over their time, each
-  shape weighted by how often the step runs it, so the roofline reproduces the model's matmul time as a whole.
-  Without a step, a few square shapes stand in.
+- ``mem_bandwidth``: ``out = a + b`` over log-spaced sizes up to well beyond the last-level cache, back to back
+  (bytes read and written, as the roofline counts them). Through the sizes at least ``BEYOND_CACHE`` times the
+  cache (``overlapcfg.measuring.device``) a line ``overhead + bytes / bandwidth`` gives the memory's own bandwidth;
+  a fit through every size, which is what the profile held before, is the cache's (8.8 TB/s on an H200 whose HBM
+  does 4.8). The profile's figure is the rate at the step's own memory-bound kernels, as the matmul rate is: their
+  bytes over the time the timings give each of their sizes (interpolated; beyond the largest size, along the
+  memory's line), so a model whose kernels stay in the cache is priced at the cache's speed and one whose
+  kernels stream from memory at the memory's; without a step, the memory's bandwidth. Calibration caps the figure
+  at the device's datasheet and says so. The overhead (what a tiny kernel costs, from all sizes) is recorded, not
+  priced: the roofline has no per-kernel constant (see ``compute_seconds``);
+- the matmul rates: every distinct matmul shape of the step's graphs (``mm``, ``addmm``, ``bmm``, ``baddbmm``, read
+  from their fake tensors), timed back to back in each dtype of ``MATMUL_DTYPES`` (what a model trains in is
+  measured, not extrapolated from another dtype); a rate is their FLOPs over their time, each shape weighted by how
+  often the step runs it, so the roofline reproduces the model's matmul time as a whole. Without a step, a few
+  square shapes stand in.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.cost.calibration import KernelSamples
+from overlapcfg.cost.price import node_bytes, node_kind
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collectives import log_sizes
 from overlapcfg.measuring.fit import fit_line
 
-__all__ = ["MatmulMix", "MatmulShape", "chosen_shapes", "default_shapes", "matmul_mix", "matmul_samples",
-           "memory_samples", "memory_sizes", "time_matmuls", "time_memory"]
+__all__ = ["BEYOND_CACHE", "MATMUL_DTYPES", "MEMORY_CAP", "MatmulMix", "MatmulShape", "beyond_cache", "chosen_shapes",
+           "default_shapes", "matmul_mix", "matmul_samples", "memory_samples", "memory_sizes", "time_matmuls",
+           "time_memory"]
 
 MatmulShape = tuple[int, int, int, int]
 """``(batch, m, k, n)``: ``batch`` products of ``(m x k) @ (k x n)``."""
+
+MATMUL_DTYPES = (torch.float32, torch.bfloat16)
+"""Dtypes the matmul rate is measured in (``PeakFlops.fp32`` and ``.bf16``; fp16 is priced as bf16)."""
+BEYOND_CACHE = 4
+"""The memory bandwidth is fitted through sizes at least this many times the last-level cache."""
+MEMORY_CAP = {"cpu": 2**30, "gpu": 2**32}
+"""Largest total bytes (read + written) of the memory kernel, per device kind: a CPU's last-level cache can be
+hundreds of MiB (480 MiB here), and three buffers of a few GiB on a shared machine would be a burden."""
+MIN_BEYOND = 3
+"""Sizes the bandwidth is fitted through at least (the largest ones, where fewer lie beyond the cache)."""
 
 _MATMULS = {"aten.mm": (0, 1), "aten.addmm": (1, 2), "aten.bmm": (0, 1), "aten.baddbmm": (1, 2)}
 """Matmul ops and the argument positions of their two factors."""
@@ -44,19 +65,26 @@ MAX_SHAPES = 16
 
 @dataclass(frozen=True, slots=True)
 class MatmulMix:
-    """The matmuls a step runs: how many of each shape, in which dtype. Plain data: it travels to other processes
+    """The kernels a step runs, as calibration prices them: how many matmuls of each shape, in which dtype, and
+    how many memory-bound kernels of each size (bytes read and written). Plain data: it travels to other processes
     where the graphs it was read from cannot (``calibrate(step=mix)``)."""
 
     shapes: Counter[MatmulShape]
     dtype: torch.dtype | None
+    memory: Counter[int] = field(default_factory=Counter)
+    """Bytes read + written -> how many of the step's memory-bound kernels move that many."""
 
 
 def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
-    """How many times the graphs run each matmul shape, and their (first) dtype."""
+    """How many times the graphs run each matmul shape, their (first) dtype, and the sizes of their memory-bound
+    kernels (``overlapcfg.cost.price.node_kind``)."""
     shapes: Counter[MatmulShape] = Counter()
+    memory: Counter[int] = Counter()
     dtype = None
     for gm in graphs:
         for node in gm.graph.nodes:
+            if node.op == "call_function" and node_kind(node) == "memory":
+                memory[node_bytes(node)] += 1
             positions = _MATMULS.get(compat.op_name(node.target)) if node.op == "call_function" else None
             if positions is None:
                 continue
@@ -66,7 +94,7 @@ def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
             batch = a.shape[0] if a.dim() == 3 else 1
             shapes[(int(batch), int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1]))] += 1
             dtype = dtype or a.dtype
-    return MatmulMix(shapes, dtype)
+    return MatmulMix(shapes, dtype, memory)
 
 
 def _flops(shape: MatmulShape) -> int:
@@ -108,9 +136,11 @@ def matmul_samples(shapes: Counter[MatmulShape], chosen: Sequence[MatmulShape], 
                          seconds=tuple(seconds), rate=rate, overhead=0.0, residual=residual)
 
 
-def memory_sizes(max_bytes: int) -> list[int]:
-    """Bytes read + written by the timed ``a + b`` (fp32: 12 bytes an element), one per octave."""
-    return log_sizes(12, max_bytes, per_octave=1, multiple=12)
+def memory_sizes(cache_bytes: int, cap: int) -> list[int]:
+    """Bytes read + written by the timed ``a + b`` (fp32: 12 bytes an element), one per octave, up to
+    ``4 * BEYOND_CACHE`` times the cache (so that ``MIN_BEYOND`` sizes lie beyond it) or ``cap``, whichever is
+    smaller."""
+    return log_sizes(12, max(2**20, min(cap, 4 * BEYOND_CACHE * cache_bytes)), per_octave=1, multiple=12)
 
 
 def time_memory(sizes: Sequence[int], clock: Clock, *, progress: Callable[[str, int], None] | None = None,
@@ -126,16 +156,47 @@ def time_memory(sizes: Sequence[int], clock: Clock, *, progress: Callable[[str, 
     return seconds
 
 
-def memory_samples(sizes: Sequence[int], seconds: Sequence[float]) -> KernelSamples:
-    """``overhead + bytes / rate`` fitted through the timings."""
-    fit = fit_line(sizes, seconds)
-    overhead, per_byte = fit.coefficients
+def beyond_cache(sizes: Sequence[int], cache_bytes: int) -> list[int]:
+    """Indices of the sizes the bandwidth is fitted through: those at least ``BEYOND_CACHE`` times the cache, or
+    the ``MIN_BEYOND`` largest where fewer are."""
+    big = [i for i, n in enumerate(sizes) if n >= BEYOND_CACHE * cache_bytes]
+    return big if len(big) >= MIN_BEYOND else list(range(max(0, len(sizes) - MIN_BEYOND), len(sizes)))
+
+
+def memory_samples(sizes: Sequence[int], seconds: Sequence[float], cache_bytes: int,
+                   kernels: Counter[int] | None = None) -> KernelSamples:
+    """The rate at ``kernels`` (the step's memory-bound kernel sizes, see the module docstring), or the memory's
+    bandwidth without them: the slope of ``overhead + bytes / rate`` through the sizes beyond the cache
+    (``beyond_cache``). The overhead is the intercept of the line through every size. The residual is the memory
+    line's, or how far one rate is from each of the step's kernels' interpolated times."""
+    big = beyond_cache(sizes, cache_bytes)
+    fit = fit_line([sizes[i] for i in big], [seconds[i] for i in big])
+    per_byte = fit.coefficients[1]
     if per_byte <= 0:
         raise OverlapConfigError(f"calibrate: elementwise kernel times do not grow with size up to {max(sizes)} bytes; "
                                  "raise the largest size")
-    return KernelSamples(what="memory (a + b, float32)", shapes=tuple(f"{n} B" for n in sizes),
-                         work=tuple(float(n) for n in sizes), seconds=tuple(seconds), rate=1.0 / per_byte,
-                         overhead=overhead, residual=fit.residual)
+    overhead = fit_line(sizes, seconds).coefficients[0]
+    within = sizes[big[0]] < 2 * cache_bytes
+    where = (f"memory {1 / per_byte / 1e9:.3g} GB/s from {len(big)} sizes >= {sizes[big[0]] / 2**20:.0f} MiB" +
+             (f", within 2x the {cache_bytes / 2**20:.0f} MiB cache: may time the cache" if within else
+              f", beyond {sizes[big[0]] / cache_bytes:.0f}x the {cache_bytes / 2**20:.0f} MiB cache"))
+    rate, residual = 1.0 / per_byte, fit.residual
+    if kernels:
+        def t(nbytes: int) -> float:
+            if nbytes >= sizes[-1]:
+                return seconds[-1] + (nbytes - sizes[-1]) * per_byte
+            i = max(0, bisect.bisect_right(sizes, nbytes) - 1)
+            w = (nbytes - sizes[i]) / (sizes[i + 1] - sizes[i])
+            return seconds[i] + max(0.0, w) * (seconds[i + 1] - seconds[i])
+
+        times = {n: t(n) for n in kernels}
+        rate = sum(n * c for n, c in kernels.items()) / sum(times[n] * c for n, c in kernels.items())
+        errors = [((n / rate - times[n]) / times[n], c) for n, c in kernels.items()]
+        residual = math.sqrt(sum(e * e * c for e, c in errors) / sum(c for _, c in errors))
+        where = f"at the step's {sum(kernels.values())} memory-bound kernels; {where}"
+    return KernelSamples(what=f"memory (a + b, float32; {where})", shapes=tuple(f"{n} B" for n in sizes),
+                         work=tuple(float(n) for n in sizes), seconds=tuple(seconds), rate=rate,
+                         overhead=overhead, residual=residual)
 
 
 def default_shapes(clock: Clock) -> Counter[MatmulShape]:

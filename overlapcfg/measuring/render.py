@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from overlapcfg.cost.calibration import ROUGH_FIT
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.measuring.result import Measurement
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
@@ -52,6 +53,10 @@ def measurement_table(m: Measurement) -> Group:
     lines = [f"median |error|: {_pct(m.median_abs_error()).lstrip('+')} on {m.hardware.name}"
              + (f", {_pct(m.median_abs_error(profiled=True)).lstrip('+')} with measured node costs" if profiled
                 else "")]
+    cal = m.hardware.calibration
+    if cal is not None and cal.rough_fits:
+        lines.append(f"! {m.hardware.name} has rough fits, which every prediction on it inherits: "
+                     f"{', '.join(cal.rough_fits)}")
     first = m.configs[0]
     lines.append(f"predicted ({first.name}) priced by {cost_sources_line(first.cost_sources)}")
     if profiled:
@@ -97,10 +102,25 @@ def calibration_table(profile: HardwareProfile) -> Group:
             issue = fmt_seconds(fit.issue_latency) + (f" + n/{fit.issue_bandwidth / 1e9:.1f}GB/s"
                                                       if fit.issue_bandwidth else "")
             table.add_row(kind, link_name, fmt_seconds(fit.latency) + " /step", f"{fit.bandwidth / 1e9:.2f} GB/s",
-                          issue, f"{100 * residual:.0f}%", sizes)
+                          issue, _residual(residual), sizes)
     for k in (cal.kernels if cal else ()):
         unit = "GFLOP/s" if k.what.startswith("matmul") else "GB/s"
         table.add_row(k.what.split(" (")[0], "", fmt_seconds(k.overhead), f"{k.rate / 1e9:.1f} {unit}", "",
-                      f"{100 * k.residual:.0f}%", f"{len(k.shapes)} kernels")
+                      _residual(k.residual), f"{len(k.shapes)} kernels")
+    for c in (cal.contention if cal else ()):
+        fit = profile.contention_for(c.inter_node)
+        if fit is None:
+            continue
+        table.add_row(f"contention {escape(c.group)}", "inter" if c.inter_node else "intra",
+                      f"compute +{100 * fit.compute_slowdown:.0f}%", f"comm +{100 * fit.comm_slowdown:.0f}%", "",
+                      _residual(c.residual), f"{len(c.compute_seconds)} runs, {fmt_bytes(c.collective_bytes)}")
     notes = [Text(f"  • {n}", style="dim") for n in (cal.notes if cal else ())]
+    if cal is not None and cal.rough_fits:
+        notes.insert(0, Text(f"  ! rough: {', '.join(cal.rough_fits)}", style="bold yellow"))
     return Group(table, *notes)
+
+
+def _residual(x: float) -> str:
+    """A residual, in bold red when it makes the fit rough (``ROUGH_FIT``)."""
+    text = f"{100 * x:.0f}%"
+    return f"[bold red]{text}![/bold red]" if x > ROUGH_FIT else text

@@ -13,7 +13,8 @@ Per config, on every rank of the initialized default group:
 3. ``profiled_steps`` under ``torch.profiler``: exposed communication and each collective's duration
    (``overlapcfg.measuring.trace``);
 4. for the reference config (the first ``strategy: none`` one, else the first), two more steps with every node
-   timed: the ``NodeCosts`` the profile-guided prediction uses for every config;
+   timed: the ``NodeCosts`` the profile-guided prediction uses for every config, put on the clock of the
+   reference's timed steps (``on_timed_clock``);
 5. the prediction: ``simulate`` of the graphs this rank compiled, on ``hardware``; and again with the node costs.
 
 The slowest rank's graph time counts for each step (a step waits for its slowest rank); rank 0 assembles the
@@ -150,6 +151,7 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
         costs = merge_node_seconds([r.nodes for r in measured[reference]],
                                    f"{reference} on {dist.get_backend()} x {dist.get_world_size()}, median of "
                                    f"{NODE_RUNS} node-timed steps")
+        costs = on_timed_clock(costs, measured[reference])
     box: list[Any] = [None]
     if dist.get_rank() == 0:  # rank 0's graphs and prediction; every rank returns the same numbers
         try:
@@ -168,6 +170,24 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
     if progress is not None:
         progress(MeasureProgress("", len(loaded), len(loaded), "done", time.perf_counter() - started))
     return Measurement.from_json(box[0]).attach(costs)
+
+
+def on_timed_clock(costs: NodeCosts, ranks: Sequence[_RankResult]) -> NodeCosts:
+    """``costs`` scaled onto the clock of the reference config's timed steps: the node-timed steps run once, at the
+    end of the sweep, through an interpreter, under whatever load the machine had then; the timed steps are the
+    clock every config is measured on. The factor makes the nodes' sum equal to the timed steps' compute: their
+    median graph time, less the share of it the profiled steps spent waiting on communication (``clock_scale``;
+    1.0 where either is missing)."""
+    timed = statistics.median(max(r.graph_seconds[i] for r in ranks) for i in range(len(ranks[0].graph_seconds)))
+    profiled = statistics.median(max(r.profiled_seconds[i] for r in ranks)
+                                 for i in range(len(ranks[0].profiled_seconds)))
+    exposed = statistics.median(statistics.mean(r.exposed[i] for r in ranks) for i in range(len(ranks[0].exposed)))
+    total = sum(s for nodes in costs.graphs.values() for _, s in nodes.values())
+    if total <= 0 or profiled <= 0 or exposed >= profiled:
+        return costs
+    scale = timed * (1 - exposed / profiled) / total
+    graphs = {g: {n: (sig, s * scale) for n, (sig, s) in nodes.items()} for g, nodes in costs.graphs.items()}
+    return NodeCosts(source=costs.source, graphs=graphs, clock_scale=scale)
 
 
 def _now() -> str:

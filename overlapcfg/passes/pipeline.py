@@ -29,22 +29,21 @@ from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.errors import Fault, OverlapConfigError, OverlapUsageError, UnsupportedGraphError
 from overlapcfg.graph.attribution import ModuleFqnFn, module_fqn
-from overlapcfg.graph.collectives import Collective, count_collectives, find_collectives, group_traffic
-from overlapcfg.graph.merge import MergedCollective, attribute, fold_repeated_waits
-from overlapcfg.graph.meta import is_merged, record_pass
-from overlapcfg.graph.record import (
-    BucketRecord,
-    CollectiveChange,
-    DepthDecision,
-    PassRecord,
-    Uncovered,
+from overlapcfg.graph.collectives import (
+    Collective,
+    find_collectives,
+    partial_gradients,
 )
+from overlapcfg.graph.merge import MergedCollective, attribute, fold_repeated_waits
+from overlapcfg.graph.meta import is_merged
 from overlapcfg.graph.summary import GraphSummary, summarize
 from overlapcfg.graph.verify import verify
 from overlapcfg.kinds import Direction
 from overlapcfg.module_paths import ModelFacts, with_parents
-from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded, reshard_setting
+from overlapcfg.passes.gc_paused import cyclic_gc_paused
+from overlapcfg.passes.keep_unsharded import KeepResult, keep_unsharded
 from overlapcfg.passes.notes import folded_waits, ignored_settings
+from overlapcfg.passes.recorded import build_record
 from overlapcfg.resolve import ResolvedPlan, resolve_config
 from overlapcfg.strategies import PassContext, get_strategy
 
@@ -76,6 +75,7 @@ def _already_merged(fsdp: Sequence[Collective]) -> list[str]:
     return [c.start.name for c in fsdp if is_merged(c.start) or len(c.params) > 1]
 
 
+@cyclic_gc_paused
 def apply(
     gm: fx.GraphModule,
     cfg: OverlapConfig,
@@ -127,12 +127,12 @@ def apply(
     collectives = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
     fsdp = [c for c in collectives if c.fsdp]
     strategy = get_strategy(cfg.strategy)
-    notes = (*ignored_settings(cfg, strategy, config_root), *_unattributed_gathers(collectives),
+    notes = (*ignored_settings(cfg, strategy, config_root), *_unattributed(collectives),
              *_left_alone_chains(collectives))
     if not fsdp:
         _no_fsdp_collectives(gm, cfg, collectives)
-        _record(gm, cfg, graph_kind, ResolvedPlan(()), collectives, collectives, (), (), (), started,
-                ("no FSDP collectives: nothing to do", *notes), strategy_uses_plan=strategy.uses_plan)
+        build_record(gm, cfg, graph_kind, ResolvedPlan(()), collectives, collectives, (), (), (), started,
+                     ("no FSDP collectives: nothing to do", *notes), strategy_uses_plan=strategy.uses_plan)
         return gm
 
     owners = list(dict.fromkeys(c.module_fqn for c in fsdp if c.module_fqn))
@@ -149,6 +149,7 @@ def apply(
                 "collectives is not supported. Apply each config to a fresh copy of the traced graph "
                 "(copy.deepcopy before the first apply), or use strategy 'none' to only read it")
     covered, uncovered = attribute(collectives, plan)
+    partials = partial_gradients(c for _, c in covered)  # read now: merging erases the sums' original waits
     if strategy.uses_plan and cfg.plan is not None and not covered:
         _nothing_covered(cfg, fsdp, config_root)
     if strategy.uses_plan and plan.buckets and cfg.strict:
@@ -174,7 +175,7 @@ def apply(
             scheduled, left = attribute(now, plan)
         folded = [c.start.name for _, c in scheduled if strategy.uses_plan and fold_repeated_waits(gm.graph, c)]
         ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
-                          fresh_fake_values=for_compiler)
+                          fresh_fake_values=for_compiler, config_root=config_root)
         result = strategy.run(gm, ctx)
         if summary is None:
             gm.graph.lint()
@@ -188,8 +189,9 @@ def apply(
         gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
     notes = (*notes, *kept.notes, *folded_waits(folded), *result.notes,
-             *_unbucketed_all_reduces(cfg, covered, result.merged))
-    record = _record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
+             *_held_partials(partials, plan, result.merged),
+             *_unbucketed_all_reduces(cfg, covered, result.merged, after))
+    record = build_record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
                      started, notes, strategy_uses_plan=strategy.uses_plan, kept=kept)
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
@@ -231,38 +233,73 @@ def _left_alone_chains(collectives: Sequence[Collective]) -> tuple[str, ...]:
     return notes
 
 
-def _unattributed_gathers(collectives: Sequence[Collective]) -> tuple[str, ...]:
-    """All-gathers shaped like FSDP parameter gathers whose inputs the graph cannot confirm as parameters
-    (``Collective.unattributed``): left where they are, counted as uncovered, said loudly with the cause."""
-    found = [c for c in collectives if c.unattributed]
-    if not found:
-        return ()
-    names = [c.start.name for c in found]
-    shown = ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
-    causes = "; ".join(dict.fromkeys(c.unattributed for c in found if c.unattributed))
-    message = (f"overlapcfg: {len(found)} all-gathers look like FSDP parameter gathers ({shown}) but are left "
-               f"unbucketed and counted as uncovered: {causes}")
-    _warn_once(message)
-    return (message,)
+_LOOK_LIKE = {"all_gather": ("all-gathers", "FSDP parameter gathers"),
+              "reduce_scatter": ("reduce-scatters", "FSDP gradient reductions")}
+"""How ``Collective.unattributed`` collectives of each kind are described."""
+
+
+def _unattributed(collectives: Sequence[Collective]) -> tuple[str, ...]:
+    """Collectives shaped like FSDP's that the graph's evidence cannot confirm (``Collective.unattributed``): left
+    where they are, counted as uncovered, said loudly with the cause; one note per kind."""
+    notes = []
+    for kind, (plural, what) in _LOOK_LIKE.items():
+        found = [c for c in collectives if c.unattributed and c.kind == kind]
+        if not found:
+            continue
+        names = [c.start.name for c in found]
+        shown = ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
+        causes = "; ".join(dict.fromkeys(c.unattributed for c in found if c.unattributed))
+        message = (f"overlapcfg: {len(found)} {plural} look like {what} ({shown}) but are left unbucketed and "
+                   f"counted as uncovered: {causes}")
+        _warn_once(message)
+        notes.append(message)
+    return tuple(notes)
 
 
 def _refuse_unattributed(collectives: Sequence[Collective], cfg: OverlapConfig) -> None:
-    found = [c for c in collectives if c.unattributed]
+    found = _unattributed(collectives)
     if found:
-        raise UnsupportedGraphError(f"{_unattributed_gathers(found)[0]} (overlap.strict is set)")
+        raise UnsupportedGraphError(f"{found[0]} (overlap.strict is set)")
+
+
+def _held_partials(gradients: Sequence[tuple[Collective, ...]], plan: ResolvedPlan,
+                   merged: Sequence[MergedCollective]) -> tuple[str, ...]:
+    """Per gradient summed from several reduce-scattered partials that one merged reduce-scatter now carries, what
+    merging them costs: the partials (full size) all stay alive until the bucket's reduce-scatter, where alone each
+    was reduce-scattered as soon as it was computed. The sums are as before, bit for bit (each element is reduced
+    over the same ranks, and summed after in the traced order)."""
+    merged_into = {source: m for m in merged if m.kind == "reduce_scatter" for source in m.sources}
+    notes = []
+    for partials in gradients:
+        into = {id(merged_into[c.start.name]) for c in partials if c.start.name in merged_into}
+        if len(into) != 1 or not all(c.start.name in merged_into for c in partials):
+            continue  # not merged (an upstream strategy), or not together: nothing held longer than traced
+        bucket = merged_into[partials[0].start.name].bucket
+        held = sum(c.unsharded_bytes for c in partials)
+        owner = partials[-1].module_fqn or "?"
+        notes.append(f"bucket {plan.buckets[bucket].name!r}: {len(partials)} reduce-scatters are partial "
+                     f"gradients of one parameter of {owner!r} (a shared parameter, or a module run "
+                     f"{len(partials)} times a step, such as a chunked loss's head), summed after them as traced; "
+                     f"merged, all {len(partials)} unsharded partials ({held:,} bytes) stay alive until the "
+                     "bucket's reduce-scatter")
+    return tuple(notes)
 
 
 def _unbucketed_all_reduces(cfg: OverlapConfig, covered: Sequence[tuple[int, Collective]],
-                            merged: Sequence[object]) -> tuple[str, ...]:
-    """A strategy that buckets HSDP all-reduces emits merged all-reduces; one that does not (upstream's) leaves
-    one per parameter on the replicate group's links: say so, loudly, rather than report a bucketed step."""
+                            merged: Sequence[object], after: Sequence[Collective]) -> tuple[str, ...]:
+    """A strategy that buckets HSDP all-reduces emits merged all-reduces; one that does not (upstream's before
+    torch 2.14) leaves one per parameter on the replicate group's links: say so, loudly, rather than report a
+    bucketed step. Strategies that return no merges (upstream's passes) are judged by the graph they left."""
     ars = [c for _, c in covered if c.role == "hsdp_all_reduce"]
     if not ars or any(getattr(m, "kind", None) == "all_reduce" for m in merged):
         return ()
-    groups = ", ".join(sorted({repr(c.group) for c in ars}))
-    message = (f"overlapcfg[{cfg.strategy}]: {len(ars)} HSDP gradient all-reduces (group {groups}) left unbucketed "
+    groups = {c.group for c in ars}
+    if sum(1 for c in after if c.kind == "all_reduce" and c.group in groups) < len(ars):
+        return ()  # fewer all-reduces on those groups than HSDP gradients: the strategy bucketed them
+    shown = ", ".join(sorted(repr(g) for g in groups))
+    message = (f"overlapcfg[{cfg.strategy}]: {len(ars)} HSDP gradient all-reduces (group {shown}) left unbucketed "
                "and unscheduled: this strategy does not handle them (upstream manual_overlap_bucketing skips "
-               "all-reduces); strategy 'manual' buckets them per bucket with all_reduce_delay")
+               "all-reduces before torch 2.14); strategy 'manual' buckets them per bucket with all_reduce_delay")
     _warn_once(message)
     return (message,)
 
@@ -284,8 +321,8 @@ def _no_fsdp_collectives(gm: fx.GraphModule, cfg: OverlapConfig, collectives: Se
 
 def _check_attributed(collectives: Sequence[Collective], cfg: OverlapConfig, root: str) -> None:
     """With ``require_full_coverage``, a collective nobody can attribute is a coverage fault, not a silent skip:
-    an FSDP collective without an owning module, or an FSDP-shaped all-gather whose inputs the graph cannot
-    confirm as parameters."""
+    an FSDP collective without an owning module, an FSDP-shaped all-gather whose inputs the graph cannot confirm as
+    parameters, or a reduce-scatter on an FSDP group whose result ends nowhere overlapcfg recognizes."""
     if cfg.plan is None or not cfg.plan.require_full_coverage:
         return
     faults = []
@@ -296,14 +333,15 @@ def _check_attributed(collectives: Sequence[Collective], cfg: OverlapConfig, roo
             f"{len(unknown)} FSDP collective(s) cannot be attributed to a module ({', '.join(unknown[:6])}"
             f"{' ...' if len(unknown) > 6 else ''}): the graph has no aot descriptors, meta['custom']"
             "['module_fqn'] or module stacks for them; pass module_fqn_fn= to apply"))
-    undecided = [c for c in collectives if c.unattributed]
-    if undecided:
-        names = [c.start.name for c in undecided]
-        faults.append(Fault(
-            f"{root}.plan.require_full_coverage",
-            f"{len(undecided)} all-gather(s) look like FSDP parameter gathers ({', '.join(names[:6])}"
-            f"{' ...' if len(names) > 6 else ''}) but cannot be attributed: "
-            f"{'; '.join(dict.fromkeys(c.unattributed for c in undecided if c.unattributed))}"))
+    for kind, (plural, what) in _LOOK_LIKE.items():
+        undecided = [c for c in collectives if c.unattributed and c.kind == kind]
+        if undecided:
+            names = [c.start.name for c in undecided]
+            faults.append(Fault(
+                f"{root}.plan.require_full_coverage",
+                f"{len(undecided)} {plural[:-1]}(s) look like {what} ({', '.join(names[:6])}"
+                f"{' ...' if len(names) > 6 else ''}) but cannot be attributed: "
+                f"{'; '.join(dict.fromkeys(c.unattributed for c in undecided if c.unattributed))}"))
     if faults:
         raise OverlapConfigError(faults, header="the bucket plan does not fit the model")
 
@@ -319,75 +357,3 @@ def _nothing_covered(cfg: OverlapConfig, fsdp: Sequence[Collective], root: str) 
     if cfg.strict:
         raise UnsupportedGraphError(message + " (overlap.strict is set)")
     _warn_once(message)
-
-
-def _bucket_records(cfg: OverlapConfig, plan: ResolvedPlan, covered: Sequence[tuple[int, Collective]],
-                    merged: Sequence[MergedCollective], after: Sequence[Collective],
-                    decisions: Sequence[DepthDecision], kept: KeepResult) -> tuple[BucketRecord, ...]:
-    """Each bucket's facts, read once from the collectives it covers: its parameters (those its all-gathers carry,
-    in graph order) and their sizes (each parameter counted once, however often it is gathered: unsharded as the
-    all-gather brings it in, sharded as each rank of its group holds it), collective counts before and after,
-    the scheduler's decisions. ``explain`` reports these; it re-derives none of them."""
-    before_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
-    nbytes: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
-    # Per bucket: the parameters one all-gather carries (its start's name where none are known) -> numel,
-    # unsharded bytes, sharded bytes. Keyed by parameters, so a parameter gathered again counts once.
-    sizes: list[dict[tuple[str | None, ...], tuple[int, int, int]]] = [{} for _ in plan.buckets]
-    for index, c in covered:
-        before_counts[index][(c.direction, c.kind)] += 1
-        nbytes[index][(c.direction, c.kind)] += c.unsharded_bytes
-        if c.kind == "all_gather":
-            sizes[index].setdefault(c.params or (None, c.start.name), (
-                c.unsharded_bytes // c.dtype.itemsize, c.unsharded_bytes, c.unsharded_bytes // (c.group_size or 1)))
-    after_counts: list[Counter[tuple[str, str]]] = [Counter() for _ in plan.buckets]
-    if merged:
-        for m in merged:
-            after_counts[m.bucket][(m.direction, m.kind)] += 1
-    else:  # upstream strategies: attribute the resulting collectives the same way as the originals
-        for index, c in attribute(after, plan)[0]:
-            after_counts[index][(c.direction, c.kind)] += 1
-
-    def changes(i: int) -> tuple[CollectiveChange, ...]:
-        keys = sorted(set(before_counts[i]) | set(after_counts[i]),
-                      key=lambda dk: (dk[0] != "forward", dk[1] != "all_gather", dk[1]))
-        return tuple(CollectiveChange(direction=d, kind=k, before=before_counts[i][(d, k)],
-                                      after=after_counts[i][(d, k)], unsharded_bytes=nbytes[i][(d, k)])
-                     for d, k in keys)
-
-    records = []
-    for i, b in enumerate(plan.buckets):
-        names = tuple(dict.fromkeys(p for carried in sizes[i] if carried[0] is not None for p in carried))
-        records.append(BucketRecord(
-            **dict(b), params=names, param_count=len(names), numel=sum(n for n, _, _ in sizes[i].values()),
-            unsharded_bytes=sum(u for _, u, _ in sizes[i].values()),
-            sharded_bytes=sum(s for _, _, s in sizes[i].values()), collectives=changes(i),
-            decisions=tuple(d for d in decisions if d.bucket == b.name),
-            reshard_after_forward=reshard_setting(cfg, plan, i), held_bytes=kept.held_bytes(i)))
-    return tuple(records)
-
-
-def _record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: ResolvedPlan,
-            before: Sequence[Collective], after: Sequence[Collective], covered: Sequence[tuple[int, Collective]],
-            merged: Sequence[MergedCollective], decisions: Sequence[DepthDecision], started: float,
-            notes: tuple[str, ...], *, strategy_uses_plan: bool = True, kept: KeepResult | None = None) -> PassRecord:
-    if strategy_uses_plan:
-        _, uncovered = attribute(before, plan) if plan.buckets else ((), [c for c in before if c.fsdp])
-    else:  # the strategy buckets by its own rules (auto) or not at all (none): "uncovered" would mislead
-        uncovered = []
-    uncovered = [*uncovered, *(c for c in before if c.unattributed and strategy_uses_plan)]
-    name = graph_kind if graph_kind in ("forward", "backward") else "graph"
-    record = PassRecord(
-        strategy=cfg.strategy,
-        graph_kind=graph_kind,
-        buckets=_bucket_records(cfg, plan, covered, merged, after, decisions, kept or KeepResult()),
-        decisions=tuple(decisions),
-        before=count_collectives(before),
-        after=count_collectives(after),
-        uncovered=tuple(Uncovered(graph=name, node=c.start.name, owner=c.module_fqn) for c in uncovered),
-        non_fsdp=tuple(c.start.name for c in before if not c.fsdp),
-        groups=group_traffic(before, after),
-        seconds=time.perf_counter() - started,
-        notes=notes,
-    )
-    record_pass(gm, record)
-    return record

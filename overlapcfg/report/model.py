@@ -42,7 +42,7 @@ def as_renderable(data: object) -> object:
     return repr(data)
 
 
-SCHEMA = "overlapcfg.report/4"
+SCHEMA = "overlapcfg.report/5"
 """Bumped on any change to the fields (added, renamed, removed, or changed in meaning): reports are validated
 strictly (``extra="forbid"``), so a reader accepts exactly the version it was written for."""
 

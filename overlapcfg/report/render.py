@@ -51,6 +51,15 @@ def _busy(stream: str) -> Callable[[Simulation], float]:
     return lambda s: next((t.busy_seconds for t in s.streams if t.stream == stream), 0.0)
 
 
+PART_LABELS = {"matmul": "matmul (FLOP-counted kernels)", "attention": "fused attention",
+               "memory": "memory-bound kernels", "other": "other (issuing collectives, timed views)"}
+"""How the prediction table names each part of compute (``Simulation.compute_parts``)."""
+
+
+def _part(part: str) -> Callable[[Simulation], float]:
+    return lambda s: next((p.seconds for p in s.compute_parts if p.part == part), 0.0)
+
+
 def cost_sources_line(sources: Sequence[CostSource], node_costs: str | None = None) -> str:
     """``compute: 812 measured 41.2 ms, 37 roofline 1.3 ms; collectives: 17 fitted 9.1 ms``: which source priced
     how many nodes and how much time (``Simulation.cost_sources``); ``node_costs`` says what was measured."""
@@ -80,6 +89,12 @@ def _simulation(report: Report, sim: Simulation, baseline: Simulation | None = N
         ("  lower bound: max(compute + unhidable, busiest group)" if several else
          "  lower bound: max(compute + unhidable, communication)", lambda s: s.lower_bound_seconds, fmt_seconds),
         ("compute", lambda s: s.compute_seconds, fmt_seconds),
+    ]
+    shown = {p.part for p in (*sim.compute_parts, *(baseline.compute_parts if baseline is not None else ()))}
+    rows += [(f"  {PART_LABELS[part]}", _part(part), fmt_seconds) for part in PART_LABELS if part in shown]
+    if sim.contention_seconds > 0 or (baseline is not None and baseline.contention_seconds > 0):
+        rows.append(("contention: compute slowed by collectives", lambda s: s.contention_seconds, fmt_seconds))
+    rows += [
         ("communication, all groups summed" if several else "communication", lambda s: s.comm_seconds, fmt_seconds),
     ]
     if several:

@@ -8,15 +8,17 @@ return no merges or decisions: the record then counts the collectives the upstre
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeAlias, cast
 
 from torch import fx
 
+from overlapcfg import compat
 from overlapcfg.config.contracts import StrategyContract
 from overlapcfg.config.policy import PolicyBase
-from overlapcfg.errors import OverlapLookupError
+from overlapcfg.errors import OverlapConfigError, OverlapLookupError
 from overlapcfg.graph.attribution import ModuleFqnFn
 from overlapcfg.graph.collectives import Collective
 from overlapcfg.graph.merge import MergedCollective
@@ -24,7 +26,7 @@ from overlapcfg.graph.record import DepthDecision
 from overlapcfg.kinds import Direction
 from overlapcfg.resolve import ResolvedPlan
 
-__all__ = ["PassContext", "Strategy", "StrategyFn", "StrategyResult"]
+__all__ = ["PassContext", "Strategy", "StrategyFn", "StrategyResult", "this_torch_supports"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ class PassContext:
     module_fqn_fn: ModuleFqnFn
     fresh_fake_values: bool = False
     """Every new node needs its own ``meta["val"]`` (a compiler such as inductor reads storages from them)."""
+    config_root: str = "overlap"
+    """Where the config sits in the user's tree: a strategy's config errors name ``{config_root}.policy.<field>``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +93,13 @@ class Strategy:
     @property
     def reads_policy(self) -> bool:
         return self.contract.reads_policy
+
+
+@contextlib.contextmanager
+def this_torch_supports(ctx: PassContext) -> Iterator[None]:
+    """Within the block, an upstream pass's refusal of a setting the installed torch cannot honour
+    (``compat.UnsupportedByThisTorch``) becomes a config error at that setting's path in the user's tree."""
+    try:
+        yield
+    except compat.UnsupportedByThisTorch as err:
+        raise OverlapConfigError.single(f"{ctx.config_root}.policy.{err.setting}", str(err)) from None

@@ -2,7 +2,8 @@
 
 Upstream finds a bucket's nodes through a module stack; we hand it ours (``module_fqn_fn``), so it sees the same
 attribution as ``manual``. On a CPU-only torch its scheduler set-up needs triton; the workaround is scoped to
-the call (``compat.no_triton_runtime_estimates``).
+the call (``compat.no_triton_runtime_estimates``). torch 2.11's upstream pass has no ``bucket_mode`` (it always
+buckets as ``custom_ops``): another mode is a config error there, not ignored.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from torch import fx, nn
 from overlapcfg import compat
 from overlapcfg.config.policy import TorchManualPolicy
 from overlapcfg.errors import OverlapUsageError
-from overlapcfg.strategies.base import PassContext, StrategyResult
+from overlapcfg.strategies.base import PassContext, StrategyResult, this_torch_supports
 
 __all__ = ["run"]
 
@@ -26,7 +27,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
         fqn = ctx.module_fqn_fn(node)
         return [(fqn, nn.Module)] if fqn else []
 
-    with compat.no_triton_runtime_estimates():
+    with compat.no_triton_runtime_estimates(), this_torch_supports(ctx):
         compat.manual_overlap_bucketing(gm, ctx.plan.module_lists(), insert_overlap_deps=policy.insert_overlap_deps,
                                         module_stack_fn=module_stack, bucket_mode=policy.bucket_mode)
     return StrategyResult()

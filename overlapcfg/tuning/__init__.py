@@ -3,9 +3,11 @@
 ``tune(step, hardware=..., world_size=..., memory_budget=...)`` (``search``) returns a ``TuneResult``
 (``result``): the tuned ``OverlapConfig``, ``tuned.yaml``, the top candidates, the Pareto front and the shipped
 presets on the same trace. Underneath: ``profile`` (one real apply at the finest grouping, read into a compact
-model), ``quick`` (the scheduler and simulator replayed on it, about a millisecond a candidate), ``structure`` and
-``candidates`` (groupings written as plans), ``space`` (what is searched; the command's ``tune/space`` group),
-``render`` (tables and the Pareto PNG). Sits above ``cost`` (whose model it replays) and ``report``; the demo uses it.
+model), ``merged`` (its units merged by a grouping) and ``quick`` (the scheduler and simulator replayed on that,
+about a millisecond a candidate), ``structure`` and ``candidates`` (groupings written as plans), ``presets`` (the
+shipped presets scored as baselines), ``competitors`` (``none`` and torch's ``auto``, applied and simulated; the
+lower bound on every config), ``space`` (what is searched; the command's ``tune/space`` group), ``render`` (tables
+and the Pareto PNG). Sits above ``cost`` (whose model it replays) and ``report``; the demo uses it.
 """
 
 from __future__ import annotations

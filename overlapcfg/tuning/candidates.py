@@ -14,7 +14,8 @@ from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.depths import DEPTH_FIELDS, SEARCHED_DEPTHS, Depths
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.resolve import ResolvedPlan
-from overlapcfg.tuning.quick import Grouped, Score, Stall, score
+from overlapcfg.tuning.merged import Grouped
+from overlapcfg.tuning.quick import Score, Stall, score
 from overlapcfg.tuning.structure import Grouping
 
 __all__ = ["DEPTH_LABELS", "Arm", "Candidate", "Knobs", "TIE_TOLERANCE", "choose"]
@@ -87,7 +88,8 @@ class Arm:
         return load_config({
             "strategy": "manual", "plan": self.plan,
             "policy": {**knobs.depths.model_dump(include=set(DEPTH_FIELDS), exclude_none=True),
-                       "issue_order": knobs.issue_order, "max_inflight_bytes": knobs.max_inflight_bytes},
+                       "issue_order": knobs.issue_order, "max_inflight_bytes": knobs.max_inflight_bytes,
+                       "unmerged": list(self.grouping.unmerged)},
             "overrides": [overrides[b] for b in sorted(overrides)]})
 
 
@@ -98,7 +100,8 @@ class Candidate:
     name: str
     """``2 blocks/bucket fp2 bp3 rs2`` or a preset's name."""
     arm: int
-    """Index of its grouping among the search's arms (-1: a preset scored through its own resolution)."""
+    """Index of its grouping among the search's arms (-1: a preset scored through its own resolution; -2: a
+    competitor applied and simulated for real, ``overlapcfg.tuning.competitors``)."""
     knobs: Knobs
     score: Score
     config: OverlapConfig | None = None
@@ -126,12 +129,14 @@ def describe(grouping: Grouping, knobs: Knobs, cap_text: str | None) -> str:
     return text
 
 
-def choose(candidates: Sequence[Candidate], tolerance: float = TIE_TOLERANCE) -> Candidate:
-    """The winner: among the candidates within ``tolerance`` of the fastest step, the fewest peak bytes in flight,
-    then the fastest, then the fewest per-bucket exceptions; a full tie keeps the first (the search's fixed
-    order)."""
+def choose(candidates: Sequence[Candidate], tolerance: float = TIE_TOLERANCE, *,
+           ceiling: float | None = None) -> Candidate:
+    """The winner: among the candidates within ``tolerance`` of the fastest step (and no slower than ``ceiling``:
+    the fastest config the user could pick instead), the fewest peak bytes in flight, then the fastest, then the
+    fewest per-bucket exceptions; a full tie keeps the first (the search's fixed order)."""
     fastest = min(c.step_seconds for c in candidates)
-    ties = [c for c in candidates if c.step_seconds <= fastest * (1 + tolerance)]
+    limit = fastest * (1 + tolerance) if ceiling is None else max(fastest, min(fastest * (1 + tolerance), ceiling))
+    ties = [c for c in candidates if c.step_seconds <= limit]
     return min(ties, key=lambda c: (c.peak_inflight_bytes, c.step_seconds, len(c.knobs.per_bucket)))
 
 

@@ -114,8 +114,8 @@ def front_view(result: TuneResult) -> FrontView:
     low_y, high_y = min(steps), max(steps)
     reach = BELOW_SHOWN * max(high_y - low_y, 0.01 * high_y)
     unhidable = s.unhidable_bound_seconds >= low_y - reach
-    lower = s.lower_bound_seconds >= low_y - reach
-    for bound, drawn in ((s.unhidable_bound_seconds, unhidable), (s.lower_bound_seconds, lower)):
+    lower = result.lower_bound_seconds >= low_y - reach
+    for bound, drawn in ((s.unhidable_bound_seconds, unhidable), (result.lower_bound_seconds, lower)):
         if drawn:
             low_y = min(low_y, bound)
     budget = result.memory_budget
@@ -211,9 +211,9 @@ def write_front_png(result: TuneResult, path: Path) -> Path:
                                                   f"{fmt_bytes(fast.peak_inflight_bytes)} (a tie: within "
                                                   f"{100 * result.tie_tolerance:g}%, more memory)"))
     for value, drawn, style, what in ((s.unhidable_bound_seconds, view.unhidable_bound_shown, ":",
-                                       "lower bound + unhidable first all-gather / last reduce-scatter"),
-                                      (s.lower_bound_seconds, view.lower_bound_shown, "--",
-                                       "lower bound max(compute, communication)")):
+                                       "bound of the tuned grouping (its copies, unhidable first AG / last RS)"),
+                                      (result.lower_bound_seconds, view.lower_bound_shown, "--",
+                                       "lower bound on every config")):
         label = f"{what}: {fmt_seconds(value)}" + ("" if drawn else " (below the view)")
         if drawn:
             ax.axhline(y(value), ls=style, color="#555555", lw=1, zorder=0)

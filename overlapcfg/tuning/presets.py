@@ -13,8 +13,9 @@ from overlapcfg.errors import OverlapConfigError
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.resolve import ResolvedPlan, resolve_config
 from overlapcfg.tuning.candidates import Candidate, Knobs
+from overlapcfg.tuning.merged import group
 from overlapcfg.tuning.profile import Profile
-from overlapcfg.tuning.quick import Stall, group, score
+from overlapcfg.tuning.quick import Stall, score
 
 __all__ = ["score_config", "score_presets", "unit_buckets"]
 
@@ -48,8 +49,8 @@ def score_config(name: str, cfg: OverlapConfig, resolved: ResolvedPlan, profile:
                   stalls: list[Stall] | None = None) -> Candidate:
     """Any manual-style config, through its own resolution (presets; the winner's cross-check)."""
     names = [b.name for b in resolved.buckets]
-    grouped = group(profile, unit_buckets(resolved, profile, name), names)
     policy = cfg.policy
+    grouped = group(profile, unit_buckets(resolved, profile, name), names, getattr(policy, "unmerged", ()))
     order: IssueOrder = getattr(policy, "issue_order", "gather_first")
     cap = getattr(policy, "max_inflight_bytes", None)
     depths = Depths(**(depths_of(policy) or Depths()).model_dump(include=set(DEPTH_FIELDS)))

@@ -37,10 +37,11 @@ from torch import fx
 
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED
+from overlapcfg.cost.attention import EMPTY, AttentionPlan, attention_plan
 from overlapcfg.cost.hardware import HardwareProfile
-from overlapcfg.cost.node_costs import MEASURABLE_KINDS, NodeCosts
+from overlapcfg.cost.node_costs import MEASURABLE_KINDS, Footing, NodeCosts
 from overlapcfg.cost.price import collective_bytes, compute_seconds, iter_tensors, node_kind
-from overlapcfg.cost.simulator import node_seconds, storage_plan, value_bytes
+from overlapcfg.cost.simulator import measured_footing, node_seconds, storage_plan, value_bytes
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.meta import merged_mark
 from overlapcfg.graph.ops import collective_kind, group_name, is_collective_start, is_compute_node, started_by
@@ -107,6 +108,14 @@ class UnitCollective:
     """All-gather: bytes of the gathered buffer, alive from issue until copied out (or, alone, until last read)."""
     params: tuple[ParamCopy, ...]
     """All-gather: the parameters it hands out."""
+    sources: tuple[tuple[int, int], ...] = ()
+    """The traced collectives merged into it, graph order: ``(cost bytes, traced bytes)`` each; what an unmerged
+    kind (``OverlapPolicy.unmerged``) issues instead, one collective each."""
+    raw_issue_cost: float = 0.0
+    """Seconds of the traced nodes in the issue chain (a shard's cast): what stays of it unmerged."""
+    raw_wait_cost: float = 0.0
+    """Seconds of the traced nodes in the wait chain (a gradient's cast after a reduce-scatter): what stays of it
+    unmerged (the copies out of the bucket buffer go)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +180,11 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
                                     if not owners else "tune: the root module owns FSDP parameters directly; "
                                     "only submodules can be bucketed, so the tuner cannot group them")
     graphs = {a.name: a.graph for a in apply_step(step, unit_config(owners)).graphs}
-    costs = _Costs(hardware, world_size, step.world_size, as_dtype, node_costs)
+    footing = measured_footing([(name, graphs[name]) for name in DIRECTIONS], hardware, node_costs,
+                               world_size=world_size, traced_world_size=step.world_size, as_dtype=as_dtype) \
+        if node_costs is not None else None
+    costs = _Costs(hardware, world_size, step.world_size, as_dtype, node_costs,
+                   attention_plan([graphs[name] for name in DIRECTIONS]), footing)
     profiles = tuple(_graph_profile(name, graphs[name], step.graph(name), costs) for name in DIRECTIONS)
     seconds = time.perf_counter() - started
     log.info("tune: profiled %d units on %s at %d ranks in %.2fs", len(owners), hardware.name, world_size, seconds)
@@ -201,17 +214,24 @@ class _Costs:
     (``overlapcfg.cost.simulator.node_seconds``, as ``simulate`` prices it)."""
 
     def __init__(self, hw: HardwareProfile, world_size: int, traced_world_size: int,
-                 as_dtype: torch.dtype | None, node_costs: NodeCosts | None = None) -> None:
-        self.kw = {"world_size": world_size, "traced_world_size": traced_world_size, "as_dtype": as_dtype}
+                 as_dtype: torch.dtype | None, node_costs: NodeCosts | None = None,
+                 attention: AttentionPlan = EMPTY, footing: Footing | None = None) -> None:
+        self.world_size, self.traced_world_size = world_size, traced_world_size
         self.hw = hw
         self.as_dtype = as_dtype
         self.node_costs = node_costs
+        self.attention = attention
+        self.footing = footing
 
     def __call__(self, node: fx.Node, graph: str | None = None) -> float:
         if graph is not None and node_kind(node) in MEASURABLE_KINDS:
-            # self.kw holds exactly node_seconds' and compute_seconds' keyword arguments
-            return node_seconds(node, graph, self.hw, self.node_costs, **self.kw)[0]  # type: ignore[arg-type]
-        return compute_seconds(node, self.hw, **self.kw).seconds  # type: ignore[arg-type]
+            role = self.attention.role(DIRECTIONS.index(graph), node)
+            return node_seconds(node, graph, self.hw, self.node_costs, world_size=self.world_size,
+                                traced_world_size=self.traced_world_size, as_dtype=self.as_dtype, attention=role,
+                                footing=self.footing)[0]
+        seconds = compute_seconds(node, self.hw, world_size=self.world_size, traced_world_size=self.traced_world_size,
+                                  as_dtype=self.as_dtype).seconds
+        return self.footing.price(node_kind(node), seconds) if self.footing is not None else seconds
 
     def copy_of(self, node: fx.Node) -> float:
         """What a copy of ``node``'s value costs: a one-node graph holding ``aten.clone`` of it, costed by the
@@ -228,6 +248,7 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
     nodes = list(gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     original_names = {n.name for n in original.graph.nodes}
+    traced = {n.name: n for n in original.graph.nodes if is_collective_start(n)}
     cost = {n: costs(n, name) for n in nodes if n.op == "call_function"}
     chains = []
     moved: set[fx.Node] = set()
@@ -279,7 +300,12 @@ def _graph_profile(name: str, gm: fx.GraphModule, original: fx.GraphModule, cost
             where = float(index[start])
             readers = [index[u] for n in after for u in n.users if u.op != "output" and u not in after]
             consumer = float(min(readers)) if readers else None
+        sources = tuple((collective_bytes(traced[s], costs.as_dtype), collective_bytes(traced[s]))
+                        for s in mark.sources if s in traced)
         records.append(UnitCollective(
+            sources=sources,
+            raw_issue_cost=sum(cost.get(n, 0.0) for n in issue if n.name in original_names),
+            raw_wait_cost=sum(cost.get(n, 0.0) for n in after if n.name in original_names),
             unit=mark.bucket, kind=kind, key=f"{group_name(start)}:{_dtype(start)}", group=group_name(start),
             group_size=next((a for a in start.args if isinstance(a, int) and not isinstance(a, bool)), 1),
             cost_bytes=collective_bytes(start, costs.as_dtype), traced_bytes=collective_bytes(start),

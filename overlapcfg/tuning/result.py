@@ -25,7 +25,7 @@ from overlapcfg.tuning.space import TuneSpace
 
 __all__ = ["AGREEMENT", "TUNE_SCHEMA", "TuneResult", "Verification"]
 
-TUNE_SCHEMA = "overlapcfg.tune/2"
+TUNE_SCHEMA = "overlapcfg.tune/3"
 AGREEMENT = 0.01
 """Largest relative difference between the quick score and the full simulation of the winner."""
 
@@ -57,6 +57,12 @@ class TuneResult:
     """Step time against peak in-flight bytes: no candidate beats one of these on both; lightest first."""
     presets: tuple[Candidate, ...]
     """Every shipped plan x policy preset and ``torch_manual`` that fits the model, quick-scored."""
+    competitors: tuple[Candidate, ...]
+    """Strategies that schedule by their own rules (``none``, torch's ``auto`` with and without its bucketing),
+    applied and simulated for real (``overlapcfg.tuning.competitors``)."""
+    lower_bound_seconds: float
+    """No config of this step can be faster (``overlapcfg.tuning.competitors.lower_bound``): compute as traced
+    against the busiest stream sending its traffic as one collective per graph and kind."""
     skipped: tuple[str, ...]
     """Presets left out, and why."""
     candidates: tuple[Candidate, ...]
@@ -85,6 +91,12 @@ class TuneResult:
         return self.memory_budget is None or c.peak_inflight_bytes <= self.memory_budget
 
     @property
+    def best_competitor(self) -> Candidate | None:
+        """The fastest preset or competitor within the budget: what the user would pick without tuning."""
+        fitting = [c for c in (*self.presets, *self.competitors) if self.fits(c)]
+        return min(fitting, key=lambda c: c.step_seconds) if fitting else None
+
+    @property
     def best_preset(self) -> Candidate | None:
         """The fastest shipped preset within the budget."""
         fitting = [c for c in self.presets if self.fits(c)]
@@ -110,16 +122,18 @@ class TuneResult:
                   f"exposed communication {fmt_seconds(s.exposed_comm_seconds)}; peak all-gathers in flight "
                   f"{fmt_bytes(s.peak_inflight_bytes)}; peak unsharded parameters "
                   f"{fmt_bytes(s.peak_unsharded_param_bytes)}",
-                  f"lower bound max(compute, communication): {fmt_seconds(s.lower_bound_seconds)} "
-                  f"(this config {fmt_change(s.step_seconds, s.lower_bound_seconds)})",
-                  f"lower bound with the unhidable first all-gather and last reduce-scatter: "
-                  f"{fmt_seconds(s.unhidable_bound_seconds)} (this config "
+                  f"lower bound on every config, max(compute as traced, communication as few collectives as can "
+                  f"be): {fmt_seconds(self.lower_bound_seconds)} (this config "
+                  f"{fmt_change(s.step_seconds, self.lower_bound_seconds)})",
+                  f"bound of this config's grouping, with its copies and the unhidable first all-gather and last "
+                  f"reduce-scatter: {fmt_seconds(s.unhidable_bound_seconds)} (this config "
                   f"{fmt_change(s.step_seconds, s.unhidable_bound_seconds)})"]
         sim = self.verification.simulation if self.verification is not None else None
         if sim is not None and any(c.source in ("measured", "fitted") for c in sim.cost_sources):
             lines.append(f"priced by {cost_sources_line(sim.cost_sources, sim.node_costs)}")
-        lines.append("shipped presets on the same trace (quick model):")
-        for p in sorted(self.presets, key=lambda c: c.step_seconds):
+        lines.append("what you could pick instead, on the same trace (presets: quick model; strategies: applied and "
+                     "simulated):")
+        for p in sorted((*self.presets, *self.competitors), key=lambda c: c.step_seconds):
             over = "" if self.fits(p) else " (over budget)"
             lines.append(f"  {p.name}: {fmt_seconds(p.step_seconds)}, in flight {fmt_bytes(p.peak_inflight_bytes)}"
                          f"{over}")
@@ -158,7 +172,8 @@ class TuneResult:
             "stalls": [{"graph": x.graph, "bucket": x.bucket, "kind": x.kind, "at": x.at, "seconds": x.seconds}
                        for x in self.stalls],
             "top": [row(c) for c in self.top], "pareto": [row(c) for c in self.pareto],
-            "presets": [row(c) for c in self.presets], "skipped": list(self.skipped),
+            "presets": [row(c) for c in self.presets], "competitors": [row(c) for c in self.competitors],
+            "lower_bound_seconds": self.lower_bound_seconds, "skipped": list(self.skipped),
             "space": self.space.model_dump(mode="json"), "evaluated": self.evaluated, "arms": self.arms,
             "profile_seconds": self.profile_seconds, "seconds": self.seconds,
         }

@@ -4,14 +4,17 @@ The search, in order:
 
 1. profile the step once (``overlapcfg.tuning.profile``: one real ``apply`` of the finest grouping);
 2. resolve each grouping of the space to a plan and merge the profile by it (an *arm*);
-3. score the grid: every arm x forward depth x backward depth x reduce-scatter delay x issue order x cap, plus
-   every shipped plan x policy preset and ``torch_manual`` that fits the model (so the winner is never worse
-   than a preset the budget allows, beyond the tie tolerance and only where it then needs fewer bytes in flight);
+3. score the grid: every arm (grouping, and which kinds stay unmerged) x forward depth x backward depth x
+   reduce-scatter delay x issue order x cap, plus every shipped plan x policy preset and ``torch_manual`` that fits
+   the model, plus the strategies that schedule by their own rules, applied for real and simulated
+   (``overlapcfg.tuning.competitors``: ``none``, torch's ``auto`` with and without its bucketing); so the winner is
+   never predicted slower than anything the user could pick instead that the budget allows;
 4. refine the best few, bucket by bucket: where the replay shows compute waiting on an all-gather, prefetch it
    from further back; where it waits on a reduce-scatter, delay that wait; keep the best move, repeat;
-5. pick the winner within the budget: of the candidates within ``TIE_TOLERANCE`` (0.1 %) of the fastest step,
-   the one with the fewest bytes in flight (then the fastest, then the fewest per-bucket exceptions), and re-check
-   it the slow way: a real ``apply`` (verified) and ``simulate``, which must agree within 1 %.
+5. pick the winner within the budget: of the candidates within ``TIE_TOLERANCE`` (0.1 %) of the fastest step and
+   no slower than any preset or competitor, the one with the fewest bytes in flight (then the fastest, then the
+   fewest per-bucket exceptions), and re-check it the slow way: a real ``apply`` (verified) and ``simulate``, which
+   must agree within 1 %.
 
 Deterministic: the grid is enumerated in a fixed order (sampled with ``space.seed`` only when larger than
 ``space.max_candidates``), and ties are broken by that order.
@@ -41,9 +44,11 @@ from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
 from overlapcfg.resolve import resolve_config
 from overlapcfg.tuning.candidates import TIE_TOLERANCE, Arm, Candidate, Knobs, choose, describe, pareto
-from overlapcfg.tuning.presets import score_config, score_presets
+from overlapcfg.tuning.competitors import COMPETITORS, competitors, lower_bound
+from overlapcfg.tuning.merged import group
+from overlapcfg.tuning.presets import score_config, score_presets, unit_buckets
 from overlapcfg.tuning.profile import Profile, build_profile
-from overlapcfg.tuning.quick import Stall, group
+from overlapcfg.tuning.quick import Stall
 from overlapcfg.tuning.result import AGREEMENT, TuneResult, Verification
 from overlapcfg.tuning.space import TuneSpace, load_space
 from overlapcfg.tuning.structure import Grouping, Structure, find_structure, plan_for
@@ -113,9 +118,11 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
         if i % 50 == 0 or i == len(grid) - 1:
             report("grid", i + 1, len(grid), _best(scored, budget))
     presets, skipped = score_presets(step, profile)
-    fits = [c for c in (*scored, *presets) if budget is None or c.peak_inflight_bytes <= budget]
+    report("competitors", 0, len(COMPETITORS), _best(scored, budget))
+    rivals, _ = competitors(step, profile)
+    fits = [c for c in (*scored, *presets, *rivals) if budget is None or c.peak_inflight_bytes <= budget]
     if not fits:
-        smallest = min((*scored, *presets), key=lambda c: (c.peak_inflight_bytes, c.step_seconds))
+        smallest = min((*scored, *presets, *rivals), key=lambda c: (c.peak_inflight_bytes, c.step_seconds))
         raise OverlapConfigError.single(
             f"{prefix}memory_budget",
             f"{fmt_bytes(budget)} is below the peak in-flight all-gather bytes of every candidate; the smallest "
@@ -124,10 +131,13 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
             f"{prefix}space.forward_prefetch / backward_prefetch (0 issues each all-gather at its use)")
     refined = _refine_best(arms, fits, space, budget, report)
     pool = [*fits, *(c for c in refined if budget is None or c.peak_inflight_bytes <= budget)]
-    winner = choose(pool)
-    everything = [*scored, *presets, *refined]
-    result = _result(step, profile, arms, winner, everything, presets, skipped, space, budget, as_dtype, verify,
-                     started, report)
+    # A tie (within TIE_TOLERANCE of the fastest) may go to fewer bytes in flight, never to a step slower than a
+    # preset or a competitor the user could pick instead.
+    others = [c.step_seconds for c in (*presets, *rivals) if budget is None or c.peak_inflight_bytes <= budget]
+    winner = choose(pool, ceiling=min(others, default=None))
+    everything = [*scored, *presets, *rivals, *refined]
+    result = _result(step, profile, arms, winner, everything, presets, rivals, skipped, space, budget, as_dtype,
+                     verify, started, report)
     log.info("tune: %d candidates in %.1fs, best %s (%s)", result.evaluated, result.seconds,
              fmt_seconds(winner.step_seconds), winner.name)
     return result
@@ -196,25 +206,23 @@ def _groupings(space: TuneSpace, structure: Structure, path: str) -> list[Groupi
         for per in ((1,) if split else space.layers_per_bucket):
             for first in space.merge_first:
                 for last in space.merge_last:
-                    out.append(Grouping(per, split, first, last))
+                    for unmerged in space.unmerged:
+                        out.append(Grouping(per, split, first, last, tuple(sorted(set(unmerged)))))
     return list(dict.fromkeys(out))
 
 
 def _arms(profile: Profile, structure: Structure, groupings: list[Grouping], step: CapturedStep) -> list[Arm]:
     arms: list[Arm] = []
-    seen: set[frozenset[frozenset[str]]] = set()
+    seen: set[tuple[frozenset[frozenset[str]], tuple[str, ...]]] = set()
     for g in groupings:
         plan, resolved = plan_for(structure, g, step.module_fqns, step.param_owners)
-        key = frozenset(frozenset(b.modules) for b in resolved.buckets)
+        key = (frozenset(frozenset(b.modules) for b in resolved.buckets), g.unmerged)
         if key in seen:  # merge_first without a head, say: the same buckets as another grouping
             continue
         seen.add(key)
-        unit_bucket = [resolved.bucket_index(u) for u in profile.units]
-        if any(b is None for b in unit_bucket):
-            raise AssertionError(f"tune: grouping {g.label!r} leaves parameter owners unbucketed")
+        unit_bucket = unit_buckets(resolved, profile, f"grouping {g.label!r}")
         names = [b.name for b in resolved.buckets]
-        # no unit is None: checked just above (an unbucketed owner raises)
-        arms.append(Arm(g, plan, resolved, group(profile, unit_bucket, names)))  # type: ignore[arg-type]
+        arms.append(Arm(g, plan, resolved, group(profile, unit_bucket, names, g.unmerged)))
     return arms
 
 
@@ -300,8 +308,9 @@ def _refine(arm: Arm, start: Candidate, space: TuneSpace, budget: int | None) ->
 
 
 def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candidate, everything: list[Candidate],
-            presets: list[Candidate], skipped: tuple[str, ...], space: TuneSpace, budget: int | None,
-            as_dtype: torch.dtype | None, verify: bool, started: float, report: _Reporter) -> TuneResult:
+            presets: list[Candidate], rivals: list[Candidate], skipped: tuple[str, ...], space: TuneSpace,
+            budget: int | None, as_dtype: torch.dtype | None, verify: bool, started: float,
+            report: _Reporter) -> TuneResult:
     def full(c: Candidate) -> Candidate:
         """With its config and the memory replay (the bulk scores skip both)."""
         if c.arm < 0:
@@ -317,7 +326,7 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
     if best.arm >= 0:
         arms[best.arm].score(best.knobs, stalls=stalls)
         _check_config(best, arms[best.arm], step, profile)
-    else:  # a preset won: replay it through its own resolution for the stalls
+    elif best.arm == -1:  # a preset won: replay it through its own resolution for the stalls
         cfg = best.config
         score_config(best.name, cfg, resolve_config(cfg, step.facts), profile, stalls)
     ranked = sorted(everything, key=lambda c: (c.step_seconds, c.peak_inflight_bytes, len(c.knobs.per_bucket)))
@@ -334,7 +343,7 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
     report("done", 1, 1, best.step_seconds)
     return TuneResult(
         config=best.config, best=best, fastest=fastest, tie_tolerance=TIE_TOLERANCE, top=tuple(top), pareto=front,
-        presets=tuple(presets), skipped=skipped,
+        presets=tuple(presets), competitors=tuple(rivals), lower_bound_seconds=lower_bound(profile), skipped=skipped,
         candidates=tuple(unique), verification=verification, stalls=tuple(stalls), hardware=profile.hardware.name,
         world_size=profile.world_size, memory_budget=budget, as_dtype=as_dtype, space=space,
         evaluated=len(everything), profile_seconds=profile.seconds, seconds=time.perf_counter() - started,

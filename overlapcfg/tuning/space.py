@@ -17,8 +17,10 @@ from overlapcfg.config.depths import DepthGrid
 from overlapcfg.config.load import validate_config
 from overlapcfg.config.plan import PatternText
 from overlapcfg.config.policy import IssueOrder
+from overlapcfg.kinds import BucketKind
 
 __all__ = ["TuneSpace", "load_space"]
+
 
 class _Groupings(ConfigModel):
     """How modules are grouped into buckets (``TuneSpace`` holds these fields first, then the depths to try)."""
@@ -50,6 +52,11 @@ class _Groupings(ConfigModel):
     merge_last: Annotated[tuple[bool, ...], Field(min_length=1)] = (False, True)
     """True: the owners after the blocks share the last block's bucket."""
 
+    unmerged: Annotated[tuple[tuple[BucketKind, ...], ...], Field(min_length=1)] = (
+        (), ("reduce_scatter",), ("all_gather",), ("all_gather", "reduce_scatter"))
+    """Which kinds each bucket leaves one per parameter (``OverlapPolicy.unmerged``), each entry a choice: merging
+    saves a latency per parameter and costs a copy into and out of a bucket buffer, and which wins depends on the
+    machine (torch's ``auto`` merges nothing by default)."""
 
 
 class TuneSpace(DepthGrid, _Groupings):

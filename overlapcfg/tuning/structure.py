@@ -58,14 +58,18 @@ class Grouping:
     split_blocks: bool
     merge_first: bool
     merge_last: bool
+    unmerged: tuple[str, ...] = ()
+    """Collective kinds left one per parameter in each bucket (``OverlapPolicy.unmerged``)."""
 
     @property
     def label(self) -> str:
-        """``2 blocks/bucket, first merged``: what tells groupings apart in a table."""
+        """``2 blocks/bucket, first merged, RS unmerged``: what tells groupings apart in a table."""
         k = self.layers_per_bucket
         text = "attn|ffn split" if self.split_blocks else f"{k} block{'s' if k > 1 else ''}/bucket"
         merged = [w for w, on in (("first", self.merge_first), ("last", self.merge_last)) if on]
-        return text + (f", {' and '.join(merged)} merged" if merged else "")
+        short = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR"}
+        unmerged = f", {'+'.join(short[k] for k in self.unmerged)} unmerged" if self.unmerged else ""
+        return text + (f", {' and '.join(merged)} merged" if merged else "") + unmerged
 
 
 @dataclass(frozen=True, slots=True)

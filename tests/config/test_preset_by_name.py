@@ -137,7 +137,7 @@ def test_a_field_no_strategy_has_is_refused_before_hydra_with_the_closest_ones()
     lines = str(err.value).splitlines()[1:]
     assert [line.split(":")[0].strip() for line in lines] == [
         "trainer.overlap.policy.forward_prefetc", "trainer.overlap.plan.bucket", "trainer.overlap.stict"]
-    assert "did you mean 'forward_prefetch'" in lines[0] and "manual, torch_manual:" in lines[0]
+    assert "did you mean 'forward_prefetch'" in lines[0] and "; manual: " in lines[0] and "; torch_manual: " in lines[0]
     assert "did you mean 'buckets'" in lines[1] and "did you mean 'strict'" in lines[2]
     # fields of another strategy's policy pass (the app's YAML may choose that strategy), set whether the composed
     # preset lists them or not; from_hydra then holds them to the composed strategy's policy

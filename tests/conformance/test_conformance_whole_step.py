@@ -323,7 +323,10 @@ def test_a_tied_weights_gradient_summed_for_the_optimizer_is_reduced_in_its_firs
 
 # --- 2-rank gloo parity --------------------------------------------------------------------------------------------
 
-PARITY = [("llama3", "always", False), ("qwen3_tied", "always", True)]
+PARITY = [("llama3", "always", False, "cross_entropy"), ("qwen3_tied", "always", True, "cross_entropy"),
+          ("llama3", "always", False, "chunked")]
+"""``(model, reshard, optimizer, loss)``; ``chunked``: the graph trainer's default loss, whose 8 per-chunk
+reduce-scatters of ``lm_head``'s gradient are merged into one over the concatenated partials."""
 PARITY_DEPTH = 2
 PARITY_TIMEOUT_S = 600
 
@@ -337,7 +340,7 @@ def _parity_in_background(request: pytest.FixtureRequest) -> Iterator[dict[str, 
                if item.module is request.module):
         yield futures
         return
-    jobs = [(m, r, o, _config(PARITY_DEPTH)) for m, r, o in PARITY]
+    jobs = [(m, r, o, _config(PARITY_DEPTH), loss) for m, r, o, loss in PARITY]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="whole-step-gloo") as pool:
         futures["parity"] = pool.submit(run_on_gloo, G.whole_step_parity_worker, jobs, C.joint_apply,
                                         world_size=2, timeout_s=PARITY_TIMEOUT_S)
@@ -351,18 +354,22 @@ def whole_step_parity(_parity_in_background: dict[str, Future[list[dict[str, Any
     return results
 
 
-@pytest.mark.parametrize(("model", "reshard", "optimizer"), PARITY,
-                         ids=[f"{m}-{r}{'-optim' if o else ''}" for m, r, o in PARITY])
+@pytest.mark.parametrize(("model", "reshard", "optimizer", "loss"), PARITY, ids=[G.step_name(*p) for p in PARITY])
 def test_one_whole_step_on_gloo_is_bitwise_identical_to_the_untransformed_step(
-        whole_step_parity: list[dict[str, Any]], model: str, reshard: str, optimizer: bool) -> None:
+        whole_step_parity: list[dict[str, Any]], model: str, reshard: str, optimizer: bool, loss: str) -> None:
     """The traced step run by torchtitan's ``run_traced`` on 2 gloo ranks, transformed at depth 2 vs as traced:
     the same loss, the same gradient shards (without the optimizer: the graph's outputs) or the same updated
-    parameter shards (with it: the step writes them in place), bit for bit."""
-    name = f"{model}-{reshard}{'-optim' if optimizer else ''}"
+    parameter shards (with it: the step writes them in place), bit for bit. With the chunked loss, ``lm_head``'s
+    8 per-chunk partial gradients travel in one reduce-scatter with ``norm``'s and are summed after it as traced:
+    every element is reduced over the same ranks, so the sum is the same bits."""
+    name = G.step_name(model, reshard, optimizer, loss)
     results = [res[name] for res in whole_step_parity]
     for rank, res in enumerate(results):
         got, ref = res["transformed"], res["reference"]
         assert ref["collectives"] != got["collectives"], rank  # the step really was transformed
+        if loss == "chunked":  # lm_head's 8 partials and the other 16 gradients: 4 reduce-scatters
+            assert (ref["collectives"]["reduce_scatter_tensor"], got["collectives"]["reduce_scatter_tensor"]) == (
+                24, 4), rank
         assert torch.isfinite(got["loss"]) and torch.equal(got["loss"], ref["loss"]), rank
         assert len(got["outputs"]) == len(ref["outputs"]) and len(got["params"]) == len(ref["params"]), rank
         assert got["outputs"] or got["params"], rank

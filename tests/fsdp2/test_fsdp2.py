@@ -568,6 +568,30 @@ def test_a_tied_bucket_prefetches_at_its_depth_from_the_first_backward_kernel(gl
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("kind", "variant"), TIED_CASES)
+def test_fsdp2_holds_the_lists_the_record_gives_and_each_bucket_starts_at_its_recorded_depth(
+        gloo_runs: Any, kind: str, variant: str) -> None:
+    """The record tells the truth about a tied ``[embed, lm_head]`` bucket (reported: backward depths [0, 2, 1, 0]
+    measured where [2, 2, 1, 0] was asked and recorded). Read back from FSDP2 itself after three steps, every
+    group's prefetch lists are the record's; and in every step, forward and backward, each bucket starts computing
+    with exactly as many later buckets' all-gathers issued as the record's effective depth says."""
+    buckets = GPT2_BUCKETS if kind == "gpt2" else GEMMA2_BUCKETS
+    for rank, per_rank in enumerate(gloo_runs):
+        res = per_rank[kind][variant]
+        record = res["record"]
+        assert res["readback"] == {name: (record["forward"][name], record["backward"][name])
+                                   for name in (ROOT, *buckets)}, rank
+        orders = {"forward": list(buckets), "backward": list(record["backward_order"])}
+        for direction, order in orders.items():
+            want = {b: effective for d, b, _, effective in record["effective"] if d == direction}
+            assert set(want) == set(order) and want[order[0]] == int(variant.rsplit(maxsplit=1)[-1])
+            for step, events in enumerate(res["events"]):
+                issued = _issued_when_starting(events, direction)
+                got = {b: max(order.index(x) for x in issued[b] if x in order) - p for p, b in enumerate(order)}
+                assert got == want, (rank, step, direction)
+
+
+@pytest.mark.slow
 def test_probe_sees_plain_fsdp2_defaults_forward_0_backward_1(demo_runs: Any) -> None:
     """The probe checked on FSDP2 alone: no forward prefetch, implicit depth-1 backward prefetch (the root's group
     holds tok_embeddings, norm and output, so only the layers have all-gathers of their own)."""

@@ -150,14 +150,16 @@ def test_the_all_reduce_delay_follows_the_reduce_scatter_delay_unless_set() -> N
     assert buckets["layers.1"].origin("all_reduce_delay") == "reduce_scatter_delay"
 
 
-def test_torch_manual_leaves_all_reduces_and_says_so() -> None:
+def test_torch_manual_says_whether_it_left_the_all_reduces_unbucketed() -> None:
+    """Upstream's manual pass skips HSDP all-reduces before torch 2.14 and buckets them from 2.14: the record says
+    "left unbucketed" exactly when the graph still has one all-reduce per gradient."""
     syn = backward_graph(LAYERS, hsdp="all_reduce_first")
     cfg = overlapcfg.load_config({"strategy": "torch_manual", "plan": {"name": "layers", "buckets": ["layers.*"]}})
     with compat.fake_process_group(2):
         final = apply(syn.gm, cfg, graph_kind="backward", module_fqns=syn.module_fqns)
-    assert len(_starts(final, "all_reduce")) == 7
-    assert any("7 HSDP gradient all-reduces" in n and "left unbucketed" in n
-               for n in final.meta["overlapcfg"].notes)
+    left = len(_starts(final, "all_reduce"))
+    said = any("7 HSDP gradient all-reduces" in n and "left unbucketed" in n for n in final.meta["overlapcfg"].notes)
+    assert (left, said) in ((7, True), (len(LAYERS), False))
 
 
 # --- the cost model knows groups ------------------------------------------------------------------------------------

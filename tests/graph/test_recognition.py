@@ -143,6 +143,91 @@ def test_three_partial_gradients_of_one_weight_are_fsdp_and_owned_by_its_first_u
     assert _roles(gm) == [("reduce_scatter", "fsdp_reduce_scatter", "encoder.embed")] * 3
 
 
+def _chunked_head(chunks: int, accumulate: Callable[[_Graph, list[fx.Node]], fx.Node]) -> fx.GraphModule:
+    """A whole step shaped like torchtitan's chunked loss: ``head``'s weight gathered once, the head run on
+    ``chunks`` sequence chunks, each chunk's weight gradient reduce-scattered on its own (as the trace of
+    ``chunk_loss.backward()`` per chunk has it) and the partials combined by ``accumulate`` into the returned
+    gradient; then ``norm``'s gradient."""
+    g = _Graph()
+    shard = g.input("arg0_1", (DIM // 2, DIM))
+    norm_shard = g.input("arg1_1", (DIM // 2,))
+    hidden = g.input("arg2_1", (2, DIM))
+    w = g.gather(shard, "head")
+    norm_w = g.gather(norm_shard, "norm")
+    h = g.call(_aten.mul.Tensor, (hidden, norm_w), "norm")
+    waits = []
+    for _ in range(chunks):
+        logits = g.call(_aten.mm.default, (h, g.call(_aten.t.default, (w,), "head")), "head")
+        gy = g.call(_aten.ones_like.default, (logits,), "loss", backward=True)
+        grad = g.call(_aten.mm.default, (g.call(_aten.t.default, (gy,), "head", True), h), "head", True)
+        waits.append(g.scatter(grad, "head"))
+    norm_grad = g.scatter(g.call(_aten.mul.Tensor, (norm_w, norm_w), "norm", True), "norm")
+    return g.finish([accumulate(g, waits), norm_grad])
+
+
+def _in_place_sum(g: _Graph, waits: list[fx.Node]) -> fx.Node:
+    """``add_(add_(w0, w1), w2) ...``: what a trace of per-chunk ``.grad`` accumulation leaves."""
+    total = waits[0]
+    for wait in waits[1:]:
+        total = g.call(_aten.add_.Tensor, (total, wait), "head", True)
+    return total
+
+
+HEAD_PLAN = {"buckets": [["norm", "head"]], "require_full_coverage": True}
+
+
+def test_per_chunk_partial_gradients_accumulated_in_place_are_the_heads_fsdp_reduce_scatters() -> None:
+    """Regression (torchtitan's chunked loss): ``lm_head``'s weight gradient is reduce-scattered once per chunk and
+    the partials summed in place (``add_``). They were "other": unbucketed, uncounted, and the bucket said ``bw RS
+    1 -> 1`` under ``require_full_coverage``. Now all 8 are the head's FSDP reduce-scatters, merged with the norm's
+    into the bucket's one reduce-scatter, and the record says what merging them holds."""
+    gm = _chunked_head(8, _in_place_sum)
+    assert _roles(gm)[2:] == [("reduce_scatter", "fsdp_reduce_scatter", "head")] * 8 + [
+        ("reduce_scatter", "fsdp_reduce_scatter", "norm")]
+    with compat.fake_process_group(2):
+        final = apply(gm, load_config({"strategy": "manual", "plan": HEAD_PLAN}), graph_kind="joint")
+    record = final.meta["overlapcfg"]
+    assert record.before.get("backward", "reduce_scatter") == 9 and record.before.other == 0
+    assert record.after.get("backward", "reduce_scatter") == 1 and record.uncovered == ()
+    change = record.buckets[0].changes("backward", "reduce_scatter")
+    assert change is not None and (change.before, change.after) == (9, 1)
+    held = [n for n in record.notes if "8 reduce-scatters are partial gradients of one parameter of 'head'" in n]
+    assert len(held) == 1 and f"({8 * DIM * DIM * 4:,} bytes)" in held[0], record.notes
+
+
+def test_a_sum_that_also_adds_something_else_is_no_partial_sum() -> None:
+    """Only waits (and sums of them) make a partial-gradient sum: a partial added to an activation is not one."""
+    def with_extra(g: _Graph, waits: list[fx.Node]) -> fx.Node:
+        return g.call(_aten.add_.Tensor, (_in_place_sum(g, waits), g.inputs[2][0]), "head", True)
+
+    roles = [role for _, role, _ in _roles(_chunked_head(3, with_extra))]
+    assert roles[2:5] == ["other"] * 3
+
+
+def test_a_reduce_scatter_on_an_fsdp_group_that_ends_nowhere_known_is_uncovered_and_refused() -> None:
+    """Coverage counts every collective: a reduce-scatter on the group FSDP uses, whose result feeds no compute
+    (no activation's) yet ends nowhere overlapcfg recognizes as a gradient (here: added to a term computed from the
+    shard before it is returned), is counted as uncovered with the cause, and ``require_full_coverage`` refuses the
+    graph instead of leaving it silently unbucketed."""
+    def decayed(g: _Graph, waits: list[fx.Node]) -> fx.Node:
+        decay = g.call(_aten.mul.Tensor, (g.inputs[0][0], 0.1), "head", True)
+        return g.call(_aten.add.Tensor, (waits[0], decay), "head", True)
+
+    gm = _chunked_head(1, decayed)
+    found = find_collectives(gm.graph, module_fqn)
+    odd = [c for c in found if c.kind == "reduce_scatter" and not c.fsdp]
+    assert len(odd) == 1 and odd[0].unattributed and "do not end as a parameter's gradient" in odd[0].unattributed
+    with compat.fake_process_group(2):
+        with pytest.raises(OverlapConfigError, match=r"require_full_coverage: 1 reduce-scatter\(s\) look like FSDP "
+                                                     r"gradient reductions"):
+            apply(_chunked_head(1, decayed), load_config({"strategy": "manual", "plan": HEAD_PLAN}),
+                  graph_kind="joint")
+        lenient = {"strategy": "manual", "plan": {"buckets": [["norm", "head"]]}}
+        record = apply(gm, load_config(lenient), graph_kind="joint").meta["overlapcfg"]
+    assert [u.node for u in record.uncovered] == [odd[0].start.name]
+    assert any(n.startswith("overlapcfg: 1 reduce-scatters look like FSDP gradient reductions") for n in record.notes)
+
+
 def _without_descriptors(gm: fx.GraphModule) -> fx.GraphModule:
     for node in gm.graph.find_nodes(op="placeholder"):
         node.meta.pop("desc", None)

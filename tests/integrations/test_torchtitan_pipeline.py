@@ -26,6 +26,7 @@ import torch
 from overlapcfg import OverlapConfigError
 from overlapcfg.errors import UnsupportedGraphError
 from tests.support.torchtitan_pipeline import check_joint, run_registered
+from tests.thirdparty import conformance as C
 
 TORCHTITAN_PLAN = ["tok_embeddings", "layers.0", "layers.1", ["norm", "lm_head"]]
 """What the graph trainer's ``compile_time_passes`` gives its bucketing pass for a 2-layer dense model."""
@@ -257,6 +258,73 @@ def test_registered_pipeline_buckets_every_fsdp_collective_at_the_depths_asked(
     assert not record.uncovered
     params = [p for b in record.buckets for p in b.params]  # named from the tracer's state list, not arg<N>_1
     assert params and set(params) <= set(step.traced.state_fqns), params
+
+
+def _assert_head_partials_bucketed(record: Any) -> None:
+    """torchtitan's chunked loss (8 chunks): ``lm_head``'s 8 per-chunk reduce-scatters are counted as FSDP's and
+    merged with ``norm``'s into the head bucket's one reduce-scatter, and the record says what that holds."""
+    assert record.before.other == record.after.other == 0 and record.uncovered == ()
+    assert record.before.get("backward", "reduce_scatter") == 24  # 16 + 8: before, 16 and 8 "other"
+    assert record.after.get("backward", "reduce_scatter") == 4
+    head = [b for b in record.buckets if "lm_head" in b.modules]
+    assert [b.name for b in head] == ["lm_head+loss+norm"]  # torchtitan: [norm, lm_head, loss] for a chunked loss
+    change = head[0].changes("backward", "reduce_scatter")
+    assert change is not None and (change.before, change.after) == (9, 1)  # before: 1 -> 1 (norm's alone)
+    assert any(n.startswith("bucket 'lm_head+loss+norm': 8 reduce-scatters are partial gradients of one parameter "
+                            "of 'lm_head'") for n in record.notes), record.notes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reshard", ["always", "never"])
+def test_the_chunked_losss_per_chunk_head_reduce_scatters_are_counted_and_bucketed(
+        whole_step: Callable[..., Any], environ: Callable[[str | None], None], reshard: str) -> None:
+    """The graph trainer's Llama3 configs (``graph_trainer_llama3_debugmodel``, ``graph_trainer_llama3_8b``) train
+    with a chunked loss: traced, ``lm_head``'s weight gradient is reduce-scattered once per chunk. Those 8 were
+    filed as "other" with no note, even under ``require_full_coverage`` (torchtitan's plan requires it), and the
+    head's bucket said ``bw RS 1 -> 1``. Recognized by dataflow (partials summed in place into one returned
+    gradient) and checked by the independent checker against torchtitan's own annotations."""
+    step = whole_step("llama3", reshard, False, "chunked")
+    partials = [c for c in C.collectives(step.gm) if c.kind == "reduce_scatter" and C.custom_module(c.start)
+                == "lm_head"]
+    assert len(partials) == 8
+    environ(None)
+    gm = run_registered(step)
+    check_joint(gm, step.gm, 1)
+    _assert_head_partials_bucketed(gm.meta["overlapcfg"])
+
+
+@pytest.mark.slow
+def test_a_graph_trainer_step_with_its_default_chunked_loss_runs_through_the_pipeline(
+        environ: Callable[[str | None], None]) -> None:
+    """A ``GraphTrainer`` set up as the debug config sets it up (``ChunkedLossWrapper``, turned into
+    ``ChunkedLossWrapperWithParamGrads`` by ``to_graph_trainer_config``; ``lm_head`` set on the loss and skipped
+    by the model) traces its step, runs the registered pipeline and executes the step."""
+    from tests.thirdparty import graph_trainer as G
+    from tests.thirdparty import models as M
+
+    with G.graph_trainer_stubs():
+        from torchtitan.experiments.graph_trainer import registry
+        from torchtitan.experiments.graph_trainer.tests._trainer_test_utils import build_minimal_trainer
+        from torchtitan.experiments.graph_trainer.trainer import GraphTrainer
+
+        import overlapcfg.integrations.torchtitan  # noqa: F401
+
+    environ(None)
+    with M.fake_process_group(2):
+        model = G.build_model("llama3")
+        trainer = build_minimal_trainer(model, model.config, GraphTrainer, fsdp_reshard_after_forward="always",
+                                        compile_disable_passes=["cudagraph_pass"])
+        trainer.config.compile.pass_pipeline = "overlapcfg"
+        trainer.config.loss = G.loss_config("chunked")
+        trainer.loss_fn = G._loss_fn(model, "chunked")
+        trainer.device = torch.device("cpu")
+        registry.POST_INIT_HOOKS["overlapcfg"](trainer)
+        tokens, labels, valid = G.batch()
+        with G._cpu_sdpa_saved():
+            loss = trainer.forward_backward_step(input_dict={"input": tokens}, labels=labels,
+                                                 global_valid_tokens=valid)
+    assert torch.isfinite(loss)
+    _assert_head_partials_bucketed(trainer._traced_step.gm.meta["overlapcfg"])
 
 
 @pytest.mark.slow

@@ -191,9 +191,13 @@ def test_calibrate_on_two_gloo_ranks_gives_every_rank_one_profile(tmp_path: Path
     assert [g.name for g in cal.groups] == ["world"]
     assert {k.kind for k in cal.groups[0].collectives} == {"all_gather", "reduce_scatter", "all_reduce"}
     assert all(len(k.sizes) >= 4 and all(s > 0 for s in k.seconds) for k in cal.groups[0].collectives)
-    assert [k.what.split()[0] for k in cal.kernels] == ["memory", "matmul"]
+    assert [k.what.split()[:2] for k in cal.kernels] == [["memory", "(a"], ["matmul", "float32"],
+                                                         ["matmul", "bfloat16"]]  # both dtypes measured
     assert first.collectives is not None and first.collectives.intra_node is not None
     assert cal.kernels[0].overhead > 0 and first.peak_flops.fp32 > 0 and first.mem_bandwidth > 0
+    assert first.device_kind == "cpu" and cal.base == "cpu_gloo"
+    assert first.contention is not None and first.contention.intra_node is not None  # measured on the world group
+    assert [c.group for c in cal.contention] == ["world"] and len(cal.contention[0].compute_seconds) >= 3
     assert any("inter-node links: not measured" in n for n in cal.notes)
     written = tmp_path / "hardware" / "ci_gloo.yaml"
     assert load_hardware(written) == first  # rank 0 wrote it, once

@@ -109,7 +109,7 @@ def test_uncovered_collectives_are_listed_with_their_owners(traced_2l_reshard):
 def test_json_round_trip_is_lossless_and_versioned(report):
     text = report.to_json()
     data = json.loads(text)
-    assert data["schema"] == SCHEMA == "overlapcfg.report/4"
+    assert data["schema"] == SCHEMA == "overlapcfg.report/5"
     assert "forward" not in data and data["simulation"]["hardware"] == "h100_nvlink"
     again = Report.from_json(text)
     assert again == report and again.to_json() == text

@@ -334,7 +334,9 @@ def _copy_out_end(node: fx.Node) -> fx.Node:
     return node
 
 
-_COPY_OUT = (_aten.view.dtype, _aten.clone.default, _aten._unsafe_view.default, _aten.view.default)
+_COPY_OUT = (_aten.view.dtype, _aten.alias.default, _aten.clone.default, _aten._unsafe_view.default,
+             _aten.view.default)
+"""The ops of a merged all-gather's copy-out (torch 2.14's merge also puts an ``alias`` after the dtype view)."""
 
 
 # --- writes and identity ----------------------------------------------------------------------------------------
@@ -427,11 +429,13 @@ def inputs_swapped_under_their_names(gm: fx.GraphModule) -> list[str]:
 
 def foreach_group_index_dropped(gm: fx.GraphModule) -> list[str]:
     """``_pre_bucket_all_gather(..., foreach_group_indices)`` loses one index: that slot is never copied in."""
-    copy_in = next(n for n in _calls(gm, compat.pre_bucket_all_gather) if len(n.args) > 5 and n.args[5])
-    groups = list(copy_in.args[5])
+    copy_in = next(n for n in _calls(gm, compat.pre_bucket_all_gather)
+                   if compat.pre_bucket_all_gather_arguments(n.args, n.kwargs).get("foreach_group_indices"))
+    position = len(copy_in.args) - 1  # the schema's last argument (torch 2.11 has one more before it than 2.13)
+    groups = list(copy_in.args[position])
     dropped = next(i for i in groups if i >= 0)
     groups.remove(dropped)
-    _set_arg(copy_in, 5, groups)
+    _set_arg(copy_in, position, groups)
     p = copy_in.args[0][dropped].name
     return [rf"parameter {p} is no longer all-gathered", rf"reads [^;]*uninitialized\({copy_in.name}\)"]
 

@@ -4,7 +4,8 @@ everything here is importable by name).
 The probe does not read the driver's record or prefetch lists. It watches FSDP2 itself:
 
 - an **all-gather** is the real process-group call (``torch.distributed.all_gather_single``, what FSDP2's default
-  all-gather issues), attributed to the FSDP2 parameter group whose ``unshard`` is on the stack;
+  all-gather issues; ``all_gather_into_tensor`` on torch 2.11: ``compat.C10D_ALL_GATHER_NAME``), attributed to
+  the FSDP2 parameter group whose ``unshard`` is on the stack;
 - a bucket **starts computing in forward** at its first module's forward pre-hook, registered after sharding, so
   it runs after FSDP2's own pre-forward (which FSDP2 prepends): its unshard and its prefetches;
 - a bucket **starts computing in backward** when autograd first unpacks a tensor the bucket saved in forward
@@ -30,8 +31,10 @@ from torch.distributed.fsdp import fully_shard as torch_fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
 import overlapcfg
+from overlapcfg import compat
 from overlapcfg.demo.llama import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
+from overlapcfg.fsdp2 import read_record
 from tests.thirdparty import models as M
 
 ROOT = "<root>"
@@ -74,7 +77,7 @@ class Probe:
     @contextlib.contextmanager
     def installed(self) -> Iterator[Probe]:
         probe = self
-        unshard, all_gather = FSDPParamGroup.unshard, dist.all_gather_single
+        unshard, all_gather = FSDPParamGroup.unshard, getattr(dist, compat.C10D_ALL_GATHER_NAME)
 
         def traced_unshard(group: FSDPParamGroup, *args: Any, **kwargs: Any) -> Any:
             probe._groups.append(probe._label(group))
@@ -93,12 +96,12 @@ class Probe:
             handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
             handles.append(module.register_forward_hook(self._post_hook()))
         FSDPParamGroup.unshard = traced_unshard  # type: ignore[method-assign]
-        dist.all_gather_single = traced_all_gather
+        setattr(dist, compat.C10D_ALL_GATHER_NAME, traced_all_gather)
         try:
             yield self
         finally:
             FSDPParamGroup.unshard = unshard  # type: ignore[method-assign]
-            dist.all_gather_single = all_gather
+            setattr(dist, compat.C10D_ALL_GATHER_NAME, all_gather)
             for h in handles:
                 h.remove()
 
@@ -166,6 +169,22 @@ def plain_per_block(model: nn.Module, kind: str, mesh: Any) -> nn.Module:
     return model
 
 
+def prefetch_readback(model: nn.Module, buckets: dict[str, list[str]]) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """What FSDP2 itself holds, not what the driver meant to give it: each group's explicit forward and backward
+    prefetch lists (``FSDPState._states_to_forward_prefetch`` / ``_states_to_backward_prefetch``, private: the only
+    place FSDP2 keeps them), by bucket name, the root's group as ``ROOT``. A group listed in its own backward list
+    (how the driver switches FSDP2's implicit prefetch off) is left out: prefetching itself is a no-op."""
+    states = {ROOT: model._get_fsdp_state()}  # type: ignore[operator]
+    states.update({name: model.get_submodule(fqns[0])._get_fsdp_state() for name, fqns in buckets.items()})
+    name_of = {id(state): name for name, state in states.items()}
+
+    def names(owner: str, listed: list[Any]) -> tuple[str, ...]:
+        return tuple(n for s in listed if (n := name_of.get(id(s), "?")) != owner)
+
+    return {name: (names(name, state._states_to_forward_prefetch), names(name, state._states_to_backward_prefetch))
+            for name, state in states.items()}
+
+
 # --- the rank function --------------------------------------------------------------------------------------------
 
 def train_variants(rank: int, world_size: int, kind: str, variants: dict[str, Any],
@@ -201,6 +220,13 @@ def train_variants(rank: int, world_size: int, kind: str, variants: dict[str, An
                 res["grads"].append(grads)
         res["events"] = probe.steps
         res["params"] = {n: p.detach().to_local().clone() for n, p in model.named_parameters()}
+        if cfg is not None:  # after the steps: the first forward may have re-planned the lists
+            record = read_record(model)
+            res["readback"] = prefetch_readback(model, buckets)
+            res["record"] = {"forward": dict(record.forward_prefetch), "backward": dict(record.backward_prefetch),
+                             "effective": [(d.direction, d.bucket, d.position, d.effective)
+                                           for d in record.decisions if d.kind == "all_gather"],
+                             "backward_order": record.backward_order}
         out[variant] = res
     return out
 

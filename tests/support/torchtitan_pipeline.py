@@ -21,17 +21,17 @@ from tests.support.checker import (
 )
 
 
-def trainer_config(reshard: str) -> Any:
-    """The slice of ``GraphTrainer.Config`` the pipeline reads for the fixture's 2-layer dense models."""
+def trainer_config(reshard: str, loss: str = "cross_entropy") -> Any:
+    """The slice of ``GraphTrainer.Config`` the pipeline reads for the fixture's 2-layer dense models (``loss``: a
+    chunked loss adds ``loss`` to torchtitan's head bucket)."""
     from tests.thirdparty import graph_trainer as G
 
     with G.graph_trainer_stubs():
-        from torchtitan.components.loss import CrossEntropyLoss
         from torchtitan.config import ParallelismConfig
         from torchtitan.experiments.graph_trainer.configs import GraphTrainerCompileConfig
 
     layers = [types.SimpleNamespace(moe=None)] * 2
-    return types.SimpleNamespace(compile=GraphTrainerCompileConfig(), loss=CrossEntropyLoss.Config(),
+    return types.SimpleNamespace(compile=GraphTrainerCompileConfig(), loss=G.loss_config(loss),
                                  model_spec=types.SimpleNamespace(model=types.SimpleNamespace(layers=layers)),
                                  parallelism=ParallelismConfig(fsdp_reshard_after_forward=reshard))
 
@@ -45,7 +45,7 @@ def registered_pass(step: Any) -> Callable[..., fx.GraphModule]:
 
         import overlapcfg.integrations.torchtitan  # noqa: F401
 
-    passes = PASS_PIPELINE_REGISTRY["overlapcfg"](step.traced, trainer_config(step.reshard))
+    passes = PASS_PIPELINE_REGISTRY["overlapcfg"](step.traced, trainer_config(step.reshard, step.loss))
     found = [p for p in passes if isinstance(p, functools.partial) and p.func.__name__ == "overlapcfg_bucketing_pass"]
     assert len(found) == 1, passes
     return found[0]

@@ -48,17 +48,20 @@ def apply_to(step: TracedStep, graph_name: Direction, cfg: Any) -> fx.GraphModul
                      graph_kind=graph_name)
 
 
-_WHOLE_STEPS: dict[tuple[str, str, bool], Any] = {}
+_WHOLE_STEPS: dict[tuple[str, str, bool, str], Any] = {}
 
 
-def whole_step_capture(model: str = "llama3", reshard: str = "always", optimizer: bool = False) -> Any:
+def whole_step_capture(model: str = "llama3", reshard: str = "always", optimizer: bool = False,
+                       loss: str = "cross_entropy") -> Any:
     """torchtitan graph_trainer's whole-step graph of ``model`` (``llama3`` / ``qwen3_tied``), normalized by
     torchtitan's own passes, captured once per process under a fake group of 2 (``tests/thirdparty/graph_trainer``;
-    no overlapcfg involved). Shared read-only: transform ``.copy()``."""
-    key = (model, reshard, optimizer)
+    no overlapcfg involved). ``loss``: ``cross_entropy`` or the trainer's default ``chunked``. Shared read-only:
+    transform ``.copy()``."""
+    key = (model, reshard, optimizer, loss)
     if key not in _WHOLE_STEPS:
         from tests.thirdparty import graph_trainer, models
 
         with models.fake_process_group(2):
-            _WHOLE_STEPS[key] = graph_trainer.capture_whole_step(model, reshard=reshard, optimizer=optimizer)
+            _WHOLE_STEPS[key] = graph_trainer.capture_whole_step(model, reshard=reshard, optimizer=optimizer,
+                                                                 loss=loss)
     return _WHOLE_STEPS[key]

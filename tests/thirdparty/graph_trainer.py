@@ -21,10 +21,16 @@ Models (2 layers, dim 64, vocab 128, batch 2, seq 16; SimpleFSDP ``data_parallel
   tied to ``lm_head``), built in the trainer's order: ``annotate_module_fqns`` -> ``data_parallel`` (which unties)
   -> ``init_states`` (which re-ties).
 
-Variants: ``reshard`` ("always" / "never": ``parallelism.fsdp_reshard_after_forward``, read by the memory policy)
-and ``optimizer`` (False: the trainer's own step function, gradients returned as graph outputs; True: the same step
+Variants: ``reshard`` ("always" / "never": ``parallelism.fsdp_reshard_after_forward``, read by the memory policy),
+``optimizer`` (False: the trainer's own step function, gradients returned as graph outputs; True: the same step
 with ``torch.optim.AdamW`` traced in, as ``minimal_fx_tracer(fn, module=model, optimizer=opt)`` supports: the
-gradients are consumed by in-place optimizer updates, the step returns the loss only).
+gradients are consumed by in-place optimizer updates, the step returns the loss only) and ``loss``
+("cross_entropy": ``CrossEntropyLoss``, as torchtitan's own pass tests use; "chunked": the loss the graph
+trainer's Llama3 configs train with, ``graph_trainer_llama3_debugmodel`` and ``graph_trainer_llama3_8b`` included:
+``ChunkedLossWrapper`` (8 sequence chunks) turned into ``ChunkedLossWrapperWithParamGrads`` by
+``to_graph_trainer_config``, the model run with ``_skip_lm_head`` and ``lm_head`` called once per chunk, as the
+trainer sets it up. Traced, ``lm_head``'s weight gradient is reduce-scattered once per chunk and the 8 partials are
+accumulated in place, ``add_``).
 
 CPU set-up quirks handled here (see NOTES.md section 6): the default SAC policy's save list holds only the CUDA SDPA
 ops, and the remat pass cannot recompute ``aten._scaled_dot_product_flash_attention_for_cpu`` (nondeterministic
@@ -62,6 +68,7 @@ from . import models as M
 __all__ = [
     "BUCKETING_PASS",
     "MODELS",
+    "LOSSES",
     "RESHARD",
     "WholeStep",
     "batch",
@@ -74,6 +81,7 @@ __all__ = [
 
 MODELS = ("llama3", "qwen3_tied")
 RESHARD = ("always", "never")
+LOSSES = ("cross_entropy", "chunked")
 BUCKETING_PASS = "joint_transformer_block_bucketing_reordering_pass"
 LR = 1e-2
 """AdamW learning rate of the traced optimizer step (large enough that one step visibly moves every parameter)."""
@@ -200,7 +208,25 @@ def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
     return opt
 
 
-def _step_fn(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Callable[..., Any]:
+def _loss_fn(model: nn.Module, loss: str) -> Any:
+    """The trainer's loss function for ``loss`` (``LOSSES``), set up on ``model`` as ``Trainer.__init__`` does."""
+    with graph_trainer_stubs():
+        from torchtitan.components.loss import CrossEntropyLoss
+        from torchtitan.experiments.graph_trainer.chunked_loss import ChunkedLossWrapperWithParamGrads
+
+    if loss == "cross_entropy":
+        return CrossEntropyLoss(CrossEntropyLoss.Config())
+    if loss != "chunked":
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    chunked = ChunkedLossWrapperWithParamGrads(ChunkedLossWrapperWithParamGrads.Config(
+        loss_fn=CrossEntropyLoss.Config()))
+    chunked.set_lm_head(model.lm_head)
+    model._skip_lm_head = True  # type: ignore[assignment]
+    return chunked
+
+
+def _step_fn(model: nn.Module, optimizer: torch.optim.Optimizer | None,
+             loss: str = "cross_entropy") -> Callable[..., Any]:
     """The graph trainer's ``make_fwd_bwd_step`` (forward, annotated loss, ``torch.autograd.grad``); with an
     optimizer, the gradients are then summed per live parameter and ``optimizer.step()`` is traced in too; the step
     returns ``[loss]``.
@@ -213,10 +239,9 @@ def _step_fn(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Calla
     summed here by the live parameter's identity, as eager accumulation does: ``add(rs_tok_embeddings,
     rs_lm_head)`` feeds the update."""
     with graph_trainer_stubs():
-        from torchtitan.components.loss import CrossEntropyLoss
         from torchtitan.experiments.graph_trainer.trainer import make_fwd_bwd_step
 
-    fwd_bwd = make_fwd_bwd_step(model, CrossEntropyLoss(CrossEntropyLoss.Config()))
+    fwd_bwd = make_fwd_bwd_step(model, _loss_fn(model, loss))
     if optimizer is None:
         return fwd_bwd
     live = [p for _, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
@@ -237,17 +262,28 @@ def _step_fn(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Calla
     return fwd_bwd_opt
 
 
-def _trainer_config(model: nn.Module, reshard: str) -> Any:
-    """The slice of ``GraphTrainer.Config`` that ``compile_time_passes`` reads (as torchtitan's own
-    ``test_passes.py`` builds it): default compile config, cross-entropy loss, the model's layers, and
-    ``parallelism.fsdp_reshard_after_forward``."""
+def loss_config(loss: str) -> Any:
+    """The trainer config's ``loss`` for ``loss`` (``LOSSES``): ``compile_time_passes`` reads it (a chunked loss
+    adds ``loss`` to the head's bucket of its plan)."""
     with graph_trainer_stubs():
         from torchtitan.components.loss import CrossEntropyLoss
+        from torchtitan.experiments.graph_trainer.chunked_loss import ChunkedLossWrapperWithParamGrads
+
+    if loss == "chunked":
+        return ChunkedLossWrapperWithParamGrads.Config(loss_fn=CrossEntropyLoss.Config())
+    return CrossEntropyLoss.Config()
+
+
+def _trainer_config(model: nn.Module, reshard: str, loss: str = "cross_entropy") -> Any:
+    """The slice of ``GraphTrainer.Config`` that ``compile_time_passes`` reads (as torchtitan's own
+    ``test_passes.py`` builds it): default compile config, the loss, the model's layers, and
+    ``parallelism.fsdp_reshard_after_forward``."""
+    with graph_trainer_stubs():
         from torchtitan.config import ParallelismConfig
         from torchtitan.experiments.graph_trainer.configs import GraphTrainerCompileConfig
 
     return types.SimpleNamespace(
-        compile=GraphTrainerCompileConfig(), loss=CrossEntropyLoss.Config(),
+        compile=GraphTrainerCompileConfig(), loss=loss_config(loss),
         model_spec=types.SimpleNamespace(model=_model_config(model)),
         parallelism=ParallelismConfig(fsdp_reshard_after_forward=reshard))
 
@@ -277,6 +313,7 @@ class WholeStep:
     model: str
     reshard: str
     optimizer: bool
+    loss: str
     world_size: int
     rank: int
     traced: Any
@@ -292,7 +329,7 @@ class WholeStep:
 
     @property
     def name(self) -> str:
-        return f"{self.model}-{self.reshard}{'-optim' if self.optimizer else ''}"
+        return step_name(self.model, self.reshard, self.optimizer, self.loss)
 
     @property
     def gm(self) -> fx.GraphModule:
@@ -353,7 +390,13 @@ def _normalize(traced: Any, config: Any) -> tuple[fx.GraphModule, Callable[..., 
     return gm, bucketing[0], tuple(P._get_pass_name(p) for p in kept), plans
 
 
-def trace(model: nn.Module, *, reshard: str, optimizer: torch.optim.Optimizer | None) -> tuple[Any, Any]:
+def step_name(model: str, reshard: str, optimizer: bool, loss: str = "cross_entropy") -> str:
+    """``llama3-always``, ``qwen3_tied-never-optim``, ``llama3-always-chunked``."""
+    return f"{model}-{reshard}{'-optim' if optimizer else ''}{'-chunked' if loss == 'chunked' else ''}"
+
+
+def trace(model: nn.Module, *, reshard: str, optimizer: torch.optim.Optimizer | None,
+          loss: str = "cross_entropy") -> tuple[Any, Any]:
     """Trace one whole step of ``model`` (and ``optimizer``) and normalize it; returns ``(traced, extras)`` where
     ``extras`` is ``(bucketing_pass, pass_names, module_bucket_plans)``. The default group must be open."""
     if reshard not in RESHARD:
@@ -362,22 +405,23 @@ def trace(model: nn.Module, *, reshard: str, optimizer: torch.optim.Optimizer | 
         from torchtitan.experiments.graph_trainer.make_fx_tracer import minimal_fx_tracer
 
     tokens, labels, valid = batch()
-    traced = minimal_fx_tracer(_step_fn(model, optimizer), module=model, optimizer=optimizer)(
+    traced = minimal_fx_tracer(_step_fn(model, optimizer, loss), module=model, optimizer=optimizer)(
         tokens, labels, valid, {})
-    gm, bucketing, names, plans = _normalize(traced, _trainer_config(model, reshard))
+    gm, bucketing, names, plans = _normalize(traced, _trainer_config(model, reshard, loss))
     traced.gm = gm
     return traced, (bucketing, names, plans)
 
 
-def capture_whole_step(model: str, *, reshard: str = "always", optimizer: bool = False) -> WholeStep:
+def capture_whole_step(model: str, *, reshard: str = "always", optimizer: bool = False,
+                       loss: str = "cross_entropy") -> WholeStep:
     """Build ``model``, trace its whole step as the graph trainer does and run torchtitan's passes up to (not
     including) its joint bucketing pass. Runs under the open default group (fake for capture, gloo for parity)."""
     started = time.perf_counter()
     module = build_model(model)
     opt = _optimizer(module) if optimizer else None
-    traced, (bucketing, names, plans) = trace(module, reshard=reshard, optimizer=opt)
-    return WholeStep(model, reshard, optimizer, dist.get_world_size(), dist.get_rank(), traced, plans, bucketing,
-                     names, time.perf_counter() - started)
+    traced, (bucketing, names, plans) = trace(module, reshard=reshard, optimizer=opt, loss=loss)
+    return WholeStep(model, reshard, optimizer, loss, dist.get_world_size(), dist.get_rank(), traced, plans,
+                     bucketing, names, time.perf_counter() - started)
 
 
 def run_whole_step(traced: Any, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
@@ -398,20 +442,22 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return (to_local() if to_local is not None else t).detach().clone()
 
 
-def whole_step_parity_worker(rank: int, world_size: int, jobs: Sequence[tuple[str, str, bool, dict[str, Any]]],
+def whole_step_parity_worker(rank: int, world_size: int, jobs: Sequence[tuple[Any, ...]],
                              transform: Callable[[fx.GraphModule, dict[str, Any]], fx.GraphModule],
                              ) -> dict[str, Any]:
-    """For each ``(model, reshard, optimizer, cfg)``: capture the whole step on this rank's gloo group, run it once
+    """For each ``(model, reshard, optimizer, cfg[, loss])``: capture the whole step on this rank's gloo group
+    (``loss``: ``LOSSES``, cross entropy by default; results keyed by ``step_name``), run it once
     untransformed and once as ``transform(copy, cfg)`` returns it, each from the same freshly built model (and
     optimizer) state. Returns per job the losses, the outputs (gradient shards) and, with the optimizer, the
     updated parameter shards of both runs, plus ``transform``'s graph for inspection counts.
 
     ``transform`` is the caller's (overlapcfg's pass, from the test): this module itself imports no overlapcfg."""
     out: dict[str, Any] = {}
-    for model_name, reshard, with_optimizer, cfg in jobs:
+    for model_name, reshard, with_optimizer, cfg, *rest in jobs:
+        loss = rest[0] if rest else "cross_entropy"
         started = time.perf_counter()
         results = {}
-        step = capture_whole_step(model_name, reshard=reshard, optimizer=with_optimizer)
+        step = capture_whole_step(model_name, reshard=reshard, optimizer=with_optimizer, loss=loss)
         transformed = transform(step.copy(), cfg)
         for label, gm in (("reference", step.gm), ("transformed", transformed)):
             model = build_model(model_name)
@@ -424,7 +470,7 @@ def whole_step_parity_worker(rank: int, world_size: int, jobs: Sequence[tuple[st
                 "collectives": _collective_counts(gm),
             }
         results["seconds"] = time.perf_counter() - started
-        out[f"{model_name}-{reshard}{'-optim' if with_optimizer else ''}"] = results
+        out[step_name(model_name, reshard, with_optimizer, loss)] = results
     return out
 
 

@@ -332,13 +332,26 @@ def fake_process_group(world_size: int = 2, rank: int = 0) -> Iterator[dist.Proc
     if dist.is_initialized():
         raise RuntimeError("fake_process_group: a default process group already exists")
     old_hook = sys.excepthook
+    _forget_dtensor_caches()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         assert dist.group.WORLD is not None
         yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
+        _forget_dtensor_caches()
         sys.excepthook = old_hook
+
+
+def _forget_dtensor_caches() -> None:
+    """What any code that opens and destroys process groups in one process must do (README, "One process, many
+    traces"): DTensor's sharding caches match device meshes by equality and would hand the next group's models the
+    meshes of this one."""
+    from torch.distributed.tensor import _redistribute
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    _redistribute.clear_redistribute_planner_cache()
 
 
 # --- torchtitan ---------------------------------------------------------------------------------------------------

@@ -57,8 +57,11 @@ def _result(*, budget: int | None = 8 * MIB) -> TuneResult:
              _candidate("attn|ffn split fp2 bp2 rs1", 133.1e-6, int(2.2 * MIB)), best, fastest)
     grid = tuple(_candidate(f"grey {i}", (132.5 + 0.2 * i) * 1e-6, int((2.2 + 0.1 * (i % 5)) * MIB))
                  for i in range(15))
+    rivals = tuple(_candidate(name, step, int(mib * MIB), arm=-2) for name, step, mib in (
+        ("none (as traced)", 180.1e-6, 0.1), ("auto (torch's scheduler)", 134.4e-6, 3.1)))
     return TuneResult(config=CONFIG, best=best, fastest=fastest, tie_tolerance=TIE_TOLERANCE,
-                      top=(fastest, best, presets[0], wide), pareto=front, presets=presets, skipped=(),
+                      top=(fastest, best, presets[0], wide), pareto=front, presets=presets, competitors=rivals,
+                      lower_bound_seconds=121.0e-6, skipped=(),
                       candidates=(*front, *grid, wide), verification=None, stalls=(), hardware="h100_nvlink",
                       world_size=2, memory_budget=budget, as_dtype=None, space=TuneSpace(), evaluated=2042,
                       profile_seconds=0.3, seconds=1.0, arms=12)
@@ -80,7 +83,7 @@ def test_tune_tables_keep_every_column_and_every_value_whole(width: int) -> None
     assert max(len(line) for line in text.splitlines()) <= width
     for header in ("step", "vs best", "exposed", "peak in", "unsharded", "fits"):
         assert header in text, header
-    rows = [*result.top, *result.pareto, *result.presets]
+    rows = [*result.top, *result.pareto, *result.presets, *result.competitors]
     for c in rows:
         for value in (fmt_seconds(c.step_seconds), fmt_seconds(c.score.exposed_comm_seconds),
                       fmt_bytes(c.peak_inflight_bytes), fmt_bytes(c.score.peak_unsharded_param_bytes)):

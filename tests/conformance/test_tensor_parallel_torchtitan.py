@@ -13,6 +13,11 @@
   backward graph alone cannot tell: it leaves them, counts them as uncovered and says why.
 
 Evidence and per-collective dumps: ``python -m tests.thirdparty.dump_tp``.
+
+It runs with the rest of the suite, whatever ran before: it used to need an interpreter of its own, because DTensor's
+sharding caches carried the device mesh of a TP model traced earlier in the process into this one (two meshes met
+in one ``add``, mis-shaped); overlapcfg now clears them around every capture
+(``tests/capture/test_one_process_many_traces.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,247 @@
+"""Torch's upstream overlap schedulers, for the ``torch_manual`` and ``auto`` strategies: ``manual_overlap_bucketing``
+and ``schedule_overlap_bucketing`` with their settings mapped onto the installed release (probed from their
+signatures; a setting a release cannot honour raises ``UnsupportedByThisTorch``), their CPU-only workaround
+(``no_triton_runtime_estimates``) and the cyclic ordering hints ``auto`` may make (``dropped_cyclic_overlap_deps``).
+
+Like ``overlapcfg.compat._torch``, reached as ``overlapcfg.compat.<name>``; nothing else imports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterator
+
+import torch as _torch
+from torch import fx as _fx
+from torch._ops import OpOverload as _OpOverload
+from torch.utils._pytree import tree_leaves
+
+from overlapcfg.errors import OverlapConfigError
+
+__all__ = [
+    "UnsupportedByThisTorch",
+    "auto_scheduler_parameters",
+    "dropped_cyclic_overlap_deps",
+    "manual_overlap_bucketing",
+    "no_triton_runtime_estimates",
+    "roofline_estimates_work",
+    "schedule_overlap_bucketing",
+]
+
+
+# What the upstream schedulers accept differs by release; probed once, from their signatures (importing their
+# modules pulls in the whole scheduler, so it happens on first use, once).
+@functools.cache
+def _manual_overlap_bucketing() -> tuple[Callable[..., object], frozenset[str]]:
+    from torch._inductor.fx_passes.overlap_manual_scheduling import manual_overlap_bucketing as upstream
+
+    return upstream, frozenset(inspect.signature(upstream).parameters)
+
+
+@functools.cache
+def _schedule_overlap_bucketing() -> tuple[Callable[..., object], frozenset[str]]:
+    from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing as upstream
+
+    return upstream, frozenset(inspect.signature(upstream).parameters)
+
+
+class UnsupportedByThisTorch(OverlapConfigError):
+    """A setting the installed torch's upstream pass has no way to honour (``setting``: the policy field; the
+    message says what this torch does instead). Strategies turn it into a config error at the setting's path
+    (``overlapcfg.strategies.base.this_torch_supports``); one that escapes is still a config error, without it."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+_MANUAL_FIXED_BUCKET_MODE = "custom_ops"
+"""torch 2.11's ``manual_overlap_bucketing`` has no ``bucket_mode`` and always buckets as ``custom_ops``."""
+
+
+def manual_overlap_bucketing(gm: _fx.GraphModule, module_bucket_plans: list[list[str]], *,
+                             insert_overlap_deps: bool = False, module_stack_fn: Callable[..., object] | None = None,
+                             bucket_mode: str | None = None) -> object:
+    """Upstream ``manual_overlap_bucketing`` (imported on first use: its module pulls in the whole scheduler).
+
+    ``bucket_mode`` is passed where upstream takes it (torch >= 2.13); torch 2.11's always buckets as
+    ``custom_ops``, so there any other mode raises ``UnsupportedByThisTorch`` rather than being ignored.
+    """
+    upstream, parameters = _manual_overlap_bucketing()
+    kwargs: dict[str, object] = {"insert_overlap_deps": insert_overlap_deps, "module_stack_fn": module_stack_fn}
+    if "bucket_mode" in parameters:
+        kwargs["bucket_mode"] = bucket_mode
+    elif bucket_mode not in (None, _MANUAL_FIXED_BUCKET_MODE):
+        raise UnsupportedByThisTorch("bucket_mode", (
+            f"bucket_mode {bucket_mode!r} needs torch >= 2.13: torch {_torch.__version__}'s manual_overlap_bucketing "
+            f"always buckets as {_MANUAL_FIXED_BUCKET_MODE!r} (set bucket_mode: {_MANUAL_FIXED_BUCKET_MODE})"))
+    return upstream(gm, module_bucket_plans, **kwargs)
+
+
+def _analytical_compute_estimate(node: _fx.Node, override_size: int | None = None) -> float | None:
+    """torch 2.11's ``custom_runtime_estimation`` hook answering for compute nodes as ``compute_estimator=
+    "analytical"`` does from torch 2.13 on (``estimate_roofline_runtime_ms``: the larger of FLOPs at peak and bytes
+    at memory bandwidth, in ms), and ``None`` (upstream's own estimate) for the rest. 2.11's own analytical estimate
+    asserts a CUDA device; this one reads the device figures ``no_triton_runtime_estimates`` supplies without one."""
+    from torch._inductor.fx_passes import overlap_scheduling
+    from torch.utils import _runtime_estimation as runtime_estimation
+    from torch.utils._pytree import tree_map
+    from torch.utils.flop_counter import flop_registry
+
+    if not overlap_scheduling.is_compute_node(node):
+        return None
+    target = node.target
+    if isinstance(target, _OpOverload) and target.is_view and target.namespace in ("aten", "prims"):
+        return 0.0
+    out = node.meta.get("val")
+    if out is None:
+        return 0.0
+
+    def value(arg: object) -> object:
+        return arg.meta.get("val") if isinstance(arg, _fx.Node) else arg
+
+    args, kwargs = tree_map(value, node.args), tree_map(value, node.kwargs)
+    outs = [t for t in tree_leaves(out) if isinstance(t, _torch.Tensor)]
+    packet = getattr(target, "overloadpacket", None)
+    compute_ns = 0.0
+    if packet in flop_registry and outs:
+        compute_ns = float(runtime_estimation.get_compute_time(packet, args, kwargs, out, {outs[0].dtype}))
+    transfer_ns = float(runtime_estimation.get_transfer_time(tree_leaves((args, kwargs)), outs))
+    return max(compute_ns, transfer_ns) / 1e6
+
+
+def auto_scheduler_parameters() -> frozenset[str]:
+    """The keyword arguments the installed torch's ``schedule_overlap_bucketing`` takes (from torch 2.13 on it
+    pre-buckets FSDP collectives itself, ``pre_bucketing_fsdp_collectives``; torch 2.11 does not)."""
+    return _schedule_overlap_bucketing()[1]
+
+
+def schedule_overlap_bucketing(gm: _fx.GraphModule, **knobs: object) -> object:
+    """Upstream automatic ``schedule_overlap_bucketing`` (imported on first use), with ``knobs`` (``AutoPolicy``'s
+    fields, named as torch 2.13 names them) mapped onto the installed release:
+
+    - torch 2.11 has no ``compute_estimator``: it benchmarks every compute node unless a ``custom_runtime_estimation``
+      answers first, so ``"analytical"`` becomes one that answers with its analytical estimate for compute nodes;
+      ``"benchmark"`` is what it does anyway.
+    - A knob the release does not take, set to anything but "torch's default" (``None``), raises
+      ``UnsupportedByThisTorch``; ``None`` is dropped. Nothing is ignored silently.
+    """
+    upstream, parameters = _schedule_overlap_bucketing()
+    kwargs: dict[str, object] = {}
+    for name, value in knobs.items():
+        if name in parameters:
+            kwargs[name] = value
+        elif name == "compute_estimator" and "custom_runtime_estimation" in parameters:
+            if value == "analytical" and knobs.get("custom_runtime_estimation") is None:
+                kwargs["custom_runtime_estimation"] = _analytical_compute_estimate
+        elif value is not None:
+            raise UnsupportedByThisTorch(name, (
+                f"{name}={value!r} needs a newer torch: torch {_torch.__version__}'s schedule_overlap_bucketing has "
+                f"no {name!r} (leave it unset, null, to use this torch's behaviour)"))
+    return upstream(gm, **kwargs)
+
+
+@functools.cache
+def roofline_estimates_work() -> bool:
+    """Whether inductor's roofline estimates can run here: triton imports *and* finds a device it drives.
+
+    Asked once, at first need (``torch.utils._triton.has_triton``, torch's own answer; it looks at the devices, so
+    not at import). A CUDA build of torch on a machine without a GPU has triton, which imports and then finds no
+    driver (``RuntimeError: 0 active drivers ([]). There should only be one.``): that is a "no" like a CPU build.
+    """
+    from torch.utils._triton import has_triton
+
+    try:
+        return bool(has_triton())
+    except (ImportError, RuntimeError):
+        return False
+
+
+@contextlib.contextmanager
+def no_triton_runtime_estimates() -> Iterator[None]:
+    """Let upstream schedulers run where inductor cannot time kernels on a GPU, for the duration of the block.
+
+    ``OverlapScheduler.__init__`` asks ``torch._inductor.utils.get_gpu_dram_gbps`` (triton) for roofline
+    estimates even when every estimate is overridden; without triton that raises ``ModuleNotFoundError``, and with
+    triton but no GPU (a CUDA wheel on a laptop or login node) triton's ``RuntimeError: 0 active drivers``. Where
+    the estimates work (``roofline_estimates_work``) nothing is changed.
+    """
+    if roofline_estimates_work():
+        yield
+        return
+    import torch._inductor.utils as inductor_utils
+    import torch.utils._runtime_estimation as runtime_estimation
+
+    # Nominal figures (an H100's order of magnitude) only feed upstream's estimates; the manual scheduler
+    # overrides every estimate with 0, and ``auto`` on a CPU is a planning aid, not a measurement.
+    fakes: dict[str, Callable[..., object]] = {"get_gpu_dram_gbps": lambda *a, **k: 3000,
+                                               "get_device_tflops": lambda *a, **k: 500.0}
+    saved = [(mod, name, getattr(mod, name)) for mod in (inductor_utils, runtime_estimation) for name in fakes
+             if hasattr(mod, name)]
+    # torch 2.11's automatic scheduler also logs an analytical estimate of every compute node from a function that
+    # asserts a CUDA device (``estimate_runtime_analytical``); it only feeds that log line.
+    from torch._inductor.fx_passes import overlap_scheduling
+
+    if hasattr(overlap_scheduling, "estimate_runtime_analytical"):
+        saved.append((overlap_scheduling, "estimate_runtime_analytical",
+                      overlap_scheduling.estimate_runtime_analytical))
+        fakes["estimate_runtime_analytical"] = lambda node: _analytical_compute_estimate(node) or 0.0
+    for mod, name, _ in saved:
+        setattr(mod, name, fakes[name])
+    try:
+        yield
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
+
+def _cycle_log() -> logging.Logger | None:
+    """The logger torch's cyclic-hint fixer writes to, where this release has that fixer (torch >= 2.13)."""
+    from torch._inductor import augmented_graph_helper
+    from torch._inductor import config as inductor_config
+
+    has_fixer = hasattr(inductor_config.aten_distributed_optimizations, "overlap_scheduling_autofix_cycles")
+    return getattr(augmented_graph_helper, "log", None) if has_fixer else None
+
+
+_CYCLE_LOG = _cycle_log()
+
+
+@contextlib.contextmanager
+def dropped_cyclic_overlap_deps() -> Iterator[list[str]]:
+    """Within the block, upstream's automatic scheduler drops the ordering dependencies it added that form a
+    cycle instead of raising ``RuntimeError: detected N cyclic extra dep(s)`` (inductor's own escape hatch,
+    ``aten_distributed_optimizations.overlap_scheduling_autofix_cycles``), and the yielded list collects torch's
+    message naming each dropped pair. The dependencies are overlap hints, not data edges: dropping one costs
+    overlap, never correctness (and ``apply`` verifies the result).
+
+    Seen with ``collective_bucketing`` on HSDP backward graphs that reduce-scatter first: a bucket of
+    reduce-scatters gets a hint to wait for compute that itself needs an earlier all-reduce of the bucket.
+
+    torch 2.11 has neither the setting nor the check (its scheduler does not look for cyclic hints): there the
+    block changes nothing and the list stays empty."""
+    from torch._inductor import config as inductor_config
+
+    found: list[str] = []
+    if _CYCLE_LOG is None:
+        yield found
+        return
+    logger = _CYCLE_LOG
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if "cyclic extra dep" in message:
+                found.append(message)
+
+    handler = _Collect(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        with inductor_config.patch({"aten_distributed_optimizations.overlap_scheduling_autofix_cycles": True}):
+            yield found
+    finally:
+        logger.removeHandler(handler)
