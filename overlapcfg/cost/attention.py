@@ -122,13 +122,15 @@ def _fused(call: Sequence[fx.Node]) -> tuple[FusedAttention, FusedAttention] | N
     if len(mms) != 2:
         return None
     offset = 1 if mms[0].target is torch.ops.aten.baddbmm.default else 0
-    first = (_shape(mms[0], offset), _shape(mms[0], offset + 1))
-    second = (_shape(mms[1], 1 if mms[1].target is torch.ops.aten.baddbmm.default else 0),
-              _shape(mms[1], 2 if mms[1].target is torch.ops.aten.baddbmm.default else 1))
-    if None in first or None in second or len(first[0]) != 3 or len(second[1]) != 3:  # type: ignore[arg-type]
+    q_shape, k_shape = _shape(mms[0], offset), _shape(mms[0], offset + 1)
+    offset = 1 if mms[1].target is torch.ops.aten.baddbmm.default else 0
+    p_shape, v_shape = _shape(mms[1], offset), _shape(mms[1], offset + 1)
+    if q_shape is None or k_shape is None or p_shape is None or v_shape is None \
+            or len(q_shape) != 3 or len(k_shape) != 3 or len(v_shape) != 3:
         return None
-    (batch, sq, d), (_, _, sk) = first[0], first[1]  # type: ignore[misc]
-    _, sk2, dv = second[1]  # type: ignore[misc]
+    batch, sq, d = q_shape
+    sk = k_shape[2]
+    sk2, dv = v_shape[1], v_shape[2]
     if sk2 != sk:
         return None
     val = mms[0].meta.get("val")
