@@ -103,3 +103,16 @@ def test_an_unwaited_return_reads_the_wait_after_folding_and_the_outputs_are_the
     assert [u.name for u in ag.start.users] == ["wait"]
     assert [a.name for a in gm.graph.output_node().args[0]] == ["use", "wait"]
     verify(before, gm, direction="forward")
+
+
+def test_a_graph_returning_a_waited_collectives_raw_result_verifies_as_traced() -> None:
+    """What strategy "none" hands back on torch 2.14's tied-weight forward: the output reads the gather's raw result,
+    which it waited; no false alarm. Any other reader of the raw result is still a read before the wait."""
+    gm = _gather_returned_raw()
+    verify(summarize(gm, direction="forward"), gm, direction="forward")
+    use = next(n for n in gm.graph.nodes if n.name == "use")
+    ag = next(n for n in gm.graph.nodes if n.name == "ag")
+    before = summarize(gm, direction="forward")
+    use.replace_input_with(next(n for n in gm.graph.nodes if n.name == "wait"), ag)
+    with pytest.raises(OverlapVerificationError, match="ag: read before its wait by use"):
+        verify(before, gm, direction="forward")
