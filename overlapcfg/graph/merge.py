@@ -129,24 +129,29 @@ def merge_buckets(gm: fx.GraphModule, covered: Sequence[tuple[int, Collective]],
 
 
 def fold_repeated_waits(graph: fx.Graph, c: Collective) -> int:
-    """Where ``c`` is waited more than once, its first wait (graph order) serves every reader; returns how many
-    waits were erased.
+    """Where ``c`` is waited more than once, its first wait (graph order) serves every reader; where the graph also
+    returns ``c``'s result unwaited, it returns the first wait instead. Returns how many waits and returns changed.
 
-    ``wait_tensor`` returns its argument, so the waits of one collective are one tensor and the graph means the same
-    after. It happens where the tracer's CSE merged two equal collectives: in the parallel attention + MLP blocks of
-    GPT-NeoX and Phi, the attention output projection's and the MLP's bias gradients are the same sum, so one
-    reduce-scatter serves both, waited once per gradient. torch's merge helpers take one wait per collective (and
-    assert otherwise). Only waits of the collective's own result are folded: a coalesced collective's waits read
-    its outputs one each."""
-    waits = [w for w in c.waits if w.args and w.args[0] is c.start]
-    if len(waits) < 2:
+    ``wait_tensor`` returns its argument, so the waits of one collective and its raw result are one tensor and the
+    graph means the same after. Repeated waits happen where the tracer's CSE merged two equal collectives: in the
+    parallel attention + MLP blocks of GPT-NeoX and Phi, the attention output projection's and the MLP's bias
+    gradients are the same sum, so one reduce-scatter serves both, waited once per gradient; torch 2.14 also waits
+    a tied embedding's all-gather once per use. An unwaited return is torch 2.14's forward saving a tied weight's
+    all-gather for the backward as the collective's raw result (the backward waits it again). The merge takes one
+    reader per collective, its wait (as torch's merge helpers do, which assert it). Only waits of the collective's
+    own result are folded: a coalesced collective's waits read its outputs one each."""
+    waits = [w for w in c.waits if w.args and w.args[0] is c.start and w.graph is graph]
+    if not waits:
         return 0
     index = {n: i for i, n in enumerate(graph.nodes) if n in waits}
     first, *rest = sorted(waits, key=index.__getitem__)
     for wait in rest:
         wait.replace_all_uses_with(first)
         graph.erase_node(wait)
-    return len(rest)
+    returned = [u for u in c.start.users if u.op == "output"]
+    for output in returned:
+        output.replace_input_with(c.start, first)
+    return len(rest) + len(returned)
 
 
 def _as_is(bucket: int, direction: Direction, kind: CollectiveKind, c: Collective) -> MergedCollective:

@@ -34,5 +34,6 @@ def folded_waits(starts: Sequence[str]) -> tuple[str, ...]:
     if not starts:
         return ()
     return (f"{len(starts)} collectives were waited more than once (the tracer merged equal collectives, e.g. "
-            f"two equal bias gradients); their first wait now serves every reader: {', '.join(starts[:4])}"
+            f"two equal bias gradients, or waited a tied weight's gather once per use) or returned unwaited (saved "
+            f"for the backward); their first wait now serves every reader: {', '.join(starts[:4])}"
             f"{' ...' if len(starts) > 4 else ''}",)

@@ -20,6 +20,7 @@ from overlapcfg import compat, load_config
 from overlapcfg.graph.meta import NAMESPACE
 from overlapcfg.graph.stamp import forget_traces
 from overlapcfg.passes import apply
+from tests.support.releases import upstream_is_the_reference
 from tests.support.synthetic import Synthetic, backward_graph, forward_graph
 
 LAYERS = [[1, 2], [1, 2], [2, 3, 1]]
@@ -46,6 +47,7 @@ def _wiring(gm: fx.GraphModule) -> list[tuple[str, list[str], list[str], list[st
             for n in gm.graph.nodes]
 
 
+@upstream_is_the_reference
 @pytest.mark.parametrize("mode", ["custom_ops", "default"])
 @pytest.mark.parametrize("kind", ["forward", "backward"])
 def test_depth_one_fake_values_and_users_equal_upstream_node_for_node(kind: str, mode: str) -> None:

@@ -39,6 +39,7 @@ from tests.support.checker import (
     merged_collectives,
     original_order,
 )
+from tests.support.releases import upstream_is_the_reference
 from tests.support.traces import apply_to
 from tests.support.variants import REFERENCE, REFERENCE_AGAIN, TAMPERED, Variants, assert_harness_ran_what_it_selected
 
@@ -212,6 +213,7 @@ def _order_with_inputs(gm: fx.GraphModule) -> list[tuple[str, str, tuple[str, ..
     return [(n.name, str(n.target), tuple(a.name for a in n.all_input_nodes)) for n in gm.graph.nodes]
 
 
+@upstream_is_the_reference
 @pytest.mark.parametrize("plan", ["llama_layers", "two_layers_per_bucket", "single_bucket"])
 @pytest.mark.parametrize("reduce_dtype", [FP32, None], ids=["rs_fp32", "rs_bf16"])
 @pytest.mark.parametrize(("reshard", "graph"), GRAPHS)

@@ -74,3 +74,45 @@ def test_folding_leaves_one_wait_serving_every_reader_and_the_same_outputs() -> 
     assert gm.graph.output_node().args[0] == (waits[0],) * 3
     verify(before, gm)  # outputs read the same contents; 'rs' had repeated waits, and now has one
     assert fold_repeated_waits(gm.graph, find_collectives(gm.graph, lambda node: None)[0]) == 0
+
+
+def _gather_returned_raw() -> fx.GraphModule:
+    """What torch 2.14 traces for a tied weight: ``p``'s all-gather waited, read, and also returned *unwaited* (saved
+    for the backward as the collective's raw result)."""
+    graph = fx.Graph()
+    p = graph.placeholder("p")
+    p.meta["val"] = torch.empty(4)
+    ag = graph.call_function(_c10d.all_gather_into_tensor.default, (p, 2, "0"), name="ag")
+    ag.meta["val"] = torch.empty(8)
+    wait = graph.call_function(_c10d.wait_tensor.default, (ag,), name="wait")
+    wait.meta["val"] = torch.empty(8)
+    use = graph.call_function(torch.ops.aten.mul.Tensor, (wait, 2), name="use")
+    use.meta["val"] = torch.empty(8)
+    graph.output((use, ag))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_an_unwaited_return_reads_the_wait_after_folding_and_the_outputs_are_the_same() -> None:
+    """The merge takes one reader per collective, its wait; the graph output that read the raw result reads the
+    wait (the same tensor) and the verifier sees the same contents returned."""
+    gm = _gather_returned_raw()
+    before = summarize(gm, direction="forward")
+    (ag,) = find_collectives(gm.graph, lambda node: None, direction="forward")
+    assert [u.name for u in ag.start.users] == ["wait", "output"]
+    assert fold_repeated_waits(gm.graph, ag) == 1
+    assert [u.name for u in ag.start.users] == ["wait"]
+    assert [a.name for a in gm.graph.output_node().args[0]] == ["use", "wait"]
+    verify(before, gm, direction="forward")
+
+
+def test_a_graph_returning_a_waited_collectives_raw_result_verifies_as_traced() -> None:
+    """What strategy "none" hands back on torch 2.14's tied-weight forward: the output reads the gather's raw result,
+    which it waited; no false alarm. Any other reader of the raw result is still a read before the wait."""
+    gm = _gather_returned_raw()
+    verify(summarize(gm, direction="forward"), gm, direction="forward")
+    use = next(n for n in gm.graph.nodes if n.name == "use")
+    ag = next(n for n in gm.graph.nodes if n.name == "ag")
+    before = summarize(gm, direction="forward")
+    use.replace_input_with(next(n for n in gm.graph.nodes if n.name == "wait"), ag)
+    with pytest.raises(OverlapVerificationError, match="ag: read before its wait by use"):
+        verify(before, gm, direction="forward")

@@ -28,6 +28,7 @@ from tests.support.checker import (
     original_order,
     two_layers_bucket,
 )
+from tests.support.releases import upstream_is_the_reference
 from tests.support.traces import ApplyFn, traced_step
 
 pytestmark = pytest.mark.slow
@@ -311,6 +312,7 @@ def _order_with_inputs(gm: Any) -> list[tuple[str, str, tuple[str, ...]]]:
     return [(n.name, str(n.target), tuple(a.name for a in n.all_input_nodes)) for n in gm.graph.nodes]
 
 
+@upstream_is_the_reference
 @pytest.mark.parametrize("plan", UPSTREAM_PLANS)
 @pytest.mark.parametrize(("reshard", "graph"), [(False, "forward"), (False, "backward"), (True, "forward"),
                                                 (True, "backward")])
@@ -322,6 +324,7 @@ def test_depth_one_node_order_equals_upstream_manual_overlap_bucketing(applied: 
     assert _order(ours) == _order(upstream)
 
 
+@upstream_is_the_reference
 @pytest.mark.parametrize("plan", UPSTREAM_PLANS)
 @pytest.mark.parametrize(("reshard", "graph"), [(False, "forward"), (False, "backward"), (True, "forward"),
                                                 (True, "backward")])

@@ -13,6 +13,7 @@ from overlapcfg.cost.hardware import hardware_names
 from overlapcfg.cost.price import collective_cost
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.report import explain
+from tests.support.releases import upstream_is_the_reference
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +103,7 @@ def test_prefetching_hides_communication_that_depth_zero_exposes(reports):
     assert none.overlap_ratio == pytest.approx(0.0, abs=1e-9)
 
 
+@upstream_is_the_reference
 def test_torch_manual_and_manual_at_depth_one_predict_the_same_step(reports):
     a = simulate(_graphs(reports["fp1"]), BALANCED, world_size=8)
     b = simulate(_graphs(reports["torch_manual"]), BALANCED, world_size=8)

@@ -256,9 +256,10 @@ def reduce_scatter_of_the_wrong_node(gm: fx.GraphModule) -> list[str]:
 def gathered_dtype_changed(gm: fx.GraphModule) -> list[str]:
     start, _, params = _merged_all_gather(gm)
     copy_in = start.kwargs["out"]
-    ints = list(copy_in.args[3])
+    position = [a.name for a in copy_in.target._schema.arguments].index("out_dtype_ints")  # 3, or 4 on torch 2.11
+    ints = list(copy_in.args[position])
     ints[0] = compat.bucket_dtype_table.index(torch.bfloat16)
-    _set_arg(copy_in, 3, ints)
+    _set_arg(copy_in, position, ints)
     p = params[0].name
     return [rf"parameter {p}: other data is all-gathered in forward \(by {start.name}\): as bfloat16\({p}\), "
             rf"was {p}"]

@@ -47,9 +47,18 @@ TIER: tuple[Entry, ...] = (
         "tests/graph/test_properties.py::test_breakage_of_a_synthetic_graph_is_rejected_naming_the_culprit",
         "tests/graph/test_properties.py::test_every_bucket_mode_verifies_on_a_synthetic_graph",
     )),
+    Entry("the merge emits torch 2.13's graph on this release (ops, arguments, order)", (
+        "tests/graph/test_merge_across_releases.py",
+        "tests/graph/test_merge_speed_invariants.py::test_fake_values_for_a_compiler_are_what_running_the_graph_gives",
+        "tests/graph/test_repeated_waits.py",
+    )),
     Entry("gloo parity on the demo: every config bit for bit against the untransformed step, depth 2 included", (
         "tests/multiprocess/test_parity.py::test_step_is_bitwise_identical_to_the_untransformed_step[reshard-",
         "tests/multiprocess/test_parity.py::test_the_harness_runs_the_graphs_it_selects[reshard]",
+    )),
+    Entry("a Hugging Face model with tied weights: gloo parity (torch 2.14 waits and saves its gather per use)", (
+        "tests/conformance/test_conformance.py::test_one_training_step_on_gloo_is_bitwise_identical_to_the_"
+        "untransformed_compile[hf_tied]",
     )),
     Entry("a Hugging Face model: capture, apply, explain, gloo parity (Llama)", (
         "tests/conformance/test_conformance.py::test_apply_on_captured_graphs_merges_every_fsdp_collective_and_"
@@ -82,6 +91,7 @@ TIER: tuple[Entry, ...] = (
 )
 """What the compat tier runs. Keep it to minutes per release: a capability once, on the demo and one third-party
 model, not every parametrization (the full suite on 2.13 covers those)."""
+
 
 def _torchtitan_import_error() -> str | None:
     """Why torchtitan's model code does not import with this torch, or None. Its package imports on every release;
