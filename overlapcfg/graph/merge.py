@@ -143,8 +143,10 @@ def fold_repeated_waits(graph: fx.Graph, c: Collective) -> int:
     waits = [w for w in c.waits if w.args and w.args[0] is c.start and w.graph is graph]
     if not waits:
         return 0
-    index = {n: i for i, n in enumerate(graph.nodes) if n in waits}
-    first, *rest = sorted(waits, key=index.__getitem__)
+    first, rest = waits[0], waits[1:]
+    if rest:  # which wait comes first: a walk of the graph, paid only where there is more than one
+        index = {n: i for i, n in enumerate(graph.nodes) if n in waits}
+        first, *rest = sorted(waits, key=index.__getitem__)
     for wait in rest:
         wait.replace_all_uses_with(first)
         graph.erase_node(wait)
