@@ -91,6 +91,15 @@ class GraphBackend:
     world: tuple[int, int] | None = None
     """``(world size, rank)`` of the default process group when the last region was compiled."""
 
+    def __deepcopy__(self, memo: dict[int, object]) -> GraphBackend:
+        """The backend itself: it is a handle on the graphs it collects, the model and its process groups, not a value.
+
+        Lightning replaces ``torch.compile`` on import (``lightning.fabric.wrappers``) with a wrapper that deep-copies
+        the keyword arguments of every ``torch.compile(module, ...)``; a copy would fail on the model's process groups
+        (they do not pickle) and, were it to succeed, would collect graphs nobody reads.
+        """
+        return self
+
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
         self.regions += 1
         self.world = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else None

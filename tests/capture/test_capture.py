@@ -393,3 +393,20 @@ def test_gpt2_called_with_labels_names_its_loss_and_captures_with_loss_fn() -> N
         overlapcfg.capture_step(model, (tokens,), {"labels": tokens})
     step = overlapcfg.capture_step(model, (tokens,), loss_fn=lambda out: out.logits.float().square().mean())
     assert step.collectives
+
+
+@pytest.mark.slow
+def test_a_capture_works_where_lightning_has_wrapped_torch_compile() -> None:
+    """Importing Lightning replaces ``torch.compile`` for the whole process by a wrapper that deep-copies the keyword
+    arguments of every ``torch.compile(module, ...)``: the capture's backend holds the model and its process groups,
+    which do not copy. The backend is a handle, and copies as itself."""
+    import lightning.fabric  # noqa: F401  (the import is what wraps torch.compile)
+
+    assert torch.compile.__code__.co_name == "_capture", "Lightning no longer wraps torch.compile"
+    from overlapcfg.compat import fake_process_group
+
+    torch.manual_seed(0)
+    with fake_process_group(world_size=2) as group:  # a job's group, held by the model as under torchrun
+        model = shard_module(_TinyViT(depth=1), group=group)
+        step = overlapcfg.capture_step(model, torch.randn(4, 8, 12))
+    assert step.param_owners[0] == "patch_embed" and len(step.collectives) > 0
