@@ -70,7 +70,7 @@ def test_forgetting_dtensor_caches_is_what_user_managed_groups_need() -> None:
 
 # --- six captures, two orders (slow) ----------------------------------------------------------------------------
 
-SMALL = LlamaConfig(n_layers=2, vocab_size=64, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=64)
+SMALL = LlamaConfig(n_layers=1, vocab_size=64, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=64)
 
 
 def _demo(parallel: ParallelDims) -> Callable[[], CapturedStep]:
