@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "OverlapLookupError": "overlapcfg.errors",
     "OverlapVerificationError": "overlapcfg.errors",
     "UnsupportedGraphError": "overlapcfg.errors",
+    "UpstreamPassError": "overlapcfg.errors",
     "AttributionError": "overlapcfg.errors",
     "Fault": "overlapcfg.errors",
     "OverlapConfig": "overlapcfg.config",
@@ -110,6 +111,7 @@ __all__ = [
     "TuneResult",
     "TuneSpace",
     "UnsupportedGraphError",
+    "UpstreamPassError",
     "apply",
     "available_strategies",
     "backend",
@@ -173,6 +175,7 @@ if TYPE_CHECKING:
         OverlapUsageError,
         OverlapVerificationError,
         UnsupportedGraphError,
+        UpstreamPassError,
     )
     from overlapcfg.fsdp2 import fully_shard
     from overlapcfg.graph.verify import verify

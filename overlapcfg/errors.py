@@ -10,6 +10,8 @@ purpose), plus the helpers that word them (closest names, shortened values, dott
   there are.
 - ``UnsupportedGraphError`` (a ``RuntimeError``): a graph the pass cannot handle correctly; it is returned
   untouched, never half-rewritten.
+- ``UpstreamPassError`` (a ``RuntimeError``): torch's own pass (strategies ``auto`` and ``torch_manual``) failed
+  on this graph; torch's error is its cause, the graph is returned untouched.
 - ``AttributionError`` (a ``RuntimeError``): the evidence of which parameter a collective carries disagrees.
 - ``OverlapVerificationError`` (a ``RuntimeError``): a transformed graph broke an invariant; names the nodes.
 - ``RankFailedError`` (a ``RuntimeError``): a rank of a multi-process run (``overlapcfg.demo.gloo``) raised, or the
@@ -41,6 +43,7 @@ __all__ = [
     "OverlapcfgError",
     "RankFailedError",
     "UnsupportedGraphError",
+    "UpstreamPassError",
     "closest",
     "closest_first",
     "did_you_mean",
@@ -250,3 +253,11 @@ def did_you_mean(name: str, candidates: Iterable[str], n: int = 3) -> str:
 class UnsupportedGraphError(OverlapcfgError, RuntimeError):
     """A graph the pass cannot handle correctly (already bucketed, or no FSDP collective under ``strict``); it is
     returned untouched, never half-rewritten."""
+
+
+class UpstreamPassError(OverlapcfgError, RuntimeError):
+    """torch's own pass (``schedule_overlap_bucketing`` for ``auto``, ``manual_overlap_bucketing`` for
+    ``torch_manual``) raised on this graph: a bug or a limit of that torch release, not of the config. The graph is
+    returned as it was; torch's error is the ``__cause__``. Its own class so that callers that try torch's pass as
+    one option among others (the tuner's competitors) can leave it out and say why, and let every other error
+    through."""

@@ -25,6 +25,7 @@ __all__ = [
     "UnsupportedByThisTorch",
     "auto_scheduler_parameters",
     "dropped_cyclic_overlap_deps",
+    "manual_bucketing_parameters",
     "manual_overlap_bucketing",
     "no_triton_runtime_estimates",
     "roofline_estimates_work",
@@ -62,12 +63,18 @@ _MANUAL_FIXED_BUCKET_MODE = "custom_ops"
 """torch 2.11's ``manual_overlap_bucketing`` has no ``bucket_mode`` and always buckets as ``custom_ops``."""
 
 
+def manual_bucketing_parameters() -> frozenset[str]:
+    """The keyword arguments the installed torch's ``manual_overlap_bucketing`` takes (``bucket_mode`` from torch
+    2.12 on; 2.11 has none)."""
+    return _manual_overlap_bucketing()[1]
+
+
 def manual_overlap_bucketing(gm: _fx.GraphModule, module_bucket_plans: list[list[str]], *,
                              insert_overlap_deps: bool = False, module_stack_fn: Callable[..., object] | None = None,
                              bucket_mode: str | None = None) -> object:
     """Upstream ``manual_overlap_bucketing`` (imported on first use: its module pulls in the whole scheduler).
 
-    ``bucket_mode`` is passed where upstream takes it (torch >= 2.13); torch 2.11's always buckets as
+    ``bucket_mode`` is passed where upstream takes it (torch >= 2.12); torch 2.11's always buckets as
     ``custom_ops``, so there any other mode raises ``UnsupportedByThisTorch`` rather than being ignored.
     """
     upstream, parameters = _manual_overlap_bucketing()
@@ -76,7 +83,7 @@ def manual_overlap_bucketing(gm: _fx.GraphModule, module_bucket_plans: list[list
         kwargs["bucket_mode"] = bucket_mode
     elif bucket_mode not in (None, _MANUAL_FIXED_BUCKET_MODE):
         raise UnsupportedByThisTorch("bucket_mode", (
-            f"bucket_mode {bucket_mode!r} needs torch >= 2.13: torch {_torch.__version__}'s manual_overlap_bucketing "
+            f"bucket_mode {bucket_mode!r} needs torch >= 2.12: torch {_torch.__version__}'s manual_overlap_bucketing "
             f"always buckets as {_MANUAL_FIXED_BUCKET_MODE!r} (set bucket_mode: {_MANUAL_FIXED_BUCKET_MODE})"))
     return upstream(gm, module_bucket_plans, **kwargs)
 

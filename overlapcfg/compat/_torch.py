@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import importlib
 import inspect
 from collections.abc import Callable, Iterator
 
@@ -271,3 +272,19 @@ LazyGraphModule = _LazyGraphModule
 """Torch's ``GraphModule`` whose ``recompile()`` only marks the code stale (generated when first read or called)."""
 
 __all__ += ["LazyGraphModule", "lazy_graph_module_copy"]
+
+
+# --- what torchtitan 0.3.0's graph trainer calls in torch ---------------------------------------------------------
+_GRAPH_TRAINER_NEEDS = (("torch.compiler", "_patch_engine_backward"),
+                        ("torch.optim", "swap_in_optimizer_params_and_state"))
+"""torch APIs torchtitan 0.3.0's graph trainer (``make_fx_tracer``) calls while tracing a whole step: torch 2.13 and
+2.14 have both, 2.12 neither (2.11 fails earlier, at torchtitan's model imports)."""
+
+
+def graph_trainer_missing_apis() -> tuple[str, ...]:
+    """The torch APIs torchtitan 0.3.0's graph trainer calls that this torch lacks (empty where it has them all)."""
+    return tuple(f"{module}.{name}" for module, name in _GRAPH_TRAINER_NEEDS
+                 if not hasattr(importlib.import_module(module), name))
+
+
+__all__ += ["graph_trainer_missing_apis"]

@@ -7,7 +7,7 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.config.policy import AutoPolicy
 from overlapcfg.errors import OverlapUsageError
-from overlapcfg.strategies.base import PassContext, StrategyResult, this_torch_supports
+from overlapcfg.strategies.base import PassContext, StrategyResult, this_torch_supports, torch_pass_failures
 
 __all__ = ["run"]
 
@@ -23,7 +23,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
     pre-bucket FSDP collectives, so its graphs differ from 2.13's for the same knobs."""
     if not isinstance(ctx.policy, AutoPolicy):
         raise OverlapUsageError(f"auto: expected an AutoPolicy, got {type(ctx.policy).__name__}")
-    with compat.no_triton_runtime_estimates(), this_torch_supports(ctx), \
+    with compat.no_triton_runtime_estimates(), this_torch_supports(ctx), torch_pass_failures("auto"), \
             compat.dropped_cyclic_overlap_deps() as dropped:
         compat.schedule_overlap_bucketing(gm, **ctx.policy.model_dump())
     notes = tuple(f"auto: torch's scheduler made ordering hints that form a cycle and they were dropped (overlap "

@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeAlias, cast
 
+import torch
 from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config.contracts import StrategyContract
 from overlapcfg.config.policy import PolicyBase
-from overlapcfg.errors import OverlapConfigError, OverlapLookupError
+from overlapcfg.errors import OverlapcfgError, OverlapConfigError, OverlapLookupError, UpstreamPassError, shorten
 from overlapcfg.graph.attribution import ModuleFqnFn
 from overlapcfg.graph.collectives import Collective
 from overlapcfg.graph.merge import MergedCollective
@@ -26,7 +27,7 @@ from overlapcfg.graph.record import DepthDecision
 from overlapcfg.kinds import Direction
 from overlapcfg.resolve import ResolvedPlan
 
-__all__ = ["PassContext", "Strategy", "StrategyFn", "StrategyResult", "this_torch_supports"]
+__all__ = ["PassContext", "Strategy", "StrategyFn", "StrategyResult", "this_torch_supports", "torch_pass_failures"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,25 @@ class Strategy:
     @property
     def reads_policy(self) -> bool:
         return self.contract.reads_policy
+
+
+@contextlib.contextmanager
+def torch_pass_failures(strategy: str) -> Iterator[None]:
+    """Within the block, an exception from torch's own pass (anything but overlapcfg's own errors) becomes an
+    ``UpstreamPassError`` naming the strategy and the torch release, torch's error as its cause. ``apply`` puts the
+    graph back either way; the class lets a caller trying torch's pass as one option among others (the tuner) leave
+    it out, and tells a user the config was not at fault. Seen: torch 2.12's ``auto`` views a transposed gradient
+    it reduce-scatters ("Cannot view a tensor with shape ... and strides ..."), torch 2.14's ``torch_manual`` with
+    ``bucket_mode: coalesced`` on a tensor-parallel backward uses a node before defining it."""
+    try:
+        yield
+    except OverlapcfgError:
+        raise
+    except Exception as err:
+        raise UpstreamPassError(
+            f"strategy {strategy!r}: torch {torch.__version__}'s own pass failed on this graph ({type(err).__name__}: "
+            f"{shorten(str(err), 300)}); the graph is left as it was. The config is not at fault: use strategy "
+            "'manual' (overlapcfg's own merge and schedule) or another torch release") from err
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.depths import Depths
 from overlapcfg.cost.prediction import Simulation
 from overlapcfg.cost.price import collective_cost
+from overlapcfg.errors import UpstreamPassError
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
@@ -46,17 +47,24 @@ COMPETITOR_ARM = -2
 """``Candidate.arm`` of a competitor (presets are -1, the search's own groupings 0 and up)."""
 _NO_KNOBS = Knobs(Depths(forward_prefetch=0, backward_prefetch=0, reduce_scatter_delay=0), "gather_first", None)
 
-_applied: weakref.WeakKeyDictionary[fx.GraphModule, dict[str, Report]] = weakref.WeakKeyDictionary()
-"""Per traced step (keyed by its forward graph), each competitor as applied: what a strategy does to a graph
-does not depend on the machine predicted."""
+_applied: weakref.WeakKeyDictionary[fx.GraphModule, dict[str, Report | UpstreamPassError]] = \
+    weakref.WeakKeyDictionary()
+"""Per traced step (keyed by its forward graph), each competitor as applied, or torch's pass failing on it: what a
+strategy does to a graph does not depend on the machine predicted."""
 
 
 def _explained(step: CapturedStep, name: str, cfg: OverlapConfig) -> Report:
     cache = _applied.setdefault(step.forward, {})
     key = f"{name}:{cfg.model_dump_json()}"
     if key not in cache:
-        cache[key] = explain(step, cfg)
-    return cache[key]
+        try:
+            cache[key] = explain(step, cfg)
+        except UpstreamPassError as err:
+            cache[key] = err
+    found = cache[key]
+    if isinstance(found, UpstreamPassError):
+        raise found
+    return found
 
 
 def _score(sim: Simulation) -> Score:
@@ -67,18 +75,24 @@ def _score(sim: Simulation) -> Score:
                  lower_bound_seconds=sim.lower_bound_seconds, unhidable_bound_seconds=sim.lower_bound_seconds)
 
 
-def competitors(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], dict[str, Simulation]]:
+def competitors(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], dict[str, Simulation], tuple[str, ...]]:
     """Each of ``COMPETITORS`` applied to ``step`` (once per step) and simulated as ``profile`` prices things: the
-    candidates, and their full simulations by name."""
-    out, sims = [], {}
+    candidates, their full simulations by name, and the competitors left out because torch's own pass failed on this
+    graph (``UpstreamPassError``; torch 2.12's ``auto`` on a transposed gradient), each with torch's reason: a
+    competitor nobody can run is no competitor, and any other error still fails the search."""
+    out, sims, left_out = [], {}, []
     for name, given in COMPETITORS.items():
         cfg = load_config(dict(given))
-        report = _explained(step, name, cfg)
+        try:
+            report = _explained(step, name, cfg)
+        except UpstreamPassError as err:
+            left_out.append(f"{name}: {err}")
+            continue
         sim = compare_reports(step, [report], hardware=profile.hardware, names=[name], world_size=profile.world_size,
                               as_dtype=profile.as_dtype, node_costs=profile.node_costs).rows[0].simulation
         sims[name] = sim
         out.append(Candidate(name, COMPETITOR_ARM, _NO_KNOBS, _score(sim), cfg))
-    return out, sims
+    return out, sims, tuple(left_out)
 
 
 def lower_bound(profile: Profile) -> float:

@@ -64,7 +64,7 @@ class TuneResult:
     """No config of this step can be faster (``overlapcfg.tuning.competitors.lower_bound``): compute as traced
     against the busiest stream sending its traffic as one collective per graph and kind."""
     skipped: tuple[str, ...]
-    """Presets left out, and why."""
+    """Presets and competitors left out, and why (a competitor only where torch's own pass failed on the graph)."""
     candidates: tuple[Candidate, ...]
     """Every distinct candidate scored, fastest first."""
     verification: Verification | None

@@ -119,7 +119,8 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
             report("grid", i + 1, len(grid), _best(scored, budget))
     presets, skipped = score_presets(step, profile)
     report("competitors", 0, len(COMPETITORS), _best(scored, budget))
-    rivals, _ = competitors(step, profile)
+    rivals, _, failed = competitors(step, profile)
+    skipped = (*skipped, *failed)
     fits = [c for c in (*scored, *presets, *rivals) if budget is None or c.peak_inflight_bytes <= budget]
     if not fits:
         smallest = min((*scored, *presets, *rivals), key=lambda c: (c.peak_inflight_bytes, c.step_seconds))

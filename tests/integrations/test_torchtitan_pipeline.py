@@ -163,6 +163,24 @@ def test_settings_where_the_pipeline_would_not_run_fail_before_tracing(environ: 
     assert "compile.enable_passes:" in text and "compile.enable_fsdp_dense_region_overlap:" in text
 
 
+def test_a_torch_the_graph_trainer_cannot_trace_with_fails_before_tracing(
+        environ: Callable[[str | None], None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.12: torchtitan 0.3.0's models import, and its graph trainer fails minutes later, mid-trace, on
+    ``torch.compiler._patch_engine_backward``. The post-init hook says so first, with what runs instead."""
+    from overlapcfg import compat
+    from overlapcfg.integrations.torchtitan import check_trainer
+
+    environ(None)
+    assert compat.graph_trainer_missing_apis() == ()  # the full suite's torch (2.13) has them
+    monkeypatch.setattr(compat, "graph_trainer_missing_apis", lambda: ("torch.compiler._patch_engine_backward",))
+    with pytest.raises(OverlapConfigError) as err:
+        check_trainer(_trainer())
+    text = str(err.value)
+    assert "compile.mode: torchtitan's graph trainer traces the step with torch.compiler._patch_engine_backward" \
+        in text
+    assert f"torch {torch.__version__} does not have" in text and "overlapcfg.integrations.torchtitan.fsdp2" in text
+
+
 def test_the_post_init_hook_loads_the_config_before_tracing(environ: Callable[[str | None], None]) -> None:
     from overlapcfg.integrations.torchtitan import check_trainer
 

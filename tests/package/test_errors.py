@@ -58,6 +58,7 @@ FAMILY = {
     "OverlapStateError": RuntimeError,
     "OverlapLookupError": KeyError,
     "UnsupportedGraphError": RuntimeError,
+    "UpstreamPassError": RuntimeError,
     "AttributionError": RuntimeError,
     "OverlapVerificationError": RuntimeError,
     "RankFailedError": RuntimeError,

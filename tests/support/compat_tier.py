@@ -1,14 +1,14 @@
 """The compat tier: the tests every supported torch release must pass, and how they are marked.
 
 ``.ci/run`` runs the whole suite on the pinned torch 2.13 CPU build, then ``.ci/compat_tier VERSION`` runs
-``pytest -m compat`` in an environment holding another release with its default wheel (2.11.0 and 2.14.1: CUDA
-builds, on a machine that may have no GPU). ``TIER`` says which tests that is, one capability per entry, by node-id
+``pytest -m compat`` in an environment holding another release with its default wheel (2.11.0, 2.12.1 and 2.14.1:
+CUDA builds, on a machine that may have no GPU). ``TIER`` says which tests that is, one capability per entry, by node-id
 prefix; ``conftest.py`` marks the matching tests ``compat`` (``mark_tier``) and checks that every entry still
 names a test (a renamed test must not drop out of the tier unnoticed).
 
-Entries marked ``torchtitan`` run where torchtitan's models import (an optional, pinned install: torchtitan 0.3.0
-needs torch >= 2.13); where they do not, the tier (``-m compat``) skips their tests with the import error as the
-reason, and ``-ra`` lists each.
+Entries marked ``torchtitan`` run where torchtitan's graph trainer can run (an optional, pinned install: torchtitan
+0.3.0's models import from torch 2.12 on, its graph trainer runs from 2.13 on); where it cannot, the tier (``-m
+compat``) skips their tests with the reason (the import error, or the torch APIs it lacks), and ``-ra`` lists each.
 
 Nothing is excused: a failure in the tier is a failure on that release.
 """
@@ -94,8 +94,10 @@ model, not every parametrization (the full suite on 2.13 covers those)."""
 
 
 def _torchtitan_import_error() -> str | None:
-    """Why torchtitan's model code does not import with this torch, or None. Its package imports on every release;
-    its models need newer torch APIs (0.3.0 on torch 2.11: ``DataParallelMeshDims`` from ``torch.distributed.fsdp``)."""
+    """Why torchtitan's graph trainer cannot run with this torch, or None. Its package imports on every release;
+    its models need newer torch APIs (0.3.0 on torch 2.11: ``DataParallelMeshDims`` from ``torch.distributed.fsdp``)
+    and its graph trainer more (on 2.12: ``compat.graph_trainer_missing_apis``)."""
+    from overlapcfg import compat
     from tests.thirdparty.models import torchtitan_stubs
 
     try:
@@ -103,6 +105,9 @@ def _torchtitan_import_error() -> str | None:
             importlib.import_module("torchtitan.models.llama3")
     except Exception as err:  # any import-time failure means "does not import on this torch"
         return f"{type(err).__name__}: {err}"
+    missing = compat.graph_trainer_missing_apis()
+    if missing:  # its models import (torch 2.12) but its graph trainer calls what this torch lacks
+        return f"its graph trainer needs {', '.join(missing)}"
     return None
 
 
@@ -128,7 +133,7 @@ def mark_tier(config: pytest.Config, items: list[pytest.Item]) -> None:
                 if not titan_checked:
                     titan_error, titan_checked = _torchtitan_import_error(), True
                 if titan_error is not None:
-                    item.add_marker(pytest.mark.skip(reason=f"torchtitan does not import here: {titan_error}"))
+                    item.add_marker(pytest.mark.skip(reason=f"torchtitan cannot run here: {titan_error}"))
     if any("::" in str(arg) for arg in config.args):
         return
     stale = [prefix for entry in TIER for prefix in entry.tests

@@ -81,3 +81,43 @@ def test_a_tie_never_goes_to_a_step_slower_than_what_the_user_could_pick() -> No
     assert choose([fast, light, auto]).name == "light"
     assert choose([fast, light, auto], ceiling=auto.step_seconds).name == "auto"  # lighter than fast, as fast
     assert choose([fast, light], ceiling=99.0).name == "fast"  # a ceiling below the fastest: the fastest
+
+
+def test_a_competitor_torchs_own_pass_fails_on_is_left_out_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.12.1's ``auto`` fails on a transposed gradient it reduce-scatters (its copy-in views it): a competitor
+    nobody can run is no competitor. It is left out with torch's reason in ``skipped``; the search goes on."""
+    from overlapcfg import compat
+
+    def fails_as_torch_212(gm: object, **knobs: object) -> None:
+        raise ValueError("Cannot view a tensor with shape torch.Size([4, 4]) and strides (1, 4) as a tensor with "
+                         "shape (16,)!")
+
+    monkeypatch.setattr(compat, "schedule_overlap_bucketing", fails_as_torch_212)
+    r = tune(captured_step(LAYERS), hardware="h100_nvlink", world_size=8, memory_budget=None, space=SPACE)
+    assert [c.name for c in r.competitors] == ["none (as traced)"]
+    left_out = [s for s in r.skipped if s.startswith("auto")]
+    assert [s.split(":", 1)[0] for s in left_out] == ["auto (torch's scheduler)", "auto + collective_bucketing"]
+    assert all("own pass failed on this graph" in s and "Cannot view a tensor" in s for s in left_out), left_out
+    assert r.verification is not None
+
+
+def test_an_error_of_torchs_own_pass_is_an_upstream_pass_error_and_the_graph_is_left_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from overlapcfg import compat
+    from overlapcfg.passes import apply
+    from tests.support.synthetic import backward_graph
+
+    def fails(gm: object, **knobs: object) -> None:
+        raise ValueError("Cannot view a tensor")
+
+    monkeypatch.setattr(compat, "schedule_overlap_bucketing", fails)
+    syn = backward_graph(LAYERS)
+    before = [n.format_node() for n in syn.gm.graph.nodes]
+    with compat.fake_process_group(2, 0), pytest.raises(overlapcfg.UpstreamPassError) as caught:
+        apply(syn.gm, overlapcfg.load_config({"strategy": "auto"}), module_fqns=syn.module_fqns,
+              graph_kind="backward")
+    assert f"strategy 'auto': torch {torch.__version__}'s own pass failed" in str(caught.value)
+    assert isinstance(caught.value.__cause__, ValueError) and isinstance(caught.value, RuntimeError)
+    assert [n.format_node() for n in syn.gm.graph.nodes] == before

@@ -30,9 +30,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
+import torch
 import torch.distributed as dist
 from torch import fx
 
+from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.parameters import state_input_names
@@ -128,6 +130,12 @@ def check_trainer(trainer: Any) -> None:
         faults.append(Fault("compile.enable_fsdp_dense_region_overlap", "torchtitan's dense-region scheduler "
                             "re-places the FSDP collectives by its own bucket metadata; it cannot follow "
                             "overlapcfg's buckets: set it false"))
+    missing = compat.graph_trainer_missing_apis()
+    if missing:
+        faults.append(Fault("compile.mode", f"torchtitan's graph trainer traces the step with {' and '.join(missing)}, "
+                                            f"which torch {torch.__version__} does not have (torch 2.13 and 2.14 do): "
+                                            "install a torch the graph trainer runs on, or train with torchtitan's "
+                                            "main trainer (overlapcfg.integrations.torchtitan.fsdp2)"))
     parallel_dims = getattr(trainer, "parallel_dims", None)
     if parallel_dims is not None and getattr(parallel_dims, "pp_enabled", False):
         faults.append(Fault("parallelism.pipeline_parallel_degree", "pipeline parallelism runs the graph trainer's "
