@@ -136,20 +136,22 @@ def _all_gather_custom_ops(ag_ins: list[torch.Tensor], group_name: Any, group_si
 def _reduce_scatter_default(rs_ins: list[torch.Tensor], group_name: Any, group_size: int, reduce_op: str,
                             reduce_dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
     rs_ins_flattened = [x.reshape(group_size, -1) for x in rs_ins]
-    new_out_sizes = [(x.shape[0] // group_size, *x.shape[1:]) for x in rs_ins]
-    new_out_numels = [x.numel() // group_size for x in rs_ins]
     new_rs_in = torch.cat(rs_ins_flattened, dim=1).flatten()
-    new_rs_out = _legacy.wait_tensor(
-        compat.REDUCE_SCATTER_TENSOR(new_rs_in, reduce_op, group_size, group_name))
-    new_out_flat = new_rs_out.split(new_out_numels, 0)
-    return [x.reshape(s) for x, s in zip(new_out_flat, new_out_sizes, strict=False)]
+    return _scatter_and_split(new_rs_in, rs_ins, group_name, group_size, reduce_op)
 
 
 def _reduce_scatter_custom_ops(rs_ins: list[torch.Tensor], group_name: Any, group_size: int, reduce_op: str,
                                reduce_dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    new_rs_in = compat.pre_bucket_reduce_scatter(rs_ins, group_size)
+    return _scatter_and_split(new_rs_in, rs_ins, group_name, group_size, reduce_op)
+
+
+def _scatter_and_split(new_rs_in: torch.Tensor, rs_ins: list[torch.Tensor], group_name: Any, group_size: int,
+                       reduce_op: str) -> list[torch.Tensor]:
+    """One reduce-scatter of the bucket buffer, waited, split back into each input's shard (both copy-in modes end
+    so; the sizes are Python ints, so the traced ops are torch 2.13's in its order)."""
     new_out_sizes = [(x.shape[0] // group_size, *x.shape[1:]) for x in rs_ins]
     new_out_numels = [x.numel() // group_size for x in rs_ins]
-    new_rs_in = compat.pre_bucket_reduce_scatter(rs_ins, group_size)
     new_rs_out = _legacy.wait_tensor(
         compat.REDUCE_SCATTER_TENSOR(new_rs_in, reduce_op, group_size, group_name))
     new_out_flat = new_rs_out.split(new_out_numels, 0)

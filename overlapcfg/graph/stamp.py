@@ -288,23 +288,24 @@ def sort_region(g: fx.Graph, new_nodes: Sequence[fx.Node], inputs: Sequence[fx.N
     external = {n for n in inputs if n not in new and n.op != "placeholder"}
     if not external:
         return
-    first, last = new_nodes[0], new_nodes[-1]
-    remaining = len(external)
-    cursor = first.prev
-    while remaining and cursor.op not in ("placeholder", "root"):
-        if cursor in external:
-            first = cursor
-            remaining -= 1
-        cursor = cursor.prev
-    cursor = last.next
-    while remaining and cursor.op not in ("output", "root"):
-        if cursor in external:
-            last = cursor
-            remaining -= 1
-        cursor = cursor.next
+    first, remaining = _widen(new_nodes[0], "prev", ("placeholder", "root"), external, len(external))
+    last, _ = _widen(new_nodes[-1], "next", ("output", "root"), external, remaining)
     if first is last:
         return
     _stable_sort(list(_stretch(first, last)))
+
+
+def _widen(end: fx.Node, direction: str, stops: tuple[str, ...], external: set[fx.Node],
+           remaining: int) -> tuple[fx.Node, int]:
+    """Walk from ``end`` towards ``direction`` (``prev``/``next``) until ``remaining`` of ``external`` are passed or
+    a ``stops`` node is met; the farthest external node reached (``end`` if none) and how many are still missing."""
+    cursor = getattr(end, direction)
+    while remaining and cursor.op not in stops:
+        if cursor in external:
+            end = cursor
+            remaining -= 1
+        cursor = getattr(cursor, direction)
+    return end, remaining
 
 
 def _stretch(first: fx.Node, last: fx.Node) -> Iterator[fx.Node]:
