@@ -117,8 +117,14 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(cfg, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
+        attended = _pre_norm_residual(x, self.attention_norm, self.attention)
+        return _pre_norm_residual(attended, self.ffn_norm, self.feed_forward)
+
+
+def _pre_norm_residual(x: torch.Tensor, norm: nn.Module, sublayer: nn.Module) -> torch.Tensor:
+    """The pre-norm residual of Llama-style blocks: the sublayer sees the normalized input, its output is added to
+    the input unnormalized."""
+    return x + sublayer(norm(x))
 
 
 class Llama(nn.Module):

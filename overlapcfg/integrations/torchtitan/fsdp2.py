@@ -189,9 +189,11 @@ def _apply_fsdp(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, reduce
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     fully_shard(model, cfg, mesh=dp_mesh, config_root=cfg.config_root, **kwargs)
-    if enable_symm_mem:
-        enable_fsdp_symm_mem(model)
-    disable_fsdp_gradient_division(model)
+    # What torchtitan does to a sharded decoder after fully_shard, in its order: symmetric-memory buffers when asked
+    # for, then gradient division left to the loss (torchtitan divides by the global token count itself).
+    finishing = [enable_fsdp_symm_mem] if enable_symm_mem else []
+    for finish in [*finishing, disable_fsdp_gradient_division]:
+        finish(model)
 
 
 @contextlib.contextmanager
