@@ -129,6 +129,6 @@ def test_the_tune_command_refuses_a_nan_node_cost_before_tracing(tmp_path: Path)
                           f"tune.node_costs={path}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert f"invalid node costs in '{path}' (tune.node_costs)" in out.stderr
-    assert "graphs.forward.mm_2.seconds: expected a duration in seconds" in out.stderr
-    assert "traced" not in out.stdout  # refused before the model was traced
+    assert (f"tune.node_costs: invalid node costs in '{path}': graphs.forward.mm_2.seconds: expected a duration in "
+            "seconds") in out.stderr
+    assert "traced" not in out.stdout  # refused before the command composed its config, let alone traced
