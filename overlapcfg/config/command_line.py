@@ -155,7 +155,7 @@ def _plan_names(parsed: Sequence[CommandLineOverride | None], mounts: Sequence[s
         touched = any(below(o, mount) in (("plan", "buckets"), ("plan", "name")) for o in overrides)
         if not chosen or touched:
             continue
-        option = chosen[-1].options[0]  # type: ignore[index]  # one option, checked above
+        option = (chosen[-1].options or ("",))[0]  # one option, checked above
         file = search_path.find(f"{GROUP}/plan/{option}")
         data = read_yaml(file, package, what="plan preset") if file is not None else None
         if isinstance(data, Mapping) and "name" not in data:

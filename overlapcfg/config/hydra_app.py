@@ -141,7 +141,7 @@ def _composed_from(faults: Sequence[Fault]) -> Iterable[str]:
     for key, option in choices.items():
         group, _, package = key.partition("@")
         if not group.startswith("hydra/"):
-            packages[package or group.replace("/", ".")] = (group, option)
+            packages[package or group.replace("/", ".")] = (key, option)
     notes: dict[str, str] = {}
     for fault in faults:
         if not fault.path or any(_under(fault.path, key) for key in values):
@@ -149,10 +149,10 @@ def _composed_from(faults: Sequence[Fault]) -> Iterable[str]:
         owners = [p for p in packages if _under(fault.path, p)]
         if owners:
             package = max(owners, key=len)
-            group, option = packages[package]
-            file = search_path.find(f"{group}/{option}")
+            key, option = packages[package]
+            file = search_path.find(f"{key.partition('@')[0]}/{option}")
             if file is not None:
-                notes[package] = f"{package} is {group}={option}: {file}"
+                notes[package] = f"{package} is {key}={option}: {file}"
     yield from notes.values()
 
 

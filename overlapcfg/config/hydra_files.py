@@ -102,7 +102,7 @@ def group_of(o: CommandLineOverride, search_path: SearchPath) -> str | None:
     """The config group ``o`` chooses an option of (``hardware``, ``overlap/plan``), or None for a value
     override: a key holding ``/`` or naming a directory on the search path, as Hydra decides
     (``defaults_list.py``: ``repo.group_exists``); Hydra's own groups are left to it."""
-    if o.prefix in ("~", "++") or o.key.startswith("hydra") or o.is_null:
+    if o.prefix in ("~", "++") or o.is_null or o.key == "hydra" or o.key.startswith(("hydra.", "hydra/")):
         return None
     if "/" in o.key or o.package is not None or search_path.is_group(o.key):
         return o.key.lstrip("/")
@@ -124,7 +124,8 @@ def read_composition(search_path: SearchPath, config_name: str | None, overrides
     walk = _Walk(search_path.then(_searchpath_overrides(overrides)),
                  {group: [option for _, option in pairs] for group, pairs in chosen.items()}, faults)
     if config_name is not None:  # first: its hydra.searchpath may hold the options chosen
-        walk.visit(config_name.removesuffix(SUFFIX), "")
+        name = config_name.removesuffix(SUFFIX)
+        walk.visit(name, name.rpartition("/")[0], primary=True)
     missing = []
     for group, pairs in chosen.items():
         for o, option in pairs:
@@ -177,8 +178,9 @@ class _Walk:
         self.read: dict[str, Path] = {}
         self.seen: set[str] = set()
 
-    def visit(self, config_path: str, group: str) -> None:
-        """Read ``config_path`` (a config in ``group``, ``""`` at the top) and everything its defaults name."""
+    def visit(self, config_path: str, group: str, *, primary: bool = False) -> None:
+        """Read ``config_path`` (a config in ``group``, ``""`` at the top) and everything its defaults name; the
+        primary config's ``hydra.searchpath`` extends the search path (literal entries only)."""
         todo = [(config_path, group)]
         while todo:
             path, in_group = todo.pop()
@@ -198,7 +200,7 @@ class _Walk:
                 self.faults.extend(err.faults)
                 continue
             self.read[path] = file
-            if not in_group:  # the primary config may extend the search path (literal entries only)
+            if primary and path == config_path:
                 self.search_path = self.search_path.then(_own_searchpath(data))
             todo.extend(self._defaults(data, in_group))
 

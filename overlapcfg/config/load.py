@@ -73,8 +73,8 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
 
     - ``str`` is always YAML *text*, never a file name (a file name is a valid YAML string, so guessing would
       make ``load_config(user_input)`` read arbitrary files). A file is read only when given as a
-      ``pathlib.Path`` (any ``os.PathLike``); errors name the file and give line and column, and never echo
-      its contents.
+      ``pathlib.Path`` (any ``os.PathLike``); errors name the file (and, for YAML, line and column), and never
+      echo its contents.
     - A plain ``Mapping`` is taken as it is: its strings are literal, ``${...}`` included.
     - YAML text, a file and a ``DictConfig`` may use ``${key}`` references to other keys (``${depth}``,
       ``${..x}``), resolved as OmegaConf would. Resolvers are refused with a fault naming the value
@@ -89,11 +89,12 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
     data = _to_container(src, root)
     if not isinstance(data, Mapping):
         raise OverlapConfigError.single(root, f"expected a mapping, got {_describe(data, src)}")
+    header = f"{HEADER} in {os.fspath(src)!r}" if isinstance(src, os.PathLike) else HEADER  # the file, whole
     if targets := list(_target_paths(data, root)):
-        raise OverlapConfigError([Fault(p, TARGET_MESSAGE) for p in targets], header=HEADER)
+        raise OverlapConfigError([Fault(p, TARGET_MESSAGE) for p in targets], header=header)
     if surrogates := list(_surrogate_faults(data, root)):
-        raise OverlapConfigError(surrogates, header=HEADER)
-    return validate_config(OverlapConfig, dict(data), root=root).mounted_at(root)
+        raise OverlapConfigError(surrogates, header=header)
+    return validate_config(OverlapConfig, dict(data), root=root, header=header).mounted_at(root)
 
 
 def validate_config(model: type[M], data: Any, *, root: str, header: str = HEADER) -> M:

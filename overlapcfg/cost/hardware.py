@@ -167,7 +167,7 @@ def _read(path: Path, name: str) -> HardwareProfile:
     if not isinstance(data, dict):
         raise OverlapConfigError.single(GROUP, f"{path} is not a mapping")
     data.setdefault("name", name)
-    return hardware_from(data, path=GROUP)
+    return validate_config(HardwareProfile, data, root=GROUP, header=f"{HEADER} in {str(path)!r}")  # the file too
 
 
 def hardware_from(data: HardwareProfile | Mapping[str, Any] | DictConfig, *, path: str = GROUP) -> HardwareProfile:

@@ -113,7 +113,7 @@ def test_a_users_own_preset_chosen_by_name_is_the_group_option(tmp_path) -> None
         by_group = compose("app", overrides=["overlap/plan@trainer.overlap.plan=mine"])
         by_name = compose("app", overrides=hydra_overrides(["trainer.overlap.plan=mine"], mounts=mounts))
         assert from_hydra(by_name.trainer.overlap) == from_hydra(by_group.trainer.overlap)
-        with pytest.raises(OverlapConfigError, match="no option 'mien' in group overlap/plan .*did you mean 'mine'"):
+        with pytest.raises(OverlapConfigError, match=r"no option 'mien' in group overlap/plan .*did you mean 'mine'"):
             hydra_overrides(["trainer.overlap.plan=mien"], mounts=mounts)
         bare = compose("app", overrides=["trainer.overlap.plan=mine"])  # Hydra alone: the node holds a name
     with pytest.raises(OverlapConfigError, match=r"choose it as overlap/plan@trainer\.overlap\.plan=mine"):

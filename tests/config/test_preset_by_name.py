@@ -137,7 +137,7 @@ def test_from_hydra_is_a_function_of_the_node_alone(tmp_path: Path, hydra_config
             plain = compose("train").overlap
         assert from_hydra(node) == alone and from_hydra(plain) == load_config({"plan": "llama_layers"})
     finally:
-        HydraConfig.instance().cfg = None  # type: ignore[assignment]  # no job left behind for other tests
+        HydraConfig.instance().cfg = None  # no job left behind for other tests
 
 
 @pytest.mark.parametrize("mount", ["overlap", "trainer.overlap"])

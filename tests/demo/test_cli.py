@@ -286,3 +286,47 @@ def test_the_command_reads_exactly_its_top_level_keys() -> None:
     with initialize_config_dir(str(command_conf_dir()), version_base="1.3"):
         cfg = compose("overlapcfg")
     assert sorted(map(str, cfg)) == sorted(top_level_keys())
+
+
+def test_the_spinner_says_tracing_while_it_traces_and_traced_once_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: the spinner said "traced ..." while the demo was still being traced."""
+    import contextlib
+    import io
+
+    from rich.console import Console
+
+    from overlapcfg.demo import job
+    from overlapcfg.demo.settings import demo_settings
+
+    console = Console(file=io.StringIO(), width=200)
+    shown: list[str] = []
+    during: list[list[str]] = []
+
+    def status(text: str, **_: object) -> contextlib.AbstractContextManager[None]:
+        shown.append(text)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(console, "status", status)
+    monkeypatch.setattr(job, "traced", lambda spec: during.append(list(shown)) or "a traced step")
+    spec = demo_settings({"model": {"n_layers": 2}})
+    assert job._trace_stage(job.Progress(console), spec) == "a traced step"
+    assert during == [shown] and shown[0].startswith("tracing 2-layer demo model") and "traced" not in shown[0]
+    assert console.file.getvalue().startswith("✓ traced 2-layer demo model")
+
+
+def test_a_null_policy_is_refused_before_hydra_with_what_to_write() -> None:
+    from overlapcfg.demo.cli import unknown_override_keys
+
+    (fault,) = unknown_override_keys(["overlap.policy=null"])
+    assert fault.startswith("overlap.policy: null: a policy cannot be unset") and "overlap/policy=default" in fault
+
+
+def test_an_option_missing_from_a_directory_the_command_line_adds_is_still_named(tmp_path: Path) -> None:
+    """Before, any ``hydra.searchpath`` or ``--config-dir`` turned the check of group options off ("options we
+    cannot see"), so a typo there went to Hydra's bare option list. The directory is searched now."""
+    from overlapcfg.demo.cli import unknown_override_keys
+
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "mine.yaml").write_text("# a profile of the user's\n{}\n")
+    (fault,) = unknown_override_keys(["hardware=mien", f"hydra.searchpath=[file://{tmp_path}]"])
+    assert "no option 'mien' in group hardware (did you mean 'mine'?)" in fault
