@@ -81,14 +81,23 @@ def _bomb() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _fifty_megabytes(path: Path) -> None:
+    with path.open("w") as f:  # in chunks: a child started later counts this process's peak memory as its own
+        f.write("forward_prefetch: 1\n# ")
+        for _ in range(50):
+            f.write("x" * 2**20)
+        f.write("\n")
+
+
 YAML = {
-    "alias bomb": _bomb,
-    "50 MB file": lambda: "forward_prefetch: 1\n# " + "x" * (50 * 2**20) + "\n",
-    "3,000-deep nesting": lambda: "a: " + "[" * 3000 + "]" * 3000 + "\n",
-    "alias to itself": lambda: "a: &a [1, *a]\n",
+    "alias bomb": lambda path: path.write_text(_bomb()),
+    "50 MB file": _fifty_megabytes,
+    "3,000-deep nesting": lambda path: path.write_text("a: " + "[" * 3000 + "]" * 3000 + "\n"),
+    "alias to itself": lambda path: path.write_text("a: &a [1, *a]\n"),
 }
-"""Each bad file's text, made when written and then let go: a child started while this process holds 50 MB would
-count those pages in its peak resident memory (kept across ``exec``)."""
+"""Each bad file's writer. Nothing large is ever held here: Linux counts a parent's peak resident memory in the
+peak of every child it starts afterwards (the high-water mark survives ``fork`` and ``exec``), which would make
+every row read 100 MB."""
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> dict[str, object]:
@@ -142,7 +151,7 @@ def main() -> None:
         for i, (kind, make) in enumerate(YAML.items()):
             name = f"bad{i}"
             for d in (home / "hardware", extra / "overlap" / "policy", app / "conf" / "overlap" / "policy"):
-                (d / f"{name}.yaml").write_text(make())
+                make(d / f"{name}.yaml")
             homed = {**env, "OVERLAPCFG_HOME": str(home)}
             cases += [
                 (kind, "command: hardware=<file>", [COMMAND, f"hardware={name}", *run], root, homed),
