@@ -215,3 +215,20 @@ def test_the_files_read_first_are_those_the_composition_reads(tmp_path: Path) ->
                                         r"options \(closest first\): local, bomb, remote"):
         read("db=lcoal")
 
+
+
+def test_from_hydra_on_a_name_hydra_left_as_a_value_is_a_config_error_not_a_yaml_one(tmp_path: Path) -> None:
+    """Issue 39: a broken preset of the user's own, chosen by name in an app without the decorators, leaked a raw
+    ``yaml.parser.ParserError`` from ``from_hydra`` (which read the file off the running Hydra's search path). The
+    node holds a name; ``from_hydra`` reads no file for it and says how to choose the preset."""
+    from hydra import compose, initialize_config_dir
+
+    from overlapcfg import OverlapConfigError, from_hydra
+
+    conf = _app(tmp_path, {"broken": "forward_prefetch: [1\n"})
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        node = compose("train", overrides=["trainer.overlap.policy=broken"]).trainer.overlap
+        with pytest.raises(OverlapConfigError) as err:
+            from_hydra(node)
+    assert "trainer.overlap.policy: 'broken' is not a shipped policy preset" in str(err.value)
+    assert "choose it as overlap/policy@trainer.overlap.policy=broken" in str(err.value)
