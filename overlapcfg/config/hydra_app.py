@@ -46,7 +46,7 @@ from overlapcfg.config.command_line import GROUP, hydra_overrides
 from overlapcfg.config.hydra_files import SearchPath, read_composition
 from overlapcfg.errors import Fault, OverlapcfgError, OverlapConfigError, OverlapUsageError
 
-__all__ = ["HydraConfigError", "Task", "checked_overrides", "hydra_main", "job_error", "run_app",
+__all__ = ["HydraConfigError", "Task", "checked_overrides", "hydra_main", "job_message", "run_app",
            "with_hydra_overrides"]
 
 Task = Callable[[DictConfig], Any]
@@ -103,28 +103,28 @@ def checked_overrides(overrides: Sequence[str], *, mounts: Sequence[str], strate
 
 
 def _reporting(task: Task) -> Task:
-    """``task``, with an ``OverlapcfgError`` it raises shown as Hydra shows its own errors (``job_error``)."""
+    """``task``, with an ``OverlapcfgError`` it raises shown as Hydra shows its own errors (``job_message``)."""
 
     @functools.wraps(task)  # Hydra finds the app's module (relative config paths) through __wrapped__
     def job(cfg: DictConfig) -> Any:
         try:
             return task(cfg)
         except OverlapcfgError as err:
-            raise job_error(err) from None
+            raise HydraConfigError(job_message(err)) from None
 
     return job
 
 
-def job_error(err: OverlapcfgError) -> HydraConfigError:
-    """``err`` as Hydra shows its own errors (message only), each faulty node's file said where a group option of
-    the running job composed it and the command line did not set the faulty value itself::
+def job_message(err: OverlapcfgError) -> str:
+    """``err``'s message, each faulty node's file said where a group option of the running job composed it and the
+    command line did not set the faulty value itself::
 
         invalid overlap config (1 fault):
           trainer.overlap.policy.forward_prefetch: expected an integer >= 0, got -1
           (trainer.overlap.policy is overlap/policy=mine: /home/me/app/conf/overlap/policy/mine.yaml)
     """
     notes = list(_composed_from(err.faults)) if isinstance(err, OverlapConfigError) else []
-    return HydraConfigError(str(err) + "".join(f"\n  ({note})" for note in notes))
+    return str(err) + "".join(f"\n  ({note})" for note in notes)
 
 
 def _composed_from(faults: Sequence[Fault]) -> Iterable[str]:

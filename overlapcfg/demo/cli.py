@@ -14,7 +14,7 @@ command does not read, a ``tune.node_costs`` file).
 
 Errors: a fault before composing exits with status 1 and the message; a user error in the task (a bad value, an
 unmatched pattern, a profile out of range), or a rewritten graph failing verification (its message names the
-nodes), is shown by Hydra as its message alone, with the file a faulty node came from (``hydra_app.job_error``),
+nodes), is shown by Hydra as its message alone, with the file a faulty node came from (``hydra_app.job_message``),
 and exits with status 1, no traceback. ``HYDRA_FULL_ERROR=1`` still shows the full traceback. Ctrl-C ends the
 command with status 130 and one line; every output is written whole or not at all (``overlapcfg.files``).
 """
@@ -32,7 +32,7 @@ from rich.console import Console
 
 from overlapcfg.compat.omegaconf import set_version_base
 from overlapcfg.config.command_line import as_written
-from overlapcfg.config.hydra_app import HydraConfigError, run_app
+from overlapcfg.config.hydra_app import run_app
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.demo.overrides import (
     CONFIG_NAME,
@@ -44,14 +44,11 @@ from overlapcfg.demo.overrides import (
 )
 from overlapcfg.errors import OverlapConfigError, did_you_mean
 
-__all__ = ["ConfigError", "main", "unknown_override_keys"]
+__all__ = ["main", "unknown_override_keys"]
 
 MODES = ("run", "compare", "tune", "calibrate", "measure")
 INTERRUPTED = 130
 """Exit status after Ctrl-C: 128 + SIGINT, what shells report for a command the signal ended."""
-
-ConfigError = HydraConfigError
-"""A config error, shown by Hydra as its message alone (exit status 1)."""
 
 
 def _console() -> Console:
@@ -88,7 +85,7 @@ def _task(cfg: DictConfig) -> None:
                                                     f"{did_you_mean(str(mode), MODES)}")
     except Exception as err:
         _sweep_failure(err)
-        raise  # an OverlapcfgError is shown as Hydra shows its own errors (hydra_app.job_error)
+        raise  # an OverlapcfgError is shown as Hydra shows its own errors (hydra_app.job_message)
 
 
 def _task_overrides() -> list[str]:
