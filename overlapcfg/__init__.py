@@ -42,7 +42,8 @@ _EXPORTS: dict[str, str] = {
     "load_config": "overlapcfg.config",
     "from_hydra": "overlapcfg.config",
     "hydra_overrides": "overlapcfg.config",
-    "with_hydra_overrides": "overlapcfg.config",
+    "hydra_main": "overlapcfg.config.hydra_app",
+    "with_hydra_overrides": "overlapcfg.config.hydra_app",
     "preset_names": "overlapcfg.config",
     "resolve_plan": "overlapcfg.resolve",
     "ResolvedPlan": "overlapcfg.resolve",
@@ -122,6 +123,7 @@ __all__ = [
     "exit_process",
     "explain",
     "from_hydra",
+    "hydra_main",
     "hydra_overrides",
     "fully_shard",
     "get_strategy",
@@ -161,8 +163,8 @@ if TYPE_CHECKING:
         hydra_overrides,
         load_config,
         preset_names,
-        with_hydra_overrides,
     )
+    from overlapcfg.config.hydra_app import hydra_main, with_hydra_overrides
     from overlapcfg.cost import HardwareProfile, NodeCosts, load_hardware, save_hardware, simulate
     from overlapcfg.demo.tracing import trace_train_step
     from overlapcfg.errors import (

@@ -226,20 +226,37 @@ _LONGEST_TYPO = 1000
 the length (a megabyte-long key would take seconds to be told it is unknown)."""
 
 
-def closest(name: str, candidates: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
-    """The candidates most similar to ``name``, best first (difflib ratio; ties in natural order)."""
+def _ranked(name: str, candidates: Iterable[str]) -> list[tuple[bool, float, str]]:
+    """``(contains, similarity, candidate)`` for each candidate, closest first: the one order of every "did you
+    mean" and every "options (closest first)" list (the command line, Python and the Hydra routes all show it).
+
+    A candidate holding ``name`` (case aside, ``name`` of 3 characters or more) comes first: ``h100`` means
+    ``h100_nvlink`` more surely than ``a100_ib``, though difflib rates the shorter name a little closer. Then
+    difflib's similarity ratio (as ``difflib.get_close_matches`` computes it), then natural order
+    (``layers.2`` before ``layers.10``), so ties never depend on how the candidates were listed.
+    """
     pool = sorted(dict.fromkeys(candidates), key=natural_key)
     if len(name) > _LONGEST_TYPO:
-        return []
-    return difflib.get_close_matches(name, pool, n=n, cutoff=cutoff)
+        return [(False, 0.0, c) for c in pool]
+    low = name.lower()
+    matcher = difflib.SequenceMatcher()
+    matcher.set_seq2(name)
+    ranked = []
+    for candidate in pool:
+        matcher.set_seq1(candidate)
+        ranked.append((len(name) >= 3 and low in candidate.lower(), matcher.ratio(), candidate))
+    order = {c: i for i, c in enumerate(pool)}
+    return sorted(ranked, key=lambda r: (not r[0], -r[1], order[r[2]]))
+
+
+def closest(name: str, candidates: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
+    """The candidates near ``name`` (holding it, or difflib ratio >= ``cutoff``), closest first (``_ranked``)."""
+    return [c for contains, ratio, c in _ranked(name, candidates) if contains or ratio >= cutoff][:n]
 
 
 def closest_first(name: str, candidates: Iterable[str]) -> list[str]:
-    """Every candidate, most similar to ``name`` first: how a list of valid options is shown after a typo."""
-    pool = sorted(dict.fromkeys(candidates), key=natural_key)
-    if len(name) > _LONGEST_TYPO:
-        return pool
-    return difflib.get_close_matches(name, pool, n=len(pool), cutoff=0.0) if pool else []
+    """Every candidate, closest to ``name`` first (``_ranked``): how a list of valid options is shown after a typo."""
+    return [c for _, _, c in _ranked(name, candidates)]
 
 
 def did_you_mean(name: str, candidates: Iterable[str], n: int = 3) -> str:

@@ -6,21 +6,33 @@ closest valid field name, which pydantic's own ``extra_forbidden`` error does no
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
+import types
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PlainSerializer,
+    PlainValidator,
+    ValidationInfo,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from overlapcfg.errors import did_you_mean, show_value
 
 __all__ = ["MAX_BYTES", "MAX_RANKS", "TARGET_KEY", "ByteCount", "ConfigModel", "Depth", "RankCount",
-           "collect_unknown_field_hints", "measured"]
+           "collect_unknown_field_hints", "measured", "quoted_number"]
 
 TARGET_KEY = "_target_"
 TARGET_MESSAGE = (
@@ -59,6 +71,60 @@ class ConfigModel(BaseModel):
         for key in unknown:
             hints[str(key)] = valid
         return data
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strings_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads '1e12' as 1e12 and '8' as 8. A config file's quoted number is a mistake the
+        # file should own (a YAML ``'1e12'`` is a string); Hydra's command line gives ints and floats for
+        # ``overlap.policy.forward_prefetch=2``, so nothing typed at the command line is refused. Text that is no
+        # number at all (``'far'``) is left to the field's own error.
+        if isinstance(value, str) and info.field_name in _number_fields(cls) and _numeric(value):
+            raise quoted_number(value, "an integer" if info.field_name in _integer_fields(cls) else "a number")
+        return value
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return len(text) <= 64
+
+
+def quoted_number(value: str, expected: str = "a number") -> PydanticCustomError:
+    """The error for a number written as a string (``'1e12'``, ``"8"``) where a number is expected."""
+    return PydanticCustomError("number_type", "expected {expected}, got the string {got} (a quoted number is text: "
+                                              "write it without quotes)", {"expected": expected, "got": _show(value)})
+
+
+_NUMBERS: dict[type, frozenset[str]] = {}
+
+
+def _number_fields(model: type[BaseModel]) -> frozenset[str]:
+    """Fields of ``model`` typed as a plain number (``int``, ``float``, optional or not) whose checks are pydantic's
+    own: those with a validator of ours (``ByteCount`` takes ``'4GiB'``; ``Depth``, ``measured``) say it themselves."""
+    found = _NUMBERS.get(model)
+    if found is None:
+        found = _NUMBERS[model] = frozenset(name for name, f in model.model_fields.items() if _plain_number(f))
+    return found
+
+
+def _integer_fields(model: type[BaseModel]) -> frozenset[str]:
+    return frozenset(name for name in _number_fields(model) if float not in _kinds(model.model_fields[name]))
+
+
+def _kinds(field: FieldInfo) -> tuple[Any, ...]:
+    union = typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+    kinds = typing.get_args(field.annotation) if union else (field.annotation,)
+    return tuple(k for k in kinds if k is not type(None))
+
+
+def _plain_number(field: FieldInfo) -> bool:
+    if any(isinstance(m, (BeforeValidator, PlainValidator, WrapValidator)) for m in field.metadata):
+        return False
+    kinds = _kinds(field)
+    return bool(kinds) and all(k in (int, float) for k in kinds)
 
 
 @contextmanager
@@ -161,10 +227,9 @@ def measured(unit: str, low: float, high: float, *, example: str = "") -> Before
 
     def check(value: Any) -> float:
         number = math.nan
-        if isinstance(value, str) and len(value) <= 64:  # '2e12' as a string: what pydantic's float took before
-            with contextlib.suppress(ValueError):
-                number = float(value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, str) and _numeric(value):  # '2e12' quoted in a file: pydantic's float took it, we do not
+            raise quoted_number(value, expected)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = float(value) if not isinstance(value, int) or value.bit_length() < 1000 else math.inf
         if not (math.isfinite(number) and low <= number <= high):
             raise PydanticCustomError("measured", "expected {expected}, got {got}",

@@ -16,9 +16,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from overlapcfg.compat.omegaconf import full_key, hydra_command_line, root_of
+from overlapcfg.compat.omegaconf import full_key, root_of
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
-from overlapcfg.config.command_line import with_presets_chosen_by_name
 from overlapcfg.config.faults import faults_from_validation_error
 from overlapcfg.config.interpolate import (
     KeyPath,
@@ -27,7 +26,7 @@ from overlapcfg.config.interpolate import (
     parse_key_path,
 )
 from overlapcfg.config.overlap import OverlapConfig
-from overlapcfg.config.presets import searching_hydra
+from overlapcfg.config.presets import preset_names
 from overlapcfg.config.safe_yaml import dump_yaml
 from overlapcfg.config.yaml_files import (
     MAX_FILE_BYTES,
@@ -36,7 +35,15 @@ from overlapcfg.config.yaml_files import (
     read_text,
     with_references_resolved,
 )
-from overlapcfg.errors import Fault, OverlapConfigError, OverlapUsageError, join_path, show_value
+from overlapcfg.errors import (
+    Fault,
+    OverlapConfigError,
+    OverlapUsageError,
+    closest_first,
+    did_you_mean,
+    join_path,
+    show_value,
+)
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -66,8 +73,8 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
 
     - ``str`` is always YAML *text*, never a file name (a file name is a valid YAML string, so guessing would
       make ``load_config(user_input)`` read arbitrary files). A file is read only when given as a
-      ``pathlib.Path`` (any ``os.PathLike``); errors name the file and give line and column, and never echo
-      its contents.
+      ``pathlib.Path`` (any ``os.PathLike``); errors name the file (and, for YAML, line and column), and never
+      echo its contents.
     - A plain ``Mapping`` is taken as it is: its strings are literal, ``${...}`` included.
     - YAML text, a file and a ``DictConfig`` may use ``${key}`` references to other keys (``${depth}``,
       ``${..x}``), resolved as OmegaConf would. Resolvers are refused with a fault naming the value
@@ -82,11 +89,12 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
     data = _to_container(src, root)
     if not isinstance(data, Mapping):
         raise OverlapConfigError.single(root, f"expected a mapping, got {_describe(data, src)}")
+    header = f"{HEADER} in {os.fspath(src)!r}" if isinstance(src, os.PathLike) else HEADER  # the file, whole
     if targets := list(_target_paths(data, root)):
-        raise OverlapConfigError([Fault(p, TARGET_MESSAGE) for p in targets], header=HEADER)
+        raise OverlapConfigError([Fault(p, TARGET_MESSAGE) for p in targets], header=header)
     if surrogates := list(_surrogate_faults(data, root)):
-        raise OverlapConfigError(surrogates, header=HEADER)
-    return validate_config(OverlapConfig, dict(data), root=root).mounted_at(root)
+        raise OverlapConfigError(surrogates, header=header)
+    return validate_config(OverlapConfig, dict(data), root=root, header=header).mounted_at(root)
 
 
 def validate_config(model: type[M], data: Any, *, root: str, header: str = HEADER) -> M:
@@ -111,9 +119,12 @@ def validate_value(kind: Any, value: Any, *, path: str, header: str | None = Non
 def from_hydra(node: DictConfig) -> OverlapConfig:
     """``load_config`` for a node of a composed Hydra config; fault paths start where the node is mounted.
 
-    A plan or policy the command line chose by name (``overlap.policy=aggressive``) is the preset with the command
-    line's field overrides on top, as the group option (``overlap/policy=aggressive``) composes it, also where
-    Hydra's value override dropped one or the other (``overlapcfg.config.command_line``).
+    A function of the node alone: nothing the process ran before (a Hydra job's recorded command line, the search
+    path of a Hydra instance) changes the config it gives. A plan or policy the node holds as a name
+    (``overlap.policy=aggressive`` on the command line) is that shipped preset; a name that is none of them is
+    refused, saying how to choose an app's own preset (as the group option ``overlap/policy=mine``, or by name
+    through ``overlapcfg.hydra_main`` / ``hydra_overrides``, which compose it as one). A policy of null
+    (``overlap.policy=null``) is refused with what to write instead.
 
     ``${key}`` references may point anywhere in the composed config; resolvers are refused, including Hydra's
     own ``${hydra:...}`` (the shipped ``overlap`` group never uses one: it only holds at run time).
@@ -122,11 +133,35 @@ def from_hydra(node: DictConfig) -> OverlapConfig:
         raise OverlapUsageError(f"from_hydra expects an omegaconf DictConfig node, got {type(node).__name__}")
     _refuse_whole_config(node)
     root = full_key(node) or "overlap"
-    with searching_hydra():  # the user's own overlap/plan/<name>.yaml resolves by name too
-        data = _to_container(node, root)
-        if isinstance(data, Mapping):  # a preset Hydra's value override replaced, rebuilt as its group option
-            data = with_presets_chosen_by_name(data, mount=root, command_line=hydra_command_line(node))
-        return load_config(data, root=root) if isinstance(data, Mapping) else load_config(node, root=root)
+    data = _to_container(node, root)
+    if isinstance(data, Mapping):
+        faults = list(_hydra_node_faults(data, root))
+        if faults:
+            raise OverlapConfigError(faults, header=HEADER)
+        return load_config(data, root=root)
+    return load_config(node, root=root)
+
+
+def _hydra_node_faults(data: Mapping[str, Any], root: str) -> Iterator[Fault]:
+    """What a Hydra command line leaves in a node that no YAML of ours would: a policy of null, a plan or policy
+    named after a preset that is not shipped (an app's own, which only the group option composes)."""
+    option = "overlap/{group}" if root == "overlap" else f"overlap/{{group}}@{root}.{{group}}"
+    if "policy" in data and data["policy"] is None:
+        yield Fault(f"{root}.policy", "null: a policy cannot be unset (it would run the strategy's defaults without a "
+                                      f"word); for the default policy write {option.format(group='policy')}=default "
+                                      f"or leave it out; to leave the graph alone write {root}.strategy=none")
+    for group in ("plan", "policy"):
+        name = data.get(group)
+        if isinstance(name, str) and name not in preset_names(group):
+            known = preset_names(group)
+            hint, listed = did_you_mean(name, known), closest_first(name, known)
+            more = f" ... ({len(listed)} in all)" if len(listed) > 5 else ""
+            yield Fault(f"{root}.{group}", f"{show_value(name)} is not a shipped {group} preset{hint} (shipped, "
+                                           f"closest first: {', '.join(listed[:5])}{more}); "
+                                           f"a preset of your app's own (overlap/{group}/{name}.yaml) is a config "
+                                           f"group option: choose it as {option.format(group=group)}={name}, or "
+                                           "by name through overlapcfg.hydra_main / overlapcfg.hydra_overrides, "
+                                           "which compose it as that option")
 
 
 def _overlap_nodes(node: DictConfig, prefix: str = "", depth: int = 0) -> Iterator[str]:

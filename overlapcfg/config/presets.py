@@ -9,26 +9,21 @@ package in a wheel, where hatch force-includes them), so every install reads the
   and the hardware profiles (``hardware/``, read by ``overlapcfg.cost.hardware``). No user app sees it, so a
   user's own ``hardware`` group or ``overlapcfg.yaml`` never collides with ours.
 
-Within ``from_hydra`` (``searching_hydra``), a name is also looked up on the composed Hydra search path, so a
-user's own ``overlap/plan/mine.yaml`` works as ``overlap.plan=mine`` exactly as it does as ``overlap/plan=mine``.
+A name is looked up among the shipped presets only, whatever runs in the process: ``load_config({"plan": "x"})``
+and ``from_hydra`` give the same config for the same data. A user's own ``overlap/plan/mine.yaml`` is a Hydra
+group option; by name on a command line it is chosen as one (``overlapcfg.config.command_line``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from overlapcfg.compat.omegaconf import hydra_group_option, hydra_group_options
 from overlapcfg.config.yaml_files import read_yaml
 from overlapcfg.errors import OverlapLookupError, OverlapStateError, OverlapUsageError, natural_key
 
-__all__ = ["command_conf_dir", "conf_dir", "load_preset", "preset_names", "searching_hydra"]
-
-_SEARCH_HYDRA: ContextVar[bool] = ContextVar("_SEARCH_HYDRA", default=False)
+__all__ = ["command_conf_dir", "conf_dir", "load_preset", "preset_names"]
 
 
 def _tree(name: str, marker: str) -> Path:
@@ -52,16 +47,6 @@ def command_conf_dir() -> Path:
     return _tree("conf", "overlapcfg.yaml")
 
 
-@contextmanager
-def searching_hydra() -> Iterator[None]:
-    """Within the block, presets are also looked up on the composed Hydra search path (if Hydra is running)."""
-    token = _SEARCH_HYDRA.set(True)
-    try:
-        yield
-    finally:
-        _SEARCH_HYDRA.reset(token)
-
-
 def _shipped(group: str) -> tuple[str, ...]:
     folder = conf_dir() / "overlap" / group
     return tuple(p.stem for p in folder.glob("*.yaml"))
@@ -69,20 +54,13 @@ def _shipped(group: str) -> tuple[str, ...]:
 
 def preset_names(group: str) -> tuple[str, ...]:
     """Option names of ``overlap/<group>`` in natural order, e.g. ``preset_names("plan")``."""
-    names = set(_shipped(group))
-    if _SEARCH_HYDRA.get():
-        names.update(hydra_group_options(f"overlap/{group}"))
-    return tuple(sorted(names, key=natural_key))
+    return tuple(sorted(_shipped(group), key=natural_key))
 
 
 def load_preset(group: str, name: str) -> dict[str, Any]:
     """The raw mapping of one preset. Unknown names raise ``KeyError`` (callers turn it into a config error).
 
     Shipped presets are read as user files are (``overlapcfg.config.yaml_files``): the same scalars and limits."""
-    if _SEARCH_HYDRA.get():
-        found = hydra_group_option(f"overlap/{group}", name)
-        if found is not None:
-            return found
     if name not in _shipped(group):
         raise OverlapLookupError(name)
     data = read_yaml(conf_dir() / "overlap" / group / f"{name}.yaml", "", what="shipped preset") or {}

@@ -31,7 +31,7 @@ from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.config.safe_yaml import dump_yaml
 from overlapcfg.config.yaml_files import check_path
 from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFits, Contention, LinkContention
-from overlapcfg.errors import OverlapConfigError, OverlapUsageError, closest, natural_key
+from overlapcfg.errors import OverlapConfigError, OverlapUsageError, closest_first, natural_key
 from overlapcfg.files import write_atomic
 
 __all__ = ["HardwareProfile", "PeakFlops", "hardware_home", "hardware_names", "load_hardware", "save_hardware",
@@ -167,7 +167,7 @@ def _read(path: Path, name: str) -> HardwareProfile:
     if not isinstance(data, dict):
         raise OverlapConfigError.single(GROUP, f"{path} is not a mapping")
     data.setdefault("name", name)
-    return hardware_from(data, path=GROUP)
+    return validate_config(HardwareProfile, data, root=GROUP, header=f"{HEADER} in {str(path)!r}")  # the file too
 
 
 def hardware_from(data: HardwareProfile | Mapping[str, Any] | DictConfig, *, path: str = GROUP) -> HardwareProfile:
@@ -197,13 +197,10 @@ def load_hardware(name: str | Path | HardwareProfile) -> HardwareProfile:
     if name in shipped_hardware_names():
         return _load(name)
     names = hardware_names()
-    if name not in names:
-        contains = [n for n in names if name.lower() in n.lower()]  # 'h100' -> 'h100_nvlink' first
-        near = closest(name, names, n=len(names), cutoff=0.0)
-        ordered = list(dict.fromkeys([*contains, *near, *names]))
+    if name not in names:  # closest first, as the command line lists them ('h100' -> 'h100_nvlink' first)
         raise OverlapConfigError.single(GROUP, f"unknown hardware profile {name!r}; available (closest first): "
-                                               f"{', '.join(ordered)} (or a path to a YAML file; your own profiles "
-                                               f"live in {hardware_home()})")
+                                               f"{', '.join(closest_first(name, names))} (or a path to a YAML file; "
+                                               f"your own profiles live in {hardware_home()})")
     return _read(hardware_home() / f"{name}.yaml", name)
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,23 +37,22 @@ from typing import Any
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.config.yaml_files import read_text
+from overlapcfg.cost.node_costs_file import (
+    HEADER,
+    MAX_NODE_SECONDS,
+    NODE_COSTS_SCHEMA,
+    duration_faults,
+    node_costs_data,
+    read_node_costs,
+)
 from overlapcfg.cost.price import iter_tensors, node_kind
-from overlapcfg.errors import Fault, OverlapConfigError, show_value
+from overlapcfg.errors import OverlapConfigError
 
 __all__ = ["MAX_NODE_SECONDS", "MEASURABLE_KINDS", "NODE_COSTS_SCHEMA", "Footing", "NodeCosts", "fit_footing",
            "node_signature"]
 
-NODE_COSTS_SCHEMA = "overlapcfg.node_costs/1"
 MEASURABLE_KINDS = frozenset({"compute", "memory", "free"})
 """Node kinds (``overlapcfg.cost.price.node_kind``) whose measured time replaces the model's."""
-MAX_NODE_SECONDS = 3600.0
-"""Longest duration a node may have: an hour for one kernel of one step is not a measurement (a unit mix-up, a
-corrupted file), and it would price the whole step at hours."""
-MAX_CLOCK_SCALE = 1000.0
-"""Largest ``clock_scale`` a file may carry: the timed steps and the node-timed ones ran on one machine minutes
-apart; a thousandfold difference is a corrupted file, not load."""
-HEADER = "invalid node costs"
 
 
 def _describe(value: object) -> str:
@@ -80,7 +79,7 @@ class NodeCosts:
     """The factor the durations were multiplied by to put them on the clock of the timed steps (1.0: as timed)."""
 
     def __post_init__(self) -> None:
-        faults = list(_duration_faults(self.graphs))
+        faults = duration_faults(self.graphs)
         if faults:
             raise OverlapConfigError(faults, header=HEADER)
 
@@ -116,80 +115,18 @@ class NodeCosts:
 
     @classmethod
     def from_json(cls, text: str | Mapping[str, Any], *, where: str | None = None) -> NodeCosts:
-        """Read what ``to_json`` wrote (``node_costs.json`` of ``overlapcfg mode=measure``). Anything else, a
-        duration that is not a finite number of seconds from 0 to ``MAX_NODE_SECONDS`` included, is an
-        ``OverlapConfigError`` listing every bad entry (``graphs.forward.mm_3.seconds: ...``); ``where`` names the
-        file in its header."""
-        header = f"{HEADER} in {where!r}" if where else HEADER
-        try:
-            data = json.loads(text) if isinstance(text, str) else dict(text)
-        except ValueError as err:
-            raise OverlapConfigError([Fault("", f"not JSON: {err}")], header=header) from None
-        if not isinstance(data, Mapping) or data.get("schema") != NODE_COSTS_SCHEMA:
-            got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
-            raise OverlapConfigError([Fault("schema", f"not overlapcfg node costs of schema {NODE_COSTS_SCHEMA!r} "
-                                                      f"(got {show_value(got)})")], header=header)
-        graphs, faults = _entries(data.get("graphs"))
-        if faults:
-            raise OverlapConfigError(faults, header=header)
-        scale = _number(data.get("clock_scale", 1.0))
-        if not (isinstance(scale, float) and math.isfinite(scale) and 0 < scale <= MAX_CLOCK_SCALE):
-            raise OverlapConfigError([Fault("clock_scale", f"expected a positive finite factor up to "
-                                                           f"{MAX_CLOCK_SCALE:g}, got {show_value(scale)}")],
-                                     header=header)
-        try:
-            return cls(source=str(data.get("source", "")), graphs=graphs, clock_scale=scale)
-        except OverlapConfigError as err:
-            raise OverlapConfigError(err.faults, header=header) from None
+        """Read what ``to_json`` wrote (``node_costs.json`` of ``overlapcfg mode=measure``), bounded and checked
+        (``overlapcfg.cost.node_costs_file.node_costs_data``): every bad entry is an ``OverlapConfigError``
+        (``graphs.forward.mm_3.seconds: ...``); ``where`` names the file in its header."""
+        data = node_costs_data(text, where=where)
+        return cls(source=data.source, graphs=data.graphs, clock_scale=data.clock_scale)
 
     @classmethod
     def read(cls, path: str | Path, *, root: str = "node_costs") -> NodeCosts:
         """``from_json`` of a file (``node_costs.json``): its faults name the file; a file that cannot be read is
         an ``OverlapConfigError`` at ``root`` (where the path was given: ``tune.node_costs``)."""
-        path = Path(path).expanduser()
-        text = read_text(path, root, what="node costs file")
-        return cls.from_json(text, where=str(path))
-
-
-def _entries(graphs: Any) -> tuple[dict[str, dict[str, tuple[str, float]]], list[Fault]]:
-    """``graphs`` of a ``node_costs.json`` as ``NodeCosts.graphs``, and a fault per entry of the wrong shape."""
-    if not isinstance(graphs, Mapping):
-        return {}, [Fault("graphs", f"expected a mapping of graph -> node -> {{signature, seconds}}, got "
-                                    f"{type(graphs).__name__}")]
-    out: dict[str, dict[str, tuple[str, float]]] = {}
-    faults = []
-    for g, nodes in graphs.items():
-        if not isinstance(nodes, Mapping):
-            faults.append(Fault(f"graphs.{g}", f"expected a mapping of node -> {{signature, seconds}}, got "
-                                               f"{type(nodes).__name__}"))
-            continue
-        for n, entry in nodes.items():
-            where = f"graphs.{g}.{n}"
-            if not isinstance(entry, Mapping) or not isinstance(entry.get("signature"), str) or "seconds" not in entry:
-                faults.append(Fault(where, "expected {signature: <text>, seconds: <number>}"))
-                continue
-            out.setdefault(str(g), {})[str(n)] = (entry["signature"], _number(entry["seconds"]))
-    return out, faults
-
-
-def _number(value: Any) -> Any:
-    """A JSON number as a float (an integer too); anything else as it is, for the fault to show."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except OverflowError:
-            return value
-    return value
-
-
-def _duration_faults(graphs: Mapping[str, Mapping[str, tuple[str, float]]]) -> Iterator[Fault]:
-    for g, nodes in graphs.items():
-        for n, (_, seconds) in nodes.items():
-            number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-            ok = number and (isinstance(seconds, int) or math.isfinite(seconds)) and 0 <= seconds <= MAX_NODE_SECONDS
-            if not ok:
-                yield Fault(f"graphs.{g}.{n}.seconds", f"expected a duration in seconds, a finite number from 0 to "
-                                                       f"{MAX_NODE_SECONDS:g}, got {show_value(seconds)}")
+        data = read_node_costs(path, root=root)
+        return cls(source=data.source, graphs=data.graphs, clock_scale=data.clock_scale)
 
 
 ALL = "all"

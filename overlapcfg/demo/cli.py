@@ -6,11 +6,17 @@ compares several configs; ``overlapcfg -m overlap.policy.forward_prefetch=0,1,2`
 under ``torchrun``, ``mode=calibrate`` writes a measured hardware profile and ``mode=measure`` runs real steps
 against the prediction (``overlapcfg.demo.measure_job``).
 
-Errors: a user error in the task (a bad value, an unmatched pattern), or a rewritten graph failing verification
-(its message names the nodes), is re-raised as ``ConfigError``, a Hydra
-``CompactHydraException``: Hydra then prints its message (plus the job's overrides) and exits with status 1, with
-no traceback, just as it does for its own composition errors (an unknown group option). ``HYDRA_FULL_ERROR=1``
-still shows the full traceback.
+The command starts as every Hydra app of overlapcfg's does (``overlapcfg.config.hydra_app.run_app``): its overrides
+checked and presets by name written as group options before Hydra composes, every config file Hydra will read
+(hardware profiles, presets under ``--config-dir``) read first with the library's bounds, and the overrides handed
+to Hydra as data (``sys.argv`` is never rewritten). ``overlapcfg.demo.overrides`` adds its own checks (keys the
+command does not read, a ``tune.node_costs`` file).
+
+Errors: a fault before composing exits with status 1 and the message; a user error in the task (a bad value, an
+unmatched pattern, a profile out of range), or a rewritten graph failing verification (its message names the
+nodes), is shown by Hydra as its message alone, with the file a faulty node came from (``hydra_app.job_message``),
+and exits with status 1, no traceback. ``HYDRA_FULL_ERROR=1`` still shows the full traceback. Ctrl-C ends the
+command with status 130 and one line; every output is written whole or not at all (``overlapcfg.files``).
 """
 
 from __future__ import annotations
@@ -19,25 +25,30 @@ import os
 import sys
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
-from overlapcfg.config.command_line import preset_overrides
+from overlapcfg.compat.omegaconf import set_version_base
+from overlapcfg.config.command_line import as_written
+from overlapcfg.config.hydra_app import run_app
 from overlapcfg.config.presets import command_conf_dir
-from overlapcfg.demo.overrides import unknown_override_keys
-from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_you_mean
+from overlapcfg.demo.overrides import (
+    CONFIG_NAME,
+    SEARCHPATH_ENV,
+    STRATEGY,
+    command_faults,
+    unknown_override_keys,
+    user_profiles,
+)
+from overlapcfg.errors import OverlapConfigError, did_you_mean
 
-__all__ = ["ConfigError", "main", "unknown_override_keys"]
+__all__ = ["main", "unknown_override_keys"]
 
 MODES = ("run", "compare", "tune", "calibrate", "measure")
-
-
-class ConfigError(CompactHydraException):
-    """A config error, shown by Hydra as its message alone (exit status 1)."""
+INTERRUPTED = 130
+"""Exit status after Ctrl-C: 128 + SIGINT, what shells report for a command the signal ended."""
 
 
 def _console() -> Console:
@@ -60,7 +71,7 @@ def _task(cfg: DictConfig) -> None:
         if mode == "run":
             _sweep_job(job.run_report(cfg, output_dir, console))
         elif mode == "compare":
-            job.run_compare(cfg, output_dir, console, overrides=HydraConfig.get().overrides.task)
+            job.run_compare(cfg, output_dir, console, overrides=_task_overrides())
         elif mode == "tune":
             from overlapcfg.demo import tune_job  # above job: it reuses job's trace, stages and hardware checks
 
@@ -74,9 +85,12 @@ def _task(cfg: DictConfig) -> None:
                                                     f"{did_you_mean(str(mode), MODES)}")
     except Exception as err:
         _sweep_failure(err)
-        if isinstance(err, (OverlapConfigError, OverlapVerificationError)):
-            raise ConfigError(str(err)) from None
-        raise
+        raise  # an OverlapcfgError is shown as Hydra shows its own errors (hydra_app.job_message)
+
+
+def _task_overrides() -> list[str]:
+    """This job's overrides as the user wrote them (``++`` that ``hydra_overrides`` put on a field, taken off)."""
+    return [as_written(str(o), sys.argv[1:]) for o in HydraConfig.get().overrides.task]
 
 
 _SWEEP: list[tuple[int, list[str], Path]] = []
@@ -89,7 +103,7 @@ _FAILED: list[tuple[int, list[str], str]] = []
 def _sweep_job(report: Path) -> None:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        _SWEEP.append((hydra_cfg.job.num, list(hydra_cfg.overrides.task), report))
+        _SWEEP.append((hydra_cfg.job.num, _task_overrides(), report))
 
 
 def _sweep_failure(err: Exception) -> None:
@@ -100,7 +114,7 @@ def _sweep_failure(err: Exception) -> None:
         what = str(err.faults[0]) + (f" (and {len(err.faults) - 1} more)" if len(err.faults) > 1 else "")
     else:
         what = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-    _FAILED.append((hydra_cfg.job.num, list(hydra_cfg.overrides.task), what))
+    _FAILED.append((hydra_cfg.job.num, _task_overrides(), what))
 
 
 def _sweep_summary() -> None:
@@ -128,27 +142,29 @@ def _sweep_summary() -> None:
     _FAILED.clear()
 
 
-def _search_user_profiles() -> None:
+def _user_profiles() -> list[str]:
     """Put the user's overlapcfg directory on the command's search path (``hydra.searchpath`` in
     ``conf/overlapcfg.yaml`` reads it), when it exists: ``hardware=<name>`` then finds ``hardware/<name>.yaml``
-    there, as calibration writes it."""
+    there, as calibration writes it. Returns what is added, for the files read before Hydra."""
     from overlapcfg.cost.hardware import user_conf_dir
 
     home = user_conf_dir()
     if home.is_dir():
-        os.environ.setdefault("OVERLAPCFG_SEARCHPATH", f"file://{home}")
+        os.environ.setdefault(SEARCHPATH_ENV, f"file://{home}")
+    return user_profiles()
 
 
 def main() -> None:
-    """Console-script entry point. Hydra parses ``sys.argv`` itself."""
-    faults = unknown_override_keys(sys.argv[1:])
-    if faults:
-        sys.exit(f"invalid overrides ({len(faults)} fault{'s' if len(faults) > 1 else ''}):\n  " + "\n  ".join(faults))
-    sys.argv[1:] = preset_overrides(sys.argv[1:])  # overlap.plan=NAME: the group option, fields on top as there
-    _search_user_profiles()
-    app = hydra.main(config_path=str(command_conf_dir()), config_name="overlapcfg", version_base="1.3")(_task)
+    """Console-script entry point: Hydra's own arguments (``sys.argv``, read, not rewritten)."""
+    set_version_base("1.3")
     try:
-        app()
+        run_app(_task, config_path=str(command_conf_dir()), config_name=CONFIG_NAME, strategy=STRATEGY,
+                search=_user_profiles(), check=command_faults)
+    except KeyboardInterrupt:
+        _SWEEP.clear()
+        _FAILED.clear()
+        sys.stderr.write("overlapcfg: interrupted (Ctrl-C); every file written so far is whole\n")
+        sys.exit(INTERRUPTED)
     finally:  # also when a job failed: Hydra reports the first failure and exits 1 after all jobs ran
         _sweep_summary()
 

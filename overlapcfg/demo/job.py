@@ -93,7 +93,8 @@ def check_plan(overlap: OverlapConfig, spec: DemoSettings, *, root: str = "overl
 
 
 class Progress:
-    """Shows each stage while it runs (a rich spinner on a terminal) and a done line with its seconds after.
+    """Shows each stage while it runs (a rich spinner on a terminal: ``tracing …``) and a done line with its seconds
+    after (``✓ traced …``): a spinner never says a stage is done while it runs.
 
     Done lines also go to the log (Hydra writes it to ``<run dir>/overlapcfg.log``).
     """
@@ -103,13 +104,14 @@ class Progress:
         self.started = time.perf_counter()
 
     @contextlib.contextmanager
-    def stage(self, what: str) -> Iterator[None]:
+    def stage(self, doing: str, *, done: str) -> Iterator[None]:
+        """``doing`` (``tracing …``) on the spinner while the block runs, ``done`` (``traced …``) once it has."""
         start = time.perf_counter()
-        with self.console.status(f"{what} …"):
+        with self.console.status(f"{doing} …"):
             yield
         seconds = time.perf_counter() - start
-        self.console.print(f"[green]✓[/green] {what} [dim]({seconds:.1f} s)[/dim]")
-        log.info("%s: %.2fs", what, seconds)
+        self.console.print(f"[green]✓[/green] {done} [dim]({seconds:.1f} s)[/dim]")
+        log.info("%s: %.2fs", done, seconds)
 
     def total(self) -> float:
         return time.perf_counter() - self.started
@@ -132,19 +134,20 @@ def traced(spec: DemoSettings) -> TracedStep:
 def _trace_stage(progress: Progress, spec: DemoSettings) -> TracedStep:
     cfg = spec.llama_config()
     mesh = "" if spec.dims.is_1d else f" = {spec.dims.describe()}"
-    what = (f"traced {cfg.n_layers}-layer demo model (dim {cfg.dim}) for {spec.world_size} ranks{mesh}, "
+    what = (f"{cfg.n_layers}-layer demo model (dim {cfg.dim}) for {spec.world_size} ranks{mesh}, "
             f"reshard_after_forward={spec.reshard_after_forward}")
     if spec in _TRACES:
-        progress.console.print(f"[green]✓[/green] {what} [dim](cached)[/dim]")
+        progress.console.print(f"[green]✓[/green] traced {what} [dim](cached)[/dim]")
         return _TRACES[spec]
-    with progress.stage(what):
+    with progress.stage(f"tracing {what}", done=f"traced {what}"):
         return traced(spec)
 
 
 def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=run``: apply ``cfg.overlap`` to the demo step, print the report, write ``report.json``."""
     progress = Progress(console)
-    with progress.stage("validated config"):  # torch-free: a typo is reported before torch is imported
+    # torch-free: a typo is reported before torch is imported
+    with progress.stage("validating config", done="validated config"):
         overlap = from_hydra(cfg.overlap)
         spec = demo_spec(cfg)
         hardware = hardware_of(cfg)
@@ -155,7 +158,8 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     from overlapcfg.report.render import report_table
 
     step = _trace_stage(progress, spec)
-    with progress.stage(f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
+    with progress.stage(f"applying strategy {overlap.strategy!r} to forward and backward graphs",
+                        done=f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
         report = explain(step, overlap, hardware=hardware)
     console.print(report_table(report))  # with the untransformed step's prediction (report.baseline) as "before"
     path = write_atomic(output_dir / REPORT_FILE, report.to_json())
@@ -175,9 +179,9 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
         if rank:
             console.quiet = True  # a group someone else made: rank 0 prints and writes the report
         where = "one process, fake process group" if group == "fake" else f"{group} group, rank {rank}"
-        what = (f"sharded {spec.model.n_layers}-layer demo model (dim {spec.model.dim}) with FSDP2 for {world_size} "
+        what = (f"{spec.model.n_layers}-layer demo model (dim {spec.model.dim}) with FSDP2 for {world_size} "
                 f"ranks ({where}), reshard_after_forward={spec.reshard_after_forward}")
-        with progress.stage(what):
+        with progress.stage(f"sharding {what}", done=f"sharded {what}"):
             sharded = shard_demo(spec, overlap, rank=rank, world_size=world_size, group=group, config_root=root)
         report = explain(sharded.model, overlap)
     console.print(report_table(report))
@@ -242,7 +246,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
     """``mode=compare``: every ``compare`` entry on one trace; print the table, write JSON and the timeline.
     ``overrides``: the command line's, to say which of them the rows replace."""
     progress = Progress(console)
-    with progress.stage("validated config"):
+    with progress.stage("validating config", done="validated config"):
         spec = demo_spec(cfg)
         hardware = replay_hardware(cfg, spec, "compare", ", or mode=run for the FSDP2 report")
         names, configs = compare_configs(cfg)
@@ -253,7 +257,8 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
     from overlapcfg.report.timeline import write_timeline
 
     step = _trace_stage(progress, spec)
-    with progress.stage(f"compared {len(configs)} configs on {hardware.name}"):
+    with progress.stage(f"comparing {len(configs)} configs on {hardware.name}",
+                        done=f"compared {len(configs)} configs on {hardware.name}"):
         comparison = compare(step, configs, hardware=hardware, names=names)
     console.print(comparison_table(comparison))
     for key, labels in shadowed_keys(cfg, overrides).items():
@@ -262,7 +267,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
         log.info(note)
         console.print(f"[yellow]{note}[/yellow]")
     path = write_atomic(output_dir / COMPARE_FILE, comparison.to_json())
-    with progress.stage("wrote timeline"):
+    with progress.stage("writing timeline", done="wrote timeline"):
         files = write_timeline(comparison, output_dir, stem=TIMELINE_STEM)
     console.print(f"comparison: {path}; timeline: {', '.join(str(f) for f in files)}")
     return path

@@ -165,7 +165,7 @@ def _bar(console: Console) -> Progress:
 def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=calibrate``; returns the profile's path in the run directory."""
     stages = Stages(console)
-    with stages.stage("validated config"):
+    with stages.stage("validating config", done="validated config"):
         spec = demo_spec(cfg)
         settings = _settings(cfg, "calibrate", CalibrateSettings)
         if settings.base is not None:
@@ -190,7 +190,8 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     from overlapcfg.measuring.clock import default_device
     from overlapcfg.measuring.render import calibration_table
 
-    with stages.stage(f"traced the {spec.model.n_layers}-layer demo step on meta (its matmul shapes)"):
+    what = f"the {spec.model.n_layers}-layer demo step on meta (its matmul shapes)"
+    with stages.stage(f"tracing {what}", done=f"traced {what}"):
         step = trace_train_step(spec.llama_config(), parallel=spec.dims, device="meta",
                                 reshard_after_forward=spec.reshard_after_forward, batch=spec.batch,
                                 seq_len=spec.seq_len)
@@ -261,7 +262,7 @@ def demo_step(spec: DemoSettings, dims: ParallelDims | None = None, *,
 def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=measure``; returns the path of ``measure.json``."""
     stages = Stages(console)
-    with stages.stage("validated config"):
+    with stages.stage("validating config", done="validated config"):
         spec, settings, hardware = _validated(cfg, "measure", MeasureSettings)
         names, configs = compare_configs(cfg, key="measure.configs")
         _check_launched("measure")

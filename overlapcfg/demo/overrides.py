@@ -1,47 +1,42 @@
 """The ``overlapcfg`` command's own check of its command line, before Hydra composes anything (torch-free).
 
 Hydra's answers to a typo are its own: ``Key 'modle' is not in struct`` and a suggestion to append
-(``+modle.n_layers=2``, which it then accepts and the job ignores), or a list of a group's options with no closest
-one (``hardware=h100``). Here every override is held against what the command reads, in the project's words:
+(``+modle.n_layers=2``, which it then accepts and the job ignores). The command starts through the path every Hydra
+app of overlapcfg's takes (``overlapcfg.config.hydra_app.run_app``: presets by name, ``overlap.*`` keys, group
+options that do not exist, every config file read bounded first); this module adds what only the command knows,
+reading each override with Hydra's own parser (``compat.parse_command_line``):
 
 - a top-level key the command does not read (``modle.n_layers=2``, ``+modle.n_layers=2``): rejected, closest key;
 - a field no model of its node has (``parallel.dp_shrd=2``): closest field and the valid ones;
-- a policy field of another strategy than the active one (``overlap.policy.max_in_flight_gb`` with ``manual``):
-  the valid fields are the active strategy's, and the strategy the field belongs to is named;
-- a group option that does not exist (``hardware=h100``, ``overlap/plan=llama_layer``), also where it is chosen
-  by name (``overlap.plan=llama_layer``): closest option first.
+- ``tune.node_costs=<file>``: the file read and checked now (bounded JSON, every entry), in a second, instead of
+  after torch is imported and the demo traced.
 
-The overlap keys (``overlap.*``) are checked as in any Hydra app (``overlapcfg.config.command_line``), with the
-command's own strategy (``manual``) known; ``main`` then rewrites presets chosen by name into group options, so
-``overlap.policy=aggressive overlap.policy.forward_prefetch=4`` is the config ``overlap/policy=aggressive ...`` is.
-
-Left to Hydra: deletions (``~``), Hydra's own keys and groups (``hydra.*``, ``hydra/...``), sweep expressions
-other than a plain comma list, and group options when the search path is extended (``hydra.searchpath``,
-``--config-dir``): those can add options this module cannot see.
+Left to Hydra: deletions (``~``) and Hydra's own keys (``hydra.*``, ``hydra/...``).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from overlapcfg.config.command_line import chosen_by_name, override_faults
+from overlapcfg.compat.omegaconf import CommandLineOverride, parse_command_line
+from overlapcfg.config.hydra_app import checked_overrides
+from overlapcfg.config.hydra_files import SearchPath, group_of
 from overlapcfg.config.presets import command_conf_dir, conf_dir
-from overlapcfg.cost.hardware import hardware_names
-from overlapcfg.errors import closest_first, did_you_mean
+from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 
-__all__ = ["COMMAND_KEYS", "known_fields", "top_level_keys", "unknown_override_keys"]
+__all__ = ["COMMAND_KEYS", "STRATEGY", "command_faults", "command_search_path", "known_fields", "top_level_keys",
+           "unknown_override_keys", "user_profiles"]
 
 COMMAND_KEYS = ("mode", "overlap", "hardware", "tune", "compare", "calibrate", "measure")
 """Top-level keys of ``conf/overlapcfg.yaml`` besides the demo settings (``overlapcfg.demo.settings``); a test
 holds the composed config's keys to exactly these and the settings' fields."""
-_GROUPS = {"hardware": ("command", "hardware"), "tune/space": ("command", "tune/space"),
-           "overlap": ("presets", "overlap"), "overlap/plan": ("presets", "overlap/plan"),
-           "overlap/policy": ("presets", "overlap/policy")}
-"""The command's config groups and the tree their options live in."""
-_PLAIN_VALUES = re.compile(r"[\w.-]+(,[\w.-]+)*")
-_SEARCH_PATH_FLAGS = ("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")
+STRATEGY = "manual"
+"""The strategy ``conf/overlapcfg.yaml`` composes unless the command line changes it."""
+CONFIG_NAME = "overlapcfg"
+SEARCHPATH_ENV = "OVERLAPCFG_SEARCHPATH"
+"""Read by ``hydra.searchpath`` in ``conf/overlapcfg.yaml``: the user's profile directory, on the search path."""
 
 
 def top_level_keys() -> tuple[str, ...]:
@@ -52,75 +47,86 @@ def top_level_keys() -> tuple[str, ...]:
 
 def known_fields() -> dict[str, tuple[str, ...]]:
     """Keys under each node the command validates with a pydantic model (``overlap`` has its own check:
-    ``overlapcfg.config.command_line.override_faults``)."""
+    ``overlapcfg.config.override_checks.override_faults``)."""
     from overlapcfg.demo.settings import DemoModel, DemoParallel
 
     return {"": top_level_keys(), "model": tuple(DemoModel.model_fields),
             "parallel": tuple(DemoParallel.model_fields)}
 
 
-def _options(group: str) -> tuple[str, ...]:
-    if group == "hardware":  # shipped profiles and the user's own (mode=calibrate writes them there)
-        return hardware_names()
-    tree, path = _GROUPS[group]
-    root: Path = command_conf_dir() if tree == "command" else conf_dir()
-    return tuple(sorted(p.stem for p in (root / path).glob("*.yaml")))
+def command_search_path(extra: Iterable[str] = ()) -> SearchPath:
+    """Where the command's configs are, as Hydra searches them: its own ``conf/``, the ``overlap`` groups
+    (``presets/``), then ``extra`` (the user's profile directory, ``--config-dir``)."""
+    return SearchPath.of([str(command_conf_dir()), str(conf_dir()), *extra])
 
 
-def _group_fault(key: str, value: str, *, written: str | None = None) -> str | None:
-    """A fault for an option of group ``key`` that does not exist; ``written``: the key as the user wrote it
-    (``overlap.plan``, a preset by name), when it differs from the group's."""
-    options = _options(key)
-    if not _PLAIN_VALUES.fullmatch(value):
-        return None  # a sweep expression (range(...), glob(...)): Hydra's to expand
-    for option in value.split(","):
-        if (option in ("null", "None") and key == "hardware") or option in options:
-            continue
-        listing = ", ".join(closest_first(option, options))
-        return (f"{written or key}={value}: no option {option!r} in group {key}{did_you_mean(option, options)}; "
-                f"options (closest first): {listing}")
-    return None
-
-
-def _field_fault(key: str, known: dict[str, tuple[str, ...]], *, appending: bool = False) -> str | None:
-    """A fault for ``key`` (as written, without ``+``), or None: its top-level key first, then its field."""
-    top = key.split(".", 1)[0]
-    if top not in known[""]:
-        added = " ('+' adds a key, but nothing reads it)" if appending else ""
-        return (f"{key}: unknown top-level key {top!r}{did_you_mean(top, known[''])}{added}; the command reads: "
-                f"{', '.join(sorted(known['']))}")
-    parent, _, leaf = key.rpartition(".")
-    if appending or parent not in known or leaf in known[parent]:
-        return None
-    valid = ", ".join(sorted(known[parent]))
-    return f"{key}: unknown field{did_you_mean(leaf, known[parent])}; valid fields: {valid}"
-
-
-def unknown_override_keys(args: Iterable[str]) -> list[str]:
-    """One fault per override that sets something the command does not read, or picks a group option that does
-    not exist (see the module docstring); ``[]`` when every override is known."""
-    args = list(args)
+def command_faults(args: list[str], search_path: SearchPath) -> list[Fault]:
+    """One fault per override that sets something the command does not read, and for a node-costs file that
+    cannot be used (module docstring)."""
     known = known_fields()
-    groups_visible = not any(a.startswith(_SEARCH_PATH_FLAGS) for a in args)
-    faults = []
-    for arg in args:
-        if "=" not in arg or arg.startswith(("-", "~", "hydra")):
+    faults: list[Fault] = []
+    for o in parse_command_line(args):
+        if o is None or o.prefix == "~" or o.key.startswith("hydra") or group_of(o, search_path) is not None:
             continue
-        key, _, value = arg.partition("=")
-        appending = key.startswith("+")
-        key, _, package = key.lstrip("+").partition("@")
-        if key.startswith("hydra"):
+        if o.key == "tune.node_costs":
+            faults += _node_costs_faults(o)
             continue
-        by_name = chosen_by_name(arg)
-        if by_name is not None:  # a preset by name: checked as the group option the command runs it as
-            fault = _group_fault(f"overlap/{by_name[1]}", value, written=key) if groups_visible else None
-        elif key.startswith("overlap."):
-            fault = None  # override_faults below
-        elif "/" in key or (key in _GROUPS and not appending):  # a group option: hardware=..., overlap/plan=...
-            fault = _group_fault(key, value) if key in _GROUPS and groups_visible and not package else None
-        else:  # appending (+key=...) adds below a node; only its top-level key must be one the command reads
-            fault = _field_fault(key, known, appending=appending)
+        fault = _field_fault(o, known)
         if fault is not None:
             faults.append(fault)
-    faults += [str(f) for f in override_faults(args, mounts=("overlap",), strategy="manual")]
     return faults
+
+
+def user_profiles() -> list[str]:
+    """The directory the command's primary config adds to its search path (``hydra.searchpath`` reads
+    ``$OVERLAPCFG_SEARCHPATH``; the command sets it to the user's overlapcfg directory where that exists)."""
+    from overlapcfg.cost.hardware import user_conf_dir
+
+    found = os.environ.get(SEARCHPATH_ENV)
+    if found:
+        return [found]
+    home = user_conf_dir()
+    return [f"file://{home}"] if home.is_dir() else []
+
+
+def unknown_override_keys(args: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
+    """Every fault the command finds in ``args`` before composing (its own and the path every app takes), as
+    the lines it prints; ``[]`` when every override is known. ``extra``: more config directories."""
+    try:
+        checked_overrides(list(args), mounts=("overlap",), strategy=STRATEGY, config_name=CONFIG_NAME,
+                          search_path=command_search_path([*user_profiles(), *extra]), check=command_faults)
+    except OverlapConfigError as err:
+        return [str(f) for f in err.faults]
+    return []
+
+
+def _field_fault(o: CommandLineOverride, known: dict[str, tuple[str, ...]]) -> Fault | None:
+    """A fault for ``o``'s key, or None: its top-level key first, then its field."""
+    appending = o.prefix in ("+", "++")
+    top = o.key.split(".", 1)[0]
+    if top not in known[""]:
+        added = " ('+' adds a key, but nothing reads it)" if appending else ""
+        return Fault(o.key, f"unknown top-level key {top!r}{did_you_mean(top, known[''])}{added}; the command "
+                            f"reads: {', '.join(sorted(known['']))}")
+    parent, _, leaf = o.key.rpartition(".")
+    if appending or parent not in known or leaf in known[parent]:
+        return None
+    return Fault(o.key, f"unknown field{did_you_mean(leaf, known[parent])}; valid fields: "
+                        f"{', '.join(sorted(known[parent]))}")
+
+
+def _node_costs_faults(o: CommandLineOverride) -> Iterator[Fault]:
+    value = o.value()
+    if value is None:
+        return
+    if not isinstance(value, str):
+        yield Fault(o.key, f"expected the path of a node_costs.json, got {o.value_text!r}")
+        return
+    from overlapcfg.cost.node_costs_file import read_node_costs
+
+    try:
+        read_node_costs(Path(value), root=o.key)
+    except OverlapConfigError as err:  # the file itself (its fault is at the key), or what it holds
+        for f in err.faults:
+            what = f"{f.path}: {f.message}" if f.path and f.path != o.key else f.message
+            yield Fault(o.key, f"{err.header}: {what}" if err.header else what)

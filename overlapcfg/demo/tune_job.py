@@ -79,7 +79,7 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     from overlapcfg.tuning.render import tune_tables, write_front_png
 
     stages = Stages(console)
-    with stages.stage("validated config"):
+    with stages.stage("validating config", done="validated config"):
         spec = demo_spec(cfg)
         settings = tune_settings(cfg)
         hardware = replay_hardware(cfg, spec, "tune")
@@ -88,7 +88,8 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
                                                         f"FSDP all-gather or reduce-scatter); {spec.dims.describe()} "
                                                         "adds HSDP or tensor-parallel traffic: drop parallel.*")
         node_costs = _node_costs(settings.node_costs)  # before tracing: a bad file fails in a second
-    with stages.stage(f"traced {spec.model.n_layers}-layer demo model for {spec.world_size} ranks"):
+    what = f"{spec.model.n_layers}-layer demo model for {spec.world_size} ranks"
+    with stages.stage(f"tracing {what}", done=f"traced {what}"):
         step = traced(spec)
     as_dtype = getattr(torch, _DTYPES[settings.dtype]) if settings.dtype else None
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -97,22 +97,27 @@ def test_from_hydra_on_the_whole_config_points_at_the_overlap_node() -> None:
     assert len(info.value.faults) == 1  # not one "unknown field" per key of the root config
 
 
-def test_a_users_own_preset_resolves_by_name_on_the_hydra_search_path(tmp_path) -> None:
-    """Issue: overlap/plan=mine worked, overlap.plan=mine said "unknown plan preset 'mine'"."""
+def test_a_users_own_preset_chosen_by_name_is_the_group_option(tmp_path) -> None:
+    """Issue 30: overlap/plan=mine worked, overlap.plan=mine said "unknown plan preset 'mine'". Issue 38: by name
+    it is chosen as the group option before composing (``hydra_overrides``), not looked up afterwards on whatever
+    Hydra instance the process holds: the node alone says what it is."""
     from hydra import compose, initialize_config_dir
 
-    from overlapcfg import from_hydra
+    from overlapcfg import from_hydra, hydra_overrides
 
     (tmp_path / "overlap" / "plan").mkdir(parents=True)
     (tmp_path / "overlap" / "plan" / "mine.yaml").write_text("name: mine\nbuckets: [tok_embeddings]\n")
     (tmp_path / "app.yaml").write_text("defaults:\n  - overlap@trainer.overlap: default\n  - _self_\n")
+    mounts = ["trainer.overlap"]
     with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
         by_group = compose("app", overrides=["overlap/plan@trainer.overlap.plan=mine"])
-        by_name = compose("app", overrides=["trainer.overlap.plan=mine"])
+        by_name = compose("app", overrides=hydra_overrides(["trainer.overlap.plan=mine"], mounts=mounts))
         assert from_hydra(by_name.trainer.overlap) == from_hydra(by_group.trainer.overlap)
-        typo = compose("app", overrides=["trainer.overlap.plan=mien"])
-        with pytest.raises(OverlapConfigError, match="did you mean 'mine'"):
-            from_hydra(typo.trainer.overlap)
+        with pytest.raises(OverlapConfigError, match=r"no option 'mien' in group overlap/plan .*did you mean 'mine'"):
+            hydra_overrides(["trainer.overlap.plan=mien"], mounts=mounts)
+        bare = compose("app", overrides=["trainer.overlap.plan=mine"])  # Hydra alone: the node holds a name
+    with pytest.raises(OverlapConfigError, match=r"choose it as overlap/plan@trainer\.overlap\.plan=mine"):
+        from_hydra(bare.trainer.overlap)
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """A preset chosen by name (``overlap.policy=aggressive``) is the config the group option
 (``overlap/policy=aggressive``) is, fields set on top included: in the ``overlapcfg`` command, in a user's own
-``@hydra.main`` app wherever it mounts the group, and through the compose API; never a silently dropped preset.
+``@hydra.main`` app wherever it mounts the group (``overlapcfg.hydra_main`` or ``with_hydra_overrides``), and
+through the compose API (``hydra_overrides``); one mechanism, before composing. ``from_hydra`` is a function of the
+node alone: what the process ran before never changes the config it gives.
 
 Every case composes through real Hydra (the compose API in-process, ``@hydra.main`` apps and the console script in
 subprocesses) and is held against the group-option spelling of the same command line.
@@ -19,8 +21,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from overlapcfg import OverlapConfig, from_hydra, load_config
-from overlapcfg.config.command_line import hydra_overrides, preset_overrides
+from overlapcfg import OverlapConfig, OverlapConfigError, from_hydra, load_config
+from overlapcfg.config.command_line import hydra_overrides
 from overlapcfg.config.presets import command_conf_dir
 
 MINE = "# a user's own plan preset, without a name of its own\nbuckets:\n  - tok_embeddings\n  - layers.*\n" \
@@ -48,9 +50,10 @@ def _env() -> dict[str, str]:
 
 
 def _command(overrides: list[str]) -> OverlapConfig:
-    """The command's own config, composed from what its ``main`` hands Hydra (``preset_overrides``)."""
+    """The command's own config, composed from what its ``main`` hands Hydra (``hydra_overrides``, strategy
+    ``manual`` as ``conf/overlapcfg.yaml`` composes it)."""
     with initialize_config_dir(str(command_conf_dir()), version_base="1.3"):
-        return from_hydra(compose("overlapcfg", overrides=preset_overrides(overrides)).overlap)
+        return from_hydra(compose("overlapcfg", overrides=hydra_overrides(overrides, strategy="manual")).overlap)
 
 
 def _at(mount: str, overrides: list[str]) -> list[str]:
@@ -75,9 +78,13 @@ def _app_conf(tmp_path: Path, mount: str) -> Path:
     return conf
 
 
-def _user(tmp_path: Path, mount: str, overrides: list[str], *, hydra_config: bool = False) -> OverlapConfig:
+def _user(tmp_path: Path, mount: str, overrides: list[str], *, helper: bool = False) -> OverlapConfig:
+    """``from_hydra`` of the app's node composed with ``overrides``, through ``hydra_overrides`` with ``helper``
+    (called inside the compose context, as users do: it sees the app's search path)."""
     with initialize_config_dir(str(_app_conf(tmp_path, mount)), version_base="1.3"):  # the app's presets: inside
-        cfg = compose("train", overrides=overrides, return_hydra_config=hydra_config)
+        if helper:
+            overrides = hydra_overrides(overrides, mounts=[mount])
+        cfg = compose("train", overrides=overrides)
         node = cfg
         for part in mount.split("."):
             node = node[part]
@@ -106,24 +113,65 @@ def test_a_user_app_through_the_compose_api_gets_the_group_options_config(tmp_pa
                                                                            case: str) -> None:
     by_name, grouped = (_at(mount, c) for c in CASES[case])
     expected = _user(tmp_path, mount, grouped)
-    assert _user(tmp_path, mount, hydra_overrides(by_name, mounts=[mount])) == expected
-    if any(o.startswith("+") for o in by_name) or case == "field before the name":
-        # no helper: Hydra composes (its '+' hint, a field the name then replaced), and from_hydra reads the
-        # command line Hydra recorded: the preset with the field on top, not one of them dropped
-        assert _user(tmp_path, mount, by_name, hydra_config=True) == expected
+    assert _user(tmp_path, mount, by_name, helper=True) == expected
+
+
+@pytest.mark.parametrize("hydra_config", [False, True])
+def test_from_hydra_is_a_function_of_the_node_alone(tmp_path: Path, hydra_config: bool) -> None:
+    """Issue 38: ``from_hydra`` rebuilt a node from the command line Hydra recorded (the node's own ``hydra`` node,
+    else the running job's ``HydraConfig``), so the same node gave the aggressive preset with the field on top in
+    one process state and the field alone in another. Now the node decides, whatever Hydra recorded or the process
+    ran before; the by-name spelling with fields on top goes through ``hydra_overrides`` (above)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hinted = ["overlap.policy=aggressive", "+overlap.policy.forward_prefetch=4"]  # Hydra's own '+' hint, alone
+    with initialize_config_dir(str(_app_conf(tmp_path, "overlap")), version_base="1.3"):
+        node = compose("train", overrides=hinted, return_hydra_config=hydra_config).overlap
+        recorded = compose("train", overrides=hinted, return_hydra_config=True)
+    alone = from_hydra(node)
+    assert alone == load_config({"policy": {"forward_prefetch": 4}, "plan": "llama_layers"}) and \
+        alone.policy.backward_prefetch == 1  # what Hydra composed: the '+' replaced the name (documented limit)
+    HydraConfig.instance().set_config(recorded)  # as inside a @hydra.main job that ran this command line
+    try:
+        with initialize_config_dir(str(_app_conf(tmp_path, "overlap")), version_base="1.3"):
+            plain = compose("train").overlap
+        assert from_hydra(node) == alone and from_hydra(plain) == load_config({"plan": "llama_layers"})
+    finally:
+        HydraConfig.instance().cfg = None  # no job left behind for other tests
 
 
 @pytest.mark.parametrize("mount", ["overlap", "trainer.overlap"])
 def test_a_user_preset_records_its_name_in_both_spellings(tmp_path: Path, mount: str) -> None:
-    """The trial: ``overlap/plan=mine`` recorded ``plan.name=None``, ``overlap.plan=mine`` recorded ``mine``."""
-    grouped = _user(tmp_path, mount, _at(mount, ["overlap/plan=mine"]), hydra_config=True)
-    by_name = _user(tmp_path, mount, [f"{mount}.plan=mine"])
-    rewritten = _user(tmp_path, mount, hydra_overrides([f"{mount}.plan=mine"], mounts=[mount]), hydra_config=True)
-    assert grouped.plan.name == by_name.plan.name == rewritten.plan.name == "mine"
-    assert grouped == by_name == rewritten
-    changed = _user(tmp_path, mount, _at(mount, ["overlap/plan=mine", "overlap.plan.buckets=[layers.*]"]),
-                    hydra_config=True)
+    """The trial: ``overlap/plan=mine`` recorded ``plan.name=None``, ``overlap.plan=mine`` recorded ``mine``. Both
+    go through ``hydra_overrides``, which names a plan option without a name of its own after the option."""
+    grouped = _user(tmp_path, mount, _at(mount, ["overlap/plan=mine"]), helper=True)
+    by_name = _user(tmp_path, mount, [f"{mount}.plan=mine"], helper=True)
+    assert grouped.plan.name == by_name.plan.name == "mine"
+    assert grouped == by_name
+    changed = _user(tmp_path, mount, _at(mount, ["overlap/plan=mine", "overlap.plan.buckets=[layers.*]"]), helper=True)
     assert changed.plan.name is None  # no longer the preset: not titled as it
+
+
+def test_a_user_preset_inherits_the_shipped_plans_coverage_rule(tmp_path: Path) -> None:
+    """Issue 39: a plan of the user's own without ``require_full_coverage`` got the schema's False, while every
+    shipped plan sets true. The shipped group's base (``presets/overlap/default.yaml``) gives it what the shipped
+    ones have, in both spellings; a plan that says false keeps false."""
+    assert "require_full_coverage" not in MINE
+    assert _user(tmp_path, "overlap", ["overlap/plan=mine"]).plan.require_full_coverage is True
+    assert _user(tmp_path, "overlap", ["overlap.plan=mine"], helper=True).plan.require_full_coverage is True
+    assert _user(tmp_path, "overlap", ["overlap/plan=none"]).plan.require_full_coverage is False
+
+
+def test_a_user_policy_preset_inherits_the_shipped_defaults() -> None:
+    """A policy preset of the user's own that lists a few fields gets the others from the schema, whose defaults
+    are the shipped ``default`` (and ``auto``) presets' values."""
+    from overlapcfg.config.policy import AutoPolicy, OverlapPolicy
+    from overlapcfg.config.presets import load_preset
+
+    assert OverlapPolicy() == OverlapPolicy.model_validate(load_preset("policy", "default"))
+    auto = load_preset("policy", "auto")
+    auto.pop("strategy")
+    assert AutoPolicy() == AutoPolicy.model_validate(auto)
 
 
 def test_a_field_no_strategy_has_is_refused_before_hydra_with_the_closest_ones() -> None:
@@ -160,12 +208,38 @@ def test_every_shipped_preset_lists_every_field_so_the_command_line_can_set_it(g
 
 
 def test_only_plain_names_become_group_options() -> None:
-    args = ["overlap.plan=null", "overlap.policy={forward_prefetch:2}", "overlap.plan=choice(a,b)",
-            "overlap.policy=True", "other.plan=mine", "~overlap.policy", "--cfg", "job"]
-    assert preset_overrides(args) == args
-    assert preset_overrides(["overlap.plan=none", "-m", "overlap.policy=default,aggressive",
-                             "++trainer.overlap.plan=mine"], mounts=["overlap", "trainer.overlap"]) == [
-        "overlap/plan=none", "-m", "overlap/policy=default,aggressive", "overlap/plan@trainer.overlap.plan=mine"]
+    args = ["overlap.policy={forward_prefetch:2}", "overlap.plan=[a,b]", "overlap.plan=range(1,3)", "other.plan=mine",
+            "~overlap.policy", "overlap.plan=null", "--cfg", "job"]
+    assert hydra_overrides(args) == args
+    assert hydra_overrides(["overlap.plan=none", "-m", "overlap.policy=default,aggressive",
+                            "++trainer.overlap.plan=mine", "overlap.policy=choice(default,aggressive)"],
+                           mounts=["overlap", "trainer.overlap"]) == [
+        "overlap/plan=none", "-m", "overlap/policy=default,aggressive", "overlap/plan@trainer.overlap.plan=mine",
+        "overlap/policy=choice(default,aggressive)"]
+
+
+def test_a_name_hydra_reads_as_a_number_or_a_boolean_is_looked_up_as_a_name() -> None:
+    """Issue 39: a preset or profile named ``nan``, ``inf``, ``true`` or ``1`` got Hydra's "Config group override
+    must be a string or a list. Got float". The name is quoted, so the option of that name is what Hydra reads."""
+    assert hydra_overrides(["overlap.policy=nan", "overlap/plan=1", "-m", "overlap.policy=inf,default"]) == [
+        "overlap/policy='nan'", "overlap/plan='1'", "-m", "overlap/policy='inf',default"]
+
+
+@pytest.mark.parametrize("mount", ["overlap", "trainer.overlap"])
+def test_a_null_policy_is_refused_with_what_to_write(tmp_path: Path, mount: str) -> None:
+    """Issue 39: ``overlap.policy=null`` ran the strategy's default policy without a word. Refused before Hydra on
+    every route through ``hydra_overrides``, and by ``from_hydra`` in a node Hydra composed alone."""
+    option = "overlap/policy" if mount == "overlap" else f"overlap/policy@{mount}.policy"
+    with pytest.raises(OverlapConfigError) as before:
+        hydra_overrides([f"{mount}.policy=null"], mounts=[mount])
+    with initialize_config_dir(str(_app_conf(tmp_path, mount)), version_base="1.3"):
+        cfg = compose("train", overrides=[f"{mount}.policy=null"])
+    node = cfg.overlap if mount == "overlap" else cfg.trainer.overlap
+    with pytest.raises(OverlapConfigError) as after:
+        from_hydra(node)
+    for err in (before, after):
+        assert f"{mount}.policy: null: a policy cannot be unset" in str(err.value)
+        assert f"write {option}=default" in str(err.value) and f"{mount}.strategy=none" in str(err.value)
 
 
 USER_APP = '''
@@ -181,11 +255,17 @@ def task(cfg):
     plan = overlapcfg.from_hydra(cfg.trainer.overlap).plan
     print("RESULT", plan.name, plan.require_full_coverage, policy.forward_prefetch, policy.backward_prefetch,
           policy.reduce_scatter_delay)
+    print("ARGV", sys.argv[1:])
 
 
-main = hydra.main(config_path="conf", config_name="train", version_base="1.3")(task)
-if sys.argv.pop(1) == "helper":
-    main = overlapcfg.with_hydra_overrides(mounts=["trainer.overlap"])(main)
+how = sys.argv.pop(1)
+if how == "main":  # overlapcfg.hydra_main in place of @hydra.main
+    main = overlapcfg.hydra_main(config_path="conf", config_name="train", version_base="1.3",
+                                 mounts=["trainer.overlap"])(task)
+else:
+    main = hydra.main(config_path="conf", config_name="train", version_base="1.3")(task)
+    if how == "helper":  # with_hydra_overrides above an unchanged @hydra.main line
+        main = overlapcfg.with_hydra_overrides(mounts=["trainer.overlap"])(main)
 main()
 '''
 
@@ -202,23 +282,32 @@ def _result(out: subprocess.CompletedProcess[str]) -> str:
     return next(line for line in out.stdout.splitlines() if line.startswith("RESULT"))
 
 
-@pytest.mark.slow  # five runs of the app, each a process
+@pytest.mark.slow  # seven runs of the app, each a process
 def test_a_user_hydra_main_app_with_the_decorator_takes_fields_on_a_preset_by_name(tmp_path: Path) -> None:
-    """The user's ``mine`` lists ``buckets`` only: with the decorator a field lands whether a preset lists it or
-    not, in both spellings."""
-    grouped = _result(_run_app(tmp_path, "helper", "overlap/policy@trainer.overlap.policy=aggressive",
+    """The user's ``mine`` lists ``buckets`` only: with either decorator a field lands whether a preset lists it or
+    not, in both spellings, Hydra's '+' hint included; the app's ``sys.argv`` is the command line as written (issue
+    38: ``with_hydra_overrides`` rewrote it)."""
+    grouped = _result(_run_app(tmp_path, "main", "overlap/policy@trainer.overlap.policy=aggressive",
                                "trainer.overlap.policy.forward_prefetch=4", "overlap/plan@trainer.overlap.plan=mine",
                                "trainer.overlap.plan.require_full_coverage=true"))
     assert grouped == "RESULT mine True 4 2 2"
     by_name = ["trainer.overlap.policy=aggressive", "trainer.overlap.policy.forward_prefetch=4",
                "trainer.overlap.plan=mine", "trainer.overlap.plan.require_full_coverage=true"]
-    assert _result(_run_app(tmp_path, "helper", *by_name)) == grouped
-    plain = _run_app(tmp_path, "plain", *by_name)  # Hydra alone cannot: it says so, and suggests '+'
-    assert plain.returncode == 1 and "not in struct" in plain.stderr
     hinted = ["trainer.overlap.policy=aggressive", "+trainer.overlap.policy.forward_prefetch=4",
               "trainer.overlap.plan=mine", "+trainer.overlap.plan.require_full_coverage=true"]
-    assert _result(_run_app(tmp_path, "plain", *hinted)) == grouped  # Hydra's '+', no decorator: the preset stays
-    assert _result(_run_app(tmp_path, "helper", *hinted)) == grouped
+    for how in ("main", "helper"):
+        for args in (by_name, hinted):
+            out = _run_app(tmp_path, how, *args)
+            assert _result(out) == grouped, (how, args)
+            written = [*args, f"hydra.run.dir={tmp_path / 'run'}"]
+            assert f"ARGV {written}" in out.stdout
+    plain = _run_app(tmp_path, "plain", *by_name)  # Hydra alone cannot: it says so, and suggests '+'
+    assert plain.returncode == 1 and "not in struct" in plain.stderr
+    # ... and composes its '+' as the whole policy (OmegaConf.update replaces the name by a new mapping): the
+    # documented limit of an app without the decorator, which from_hydra, a function of the node, cannot undo
+    alone = _result(_run_app(tmp_path, "plain", "trainer.overlap.policy=aggressive",
+                             "+trainer.overlap.policy.forward_prefetch=4"))
+    assert alone == "RESULT llama_layers True 4 1 1"
 
 
 def test_a_user_hydra_main_app_with_the_decorator_names_a_misspelled_field(tmp_path: Path) -> None:

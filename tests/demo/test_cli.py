@@ -49,7 +49,7 @@ def test_default_run_writes_the_report_json_into_the_run_dir(default_run):
 BAD_OVERRIDES = {
     "unknown_group_option": (["overlap/plan=llama_layer"], ["no option 'llama_layer' in group overlap/plan",
                                                              "did you mean 'llama_layers'"]),
-    "unknown_hardware": (["hardware=h100"], ["no option 'h100' in group hardware", "'h100_nvlink'"]),
+    "unknown_hardware": (["hardware=h100"], ["no option 'h100' in group hardware", "(did you mean 'h100_nvlink'"]),
     "appended_unknown_key": (["+modle.n_layers=2"], ["unknown top-level key 'modle'", "did you mean", "'model'"]),
     "bad_value": (["overlap.policy.forward_prefetch=abc"], ["overlap.policy.forward_prefetch",
                                                              "expected an integer"]),
@@ -242,19 +242,38 @@ def test_policy_field_suggestions_are_the_active_strategys() -> None:
 
 
 @pytest.mark.parametrize(("override", "expected"), [
-    ("hardware=h100", "hardware=h100: no option 'h100' in group hardware (did you mean 'a100_ib', 'h100_nvlink'?)"),
+    ("hardware=h100", "hardware=h100: no option 'h100' in group hardware (did you mean 'h100_nvlink', 'a100_ib'?)"),
     ("tune/space=quik", "tune/space=quik: no option 'quik' in group tune/space (did you mean 'quick'?)"),
     ("overlap/policy=agressive", "no option 'agressive' in group overlap/policy (did you mean 'aggressive'?)"),
+    ("overlap.policy=agressive", "overlap.policy=agressive: no option 'agressive' in group overlap/policy"),
     ("hardware=h100_nvlink,a10", "no option 'a10' in group hardware"),
 ])
-def test_a_missing_group_option_names_the_closest_first(override: str, expected: str) -> None:
-    """The trial: ``hardware=h100`` listed the options with no closest one."""
+def test_a_missing_group_option_names_the_closest_first(tmp_path: Path, override: str, expected: str) -> None:
+    """The trial: ``hardware=h100`` listed the options with no closest one; issue 39: the command line put
+    ``a100_ib`` first and Python ``h100_nvlink`` (one order now: ``errors.closest_first``). A directory the
+    command line adds (``hydra.searchpath``, ``--config-dir``) is searched too."""
     from overlapcfg.demo.cli import unknown_override_keys
 
     (fault,) = unknown_override_keys([override])
     assert expected in fault
     assert unknown_override_keys(["hardware=h100_nvlink,a100_ib", "hardware=null", "tune/space=quick"]) == []
-    assert unknown_override_keys([override, "hydra.searchpath=[file:///elsewhere]"]) == []  # options we cannot see
+    group, _, option = override.replace(".", "/", 1).partition("=")
+    for name in option.split(","):
+        (tmp_path / group).mkdir(parents=True, exist_ok=True)
+        (tmp_path / group / f"{name}.yaml").write_text("# an option of the user's\n{}\n")
+    assert unknown_override_keys([override, f"hydra.searchpath=[file://{tmp_path}]"]) == []
+    assert unknown_override_keys([override], extra=[str(tmp_path)]) == []
+
+
+def test_python_and_the_command_line_order_suggestions_the_same() -> None:
+    from overlapcfg import OverlapConfigError, load_hardware
+    from overlapcfg.demo.cli import unknown_override_keys
+
+    (fault,) = unknown_override_keys(["hardware=h100"])
+    with pytest.raises(OverlapConfigError) as err:
+        load_hardware("h100")
+    listed = fault.split("options (closest first): ")[1]
+    assert str(err.value).split("available (closest first): ")[1].startswith(listed)
 
 
 def test_the_command_reads_exactly_its_top_level_keys() -> None:
@@ -267,3 +286,47 @@ def test_the_command_reads_exactly_its_top_level_keys() -> None:
     with initialize_config_dir(str(command_conf_dir()), version_base="1.3"):
         cfg = compose("overlapcfg")
     assert sorted(map(str, cfg)) == sorted(top_level_keys())
+
+
+def test_the_spinner_says_tracing_while_it_traces_and_traced_once_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: the spinner said "traced ..." while the demo was still being traced."""
+    import contextlib
+    import io
+
+    from rich.console import Console
+
+    from overlapcfg.demo import job
+    from overlapcfg.demo.settings import demo_settings
+
+    console = Console(file=io.StringIO(), width=200)
+    shown: list[str] = []
+    during: list[list[str]] = []
+
+    def status(text: str, **_: object) -> contextlib.AbstractContextManager[None]:
+        shown.append(text)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(console, "status", status)
+    monkeypatch.setattr(job, "traced", lambda spec: during.append(list(shown)) or "a traced step")
+    spec = demo_settings({"model": {"n_layers": 2}})
+    assert job._trace_stage(job.Progress(console), spec) == "a traced step"
+    assert during == [shown] and shown[0].startswith("tracing 2-layer demo model") and "traced" not in shown[0]
+    assert console.file.getvalue().startswith("✓ traced 2-layer demo model")
+
+
+def test_a_null_policy_is_refused_before_hydra_with_what_to_write() -> None:
+    from overlapcfg.demo.cli import unknown_override_keys
+
+    (fault,) = unknown_override_keys(["overlap.policy=null"])
+    assert fault.startswith("overlap.policy: null: a policy cannot be unset") and "overlap/policy=default" in fault
+
+
+def test_an_option_missing_from_a_directory_the_command_line_adds_is_still_named(tmp_path: Path) -> None:
+    """Before, any ``hydra.searchpath`` or ``--config-dir`` turned the check of group options off ("options we
+    cannot see"), so a typo there went to Hydra's bare option list. The directory is searched now."""
+    from overlapcfg.demo.cli import unknown_override_keys
+
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "mine.yaml").write_text("# a profile of the user's\n{}\n")
+    (fault,) = unknown_override_keys(["hardware=mien", f"hydra.searchpath=[file://{tmp_path}]"])
+    assert "no option 'mien' in group hardware (did you mean 'mine'?)" in fault

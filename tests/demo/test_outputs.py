@@ -127,3 +127,68 @@ def test_saving_a_profile_that_fails_half_way_keeps_the_previous_one(tmp_path: P
         overlapcfg.save_hardware(profile.model_copy(update={"latency": 1e-3}), path)
     assert path.read_bytes() == before and overlapcfg.load_hardware(path) == profile
     assert [p.name for p in tmp_path.iterdir()] == ["mine.yaml"]
+
+
+CLI_INTERRUPTED = """
+import signal, sys, time
+from pathlib import Path
+
+from overlapcfg import files
+from overlapcfg.demo import job
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the parent left SIGINT as
+write = files.write_atomic
+
+
+def report_written_slowly(path, data):
+    if Path(path).name != "report.json":
+        return write(path, data)
+
+    def half_then_wait(tmp):
+        tmp.write_text(str(data)[:100])  # the report's first bytes, then Ctrl-C arrives
+        print("half written", flush=True)
+        time.sleep(120)
+
+    return write(path, half_then_wait)
+
+
+job.write_atomic = report_written_slowly
+sys.argv = ["overlapcfg", *sys.argv[1:]]
+from overlapcfg.demo.cli import main
+
+main()
+"""
+
+
+@pytest.mark.slow  # the command traces a 1-layer demo step before it writes
+def test_ctrl_c_during_a_command_write_exits_130_with_one_line_and_leaves_no_half_file(tmp_path: Path) -> None:
+    """Issue 39: Ctrl-C while the command wrote an output removed the temporary file but printed a Python
+    traceback and ended with status -2 (killed by SIGINT). A real SIGINT to the command mid-write: status 130,
+    one line, the run's earlier outputs (its ``.hydra`` config) whole, no half report, no temporary."""
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    (tmp_path / "cli.py").write_text(CLI_INTERRUPTED)
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    child = subprocess.Popen([sys.executable, str(tmp_path / "cli.py"), "model.n_layers=1", f"hydra.run.dir={run}"],
+                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line == "half written\n":
+                break
+        else:
+            pytest.fail(f"the command ended before writing its report: {child.wait()} {child.stderr.read()}")
+        config = (run / ".hydra" / "config.yaml").read_text()
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err
+    assert [line for line in err.splitlines() if line.strip()] == [
+        "overlapcfg: interrupted (Ctrl-C); every file written so far is whole"]
+    assert (run / ".hydra" / "config.yaml").read_text() == config
+    assert not (run / "report.json").exists()
+    assert not list(run.glob(".*.tmp*"))

@@ -19,7 +19,7 @@ BUILTINS = frozenset({"ValueError", "RuntimeError", "TypeError", "KeyError", "Lo
 """Raised bare, these would be errors a user sees that are not ours."""
 INTERNAL = {"YamlLimitError": "config/yaml_files.py turns it into an OverlapConfigError naming the file",
             "AttributeError": "_lazy.py's module __getattr__: Python's protocol for a missing name",
-            "ConfigError": "demo/cli.py hands our message to Hydra, which prints it without a traceback",
+            "HydraConfigError": "config/hydra_app.py hands our message to Hydra, which prints it without a traceback",
             "ImportError": "an optional integration without its package: Python's protocol for a failed import"}
 
 

@@ -129,6 +129,80 @@ def test_the_tune_command_refuses_a_nan_node_cost_before_tracing(tmp_path: Path)
                           f"tune.node_costs={path}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert f"invalid node costs in '{path}' (tune.node_costs)" in out.stderr
-    assert "graphs.forward.mm_2.seconds: expected a duration in seconds" in out.stderr
-    assert "traced" not in out.stdout  # refused before the model was traced
+    assert (f"tune.node_costs: invalid node costs in '{path}': graphs.forward.mm_2.seconds: expected a duration in "
+            "seconds") in out.stderr
+    assert "traced" not in out.stdout  # refused before the command composed its config, let alone traced
+
+
+NESTED = '{"schema": "overlapcfg.node_costs/1", "graphs": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (NESTED, "nesting deeper than 64 levels"),
+    ('{"schema": "overlapcfg.node_costs/1", "graphs": {}, "graphs": {"forward": {}}}', "duplicate key 'graphs'"),
+    ('{"schema": "overlapcfg.node_costs/1", "graphs": {"forward": {"mm": {"signature": "s", "seconds": 1e-3, '
+     '"seconds": 5}}}}', "duplicate key 'seconds'"),
+    ("[" + "0," * 600_000 + "0]", "more than 500,000 values"),
+])
+def test_node_costs_json_is_bounded_and_refuses_duplicate_keys_before_json_parses_it(tmp_path: Path, text: str,
+                                                                                       says: str) -> None:
+    """Issue 39: 100,000-deep JSON ended in ``RecursionError`` (only ``ValueError`` was caught) and a key given
+    twice was accepted, the last winning (the YAML loader refuses it). Now both, and a file of too many values,
+    are refused naming the file, as YAML is."""
+    path = tmp_path / "node_costs.json"
+    path.write_text(text)
+    with pytest.raises(OverlapConfigError) as err:
+        NodeCosts.read(path)
+    assert str(path) in str(err.value) and says in str(err.value)
+
+
+def test_a_hardware_number_written_as_a_string_is_refused_naming_the_file_and_field(tmp_path: Path) -> None:
+    """Issue 39: ``mem_bandwidth: '1e12'`` (a string) loaded as a number. Hydra's command line gives numbers
+    (``hardware.latency=2e-6``), so only text written as such is refused."""
+    from overlapcfg.config.presets import command_conf_dir
+
+    path = tmp_path / "quoted.yaml"
+    path.write_text((command_conf_dir() / "hardware" / "h100_nvlink.yaml").read_text()
+                    .replace("mem_bandwidth: 3.35e12", "mem_bandwidth: '1e12'")
+                    .replace("gpus_per_node: 8", "gpus_per_node: '8'"))
+    with pytest.raises(OverlapConfigError) as err:
+        overlapcfg.load_hardware(path)
+    assert sorted(f.path for f in err.value.faults) == ["hardware.gpus_per_node", "hardware.mem_bandwidth"]
+    assert "got the string '1e12' (a quoted number is text: write it without quotes)" in str(err.value)
+    assert "hardware.gpus_per_node: expected an integer, got the string '8'" in str(err.value)
+    assert str(err.value).startswith(f"invalid hardware profile in '{path}' (2 faults):")
+
+
+@pytest.mark.slow  # runs the command (no torch before the refusal)
+def test_the_command_refuses_a_bad_node_costs_file_before_composing_in_any_mode(tmp_path: Path) -> None:
+    """Issue 39: ``tune.node_costs=`` was read only by ``mode=tune`` (``RecursionError`` on a deep file) and ignored
+    by the other modes after a minute of tracing. It is read when the command line names it."""
+    from tests.support.bounded import run_bounded
+
+    path = tmp_path / "node_costs.json"
+    path.write_text(NESTED)
+    command = str(Path(sys.executable).with_name("overlapcfg"))
+    for mode in ("tune", "run"):
+        out = run_bounded([command, f"mode={mode}", "hardware=h100_nvlink", f"tune.node_costs={path}",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert f"tune.node_costs: invalid node costs in '{path}': JSON file '{path}' refused: nesting deeper than " \
+               "64 levels" in out.stderr
+        assert "traced" not in out.stdout
+
+
+@pytest.mark.slow  # runs the command (no torch before the refusal)
+def test_the_command_names_the_profile_file_holding_a_quoted_number(tmp_path: Path) -> None:
+    from overlapcfg.config.presets import command_conf_dir
+    from tests.support.bounded import run_bounded
+
+    home = tmp_path / "home" / "hardware"
+    home.mkdir(parents=True)
+    (home / "quoted.yaml").write_text((command_conf_dir() / "hardware" / "h100_nvlink.yaml").read_text()
+                                      .replace("mem_bandwidth: 3.35e12", "mem_bandwidth: '1e12'"))
+    out = run_bounded([str(Path(sys.executable).with_name("overlapcfg")), "hardware=quoted", "model.n_layers=1",
+                       f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                      env={"OVERLAPCFG_HOME": str(tmp_path / "home")})
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "hardware.mem_bandwidth: expected bytes/s" in out.stderr and "got the string '1e12'" in out.stderr
+    assert f"(hardware is hardware=quoted: {home / 'quoted.yaml'})" in out.stderr
