@@ -54,7 +54,7 @@ from overlapcfg.graph.stamp import forget_traces
 from overlapcfg.graph.summary import summarize as summarize_graph
 from overlapcfg.graph.verify import verify
 from overlapcfg.kinds import Direction
-from overlapcfg.passes import apply
+from overlapcfg.passes import PassOptions, apply
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS: tuple[Direction, ...] = ("forward", "backward")
@@ -130,7 +130,7 @@ def run_pass(step: TracedStep, graph: Direction, cfg: OverlapConfig,
         else:
             start = CLOCK()
             apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(graph), module_fqns=step.module_fqns,
-                  graph_kind=graph, **({"for_compiler": True, "recompile": False} if as_hook else {}))
+                  graph_kind=graph, options=PassOptions(for_compiler=True, recompile=False) if as_hook else None)
         seconds = CLOCK() - start
         start = CLOCK()
         gm.recompile()
