@@ -132,7 +132,7 @@ def apply(
     optimizer in one: torchtitan graph_trainer's ``make_fx`` trace), whose direction is read per node from
     ``autograd_backward`` (recomputed forward ops are the backward's); ``auto`` reads each node's metadata likewise.
     ``module_fqns``: the model's module FQNs for pattern matching (default: those seen in the graph).
-    ``module_fqn_fn(node)`` names the module a node belongs to; by default the evidence order of
+    ``module_fqn_fn``: ``fn(node) -> FQN or None``, the module a node belongs to; by default the evidence order of
     ``overlapcfg.graph.attribution`` (aot descriptors as annotated by the backend, ``meta["custom"]``, module stacks
     of any dynamo root). ``options``: what only some callers need (``PassOptions``: a tracer's ``state_inputs``,
     ``for_compiler``, ``strict``, a ``summary`` taken already, ``recompile``).
