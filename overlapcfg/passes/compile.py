@@ -103,7 +103,9 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
     given before the pass as a ``CapturedStep``: ``.step()``, for ``explain`` / ``compare`` / ``tune``.
 
     ``compiler="inductor"`` lowers the transformed graphs with inductor (``compile_fx_inner``) under
-    ``INDUCTOR_SETTINGS``; on a CPU-only torch that needs a C++ compiler.
+    ``INDUCTOR_SETTINGS``; on a CPU-only torch that needs a C++ compiler. ``config_root``: where the config sits in
+    the user's tree, as ``load_config(cfg, root=...)`` (a loaded config or a Hydra node knows it already), so
+    faults read ``trainer.overlap.plan...``. ``strict``: overrides ``cfg.strict`` (``PassOptions.strict``).
     """
     loaded = load_config(cfg, root=config_root) if config_root else load_config(cfg)
     if compiler not in ("eager", "inductor"):

@@ -13,6 +13,7 @@ from another package.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.boundary import SettingNote
@@ -25,7 +26,7 @@ from overlapcfg.strategies import Strategy
 __all__ = ["LOOK_LIKE", "NOTHING_TO_DO", "Note", "folded_waits", "held_partials", "ignored_settings",
            "left_alone_chains", "pass_notes", "unattributed", "unbucketed_all_reduces", "unkept_settings"]
 
-Note = str | SettingNote
+Note: TypeAlias = str | SettingNote
 """A record note: text, or a note about a setting (``SettingNote``) that ``apply`` words at the user's path."""
 
 NOTHING_TO_DO = "no FSDP collectives: nothing to do"

@@ -13,6 +13,12 @@ Guarantees:
   refused with ``UnsupportedGraphError``: apply each config to a fresh copy of the traced graph.
 
 The pass records what it did on ``gm.meta["overlapcfg"]`` (``overlapcfg.graph.record.PassRecord``).
+
+Two parts: ``_rewrite`` is the pass on the config as a value (graph, plan, policy and what the caller knows about
+the graph in; what it did out), raising a config's faults relative to it (``plan.buckets[1]``) and leaving its notes
+to ``overlapcfg.passes.notes``. ``apply`` is the entry point: it runs ``_rewrite`` inside
+``overlapcfg.config.boundary.user_paths`` and words the notes, so faults and notes name settings where the user put
+the config, then records.
 """
 
 from __future__ import annotations
