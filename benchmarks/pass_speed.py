@@ -20,8 +20,9 @@ codegen and ``compile`` (a 12k-node backward: ~0.3 s), which bounds the backward
 module and its recompile costs nothing. The table also times one more recompile of each side's output ("codegen")
 and gives the ratio of the rest, the passes' own work ("speedup without codegen"); the target is the full ratio.
 "ours in inductor's hook" is ``apply`` as ``inductor_pass`` runs it in inductor's post-grad passes: fresh fake
-values for every stamped node (``for_compiler=True``, which inductor needs, and which upstream's call always
-produces) and no closing codegen (``recompile=False``: those passes end with a ``gm.recompile()`` of their own).
+values for every stamped node (``PassOptions.for_compiler``, which inductor needs, and which upstream's call
+always produces) and no closing codegen (``PassOptions.recompile`` false: those passes end with a ``gm.recompile()``
+of their own).
 Every timed run starts cold (``overlapcfg.graph.stamp.forget_traces``); one more line, for information, times the
 backward as one compile runs it: after its forward, whose merge traces it reuses (upstream traces every bucket
 again). A missed target (or ``--profile``) prints a cProfile of our pass on the 64-layer backward graph
