@@ -20,8 +20,9 @@ codegen and ``compile`` (a 12k-node backward: ~0.3 s), which bounds the backward
 module and its recompile costs nothing. The table also times one more recompile of each side's output ("codegen")
 and gives the ratio of the rest, the passes' own work ("speedup without codegen"); the target is the full ratio.
 "ours in inductor's hook" is ``apply`` as ``inductor_pass`` runs it in inductor's post-grad passes: fresh fake
-values for every stamped node (``for_compiler=True``, which inductor needs, and which upstream's call always
-produces) and no closing codegen (``recompile=False``: those passes end with a ``gm.recompile()`` of their own).
+values for every stamped node (``PassOptions.for_compiler``, which inductor needs, and which upstream's call
+always produces) and no closing codegen (``PassOptions.recompile`` false: those passes end with a ``gm.recompile()``
+of their own).
 Every timed run starts cold (``overlapcfg.graph.stamp.forget_traces``); one more line, for information, times the
 backward as one compile runs it: after its forward, whose merge traces it reuses (upstream traces every bucket
 again). A missed target (or ``--profile``) prints a cProfile of our pass on the 64-layer backward graph
@@ -54,7 +55,7 @@ from overlapcfg.graph.stamp import forget_traces
 from overlapcfg.graph.summary import summarize as summarize_graph
 from overlapcfg.graph.verify import verify
 from overlapcfg.kinds import Direction
-from overlapcfg.passes import apply
+from overlapcfg.passes import PassOptions, apply
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS: tuple[Direction, ...] = ("forward", "backward")
@@ -130,7 +131,7 @@ def run_pass(step: TracedStep, graph: Direction, cfg: OverlapConfig,
         else:
             start = CLOCK()
             apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(graph), module_fqns=step.module_fqns,
-                  graph_kind=graph, **({"for_compiler": True, "recompile": False} if as_hook else {}))
+                  graph_kind=graph, options=PassOptions(for_compiler=True, recompile=False) if as_hook else None)
         seconds = CLOCK() - start
         start = CLOCK()
         gm.recompile()

@@ -85,7 +85,7 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
       the string ``'4:8'`` (YAML 1.1 would read the integer 248).
     """
     if isinstance(src, OverlapConfig):
-        return src if root in ("overlap", src.config_root) else src.mounted_at(root)
+        return src if root in ("overlap", src.config_root) else src.mounted_at(root, file=src.mount.file)
     data = _to_container(src, root)
     if not isinstance(data, Mapping):
         raise OverlapConfigError.single(root, f"expected a mapping, got {_describe(data, src)}")
@@ -94,7 +94,8 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
         raise OverlapConfigError([Fault(p, TARGET_MESSAGE) for p in targets], header=header)
     if surrogates := list(_surrogate_faults(data, root)):
         raise OverlapConfigError(surrogates, header=header)
-    return validate_config(OverlapConfig, dict(data), root=root, header=header).mounted_at(root)
+    file = os.fspath(src) if isinstance(src, os.PathLike) else None  # named in the faults found later
+    return validate_config(OverlapConfig, dict(data), root=root, header=header).mounted_at(root, file=file)
 
 
 def validate_config(model: type[M], data: Any, *, root: str, header: str = HEADER) -> M:

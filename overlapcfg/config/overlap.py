@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError, PydanticKnownError
 
 from overlapcfg.config.base import ConfigModel
+from overlapcfg.config.boundary import Mount
 from overlapcfg.config.contracts import contract_of, strategy_names
 from overlapcfg.config.plan import DEPTH_FIELDS, Bucket, BucketPlan, ModuleOverride
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
@@ -48,8 +49,9 @@ class Setting:
     def key(self) -> str:
         return str(self.loc[-1])
 
-    def path(self, root: str) -> str:
-        """The dotted path from where the user mounted the config: ``trainer.overlap.overrides[0].all_reduce_delay``."""
+    def path(self, root: str = "") -> str:
+        """The dotted path from the config node (``overrides[0].all_reduce_delay``), or from ``root`` where given
+        (``trainer.overlap.overrides[0].all_reduce_delay``; ``overlapcfg.config.boundary`` does that for faults)."""
         return join_path(root, self.loc)
 
 
@@ -82,19 +84,25 @@ class OverlapConfig(ConfigModel):
     """Make it an error, not a warning, when the plan resolves but no FSDP collective of the graph lands in any
     bucket (FSDP2's eager collectives, an unsupported sharder, missing metadata)."""
 
-    _root: str = PrivateAttr("overlap")
+    _mount: Mount = PrivateAttr(default_factory=Mount)
+
+    @property
+    def mount(self) -> Mount:
+        """Where this config came from: the path where the user mounted it (``trainer.overlap``) and the file it
+        was read from, so that errors found later (a plan pattern that matches no module of the model) name what
+        the user wrote (``overlapcfg.config.boundary``). Set by ``load_config(root=...)`` and ``from_hydra``; not
+        part of the config's value (equal configs compare equal wherever they came from)."""
+        return self._mount
 
     @property
     def config_root(self) -> str:
-        """Where the user mounted this config (``trainer.overlap``), so that errors found later (a plan pattern
-        that matches no module of the model) name the path the user wrote. Set by ``load_config(root=...)`` and
-        ``from_hydra``; not part of the config's value (equal configs compare equal wherever they are mounted)."""
-        return self._root
+        """``mount.path``: where the user mounted this config (``trainer.overlap``)."""
+        return self._mount.path
 
-    def mounted_at(self, root: str) -> OverlapConfig:
-        """This config, remembered as mounted at ``root`` (a copy; the value is unchanged)."""
+    def mounted_at(self, root: str, *, file: str | None = None) -> OverlapConfig:
+        """This config, remembered as mounted at ``root`` and read from ``file`` (a copy; the value is unchanged)."""
         copy = self.model_copy()
-        copy._root = root
+        copy._mount = Mount(root, file)
         return copy
 
     def __eq__(self, other: object) -> bool:

@@ -54,13 +54,11 @@ def process_group(world_size: int) -> Iterator[tuple[int, int, str]]:
             yield 0, world_size, "fake"
 
 
-def shard_demo(spec: DemoSettings, overlap: OverlapConfig, *, rank: int, world_size: int, group: str,
-               config_root: str = "overlap") -> ShardedDemo:
+def shard_demo(spec: DemoSettings, overlap: OverlapConfig, *, rank: int, world_size: int, group: str) -> ShardedDemo:
     """The demo Llama (CPU, seeded), sharded over ``world_size`` ranks of the current default group by
     ``overlapcfg.fully_shard(model, overlap, mesh=...)``; ``reshard_after_forward`` is the default of buckets that
     set none."""
     model = Llama(spec.llama_config())
     mesh = init_device_mesh("cpu", (world_size,))
-    fully_shard(model, overlap, mesh=mesh, config_root=config_root,
-                reshard_after_forward=spec.reshard_after_forward)
+    fully_shard(model, overlap, mesh=mesh, reshard_after_forward=spec.reshard_after_forward)
     return ShardedDemo(model=model, rank=rank, world_size=world_size, group=group)

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from overlapcfg.compat.omegaconf import full_key
 from overlapcfg.config import OverlapConfig, from_hydra, load_config
+from overlapcfg.config.boundary import user_paths
 from overlapcfg.config.contracts import contract_of
 from overlapcfg.demo.outputs import COMPARE_FILE, REPORT_FILE, TIMELINE_STEM
 from overlapcfg.demo.settings import DemoSettings, demo_settings
@@ -77,11 +77,12 @@ def hardware_of(cfg: DictConfig) -> HardwareProfile | None:
     return hardware_from(node, path="hardware")
 
 
-def check_plan(overlap: OverlapConfig, spec: DemoSettings, *, root: str = "overlap") -> None:
+def check_plan(overlap: OverlapConfig, spec: DemoSettings) -> None:
     """Resolve the plan against the demo model's module tree without tracing (meta device, no compute).
 
     The pass resolves it again on the traced graph; doing it here first turns a typo into a one-second error
-    with the path as the user wrote it (``overlap.plan.buckets[1]``) instead of one after the trace.
+    with the path as the user wrote it (``overlap.plan.buckets[1]``, ``compare.fast.plan.buckets[1]``: where the
+    config was loaded from) instead of one after the trace.
     """
     if overlap.plan is None or not contract_of(overlap.strategy).uses_plan:
         return  # nothing to resolve: the model need not be built
@@ -89,7 +90,8 @@ def check_plan(overlap: OverlapConfig, spec: DemoSettings, *, root: str = "overl
     from overlapcfg.module_paths import ModelFacts
     from overlapcfg.resolve import resolve_config
 
-    resolve_config(overlap, ModelFacts.of(Llama(spec.llama_config(), device="meta")), root=root)
+    with user_paths(overlap.mount):
+        resolve_config(overlap, ModelFacts.of(Llama(spec.llama_config(), device="meta")))
 
 
 class Progress:
@@ -151,9 +153,9 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         overlap = from_hydra(cfg.overlap)
         spec = demo_spec(cfg)
         hardware = hardware_of(cfg)
-        check_plan(overlap, spec, root=full_key(cfg.overlap) or "overlap")
+        check_plan(overlap, spec)
     if spec.sharding == "fsdp2":
-        return _run_fsdp2(progress, overlap, spec, hardware, output_dir, root=full_key(cfg.overlap) or "overlap")
+        return _run_fsdp2(progress, overlap, spec, hardware, output_dir)
     from overlapcfg.report import explain
     from overlapcfg.report.render import report_table
 
@@ -168,7 +170,7 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
 
 
 def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, hardware: HardwareProfile | None,
-               output_dir: Path, *, root: str) -> Path:
+               output_dir: Path) -> Path:
     """``mode=run sharding=fsdp2``: shard the demo with ``overlapcfg.fully_shard``, report what it decided."""
     from overlapcfg.demo.eager import process_group, shard_demo
     from overlapcfg.report import explain
@@ -182,7 +184,7 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
         what = (f"{spec.model.n_layers}-layer demo model (dim {spec.model.dim}) with FSDP2 for {world_size} "
                 f"ranks ({where}), reshard_after_forward={spec.reshard_after_forward}")
         with progress.stage(f"sharding {what}", done=f"sharded {what}"):
-            sharded = shard_demo(spec, overlap, rank=rank, world_size=world_size, group=group, config_root=root)
+            sharded = shard_demo(spec, overlap, rank=rank, world_size=world_size, group=group)
         report = explain(sharded.model, overlap)
     console.print(report_table(report))
     if hardware is not None:
@@ -250,8 +252,8 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
         spec = demo_spec(cfg)
         hardware = replay_hardware(cfg, spec, "compare", ", or mode=run for the FSDP2 report")
         names, configs = compare_configs(cfg)
-        for name, overlap in zip(names, configs, strict=True):
-            check_plan(overlap, spec, root=f"compare.{name}")
+        for overlap in configs:
+            check_plan(overlap, spec)
     from overlapcfg.report import compare
     from overlapcfg.report.render import comparison_table
     from overlapcfg.report.timeline import write_timeline

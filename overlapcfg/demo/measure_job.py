@@ -266,8 +266,8 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         spec, settings, hardware = _validated(cfg, "measure", MeasureSettings)
         names, configs = compare_configs(cfg, key="measure.configs")
         _check_launched("measure")
-        for name, overlap in zip(names, configs, strict=True):
-            check_plan(overlap, spec, root=f"measure.configs.{name}")
+        for overlap in configs:
+            check_plan(overlap, spec)
     from overlapcfg.measuring import MeasureProgress, measure
     from overlapcfg.measuring.clock import default_device
     from overlapcfg.measuring.render import measurement_table

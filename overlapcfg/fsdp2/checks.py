@@ -1,7 +1,8 @@
 """What the FSDP2 driver refuses, and what it reads but cannot use, decided before any module is sharded.
 
-Config faults (``OverlapConfigError``, one per field, path from where the user mounted the config) are collected
-here and raised together with the plan's own faults by ``overlapcfg.fsdp2.layout``. Misuse of the Python API (an
+Config faults (one per field, each path relative to the config: ``policy.unmerged``) are collected here and raised
+together with the plan's own faults by ``overlapcfg.fsdp2.layout``; ``overlapcfg.fully_shard`` names them where the
+user put the config (``overlapcfg.config.boundary``). Misuse of the Python API (an
 unknown ``fully_shard`` keyword, a model FSDP2 already manages) is a ``TypeError`` / ``RuntimeError``, raised
 first: there is no config path to point at.
 
@@ -22,6 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from overlapcfg.config import OverlapConfig, OverlapPolicy
+from overlapcfg.config.boundary import SettingNote
 from overlapcfg.errors import (
     Fault,
     OverlapConfigError,
@@ -52,17 +54,17 @@ _WHY_NOT: dict[str, str] = {
 _RESERVED = ("module", "mesh")
 
 
-def check_config(cfg: OverlapConfig, root: str) -> list[Fault]:
+def check_config(cfg: OverlapConfig) -> list[Fault]:
     """Faults of ``cfg`` the FSDP2 driver cannot honour: a strategy other than ``manual``, a reduce-scatter
     delay other than FSDP2's native one (policy, plan entry or override), no plan."""
     faults: list[Fault] = []
     if cfg.strategy != "manual":
         why = _WHY_NOT.get(cfg.strategy, "it is a graph strategy for compiled graphs, and eager FSDP2 runs none")
-        faults.append(Fault(f"{root}.strategy", f"the FSDP2 driver (overlapcfg.fully_shard) runs strategy 'manual' "
-                                                f"only, got {cfg.strategy!r}: {why}"))
+        faults.append(Fault("strategy", f"the FSDP2 driver (overlapcfg.fully_shard) runs strategy 'manual' only, "
+                                        f"got {cfg.strategy!r}: {why}"))
         return faults  # the policy belongs to that strategy; judging its fields would only add noise
     if cfg.plan is None:
-        faults.append(Fault(f"{root}.plan", "the FSDP2 driver needs a plan: a preset name or a mapping with 'buckets'"))
+        faults.append(Fault("plan", "the FSDP2 driver needs a plan: a preset name or a mapping with 'buckets'"))
     no_delay = (f"FSDP2 has no per-bucket reduce-scatter delay: each bucket's reduce-scatter overlaps the next "
                 f"bucket's backward compute, which is reduce_scatter_delay {NATIVE_REDUCE_SCATTER_DELAY}; got {{got}}. "
                 f"Use {NATIVE_REDUCE_SCATTER_DELAY} (or leave it unset) with overlapcfg.fully_shard")
@@ -70,31 +72,33 @@ def check_config(cfg: OverlapConfig, root: str) -> list[Fault]:
     no_all_reduce_delay = ("FSDP2 issues an HSDP bucket's all-reduce right after its reduce-scatter, with no "
                            "per-bucket delay; got {got}. Leave all_reduce_delay unset with overlapcfg.fully_shard")
     if isinstance(cfg.policy, OverlapPolicy) and cfg.policy.unmerged:
-        faults.append(Fault(f"{root}.policy.unmerged", f"FSDP2 gathers and reduces a bucket's parameters in one "
-                                                       f"collective each (fully_shard of the bucket's modules): it "
-                                                       f"cannot leave {list(cfg.policy.unmerged)} unmerged. Leave "
-                                                       "unmerged empty with overlapcfg.fully_shard"))
+        faults.append(Fault("policy.unmerged", f"FSDP2 gathers and reduces a bucket's parameters in one collective "
+                                               f"each (fully_shard of the bucket's modules): it cannot leave "
+                                               f"{list(cfg.policy.unmerged)} unmerged. Leave unmerged empty with "
+                                               "overlapcfg.fully_shard"))
     for setting in cfg.settings("reduce_scatter_delay", "all_reduce_delay"):
         if setting.key == "all_reduce_delay":
-            faults.append(Fault(setting.path(root), no_all_reduce_delay.format(got=setting.value)))
+            faults.append(Fault(setting.path(), no_all_reduce_delay.format(got=setting.value)))
         elif setting.value != NATIVE_REDUCE_SCATTER_DELAY:
-            faults.append(Fault(setting.path(root), no_delay.format(got=setting.value)))
+            faults.append(Fault(setting.path(), no_delay.format(got=setting.value)))
     return faults
 
 
-def ignored_settings(cfg: OverlapConfig, root: str) -> tuple[str, ...]:
+def ignored_settings(cfg: OverlapConfig) -> tuple[SettingNote, ...]:
     """Compiled-graph settings that mean nothing to eager FSDP2, set away from their defaults: one note each."""
     notes = []
     if isinstance(cfg.policy, OverlapPolicy):
         if cfg.policy.insert_overlap_deps:
-            notes.append(f"{root}.policy.insert_overlap_deps is ignored: it orders a compiled graph for inductor; "
-                         "FSDP2 issues its collectives from module hooks")
+            notes.append(SettingNote("policy.insert_overlap_deps", " is ignored: it orders a compiled graph for "
+                                     "inductor; FSDP2 issues its collectives from module hooks"))
         if cfg.policy.issue_order != OverlapPolicy.model_fields["issue_order"].default:
-            notes.append(f"{root}.policy.issue_order={cfg.policy.issue_order!r} is ignored: it orders collectives "
-                         "in a compiled graph; FSDP2 issues all-gathers and reduce-scatters on streams of its own")
+            notes.append(SettingNote("policy.issue_order", f"={cfg.policy.issue_order!r} is ignored: it orders "
+                                     "collectives in a compiled graph; FSDP2 issues all-gathers and reduce-scatters "
+                                     "on streams of its own"))
         if cfg.policy.bucket_mode != OverlapPolicy.model_fields["bucket_mode"].default:
-            notes.append(f"{root}.policy.bucket_mode={cfg.policy.bucket_mode!r} is ignored: FSDP2 merges a bucket's "
-                         "parameters into one all-gather itself (fully_shard of the bucket's modules)")
+            notes.append(SettingNote("policy.bucket_mode", f"={cfg.policy.bucket_mode!r} is ignored: FSDP2 merges a "
+                                     "bucket's parameters into one all-gather itself (fully_shard of the bucket's "
+                                     "modules)"))
     return tuple(notes)
 
 

@@ -1,8 +1,9 @@
 """The FSDP2 sharding layout: which modules each ``fully_shard`` call groups, with which ``reshard_after_forward``,
 and whom each group prefetches. Derived from the config and the module tree alone; nothing is sharded here.
 
-Every fault is collected and raised as one ``OverlapConfigError`` (the plan's own faults from
-``overlapcfg.resolve`` included), so a config that fails here leaves the model exactly as it was.
+Every fault is collected and raised as one ``RelativeConfigError`` (the plan's own faults from
+``overlapcfg.resolve`` included; paths from the config node, which ``overlapcfg.fully_shard`` names where the user
+put the config), so a config that fails here leaves the model exactly as it was.
 
 Prefetch lists follow the order buckets start computing, in each direction. FSDP2 takes the lists before any
 forward has run, so the order is read from ``model.named_modules()`` (registration order), which is the order a
@@ -32,6 +33,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from overlapcfg.config import Bucket, OverlapConfig, OverlapPolicy
+from overlapcfg.config.boundary import RelativeConfigError, SettingNote
 from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.fsdp2.checks import check_config, ignored_settings
 from overlapcfg.fsdp2.prefetch import DirectionPlan, plan_direction
@@ -55,8 +57,8 @@ class LayoutBucket:
     reshard_after_forward: bool | int | None
     """Passed to ``fully_shard`` for this bucket; None: not passed (FSDP2's default, true for a non-root)."""
     reshard_origin: str
-    """Where the value came from: the plan entry's path, ``fully_shard(reshard_after_forward=...)`` or ``FSDP2
-    default``."""
+    """Where the value came from: the plan entry's path (``plan.buckets[1].reshard_after_forward``),
+    ``fully_shard(reshard_after_forward=...)`` or ``FSDP2 default``."""
     params: tuple[ParamInfo, ...]
 
     @property
@@ -97,7 +99,9 @@ class ShardLayout:
     shard_size: int | None
     max_inflight_bytes: int | None
     """The policy's cap the lists were planned under (kept to re-plan them for a measured order)."""
-    notes: tuple[str, ...]
+    notes: tuple[str | SettingNote, ...]
+    """What the layout ignores or implies; a ``SettingNote`` names a setting from the config node (the record words
+    it where the user put the config)."""
     order_notes: tuple[str, ...] = ()
     """What the bucket order implies (buckets running apart), and how it was established."""
 
@@ -110,51 +114,52 @@ def reshards(value: bool | int | None) -> bool:
     return value is not False and value != 1
 
 
-def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None, kwargs: Mapping[str, Any],
-                root: str = "overlap") -> ShardLayout:
-    """The layout for ``model`` (unchanged) under ``cfg``; ``OverlapConfigError`` lists every fault.
+def plan_layout(model: nn.Module, cfg: OverlapConfig, *, shard_size: int | None,
+                kwargs: Mapping[str, Any]) -> ShardLayout:
+    """The layout for ``model`` (unchanged) under ``cfg``; ``RelativeConfigError`` lists every fault of the config
+    (``OverlapConfigError`` for a pass-through keyword's).
 
     ``shard_size``: ranks each parameter is sharded over (None if unknown: int ``reshard_after_forward`` values
     are then left to torch). ``kwargs``: the pass-through ``fully_shard`` keywords.
     """
-    faults = check_config(cfg, root)
+    faults = check_config(cfg)
     if cfg.strategy != "manual" or cfg.plan is None:  # nothing more can be judged without the manual plan
-        raise OverlapConfigError(faults, header=HEADER)
+        raise RelativeConfigError(faults, header=HEADER)
     _check_default_reshard(kwargs.get("reshard_after_forward"), shard_size)
     tree = module_tree(model)
     policy = cfg.policy if isinstance(cfg.policy, OverlapPolicy) else OverlapPolicy()
     try:
-        plan = resolve_config(cfg, ModelFacts(tree.fqns, tree.owners), root=root)
-    except OverlapConfigError as err:
-        raise OverlapConfigError([*err.faults, *faults], header=HEADER) from None
+        plan = resolve_config(cfg, ModelFacts(tree.fqns, tree.owners))
+    except RelativeConfigError as err:
+        raise RelativeConfigError([*err.faults, *faults], header=HEADER) from None
     ordered = sorted(plan.buckets, key=lambda b: min(tree.order[m] for m in b.modules))
-    faults += _root_in_bucket(ordered, root)
+    faults += _root_in_bucket(ordered)
     if cfg.strict and not ordered:
-        faults.append(Fault(f"{root}.plan.buckets", "the plan has no buckets, so FSDP2 would shard the whole model as "
-                                                    f"one group ({root}.strict is set)"))
+        faults.append(Fault("plan.buckets", "the plan has no buckets, so FSDP2 would shard the whole model as one "
+                                            "group (strict is set)"))
     ignored = _ignored_params(kwargs)
     param_dtype = _param_dtype(kwargs)
     homes = _homes(tree, plan, ignored)
-    faults += _shared_params(homes, ordered, root)
-    faults += _containers(ordered, tree, root)
-    faults += _scalars(homes, root)
+    faults += _shared_params(homes, ordered)
+    faults += _containers(ordered, tree)
+    faults += _scalars(homes)
     homes = _once(homes)
     buckets = []
     for b in ordered:
-        value, origin, fault = _reshard(cfg, b, kwargs, shard_size, root)
+        value, origin, fault = _reshard(cfg, b, kwargs, shard_size)
         faults += fault
         params = tuple(param_info(owner, name, p, shard_size=shard_size, param_dtype=param_dtype)
                        for owner, name, p, home in homes if home is b)
         buckets.append(LayoutBucket(b, tuple(tree.modules[m] for m in b.modules),
                                     value, origin, params))
     if faults:  # one fault per place: an entry giving several buckets is wrong once
-        raise OverlapConfigError(list(dict.fromkeys(faults)), header=HEADER)
+        raise RelativeConfigError(list(dict.fromkeys(faults)), header=HEADER)
     root_params = tuple(param_info(owner, name, p, shard_size=shard_size, param_dtype=param_dtype)
                         for owner, name, p, home in homes if home is None)
     starts = [min(tree.order[m] for m in b.resolved.modules) for b in buckets]
     ends = [max(tree.ends[m] for m in b.resolved.modules) for b in buckets]
     return _with_prefetch(buckets, root_params, plan.uncovered, shard_size, policy.max_inflight_bytes, starts, ends,
-                          (*ignored_settings(cfg, root), *_notes(buckets, root_params)))
+                          (*ignored_settings(cfg), *_notes(buckets, root_params)))
 
 
 def reordered(layout: ShardLayout, starts: Sequence[int], ends: Sequence[int]) -> ShardLayout:
@@ -166,7 +171,7 @@ def reordered(layout: ShardLayout, starts: Sequence[int], ends: Sequence[int]) -
 
 def _with_prefetch(buckets: list[LayoutBucket], root_params: tuple[ParamInfo, ...], uncovered: tuple[str, ...],
                    shard_size: int | None, cap: int | None, starts: Sequence[int], ends: Sequence[int],
-                   notes: tuple[str, ...]) -> ShardLayout:
+                   notes: tuple[str | SettingNote, ...]) -> ShardLayout:
     """Prefetch lists for buckets that start forward at ``starts`` and whose forward ends at ``ends`` (any
     consistent positions: registration order, or call order)."""
     chain = tuple(sorted((i for i, b in enumerate(buckets) if b.params), key=lambda i: starts[i]))
@@ -219,10 +224,10 @@ def _check_default_reshard(value: object, shard_size: int | None) -> None:
             f"that divides the shard world size ({shard_size})")
 
 
-def _reshard(cfg: OverlapConfig, bucket: ResolvedBucket, kwargs: Mapping[str, Any], shard_size: int | None,
-             root: str) -> tuple[bool | int | None, str, list[Fault]]:
+def _reshard(cfg: OverlapConfig, bucket: ResolvedBucket, kwargs: Mapping[str, Any],
+             shard_size: int | None) -> tuple[bool | int | None, str, list[Fault]]:
     entry = cfg.plan.buckets[bucket.entry_index] if cfg.plan is not None else None
-    path = f"{root}.plan.buckets[{bucket.entry_index}].reshard_after_forward"
+    path = f"plan.buckets[{bucket.entry_index}].reshard_after_forward"
     own = entry.reshard_after_forward if isinstance(entry, Bucket) else None
     if own is None:
         given = kwargs.get("reshard_after_forward")
@@ -234,8 +239,8 @@ def _reshard(cfg: OverlapConfig, bucket: ResolvedBucket, kwargs: Mapping[str, An
     return own, path, faults
 
 
-def _root_in_bucket(buckets: list[ResolvedBucket], root: str) -> list[Fault]:
-    return [Fault(f"{root}.plan.buckets[{b.entry_index}]",
+def _root_in_bucket(buckets: list[ResolvedBucket]) -> list[Fault]:
+    return [Fault(f"plan.buckets[{b.entry_index}]",
                   f"entry {b.entry_text} holds the root module, which the FSDP2 driver shards last for the parameters "
                   "no bucket holds; name the submodules instead")
             for b in buckets if "" in b.modules]
@@ -266,7 +271,7 @@ def _once(homes: list[_Home]) -> list[_Home]:
     return out
 
 
-def _shared_params(homes: list[_Home], ordered: list[ResolvedBucket], root: str) -> list[Fault]:
+def _shared_params(homes: list[_Home], ordered: list[ResolvedBucket]) -> list[Fault]:
     """A parameter reachable from two groups (tied weights): FSDP2 would fail at the first forward."""
     first: dict[nn.Parameter, tuple[str, ResolvedBucket | None]] = {}
     faults: list[Fault] = []
@@ -276,7 +281,7 @@ def _shared_params(homes: list[_Home], ordered: list[ResolvedBucket], root: str)
         if seen[1] is b:
             continue
         where = [x for x in (seen[1], b) if x is not None]
-        path = f"{root}.plan.buckets[{where[-1].entry_index}]"
+        path = f"plan.buckets[{where[-1].entry_index}]"
         groups = " and ".join(f"bucket {x.name!r}" if x is not None else "the root group" for x in (seen[1], b))
         faults.append(Fault(path, f"parameter {fqn!r} is the same tensor as {seen[0]!r} (tied), held by {groups}; "
                                   "FSDP2 shards a parameter in one group only: put both modules in one bucket "
@@ -284,7 +289,7 @@ def _shared_params(homes: list[_Home], ordered: list[ResolvedBucket], root: str)
     return faults
 
 
-def _containers(buckets: list[ResolvedBucket], tree: ModuleTree, root: str) -> list[Fault]:
+def _containers(buckets: list[ResolvedBucket], tree: ModuleTree) -> list[Fault]:
     """A ``ModuleList`` / ``ModuleDict`` without a ``forward`` of its own: FSDP2 hooks a group's modules' forward,
     and a container's is never called, so torch refuses it (at that bucket's ``fully_shard``, after deeper buckets
     were already sharded)."""
@@ -293,21 +298,21 @@ def _containers(buckets: list[ResolvedBucket], tree: ModuleTree, root: str) -> l
         for fqn in b.modules:
             module = tree.modules[fqn]
             if isinstance(module, (nn.ModuleList, nn.ModuleDict)) and type(module).forward is nn.Module.forward:
-                faults.append(Fault(f"{root}.plan.buckets[{b.entry_index}]",
+                faults.append(Fault(f"plan.buckets[{b.entry_index}]",
                                     f"entry {b.entry_text} selects {fqn!r}, a {type(module).__name__} with no forward "
                                     f"of its own: FSDP2 hooks forward calls, and a container is never called; "
                                     f"select what it holds ({fqn}.*)"))
     return faults
 
 
-def _scalars(homes: list[_Home], root: str) -> list[Fault]:
+def _scalars(homes: list[_Home]) -> list[Fault]:
     """0-dim parameters: FSDP2 shards along a dimension, a scalar has none (torch refuses it midway through a
     group, after the group's earlier parameters were replaced)."""
     faults = []
     for owner, name, p, b in homes:
         if p.dim() == 0:
             fqn = f"{owner}.{name}" if owner else name
-            where = f"{root}.plan.buckets[{b.entry_index}]" if b is not None else f"{root}.plan"
+            where = f"plan.buckets[{b.entry_index}]" if b is not None else "plan"
             group = f"bucket {b.name!r}" if b is not None else "the root group (no bucket holds it)"
             faults.append(Fault(where, f"parameter {fqn!r} in {group} is a 0-dim tensor, which FSDP2 cannot shard: "
                                        "give it shape (1,), or pass it in fully_shard(ignored_params=...)"))

@@ -34,6 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from overlapcfg.config import load_config
+from overlapcfg.config.boundary import user_paths
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.fsdp2.checks import check_kwargs, check_mesh, check_unsharded, shard_size
 from overlapcfg.fsdp2.layout import ShardLayout, plan_layout
@@ -55,7 +56,8 @@ def fully_shard(model: M, cfg: ConfigSource, *, mesh: DeviceMesh | None = None, 
 
     ``cfg``: anything ``overlapcfg.load_config`` reads (a config, a dict, YAML text, a ``pathlib.Path``, a Hydra
     node); its strategy must be ``manual``. ``mesh``: the data-parallel ``DeviceMesh`` (None: FSDP2's default).
-    ``config_root``: where the config sits in the user's tree, so faults read ``trainer.overlap.plan...``.
+    ``config_root``: where the config sits in the user's tree (as ``load_config(cfg, root=...)``; a config loaded
+    already, or a Hydra node, knows it), so faults read ``trainer.overlap.plan...``.
     ``fully_shard_kwargs``: passed to every ``torch.distributed.fsdp.fully_shard`` call (``mp_policy``,
     ``offload_policy``, ``reshard_after_forward`` as the default of buckets that set none, ...).
 
@@ -69,13 +71,15 @@ def fully_shard(model: M, cfg: ConfigSource, *, mesh: DeviceMesh | None = None, 
     check_kwargs(fully_shard_kwargs)
     check_unsharded(model)
     check_mesh(mesh, fully_shard_kwargs)
-    layout = plan_layout(model, config, shard_size=shard_size(mesh, fully_shard_kwargs), kwargs=fully_shard_kwargs,
-                         root=config_root)
+    with user_paths(config.mount):
+        layout = plan_layout(model, config, shard_size=shard_size(mesh, fully_shard_kwargs),
+                             kwargs=fully_shard_kwargs)
+    notes = config.mount.notes(layout.notes)  # the record's notes, at the user's paths
     snapshot = Snapshot.take(model)
     try:
         groups = _shard(model, layout, mesh, fully_shard_kwargs)
         _set_prefetch(model, layout, groups)
-        record = build_record(layout, config, seconds=time.perf_counter() - started)
+        record = build_record(layout, config, seconds=time.perf_counter() - started, notes=notes)
         setattr(model, RECORD_ATTR, record)
     except BaseException:
         snapshot.restore()  # whatever torch refused half-way, the model comes back as it was given
@@ -83,7 +87,7 @@ def fully_shard(model: M, cfg: ConfigSource, *, mesh: DeviceMesh | None = None, 
 
     def replan(measured: ShardLayout) -> None:
         _set_prefetch(model, measured, groups)
-        setattr(model, RECORD_ATTR, build_record(measured, config, seconds=record.record.seconds))
+        setattr(model, RECORD_ATTR, build_record(measured, config, seconds=record.record.seconds, notes=notes))
 
     watch_first_forward(model, layout, replan)
     logger.info("overlapcfg.fully_shard: %d FSDP2 groups + root (%d root parameters), %.3fs", len(groups),

@@ -89,8 +89,9 @@ def read_record(model: nn.Module) -> Fsdp2Record:
     raise OverlapUsageError(f"{type(model).__name__} was not sharded by overlapcfg.fully_shard: it carries no record")
 
 
-def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float) -> Fsdp2Record:
-    """The record of sharding by ``layout`` (after it was applied)."""
+def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float, notes: tuple[str, ...]) -> Fsdp2Record:
+    """The record of sharding by ``layout`` (after it was applied); ``notes``: ``layout.notes`` as the user reads
+    them (``overlapcfg.config.boundary.Mount.notes``), before the notes on the bucket order."""
     names = [b.name for b in layout.buckets]
     # A bucket's reduce-scatter is issued when its backward is complete: where its *first* module's backward ends,
     # so in reverse forward order (a tied embedding + head, first to start backward, is the last to reduce).
@@ -109,7 +110,7 @@ def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float) -> 
         uncovered=tuple(Uncovered(graph="fsdp2", node=ROOT, owner=o) for o in layout.uncovered),
         non_fsdp=(),
         seconds=seconds,
-        notes=(*layout.notes, *layout.order_notes),
+        notes=(*notes, *layout.order_notes),
     )
 
     def lists(per_bucket: tuple[tuple[int, ...], ...], root: tuple[int, ...]) -> tuple[tuple[str, tuple[str, ...]],

@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
 
 from overlapcfg.config import load_config
+from overlapcfg.config.boundary import user_paths
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.errors import Fault
 from overlapcfg.fsdp2 import fully_shard as overlap_fully_shard
@@ -66,9 +67,10 @@ def fully_shard(accelerator: Any, model: M, cfg: ConfigSource, *, config_root: s
     faults += _already_sharded(model)
     raise_faults(faults, HEADER)
     kwargs = _fully_shard_kwargs(accelerator, plugin, model)
-    plan_layout(model, config, shard_size=None, kwargs={}, root=config_root)  # the plan's faults before the upcast
+    with user_paths(config.mount):  # the plan's faults before the upcast
+        plan_layout(model, config, shard_size=None, kwargs={})
     _upcast_trainable(accelerator, model)
-    return overlap_fully_shard(model, config, config_root=config_root, **kwargs)
+    return overlap_fully_shard(model, config, **kwargs)
 
 
 def _not_fsdp2(state: Any, plugin: Any) -> Fault:

@@ -74,7 +74,7 @@ def parallelize(cfg: ConfigSource, *, config_root: str = "overlap",
             return model
         mesh, faults = _data_parallel_mesh(model, device_mesh)
         raise_faults([*_version_faults(), *faults, *_already_sharded(model)], HEADER)
-        return fully_shard(model, config, mesh=mesh, config_root=config_root, **fully_shard_kwargs)
+        return fully_shard(model, config, mesh=mesh, **fully_shard_kwargs)
 
     return parallelize_fn
 

@@ -108,7 +108,7 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
                                      root=f"{config_root}.{name}") for name, cfg in configs.items()}
     if not loaded:
         raise OverlapConfigError("measure: no configs to measure")
-    reference = _reference(loaded, node_costs, config_root)
+    reference = _reference(loaded, node_costs)
     clock = Clock(device if device is not None else default_device())
     given = {str(name): cfg for name, cfg in configs.items()}
     graphs, measured = {}, {}
@@ -194,7 +194,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _reference(loaded: Mapping[str, OverlapConfig], node_costs: bool | str, root: str) -> str | None:
+def _reference(loaded: Mapping[str, OverlapConfig], node_costs: bool | str) -> str | None:
     if node_costs is False:
         return None
     if isinstance(node_costs, str):

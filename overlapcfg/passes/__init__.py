@@ -5,7 +5,7 @@ strategies; below the report."""
 from overlapcfg.graph.meta import pass_record
 from overlapcfg.graph.record import BucketRecord, PassRecord
 from overlapcfg.passes.applied import AppliedGraph, AppliedStep, apply_step
-from overlapcfg.passes.pipeline import GraphKind, apply
+from overlapcfg.passes.pipeline import GraphKind, PassOptions, apply
 
-__all__ = ["AppliedGraph", "AppliedStep", "BucketRecord", "GraphKind", "PassRecord", "apply", "apply_step",
-           "pass_record"]
+__all__ = ["AppliedGraph", "AppliedStep", "BucketRecord", "GraphKind", "PassOptions", "PassRecord", "apply",
+           "apply_step", "pass_record"]

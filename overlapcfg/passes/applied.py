@@ -34,7 +34,7 @@ from overlapcfg.graph.meta import pass_record
 from overlapcfg.graph.record import PassRecord
 from overlapcfg.graph.summary import GraphSummary, summarize
 from overlapcfg.kinds import DIRECTIONS, Direction
-from overlapcfg.passes.pipeline import GraphKind, apply
+from overlapcfg.passes.pipeline import GraphKind, PassOptions, apply
 from overlapcfg.passes.step import CapturedStep
 
 __all__ = ["AppliedGraph", "AppliedStep", "applied_graph", "apply_graph", "apply_step"]
@@ -87,7 +87,7 @@ def apply_step(step: CapturedStep, cfg: OverlapConfig) -> AppliedStep:
             fqn_fn = step.module_fqn_fn(name)
             gm = apply(compat.lazy_graph_module_copy(original), cfg, module_fqn_fn=fqn_fn,
                        module_fqns=step.module_fqns, graph_kind=name,
-                       summary=_summary(original, name) if cfg.verify else None)
+                       options=PassOptions(summary=_summary(original, name) if cfg.verify else None))
             graphs.append(AppliedGraph(name, gm, _record(gm), original, fqn_fn))
     return AppliedStep(cfg, tuple(graphs), step.world_size, step)
 

@@ -23,12 +23,13 @@ from torch import fx, nn
 from overlapcfg import compat
 from overlapcfg._version import __version__
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.boundary import user_paths
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.errors import OverlapUsageError
 from overlapcfg.kinds import Direction
 from overlapcfg.module_paths import ModelFacts
 from overlapcfg.passes.backend import GraphBackend, GraphCompiler
-from overlapcfg.passes.pipeline import apply
+from overlapcfg.passes.pipeline import PassOptions, apply
 from overlapcfg.resolve import resolve_config
 
 __all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "check_plan_fits", "inductor_pass",
@@ -76,15 +77,17 @@ def _inductor_compiler(graph: Direction) -> GraphCompiler:
     return compile_graph
 
 
-def check_plan_fits(cfg: OverlapConfig, model: nn.Module, *, config_root: str | None = None) -> None:
+def check_plan_fits(cfg: OverlapConfig, model: nn.Module) -> None:
     """Resolve ``cfg``'s plan and overrides against ``model.named_modules()`` now: a pattern that matches no module,
     two entries claiming one module, an override that matches nothing are ``OverlapConfigError``s here, with the
-    config path and the closest names, instead of a ``BackendCompilerFailed`` at the first forward.
+    path where the user put the config and the closest names, instead of a ``BackendCompilerFailed`` at the first
+    forward.
 
     Coverage (``require_full_coverage``) is left to the pass: which parameters are FSDP's is known only from the
     graph (a model may keep some parameters unsharded).
     """
-    resolve_config(cfg, ModelFacts.of(model), root=config_root, coverage=False)
+    with user_paths(cfg.mount):
+        resolve_config(cfg, ModelFacts.of(model), coverage=False)
 
 
 def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Module | None = None,
@@ -100,13 +103,16 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
     given before the pass as a ``CapturedStep``: ``.step()``, for ``explain`` / ``compare`` / ``tune``.
 
     ``compiler="inductor"`` lowers the transformed graphs with inductor (``compile_fx_inner``) under
-    ``INDUCTOR_SETTINGS``; on a CPU-only torch that needs a C++ compiler.
+    ``INDUCTOR_SETTINGS``; on a CPU-only torch that needs a C++ compiler. ``config_root``: where the config sits in
+    the user's tree, as ``load_config(cfg, root=...)`` (a loaded config or a Hydra node knows it already), so
+    faults read ``trainer.overlap.plan...``. ``strict``: overrides ``cfg.strict`` (``PassOptions.strict``).
     """
     loaded = load_config(cfg, root=config_root) if config_root else load_config(cfg)
     if compiler not in ("eager", "inductor"):
         raise OverlapUsageError(f"backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
     if model is not None:
-        check_plan_fits(loaded, model, config_root=config_root)
+        check_plan_fits(loaded, model)
+    options = PassOptions(for_compiler=compiler == "inductor", strict=strict)
     lowered = compiler == "inductor"
     if lowered:
         # Inductor lowers only decomposed aten (``aten.t`` has no lowering, just a decomposition), so aot traces
@@ -118,8 +124,7 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
 
     def graph_pass(name: Direction) -> Callable[[fx.GraphModule], fx.GraphModule]:
         def run(gm: fx.GraphModule) -> fx.GraphModule:
-            return apply(gm, loaded, graph_kind=name, module_fqns=result.module_fqns, config_root=config_root,
-                         for_compiler=lowered, strict=strict)
+            return apply(gm, loaded, graph_kind=name, module_fqns=result.module_fqns, options=options)
 
         return run
 
@@ -138,6 +143,10 @@ def source_hash() -> str:
     root = Path(__file__).resolve().parents[1]
     files = tuple(str(p) for p in sorted(root.rglob("*.py")))
     return compat.hash_files(files).hex()
+
+
+_HOOK_OPTIONS = PassOptions(for_compiler=True, recompile=False)
+"""Inductor reads fake-tensor metadata after the hook, and its post-grad passes end with ``gm.recompile()``."""
 
 
 class OverlapGraphPass(compat.CustomGraphPass):
@@ -164,7 +173,7 @@ class OverlapGraphPass(compat.CustomGraphPass):
         if not isinstance(gm, fx.GraphModule):
             raise OverlapUsageError("inductor_pass: the post-grad graph has no owning GraphModule")
         # Inductor's post-grad passes end with ``gm.recompile()``: regenerating the code here too would be paid twice.
-        apply(gm, self.cfg, graph_kind="auto", for_compiler=True, recompile=False)
+        apply(gm, self.cfg, graph_kind="auto", options=_HOOK_OPTIONS)
 
     def uuid(self) -> str:
         """Changes with the config, the package version and the package sources; equal configs give equal ids."""

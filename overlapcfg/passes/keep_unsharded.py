@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from torch import fx
 
@@ -44,7 +45,7 @@ from overlapcfg.graph.ops import may_alias_input, written_inputs
 from overlapcfg.graph.parameters import placeholder_sources
 from overlapcfg.resolve import ResolvedPlan
 
-__all__ = ["Kept", "KeepResult", "keep_unsharded", "reshard_setting"]
+__all__ = ["Kept", "KeepResult", "Unkept", "UnkeptWhy", "keep_unsharded", "reshard_setting"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +60,27 @@ class Kept:
     """Unsharded bytes held from forward to backward (what the removed re-gathers brought in)."""
 
 
+UnkeptWhy = Literal["separate_graph", "not_traced", "ranks", "already_kept", "kept_regathers"]
+"""Why a ``reshard_after_forward`` setting did not act (``overlapcfg.passes.notes.unkept_settings`` words each)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unkept:
+    """A plan entry's ``reshard_after_forward`` that did not act on a bucket, or not on all its re-gathers."""
+
+    entry: int
+    """The plan entry that sets it (``plan.buckets[entry]``)."""
+    bucket: str
+    setting: bool | int
+    why: UnkeptWhy
+    detail: tuple[str, ...] = ()
+    """``separate_graph``: the graph's direction; ``kept_regathers``: each re-gather kept, with why."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeepResult:
     kept: tuple[Kept, ...] = ()
-    notes: tuple[str, ...] = ()
+    unkept: tuple[Unkept, ...] = ()
 
     @property
     def removed(self) -> frozenset[str]:
@@ -82,38 +100,32 @@ def reshard_setting(cfg: OverlapConfig, plan: ResolvedPlan, bucket: int) -> bool
 
 
 def keep_unsharded(gm: fx.GraphModule, cfg: OverlapConfig, plan: ResolvedPlan,
-                   covered: Sequence[tuple[int, Collective]], *, forced: str | None, root: str) -> KeepResult:
+                   covered: Sequence[tuple[int, Collective]], *, forced: str | None) -> KeepResult:
     """Replace the backward re-gathers of every bucket whose plan entry sets ``reshard_after_forward: false`` by
-    the forward's gathered values (module docstring); say where a setting cannot act. Mutates ``gm.graph``
-    (``apply`` restores it if anything after fails)."""
+    the forward's gathered values (module docstring); say where a setting cannot act (``KeepResult.unkept``,
+    worded by ``overlapcfg.passes.notes``). Mutates ``gm.graph`` (``apply`` restores it if anything after fails)."""
     settings = {i: s for i in range(len(plan.buckets)) if (s := reshard_setting(cfg, plan, i)) is not None}
     if not settings:
         return KeepResult()
-    notes: list[str] = []
-    path = {i: f"{root}.plan.buckets[{plan.buckets[i].entry_index}].reshard_after_forward" for i in settings}
+    unkept: list[Unkept] = []
     if forced is not None:
-        shown = dict.fromkeys(path.values())
-        return KeepResult(notes=tuple(
-            f"{p} is ignored: aot's separate {forced} graph cannot reach the other graph's gathered parameters "
-            "(it applies to whole-step graphs and to overlapcfg.fully_shard)" for p in shown))
+        return KeepResult(unkept=tuple(Unkept(plan.buckets[i].entry_index, plan.buckets[i].name, s, "separate_graph",
+                                              (forced,)) for i, s in settings.items()))
     regathers = {i: [c for b, c in covered if b == i and c.kind == "all_gather" and c.direction == "backward"]
                  for i in settings}
     wanted: list[int] = []
     for i, setting in settings.items():
-        name = plan.buckets[i].name
+        entry, name = plan.buckets[i].entry_index, plan.buckets[i].name
         if setting is True and not regathers[i]:
-            notes.append(f"{path[i]} is ignored for bucket {name}: this graph has no backward re-gather of it "
-                         "(traced without resharding); overlapcfg does not add all-gathers")
+            unkept.append(Unkept(entry, name, setting, "not_traced"))
         elif setting is not True and setting is not False:
-            notes.append(f"{path[i]} = {setting} is ignored for bucket {name}: resharding to groups of ranks "
-                         "applies to overlapcfg.fully_shard only")
+            unkept.append(Unkept(entry, name, setting, "ranks"))
         elif setting is False and not regathers[i]:
-            notes.append(f"{path[i]}: bucket {name} has no backward re-gather in this graph; its parameters already "
-                         "stay unsharded from forward to backward")
+            unkept.append(Unkept(entry, name, setting, "already_kept"))
         elif setting is False:
             wanted.append(i)
     if not wanted:
-        return KeepResult(notes=tuple(notes))
+        return KeepResult(unkept=tuple(unkept))
     forward: dict[tuple[object, ...], list[Collective]] = {}  # candidates, graph order, by shard and group
     for _, c in covered:
         if c.kind == "all_gather" and c.direction == "forward" and len(c.waits) == 1:
@@ -135,13 +147,12 @@ def keep_unsharded(gm: fx.GraphModule, cfg: OverlapConfig, plan: ResolvedPlan,
             removed.append(c.start.name)
             params.extend(p for p in c.params if p not in params)
             held[source] = c.unsharded_bytes
-        if left:  # the first few with their reasons: a 32-block model would otherwise print hundreds
-            more = f"; ... ({len(left)} in all)" if len(left) > 3 else ""
-            notes.append(f"{path[i]}: bucket {plan.buckets[i].name} keeps {len(left)} backward re-gather(s): "
-                         + "; ".join(left[:3]) + more)
+        if left:
+            unkept.append(Unkept(plan.buckets[i].entry_index, plan.buckets[i].name, False, "kept_regathers",
+                                 tuple(left)))
         if removed:
             kept.append(Kept(i, tuple(removed), tuple(params), sum(held.values())))
-    return KeepResult(tuple(kept), tuple(notes))
+    return KeepResult(tuple(kept), tuple(unkept))
 
 
 def _gathered_from(c: Collective) -> tuple[object, ...]:

@@ -19,11 +19,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
 
     The knobs are torch 2.13's; on an older torch ``compat.schedule_overlap_bucketing`` maps them (2.11 has no
     ``compute_estimator``: "analytical" is passed as its custom estimate) or refuses one it cannot honour (a
-    ``bucket_mode`` on 2.11) as a config error at ``<root>.policy.<knob>``. Torch 2.11's scheduler also does not
+    ``bucket_mode`` on 2.11) as a config error at ``policy.<knob>``. Torch 2.11's scheduler also does not
     pre-bucket FSDP collectives, so its graphs differ from 2.13's for the same knobs."""
     if not isinstance(ctx.policy, AutoPolicy):
         raise OverlapUsageError(f"auto: expected an AutoPolicy, got {type(ctx.policy).__name__}")
-    with compat.no_triton_runtime_estimates(), this_torch_supports(ctx), torch_pass_failures("auto"), \
+    with compat.no_triton_runtime_estimates(), this_torch_supports(), torch_pass_failures("auto"), \
             compat.dropped_cyclic_overlap_deps() as dropped:
         compat.schedule_overlap_bucketing(gm, **ctx.policy.model_dump())
     notes = tuple(f"auto: torch's scheduler made ordering hints that form a cycle and they were dropped (overlap "

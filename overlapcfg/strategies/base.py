@@ -17,9 +17,10 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
+from overlapcfg.config.boundary import RelativeConfigError
 from overlapcfg.config.contracts import StrategyContract
 from overlapcfg.config.policy import PolicyBase
-from overlapcfg.errors import OverlapcfgError, OverlapConfigError, OverlapLookupError, UpstreamPassError, shorten
+from overlapcfg.errors import OverlapcfgError, OverlapLookupError, UpstreamPassError, shorten
 from overlapcfg.graph.attribution import ModuleFqnFn
 from overlapcfg.graph.collectives import Collective
 from overlapcfg.graph.merge import MergedCollective
@@ -45,8 +46,6 @@ class PassContext:
     module_fqn_fn: ModuleFqnFn
     fresh_fake_values: bool = False
     """Every new node needs its own ``meta["val"]`` (a compiler such as inductor reads storages from them)."""
-    config_root: str = "overlap"
-    """Where the config sits in the user's tree: a strategy's config errors name ``{config_root}.policy.<field>``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +115,11 @@ def torch_pass_failures(strategy: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def this_torch_supports(ctx: PassContext) -> Iterator[None]:
+def this_torch_supports() -> Iterator[None]:
     """Within the block, an upstream pass's refusal of a setting the installed torch cannot honour
-    (``compat.UnsupportedByThisTorch``) becomes a config error at that setting's path in the user's tree."""
+    (``compat.UnsupportedByThisTorch``) becomes a config error at that setting's path, ``policy.<setting>`` (a
+    ``RelativeConfigError``: ``apply`` names it where the user put the config)."""
     try:
         yield
     except compat.UnsupportedByThisTorch as err:
-        raise OverlapConfigError.single(f"{ctx.config_root}.policy.{err.setting}", str(err)) from None
+        raise RelativeConfigError.single(f"policy.{err.setting}", str(err)) from None

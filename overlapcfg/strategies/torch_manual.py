@@ -27,7 +27,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
         fqn = ctx.module_fqn_fn(node)
         return [(fqn, nn.Module)] if fqn else []
 
-    with compat.no_triton_runtime_estimates(), this_torch_supports(ctx), torch_pass_failures("torch_manual"):
+    with compat.no_triton_runtime_estimates(), this_torch_supports(), torch_pass_failures("torch_manual"):
         compat.manual_overlap_bucketing(gm, ctx.plan.module_lists(), insert_overlap_deps=policy.insert_overlap_deps,
                                         module_stack_fn=module_stack, bucket_mode=policy.bucket_mode)
     return StrategyResult()

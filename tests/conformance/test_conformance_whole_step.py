@@ -35,7 +35,7 @@ import overlapcfg
 from overlapcfg import compat
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.graph.parameters import state_input_names
-from overlapcfg.passes import apply
+from overlapcfg.passes import PassOptions, apply
 from tests.thirdparty import conformance as C
 from tests.thirdparty import graph_trainer as G
 
@@ -150,7 +150,8 @@ def test_gathered_inputs_are_the_parameters_torchtitan_traced_as_state(whole_ste
     for c in gathered:
         assert names[c.start.args[0].name].rpartition(".")[0] == C.custom_module(c.start), c.start.name
     with compat.fake_process_group(step.world_size):
-        named = apply(step.copy(), overlapcfg.load_config(_config(1)), graph_kind="joint", state_inputs=names)
+        named = apply(step.copy(), overlapcfg.load_config(_config(1)), graph_kind="joint",
+                      options=PassOptions(state_inputs=names))
     by_bucket = {b.name: set(b.params) for b in named.meta["overlapcfg"].buckets}
     assert by_bucket == {
         "tok_embeddings": {"tok_embeddings.weight"}, "lm_head+norm": {"norm.weight", "lm_head.weight"},

@@ -134,7 +134,7 @@ def test_per_bucket_override_of_the_all_reduce_delay() -> None:
         final = apply(syn.gm, config, graph_kind="backward", module_fqns=syn.module_fqns)
     record = final.meta["overlapcfg"]
     bucket = next(b for b in record.buckets if b.name == "layers.3")
-    assert (bucket.all_reduce_delay, bucket.origin("all_reduce_delay")) == (0, "overlap.overrides[0]")
+    assert (bucket.all_reduce_delay, bucket.origin("all_reduce_delay")) == (0, "overrides[0]")
     assert _delays(final, "all_reduce") == [0, 1, 1, 0]
 
 

@@ -19,7 +19,7 @@ from torch import fx
 from overlapcfg import compat, load_config
 from overlapcfg.graph.meta import NAMESPACE
 from overlapcfg.graph.stamp import forget_traces
-from overlapcfg.passes import apply
+from overlapcfg.passes import PassOptions, apply
 from tests.support.releases import upstream_is_the_reference
 from tests.support.synthetic import Synthetic, backward_graph, forward_graph
 
@@ -133,7 +133,8 @@ def test_fake_values_for_a_compiler_are_what_running_the_graph_gives(kind: str, 
     cfg = load_config({"plan": {"buckets": ["layers.*"]}, "policy": {"bucket_mode": mode}})
     forget_traces()
     with compat.fake_process_group(2, 0):
-        gm = apply(copy.deepcopy(syn.gm), cfg, module_fqns=syn.module_fqns, graph_kind=kind, for_compiler=True)
+        gm = apply(copy.deepcopy(syn.gm), cfg, module_fqns=syn.module_fqns, graph_kind=kind,
+                   options=PassOptions(for_compiler=True))
         truth = _propagated(gm)
     ours = {n.name: n.meta["val"] for n in gm.graph.nodes if n.op != "output" and "val" in n.meta}
     stamped = [*_new_values(syn.gm, gm), *(n.name for n in gm.graph.find_nodes(op="placeholder"))]
@@ -152,6 +153,7 @@ def test_fresh_fake_values_do_not_rerun_the_merge_ops(monkeypatch: pytest.Monkey
     forget_traces()
     with compat.fake_process_group(2, 0):
         gm = apply(copy.deepcopy(syn.gm), load_config({"plan": {"buckets": ["layers.*"]}}),
-                   module_fqns=syn.module_fqns, graph_kind="forward", for_compiler=True)
+                   module_fqns=syn.module_fqns, graph_kind="forward",
+                   options=PassOptions(for_compiler=True))
     assert len(_new_values(syn.gm, gm)) > 20
     assert calls == []

@@ -26,7 +26,7 @@ from torch import fx
 from overlapcfg import compat, load_config
 from overlapcfg.errors import OverlapConfigError, UpstreamPassError
 from overlapcfg.graph.collectives import group_name
-from overlapcfg.passes import apply
+from overlapcfg.passes import PassOptions, apply
 from overlapcfg.resolve import resolve_plan
 from tests.support.policies import LookaheadPolicy
 from tests.support.synthetic import DIM, Synthetic, backward_graph, forward_graph
@@ -690,7 +690,8 @@ def test_graphs_for_a_compiler_get_one_fake_value_per_node_on_a_synthetic_graph(
     def shared(for_compiler: bool) -> int:
         with compat.fake_process_group(syn.world_size, 0):
             gm = apply(copy.deepcopy(syn.gm), load_config({"plan": {"buckets": ["layers.*"]}}),
-                       module_fqns=syn.module_fqns, graph_kind="backward", for_compiler=for_compiler)
+                       module_fqns=syn.module_fqns, graph_kind="backward",
+                       options=PassOptions(for_compiler=for_compiler))
         ids = [id(n.meta["val"]) for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
         return len(ids) - len(set(ids))
 

@@ -119,7 +119,7 @@ def test_a_bucket_mode_torch_manual_cannot_honour_is_a_config_error_at_its_path(
                                       "policy": {"bucket_mode": "coalesced"}})
         with pytest.raises(OverlapConfigError, match=r"^trainer\.overlap\.policy\.bucket_mode: bucket_mode "
                                                      r"'coalesced' needs torch >= 2\.12"):
-            apply(syn.gm, cfg, module_fqns=syn.module_fqns, graph_kind="forward", config_root="trainer.overlap")
+            apply(syn.gm, cfg.mounted_at("trainer.overlap"), module_fqns=syn.module_fqns, graph_kind="forward")
     assert [n.name for n in syn.gm.graph.nodes] == before
     assert len(recorder.calls) == 1
 

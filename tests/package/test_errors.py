@@ -18,6 +18,8 @@ BUILTINS = frozenset({"ValueError", "RuntimeError", "TypeError", "KeyError", "Lo
                       "FileNotFoundError", "OSError", "NotImplementedError", "Exception"})
 """Raised bare, these would be errors a user sees that are not ours."""
 INTERNAL = {"YamlLimitError": "config/yaml_files.py turns it into an OverlapConfigError naming the file",
+            "RelativeConfigError": "an OverlapConfigError with paths from the config node; the entry point's "
+                                   "config/boundary.py user_paths raises it again at the user's paths",
             "AttributeError": "_lazy.py's module __getattr__: Python's protocol for a missing name",
             "HydraConfigError": "config/hydra_app.py hands our message to Hydra, which prints it without a traceback",
             "ImportError": "an optional integration without its package: Python's protocol for a failed import"}

@@ -16,7 +16,7 @@ from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, trace_train_step, train_step
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
-from overlapcfg.passes import apply, apply_step
+from overlapcfg.passes import PassOptions, apply, apply_step
 from overlapcfg.passes.compile import INDUCTOR_SETTINGS, OverlapGraphPass, backend, inductor_pass
 from tests.support.traces import traced_step
 
@@ -196,7 +196,7 @@ def test_apply_leaves_the_code_to_a_caller_that_regenerates_it() -> None:
         before = gm.code
         with compat.fake_process_group(2, 0):
             apply(gm, load_config(MANUAL), module_fqn_fn=step.module_fqn_fn("backward"), graph_kind="backward",
-                  recompile=recompile)
+                  options=PassOptions(recompile=recompile))
         codes[recompile] = gm.code
         assert gm.graph.python_code(root_module="self").src != before  # rewritten either way
     assert codes[True] != codes[False]
@@ -211,7 +211,7 @@ def test_graphs_for_inductor_get_one_fake_value_per_node() -> None:
     def shared(for_compiler: bool) -> int:
         with compat.fake_process_group(2, 0):
             gm = apply(copy.deepcopy(step.backward), load_config(MANUAL), module_fqn_fn=step.module_fqn_fn("backward"),
-                       graph_kind="backward", for_compiler=for_compiler)
+                       graph_kind="backward", options=PassOptions(for_compiler=for_compiler))
         ids = [id(n.meta["val"]) for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
         return len(ids) - len(set(ids))
 

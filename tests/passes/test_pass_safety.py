@@ -21,7 +21,7 @@ from overlapcfg.errors import OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.collectives import find_collectives, is_parameter_gather
 from overlapcfg.graph.merge import merge_buckets
 from overlapcfg.graph.parameters import graph_inputs
-from overlapcfg.passes import apply, pipeline
+from overlapcfg.passes import PassOptions, apply, pipeline
 from overlapcfg.strategies import StrategyResult, register_strategy
 
 pytestmark = pytest.mark.slow  # the demo step is traced once per session (conftest)
@@ -138,7 +138,7 @@ def test_a_graph_without_fsdp_collectives_warns_with_the_fsdp2_hint(caplog: pyte
     with pytest.raises(UnsupportedGraphError):
         apply(gm, load_config({"plan": "llama_layers", "strict": True}))
     with pytest.raises(UnsupportedGraphError):  # the keyword, for code that builds configs elsewhere
-        apply(gm, load_config({"plan": "llama_layers"}), strict=True)
+        apply(gm, load_config({"plan": "llama_layers"}), options=PassOptions(strict=True))
 
 
 def test_apply_takes_a_validated_config_only() -> None:

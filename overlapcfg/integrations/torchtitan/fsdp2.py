@@ -48,6 +48,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
 from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config.boundary import user_paths
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.errors import Fault, OverlapConfigError, OverlapStateError
 from overlapcfg.fsdp2 import fully_shard, plan_layout
@@ -157,7 +158,8 @@ def _setting_faults(model: nn.Module, parallel_dims: Any) -> list[Fault]:
 def _check_plan(model: nn.Module, cfg: OverlapConfig, parallelism: Any, where: str) -> None:
     """Every fault of ``cfg``'s plan against ``model``, now: before ``base`` applies anything."""
     try:
-        plan_layout(model, cfg, shard_size=None, kwargs={}, root=cfg.config_root)
+        with user_paths(cfg.mount):
+            plan_layout(model, cfg, shard_size=None, kwargs={})
     except OverlapConfigError as err:
         raise OverlapConfigError(err.faults, header=f"{HEADER}: {where} does not fit the model "
                                  f"(fsdp_reshard_after_forward="
@@ -188,7 +190,7 @@ def _apply_fsdp(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, reduce
         kwargs["dp_mesh_dims"] = dp_mesh_dims
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    fully_shard(model, cfg, mesh=dp_mesh, config_root=cfg.config_root, **kwargs)
+    fully_shard(model, cfg, mesh=dp_mesh, **kwargs)
     # What torchtitan does to a sharded decoder after fully_shard, in its order: symmetric-memory buffers when asked
     # for, then gradient division left to the loss (torchtitan divides by the global token count itself).
     finishing = [enable_fsdp_symm_mem] if enable_symm_mem else []

@@ -36,11 +36,12 @@ from torch import fx
 
 from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
+from overlapcfg.config.boundary import user_paths
 from overlapcfg.errors import Fault, OverlapConfigError, UnsupportedGraphError
 from overlapcfg.graph.parameters import state_input_names
 from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config
 from overlapcfg.module_paths import ModelFacts
-from overlapcfg.passes import PassRecord, apply, pass_record
+from overlapcfg.passes import PassOptions, PassRecord, apply, pass_record
 from overlapcfg.resolve import resolve_config
 from overlapcfg.strategies import get_strategy
 
@@ -70,7 +71,7 @@ def overlapcfg_bucketing_pass(gm: fx.GraphModule, example_inputs: Sequence[Any] 
     count), evidence of which inputs are parameters and their FQNs. ``for_compiler``: torchtitan's inductor passes
     may follow and read fake-tensor metadata."""
     state = state_input_names(gm.graph, list(state_fqns), list(flat_counts)) if state_fqns else None
-    gm = apply(gm, cfg, graph_kind="joint", for_compiler=True, state_inputs=state)
+    gm = apply(gm, cfg, graph_kind="joint", options=PassOptions(for_compiler=True, state_inputs=state))
     record = pass_record(gm)
     if record is not None and (not dist.is_initialized() or dist.get_rank() == 0):
         logger.info("%s", _rendered(record))
@@ -152,7 +153,8 @@ def check_trainer(trainer: Any) -> None:
 def _check_plan_fits(cfg: OverlapConfig, model: Any) -> None:
     """Resolve a config file's plan against the model's modules now: a pattern that matches nothing, or a
     parameter owner outside every bucket under ``require_full_coverage``, fails before minutes of tracing."""
-    resolve_config(cfg, ModelFacts.of(model))
+    with user_paths(cfg.mount):
+        resolve_config(cfg, ModelFacts.of(model))
 
 
 def _function(graph_pass: object) -> Callable[..., Any]:
