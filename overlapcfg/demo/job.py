@@ -152,12 +152,11 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     if spec.sharding == "fsdp2":
         return _run_fsdp2(progress, overlap, spec, hardware, output_dir, root=full_key(cfg.overlap) or "overlap")
     from overlapcfg.report import explain
-    from overlapcfg.report.render import report_table
 
     step = _trace_stage(progress, spec)
     with progress.stage(f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
         report = explain(step, overlap, hardware=hardware)
-    console.print(report_table(report))  # with the untransformed step's prediction (report.baseline) as "before"
+    console.print(report)  # with the untransformed step's prediction (report.baseline) as "before"
     path = write_atomic(output_dir / REPORT_FILE, report.to_json())
     console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
     return path
@@ -168,7 +167,6 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
     """``mode=run sharding=fsdp2``: shard the demo with ``overlapcfg.fully_shard``, report what it decided."""
     from overlapcfg.demo.eager import process_group, shard_demo
     from overlapcfg.report import explain
-    from overlapcfg.report.render import report_table
 
     console = progress.console
     with process_group(cast(int, spec.world_size)) as (rank, world_size, group):  # DemoSettings fills it
@@ -180,7 +178,7 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
         with progress.stage(what):
             sharded = shard_demo(spec, overlap, rank=rank, world_size=world_size, group=group, config_root=root)
         report = explain(sharded.model, overlap)
-    console.print(report_table(report))
+    console.print(report)
     if hardware is not None:
         console.print(f"[dim]note: no prediction on {hardware.name} for sharding=fsdp2 (the cost model replays "
                       "traced graphs; eager FSDP2 has none)[/dim]")
@@ -249,13 +247,11 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
         for name, overlap in zip(names, configs, strict=True):
             check_plan(overlap, spec, root=f"compare.{name}")
     from overlapcfg.report import compare
-    from overlapcfg.report.render import comparison_table
-    from overlapcfg.report.timeline import write_timeline
 
     step = _trace_stage(progress, spec)
     with progress.stage(f"compared {len(configs)} configs on {hardware.name}"):
         comparison = compare(step, configs, hardware=hardware, names=names)
-    console.print(comparison_table(comparison))
+    console.print(comparison)
     for key, labels in shadowed_keys(cfg, overrides).items():
         note = (f"note: rows {', '.join(labels)} set their own {key!r}, so overlap.{key} does not apply to them "
                 f"(change a row with compare.<label>.{key})")
@@ -263,7 +259,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
         console.print(f"[yellow]{note}[/yellow]")
     path = write_atomic(output_dir / COMPARE_FILE, comparison.to_json())
     with progress.stage("wrote timeline"):
-        files = write_timeline(comparison, output_dir, stem=TIMELINE_STEM)
+        files = [comparison.timeline(output_dir / f"{TIMELINE_STEM}{suffix}") for suffix in (".json", ".png")]
     console.print(f"comparison: {path}; timeline: {', '.join(str(f) for f in files)}")
     return path
 
