@@ -15,7 +15,10 @@ import dataclasses
 import importlib
 import inspect
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +211,43 @@ def test_each_result_is_presented_by_a_module_that_imports_it_from_its_own_layer
     assert not re.search(rf"^\s*(from|import) {re.escape(presenter)}\b", source, re.M)  # data never imports it
     assert re.search(rf"^present\({cls.__name__},", Path(importlib.import_module(presenter).__file__ or "")
                      .read_text(), re.M)
+
+
+# --- docs/results.md: the signatures as the code has them, and its example run as written --------------------------
+
+DOCS = ROOT / "docs" / "results.md"
+
+
+def _plain_signature(fn: Any) -> str:
+    """``tune(step, *, hardware, world_size=None, ...)``: names and defaults, no annotations."""
+    parts, star = [], False
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        star = star or p.kind is p.VAR_POSITIONAL
+        prefix = "*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else ""
+        parts.append(prefix + p.name + ("" if p.default is p.empty else f"={p.default!r}"))
+    return f"{fn.__name__}({', '.join(parts)})"
+
+
+@pytest.mark.parametrize("name", ["explain", "compare", "tune", "measure", "calibrate"])
+def test_the_results_page_gives_each_calls_signature_as_the_code_has_it(name: str) -> None:
+    page = " ".join(DOCS.read_text().split())
+    assert f"`{_plain_signature(getattr(overlapcfg, name))}`" in page
+
+
+@pytest.mark.slow  # traces the demo step and tunes it (a minute under load)
+def test_the_results_page_example_writes_the_front_png_and_timelines_with_one_call_each(tmp_path: Path) -> None:
+    code = re.search(r"## One call each\n\n```python\n(.*?)```", DOCS.read_text(), re.S)
+    assert code is not None
+    (tmp_path / "example.py").write_text(code.group(1))
+    out = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    for name in ("tune_front.png", "tuned_step.png", "timeline.png"):
+        assert (tmp_path / name).read_bytes().startswith(PNG), name
+    assert overlapcfg.load_config(tmp_path / "tuned.yaml").strategy
+    for header in ("Tuned for h100_nvlink at 64 ranks", "no memory budget", "compare: h100_nvlink, world size 64",
+                   "as traced", "Prediction: h100_nvlink, world size 64"):
+        assert header in out.stdout, header
