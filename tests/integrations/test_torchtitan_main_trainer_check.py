@@ -175,6 +175,8 @@ def test_the_presets_the_fsdp2_driver_runs_are_listed_wherever_presets_are() -> 
     assert fsdp2_presets() == ("default", "memory_saving")
     listed = "`, `".join(fsdp2_presets())
     assert f"Policy presets the FSDP2 driver runs: `{listed}`." in " ".join(_readme_section().split())
+    hydra = " ".join(README.read_text().split("## Configuring with Hydra", 1)[1].split("\n## ", 1)[0].split())
+    assert f"Policy presets the FSDP2 driver runs (`fully_shard`, the trainer integrations): `{listed}`." in hydra
     assert f"Presets the FSDP2 driver runs: {', '.join(fsdp2_presets())}." in " ".join(USAGE.split())
     docstring = " ".join(_docstrings().split())
     assert "a policy preset the FSDP2 driver runs on the same grouping" in docstring
