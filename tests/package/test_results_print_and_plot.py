@@ -137,8 +137,8 @@ def test_tune_plot_writes_the_commands_front_png(results: dict[str, Result], tmp
 @pytest.mark.parametrize("name", ["explain", "compare", "tune"])
 def test_timeline_writes_a_gantt_png_or_a_chrome_trace(results: dict[str, Any], name: str, tmp_path: Path) -> None:
     result = results[name]
-    png = result.timeline(tmp_path / "timeline.png")
-    assert png.read_bytes().startswith(PNG)
+    if name == "compare":  # one picture is enough here (a second each on a busy machine); the slow test draws all
+        assert result.timeline(tmp_path / "timeline.png").read_bytes().startswith(PNG)
     trace = json.loads(result.timeline(tmp_path / "timeline.json").read_text())
     names = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"]
     rows = [r.name for r in result.rows] if name == "compare" else [None]
