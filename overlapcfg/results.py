@@ -18,8 +18,8 @@ Why the drawing is registered rather than imported: a result's data sits below o
 (the drawing reads the data, so it imports it); an import back would be a cycle, which the layer contracts refuse
 (``lint-imports``). So the data names the module that presents it (``presented_by``), that module registers its
 drawing and pictures with ``present`` when it is imported, and the first ``print`` imports it. The dependency stays
-one way (presenter → data), and ``tests/package/test_results.py`` checks it for every result: the named module
-imports the data's module, lives in the same package or a layer above, and registers the type.
+one way (presenter → data), and ``tests/package/test_results_print_and_plot.py`` checks it for every result: the
+named module imports the data's module, lives in the same package or a layer above, and registers the type.
 
 This module is shared by every layer, so it imports none of them (rich only).
 """
