@@ -34,8 +34,8 @@ from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFi
 from overlapcfg.errors import OverlapConfigError, OverlapUsageError, closest_first, natural_key
 from overlapcfg.files import write_atomic
 
-__all__ = ["HardwareProfile", "PeakFlops", "hardware_home", "hardware_names", "load_hardware", "save_hardware",
-           "shipped_hardware_names"]
+__all__ = ["HardwareProfile", "PeakFlops", "hardware_home", "hardware_names", "hardware_yaml", "load_hardware",
+           "save_hardware", "shipped_hardware_names"]
 
 GROUP = "hardware"
 HEADER = "invalid hardware profile"
@@ -214,6 +214,12 @@ def save_hardware(profile: HardwareProfile, path: Path | None = None, *, header:
                                                   "always be found first; choose another name")
         path = hardware_home() / f"{profile.name}.yaml"
     check_path(path, root, what="hardware profile")
-    body = dump_yaml(profile.model_dump(mode="json", exclude_none=True), width=120)  # reads back as written
+    return write_atomic(path, hardware_yaml(profile, header=header))
+
+
+def hardware_yaml(profile: HardwareProfile, *, header: str = "") -> str:
+    """``profile`` as the YAML ``save_hardware`` writes: ``header`` as comment lines, then the fields (it reads back
+    as written)."""
+    body = dump_yaml(profile.model_dump(mode="json", exclude_none=True), width=120)
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
-    return write_atomic(path, comment + body)
+    return comment + body

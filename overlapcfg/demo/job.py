@@ -157,13 +157,12 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     if spec.sharding == "fsdp2":
         return _run_fsdp2(progress, overlap, spec, hardware, output_dir)
     from overlapcfg.report import explain
-    from overlapcfg.report.render import report_table
 
     step = _trace_stage(progress, spec)
     with progress.stage(f"applying strategy {overlap.strategy!r} to forward and backward graphs",
                         done=f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
         report = explain(step, overlap, hardware=hardware)
-    console.print(report_table(report))  # with the untransformed step's prediction (report.baseline) as "before"
+    console.print(report)  # with the untransformed step's prediction (report.baseline) as "before"
     path = write_atomic(output_dir / REPORT_FILE, report.to_json())
     console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
     return path
@@ -174,7 +173,6 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
     """``mode=run sharding=fsdp2``: shard the demo with ``overlapcfg.fully_shard``, report what it decided."""
     from overlapcfg.demo.eager import process_group, shard_demo
     from overlapcfg.report import explain
-    from overlapcfg.report.render import report_table
 
     console = progress.console
     with process_group(cast(int, spec.world_size)) as (rank, world_size, group):  # DemoSettings fills it
@@ -186,7 +184,7 @@ def _run_fsdp2(progress: Progress, overlap: OverlapConfig, spec: DemoSettings, h
         with progress.stage(f"sharding {what}", done=f"sharded {what}"):
             sharded = shard_demo(spec, overlap, rank=rank, world_size=world_size, group=group)
         report = explain(sharded.model, overlap)
-    console.print(report_table(report))
+    console.print(report)
     if hardware is not None:
         console.print(f"[dim]note: no prediction on {hardware.name} for sharding=fsdp2 (the cost model replays "
                       "traced graphs; eager FSDP2 has none)[/dim]")
@@ -255,14 +253,12 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
         for overlap in configs:
             check_plan(overlap, spec)
     from overlapcfg.report import compare
-    from overlapcfg.report.render import comparison_table
-    from overlapcfg.report.timeline import write_timeline
 
     step = _trace_stage(progress, spec)
     with progress.stage(f"comparing {len(configs)} configs on {hardware.name}",
                         done=f"compared {len(configs)} configs on {hardware.name}"):
         comparison = compare(step, configs, hardware=hardware, names=names)
-    console.print(comparison_table(comparison))
+    console.print(comparison)
     for key, labels in shadowed_keys(cfg, overrides).items():
         note = (f"note: rows {', '.join(labels)} set their own {key!r}, so overlap.{key} does not apply to them "
                 f"(change a row with compare.<label>.{key})")
@@ -270,7 +266,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
         console.print(f"[yellow]{note}[/yellow]")
     path = write_atomic(output_dir / COMPARE_FILE, comparison.to_json())
     with progress.stage("writing timeline", done="wrote timeline"):
-        files = write_timeline(comparison, output_dir, stem=TIMELINE_STEM)
+        files = [comparison.timeline(output_dir / f"{TIMELINE_STEM}{suffix}") for suffix in (".json", ".png")]
     console.print(f"comparison: {path}; timeline: {', '.join(str(f) for f in files)}")
     return path
 

@@ -188,7 +188,6 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     from overlapcfg.demo.tracing import trace_train_step
     from overlapcfg.measuring import CalibrationProgress, calibrate
     from overlapcfg.measuring.clock import default_device
-    from overlapcfg.measuring.render import calibration_table
 
     what = f"the {spec.model.n_layers}-layer demo step on meta (its matmul shapes)"
     with stages.stage(f"tracing {what}", done=f"traced {what}"):
@@ -217,7 +216,7 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
 
             home = save_hardware(profile, root="calibrate.name", header=profile_header(profile))
             save_hardware(profile, path, header=profile_header(profile))
-            console.print(calibration_table(profile))
+            console.print(profile)
             console.print(f"profile: {home} (and {path}); predict with it: "
                           f"[bold]overlapcfg hardware={settings.name}[/bold]; check it: [bold]torchrun "
                           f"--nproc-per-node {world_size} -m overlapcfg mode=measure hardware={settings.name}[/bold]"
@@ -270,7 +269,6 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
             check_plan(overlap, spec)
     from overlapcfg.measuring import MeasureProgress, measure
     from overlapcfg.measuring.clock import default_device
-    from overlapcfg.measuring.render import measurement_table
 
     entries: Mapping[str, Any] = settings.configs
     with _joined("measure") as (rank, world_size, backend):
@@ -295,7 +293,7 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         console.print(f"[green]✓[/green] measured {len(configs)} configs on {backend} x {world_size}")
         path = output_dir / MEASURE_FILE
         if rank == 0:
-            console.print(measurement_table(result))
+            console.print(result)
             write_atomic(path, result.to_json())
             written = [str(path)]
             if result.measured_node_costs is not None:

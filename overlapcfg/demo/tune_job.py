@@ -76,7 +76,6 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
 
     from overlapcfg.report.labels import fmt_seconds
     from overlapcfg.tuning import TuneProgress, tune
-    from overlapcfg.tuning.render import tune_tables, write_front_png
 
     stages = Stages(console)
     with stages.stage("validating config", done="validated config"):
@@ -105,10 +104,10 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
                       space=settings.space, as_dtype=as_dtype, progress=show, config_root="tune",
                       node_costs=node_costs)
     stages.console.print(f"[green]✓[/green] tuned: {result.evaluated} candidates in {result.seconds:.1f} s")
-    console.print(tune_tables(result))
+    console.print(result)  # the tables; print(result) in Python shows the same
     path = write_atomic(output_dir / TUNED_FILE, result.to_yaml())
     write_atomic(output_dir / TUNE_FILE, result.to_json())
-    png = write_front_png(result, output_dir / FRONT_FILE)
+    png = result.plot(output_dir / FRONT_FILE)
     console.print(f"tuned config: {path}; evidence: {output_dir / TUNE_FILE}, {png}  "
                   f"[dim](total {stages.total():.1f} s)[/dim]")
     return path

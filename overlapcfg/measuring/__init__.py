@@ -2,7 +2,8 @@
 simulator's prediction.
 
 ``calibrate(groups, step=...)`` (``calibrate``) times collectives on the live process groups and kernels at the
-model's shapes and writes a hardware profile (``overlapcfg.cost.hardware``) the cost model reads;
+model's shapes and writes a hardware profile (``overlapcfg.cost.hardware``) the cost model reads (it returns it as a
+``CalibratedProfile``, which prints as the command's calibration table);
 ``measure(make_step, configs, hardware=...)`` (``run``) runs a training step under each config on real ranks and
 returns a ``Measurement`` (``result``): per config the predicted and measured step, exposed communication and
 collectives, and the per-node durations (``NodeCosts``) that the simulator and the tuner can use instead of the
@@ -24,12 +25,13 @@ _EXPORTS = {
     "MeasureProgress": "overlapcfg.measuring.run",
     "StepFactory": "overlapcfg.measuring.run",
     "Measurement": "overlapcfg.measuring.result",
+    "CalibratedProfile": "overlapcfg.measuring.result",
     "MeasuredConfig": "overlapcfg.measuring.result",
     "MatmulMix": "overlapcfg.measuring.kernels",
     "matmul_mix": "overlapcfg.measuring.kernels",
 }
 
-__all__ = ["CalibrationProgress", "MatmulMix", "MeasureProgress", "MeasuredConfig", "Measurement", "StepFactory",
-           "calibrate", "matmul_mix", "measure"]
+__all__ = ["CalibratedProfile", "CalibrationProgress", "MatmulMix", "MeasureProgress", "MeasuredConfig", "Measurement",
+           "StepFactory", "calibrate", "matmul_mix", "measure"]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

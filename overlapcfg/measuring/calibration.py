@@ -84,6 +84,7 @@ from overlapcfg.measuring.kernels import (
     time_matmuls,
     time_memory,
 )
+from overlapcfg.measuring.result import CalibratedProfile, profile_header
 from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header"]
@@ -112,10 +113,11 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
               base: HardwareProfile | str | None = None, budget_s: float = 60.0, max_bytes: int | None = None,
               dtype: torch.dtype | None = None, device: torch.device | str | None = None,
               save: bool | Path = True, progress: Callable[[CalibrationProgress], None] | None = None,
-              ) -> HardwareProfile:
+              ) -> CalibratedProfile:
     """Measure collectives on ``groups`` (``{name: group}``; default the whole world as ``world``), kernels at
     ``step``'s matmul shapes (a ``CapturedStep``, its graphs, or their ``matmul_mix``) in fp32 and bf16, and the
-    contention between the two; return the calibrated profile, the same on every rank.
+    contention between the two; return the calibrated profile, the same on every rank (a ``CalibratedProfile``:
+    a ``HardwareProfile`` that prints as the command's calibration table, ``to_yaml()`` its file).
 
     ``base``: the datasheet profile unmeasured numbers come from, of the device's own kind (default: ``cpu_gloo``
     on CPU; on CUDA the shipped GPU profile closest to the device, ``overlapcfg.measuring.device``); a CPU profile
@@ -180,7 +182,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     if isinstance(box[0], Exception):
         raise box[0]
     # what rank 0 broadcast: a profile's mapping (an exception was raised above)
-    result = hardware_from(box[0], path="calibrate")  # type: ignore[arg-type]
+    result = CalibratedProfile.of(hardware_from(box[0], path="calibrate"))  # type: ignore[arg-type]
     if save is not False and dist.get_rank() == 0:
         save_hardware(result, None if save is True else Path(save), root="calibrate.name",
                       header=profile_header(result))
@@ -352,15 +354,3 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
     except ValueError as err:  # pydantic: a fitted number out of range
         raise OverlapConfigError.single("calibrate", f"the calibrated profile is invalid: {err}") from None
 
-
-def profile_header(profile: HardwareProfile) -> str:
-    """The comment a calibrated profile's YAML starts with: what the numbers are and where they came from."""
-    cal = profile.calibration
-    assert cal is not None
-    return (f"Calibrated by overlapcfg {cal.overlapcfg_version} (torch {cal.torch_version}) on {cal.date}: "
-            f"{cal.device}, {cal.backend} x {cal.world_size}, {cal.seconds:.0f} s.\n"
-            "collectives: per link and kind, the ring model's latency (per step) and bus bandwidth fitted by least "
-            "squares\nto the timings under calibration.groups (residual: RMS relative error). mem_bandwidth: a + b "
-            "over sizes beyond the cache;\npeak_flops: the achieved rate at the model's matmuls, per dtype. "
-            "contention: how much compute and\ncollectives slow each other while they overlap. "
-            "calibration.rough_fits: what to distrust. Read by overlapcfg\nhardware=<name> / load_hardware.")

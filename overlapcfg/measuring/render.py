@@ -1,4 +1,6 @@
-"""Rich tables for a measurement (predicted vs measured, per config) and a calibrated profile. Rendering only."""
+"""Rich tables for a measurement (predicted vs measured, per config) and a calibrated profile. Rendering only.
+Registered with ``overlapcfg.results.present`` at the end, so ``print(measurement)`` and ``print(profile)`` (what
+``calibrate`` returns) show the tables the command prints."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from rich.text import Text
 
 from overlapcfg.cost.calibration import ROUGH_FIT
 from overlapcfg.cost.hardware import HardwareProfile
-from overlapcfg.measuring.result import Measurement
+from overlapcfg.measuring.result import CalibratedProfile, Measurement
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
 from overlapcfg.report.render import cost_sources_line
+from overlapcfg.results import present
 
 __all__ = ["calibration_table", "measurement_table"]
 
@@ -124,3 +127,7 @@ def _residual(x: float) -> str:
     """A residual, in bold red when it makes the fit rough (``ROUGH_FIT``)."""
     text = f"{100 * x:.0f}%"
     return f"[bold red]{text}![/bold red]" if x > ROUGH_FIT else text
+
+
+present(Measurement, draw=measurement_table)
+present(CalibratedProfile, draw=calibration_table)

@@ -3,22 +3,32 @@
 Frozen pydantic models, so ``measure.json`` is the schema (``Measurement.to_json()`` / ``Measurement.from_json``,
 versioned by ``MEASURE_SCHEMA``). The per-node durations travel separately (``node_costs.json``, see
 ``overlapcfg.cost.node_costs``): they are large and are an input to the simulator and the tuner.
+
+Also what ``calibrate`` returns: a ``CalibratedProfile``, a ``HardwareProfile`` (usable wherever one is, equal to
+the profile read back from its file) that prints as the command's calibration table and writes the command's YAML
+(``to_yaml``). Both are ``overlapcfg.results.Result``s drawn by ``overlapcfg.measuring.render``, which registers
+them (it imports this module, so this module cannot import it).
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from overlapcfg.cost.hardware import HardwareProfile
+from overlapcfg.cost.hardware import HardwareProfile, hardware_yaml
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.prediction import CostSource
 from overlapcfg.errors import OverlapConfigError, OverlapLookupError
+from overlapcfg.report.labels import fmt_seconds
+from overlapcfg.results import Result
 
-__all__ = ["MEASURE_SCHEMA", "Measurement", "MeasuredCollective", "MeasuredConfig"]
+__all__ = ["MEASURE_SCHEMA", "CalibratedProfile", "Measurement", "MeasuredCollective", "MeasuredConfig",
+           "profile_header"]
+
+PRESENTER = "overlapcfg.measuring.render"
 
 MEASURE_SCHEMA = "overlapcfg.measure/1"
 
@@ -86,8 +96,11 @@ class MeasuredConfig(_Data):
         return (self.predicted_profiled_step_s - self.measured_step_s) / self.measured_step_s
 
 
-class Measurement(_Data):
-    """A sweep measured on real ranks, with the prediction for each config on ``hardware``."""
+class Measurement(Result, _Data):
+    """A sweep measured on real ranks, with the prediction for each config on ``hardware``. ``print(measurement)``:
+    the command's predicted-vs-measured table; ``to_json()``: ``measure.json``."""
+
+    presented_by: ClassVar[str] = PRESENTER
 
     hardware: HardwareProfile
     """The profile the predictions were made on (whole, calibration record included)."""
@@ -148,7 +161,15 @@ class Measurement(_Data):
         return {"schema": MEASURE_SCHEMA, **data, "summary": summary}
 
     def to_json(self, indent: int | None = 2) -> str:
+        """``measure.json``."""
         return json.dumps(self.to_dict(), indent=indent)
+
+    def summary(self) -> str:
+        error = self.median_abs_error()
+        err = f", median |error| {100 * error:.1f}%" if error is not None else ""
+        names = ", ".join(repr(c.name) for c in self.configs)
+        return (f"{len(self.configs)} configs on {self.backend} x {self.world_size} ({self.device}), predicted on "
+                f"{self.hardware.name}{err}: {names}")
 
     @classmethod
     def from_json(cls, text: str | dict[str, Any]) -> Measurement:
@@ -160,3 +181,47 @@ class Measurement(_Data):
         derived = ("error", "profiled_error", "predicted_rank", "predicted_profiled_rank", "measured_rank")
         data["configs"] = [{k: v for k, v in row.items() if k not in derived} for row in data["configs"]]
         return cls.model_validate(data)
+
+
+class CalibratedProfile(Result, HardwareProfile):
+    """What ``calibrate`` returns: the calibrated ``HardwareProfile`` (equal to one read back from its file) that
+    prints as the command's calibration table; ``to_yaml()`` is the file the command writes (``save_hardware`` with
+    ``profile_header``)."""
+
+    presented_by: ClassVar[str] = PRESENTER
+
+    @classmethod
+    def of(cls, profile: HardwareProfile) -> CalibratedProfile:
+        """``profile`` as a ``CalibratedProfile`` (the same fields, validated again)."""
+        return cls.model_validate(profile.model_dump())
+
+    def to_yaml(self) -> str:
+        """The profile file the command writes: ``profile_header`` as comments, then the profile."""
+        return hardware_yaml(self, header=profile_header(self))
+
+    def summary(self) -> str:
+        cal = self.calibration
+        where = f", {cal.backend} x {cal.world_size} on {cal.device}, {cal.date}" if cal is not None else ""
+        rough = f", rough fits: {', '.join(cal.rough_fits)}" if cal is not None and cal.rough_fits else ""
+        return f"name={self.name!r}, {self.device_kind}{where}, latency {fmt_seconds(self.latency)}{rough}"
+
+    def __eq__(self, other: object) -> bool:  # a profile read back from its file is the same profile
+        if isinstance(other, HardwareProfile):
+            return self.model_dump() == other.model_dump()
+        return NotImplemented
+
+    __hash__ = HardwareProfile.__hash__
+
+
+def profile_header(profile: HardwareProfile) -> str:
+    """The comment a calibrated profile's YAML starts with: what the numbers are and where they came from."""
+    cal = profile.calibration
+    if cal is None:
+        raise OverlapConfigError(f"profile {profile.name!r} holds no calibration record to describe")
+    return (f"Calibrated by overlapcfg {cal.overlapcfg_version} (torch {cal.torch_version}) on {cal.date}: "
+            f"{cal.device}, {cal.backend} x {cal.world_size}, {cal.seconds:.0f} s.\n"
+            "collectives: per link and kind, the ring model's latency (per step) and bus bandwidth fitted by least "
+            "squares\nto the timings under calibration.groups (residual: RMS relative error). mem_bandwidth: a + b "
+            "over sizes beyond the cache;\npeak_flops: the achieved rate at the model's matmuls, per dtype. "
+            "contention: how much compute and\ncollectives slow each other while they overlap. "
+            "calibration.rough_fits: what to distrust. Read by overlapcfg\nhardware=<name> / load_hardware.")

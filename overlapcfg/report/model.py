@@ -4,17 +4,18 @@ configs compared on one trace. Data only: nothing here draws.
 Plain frozen pydantic models so the JSON form is the schema (``Report.to_json()`` / ``Report.from_json()``,
 versioned by ``SCHEMA``). Building a report lives in ``explain.py``, comparing in ``compare.py``, drawing in
 ``render.py``, the prediction in ``overlapcfg.cost``. The transformed graph modules ride along on the ``Report``
-object but never into JSON. ``print(report)`` and ``rich.print(report)`` show what ``render.py`` draws: the data
-asks ``as_text`` / ``as_renderable``, on which the renderers register their drawing of each type (the data knows
-that it can be drawn, not how), and ``repr(report)`` is one line.
+object but never into JSON. Both are ``overlapcfg.results.Result``s: ``print(report)`` and ``rich.print(report)``
+show what ``render.py`` draws (it registers the drawing: the data knows that it can be drawn, not how),
+``repr(report)`` is one line, and ``report.timeline(path)`` / ``comparison.timeline(path)`` write the predicted
+step's timeline (``timeline.py``, registered by ``render.py``).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 from pydantic import PrivateAttr
 from torch import fx
@@ -24,22 +25,12 @@ from overlapcfg.errors import OverlapConfigError, OverlapLookupError
 from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
 from overlapcfg.report.labels import fmt_seconds
 from overlapcfg.resolve.resolved import RecordModel
+from overlapcfg.results import Result
 
-__all__ = ["COMPARE_SCHEMA", "SCHEMA", "Comparison", "ComparisonRow", "GraphReport", "Report", "as_renderable",
-           "as_text"]
+__all__ = ["COMPARE_SCHEMA", "SCHEMA", "Comparison", "ComparisonRow", "GraphReport", "Report"]
 
-
-@functools.singledispatch
-def as_text(data: object) -> str:
-    """``str(data)`` of a report or a comparison: the tables ``overlapcfg.report.render`` draws for its type, as
-    plain text (registered there; a type nothing draws reads as its ``repr``)."""
-    return repr(data)
-
-
-@functools.singledispatch
-def as_renderable(data: object) -> object:
-    """``rich.print(data)``: what ``overlapcfg.report.render`` draws for its type, in colour (registered there)."""
-    return repr(data)
+TIMELINE_SUFFIXES = (".png", ".json")
+"""``timeline(path)`` writes a Gantt chart (``.png``) or a Chrome trace (``.json``), as the command writes both."""
 
 
 SCHEMA = "overlapcfg.report/5"
@@ -70,8 +61,13 @@ class GraphReport(RecordModel):
     notes: tuple[str, ...] = ()
 
 
-class Report(RecordModel):
-    """What ``explain`` found. ``forward`` / ``backward``: the transformed graph modules (not serialized)."""
+class Report(Result, RecordModel):
+    """What ``explain`` found. ``forward`` / ``backward``: the transformed graph modules (not serialized).
+
+    ``print(report)``: the command's tables; ``report.timeline("timeline.png")`` (or ``.json``): the predicted step
+    (``explain(..., hardware=...)``) as the command's timeline picture or Chrome trace."""
+
+    presented_by: ClassVar[str] = "overlapcfg.report.render"
 
     schema_: str = SCHEMA
     strategy: str
@@ -146,20 +142,18 @@ class Report(RecordModel):
         self._forward, self._backward = forward, backward
         return self
 
-    def __rich__(self) -> object:
-        """``rich.print(report)``: the tables, in colour (``render.report_table``)."""
-        return as_renderable(self)
+    def timeline(self, path: str | Path) -> Path:
+        """Write the predicted step's timeline to ``path``: a Gantt chart (``.png``) or a Chrome trace (``.json``,
+        open it in https://ui.perfetto.dev), as ``overlapcfg mode=compare`` writes them. Needs a prediction
+        (``explain(..., hardware=...)``)."""
+        return self._write("timeline", path, TIMELINE_SUFFIXES)
 
-    def __str__(self) -> str:
-        """``print(report)``: the tables as plain text (``render.report_table``)."""
-        return as_text(self)
-
-    def __repr__(self) -> str:
+    def summary(self) -> str:
         graphs = ", ".join(f"{g.name} {g.collectives_before}→{g.collectives_after}" for g in self.graphs)
         plan = f", plan={self.plan_name!r}" if self.plan_name else ""
         sim = f", predicted step {fmt_seconds(self.simulation.step_seconds)} on {self.simulation.hardware}" \
             if self.simulation is not None else ""
-        return f"Report(strategy={self.strategy!r}{plan}, {len(self.buckets)} buckets, {graphs}{sim})"
+        return f"strategy={self.strategy!r}{plan}, {len(self.buckets)} buckets, {graphs}{sim}"
 
 
 COMPARE_SCHEMA = "overlapcfg.compare/1"
@@ -189,9 +183,14 @@ class ComparisonRow:
                 "simulation": self.simulation.model_dump(mode="json")}
 
 
-@dataclass(frozen=True, slots=True)
-class Comparison:
-    """Several configs on one trace, predicted on one hardware profile at one world size (``compare``)."""
+@dataclass(frozen=True, slots=True, repr=False)
+class Comparison(Result):
+    """Several configs on one trace, predicted on one hardware profile at one world size (``compare``).
+
+    ``print(comparison)``: the command's table; ``comparison.timeline("timeline.png")`` (or ``.json``): every row's
+    predicted step on one time axis, the command's timeline."""
+
+    presented_by = "overlapcfg.report.render"  # not annotated: a ClassVar would be listed in __dataclass_fields__
 
     hardware: str
     world_size: int
@@ -210,14 +209,13 @@ class Comparison:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def __rich__(self) -> object:
-        """``rich.print(comparison)``: the table, in colour (``render.comparison_table``)."""
-        return as_renderable(self)
+    def timeline(self, path: str | Path) -> Path:
+        """Write every row's predicted step on one time axis to ``path``: a Gantt chart (``.png``) or a Chrome trace
+        (``.json``, open it in https://ui.perfetto.dev), the files ``overlapcfg mode=compare`` writes."""
+        return self._write("timeline", path, TIMELINE_SUFFIXES)
 
-    def __str__(self) -> str:
-        """``print(comparison)``: the table as plain text (``render.comparison_table``)."""
-        return as_text(self)
-
-    def __repr__(self) -> str:
-        return (f"Comparison({self.hardware}, world size {self.world_size}, rows "
-                f"{', '.join(repr(r.name) for r in self.rows)})")
+    def summary(self) -> str:
+        best = min(self.rows, key=lambda r: r.simulation.step_seconds, default=None)
+        fastest = f", fastest {best.name!r} {fmt_seconds(best.simulation.step_seconds)}" if best else ""
+        return (f"{self.hardware}, world size {self.world_size}, {len(self.rows)} rows "
+                f"{', '.join(repr(r.name) for r in self.rows)}{fastest}")

@@ -1,42 +1,32 @@
 """Rich renderables for reports and comparisons. Rendering only: every number comes from the report data
 (``overlapcfg.report.model``), which this module imports and draws; ``print(report)`` and ``rich.print(report)``
-reach these tables through ``model.as_text`` / ``model.as_renderable``, registered at the end of this module (the
-package imports it, so they are registered wherever a report exists)."""
+reach these tables, and ``report.timeline(path)`` / ``comparison.timeline(path)`` the writers of ``timeline``, through
+``overlapcfg.results.present``, called at the end of this module (the package imports it, and the data names it as
+its ``presented_by``, so they are registered wherever a report exists)."""
 
 from __future__ import annotations
 
-import io
-import shutil
-import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from overlapcfg.cost.prediction import CostSource, Simulation
+from overlapcfg.errors import OverlapStateError
 from overlapcfg.report.bucket_table import bucket_table
 from overlapcfg.report.labels import LEGEND, ROLE_LABELS, fmt_bytes, fmt_change, fmt_order, fmt_seconds
-from overlapcfg.report.model import Comparison, Report, as_renderable, as_text
+from overlapcfg.report.model import Comparison, Report
+from overlapcfg.report.timeline import write_run_timeline
+from overlapcfg.results import PIPED_WIDTH, plain_text, present
 
 __all__ = ["PIPED_WIDTH", "comparison_table", "cost_sources_line", "groups_table", "plain_text", "report_table"]
 
-PIPED_WIDTH = 120
-"""Columns of text rendered for a pipe or a file (a terminal uses its own width)."""
-
 SHOWN_UNCOVERED = 5
 """Uncovered collectives the graphs table names before it counts the rest (``report.json`` holds them all)."""
-
-
-def plain_text(renderable: RenderableType) -> str:
-    """``renderable`` as plain text (no colour codes): what ``str(report)`` and ``print(report)`` show. As wide as
-    the terminal when standard output is one, else ``PIPED_WIDTH`` columns."""
-    width = shutil.get_terminal_size((PIPED_WIDTH, 24)).columns if sys.stdout.isatty() else PIPED_WIDTH
-    out = io.StringIO()
-    Console(file=out, width=width, color_system=None, force_terminal=False, highlight=False).print(renderable)
-    return out.getvalue().rstrip("\n")
 
 
 def _pct(x: float | None) -> str:
@@ -226,21 +216,20 @@ def comparison_table(comparison: Comparison) -> Table:
     return table
 
 
-@as_renderable.register
-def _report_renderable(report: Report) -> RenderableType:
-    return report_table(report)
+def _report_timeline(report: Report, path: Path) -> Path:
+    if report.simulation is None:
+        raise OverlapStateError("Report.timeline: this report has no prediction to draw; explain it with a "
+                                "hardware profile (overlapcfg.explain(step, cfg, hardware='h100_nvlink'))")
+    name = report.strategy + (f" {report.plan_name}" if report.plan_name else "")
+    return write_run_timeline([(name, report.simulation)], path, mesh={group: dim for dim, group in report.mesh},
+                              title=f"{report.simulation.hardware}, {_predicted_at(report, report.simulation)}")
 
 
-@as_text.register
-def _report_text(report: Report) -> str:
-    return plain_text(report_table(report))
+def _comparison_timeline(comparison: Comparison, path: Path) -> Path:
+    return write_run_timeline([(r.name, r.simulation) for r in comparison.rows], path,
+                              mesh={group: dim for r in comparison.rows for dim, group in r.report.mesh},
+                              title=f"{comparison.hardware}, world size {comparison.world_size}")
 
 
-@as_renderable.register
-def _comparison_renderable(comparison: Comparison) -> RenderableType:
-    return comparison_table(comparison)
-
-
-@as_text.register
-def _comparison_text(comparison: Comparison) -> str:
-    return plain_text(comparison_table(comparison))
+present(Report, draw=report_table, timeline=_report_timeline)
+present(Comparison, draw=comparison_table, timeline=_comparison_timeline)

@@ -22,7 +22,7 @@ from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import Comparison
 
 __all__ = ["COLORS", "backward_start", "bar_label", "chrome_trace", "stream_label", "write_chrome_trace",
-           "write_gantt_png", "write_timeline"]
+           "write_gantt_png", "write_run_timeline", "write_timeline"]
 
 COLORS = {
     "compute": "#4C72B0",
@@ -215,14 +215,21 @@ def write_gantt_png(runs: Sequence[Run], path: str | Path, *, title: str = "",
         plt.close(fig)
 
 
+def write_run_timeline(runs: Sequence[Run], path: str | Path, *, title: str = "",
+                       mesh: Mapping[str, str] | None = None) -> Path:
+    """One timeline file of ``runs``, its format taken from the name: ``.json`` a Chrome trace, ``.png`` a Gantt
+    chart (what ``Report.timeline`` and ``Comparison.timeline`` write, and the command through them)."""
+    path = Path(path)
+    if path.suffix.lower() == ".json":
+        return write_chrome_trace(runs, path, mesh)
+    if path.suffix.lower() == ".png":
+        return write_gantt_png(runs, path, title=title, mesh=mesh)
+    raise AssertionError(f"overlapcfg: no timeline format for {path.name!r} (the caller checks .json / .png)")
+
+
 def write_timeline(comparison: Comparison, directory: str | Path, *, stem: str = "timeline") -> tuple[Path, Path]:
     """Write ``<stem>.json`` (Chrome trace: open in https://ui.perfetto.dev) and ``<stem>.png`` (Gantt) of every
-    row of ``comparison``."""
+    row of ``comparison`` (``comparison.timeline(path)`` writes one of them)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    runs = [(r.name, r.simulation) for r in comparison.rows]
-    mesh = {group: dim for r in comparison.rows for dim, group in r.report.mesh}
-    trace = write_chrome_trace(runs, directory / f"{stem}.json", mesh)
-    png = write_gantt_png(runs, directory / f"{stem}.png",
-                          title=f"{comparison.hardware}, world size {comparison.world_size}", mesh=mesh)
-    return trace, png
+    return comparison.timeline(directory / f"{stem}.json"), comparison.timeline(directory / f"{stem}.png")

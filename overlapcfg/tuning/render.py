@@ -1,15 +1,21 @@
 """Drawing a ``TuneResult``: rich tables (top candidates, Pareto front, presets, where time is still lost); the PNG
 of the Pareto front is ``overlapcfg.tuning.front`` (re-exported here). Rendering only: every number comes from the
-result."""
+result. Registered with ``overlapcfg.results.present`` at the end, so ``print(result)``, ``result.plot(path)`` and
+``result.timeline(path)`` draw with the same functions the command calls."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from rich import box
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
+from overlapcfg.errors import OverlapStateError
 from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_seconds
+from overlapcfg.report.timeline import write_run_timeline
+from overlapcfg.results import present
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.front import write_front_png
 from overlapcfg.tuning.result import TuneResult
@@ -63,7 +69,7 @@ def _summary(result: TuneResult) -> Table:
                   f"tuned {_pct(s.step_seconds, s.unhidable_bound_seconds)}: with its copies and the unhidable "
                   "first AG / last RS")
     table.add_row("peak all-gathers in flight", fmt_bytes(s.peak_inflight_bytes),
-                  f"budget {fmt_bytes(result.memory_budget)}" if result.memory_budget else "no budget")
+                  f"budget {fmt_bytes(result.memory_budget)}" if result.memory_budget else "no memory budget")
     table.add_row("peak unsharded parameters", fmt_bytes(s.peak_unsharded_param_bytes), "")
     best = result.best_competitor
     if best is not None:
@@ -100,3 +106,17 @@ def tune_tables(result: TuneResult) -> Group:
     if result.stalls:
         parts.append(_stalls(result))
     return Group(*parts)
+
+
+def _winner_timeline(result: TuneResult, path: Path) -> Path:
+    v = result.verification
+    if v is None:
+        raise OverlapStateError("TuneResult.timeline: the winner was not applied and simulated (tune(..., "
+                                "verify=False)); tune with verify=True, or overlapcfg.explain(step, result.config, "
+                                "hardware=...).timeline(path)")
+    return write_run_timeline([(result.best.name, v.simulation)], path,
+                              mesh={group: dim for dim, group in v.report.mesh},
+                              title=f"tuned: {result.hardware}, world size {result.world_size}")
+
+
+present(TuneResult, draw=tune_tables, plot=write_front_png, timeline=_winner_timeline)

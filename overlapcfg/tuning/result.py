@@ -3,12 +3,18 @@
 ``tuned.yaml`` is the winner's ``OverlapConfig`` (``load_config`` reads it back; in a Hydra app it is a complete
 option of the ``overlap`` group) under a header of comments: predicted step time, exposed communication, peak
 in-flight and unsharded bytes, the two lower bounds, and the shipped presets on the same trace.
+
+A ``TuneResult`` is an ``overlapcfg.results.Result``: ``print(result)`` shows the command's tables, ``repr`` one
+line, ``result.plot("tune_front.png")`` the command's Pareto picture and ``result.timeline(path)`` the winner's
+predicted step; all drawn by ``overlapcfg.tuning.render``, which registers them (it imports this module, so this
+module cannot import it).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,8 +23,9 @@ from overlapcfg.config import OverlapConfig
 from overlapcfg.config.load import dump_yaml
 from overlapcfg.cost.prediction import Simulation
 from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_seconds
-from overlapcfg.report.model import Report
+from overlapcfg.report.model import TIMELINE_SUFFIXES, Report
 from overlapcfg.report.render import cost_sources_line
+from overlapcfg.results import Result
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.quick import Score, Stall
 from overlapcfg.tuning.space import TuneSpace
@@ -41,8 +48,13 @@ class Verification:
     report: Report
 
 
-@dataclass(frozen=True, slots=True)
-class TuneResult:
+@dataclass(frozen=True, slots=True, repr=False)
+class TuneResult(Result):
+    """What ``tune`` found, and the evidence. ``print(result)``: the command's tables; ``result.to_yaml()``:
+    ``tuned.yaml``; ``result.to_json()``: ``tune.json``; ``result.plot(path)``: ``tune_front.png``."""
+
+    presented_by = "overlapcfg.tuning.render"  # not annotated: a ClassVar would be listed in __dataclass_fields__
+
     config: OverlapConfig
     """The tuned config: pass it to ``apply`` / ``backend``, or write it with ``to_yaml``."""
     best: Candidate
@@ -106,7 +118,8 @@ class TuneResult:
         """The comment lines above the config in ``tuned.yaml``."""
         s = self.score
         cost = f", costed as {str(self.as_dtype).removeprefix('torch.')}" if self.as_dtype is not None else ""
-        budget = f"peak all-gathers in flight <= {fmt_bytes(self.memory_budget)}" if self.memory_budget else "no budget"
+        budget = f"peak all-gathers in flight <= {fmt_bytes(self.memory_budget)}" if self.memory_budget else \
+            "no memory budget"
         lines = [f"overlapcfg tune: the best of {self.evaluated} candidates on {self.hardware} at {self.world_size} "
                  f"ranks{cost}, {budget} (steps within {100 * self.tie_tolerance:g}% of the fastest are a tie, won "
                  "by fewer bytes in flight)",
@@ -179,7 +192,23 @@ class TuneResult:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
+        """``tune.json``: the winner, the top candidates, the Pareto front, the presets and the full check."""
         return json.dumps(self.to_dict(), indent=indent)
+
+    def plot(self, path: str | Path) -> Path:
+        """Write the command's ``tune_front.png`` to ``path`` (``.png``): step time against peak all-gathered bytes
+        in flight, every candidate, the Pareto front, the presets and the winner (``overlapcfg.tuning.front``)."""
+        return self._write("plot", path, (".png",))
+
+    def timeline(self, path: str | Path) -> Path:
+        """Write the winner's predicted step (applied for real and simulated: ``verification``) to ``path``: a Gantt
+        chart (``.png``) or a Chrome trace (``.json``). Needs ``tune(..., verify=True)``, the default."""
+        return self._write("timeline", path, TIMELINE_SUFFIXES)
+
+    def summary(self) -> str:
+        budget = f"memory budget {fmt_bytes(self.memory_budget)}" if self.memory_budget else "no memory budget"
+        return (f"best={self.best.name!r}, predicted step {fmt_seconds(self.score.step_seconds)} on {self.hardware} "
+                f"at {self.world_size} ranks, {budget}, {self.evaluated} candidates")
 
 
 def _score(s: Score) -> dict[str, Any]:

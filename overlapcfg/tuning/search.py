@@ -76,13 +76,14 @@ ProgressFn = Callable[[TuneProgress], None]
 
 
 def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None = None,
-         memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | None = None,
+         memory_budget: int | str | None = None, space: TuneSpace | Mapping[str, Any] | None = None,
          as_dtype: torch.dtype | None = None, progress: ProgressFn | None = None, verify: bool = True,
          config_root: str | None = None, node_costs: NodeCosts | None = None) -> TuneResult:
     """Search the ``space`` of plans and schedules for ``step`` on ``hardware`` at ``world_size`` ranks (default:
     the trace's) for the fastest predicted step whose peak in-flight all-gather bytes stay within
-    ``memory_budget`` (bytes or ``"4GiB"``; None: no budget). Steps within ``TIE_TOLERANCE`` (0.1 %) of the fastest
-    are a tie, won by the candidate with the fewest bytes in flight (``TuneResult.fastest`` keeps the fastest).
+    ``memory_budget`` (bytes or ``"4GiB"``; None, the default: no memory budget, and the result says so). Steps
+    within ``TIE_TOLERANCE`` (0.1 %) of the fastest are a tie, won by the candidate with the fewest bytes in flight
+    (``TuneResult.fastest`` keeps the fastest).
 
     ``as_dtype`` costs floating tensors as that dtype (``torch.bfloat16``: mixed precision from an fp32 trace).
     ``verify``: re-check the winner by a real apply + verify + simulate (the quick score must agree within 1 %).

@@ -32,6 +32,12 @@ every fault is raised at once in torchtitan's terms: a torchtitan outside 0.3.x,
 (``parallelize_fn`` runs per stage on a part of the model), expert parallelism or MoE blocks (torchtitan places
 expert shards with a ``shard_placement_fn`` of its own), and every fault of the plan against the model (a pattern
 that matches nothing, with the closest FQN, ...).
+
+Which policy presets run here: those ``overlapcfg.fsdp2.checks.check_config`` accepts (``fsdp2_presets()``:
+``default`` and ``memory_saving``). ``aggressive`` asks for ``reduce_scatter_delay: 2`` and ``auto`` is a graph
+strategy; FSDP2 has neither, so either is refused naming the nearest accepted preset (and, for a depth the driver
+can give, the file that keeps it). ``check_trainer_config`` runs all these checks without a GPU, on the model
+built on the meta device: ``python -m overlapcfg.integrations.torchtitan --check --module M --config C``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import contextlib
 import functools
 import logging
 import os
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,15 +54,17 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-from overlapcfg.config import OverlapConfig, load_config
+from overlapcfg.config import OverlapConfig, OverlapPolicy, load_config, preset_names
 from overlapcfg.config.boundary import user_paths
 from overlapcfg.config.load import ConfigSource
-from overlapcfg.errors import Fault, OverlapConfigError, OverlapStateError
+from overlapcfg.errors import Fault, OverlapConfigError, OverlapStateError, OverlapUsageError
 from overlapcfg.fsdp2 import fully_shard, plan_layout
-from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config
+from overlapcfg.fsdp2.checks import NATIVE_REDUCE_SCATTER_DELAY, check_config
+from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config, preset_config
 from overlapcfg.integrations.trainer_checks import raise_faults, version_fault
 
-__all__ = ["FSDP_STEP", "TESTED", "parallelize_fn", "torchtitan_fsdp2_plan", "use_overlapcfg"]
+__all__ = ["FSDP_STEP", "TESTED", "check_trainer_config", "fsdp2_presets", "parallelize_fn", "torchtitan_fsdp2_plan",
+           "use_overlapcfg"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +77,9 @@ FSDP_STEP = "apply_fsdp_to_decoder"
 HEADER = "overlapcfg cannot shard this model in torchtitan's trainer"
 
 ParallelizeFn = Callable[..., nn.Module]
+
+_WRAPPED = "__overlapcfg_fsdp2__"
+"""Attribute of a ``parallelize_fn`` made here: ``(base, given config or None)``, for ``check_trainer_config``."""
 
 
 def use_overlapcfg(trainer_config: Any, cfg: ConfigSource | None = None) -> Any:
@@ -89,17 +101,7 @@ def parallelize_fn(base: ParallelizeFn, cfg: ConfigSource | None = None) -> Para
 
     @functools.wraps(base)
     def parallelize(model: nn.Module, *, parallel_dims: Any, parallelism: Any, **kwargs: Any) -> nn.Module:
-        faults = [version_fault("torchtitan", TESTED, extra="torchtitan")]
-        if FSDP_STEP not in step_owner:
-            faults.append(Fault("model_spec.parallelize_fn", (
-                f"{_name(base)} does not call torchtitan.distributed.fsdp.{FSDP_STEP}, the one step this integration "
-                "replaces (the graph trainer's parallelize uses SimpleFSDP: use compile.pass_pipeline=overlapcfg "
-                "there, overlapcfg.integrations.torchtitan)")))
-        faults += _setting_faults(model, parallel_dims)
-        raise_faults(faults, HEADER)
-        chosen = config or find_config(torchtitan_fsdp2_plan(model, parallelism.fsdp_reshard_after_forward))
-        _check_plan(model, chosen, parallelism, "the overlap config given" if config is not None else
-                    f"{ENV_VAR}={os.environ.get(ENV_VAR, '').strip()!r}")
+        chosen = _preflight(base, config, model, parallel_dims, parallelism)
         logger.info("overlapcfg: torchtitan's %s by overlapcfg.fully_shard, config %s (plan %s)", FSDP_STEP,
                     "given" if config is not None else f"from {ENV_VAR}", chosen.plan.name if chosen.plan else None)
         calls: list[nn.Module] = []
@@ -110,7 +112,100 @@ def parallelize_fn(base: ParallelizeFn, cfg: ConfigSource | None = None) -> Para
                                     "the model is not sharded as the overlap config says")
         return out
 
+    setattr(parallelize, _WRAPPED, (base, config))
     return parallelize
+
+
+def _preflight(base: ParallelizeFn, config: OverlapConfig | None, model: nn.Module, parallel_dims: Any,
+               parallelism: Any) -> OverlapConfig:
+    """Every check ``parallelize`` runs before ``base`` touches the model (the trainer's, and ``--check``'s on the
+    meta device); returns the config that will shard it."""
+    faults = [version_fault("torchtitan", TESTED, extra="torchtitan")]
+    if FSDP_STEP not in getattr(base, "__globals__", {}):
+        faults.append(Fault("model_spec.parallelize_fn", (
+            f"{_name(base)} does not call torchtitan.distributed.fsdp.{FSDP_STEP}, the one step this integration "
+            "replaces (the graph trainer's parallelize uses SimpleFSDP: use compile.pass_pipeline=overlapcfg "
+            "there, overlapcfg.integrations.torchtitan)")))
+    faults += _setting_faults(model, parallel_dims)
+    raise_faults(faults, HEADER)
+    chosen = config or find_config(torchtitan_fsdp2_plan(model, parallelism.fsdp_reshard_after_forward))
+    _check_plan(model, chosen, parallelism, "the overlap config given" if config is not None else
+                f"{ENV_VAR}={os.environ.get(ENV_VAR, '').strip()!r}")
+    return chosen
+
+
+def check_trainer_config(trainer_config: Any) -> str:
+    """``--check --module M --config C`` for torchtitan's main trainer: the checks the trainer runs when it calls
+    ``parallelize_fn`` (versions, settings, the config against the model), on the config function's model built on
+    the meta device, so on any machine; one line saying what will be sharded how, or ``OverlapConfigError``.
+
+    ``trainer_config``: what the config function returned (``use_overlapcfg(...)``), with torchtitan's command-line
+    overrides applied (``ConfigManager``)."""
+    spec = trainer_config.model_spec
+    wrapped = getattr(spec.parallelize_fn, _WRAPPED, None)
+    if wrapped is None:
+        raise OverlapUsageError(
+            f"model_spec.parallelize_fn is {_name(spec.parallelize_fn)}, not overlapcfg's: this config does not "
+            "shard with overlapcfg in torchtitan's main trainer (wrap it: use_overlapcfg(config)); a graph trainer "
+            f"config selects the pass pipeline instead, and --check without --module validates {ENV_VAR} for it")
+    base, config = wrapped
+    parallelism = trainer_config.parallelism
+    dims = types.SimpleNamespace(pp=parallelism.pipeline_parallel_degree, ep=parallelism.expert_parallel_degree,
+                                 pp_enabled=parallelism.pipeline_parallel_degree > 1)
+    with torch.device("meta"):
+        model = spec.model.build()
+    chosen = _preflight(base, config, model, dims, parallelism)
+    with user_paths(chosen.mount):  # checked by _preflight already: this only reads the buckets' names
+        layout = plan_layout(model, chosen, shard_size=None, kwargs={})
+    names = [b.name for b in layout.buckets]
+    shown = ", ".join(names) if len(names) <= 6 else f"{', '.join(names[:3])} … {', '.join(names[-2:])}"
+    policy = chosen.policy if isinstance(chosen.policy, OverlapPolicy) else OverlapPolicy()
+    source = "the config given to use_overlapcfg" if config is not None else \
+        f"{ENV_VAR}={os.environ.get(ENV_VAR, '').strip() or '(unset)'}"
+    return (f"{source}: fits {type(model).__name__} ({len(names)} FSDP2 groups: {shown}), forward_prefetch "
+            f"{policy.forward_prefetch}, backward_prefetch {policy.backward_prefetch}, reduce_scatter_delay "
+            f"{policy.reduce_scatter_delay}, fsdp_reshard_after_forward={parallelism.fsdp_reshard_after_forward}; "
+            "checked on the meta device, as the trainer checks before its first step")
+
+
+def fsdp2_presets() -> tuple[str, ...]:
+    """The policy presets the FSDP2 driver runs (``overlapcfg.fsdp2.checks.check_config`` finds no fault in them;
+    the others ask for what FSDP2 has no knob for), in ``preset_names`` order."""
+    return tuple(name for name in preset_names("policy") if not _refusals(name))
+
+
+def _refusals(name: str) -> list[Fault]:
+    any_plan = {"buckets": ["layers.*"]}  # the checks of a policy do not depend on the plan's entries
+    return check_config(load_config(preset_config(name, any_plan)))
+
+
+def _nearest_preset(name: str) -> str:
+    """Of ``fsdp2_presets()``, the one whose policy differs from ``name``'s in the fewest fields (ties: the
+    first)."""
+    def fields(preset: str) -> dict[str, Any]:
+        cfg = load_config(preset_config(preset, {"buckets": ["layers.*"]}))
+        return {"strategy": cfg.strategy, **cfg.policy.model_dump()}
+
+    mine = fields(name)
+    return min(fsdp2_presets(), key=lambda other: sum(
+        mine.get(k) != v for k, v in fields(other).items()) + len(mine.keys() - fields(other).keys()))
+
+
+def _preset_hint(value: str) -> Fault | None:
+    """For ``OVERLAPCFG_CONFIG=<a preset the FSDP2 driver refuses>``: the presets it runs, the nearest one, and
+    where the refused setting is a reduce-scatter delay, the file that keeps the preset's prefetch depths."""
+    if value not in preset_names("policy") or not _refusals(value):
+        return None
+    accepted = fsdp2_presets()
+    text = (f"{value!r} is a policy preset the FSDP2 driver cannot run (above); the presets it runs: "
+            f"{', '.join(accepted)}; nearest: {ENV_VAR}={_nearest_preset(value)}")
+    cfg = load_config(preset_config(value, {"buckets": ["layers.*"]}))
+    if cfg.strategy == "manual" and isinstance(cfg.policy, OverlapPolicy):
+        p = cfg.policy
+        text += (f"; to keep its prefetch depths, a config file with policy: {{forward_prefetch: {p.forward_prefetch}, "
+                 f"backward_prefetch: {p.backward_prefetch}, reduce_scatter_delay: {NATIVE_REDUCE_SCATTER_DELAY}}} "
+                 f"(as examples/torchtitan/overlap.yaml), {ENV_VAR}=<its path>")
+    return Fault(ENV_VAR, text)
 
 
 def torchtitan_fsdp2_plan(model: nn.Module, reshard_policy: str) -> dict[str, Any]:
@@ -161,9 +256,14 @@ def _check_plan(model: nn.Module, cfg: OverlapConfig, parallelism: Any, where: s
         with user_paths(cfg.mount):
             plan_layout(model, cfg, shard_size=None, kwargs={})
     except OverlapConfigError as err:
-        raise OverlapConfigError(err.faults, header=f"{HEADER}: {where} does not fit the model "
-                                 f"(fsdp_reshard_after_forward="
-                                 f"{parallelism.fsdp_reshard_after_forward})") from None
+        hint = None if cfg.config_root != f"{ENV_VAR}={_env_value()}" else _preset_hint(_env_value())
+        raise OverlapConfigError([*err.faults, *([hint] if hint else [])],
+                                 header=f"{HEADER}: {where} does not fit the model (fsdp_reshard_after_forward="
+                                        f"{parallelism.fsdp_reshard_after_forward})") from None
+
+
+def _env_value() -> str:
+    return os.environ.get(ENV_VAR, "").strip()
 
 
 def _apply_fsdp(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, reduce_dtype: torch.dtype,

@@ -32,7 +32,7 @@ from overlapcfg.config import OverlapConfig, load_config, load_preset, preset_na
 from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED
 from overlapcfg.errors import Fault, OverlapConfigError, closest_first, did_you_mean
 
-__all__ = ["ENV_VAR", "TORCHTITAN_PLAN_NAME", "describe_config", "find_config", "torchtitan_plan"]
+__all__ = ["ENV_VAR", "TORCHTITAN_PLAN_NAME", "describe_config", "find_config", "preset_config", "torchtitan_plan"]
 
 ENV_VAR = "OVERLAPCFG_CONFIG"
 """The environment variable naming the overlap config (see the module docstring)."""
@@ -67,7 +67,7 @@ def find_config(module_bucket_plans: ModuleBucketPlans | Mapping[str, Any],
         return load_config({"plan": plan}, root=ENV_VAR)
     policies = preset_names("policy")
     if value in policies:
-        return load_config(_with_policy(value, plan), root=f"{ENV_VAR}={value}")
+        return load_config(preset_config(value, plan), root=f"{ENV_VAR}={value}")
     path = Path(value).expanduser()
     if not path.exists():
         near = did_you_mean(value, policies)
@@ -104,7 +104,7 @@ def _depths(cfg: OverlapConfig) -> str:
     return ", ".join(shown) if shown else f"policy {type(cfg.policy).__name__}"
 
 
-def _with_policy(name: str, plan: Mapping[str, Any]) -> dict[str, Any]:
+def preset_config(name: str, plan: Mapping[str, Any]) -> dict[str, Any]:
     """A policy preset with torchtitan's buckets; a preset that selects its own strategy (``auto``: torch's
     automatic scheduler, which buckets by its own estimates and takes no plan) brings it along."""
     preset = load_preset("policy", name)
