@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "OverlapVerificationError": "overlapcfg.errors",
     "UnsupportedGraphError": "overlapcfg.errors",
     "UpstreamPassError": "overlapcfg.errors",
+    "SameScheduleError": "overlapcfg.errors",
     "AttributionError": "overlapcfg.errors",
     "Fault": "overlapcfg.errors",
     "OverlapConfig": "overlapcfg.config",
@@ -106,6 +107,7 @@ __all__ = [
     "Report",
     "ResolvedBucket",
     "ResolvedPlan",
+    "SameScheduleError",
     "Strategy",
     "TorchManualPolicy",
     "TuneResult",
@@ -174,6 +176,7 @@ if TYPE_CHECKING:
         OverlapStateError,
         OverlapUsageError,
         OverlapVerificationError,
+        SameScheduleError,
         UnsupportedGraphError,
         UpstreamPassError,
     )

@@ -34,6 +34,7 @@ from overlapcfg.graph.collectives import (
     find_collectives,
     partial_gradients,
 )
+from overlapcfg.graph.fingerprint import graph_schedule
 from overlapcfg.graph.merge import MergedCollective, attribute, fold_repeated_waits
 from overlapcfg.graph.meta import is_merged
 from overlapcfg.graph.summary import GraphSummary, summarize
@@ -132,7 +133,8 @@ def apply(
     if not fsdp:
         _no_fsdp_collectives(gm, cfg, collectives)
         build_record(gm, cfg, graph_kind, ResolvedPlan(()), collectives, collectives, (), (), (), started,
-                     ("no FSDP collectives: nothing to do", *notes), strategy_uses_plan=strategy.uses_plan)
+                     ("no FSDP collectives: nothing to do", *notes), strategy_uses_plan=strategy.uses_plan,
+                     schedule=graph_schedule(_schedule_label(graph_kind, collectives), collectives))
         return gm
 
     owners = list(dict.fromkeys(c.module_fqn for c in fsdp if c.module_fqn))
@@ -191,11 +193,25 @@ def apply(
     notes = (*notes, *kept.notes, *folded_waits(folded), *result.notes,
              *_held_partials(partials, plan, result.merged),
              *_unbucketed_all_reduces(cfg, covered, result.merged, after))
+    schedule = graph_schedule(_schedule_label(graph_kind, collectives), after,
+                              buckets=[b.name for b in plan.buckets],
+                              sources={c.start.name: c for _, c in (*covered, *scheduled)})
     record = build_record(gm, cfg, graph_kind, plan, collectives, after, covered, result.merged, result.decisions,
-                     started, notes, strategy_uses_plan=strategy.uses_plan, kept=kept)
+                          started, notes, strategy_uses_plan=strategy.uses_plan, kept=kept, schedule=schedule)
     logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                 record.before.total_fsdp, record.after.total_fsdp, len(plan.buckets), record.seconds)
     return gm
+
+
+def _schedule_label(kind: GraphKind, collectives: Sequence[Collective]) -> str:
+    """What the schedule fingerprint calls the graph: its kind where the caller said, else (inductor's hook) the
+    direction of its collectives: ``forward``, ``backward``, ``joint`` for both, ``graph`` for none."""
+    if kind != "auto":
+        return kind
+    directions = tuple(dict.fromkeys(c.direction for c in collectives))
+    if len(directions) == 1:
+        return directions[0]
+    return "joint" if directions else "graph"
 
 
 class _Backup:

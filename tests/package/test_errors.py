@@ -62,6 +62,7 @@ FAMILY = {
     "AttributionError": RuntimeError,
     "OverlapVerificationError": RuntimeError,
     "RankFailedError": RuntimeError,
+    "SameScheduleError": RuntimeError,
 }
 
 
