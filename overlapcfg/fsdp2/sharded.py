@@ -149,7 +149,8 @@ def layout_schedule(layout: ShardLayout, groups: Sequence[tuple[str, int]]) -> S
                         for p in params)
         return ScheduledCollective(
             kind="fsdp2_group", op="fully_shard", group=group, group_size=size,
-            tensors=f"{len(params)} parameters, {sum(p.unsharded_bytes for p in params)}B unsharded",
+            tensors=f"{len(params)} parameter{'' if len(params) == 1 else 's'}, "
+                    f"{sum(p.unsharded_bytes for p in params)}B unsharded",
             bucket=bucket, payload=payload, detail=detail, node=node)
 
     def targets(indices: tuple[int, ...]) -> str:

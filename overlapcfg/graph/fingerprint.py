@@ -46,10 +46,12 @@ def _argument_text(arg: object) -> str:
 
 def _call_text(start: fx.Node) -> tuple[str, str, str | None]:
     """``(op, "inputs -> outputs", reduce op)``: the op the start runs (through a ``control_deps`` wrapper), its
-    arguments but the trailing group name (tensors by dtype and shape, scalars as written), and its result."""
+    arguments but the trailing group name and the reduce op (tensors by dtype and shape, other scalars as written),
+    its result, and its reduce op (a string argument: ``sum``, ``avg``)."""
     target, args, kwargs = compat.unwrapped_call(start)
     body = list(args[:-1]) if args else []  # the group name is the last positional (``ops.group_name``)
     strings = [a for a in body[1:] if isinstance(a, str)]
+    body = [a for a in body if not isinstance(a, str)]
     inputs = ", ".join([*(_argument_text(a) for a in body),
                         *(f"{k}={_argument_text(v)}" for k, v in sorted(kwargs.items()))])
     return compat.op_name(target), f"({inputs}) -> {tensor_text(start.meta.get('val'))}", \
@@ -57,11 +59,11 @@ def _call_text(start: fx.Node) -> tuple[str, str, str | None]:
 
 
 def _part(source: Collective | None, name: str) -> str:
-    """One part of a merged buffer: the parameter(s) it carries (the source collective's name where the graph does
-    not say) and its full-size bytes."""
+    """One part of a merged buffer: the parameter(s) it carries (else the module owning it, else the source
+    collective's node name: whatever the graph says) and its full-size bytes."""
     if source is None:
         return name
-    return f"{'+'.join(source.params) or name} {source.unsharded_bytes}B"
+    return f"{'+'.join(source.params) or source.module_fqn or name} {source.unsharded_bytes}B"
 
 
 def graph_schedule(graph: str, collectives: Sequence[Collective], *, buckets: Sequence[str] = (),

@@ -241,8 +241,8 @@ class _Exchange:
         except dist.DistError as err:  # a rank that published its digest died before its fingerprint arrived
             differing = sorted(r for ranks in classes.values() if c.leader not in ranks for r in ranks)
             return {"ok": False, "ranks": differing, "collective": None,
-                    "message": f"{c.title(self.where)}: the ranks would issue different collectives for their "
-                               f"{self.schedule.graph} graph ({_ranks(differing)} differ from rank {c.leader}), "
+                    "message": f"{c.title(self.where)}: the ranks would issue different collectives for "
+                               f"{_what(self.schedule.graph)} ({_differ(differing)} from rank {c.leader}), "
                                f"but a fingerprint to compare did not arrive within {self.timeout_s:g} s "
                                f"(store: {err}). {_CAUSES}"}
         others = [ranks for ranks in classes.values() if ranks is not reference]
@@ -254,9 +254,10 @@ class _Exchange:
         differing = sorted(r for ranks in others for r in ranks)
         graph = self.schedule.graph if c.leader in reference else schedules[reference[0]].graph
         message = "\n  ".join([
-            f"{c.title(self.where)}: the ranks would issue different collectives for their {graph} graph; left "
-            "alone, the job would hang in the first differing collective until the backend's timeout.",
-            f"{_ranks(differing)} differ{'s' if len(differing) == 1 else ''} from {_ranks(reference)}:",
+            f"{c.title(self.where)}: the ranks would issue different collectives for {_what(graph)}; left alone, "
+            "the job would hang in (or exchange the wrong data through) the first differing collective until the "
+            "backend's timeout.",
+            f"{_differ(differing)} from {_ranks(reference)}:",
             *blocks, _CAUSES])
         return {"ok": False, "ranks": differing, "collective": positions[0] if positions[0] >= 0 else None,
                 "message": message}
@@ -280,6 +281,15 @@ def _ranks(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(str(r) for r in ranks)}"
 
 
+def _differ(ranks: Sequence[int]) -> str:
+    return f"{_ranks(ranks)} differ{'s' if len(ranks) == 1 else ''}"
+
+
+def _what(graph: str, whose: str = "their") -> str:
+    """What a fingerprint is of, in a sentence: ``their forward graph``, ``its fully_shard call``."""
+    return f"{whose} fully_shard call" if graph == "fsdp2" else f"{whose} {graph} graph"
+
+
 def _difference(reference: list[int], ref: ScheduleFingerprint, ranks: list[int],
                 other: ScheduleFingerprint) -> tuple[str, int]:
     """The lines naming where ``other`` (ranks ``ranks``) departs from ``ref`` (ranks ``reference``), and where."""
@@ -288,8 +298,9 @@ def _difference(reference: list[int], ref: ScheduleFingerprint, ranks: list[int]
     if position is None:  # a bug check: the digests differ, so the lines do
         raise AssertionError("overlapcfg same-schedule check: different digests but the same lines")
     if position < 0:
-        return (f"{_ranks(ranks)}: this check is {b}'s {other.graph} graph but {a}'s {ref.graph} graph: the ranks "
-                "compiled different graphs, or in another order (a recompile or graph break on some ranks only)",
+        return (f"{_ranks(ranks)}: this check is {_what(other.graph, b + chr(39) + 's')} but "
+                f"{_what(ref.graph, a + chr(39) + 's')}: the ranks compiled different graphs, or in another order (a "
+                "recompile or graph break on some ranks only)",
                 position)
 
     def at(schedule: ScheduleFingerprint) -> str:
@@ -306,7 +317,7 @@ def _absent(c: _GroupCheck, ranks: Sequence[int], timeout_s: float, where: str, 
             err: BaseException) -> str:
     shown = _ranks(list(ranks)) if ranks else "some rank"
     what = ("did not publish the verdict" if judging else
-            f"did not reach the check for its {graph} graph (its schedule was not published)")
+            f"did not reach the check for {_what(graph, 'its')} (its schedule was not published)")
     return (f"{c.title(where)}: {shown} {what} within {timeout_s:g} s (same_schedule_timeout_s). A rank that crashed "
             "or stopped before the check, one that compiles much longer than the others (raise "
             "same_schedule_timeout_s), or one running with check_same_schedule: false; without the check the job "

@@ -346,13 +346,14 @@ def whole_step_bucket_numels(original: fx.GraphModule, kind: str, which: str,
 
 
 def joint_apply(gm: fx.GraphModule, cfg: Mapping[str, Any]) -> fx.GraphModule:
-    """``overlapcfg.apply(gm, cfg, graph_kind="joint")``: the transform the whole-step gloo parity worker
-    (``graph_trainer.whole_step_parity_worker``) runs on each rank; with ``parity_worker`` the only use of
-    overlapcfg in this module."""
+    """The pass torchtitan's graph-trainer pipeline runs (``overlapcfg_bucketing_pass``: ``overlapcfg.apply(gm, cfg,
+    graph_kind="joint")``, then the same-schedule check across the job's ranks): the transform the whole-step gloo
+    parity worker (``graph_trainer.whole_step_parity_worker``) runs on each rank; with ``parity_worker`` the only
+    use of overlapcfg in this module."""
     import overlapcfg
-    from overlapcfg.passes import apply
+    from overlapcfg.integrations.torchtitan.pipeline import overlapcfg_bucketing_pass
 
-    return apply(gm, overlapcfg.load_config(dict(cfg)), graph_kind="joint")
+    return overlapcfg_bucketing_pass(gm, cfg=overlapcfg.load_config(dict(cfg)))
 
 
 # --- which parameter a collective carries, from aot descriptors and dynamo sources ------------------------------
