@@ -161,7 +161,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS / "same_schedule_cost.json")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=150)
     rows = measure(args.layers, args.repeats, console)
     render(rows, console)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -85,7 +85,8 @@ def test_a_pass_records_its_graphs_schedule_with_buckets_and_parts_in_packing_or
     assert scatter.reduce_op == "sum" and scatter.group == "0" and scatter.group_size == 2
     assert [p.split(" ")[0] for p in scatter.payload] == packed == ["layers.0.wk", "layers.0.wq"]
     assert all(p.endswith("B") for c in schedule.collectives for p in c.payload)  # each part's bytes
-    assert schedule.render().startswith(f"schedule of the backward graph: 4 collectives, digest {schedule.digest()[:16]}")
+    head = f"schedule of the backward graph: 4 collectives, digest {schedule.digest()[:16]}"
+    assert schedule.render().startswith(head)
     assert gm.meta["overlapcfg"].same_schedule == ""  # apply alone never checks: the routes do
 
 
