@@ -1,6 +1,7 @@
 """Private ``torch.distributed`` pieces: the communication-free "fake" process group (``torch.testing._internal``)
-and DTensor's caches it clears, process group lookups by name, the functional collectives' ops (what our graphs
-hold, and the demo's SimpleFSDP sharding) as each release names them, and FSDP2's state registry.
+and DTensor's caches it clears, process group lookups by name, the default group's c10d store (what the
+same-schedule check exchanges through), the functional collectives' ops (what our graphs hold, and the demo's
+SimpleFSDP sharding) as each release names them, and FSDP2's state registry.
 
 Like ``overlapcfg.compat._torch``, reached as ``overlapcfg.compat.<name>``; nothing else imports them.
 """

@@ -514,6 +514,7 @@ def _step(model: nn.Module, make_batch: Callable[[], M.Batch], cfg: Mapping[str,
         "counts": {name: (start_counts if cfg.get("strategy") == "none" else counts)(gm)
                    for name, gm in be.graphs.items()},
         "uncovered": sum(len(r.uncovered) for r in records.values()),
+        "same_schedule": [r.same_schedule for r in records.values()],  # what the check found, per graph
     }
     torch._dynamo.reset()
     return result
