@@ -94,28 +94,35 @@ def local_ms(step: TracedStep, graph: Direction, repeats: int) -> tuple[dict[str
 
 def exchange_ranks(rank: int, world_size: int, schedules: dict[str, str], repeats: int) -> dict[str, Any]:
     """On each gloo rank: ``check_same_schedule`` of equal fingerprints, then of ones whose last collective differs
-    on rank 1; seconds per repeat."""
+    on rank 1; seconds per repeat. The garbage collector runs before the barrier and is off while timing: a
+    collection on one rank after the barrier would be timed as the other rank's wait."""
     out: dict[str, Any] = {}
     for graph, text in schedules.items():
         schedule = ScheduleFingerprint.model_validate_json(text)
         odd = schedule.model_copy(update={"collectives": (*schedule.collectives[:-1], schedule.collectives[-1]
                                                           .model_copy(update={"reduce_op": "avg"}))})
-        equal, mismatch = [], []
-        for _ in range(repeats):
-            dist.barrier()
-            equal.append(_timed(lambda s=schedule: check_same_schedule(s, enabled=True, timeout_s=60,
-                                                                      where="benchmark"))[0])
-        for _ in range(repeats):
-            dist.barrier()
-            mine = odd if rank == 1 else schedule
-            start = time.perf_counter()
-            try:
-                check_same_schedule(mine, enabled=True, timeout_s=60, where="benchmark")
-                raise AssertionError("the mismatch was not found")
-            except SameScheduleError:
-                mismatch.append(time.perf_counter() - start)
-        out[graph] = {"equal": equal, "mismatch": mismatch}
+        out[graph] = {"equal": [_exchange_s(schedule) for _ in range(repeats)],
+                      "mismatch": [_exchange_s(odd if rank == 1 else schedule, raises=True) for _ in range(repeats)]}
     return out
+
+
+def _exchange_s(schedule: ScheduleFingerprint, raises: bool = False) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        dist.barrier()
+        start = time.perf_counter()
+        try:
+            check_same_schedule(schedule, enabled=True, timeout_s=60, where="benchmark")
+        except SameScheduleError:
+            if not raises:
+                raise
+            return time.perf_counter() - start
+        if raises:
+            raise AssertionError("the mismatch was not found")
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
 
 
 def measure(layer_counts: list[int], repeats: int, console: Console) -> list[dict[str, Any]]:
