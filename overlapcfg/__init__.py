@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "OverlapVerificationError": "overlapcfg.errors",
     "UnsupportedGraphError": "overlapcfg.errors",
     "UpstreamPassError": "overlapcfg.errors",
+    "SameScheduleError": "overlapcfg.errors",
     "AttributionError": "overlapcfg.errors",
     "Fault": "overlapcfg.errors",
     "OverlapConfig": "overlapcfg.config",
@@ -107,6 +108,7 @@ __all__ = [
     "Report",
     "ResolvedBucket",
     "ResolvedPlan",
+    "SameScheduleError",
     "Strategy",
     "TorchManualPolicy",
     "TuneResult",
@@ -176,6 +178,7 @@ if TYPE_CHECKING:
         OverlapStateError,
         OverlapUsageError,
         OverlapVerificationError,
+        SameScheduleError,
         UnsupportedGraphError,
         UpstreamPassError,
     )

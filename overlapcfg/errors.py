@@ -16,6 +16,8 @@ purpose), plus the helpers that word them (closest names, shortened values, dott
 - ``OverlapVerificationError`` (a ``RuntimeError``): a transformed graph broke an invariant; names the nodes.
 - ``RankFailedError`` (a ``RuntimeError``): a rank of a multi-process run (``overlapcfg.demo.gloo``) raised, or the
   run timed out; the message holds the rank's traceback.
+- ``SameScheduleError`` (a ``RuntimeError``): the ranks of a process group would issue different collectives (or a
+  rank never reached the check); raised on every rank, naming the ranks and the first differing collective.
 
 Each keeps the builtin its kind was raised as before the family existed, so ``except ValueError`` and the like
 still catch what they caught. What is left a bare ``AssertionError`` is a bug check on overlapcfg's own
@@ -42,6 +44,7 @@ __all__ = [
     "OverlapVerificationError",
     "OverlapcfgError",
     "RankFailedError",
+    "SameScheduleError",
     "UnsupportedGraphError",
     "UpstreamPassError",
     "closest",
@@ -196,6 +199,27 @@ class AttributionError(OverlapcfgError, RuntimeError):
 
 class RankFailedError(OverlapcfgError, RuntimeError):
     """A rank raised (message holds its traceback), or the run timed out."""
+
+
+class SameScheduleError(OverlapcfgError, RuntimeError):
+    """The ranks of a process group would issue different collectives (a divergence that would otherwise hang the
+    job until the backend's timeout), or a rank did not reach the check in time. Raised on every rank that reached
+    the check, with the same message (``overlapcfg.graph.same_schedule``). ``ranks``: the ranks that differ from
+    the group's first rank, or that did not arrive; ``collective``: the 0-based position of the first differing
+    collective (None for a rank that did not arrive, or for graphs that differ as a whole)."""
+
+    def __init__(self, message: str, *, ranks: Sequence[int] = (), collective: int | None = None) -> None:
+        super().__init__(message)
+        self.ranks: tuple[int, ...] = tuple(ranks)
+        self.collective = collective
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled whole (a rank's error crossing processes), not re-built from ``args`` alone.
+        return (_same_schedule_error, (str(self), self.ranks, self.collective))
+
+
+def _same_schedule_error(message: str, ranks: tuple[int, ...], collective: int | None) -> SameScheduleError:
+    return SameScheduleError(message, ranks=ranks, collective=collective)
 
 
 class OverlapVerificationError(OverlapcfgError, RuntimeError):

@@ -1,6 +1,7 @@
 """Private ``torch.distributed`` pieces: the communication-free "fake" process group (``torch.testing._internal``)
-and DTensor's caches it clears, process group lookups by name, the functional collectives' ops (what our graphs
-hold, and the demo's SimpleFSDP sharding) as each release names them, and FSDP2's state registry.
+and DTensor's caches it clears, process group lookups by name, the default group's c10d store (what the
+same-schedule check exchanges through), the functional collectives' ops (what our graphs hold, and the demo's
+SimpleFSDP sharding) as each release names them, and FSDP2's state registry.
 
 Like ``overlapcfg.compat._torch``, reached as ``overlapcfg.compat.<name>``; nothing else imports them.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 
 import torch as _torch
 import torch.distributed as dist
@@ -104,7 +106,38 @@ def rank_in_group(name: str) -> int:
     return int(dist.get_rank(_resolve_process_group(name)))  # type: ignore[arg-type]  # GroupName: a str
 
 
-__all__ += ["process_group_initialized", "rank_in_group", "registered_group_size"]
+def group_ranks(name: str) -> tuple[int, ...] | None:
+    """Global ranks of the process group registered under ``name`` in this process, in rank order; None where no
+    group of that name is registered (a graph read after its group is gone, a compile-on-one-rank graph's group
+    input)."""
+    if not dist.is_initialized():
+        return None
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    try:
+        group = _resolve_process_group(name)  # type: ignore[arg-type]  # torch's GroupName: a str
+    except (KeyError, ValueError, RuntimeError):  # unknown name: c10d raises one of these depending on version
+        return None
+    return tuple(sorted(int(r) for r in dist.get_process_group_ranks(group)))
+
+
+def default_store() -> dist.Store | None:
+    """The store the default process group was built with (the rendezvous ``TCPStore`` under ``torchrun``, prefixed
+    for the default group); None without a default group. What the same-schedule check exchanges through."""
+    if not dist.is_initialized():
+        return None
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def store_timeout(store: dist.Store) -> timedelta:
+    """How long ``store``'s own waits last (``init_process_group(timeout=...)`` sets the default store's)."""
+    return store.timeout  # type: ignore[attr-defined]  # a property at runtime, absent from the stubs
+
+
+__all__ += ["default_store", "group_ranks", "process_group_initialized", "rank_in_group", "registered_group_size",
+            "store_timeout"]
 
 # --- functional collectives (the ops our graphs hold, and the demo's SimpleFSDP sharding) ------------------------
 import torch.distributed._functional_collectives as functional_collectives  # noqa: E402

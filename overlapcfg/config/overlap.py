@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     Field,
@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError, PydanticKnownError
 
-from overlapcfg.config.base import ConfigModel
+from overlapcfg.config.base import ConfigModel, measured
 from overlapcfg.config.boundary import Mount
 from overlapcfg.config.contracts import contract_of, strategy_names
 from overlapcfg.config.plan import DEPTH_FIELDS, Bucket, BucketPlan, ModuleOverride
@@ -83,6 +83,18 @@ class OverlapConfig(ConfigModel):
     strict: bool = False
     """Make it an error, not a warning, when the plan resolves but no FSDP collective of the graph lands in any
     bucket (FSDP2's eager collectives, an unsupported sharder, missing metadata)."""
+
+    check_same_schedule: bool = True
+    """Before the first step, compare the collectives every rank will issue (each compiled graph's, each
+    ``fully_shard`` call's) across the ranks of each process group, and raise ``SameScheduleError`` on every rank
+    where they differ, naming the ranks and the first differing collective, instead of hanging in it until the
+    backend's timeout (``overlapcfg.graph.same_schedule``). Runs wherever a real process group of more than one
+    rank exists; false skips it, and the record says so."""
+
+    same_schedule_timeout_s: Annotated[float, measured("seconds", 1.0, 86400.0, example="1 s to a day")] = 300.0
+    """How long the same-schedule check waits for the other ranks of a group to reach it before it raises, naming
+    the ranks that did not (a rank that crashed earlier, or that compiles much longer): the bound on how long a
+    missing rank can keep the others waiting there."""
 
     _mount: Mount = PrivateAttr(default_factory=Mount)
 

@@ -14,6 +14,11 @@ The one place in the package with side effects on the model, in three steps:
    The first forward checks the bucket order the lists assume and re-plans them if the model runs its buckets
    in another order (``overlapcfg.fsdp2.observe``).
 
+Between steps 1 and 2, the layout's fingerprint (groups, parameters, prefetch lists: ``sharded.layout_schedule``)
+is compared across the ranks of the mesh (``overlapcfg.graph.same_schedule``; off with ``check_same_schedule:
+false``): ranks that would shard differently raise ``SameScheduleError`` before anything is sharded, instead of
+hanging in FSDP2's first all-gather.
+
 Steps 2 and 3 fail only for what torch alone can see (a ``shard_placement_fn`` that raises, say); then the model
 is restored from a snapshot taken before step 2 (``overlapcfg.fsdp2.rollback``) and torch's error propagates.
 
@@ -28,6 +33,7 @@ import logging
 import time
 from typing import Any, TypeVar
 
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
@@ -40,7 +46,8 @@ from overlapcfg.fsdp2.checks import check_kwargs, check_mesh, check_unsharded, s
 from overlapcfg.fsdp2.layout import ShardLayout, plan_layout
 from overlapcfg.fsdp2.observe import watch_first_forward
 from overlapcfg.fsdp2.rollback import Snapshot
-from overlapcfg.fsdp2.sharded import RECORD_ATTR, build_record
+from overlapcfg.fsdp2.sharded import RECORD_ATTR, build_record, layout_schedule
+from overlapcfg.graph.same_schedule import check_same_schedule
 
 __all__ = ["fully_shard"]
 
@@ -75,11 +82,16 @@ def fully_shard(model: M, cfg: ConfigSource, *, mesh: DeviceMesh | None = None, 
         layout = plan_layout(model, config, shard_size=shard_size(mesh, fully_shard_kwargs),
                              kwargs=fully_shard_kwargs)
     notes = config.mount.notes(layout.notes)  # the record's notes, at the user's paths
+    mesh_groups = _mesh_groups(mesh)
+    schedule = layout_schedule(layout, mesh_groups)
+    checked = check_same_schedule(schedule, enabled=config.check_same_schedule,
+                                  timeout_s=config.same_schedule_timeout_s, where="overlapcfg.fully_shard")
     snapshot = Snapshot.take(model)
     try:
         groups = _shard(model, layout, mesh, fully_shard_kwargs)
         _set_prefetch(model, layout, groups)
-        record = build_record(layout, config, seconds=time.perf_counter() - started, notes=notes)
+        record = build_record(layout, config, seconds=time.perf_counter() - started, notes=notes, schedule=schedule,
+                              same_schedule=checked)
         setattr(model, RECORD_ATTR, record)
     except BaseException:
         snapshot.restore()  # whatever torch refused half-way, the model comes back as it was given
@@ -87,12 +99,25 @@ def fully_shard(model: M, cfg: ConfigSource, *, mesh: DeviceMesh | None = None, 
 
     def replan(measured: ShardLayout) -> None:
         _set_prefetch(model, measured, groups)
-        setattr(model, RECORD_ATTR, build_record(measured, config, seconds=record.record.seconds, notes=notes))
+        again = layout_schedule(measured, mesh_groups)
+        note = "" if again == schedule else " (for the planned order; prefetch re-planned on the first forward, " \
+                                            "not checked again)"
+        setattr(model, RECORD_ATTR, build_record(measured, config, seconds=record.record.seconds, notes=notes,
+                                                 schedule=again, same_schedule=checked + note))
 
     watch_first_forward(model, layout, replan)
     logger.info("overlapcfg.fully_shard: %d FSDP2 groups + root (%d root parameters), %.3fs", len(groups),
                 len(layout.root_params), record.record.seconds)
     return model
+
+
+def _mesh_groups(mesh: DeviceMesh | None) -> list[tuple[str, int]]:
+    """``(name, size)`` of the process groups FSDP2 will communicate over: one per dimension of ``mesh``, or the
+    default group (FSDP2's default mesh); none without a process group."""
+    if mesh is not None:
+        return [(g.group_name, g.size()) for g in (mesh.get_group(i) for i in range(mesh.ndim))]
+    world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+    return [(world.group_name, world.size())] if world is not None else []
 
 
 def _shard(model: nn.Module, layout: ShardLayout, mesh: DeviceMesh | None,

@@ -12,6 +12,7 @@ sharding each parameter on its own would issue), ``after`` one per ``fully_shard
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from torch import nn
 
@@ -28,10 +29,12 @@ from overlapcfg.graph.record import (
     DepthDecision,
     PassRecord,
     RecordModel,
+    ScheduledCollective,
+    ScheduleFingerprint,
     Uncovered,
 )
 
-__all__ = ["RECORD_ATTR", "ROOT", "Fsdp2Record", "build_record", "read_record"]
+__all__ = ["RECORD_ATTR", "ROOT", "Fsdp2Record", "build_record", "layout_schedule", "read_record"]
 
 RECORD_ATTR = "_overlapcfg_record"
 """``getattr(model, RECORD_ATTR)``: the ``Fsdp2Record`` of the ``overlapcfg.fully_shard`` call that sharded it."""
@@ -89,9 +92,11 @@ def read_record(model: nn.Module) -> Fsdp2Record:
     raise OverlapUsageError(f"{type(model).__name__} was not sharded by overlapcfg.fully_shard: it carries no record")
 
 
-def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float, notes: tuple[str, ...]) -> Fsdp2Record:
+def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float, notes: tuple[str, ...],
+                 schedule: ScheduleFingerprint | None = None, same_schedule: str = "") -> Fsdp2Record:
     """The record of sharding by ``layout`` (after it was applied); ``notes``: ``layout.notes`` as the user reads
-    them (``overlapcfg.config.boundary.Mount.notes``), before the notes on the bucket order."""
+    them (``overlapcfg.config.boundary.Mount.notes``), before the notes on the bucket order; ``schedule`` /
+    ``same_schedule``: its fingerprint (``layout_schedule``) and what the same-schedule check found."""
     names = [b.name for b in layout.buckets]
     # A bucket's reduce-scatter is issued when its backward is complete: where its *first* module's backward ends,
     # so in reverse forward order (a tied embedding + head, first to start backward, is the last to reduce).
@@ -111,6 +116,8 @@ def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float, not
         non_fsdp=(),
         seconds=seconds,
         notes=(*notes, *layout.order_notes),
+        schedule=schedule,
+        same_schedule=same_schedule,
     )
 
     def lists(per_bucket: tuple[tuple[int, ...], ...], root: tuple[int, ...]) -> tuple[tuple[str, tuple[str, ...]],
@@ -128,6 +135,40 @@ def build_record(layout: ShardLayout, cfg: OverlapConfig, *, seconds: float, not
         backward_prefetch=lists(layout.backward_lists, layout.root_backward),
         root_params=tuple(p.fqn for p in layout.root_params),
     )
+
+
+def layout_schedule(layout: ShardLayout, groups: Sequence[tuple[str, int]]) -> ScheduleFingerprint:
+    """The fingerprint of sharding by ``layout`` over the process groups ``groups`` (``(name, size)``: the mesh's,
+    one per dimension): per group, one entry per ``fully_shard`` group in forward order, then the root's, each with
+    its parameters (packing order, sizes), ``reshard_after_forward`` and prefetch lists. What every rank of the
+    mesh must agree on for FSDP2's all-gathers and reduce-scatters to pair up."""
+    names = [b.name for b in layout.buckets]
+
+    def entry(group: str, size: int, bucket: str, params: tuple[ParamInfo, ...], detail: str, node: str) -> \
+            ScheduledCollective:
+        payload = tuple(f"{p.fqn} {p.numel} {p.unsharded_bytes}B{'' if p.requires_grad else ' frozen'}"
+                        for p in params)
+        return ScheduledCollective(
+            kind="fsdp2_group", op="fully_shard", group=group, group_size=size,
+            tensors=f"{len(params)} parameter{'' if len(params) == 1 else 's'}, "
+                    f"{sum(p.unsharded_bytes for p in params)}B unsharded",
+            bucket=bucket, payload=payload, detail=detail, node=node)
+
+    def targets(indices: tuple[int, ...]) -> str:
+        return "[" + ", ".join(names[j] for j in indices) + "]"
+
+    out = []
+    for group, size in groups:
+        for i in layout.chain:
+            b = layout.buckets[i]
+            out.append(entry(group, size, b.name, b.params,
+                             f"reshard_after_forward={b.reshard_after_forward}; forward prefetch "
+                             f"{targets(layout.forward_lists[i])}; backward prefetch "
+                             f"{targets(layout.backward_lists[i])}", b.resolved.modules[0]))
+        out.append(entry(group, size, ROOT, layout.root_params,
+                         f"forward prefetch {targets(layout.root_forward)}; backward prefetch "
+                         f"{targets(layout.root_backward)}", ROOT))
+    return ScheduleFingerprint(graph="fsdp2", collectives=tuple(out))
 
 
 def _reduce_scatter_decision(b: LayoutBucket, position: int) -> DepthDecision:

@@ -11,6 +11,11 @@ and Hugging Face models behind decorated ``forward`` methods (dynamo root ``L['a
 same attribution. Collectives that are not FSDP's (tensor-parallel activations, ``all_to_all``, user
 all-reduces) are classified and left alone.
 
+A pass that raises ``SameScheduleError`` (the ranks would issue different collectives: ``backend(cfg)``'s check,
+``overlapcfg.graph.same_schedule``) does not fail the compile: the graph is not lowered, and its first run raises the
+error. So every rank raises it as itself, where the step runs, instead of as dynamo's ``BackendCompilerFailed``
+(dynamo wraps whatever a backend raises while compiling).
+
 ``GraphBackend`` keeps what it compiled (``graphs``, after the pass), what it was given (``captured``, before the
 pass) and who owns each collective (``collectives``); ``GraphBackend.step()`` is that capture as the
 ``CapturedStep`` ``explain``, ``compare`` and ``tune`` take (``overlapcfg.capture_step`` is built on it).
@@ -27,7 +32,7 @@ import torch.distributed as dist
 from torch import fx, nn
 
 from overlapcfg import compat
-from overlapcfg.errors import AttributionError, OverlapStateError, OverlapUsageError
+from overlapcfg.errors import AttributionError, OverlapStateError, OverlapUsageError, SameScheduleError
 from overlapcfg.graph.attribution import (
     CollectiveOwner,
     annotate_owners,
@@ -145,7 +150,11 @@ class GraphBackend:
             # A lazy copy: it is read and copied again (``step()``), rarely run, so its code is generated only then.
             self.captured[name] = compat.lazy_graph_module_copy(gm) if graph_pass is not None else gm
             if graph_pass is not None:
-                gm = graph_pass(gm)
+                try:
+                    gm = graph_pass(gm)
+                except SameScheduleError as err:  # see the module docstring
+                    self.graphs[name] = gm
+                    return _raises(err)
                 if not isinstance(gm, fx.GraphModule):
                     raise OverlapUsageError(f"{name} pass returned {type(gm).__name__}, expected a GraphModule")
             self.graphs[name] = gm
@@ -185,6 +194,14 @@ class GraphBackend:
         model = f", model={type(self.model).__name__}" if self.model is not None else ""
         return (f"GraphBackend(passes=[{', '.join(passes)}]{model}, compiled={sorted(self.graphs)}, "
                 f"regions={self.regions})")
+
+
+def _raises(err: BaseException) -> Callable[..., object]:
+    """A compiled graph (aot's boxed calling convention) whose every run raises ``err``."""
+    def run(*_: object) -> object:
+        raise err
+
+    return compat.make_boxed_func(run)
 
 
 def _types_of(facts: ModelFacts, fqns: Sequence[str]) -> tuple[str, ...]:

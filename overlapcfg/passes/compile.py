@@ -9,6 +9,11 @@ Two routes, one pass (``overlapcfg.passes.apply``):
   settings a manual schedule needs (``INDUCTOR_SETTINGS``).
 - ``inductor_pass(cfg)`` is a ``CustomGraphPass`` for users who compile with inductor themselves and want the
   pass to run on inductor's post-grad graph (``torch._inductor.config.post_grad_custom_post_pass``).
+
+Both compare each graph's schedule across ranks right after the pass (``overlapcfg.graph.same_schedule``; off with
+``check_same_schedule: false``). Every rank runs the pass on every compile in both: aot's cache does not serve the
+backend's custom compilers, and the inductor hook bypasses inductor's FX graph cache while the check is on in a
+multi-rank job (a hit on some ranks only would skip the pass, and the check, there).
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.boundary import user_paths
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.errors import OverlapUsageError
+from overlapcfg.graph.same_schedule import not_checked
 from overlapcfg.kinds import Direction
 from overlapcfg.module_paths import ModelFacts
 from overlapcfg.passes.backend import GraphBackend, GraphCompiler
 from overlapcfg.passes.pipeline import PassOptions, apply
+from overlapcfg.passes.schedule_check import check_graph_schedule
 from overlapcfg.resolve import resolve_config
 
 __all__ = ["INDUCTOR_SETTINGS", "CompilerName", "OverlapGraphPass", "backend", "check_plan_fits", "inductor_pass",
@@ -106,6 +113,9 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
     ``INDUCTOR_SETTINGS``; on a CPU-only torch that needs a C++ compiler. ``config_root``: where the config sits in
     the user's tree, as ``load_config(cfg, root=...)`` (a loaded config or a Hydra node knows it already), so
     faults read ``trainer.overlap.plan...``. ``strict``: overrides ``cfg.strict`` (``PassOptions.strict``).
+
+    Each graph's schedule is compared across ranks right after its pass, before it is lowered (``SameScheduleError``
+    on every rank where they differ; the outcome in the record's ``same_schedule``).
     """
     loaded = load_config(cfg, root=config_root) if config_root else load_config(cfg)
     if compiler not in ("eager", "inductor"):
@@ -124,7 +134,9 @@ def backend(cfg: ConfigSource, *, compiler: CompilerName = "eager", model: nn.Mo
 
     def graph_pass(name: Direction) -> Callable[[fx.GraphModule], fx.GraphModule]:
         def run(gm: fx.GraphModule) -> fx.GraphModule:
-            return apply(gm, loaded, graph_kind=name, module_fqns=result.module_fqns, options=options)
+            gm = apply(gm, loaded, graph_kind=name, module_fqns=result.module_fqns, options=options)
+            check_graph_schedule(gm, loaded, where=f"overlapcfg.backend, {name} graph")
+            return gm
 
         return run
 
@@ -163,6 +175,11 @@ class OverlapGraphPass(compat.CustomGraphPass):
 
     It leaves regenerating the module's Python code to inductor, whose post-grad passes end with
     ``gm.recompile()``; called on a graph outside inductor, follow it with ``graph.owning_module.recompile()``.
+
+    After the pass, the graph's schedule is compared across ranks (``overlapcfg.graph.same_schedule``). For that
+    to run on every rank, ``uuid()`` bypasses inductor's FX graph cache while the check is on in a multi-rank job:
+    a cache hit skips post-grad passes, and a hit on some ranks but not others would leave the check waiting on
+    ranks that never run it. ``check_same_schedule: false`` keeps the cache (and skips the check).
     """
 
     def __init__(self, cfg: OverlapConfig) -> None:
@@ -174,9 +191,14 @@ class OverlapGraphPass(compat.CustomGraphPass):
             raise OverlapUsageError("inductor_pass: the post-grad graph has no owning GraphModule")
         # Inductor's post-grad passes end with ``gm.recompile()``: regenerating the code here too would be paid twice.
         apply(gm, self.cfg, graph_kind="auto", options=_HOOK_OPTIONS)
+        check_graph_schedule(gm, self.cfg, where="overlapcfg.inductor_pass")
 
-    def uuid(self) -> str:
-        """Changes with the config, the package version and the package sources; equal configs give equal ids."""
+    def uuid(self) -> str | None:
+        """Changes with the config, the package version and the package sources; equal configs give equal ids.
+        None (inductor then bypasses its FX graph cache) where the same-schedule check will run: a multi-rank job
+        with ``check_same_schedule`` on (see the class docstring)."""
+        if self.cfg.check_same_schedule and not_checked() is None:
+            return None
         parts = (self.cfg.model_dump_json(), __version__, source_hash())
         return compat.hash_files((), extra="\0".join(parts)).hex()
 

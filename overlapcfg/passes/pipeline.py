@@ -42,9 +42,10 @@ from overlapcfg.graph.collectives import (
     find_collectives,
     partial_gradients,
 )
+from overlapcfg.graph.fingerprint import graph_schedule
 from overlapcfg.graph.merge import MergedCollective, attribute, fold_repeated_waits
 from overlapcfg.graph.meta import is_merged
-from overlapcfg.graph.record import DepthDecision
+from overlapcfg.graph.record import DepthDecision, ScheduleFingerprint
 from overlapcfg.graph.summary import GraphSummary, summarize
 from overlapcfg.graph.verify import verify
 from overlapcfg.kinds import Direction
@@ -154,7 +155,7 @@ def apply(
         done = _rewrite(gm, cfg, graph_kind, module_fqns, module_fqn_fn or module_fqn, options)
     record = build_record(gm, cfg, graph_kind, done.plan, done.before, done.after, done.covered, done.merged,
                           done.decisions, started, cfg.mount.notes(done.notes),
-                          strategy_uses_plan=done.strategy_uses_plan, kept=done.kept)
+                          strategy_uses_plan=done.strategy_uses_plan, kept=done.kept, schedule=done.schedule)
     if not done.nothing_to_do:
         logger.info("overlapcfg[%s]: %d -> %d FSDP collectives in %d buckets, %.3fs", cfg.strategy,
                     record.before.total_fsdp, record.after.total_fsdp, len(done.plan.buckets), record.seconds)
@@ -177,6 +178,8 @@ class _Rewritten:
     strategy_uses_plan: bool = True
     nothing_to_do: bool = False
     """No FSDP collective in the graph: it was left as it was."""
+    schedule: ScheduleFingerprint | None = None
+    """The collectives the final graph issues, as the same-schedule check compares them across ranks."""
 
 
 def _rewrite(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: GraphKind, module_fqns: Sequence[str] | None,
@@ -192,7 +195,8 @@ def _rewrite(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: GraphKind, modu
         _no_fsdp_collectives(gm, cfg, collectives)
         return _Rewritten(ResolvedPlan(()), collectives, collectives,
                           notes=pass_notes(cfg, strategy, collectives, nothing_to_do=True),
-                          strategy_uses_plan=strategy.uses_plan, nothing_to_do=True)
+                          strategy_uses_plan=strategy.uses_plan, nothing_to_do=True,
+                          schedule=graph_schedule(_schedule_label(graph_kind, collectives), collectives))
 
     owners = list(dict.fromkeys(c.module_fqn for c in fsdp if c.module_fqn))
     plan = ResolvedPlan(())
@@ -250,8 +254,22 @@ def _rewrite(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: GraphKind, modu
     _warn_each(all_reduces)
     notes = pass_notes(cfg, strategy, collectives, unkept=kept.unkept, folded=folded, strategy_notes=result.notes,
                        held=held_partials(partials, plan, result.merged), all_reduces=all_reduces)
+    schedule = graph_schedule(_schedule_label(graph_kind, collectives), after,
+                              buckets=[b.name for b in plan.buckets],
+                              sources={c.start.name: c for _, c in (*covered, *scheduled)})
     return _Rewritten(plan, collectives, after, covered, result.merged, result.decisions, kept, notes,
-                      strategy.uses_plan)
+                      strategy.uses_plan, schedule=schedule)
+
+
+def _schedule_label(kind: GraphKind, collectives: Sequence[Collective]) -> str:
+    """What the schedule fingerprint calls the graph: its kind where the caller said, else (inductor's hook) the
+    direction of its collectives: ``forward``, ``backward``, ``joint`` for both, ``graph`` for none."""
+    if kind != "auto":
+        return kind
+    directions = tuple(dict.fromkeys(c.direction for c in collectives))
+    if len(directions) == 1:
+        return directions[0]
+    return "joint" if directions else "graph"
 
 
 class _Backup:

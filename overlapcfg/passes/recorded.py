@@ -23,6 +23,7 @@ from overlapcfg.graph.record import (
     DepthDecision,
     GroupTraffic,
     PassRecord,
+    ScheduleFingerprint,
     Uncovered,
 )
 from overlapcfg.passes.keep_unsharded import KeepResult, reshard_setting
@@ -80,9 +81,10 @@ def build_record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: 
                  before: Sequence[Collective], after: Sequence[Collective], covered: Sequence[tuple[int, Collective]],
                  merged: Sequence[MergedCollective], decisions: Sequence[DepthDecision], started: float,
                  notes: tuple[str, ...], *, strategy_uses_plan: bool = True,
-                 kept: KeepResult | None = None) -> PassRecord:
+                 kept: KeepResult | None = None, schedule: ScheduleFingerprint | None = None) -> PassRecord:
     """The ``PassRecord`` of one pass over ``gm`` (its buckets, decisions, collective counts, what stayed
-    uncovered, ``notes``), left on ``gm`` (``overlapcfg.graph.meta.record_pass``) and returned."""
+    uncovered, ``notes``, the ``schedule`` fingerprint of the final graph), left on ``gm``
+    (``overlapcfg.graph.meta.record_pass``) and returned."""
     if strategy_uses_plan:
         _, uncovered = attribute(before, plan) if plan.buckets else ((), [c for c in before if c.fsdp])
     else:  # the strategy buckets by its own rules (auto) or not at all (none): "uncovered" would mislead
@@ -101,6 +103,7 @@ def build_record(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: str, plan: 
         groups=group_traffic(before, after),
         seconds=time.perf_counter() - started,
         notes=notes,
+        schedule=schedule,
     )
     record_pass(gm, record)
     return record

@@ -38,6 +38,7 @@ from overlapcfg.config.load import validate_value
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.graph.agreement import decided_on_rank_zero
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
@@ -91,7 +92,22 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     ``node_costs``: measured node durations (``overlapcfg.cost.node_costs``, best of the untransformed step)
     priced instead of the roofline, by the search and by the winner's full check alike.
     A budget no candidate fits raises ``OverlapConfigError`` naming the smallest feasible budget.
+
+    In a job of several ranks (a real process group), rank 0 searches and every rank returns rank 0's result
+    (``overlapcfg.graph.agreement``): the tuned config is the same on every rank by construction, whatever each
+    rank's hardware profile, node costs or tie-breaking would say. Call it on every rank alike; ``progress`` is
+    reported on rank 0.
     """
+    return decided_on_rank_zero("tune", lambda: _search(
+        step, hardware=hardware, world_size=world_size, memory_budget=memory_budget, space=space, as_dtype=as_dtype,
+        progress=progress, verify=verify, config_root=config_root, node_costs=node_costs))
+
+
+def _search(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None,
+            memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | None,
+            as_dtype: torch.dtype | None, progress: ProgressFn | None, verify: bool, config_root: str | None,
+            node_costs: NodeCosts | None) -> TuneResult:
+    """``tune`` on this rank alone."""
     started = time.perf_counter()
     prefix = f"{config_root}." if config_root else ""
     space = load_space(space, root=f"{prefix}space")

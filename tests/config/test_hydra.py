@@ -246,3 +246,13 @@ def test_user_app_in_another_directory_discovers_the_group(tmp_path):
         check=False, cwd=tmp_path, capture_output=True, text=True, env=_clean_env(), timeout=120)
     assert out.returncode == 0, out.stderr
     assert "RESULT per_block_split 1 llama_layers 3" in out.stdout
+
+
+def test_the_same_schedule_check_is_switched_and_bounded_from_the_command_line() -> None:
+    """The default group carries both fields, so a plain override (no ``+``) reaches them; the timeout is validated
+    at its path."""
+    cfg = _overlap(["overlap.check_same_schedule=false", "overlap.same_schedule_timeout_s=600"])
+    assert (cfg.check_same_schedule, cfg.same_schedule_timeout_s) == (False, 600.0)
+    assert _overlap().check_same_schedule is True
+    with pytest.raises(OverlapConfigError, match=r"overlap.same_schedule_timeout_s: expected seconds"):
+        _overlap(["overlap.same_schedule_timeout_s=0"])

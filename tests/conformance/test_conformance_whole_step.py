@@ -358,7 +358,8 @@ def whole_step_parity(_parity_in_background: dict[str, Future[list[dict[str, Any
 @pytest.mark.parametrize(("model", "reshard", "optimizer", "loss"), PARITY, ids=[G.step_name(*p) for p in PARITY])
 def test_one_whole_step_on_gloo_is_bitwise_identical_to_the_untransformed_step(
         whole_step_parity: list[dict[str, Any]], model: str, reshard: str, optimizer: bool, loss: str) -> None:
-    """The traced step run by torchtitan's ``run_traced`` on 2 gloo ranks, transformed at depth 2 vs as traced:
+    """The traced step run by torchtitan's ``run_traced`` on 2 gloo ranks, transformed at depth 2 by the pass
+    torchtitan's pipeline runs (its schedule checked the same on both ranks, silently) vs as traced:
     the same loss, the same gradient shards (without the optimizer: the graph's outputs) or the same updated
     parameter shards (with it: the step writes them in place), bit for bit. With the chunked loss, ``lm_head``'s
     8 per-chunk partial gradients travel in one reduce-scatter with ``norm``'s and are summed after it as traced:
@@ -368,6 +369,7 @@ def test_one_whole_step_on_gloo_is_bitwise_identical_to_the_untransformed_step(
     for rank, res in enumerate(results):
         got, ref = res["transformed"], res["reference"]
         assert ref["collectives"] != got["collectives"], rank  # the step really was transformed
+        assert got["same_schedule"].startswith("checked: the same "), (rank, got["same_schedule"])
         if loss == "chunked":  # lm_head's 8 partials and the other 16 gradients: 4 reduce-scatters
             assert (ref["collectives"]["reduce_scatter_tensor"], got["collectives"]["reduce_scatter_tensor"]) == (
                 24, 4), rank

@@ -462,6 +462,19 @@ def _assert_bitwise_like_plain(runs: list[dict[str, dict[str, Any]]], variant: s
 
 
 @pytest.mark.slow
+def test_every_sharding_checked_its_schedule_across_the_ranks_silently(gloo_runs: Any) -> None:
+    """Each ``overlapcfg.fully_shard`` of every model and variant compared its groups and prefetch lists across the
+    2 gloo ranks before sharding (``overlapcfg.graph.same_schedule``), found them equal and said so in the record;
+    the bitwise comparisons around prove nothing else changed."""
+    for rank, per_rank in enumerate(gloo_runs):
+        for model, variants in per_rank.items():
+            for variant, res in variants.items():
+                if "record" in res:
+                    outcome = res["record"]["same_schedule"]
+                    assert outcome.startswith("checked: the same ") and "(2 ranks)" in outcome, (rank, model, variant)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", [v for v in DEMO_VARIANTS if v != "plain"])
 def test_demo_losses_and_gradient_shards_match_plain_fsdp2_bit_for_bit(demo_runs: Any, variant: str) -> None:
     _assert_bitwise_like_plain(demo_runs, variant)

@@ -107,6 +107,17 @@ def test_fsdp2_holds_the_prefetch_lists_the_policy_asks_for(runs: list[dict[str,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("trainer", list(TRAINERS))
+def test_each_trainer_checks_the_schedule_across_the_ranks_silently(runs: list[dict[str, Any]], trainer: str) -> None:
+    """The integration's ``fully_shard`` compared the groups and prefetch lists across both ranks before sharding
+    (``overlapcfg.graph.same_schedule``), found them equal and recorded it; the bitwise test above is the proof
+    that the check changed nothing else."""
+    for rank in runs:
+        outcome = rank[trainer]["overlapcfg"]["same_schedule"]
+        assert outcome.startswith("checked: the same ") and "(2 ranks)" in outcome, outcome
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(("trainer", "case", "text"), [
     ("torchtitan", "bad", "overlapcfg cannot shard this model in torchtitan's trainer: OVERLAPCFG_CONFIG="),
     ("torchtitan", "bad", "overlap.plan.buckets[1]: pattern 'layer.*' matches no module; did you mean 'layers.*'?"),

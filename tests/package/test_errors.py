@@ -64,6 +64,7 @@ FAMILY = {
     "AttributionError": RuntimeError,
     "OverlapVerificationError": RuntimeError,
     "RankFailedError": RuntimeError,
+    "SameScheduleError": RuntimeError,
 }
 
 

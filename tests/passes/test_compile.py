@@ -84,6 +84,20 @@ def test_inductor_pass_uuid_is_stable_for_equal_configs_and_changes_with_the_con
     assert len({first.uuid(), deeper.uuid(), other_plan.uuid()}) == 3
 
 
+def test_inductor_pass_bypasses_the_fx_graph_cache_only_where_the_same_schedule_check_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache hit skips post-grad passes: on some ranks but not others, it would skip the check there (upstream's
+    hang). So the uuid is None (inductor bypasses its cache) in a multi-rank job with the check on, and a key where
+    the check cannot run (no group, one rank, the fake group) or is off."""
+    import overlapcfg.passes.compile as compile_module
+
+    checked, unchecked = inductor_pass(MANUAL), inductor_pass({**MANUAL, "check_same_schedule": False})
+    assert checked.uuid() is not None and unchecked.uuid() is not None  # no process group here
+    monkeypatch.setattr(compile_module, "not_checked", lambda: None)  # as in a job of several ranks
+    assert checked.uuid() is None
+    assert unchecked.uuid() is not None
+
+
 def test_inductor_pass_rejects_a_bad_config_at_construction() -> None:
     with pytest.raises(OverlapConfigError, match=r"overlap\.plan: unknown plan preset 'llama_layer'"):
         inductor_pass({"strategy": "manual", "plan": "llama_layer"})
@@ -137,11 +151,13 @@ def _inductor_worker(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[st
     loss, grads = train_step(compile_with_pass(_sharded(rank, world_size), backend=step_backend), tokens, targets)
     return {"ref_loss": ref_loss, "ref_grads": ref_grads, "loss": loss, "grads": grads,
             "merged": {name: len([n for n in gm.graph.nodes if "all_gather" in str(n.target)])
-                       for name, gm in step_backend.graphs.items()}}
+                       for name, gm in step_backend.graphs.items()},
+            "checked": [gm.meta["overlapcfg"].same_schedule for gm in step_backend.graphs.values()]}
 
 
 @pytest.mark.slow
 def test_inductor_backend_matches_eager_within_tolerance_on_two_gloo_ranks() -> None:
+    """Each graph's schedule is also checked the same on both ranks, silently, before inductor lowers it."""
     for rank, res in enumerate(run_on_gloo(_inductor_worker, INDUCTOR_CFG, world_size=2, timeout_s=280,
                                                 preload=[__name__])):
         torch.testing.assert_close(res["loss"], res["ref_loss"], rtol=RTOL, atol=ATOL)
@@ -149,6 +165,7 @@ def test_inductor_backend_matches_eager_within_tolerance_on_two_gloo_ranks() -> 
         for name, grad in res["grads"].items():
             torch.testing.assert_close(grad, res["ref_grads"][name], rtol=RTOL, atol=ATOL, msg=f"rank {rank} {name}")
         assert res["merged"]["forward"] < 21  # the graphs inductor lowered were the rewritten ones
+        assert len(res["checked"]) == 2 and all(c.startswith("checked: the same ") for c in res["checked"])
 
 
 @pytest.mark.slow
@@ -178,6 +195,8 @@ def test_inductor_pass_rewrites_inductors_post_grad_graphs() -> None:
         train_step(torch.compile(_sharded(), fullgraph=True), tokens, targets)
     compat.dynamo_reset()
     assert [(r.before.total_fsdp, r.after.total_fsdp) for r in seen] == [(21, 4), (41, 7)]
+    # Offline (a fake group): nothing to compare with, said in the record; the FX graph cache stays usable.
+    assert {r.same_schedule for r in seen} == {"not checked: fake process group (offline tracing: no other rank runs)"}
     # The hook leaves the code of the backward (an eager module; inductor hands the forward over lazy) to inductor,
     # whose post-grad passes regenerate it last: after the compile the code is the rewritten graph's.
     backward = rewritten[1]

@@ -2,8 +2,9 @@
 ``PYTHONHASHSEED`` and whichever graph is rewritten first.
 
 Two fresh interpreters (run side by side) trace a 2-layer reshard-after-forward model, apply ``manual`` with
-k = d = 2 to forward and backward (in opposite orders) and print a hash of each ``gm.code`` plus the order of
-the merged collectives; both must agree, and agree with this process.
+k = d = 2 to forward and backward (in opposite orders) and print a hash of each ``gm.code`` and the digest of each
+graph's schedule fingerprint (what the same-schedule check compares across ranks); both must agree, and agree with
+this process.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ SCRIPT = textwrap.dedent("""
             apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(name), module_fqns=step.module_fqns,
                   graph_kind=name)
         out[name] = hashlib.sha256(gm.code.encode()).hexdigest()
+        out[name + " schedule"] = gm.meta["overlapcfg"].schedule.digest()
     print("RESULT " + json.dumps(out, sort_keys=True))
 """)
 
@@ -68,7 +70,10 @@ def test_same_code_under_two_hash_seeds_and_graph_orders(applied: ApplyFn) -> No
     first, second = (_result(p) for p in procs)
     assert first == second
     step = traced_step(2, True)  # this process (its own hash seed, a session-shared trace) agrees too
-    here = {name: _digest(applied(step, name, CFG).code) for name in ("forward", "backward")}
+    here = {}
+    for name in ("forward", "backward"):
+        gm = applied(step, name, CFG)
+        here[name], here[f"{name} schedule"] = _digest(gm.code), gm.meta["overlapcfg"].schedule.digest()
     assert here == first
 
 

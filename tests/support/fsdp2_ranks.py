@@ -226,7 +226,7 @@ def train_variants(rank: int, world_size: int, kind: str, variants: dict[str, An
             res["record"] = {"forward": dict(record.forward_prefetch), "backward": dict(record.backward_prefetch),
                              "effective": [(d.direction, d.bucket, d.position, d.effective)
                                            for d in record.decisions if d.kind == "all_gather"],
-                             "backward_order": record.backward_order}
+                             "backward_order": record.backward_order, "same_schedule": record.record.same_schedule}
         out[variant] = res
     return out
 

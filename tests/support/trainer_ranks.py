@@ -43,10 +43,13 @@ def _local(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _observed(model: torch.nn.Module) -> dict[str, Any]:
+    from overlapcfg.fsdp2 import read_record
+
     layout = read_fsdp2(model)
     forward, backward = record_lists(model)
     return {"groups": layout.groups, "forward": layout.forward, "backward": layout.backward,
-            "record_forward": forward, "record_backward": backward}
+            "record_forward": forward, "record_backward": backward,
+            "same_schedule": read_record(model).record.same_schedule}
 
 
 # --- Lightning ------------------------------------------------------------------------------------------------------

@@ -346,13 +346,14 @@ def whole_step_bucket_numels(original: fx.GraphModule, kind: str, which: str,
 
 
 def joint_apply(gm: fx.GraphModule, cfg: Mapping[str, Any]) -> fx.GraphModule:
-    """``overlapcfg.apply(gm, cfg, graph_kind="joint")``: the transform the whole-step gloo parity worker
-    (``graph_trainer.whole_step_parity_worker``) runs on each rank; with ``parity_worker`` the only use of
-    overlapcfg in this module."""
+    """The pass torchtitan's graph-trainer pipeline runs (``overlapcfg_bucketing_pass``: ``overlapcfg.apply(gm, cfg,
+    graph_kind="joint")``, then the same-schedule check across the job's ranks): the transform the whole-step gloo
+    parity worker (``graph_trainer.whole_step_parity_worker``) runs on each rank; with ``parity_worker`` the only
+    use of overlapcfg in this module."""
     import overlapcfg
-    from overlapcfg.passes import apply
+    from overlapcfg.integrations.torchtitan.pipeline import overlapcfg_bucketing_pass
 
-    return apply(gm, overlapcfg.load_config(dict(cfg)), graph_kind="joint")
+    return overlapcfg_bucketing_pass(gm, cfg=overlapcfg.load_config(dict(cfg)))
 
 
 # --- which parameter a collective carries, from aot descriptors and dynamo sources ------------------------------
@@ -513,6 +514,7 @@ def _step(model: nn.Module, make_batch: Callable[[], M.Batch], cfg: Mapping[str,
         "counts": {name: (start_counts if cfg.get("strategy") == "none" else counts)(gm)
                    for name, gm in be.graphs.items()},
         "uncovered": sum(len(r.uncovered) for r in records.values()),
+        "same_schedule": [r.same_schedule for r in records.values()],  # what the check found, per graph
     }
     torch._dynamo.reset()
     return result

@@ -468,6 +468,8 @@ def whole_step_parity_worker(rank: int, world_size: int, jobs: Sequence[tuple[An
                 "outputs": [_local(t) for t in outputs[1:]],
                 "params": {n: _local(p) for n, p in model.named_parameters()} if with_optimizer else {},
                 "collectives": _collective_counts(gm),
+                # what the same-schedule check found (a transform that runs it records it on the graph)
+                "same_schedule": getattr(gm.meta.get("overlapcfg"), "same_schedule", None),
             }
         results["seconds"] = time.perf_counter() - started
         out[step_name(model_name, reshard, with_optimizer, loss)] = results

@@ -42,6 +42,7 @@ from overlapcfg.graph.parameters import state_input_names
 from overlapcfg.integrations.torchtitan.source import ENV_VAR, TORCHTITAN_PLAN_NAME, find_config
 from overlapcfg.module_paths import ModelFacts
 from overlapcfg.passes import PassOptions, PassRecord, apply, pass_record
+from overlapcfg.passes.schedule_check import check_graph_schedule
 from overlapcfg.resolve import resolve_config
 from overlapcfg.strategies import get_strategy
 
@@ -69,9 +70,12 @@ def overlapcfg_bucketing_pass(gm: fx.GraphModule, example_inputs: Sequence[Any] 
     on rank 0 and leaves the record on ``gm.meta["overlapcfg"]``. ``state_fqns`` / ``flat_counts``: the model
     state the tracer fed in as the graph's first inputs (``TracedResult.state_fqns``, each entry's flat input
     count), evidence of which inputs are parameters and their FQNs. ``for_compiler``: torchtitan's inductor passes
-    may follow and read fake-tensor metadata."""
+    may follow and read fake-tensor metadata. The schedule is then compared across ranks
+    (``overlapcfg.graph.same_schedule``): every rank traces and runs this pipeline, so every rank reaches the
+    check, before torchtitan's compilation passes."""
     state = state_input_names(gm.graph, list(state_fqns), list(flat_counts)) if state_fqns else None
     gm = apply(gm, cfg, graph_kind="joint", options=PassOptions(for_compiler=True, state_inputs=state))
+    check_graph_schedule(gm, cfg, where="torchtitan graph trainer, overlapcfg pipeline")
     record = pass_record(gm)
     if record is not None and (not dist.is_initialized() or dist.get_rank() == 0):
         logger.info("%s", _rendered(record))
