@@ -100,16 +100,16 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     """
     return decided_on_rank_zero("tune", lambda: _search(
         step, hardware=hardware, world_size=world_size, memory_budget=memory_budget, space=space, as_dtype=as_dtype,
-        progress=progress, verify=verify, config_root=config_root, node_costs=node_costs))
+        progress=progress, verify=verify, settings_at=f"{config_root}." if config_root else "", node_costs=node_costs))
 
 
 def _search(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None,
             memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | None,
-            as_dtype: torch.dtype | None, progress: ProgressFn | None, verify: bool, config_root: str | None,
+            as_dtype: torch.dtype | None, progress: ProgressFn | None, verify: bool, settings_at: str,
             node_costs: NodeCosts | None) -> TuneResult:
-    """``tune`` on this rank alone."""
+    """``tune`` on this rank alone; ``settings_at``: the prefix of the tune settings' paths in faults."""
     started = time.perf_counter()
-    prefix = f"{config_root}." if config_root else ""
+    prefix = settings_at
     space = load_space(space, root=f"{prefix}space")
     budget = None if memory_budget is None else validate_value(ByteCount, memory_budget, path=f"{prefix}memory_budget")
     hw = load_hardware(hardware)
