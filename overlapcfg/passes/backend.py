@@ -38,6 +38,7 @@ from overlapcfg.graph.parameters import mark_saved_parameter_views, saved_parame
 from overlapcfg.kinds import Direction
 from overlapcfg.module_paths import ModelFacts, parameter_owner, with_parents
 from overlapcfg.passes.step import CapturedStep
+from overlapcfg.passes.trace_label import labelled
 
 __all__ = ["CapturedStep", "GraphBackend", "GraphCompiler", "Direction", "GraphPass", "boxed_eager",
            "modules_seen"]
@@ -149,7 +150,7 @@ class GraphBackend:
                 if not isinstance(gm, fx.GraphModule):
                     raise OverlapUsageError(f"{name} pass returned {type(gm).__name__}, expected a GraphModule")
             self.graphs[name] = gm
-            return compiler(gm, example_inputs)
+            return labelled(compiler(gm, example_inputs), gm, name)
 
         return compile_graph
 
