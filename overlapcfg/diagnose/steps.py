@@ -27,7 +27,7 @@ from overlapcfg.diagnose.intervals import Cover
 from overlapcfg.diagnose.names import GRAPH_REGION, STEP_MARK, dtype_bytes, fsdp_label
 from overlapcfg.diagnose.read import OP_COMPUTE, Comm, Issue, RankTrace, Span
 
-__all__ = ["Collective", "RankAnalysis", "RankStep", "analyze_rank"]
+__all__ = ["Collective", "RankAnalysis", "RankStep", "analyze_rank", "step_windows"]
 
 _BACKWARD_LABELS = frozenset({"pre_backward", "backward_prefetch for", "post_backward_reduce", "post_backward_rs_wait",
                               "post_backward_reshard", "post_backward_accumulate"})
@@ -210,7 +210,7 @@ class _Labels:
         return [s for s in lst[:i] if s.end >= t]
 
 
-def _step_windows(trace: RankTrace) -> list[tuple[int, float, float]]:
+def step_windows(trace: RankTrace) -> list[tuple[int, float, float]]:
     """``(N, start, end)`` of each ``ProfilerStep#N`` (the thread marking the most steps), in order."""
     counts: dict[int, int] = {}
     for s in trace.steps:
@@ -267,7 +267,7 @@ def analyze_rank(trace: RankTrace, rank: int, offset: float = 0.0) -> RankAnalys
     labels = _Labels(trace.labels)
     memory = sorted(zip(trace.memory[0::2], trace.memory[1::2], strict=True))
     memory_times = [t for t, _ in memory]
-    windows = _step_windows(trace)
+    windows = step_windows(trace)
     if not windows:
         first = min([*compute.starts[:1], *comm.starts[:1]], default=0.0)
         windows = [(0, first, max([*compute.ends[-1:], *comm.ends[-1:]], default=first))]

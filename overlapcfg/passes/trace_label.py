@@ -8,7 +8,7 @@ path, no bucket. Two things are added, and nothing changes in the graph itself:
   counts the graphs compiled in this process), so the trace shows which graph issued a collective and in which
   position: the graph's collectives always run in graph order;
 - while a profiler records, the graph's collectives in that order (kind, full-size elements, dtype, bucket,
-  direction) are put at the top level of the trace under the same name (``compat.add_trace_metadata``), from the
+  direction) and each bucket's modules are put at the top level of the trace under the same name (``compat.add_trace_metadata``), from the
   pass's own record (``gm.meta["overlapcfg"]``) and the bucket marks merging wrote on the nodes.
 
 With no profiler running the range costs what an inactive ``record_function`` costs (a flag check) and the record
@@ -78,7 +78,9 @@ def labelled(compiled: Callable[..., object], gm: fx.GraphModule, graph: str) ->
     """``compiled`` (aot's boxed calling convention) run inside its graph's range, leaving the graph's record in a
     trace being recorded (see the module docstring)."""
     name = f"{GRAPH_REGION}{next(_IDS)}/{graph}"
-    record = json.dumps({"graph": graph, "collectives": graph_collectives(gm)})
+    found = pass_record(gm)
+    buckets = {b.name: list(b.modules) for b in found.buckets} if found is not None else {}
+    record = json.dumps({"graph": graph, "buckets": buckets, "collectives": graph_collectives(gm)})
 
     boxed = getattr(compiled, "_boxed_call", False)
 
