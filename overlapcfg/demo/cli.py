@@ -4,7 +4,8 @@
 compares several configs; ``overlapcfg -m overlap.policy.forward_prefetch=0,1,2`` sweeps, one report per job;
 ``overlapcfg mode=tune hardware=h100_nvlink tune.memory_budget=4GiB`` searches plans and depths (``tuned.yaml``);
 under ``torchrun``, ``mode=calibrate`` writes a measured hardware profile and ``mode=measure`` runs real steps
-against the prediction (``overlapcfg.demo.measure_job``).
+against the prediction (``overlapcfg.demo.measure_job``); ``overlapcfg mode=diagnose trace=<dir>`` reads a job's own
+profiler traces and proposes a config (``overlapcfg.demo.diagnose_job``).
 
 Errors: a user error in the task (a bad value, an unmatched pattern), or a rewritten graph failing verification
 (its message names the nodes), is re-raised as ``ConfigError``, a Hydra
@@ -33,7 +34,7 @@ from overlapcfg.errors import OverlapConfigError, OverlapVerificationError, did_
 
 __all__ = ["ConfigError", "main", "unknown_override_keys"]
 
-MODES = ("run", "compare", "tune", "calibrate", "measure")
+MODES = ("run", "compare", "tune", "calibrate", "measure", "diagnose")
 
 
 class ConfigError(CompactHydraException):
@@ -65,6 +66,10 @@ def _task(cfg: DictConfig) -> None:
             from overlapcfg.demo import tune_job  # above job: it reuses job's trace, stages and hardware checks
 
             tune_job.run_tune(cfg, output_dir, console)
+        elif mode == "diagnose":
+            from overlapcfg.demo import diagnose_job  # reads a job's own traces: nothing traced or run here
+
+            diagnose_job.run_diagnose(cfg, output_dir, console)
         elif mode in ("calibrate", "measure"):
             from overlapcfg.demo import measure_job
 

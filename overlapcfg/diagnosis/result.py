@@ -1,6 +1,6 @@
 """What ``diagnose`` returns: ``DiagnoseResult``, frozen data with the surface every overlapcfg result has.
 
-``print(result)`` / ``rich.print(result)`` show the tables the command prints (``overlapcfg.diagnose.render``),
+``print(result)`` / ``rich.print(result)`` show the tables the command prints (``overlapcfg.diagnosis.render``),
 ``repr(result)`` is one short line, ``result.to_json()`` is ``diagnose.json`` (``DiagnoseResult.from_json`` reads it
 back), ``result.to_yaml()`` is the proposed config (``proposed.yaml``: ``overlapcfg.load_config`` reads it), and
 ``result.timeline(path)`` (also ``result.plot(path)``) draws one step of every rank with the existing timeline
@@ -10,6 +10,7 @@ communication hatched in the colour of the collective the thread waited for.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -18,15 +19,27 @@ from pydantic import PrivateAttr
 
 from overlapcfg.config.load import dump_yaml
 from overlapcfg.cost.prediction import Event, Simulation
-from overlapcfg.diagnose.steps import RankStep
+from overlapcfg.diagnosis.steps import RankStep
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.files import write_atomic
 from overlapcfg.report.labels import fmt_seconds
 from overlapcfg.resolve.resolved import RecordModel
 
-__all__ = ["DIAGNOSE_SCHEMA", "BucketRow", "DiagnoseResult", "Divergence", "Proposal", "RankStepRow", "SkewRow"]
+__all__ = ["DIAGNOSE_SCHEMA", "BucketRow", "as_renderable", "as_text", "DiagnoseResult", "Divergence", "Proposal", "RankStepRow", "SkewRow"]
 
 DIAGNOSE_SCHEMA = "overlapcfg.diagnose/1"
+
+
+@functools.singledispatch
+def as_text(data: object) -> str:
+    """``str(result)``: the tables ``overlapcfg.diagnosis.render`` draws (registered there)."""
+    return repr(data)
+
+
+@functools.singledispatch
+def as_renderable(data: object) -> object:
+    """``rich.print(result)``: the same tables in colour (registered there)."""
+    return repr(data)
 
 
 class RankStepRow(RecordModel):
@@ -85,7 +98,7 @@ class Divergence(RecordModel):
 
 
 class Proposal(RecordModel):
-    """A change with its predicted gain (the replay of the measured step, ``overlapcfg.diagnose.propose``)."""
+    """A change with its predicted gain (the replay of the measured step, ``overlapcfg.diagnosis.propose``)."""
 
     name: str
     change: str
@@ -147,14 +160,10 @@ class DiagnoseResult(RecordModel):
                 f"unattributed={self.unattributed}{diverge}, proposal={change!r})")
 
     def __str__(self) -> str:
-        from overlapcfg.diagnose.render import render_text
-
-        return render_text(self)
+        return as_text(self)
 
     def __rich__(self) -> object:
-        from overlapcfg.diagnose.render import diagnose_table
-
-        return diagnose_table(self)
+        return as_renderable(self)
 
     @property
     def exposed_s(self) -> float:

@@ -18,7 +18,7 @@ Where each collective shows up:
 Waits: ``_c10d_functional::wait_tensor`` (compiled graphs) and ``c10d::wait`` block the calling thread until the
 collective is done. Eager FSDP2 on gloo blocks inside its ``FSDP::all_gather (...)`` label with no op running
 (``/work/shared/NOTES.md``, "Profiler traces on CPU"): nothing to name, which is why compute is counted from the
-ops that run (``overlapcfg.diagnose.steps``), not from the labels around them.
+ops that run (``overlapcfg.diagnosis.steps``), not from the labels around them.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from overlapcfg.diagnose.read import RankTrace, trace_error
-from overlapcfg.diagnose.steps import Collective, RankAnalysis, step_windows
+from overlapcfg.diagnosis.read import RankTrace, trace_error
+from overlapcfg.diagnosis.steps import Collective, RankAnalysis, step_windows
 from overlapcfg.errors import Fault, OverlapConfigError
 
 __all__ = ["Arrival", "Mismatch", "arrivals", "check_together", "first_mismatch", "rank_numbers"]

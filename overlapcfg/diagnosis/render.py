@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from overlapcfg.diagnose.result import DiagnoseResult
+from overlapcfg.diagnosis.result import DiagnoseResult, as_renderable, as_text
 from overlapcfg.report.labels import KIND_LABELS, fmt_bytes
 
 __all__ = ["diagnose_table", "render_text"]
@@ -30,6 +30,7 @@ def _table(title: str, columns: list[str]) -> Table:
     return table
 
 
+@as_renderable.register
 def diagnose_table(r: DiagnoseResult) -> Group:
     parts: list[object] = []
     if r.divergence:
@@ -79,6 +80,7 @@ def diagnose_table(r: DiagnoseResult) -> Group:
     return Group(*parts)  # type: ignore[arg-type]
 
 
+@as_text.register
 def render_text(r: DiagnoseResult, width: int = 120) -> str:
     buf = io.StringIO()
     Console(file=buf, width=width, force_terminal=False, color_system=None).print(diagnose_table(r))

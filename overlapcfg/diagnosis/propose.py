@@ -16,7 +16,7 @@ A change moves or merges collectives in that program; the same replay prices it:
 - **reshard_after_forward: false** for one bucket (eager FSDP2): its backward all-gather is gone, its unsharded
   bytes are held from forward to backward.
 
-Where collectives block the thread that issues them (eager FSDP2 on gloo: ``overlapcfg.diagnose.steps``), a deeper
+Where collectives block the thread that issues them (eager FSDP2 on gloo: ``overlapcfg.diagnosis.steps``), a deeper
 prefetch moves the block, never removes it: depth changes are listed with no gain and that reason, and only fewer
 collectives (merges) or fewer all-gathers (``reshard_after_forward``) can help. Not proposed: splitting a bucket (a
 trace does not say how a bucket's bytes divide among its modules).
@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from overlapcfg.cost.replay import Streams
-from overlapcfg.diagnose.intervals import Cover
-from overlapcfg.diagnose.steps import RankAnalysis, RankStep
+from overlapcfg.diagnosis.intervals import Cover
+from overlapcfg.diagnosis.steps import RankAnalysis, RankStep
 
 __all__ = ["Candidate", "Unit", "fit_durations", "program", "replay", "step_candidates"]
 
@@ -99,23 +99,33 @@ def replay(prog: Program, units: Sequence[Unit] | None = None) -> float:
 
 
 def fit_durations(programs: Sequence[Program]) -> dict[str, tuple[float, float]]:
-    """Per kind, ``(latency s, s per byte)``: a line through the trace's own collectives (both >= 0)."""
+    """Per kind, ``(latency s, s per byte)``: a line through the median duration of each size the trace's own
+    collectives of that kind have (medians: a collective's time includes waiting for the last rank, which varies
+    from step to step). Sizes less than 2x apart cannot tell latency from bandwidth: then no latency, the median
+    rate."""
     out: dict[str, tuple[float, float]] = {}
-    kinds = {u.kind for p in programs for u in p.units}
-    for kind in kinds:
-        pts = [(u.nbytes, u.seconds) for p in programs for u in p.units if u.kind == kind and u.nbytes > 0]
-        if not pts:
+    for kind in sorted({u.kind for p in programs for u in p.units}):
+        by_size: dict[int, list[float]] = {}
+        for p in programs:
+            for u in p.units:
+                if u.kind == kind and u.nbytes > 0:
+                    by_size.setdefault(u.nbytes, []).append(u.seconds)
+        if not by_size:
             continue
-        x = np.array([b for b, _ in pts], dtype=float)
-        y = np.array([s for _, s in pts], dtype=float)
-        if len(set(x.tolist())) < 2:
-            out[kind] = (0.0, float(y.mean() / x.mean()))
+        sizes = sorted(by_size)
+        x = np.array(sizes, dtype=float)
+        y = np.array([statistics.median(by_size[n]) for n in sizes], dtype=float)
+        rate = float(np.median(y / x))
+        if x[-1] < 2 * x[0]:
+            out[kind] = (0.0, rate)
             continue
         slope, intercept = np.polyfit(x, y, 1)
         if slope <= 0:
-            out[kind] = (0.0, float(y.mean() / x.mean()))
+            out[kind] = (float(np.median(y)), 0.0)
+        elif intercept < 0:
+            out[kind] = (0.0, float((x * y).sum() / (x * x).sum()))
         else:
-            out[kind] = (max(0.0, float(intercept)), float(slope))
+            out[kind] = (float(intercept), float(slope))
     return out
 
 
@@ -203,9 +213,7 @@ def step_candidates(analyses: Sequence[RankAnalysis], order: Sequence[str], size
     blocking = any(a.blocking for a in analyses)
     kinds = {(c.kind, c.direction) for a in analyses for s in a.steps for c in s.collectives if c.bucket}
     largest = max(sizes.values(), default=0)
-    why = ("eager FSDP2 on gloo blocks the issuing thread for the whole collective, so a collective issued earlier "
-           "blocks earlier and no compute runs beside it: deeper prefetch cannot hide it here (on GPUs NCCL runs "
-           "it on its own stream)") if blocking else None
+    why = "no gain: collectives block their thread (see note)" if blocking else None
     out = []
     for field, kind, direction in (("forward_prefetch", "all_gather", "forward"),
                                    ("backward_prefetch", "all_gather", "backward")):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from overlapcfg.diagnose.names import dtype_bytes
-from overlapcfg.diagnose.steps import Collective, RankAnalysis
+from overlapcfg.diagnosis.names import dtype_bytes
+from overlapcfg.diagnosis.steps import Collective, RankAnalysis
 from overlapcfg.resolve.names import bucket_name
 
 __all__ = ["BucketModules", "attribute"]

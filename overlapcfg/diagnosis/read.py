@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import ijson
 
-from overlapcfg.diagnose.names import (
+from overlapcfg.diagnosis.names import (
     FSDP_LABEL,
     GRAPH_REGION,
     STEP_MARK,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from overlapcfg.config import OverlapConfig, load_config
-from overlapcfg.diagnose.propose import Candidate
+from overlapcfg.diagnosis.propose import Candidate
 
 __all__ = ["proposed_config"]
 

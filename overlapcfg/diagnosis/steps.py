@@ -14,7 +14,7 @@ Definitions (one rule for every route and device, the one Holistic Trace Analysi
 A collective's issue is the op that called it on a compute thread, matched to the collective first in, first out
 (a process group runs them in issue order; gloo) or by the CUDA correlation id of its kernel's launch (NCCL). Its
 bucket comes from what the issuing thread was inside: an FSDP2 label (``FSDP::all_gather (model.layers.0)``) or the
-region of a graph ``overlapcfg.backend`` compiled (``overlapcfg.diagnose.attribute`` reads the rest).
+region of a graph ``overlapcfg.backend`` compiled (``overlapcfg.diagnosis.attribute`` reads the rest).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from overlapcfg.diagnose.intervals import Cover
-from overlapcfg.diagnose.names import GRAPH_REGION, STEP_MARK, dtype_bytes, fsdp_label
-from overlapcfg.diagnose.read import OP_COMPUTE, Comm, Issue, RankTrace, Span
+from overlapcfg.diagnosis.intervals import Cover
+from overlapcfg.diagnosis.names import GRAPH_REGION, STEP_MARK, dtype_bytes, fsdp_label
+from overlapcfg.diagnosis.read import OP_COMPUTE, Comm, Issue, RankTrace, Span
 
 __all__ = ["Collective", "RankAnalysis", "RankStep", "analyze_rank", "step_windows"]
 
