@@ -9,7 +9,8 @@
   issued in a call of that graph is the record's n-th, when kind and size agree (else it stays unattributed, and
   a note says where the two disagree).
 
-Anything else (a collective issued outside both) is unattributed and counted.
+Anything else issued outside both is unattributed and counted, except kinds FSDP never issues there (barriers,
+broadcasts, a user's all-reduce: a trainer's own collectives), which are listed as not FSDP's.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from overlapcfg.diagnosis.names import dtype_bytes
 from overlapcfg.diagnosis.steps import Collective, RankAnalysis
 from overlapcfg.resolve.names import bucket_name
 
-__all__ = ["BucketModules", "attribute"]
+__all__ = ["FSDP_KINDS", "OTHER", "BucketModules", "attribute", "bucket_bytes"]
 
 BucketModules = dict[str, tuple[str, ...]]
+FSDP_KINDS = frozenset({"all_gather", "reduce_scatter"})
+"""What FSDP issues for a bucket (an HSDP all-reduce comes inside FSDP2's labels or a compiled region)."""
+OTHER = "not FSDP"
+"""The source of a collective no bucket could hold: a kind FSDP never issues, outside every FSDP label and graph."""
 """Bucket name -> its modules, as far as the trace tells."""
 
 
@@ -64,6 +69,16 @@ def attribute(ranks: Sequence[RankAnalysis]) -> tuple[BucketModules, list[str]]:
                             col.numel = int(planned["numel"])  # type: ignore[call-overload]
                     else:
                         mismatched += 1
+        for step in analysis.steps:
+            gathered: set[str] = set()
+            for col in step.collectives:
+                if col.kind == "all_gather" and col.bucket is not None and not col.direction:
+                    # no FSDP2 hook label around it: a bucket's first all-gather of a step is its forward one
+                    col.direction = "backward" if col.bucket in gathered else "forward"
+                if col.kind == "all_gather" and col.bucket is not None:
+                    gathered.add(col.bucket)
+                if col.bucket is None and col.kind not in FSDP_KINDS and not col.modules and col.region is None:
+                    col.source = OTHER  # a barrier, a broadcast, a user's all-reduce: no bucket's
         if mismatched:
             notes.append(f"{analysis.trace.name}: {mismatched} collectives issued inside a compiled graph's range do "
                          "not match that graph's record by position, kind and size (left unattributed)")

@@ -12,7 +12,9 @@ A change moves or merges collectives in that program; the same replay prices it:
   direction is issued where the one before it was; every reduce-scatter is waited where the next one was;
 - **merge** buckets (pairs in forward order, or every bucket under one parent module): the collectives of one
   direction and kind of a merged bucket become one, issued at the first issue, waited at the first wait, taking
-  ``latency + bytes / bandwidth`` of a line fitted through the trace's own collectives of that kind;
+  ``latency + bytes / bandwidth`` of a line fitted through the trace's own collectives of that kind; with eager
+  FSDP2 a merged group also runs its hooks once (the time its ``FSDP::`` labels took, less the communication in
+  them, saved for all members but the costliest);
 - **reshard_after_forward: false** for one bucket (eager FSDP2): its backward all-gather is gone, its unsharded
   bytes are held from forward to backward.
 
@@ -37,6 +39,7 @@ import numpy as np
 from overlapcfg.cost.replay import Streams
 from overlapcfg.diagnosis.intervals import Cover
 from overlapcfg.diagnosis.steps import RankAnalysis, RankStep
+from overlapcfg.resolve.names import bucket_name
 
 __all__ = ["Candidate", "Unit", "fit_durations", "program", "replay", "step_candidates"]
 
@@ -57,11 +60,13 @@ class Unit:
 
 @dataclass(frozen=True, slots=True)
 class Program:
-    """One rank's step: its collectives and the stalls the trace measured (for the work between points)."""
+    """One rank's step: its collectives, the stalls the trace measured (for the work between points), and what
+    each FSDP2 group's hooks cost (by bucket)."""
 
     length: float
     units: tuple[Unit, ...]
     stalls: Cover
+    hooks: dict[str, float]
 
 
 def program(step: RankStep) -> Program:
@@ -74,11 +79,13 @@ def program(step: RankStep) -> Program:
                           seconds=(c.end - c.start) / 1e6, issue=(c.issued - a) / 1e6, need=(c.need - a) / 1e6))
         if c.end > c.need:
             stalls.append(((c.need - a) / 1e6, (c.end - a) / 1e6))
-    return Program(length=(step.end - step.start) / 1e6, units=tuple(units), stalls=Cover(stalls))
+    hooks = {bucket_name(m): seconds for m, seconds in step.hooks.items()}
+    return Program(length=(step.end - step.start) / 1e6, units=tuple(units), stalls=Cover(stalls), hooks=hooks)
 
 
-def replay(prog: Program, units: Sequence[Unit] | None = None) -> float:
-    """The step's seconds with ``units`` (default: as measured) on the measured work."""
+def replay(prog: Program, units: Sequence[Unit] | None = None, saved: float = 0.0) -> float:
+    """The step's seconds with ``units`` (default: as measured) on the measured work, less ``saved`` seconds of
+    work (hooks a merged FSDP2 group no longer runs)."""
     units = prog.units if units is None else units
     points = sorted([(u.issue, 0, u.token) for u in units] + [(u.need, 1, u.token) for u in units])
     by_token = {u.token: u for u in units}
@@ -94,7 +101,7 @@ def replay(prog: Program, units: Sequence[Unit] | None = None) -> float:
         else:
             streams.wait(token)
     if prog.length > t:
-        streams.run((prog.length - t) - prog.stalls.covered(t, prog.length))
+        streams.run(max(0.0, (prog.length - t) - prog.stalls.covered(t, prog.length) - saved))
     return streams.end_graph()
 
 
@@ -130,6 +137,7 @@ def fit_durations(programs: Sequence[Program]) -> dict[str, tuple[float, float]]
 
 
 Transform = Callable[[Program], list[Unit]]
+Saving = Callable[[Program], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +150,8 @@ class Candidate:
     """``depth``, ``merge`` or ``reshard``."""
     transform: Transform
     extra_bytes: int
+    saving: Saving | None = None
+    """Work the change removes from the step (the hooks of FSDP2 groups merged away)."""
     field: str | None = None
     """The depth field (``depth``)."""
     groups: tuple[tuple[str, ...], ...] = ()
@@ -185,10 +195,21 @@ def _merged(groups: dict[str, str], fits: dict[str, tuple[float, float]], blocki
             first = min(members, key=lambda u: u.issue)
             nbytes = sum(u.nbytes for u in members)
             latency, per_byte = fits.get(kind, (0.0, 0.0))
-            seconds = latency + per_byte * nbytes if per_byte else sum(u.seconds for u in members)
+            seconds = latency + per_byte * nbytes if kind in fits else sum(u.seconds for u in members)
             need = first.issue if blocking else min(u.need for u in members)
             out.append(replace(first, nbytes=nbytes, seconds=seconds, need=need))
         return out
+    return run
+
+
+def _hooks_saved(groups: Sequence[Sequence[str]]) -> Saving:
+    """A merged FSDP2 group runs its hooks once: the step saves all but the costliest member's."""
+    def run(prog: Program) -> float:
+        saved = 0.0
+        for group in groups:
+            costs = [prog.hooks.get(b, 0.0) for b in group]
+            saved += sum(costs) - max(costs, default=0.0)
+        return saved
     return run
 
 
@@ -197,6 +218,10 @@ def _without_backward_gather(bucket: str) -> Transform:
         return [u for u in prog.units if not (u.bucket == bucket and u.kind == "all_gather"
                                               and u.direction == "backward")]
     return run
+
+
+RESHARD_CANDIDATES = 3
+"""``reshard_after_forward: false`` is replayed for the buckets whose backward all-gathers were exposed longest."""
 
 
 def _parent(module: str, levels: int) -> str:
@@ -241,22 +266,36 @@ def step_candidates(analyses: Sequence[RankAnalysis], order: Sequence[str], size
         seen.add(key)
         mapping = {b: g[0] for g in groups for b in g}
         extra = max(sum(sizes.get(b, 0) for b in g) for g in groups) - largest
-        out.append(Candidate(name, "merge", _merged(mapping, fits, blocking), max(0, extra), groups=key))
+        out.append(Candidate(name, "merge", _merged(mapping, fits, blocking), max(0, extra), groups=key,
+                             saving=_hooks_saved(key) if labelled_fsdp2 else None))
     if labelled_fsdp2 and ("all_gather", "backward") in kinds:
-        for b in named:
+        exposed: dict[str, float] = {}
+        for a in analyses:
+            for s in a.steps:
+                for c in s.collectives:
+                    if c.bucket and c.kind == "all_gather" and c.direction == "backward":
+                        exposed[c.bucket] = exposed.get(c.bucket, 0.0) + c.exposed
+        for b in sorted(exposed, key=lambda b: -exposed[b])[:RESHARD_CANDIDATES]:
             out.append(Candidate(f"reshard_after_forward false for {b}", "reshard", _without_backward_gather(b),
                                  sizes.get(b, 0), bucket=b))
     return out
 
 
-def predicted(analyses: Sequence[RankAnalysis], transform: Transform | None) -> float:
-    """The job's predicted step: per rank the median over steps of the replay, the slowest rank."""
+def predicted(programs: Sequence[Sequence[Program]], candidate: Candidate | None) -> tuple[float, list[float]]:
+    """The job's predicted step (per rank the median over steps of the replay, the slowest rank), and the gain of
+    ``candidate`` on every rank and step (against the unchanged replay). ``programs``: per rank, its steps'."""
     per_rank = []
-    for a in analyses:
+    gains = []
+    for steps in programs:
         times = []
-        for s in a.steps:
-            prog = program(s)
-            times.append(replay(prog, transform(prog) if transform is not None else None))
+        for prog in steps:
+            base = replay(prog)
+            if candidate is None:
+                times.append(base)
+                continue
+            saved = candidate.saving(prog) if candidate.saving is not None else 0.0
+            times.append(replay(prog, candidate.transform(prog), saved))
+            gains.append(base - times[-1])
         if times:
             per_rank.append(statistics.median(times))
-    return max(per_rank, default=0.0)
+    return max(per_rank, default=0.0), gains

@@ -52,7 +52,8 @@ def diagnose_table(r: DiagnoseResult) -> Group:
         steps.add_row(str(s.rank), str(s.step), _ms(s.step_s), _ms(s.compute_s), _ms(s.comm_s), _ms(s.exposed_s),
                       _ms(s.idle_s), str(s.collectives))
     parts.append(steps)
-    buckets = _table(f"per bucket, per step (ms; {r.collectives} collectives, {r.unattributed} unattributed)",
+    buckets = _table(f"per bucket, per step (ms; {r.collectives} collectives, {r.unattributed} unattributed, "
+                     f"{r.other} not FSDP's)",
                      ["bucket", "collectives", "bytes", "comm", "exposed", "overlapped", "peak memory", "from"])
     for b in r.buckets:
         buckets.add_row(escape(b.bucket), b.kinds, fmt_bytes(b.bytes), _ms(b.comm_s), _ms(b.exposed_s),

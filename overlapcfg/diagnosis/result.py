@@ -124,6 +124,9 @@ class DiagnoseResult(RecordModel):
     buckets: tuple[BucketRow, ...] = ()
     collectives: int = 0
     unattributed: int = 0
+    """Collectives of kinds FSDP issues that no label or compiled graph's record ties to a bucket."""
+    other: int = 0
+    """Collectives that are not FSDP's (barriers, broadcasts, a trainer's own all-reduces)."""
     skew: tuple[SkewRow, ...] = ()
     """The largest arrival skews (first rank's issue to the last one's), largest first."""
     slowest_rank: int | None = None

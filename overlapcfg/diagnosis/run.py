@@ -9,25 +9,28 @@ changes) → ``rewrite`` (the proposed config) → ``result``.
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.load import ConfigSource
-from overlapcfg.diagnosis.attribute import attribute, bucket_bytes
+from overlapcfg.diagnosis.attribute import OTHER, attribute, bucket_bytes
 from overlapcfg.diagnosis.propose import Candidate, fit_durations, predicted, program, step_candidates
 from overlapcfg.diagnosis.ranks import arrivals, check_together, first_mismatch, offsets, rank_numbers
-from overlapcfg.diagnosis.read import HEADER, read_trace, trace_error
+from overlapcfg.diagnosis.read import HEADER, RankTrace, read_trace, trace_error
 from overlapcfg.diagnosis.result import BucketRow, DiagnoseResult, Divergence, Proposal, RankStepRow, SkewRow
 from overlapcfg.diagnosis.rewrite import proposed_config
 from overlapcfg.diagnosis.steps import RankAnalysis, analyze_rank
 from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.report.labels import KIND_LABELS, fmt_seconds
 
-__all__ = ["diagnose", "trace_files"]
+__all__ = ["diagnose", "read_all", "trace_files"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,16 @@ def trace_files(traces: str | Path | Sequence[str | Path]) -> list[Path]:
     return out
 
 
+def read_all(files: Sequence[Path]) -> list[RankTrace]:
+    """Every file read, in parallel processes where there are several files and cores (forked: nothing to import
+    again; each returns compact arrays), else one after the other."""
+    workers = min(len(files), os.cpu_count() or 1)
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [read_trace(f) for f in files]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(read_trace, files))
+
+
 def diagnose(traces: str | Path | Sequence[str | Path], cfg: ConfigSource | None = None, model: Any = None, *,
              memory_budget: int | None = None) -> DiagnoseResult:
     """Diagnose one profiling window of one job from its ranks' ``torch.profiler`` Chrome traces (one file per
@@ -69,7 +82,7 @@ def diagnose(traces: str | Path | Sequence[str | Path], cfg: ConfigSource | None
     started = time.perf_counter()
     files = trace_files(traces)
     base = load_config(cfg) if cfg is not None else None
-    read = [read_trace(f) for f in files]
+    read = read_all(files)
     ranks = rank_numbers(read)
     shifts = offsets(read)
     notes: list[str] = []
@@ -104,7 +117,7 @@ def _bucket_rows(analyses: Sequence[RankAnalysis], order: Sequence[str], modules
     for a in analyses:
         for s in a.steps:
             for c in s.collectives:
-                name = c.bucket or "unattributed"
+                name = c.bucket or ("not FSDP" if c.source == OTHER else "unattributed")
                 row = rows.setdefault(name, {"comm": 0.0, "exposed": 0.0, "overlapped": 0.0, "peak": None,
                                              "source": c.source or "—"})
                 row["comm"] += c.seconds
@@ -115,7 +128,7 @@ def _bucket_rows(analyses: Sequence[RankAnalysis], order: Sequence[str], modules
     kinds: dict[str, list[str]] = {}
     for c in first.collectives if first is not None else ():
         short = KIND_LABELS.get(c.kind, c.kind)
-        kinds.setdefault(c.bucket or "unattributed", []).append(
+        kinds.setdefault(c.bucket or ("not FSDP" if c.source == OTHER else "unattributed"), []).append(
             f"{short} {'fw' if c.direction == 'forward' else 'bw'}" if c.kind == "all_gather" else short)
     names = [*(b for b in order if b in rows), *(b for b in rows if b not in order)]
     return tuple(BucketRow(bucket=b, modules=modules.get(b, ()), kinds=", ".join(kinds.get(b, [])),
@@ -161,9 +174,9 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
     sizes = bucket_bytes(analyses)
     collectives = [c for a in analyses for s in a.steps for c in s.collectives]
     labelled = any(c.source == "fsdp2 label" for c in collectives)
-    programs = [program(s) for a in analyses for s in a.steps]
-    fits = fit_durations(programs)
-    replayed = predicted(analyses, None)
+    programs = [[program(s) for s in a.steps] for a in analyses]
+    fits = fit_durations([p for steps in programs for p in steps])
+    replayed, _ = predicted(programs, None)
     proposals: list[tuple[Proposal, Candidate]] = []
     if not divergence:
         for cand in step_candidates(analyses, order, sizes, modules, fits, labelled_fsdp2=labelled):
@@ -173,7 +186,8 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
                                            extra_bytes=cand.extra_bytes, fits_budget=fits_budget,
                                            reason=cand.blocked), cand))
                 continue
-            step_s = predicted(analyses, cand.transform)
+            step_s, gains = predicted(programs, cand)
+            log.debug("%s: gains per rank and step %s", cand.name, [round(g * 1e3, 2) for g in gains])
             proposals.append((Proposal(name=cand.name, change=cand.change, predicted_step_s=step_s,
                                        gain_s=replayed - step_s, extra_bytes=cand.extra_bytes,
                                        fits_budget=fits_budget), cand))
@@ -210,7 +224,8 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
                                      exposed_s=s.exposed, idle_s=s.idle, collectives=len(s.collectives))
                          for a in analyses for s in a.steps),
         buckets=_bucket_rows(analyses, order, modules, sizes), collectives=len(collectives),
-        unattributed=sum(1 for c in collectives if c.bucket is None),
+        unattributed=sum(1 for c in collectives if c.bucket is None and c.source != OTHER),
+        other=sum(1 for c in collectives if c.source == OTHER),
         skew=tuple(SkewRow(step=x.step, index=x.index, kind=x.kind, bucket=x.bucket, skew_s=x.skew, last_rank=x.last)
                    for x in found[:SHOWN_SKEWS]),
         slowest_rank=slowest_rank, blocking=any(a.blocking for a in analyses), measured_step_s=measured,

@@ -92,6 +92,9 @@ class RankStep:
     collectives: list[Collective] = field(default_factory=list)
     compute_spans: list[tuple[float, float]] = field(default_factory=list)
     """Compute as a few segments (gaps under 1% of the step closed), for the picture."""
+    hooks: dict[tuple[str, ...], float] = field(default_factory=dict)
+    """Seconds the issuing thread spent in each FSDP2 group's own labels (``FSDP::pre_forward (...)``, outermost
+    ones), less the communication inside them: the per-group cost of FSDP2's hooks, which a merged group pays once."""
 
     @property
     def seconds(self) -> float:
@@ -226,6 +229,21 @@ def step_windows(trace: RankTrace) -> list[tuple[int, float, float]]:
     return out
 
 
+def _hooks(labels: Sequence[Span], comm: Cover, a: float, b: float) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    ends: dict[int, float] = {}
+    for span in sorted(labels, key=lambda s: (s.thread, s.start, -s.end)):
+        if not a <= span.start < b or span.start < ends.get(span.thread, float("-inf")):
+            continue
+        found = fsdp_label(span.name)
+        if found is None or not found[1]:
+            continue
+        ends[span.thread] = span.end
+        own = (span.end - span.start) - comm.covered(span.start, span.end)
+        out[found[1]] = out.get(found[1], 0.0) + max(0.0, own) / 1e6
+    return out
+
+
 def _peak(memory: list[tuple[float, float]], times: list[float], a: float, b: float) -> int | None:
     i, j = bisect_right(times, a), bisect_right(times, b)
     if i == j:
@@ -290,7 +308,8 @@ def analyze_rank(trace: RankTrace, rank: int, offset: float = 0.0) -> RankAnalys
                         comm=comm.covered(a, b) / 1e6, exposed=exposed_total / 1e6,
                         idle=max(0.0, (b - a) - both.covered(a, b)) / 1e6,
                         compute_spans=[(s + offset, e + offset) for s, e in
-                                       _segments(compute.spans(), a, b, 0.01 * (b - a))])
+                                       _segments(compute.spans(), a, b, 0.01 * (b - a))],
+                        hooks=_hooks(trace.labels, comm, a, b))
         for k in order:
             c = trace.comms[k]
             issue = matched.get(k)
