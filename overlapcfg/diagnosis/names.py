@@ -27,7 +27,7 @@ import re
 
 from overlapcfg.kinds import GRAPH_REGION
 
-__all__ = ["DTYPE_BYTES", "FSDP_LABEL", "GRAPH_REGION", "STEP_MARK", "WAIT_OPS", "collective_kind",
+__all__ = ["DTYPE_BYTES", "FSDP_LABEL", "GRAPH_REGION", "STEP_MARK", "WAIT_OPS", "canonical_dtype", "collective_kind",
            "dtype_bytes", "fsdp_label", "is_comm_op", "kernel_kind"]
 
 STEP_MARK = re.compile(r"^ProfilerStep#(\d+)$")
@@ -96,6 +96,20 @@ DTYPE_BYTES = {
     "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1,
     "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
 }
+
+
+_CANONICAL = {"float": "float32", "double": "float64", "half": "float16", "long int": "int64", "int": "int32",
+              "short int": "int16", "signed char": "int8", "unsigned char": "uint8", "long": "int64", "short": "int16",
+              "char": "int8", "byte": "uint8"}
+
+
+def canonical_dtype(name: str | None) -> str | None:
+    """One spelling for a dtype, whoever wrote it: ``float`` (record_shapes), ``Float`` (record_param_comms) and
+    ``float32`` (overlapcfg's record) are ``float32``; ``c10::BFloat16`` and ``BFloat16`` are ``bfloat16``."""
+    if name is None:
+        return None
+    text = name.removeprefix("c10::").lower()
+    return _CANONICAL.get(text, text)
 
 
 def dtype_bytes(name: str) -> int | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from overlapcfg.diagnosis.names import canonical_dtype
 from overlapcfg.diagnosis.read import RankTrace, trace_error
 from overlapcfg.diagnosis.steps import Collective, RankAnalysis, step_windows
 from overlapcfg.errors import Fault, OverlapConfigError
@@ -105,8 +106,11 @@ def _describe(c: Collective) -> str:
     return f"{c.kind} of {size}{where}, step {c.step}"
 
 
-def _key(c: Collective) -> tuple[str, int | None, str | None]:
-    return (c.kind, c.numel, c.dtype)
+def _same(a: Collective, b: Collective) -> bool:
+    """Same kind, and the same size and dtype where both traces know them."""
+    da, db = canonical_dtype(a.dtype), canonical_dtype(b.dtype)
+    return a.kind == b.kind and (a.numel is None or b.numel is None or a.numel == b.numel) and \
+        (da is None or db is None or da == db)
 
 
 def first_mismatch(analyses: Sequence[RankAnalysis]) -> list[Mismatch]:
@@ -121,7 +125,7 @@ def first_mismatch(analyses: Sequence[RankAnalysis]) -> list[Mismatch]:
         for i in range(max(len(seq), len(ref_seq))):
             a = ref_seq[i] if i < len(ref_seq) else None
             b = seq[i] if i < len(seq) else None
-            if a is not None and b is not None and _key(a) == _key(b):
+            if a is not None and b is not None and _same(a, b):
                 continue
             out.append(Mismatch(rank=other.rank, reference=ref.rank, position=i,
                                 step=(b or a).step if (b or a) is not None else None,  # type: ignore[union-attr]
@@ -141,7 +145,7 @@ def arrivals(analyses: Sequence[RankAnalysis]) -> list[Arrival]:
         lists = [s[n].collectives for s in steps]
         for i in range(min(len(c) for c in lists)):
             row = [c[i] for c in lists]
-            if len({_key(c) for c in row}) > 1:
+            if not all(_same(row[0], c) for c in row[1:]):
                 break
             times = [c.issued for c in row]
             last = max(range(len(row)), key=lambda r: times[r])

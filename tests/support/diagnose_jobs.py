@@ -78,12 +78,13 @@ def _loss(model: Any, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tens
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
-def _profiler(out: Path, rank: int, wait: int) -> torch.profiler.profile:
+def _profiler(out: Path, rank: int, wait: int, profiled: int) -> torch.profiler.profile:
     out.mkdir(parents=True, exist_ok=True)
+    name = str(out / f"rank{rank}.json")
     return torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
-        schedule=torch.profiler.schedule(wait=wait, warmup=1, active=PROFILED),
-        on_trace_ready=lambda p: p.export_chrome_trace(str(out / f"rank{rank}.json")))
+        schedule=torch.profiler.schedule(wait=wait, warmup=1, active=profiled),
+        on_trace_ready=lambda p: p.export_chrome_trace(name))
 
 
 def _slowest(times: list[float]) -> list[float]:
@@ -92,11 +93,12 @@ def _slowest(times: list[float]) -> list[float]:
     return t.tolist()
 
 
-def _loop(step: Any, rank: int, out: Path, vocab: int, seq: int) -> list[float]:
+def _loop(step: Any, rank: int, out: Path, vocab: int, sizes: dict[str, int] | None) -> list[float]:
     """``WARM + TIMED`` steps, then the profiled ones; the slowest rank's seconds of the timed steps."""
-    data = batches(rank, WARM + TIMED + 1 + PROFILED, vocab, seq)
+    seq, profiled = (sizes or {}).get("seq", SEQ), (sizes or {}).get("profiled", PROFILED)
+    data = batches(rank, WARM + TIMED + 1 + profiled, vocab, seq)
     times = []
-    with _profiler(out, rank, WARM + TIMED) as prof:
+    with _profiler(out, rank, WARM + TIMED, profiled) as prof:
         for i, (tokens, targets) in enumerate(data):
             if i < WARM + TIMED:  # lined up for timing; the profiled steps run as a job runs them
                 dist.barrier()
@@ -121,7 +123,7 @@ def _fsdp2(cfg: Any, rank: int, out: Path, sizes: dict[str, int] | None, mesh: A
         opt.step()
         opt.zero_grad()
 
-    return _loop(step, rank, out, model.config.vocab_size, (sizes or {}).get("seq", SEQ))
+    return _loop(step, rank, out, model.config.vocab_size, sizes)
 
 
 def _compiled(cfg: Any, rank: int, out: Path, sizes: dict[str, int] | None) -> list[float]:
@@ -137,7 +139,7 @@ def _compiled(cfg: Any, rank: int, out: Path, sizes: dict[str, int] | None) -> l
         opt.step()
         opt.zero_grad()
 
-    return _loop(step, rank, out, model.config.vocab_size, (sizes or {}).get("seq", SEQ))
+    return _loop(step, rank, out, model.config.vocab_size, sizes)
 
 
 def _lightning(cfg: Any, rank: int, out: Path, sizes: dict[str, int] | None) -> list[float]:
@@ -165,8 +167,9 @@ def _lightning(cfg: Any, rank: int, out: Path, sizes: dict[str, int] | None) -> 
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     times: list[float] = []
-    total = WARM + TIMED + 1 + PROFILED
-    prof = _profiler(out, rank, WARM + TIMED)
+    profiled = (sizes or {}).get("profiled", PROFILED)
+    total = WARM + TIMED + 1 + profiled
+    prof = _profiler(out, rank, WARM + TIMED, profiled)
 
     class Steps(L.Callback):
         def on_train_batch_start(self, *args: Any) -> None:
