@@ -2,7 +2,7 @@
 and how long each collective waited for its last rank.
 
 - **Together**: each file one rank, no rank twice, one world size, the same ``ProfilerStep`` numbers, and each
-  step's windows overlapping in time across ranks (two jobs' traces do not). Anything else is an
+  step run at about the same time on every rank (``JOB_GAP_US``; two jobs' traces are not). Anything else is an
   ``OverlapConfigError`` naming the files, before any number is computed from them.
 - **Divergence**: ranks of a job must issue the same collectives in the same order with the same sizes and
   dtypes; the first position where a rank's sequence differs from the lowest rank's is reported, per rank. Such a
@@ -88,12 +88,17 @@ def check_together(traces: Sequence[RankTrace], shifts: Sequence[float]) -> list
                           "give the files of one profiling window of one job")
     for n in sorted(sets[0]):
         windows = [w[n] for w in numbered]
-        if max(a for a, _ in windows) > min(b for _, b in windows):
-            apart = max(a for a, _ in windows) - min(b for _, b in windows)
+        apart = max(a for a, _ in windows) - min(b for _, b in windows)
+        if apart > max(JOB_GAP_US, 2 * max(b - a for a, b in windows)):
             raise trace_error(", ".join(t.name for t in traces),
                               f"step {n} does not overlap in time across the traces ({apart / 1e6:.1f} s apart): "
                               "traces of different jobs (or runs) mixed")
     return sorted(sets[0])
+
+
+JOB_GAP_US = 1e6
+"""Ranks of one job run a step within its skew of each other; a step this far apart (or twice its length, whichever
+is more) on two traces is two jobs' (or runs')."""
 
 
 def _steps_text(steps: set[int]) -> str:

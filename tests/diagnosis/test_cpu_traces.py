@@ -12,9 +12,9 @@ import rich.console
 
 from overlapcfg.config import load_config
 from overlapcfg.diagnosis import DiagnoseResult, diagnose
-from overlapcfg.module_paths import ModelFacts
+from overlapcfg.module_paths import ModelFacts, with_parents
 from overlapcfg.resolve import resolve_config
-from tests.support.diagnose_jobs import CONFIGS, llama
+from tests.support.diagnose_jobs import CONFIGS
 from tests.support.trace_oracle import exposed_per_step
 
 ROUTES = {"cpu_fsdp2_poor": ("fsdp2", "poor"), "cpu_compiled_good": ("compiled", "good")}
@@ -76,7 +76,8 @@ def test_a_proposal_is_a_config_that_loads_and_fits_the_model(diagnosed: dict[st
         assert r.to_yaml().startswith("# overlapcfg diagnose: nothing to gain")
         return
     cfg = load_config(r.to_yaml())
-    resolve_config(cfg, ModelFacts.of(llama({"layers": 1})), coverage=False)
+    seen = with_parents(m for b in r.buckets for m in b.modules)  # the job's modules, as its trace names them
+    resolve_config(cfg, ModelFacts(seen), coverage=False)
     assert r.proposal.gain_s > r.noise_s
 
 
