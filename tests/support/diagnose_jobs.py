@@ -202,12 +202,13 @@ def route_job(rank: int, world_size: int, runs: list[tuple[str, str, Any]], out:
 
 
 def diverging_job(rank: int, world_size: int, configs: list[Any], out: str) -> bool:
-    """Eager FSDP2 with a different config on each rank. gloo aborts the process of a rank that receives a larger
-    message than it posted (a real divergent job leaves one trace on gloo, and hangs on NCCL), so each rank shards
-    over a process group of its own: two real ranks of one job, each tracing the collectives its config issues."""
+    """Eager FSDP2 with one config on ranks 0-1 and another on ranks 2-3 (``world_size`` 4), each pair sharding over
+    a group of its own. Two ranks of one group given different configs cannot both leave a trace on gloo: the rank
+    that receives a larger message than it posted aborts its process (and on NCCL both hang). Pairs keep each
+    group's collectives matched, so every rank runs and exports its trace; the job's ranks disagree all the same."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    groups = [dist.new_group([r], timeout=datetime.timedelta(seconds=60)) for r in range(world_size)]
-    mesh = DeviceMesh.from_group(groups[rank], "cpu")
-    _fsdp2(configs[rank], rank, Path(out), None, mesh=mesh)
+    pairs = [dist.new_group([r, r + 1], timeout=datetime.timedelta(seconds=120)) for r in range(0, world_size, 2)]
+    mesh = DeviceMesh.from_group(pairs[rank // 2], "cpu")
+    _fsdp2(configs[rank // 2], rank, Path(out), {"layers": 1, "profiled": 2}, mesh=mesh)
     return True
