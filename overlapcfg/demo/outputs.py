@@ -17,8 +17,8 @@ from pathlib import Path
 
 from overlapcfg.files import TEMP_GLOB
 
-__all__ = ["COMPARE_FILE", "DIAGNOSE_FILE", "DIAGNOSE_TIMELINE", "FRONT_FILE", "PROPOSED_FILE", "MEASURE_FILE", "NODE_COSTS_FILE", "OUTPUT_FILES", "REPORT_FILE",
-           "TIMELINE_STEM", "TUNED_FILE", "TUNE_FILE", "clear_outputs"]
+__all__ = ["COMPARE_FILE", "DIAGNOSE_FILE", "DIAGNOSE_TIMELINE", "FRONT_FILE", "MEASURE_FILE", "NODE_COSTS_FILE",
+           "OUTPUT_FILES", "PROPOSED_FILE", "REPORT_FILE", "TIMELINE_STEM", "TUNED_FILE", "TUNE_FILE", "clear_outputs"]
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,7 @@ def attribute(ranks: Sequence[RankAnalysis]) -> tuple[BucketModules, list[str]]:
                         if col.dtype is None and isinstance(planned.get("dtype"), str):
                             col.dtype = str(planned["dtype"])
                         if col.numel is None and isinstance(planned.get("numel"), int):
-                            col.numel = int(planned["numel"])  # type: ignore[call-overload]
+                            col.numel = int(planned["numel"])
                     else:
                         mismatched += 1
         for step in analysis.steps:

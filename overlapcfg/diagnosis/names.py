@@ -89,9 +89,11 @@ def fsdp_label(name: str) -> tuple[str, tuple[str, ...]] | None:
 
 DTYPE_BYTES = {
     # record_shapes' ``Input type`` (C++ type names)
-    "float": 4, "float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
     "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
     "c10::complex<float>": 8, "c10::complex<double>": 16,
+    # overlapcfg's own record (torch dtype names)
+    "float32": 4, "float64": 8, "bfloat16": 2, "float16": 2,
     # record_param_comms' ``dtype`` (ScalarType names)
     "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1,
     "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1,

@@ -30,6 +30,7 @@ merged bucket, a bucket held) fits ``memory_budget``; if that gain is within the
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -91,8 +92,8 @@ def replay(prog: Program, units: Sequence[Unit] | None = None, saved: float = 0.
     by_token = {u.token: u for u in units}
     streams = Streams()
     t = 0.0
-    for at, what, token in points:
-        at = min(max(at, 0.0), prog.length)
+    for when, what, token in points:
+        at = min(max(when, 0.0), prog.length)
         if at > t:
             streams.run((at - t) - prog.stalls.covered(t, at))
             t = at
@@ -165,7 +166,7 @@ class Candidate:
 def _earlier_issue(kind: str, direction: str) -> Transform:
     def run(prog: Program) -> list[Unit]:
         mine = sorted((u for u in prog.units if u.kind == kind and u.direction == direction), key=lambda u: u.issue)
-        moved = {b.token: replace(b, issue=min(b.issue, a.issue)) for a, b in zip(mine, mine[1:], strict=False)}
+        moved = {b.token: replace(b, issue=min(b.issue, a.issue)) for a, b in itertools.pairwise(mine)}
         return [moved.get(u.token, u) for u in prog.units]
     return run
 
@@ -173,7 +174,7 @@ def _earlier_issue(kind: str, direction: str) -> Transform:
 def _later_wait(kinds: tuple[str, ...]) -> Transform:
     def run(prog: Program) -> list[Unit]:
         mine = sorted((u for u in prog.units if u.kind in kinds and u.direction == "backward"), key=lambda u: u.need)
-        moved = {a.token: replace(a, need=max(a.need, b.need)) for a, b in zip(mine, mine[1:], strict=False)}
+        moved = {a.token: replace(a, need=max(a.need, b.need)) for a, b in itertools.pairwise(mine)}
         return [moved.get(u.token, u) for u in prog.units]
     return run
 
@@ -260,14 +261,14 @@ def step_candidates(analyses: Sequence[RankAnalysis], order: Sequence[str], size
                           list(parents.values())))
     seen: set[tuple[tuple[str, ...], ...]] = set()
     for name, groups in groupings:
-        key = tuple(tuple(g) for g in groups)
-        if all(len(g) == 1 for g in groups) or key in seen:
+        grouping = tuple(tuple(g) for g in groups)
+        if all(len(g) == 1 for g in groups) or grouping in seen:
             continue
-        seen.add(key)
+        seen.add(grouping)
         mapping = {b: g[0] for g in groups for b in g}
         extra = max(sum(sizes.get(b, 0) for b in g) for g in groups) - largest
-        out.append(Candidate(name, "merge", _merged(mapping, fits, blocking), max(0, extra), groups=key,
-                             saving=_hooks_saved(key) if labelled_fsdp2 else None))
+        out.append(Candidate(name, "merge", _merged(mapping, fits, blocking), max(0, extra), groups=grouping,
+                             saving=_hooks_saved(grouping) if labelled_fsdp2 else None))
     if labelled_fsdp2 and ("all_gather", "backward") in kinds:
         exposed: dict[str, float] = {}
         for a in analyses:

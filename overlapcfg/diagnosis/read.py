@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import ijson
 
@@ -168,7 +168,7 @@ def _open(path: Path) -> IO[bytes]:
     magic = f.read(2)
     f.seek(0)
     if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f, mode="rb")
+        return cast(IO[bytes], gzip.GzipFile(fileobj=f, mode="rb"))
     return f
 
 
@@ -218,12 +218,13 @@ def _rank_of(path: Path, meta: dict[str, Any]) -> tuple[int | None, int | None, 
 def _metadata(meta: dict[str, Any]) -> dict[str, Any]:
     """``{region: {"graph": ..., "collectives": [...]}}`` of the graphs ``overlapcfg.backend`` compiled."""
     out = {}
-    for key, value in meta.items():
+    for key, raw in meta.items():
         if not key.startswith(GRAPH_REGION):
             continue
-        if isinstance(value, str):
+        value = raw
+        if isinstance(raw, str):
             try:
-                value = json.loads(value)
+                value = json.loads(raw)
             except ValueError:
                 continue
         if isinstance(value, dict) and isinstance(value.get("collectives"), list):

@@ -21,11 +21,11 @@ from overlapcfg.config.load import dump_yaml
 from overlapcfg.cost.prediction import Event, Simulation
 from overlapcfg.diagnosis.steps import RankStep
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
-from overlapcfg.files import write_atomic
 from overlapcfg.report.labels import fmt_seconds
 from overlapcfg.resolve.resolved import RecordModel
 
-__all__ = ["DIAGNOSE_SCHEMA", "BucketRow", "as_renderable", "as_text", "DiagnoseResult", "Divergence", "Proposal", "RankStepRow", "SkewRow"]
+__all__ = ["DIAGNOSE_SCHEMA", "BucketRow", "DiagnoseResult", "Divergence", "Proposal", "RankStepRow", "SkewRow",
+           "as_renderable", "as_text"]
 
 DIAGNOSE_SCHEMA = "overlapcfg.diagnose/1"
 
@@ -181,7 +181,8 @@ class DiagnoseResult(RecordModel):
         for r in self.rank_steps:
             if (r.rank, r.step) == (rank, step):
                 return r.exposed_s
-        raise OverlapStateError(f"no step {step} of rank {rank}; have {sorted({(r.rank, r.step) for r in self.rank_steps})}")
+        have = sorted({(r.rank, r.step) for r in self.rank_steps})
+        raise OverlapStateError(f"no step {step} of rank {rank}; have (rank, step) {have}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": DIAGNOSE_SCHEMA, **self.model_dump(mode="json")}
@@ -227,7 +228,9 @@ class DiagnoseResult(RecordModel):
         return write_gantt_png(runs, path, title=f"measured step {step}: {len(runs)} ranks, exposed communication "
                                                  "hatched, collectives labelled with their bucket")
 
-    plot = timeline
+    def plot(self, path: str | Path) -> Path:
+        """The same as ``timeline``."""
+        return self.timeline(path)
 
 
 def _simulation(step: RankStep, world_size: int) -> Simulation:

@@ -140,7 +140,8 @@ def _bucket_rows(analyses: Sequence[RankAnalysis], order: Sequence[str], modules
 def _forward_order(analyses: Sequence[RankAnalysis]) -> list[str]:
     for a in analyses:
         for s in a.steps:
-            seen = [c.bucket for c in s.collectives if c.bucket and c.kind == "all_gather" and c.direction != "backward"]
+            seen = [c.bucket for c in s.collectives
+                    if c.bucket and c.kind == "all_gather" and c.direction != "backward"]
             seen += [c.bucket for c in s.collectives if c.bucket]
             if seen:
                 return list(dict.fromkeys(seen))

@@ -222,7 +222,7 @@ def step_windows(trace: RankTrace) -> list[tuple[int, float, float]]:
         return []
     main = max(counts, key=lambda t: counts[t])
     marks = sorted((s for s in trace.steps if s.thread == main), key=lambda s: s.start)
-    out = []
+    out: list[tuple[int, float, float]] = []
     for s in marks:
         found = STEP_MARK.match(s.name)
         out.append((int(found.group(1)) if found else len(out), s.start, s.end))
@@ -254,8 +254,8 @@ def _peak(memory: list[tuple[float, float]], times: list[float], a: float, b: fl
 
 def _segments(spans: list[tuple[float, float]], a: float, b: float, close: float) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
-    for s, e in spans:
-        s, e = max(s, a), min(e, b)
+    for start, end in spans:
+        s, e = max(start, a), min(end, b)
         if e <= s:
             continue
         if out and s - out[-1][1] <= close:

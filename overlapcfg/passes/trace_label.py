@@ -8,8 +8,9 @@ path, no bucket. Two things are added, and nothing changes in the graph itself:
   counts the graphs compiled in this process), so the trace shows which graph issued a collective and in which
   position: the graph's collectives always run in graph order;
 - while a profiler records, the graph's collectives in that order (kind, full-size elements, dtype, bucket,
-  direction) and each bucket's modules are put at the top level of the trace under the same name (``compat.add_trace_metadata``), from the
-  pass's own record (``gm.meta["overlapcfg"]``) and the bucket marks merging wrote on the nodes.
+  direction) and each bucket's modules are put at the top level of the trace under the same name
+  (``compat.add_trace_metadata``), from the pass's own record (``gm.meta["overlapcfg"]``) and the bucket marks
+  merging wrote on the nodes.
 
 With no profiler running the range costs what an inactive ``record_function`` costs (a flag check) and the record
 is not written. ``overlapcfg.diagnose`` reads both.

@@ -15,7 +15,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "overlapcfg", "mode=diagnose", f"hydra.run.dir={tmp_path}", *args],
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path, check=False)
 
 
 @pytest.mark.slow

@@ -96,17 +96,18 @@ def _slowest(times: list[float]) -> list[float]:
 def _loop(step: Any, rank: int, out: Path, vocab: int, sizes: dict[str, int] | None) -> list[float]:
     """``WARM + TIMED`` steps, then the profiled ones; the slowest rank's seconds of the timed steps."""
     seq, profiled = (sizes or {}).get("seq", SEQ), (sizes or {}).get("profiled", PROFILED)
-    data = batches(rank, WARM + TIMED + 1 + profiled, vocab, seq)
+    timed = (sizes or {}).get("timed", TIMED)
+    data = batches(rank, WARM + timed + 1 + profiled, vocab, seq)
     times = []
-    with _profiler(out, rank, WARM + TIMED, profiled) as prof:
+    with _profiler(out, rank, WARM + timed, profiled) as prof:
         for i, (tokens, targets) in enumerate(data):
-            if i < WARM + TIMED:  # lined up for timing; the profiled steps run as a job runs them
+            if i < WARM + timed:  # lined up for timing; the profiled steps run as a job runs them
                 dist.barrier()
             start = time.perf_counter()
             step(tokens, targets)
             times.append(time.perf_counter() - start)
             prof.step()
-    return _slowest(times)[WARM:WARM + TIMED]
+    return _slowest(times)[WARM:WARM + timed]
 
 
 def _fsdp2(cfg: Any, rank: int, out: Path, sizes: dict[str, int] | None, mesh: Any = None) -> list[float]:
@@ -167,9 +168,9 @@ def _lightning(cfg: Any, rank: int, out: Path, sizes: dict[str, int] | None) -> 
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     times: list[float] = []
-    profiled = (sizes or {}).get("profiled", PROFILED)
-    total = WARM + TIMED + 1 + profiled
-    prof = _profiler(out, rank, WARM + TIMED, profiled)
+    profiled, timed = (sizes or {}).get("profiled", PROFILED), (sizes or {}).get("timed", TIMED)
+    total = WARM + timed + 1 + profiled
+    prof = _profiler(out, rank, WARM + timed, profiled)
 
     class Steps(L.Callback):
         def on_train_batch_start(self, *args: Any) -> None:
@@ -187,7 +188,7 @@ def _lightning(cfg: Any, rank: int, out: Path, sizes: dict[str, int] | None) -> 
                         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1))
     with prof:
         trainer.fit(module, DataLoader(data, batch_size=BATCH))
-    return _slowest(times)[WARM:WARM + TIMED]
+    return _slowest(times)[WARM:WARM + timed]
 
 
 ROUTES = {"fsdp2": _fsdp2, "compiled": _compiled, "lightning": _lightning}
@@ -195,6 +196,8 @@ ROUTES = {"fsdp2": _fsdp2, "compiled": _compiled, "lightning": _lightning}
 
 def route_job(rank: int, world_size: int, runs: list[tuple[str, str, Any]], out: str,
               sizes: dict[str, int] | None = None) -> dict[str, list[float]]:
+    """``sizes``: ``hidden``, ``layers``, ``vocab``, ``seq`` of the model and batch, ``profiled`` and ``timed``
+    steps (defaults: the module's constants)."""
     """Each ``(route, name, cfg)`` of ``runs`` in turn on this rank, its trace in ``<out>/<name>``; the timed steps
     of each."""
     torch.manual_seed(0)
