@@ -41,15 +41,30 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = {"hidden": 128, "layers": 2, "profiled": 5, "timed": 8}
 _MEASURE = """
 import json, resource, sys, time
+import overlapcfg.diagnosis.run as run
 from overlapcfg.diagnosis import diagnose
+from overlapcfg.diagnosis.read import read_trace
+if sys.argv[2] == "memory":  # one process: its peak resident memory is all the diagnosis holds
+    run.read_all = lambda files: [read_trace(f) for f in files]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()
 r = diagnose(sys.argv[1])
 seconds = time.perf_counter() - start
-peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before,
-           resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-print(json.dumps({"seconds": seconds, "peak_kb": peak, "steps": len(r.steps), "collectives": r.collectives}))
+growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"seconds": seconds, "peak_growth_kb": growth, "steps": len(r.steps), "collectives": r.collectives}))
 """
+
+
+def _measure(path: Path) -> dict[str, Any]:
+    """Seconds as ``diagnose`` runs (files read in parallel processes), and the peak resident memory it adds, read
+    one file after the other in one process (forked readers' peaks would count the parent's pages)."""
+    def one(mode: str) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, "-c", _MEASURE, str(path), mode], capture_output=True, text=True,
+                             check=True)
+        return json.loads(out.stdout)
+
+    timed, memory = one("time"), one("memory")
+    return {**timed, "peak_growth_kb": memory["peak_growth_kb"], "sequential_seconds": memory["seconds"]}
 
 
 def _spread(times: list[float]) -> float:
@@ -103,9 +118,8 @@ def speed(work: Path, steps: int) -> dict[str, Any]:
                 timeout_s=3000, preload=("tests.support.diagnose_jobs",))
     traces = out / "speed"
     size = sum(p.stat().st_size for p in traces.iterdir())
-    got = json.loads(subprocess.run([sys.executable, "-c", _MEASURE, str(traces)], capture_output=True, text=True,
-                                    check=True).stdout)
-    return {"steps": steps, "trace_bytes": size, **got, "peak_over_size": got["peak_kb"] * 1024 / size,
+    got = _measure(traces)
+    return {"steps": steps, "trace_bytes": size, **got, "peak_over_size": got["peak_growth_kb"] * 1024 / size,
             "load": _load()}
 
 
@@ -113,12 +127,11 @@ def large(work: Path, size_mb: float) -> dict[str, Any]:
     path = work / "large" / "rank0.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     steps = write_big_trace(path, size_mb)
-    got = json.loads(subprocess.run([sys.executable, "-c", _MEASURE, str(path)], capture_output=True, text=True,
-                                    check=True).stdout)
     size = path.stat().st_size
+    got = _measure(path)
     path.unlink()
-    return {"trace_bytes": size, "steps_written": steps, **got, "peak_over_size": got["peak_kb"] * 1024 / size,
-            "load": _load()}
+    return {"trace_bytes": size, "steps_written": steps, **got,
+            "peak_over_size": got["peak_growth_kb"] * 1024 / size, "load": _load()}
 
 
 def main() -> None:
@@ -127,6 +140,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="profiled steps of the speed trace (0: skip)")
     parser.add_argument("--large-mb", type=float, default=0, help="size of the generated large trace (0: skip)")
     parser.add_argument("--skip-routes", action="store_true")
+    parser.add_argument("--speed-traces", type=Path, help="measure on these traces instead of profiling a job")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     report: dict[str, Any] = {"load_at_start": _load(), "sizes": SIZES}
@@ -134,7 +148,13 @@ def main() -> None:
         work = Path(tmp)
         if not args.skip_routes:
             report["routes"] = routes(args.routes.split(","), work)
-        if args.steps:
+        if args.speed_traces is not None:
+            size = sum(p.stat().st_size for p in args.speed_traces.iterdir())
+            got = _measure(args.speed_traces)
+            report["speed"] = {"traces": str(args.speed_traces), "trace_bytes": size, **got,
+                               "peak_over_size": got["peak_growth_kb"] * 1024 / size, "load": _load()}
+            print("speed:", report["speed"], flush=True)
+        elif args.steps:
             report["speed"] = speed(work, args.steps)
             print("speed:", report["speed"], flush=True)
         if args.large_mb:

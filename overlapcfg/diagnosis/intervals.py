@@ -47,6 +47,11 @@ class Cover:
     def spans(self) -> list[tuple[float, float]]:
         return list(zip(self.starts, self.ends, strict=True))
 
+    def within(self, a: float, b: float) -> list[tuple[float, float]]:
+        """The union's intervals clipped to ``[a, b]``."""
+        i, j = bisect_right(self.ends, a), bisect_left(self.starts, b)
+        return [(max(s, a), min(e, b)) for s, e in zip(self.starts[i:j], self.ends[i:j], strict=True)]
+
     def _upto(self, t: float) -> float:
         """Covered length in ``(-inf, t]``."""
         i = bisect_right(self.starts, t)

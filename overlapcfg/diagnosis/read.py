@@ -48,6 +48,8 @@ HEADER = "cannot diagnose these traces"
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _COMPUTE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _OP_CATS = frozenset({"cpu_op", "user_annotation"})
+_NOT_COMPUTE = ("c10d", "_c10d", "record_param_comms")
+"""Prefixes of every cpu_op that is not compute (collectives' issues and waits): one test sorts out most ops."""
 
 OP_COMPUTE, OP_ISSUE, OP_WAIT = 0, 1, 2
 """What an op on a compute thread does: runs compute, issues a collective, waits for one."""
@@ -127,8 +129,8 @@ class RankTrace:
     metadata: dict[str, Any]
     """Per compiled region (``3/forward``), the collectives ``overlapcfg.backend`` recorded in graph order
     (``overlapcfg.passes.trace_label``); empty for other traces."""
-    threads: dict[str, int] = field(default_factory=dict)
-    """``"pid:tid"`` -> thread index."""
+    threads: dict[tuple[object, object], int] = field(default_factory=dict)
+    """``(pid, tid)`` -> thread index (a GPU stream's pid is ``gpu<device>``)."""
     thread_names: dict[int, str] = field(default_factory=dict)
     steps: list[Span] = field(default_factory=list)
     labels: list[Span] = field(default_factory=list)
@@ -155,7 +157,7 @@ class RankTrace:
         return self.path.name
 
     def thread(self, pid: object, tid: object) -> int:
-        key = f"{pid}:{tid}"
+        key = (pid, tid)
         index = self.threads.get(key)
         if index is None:
             index = self.threads[key] = len(self.threads)
@@ -326,7 +328,23 @@ def _take_complete(trace: RankTrace, e: dict[str, Any]) -> None:
     if not isinstance(name, str) or not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
         return
     start, end = float(ts), float(ts) + float(dur)
-    if cat in _OP_CATS:
+    if cat == "cpu_op":  # most events: ops, told apart by cheap string tests first
+        thread = trace.thread(e.get("pid"), e.get("tid"))
+        if not name.startswith(_NOT_COMPUTE):
+            trace.ops.add(start, end, thread, OP_COMPUTE)
+        elif name in WAIT_OPS:
+            trace.ops.add(start, end, thread, OP_WAIT)
+        elif name == "record_param_comms" or is_comm_op(name):
+            args = e.get("args") or {}
+            if name == "record_param_comms":
+                kind_name, numel, dtype, group = _param_comms(args)
+            else:
+                (numel, dtype), kind_name, group = _largest(args), name, None
+            trace.issues.append(Issue(name, collective_kind(kind_name), start, end, thread, numel, dtype, group))
+            trace.ops.add(start, end, thread, OP_ISSUE)
+        else:
+            trace.ops.add(start, end, thread, OP_COMPUTE)
+    elif cat in _OP_CATS:  # user annotations: gloo's collectives, steps, labels
         thread = trace.thread(e.get("pid"), e.get("tid"))
         if name.startswith("gloo:"):
             numel, dtype = _largest(e.get("args") or {})
@@ -335,20 +353,6 @@ def _take_complete(trace: RankTrace, e: dict[str, Any]) -> None:
             trace.steps.append(Span(name, start, end, thread))
         elif name.startswith(GRAPH_REGION) or FSDP_LABEL.match(name):
             trace.labels.append(Span(name, start, end, thread))
-        elif cat == "cpu_op":
-            if name in WAIT_OPS:
-                trace.ops.add(start, end, thread, OP_WAIT)
-            elif name == "record_param_comms" or is_comm_op(name):
-                args = e.get("args") or {}
-                if name == "record_param_comms":
-                    kind_name, numel, dtype, group = _param_comms(args)
-                else:
-                    (numel, dtype), kind_name, group = _largest(args), name, None
-                trace.issues.append(Issue(name, collective_kind(kind_name), start, end, thread, numel, dtype,
-                                          group))
-                trace.ops.add(start, end, thread, OP_ISSUE)
-            else:
-                trace.ops.add(start, end, thread, OP_COMPUTE)
     elif cat in _COMPUTE_CATS:
         stream = trace.thread(f"gpu{e.get('pid')}", e.get("tid"))
         kind = kernel_kind(name) if cat == "kernel" else None

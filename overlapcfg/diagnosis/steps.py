@@ -19,7 +19,7 @@ region of a graph ``overlapcfg.backend`` compiled (``overlapcfg.diagnosis.attrib
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -205,12 +205,15 @@ class _Labels:
         for s in sorted(labels, key=lambda s: (s.start, -s.end)):
             self.by_thread.setdefault(s.thread, []).append(s)
         self.starts = {t: [s.start for s in lst] for t, lst in self.by_thread.items()}
+        self.longest = {t: max((s.end - s.start for s in lst), default=0.0) for t, lst in self.by_thread.items()}
 
     def around(self, thread: int, t: float) -> list[Span]:
-        """Labels containing ``t`` on ``thread``, outermost first."""
+        """Labels containing ``t`` on ``thread``, outermost first (only those starting within the longest label's
+        length before ``t`` can)."""
         lst = self.by_thread.get(thread, [])
-        i = bisect_right(self.starts.get(thread, []), t)
-        return [s for s in lst[:i] if s.end >= t]
+        starts = self.starts.get(thread, [])
+        lo = bisect_left(starts, t - self.longest.get(thread, 0.0))
+        return [s for s in lst[lo:bisect_right(starts, t)] if s.end >= t]
 
 
 def step_windows(trace: RankTrace) -> list[tuple[int, float, float]]:
@@ -229,11 +232,13 @@ def step_windows(trace: RankTrace) -> list[tuple[int, float, float]]:
     return out
 
 
-def _hooks(labels: Sequence[Span], comm: Cover, a: float, b: float) -> dict[tuple[str, ...], float]:
+def _hooks(labels: _Labels, comm: Cover, a: float, b: float) -> dict[tuple[str, ...], float]:
     out: dict[tuple[str, ...], float] = {}
     ends: dict[int, float] = {}
-    for span in sorted(labels, key=lambda s: (s.thread, s.start, -s.end)):
-        if not a <= span.start < b or span.start < ends.get(span.thread, float("-inf")):
+    spans = [s for thread, lst in labels.by_thread.items()
+             for s in lst[bisect_left(labels.starts[thread], a):bisect_left(labels.starts[thread], b)]]
+    for span in sorted(spans, key=lambda s: (s.thread, s.start, -s.end)):
+        if span.start < ends.get(span.thread, float("-inf")):
             continue
         found = fsdp_label(span.name)
         if found is None or not found[1]:
@@ -300,16 +305,15 @@ def analyze_rank(trace: RankTrace, rank: int, offset: float = 0.0) -> RankAnalys
     order = sorted(range(len(trace.comms)), key=lambda k: (matched[k].start if k in matched else trace.comms[k].start))
     region_counts: dict[tuple[int, float], int] = {}
     for n, a, b in windows:
-        both = Cover([*((s, e) for s, e in compute.spans() if e > a and s < b),
-                      *((s, e) for s, e in comm.spans() if e > a and s < b)])
-        exposed_total = sum(e - s for ca, cb in comm.spans() for s, e in compute.gaps(max(a, ca), min(b, cb))
-                            if cb > a and ca < b)
+        compute_in, comm_in = compute.within(a, b), comm.within(a, b)
+        both = Cover([*compute_in, *comm_in])
+        exposed_total = sum(e - s for ca, cb in comm_in for s, e in compute.gaps(ca, cb))
         step = RankStep(rank=rank, step=n, start=a + offset, end=b + offset, compute=compute.covered(a, b) / 1e6,
                         comm=comm.covered(a, b) / 1e6, exposed=exposed_total / 1e6,
-                        idle=max(0.0, (b - a) - both.covered(a, b)) / 1e6,
+                        idle=max(0.0, (b - a) - both.total) / 1e6,
                         compute_spans=[(s + offset, e + offset) for s, e in
-                                       _segments(compute.spans(), a, b, 0.01 * (b - a))],
-                        hooks=_hooks(trace.labels, comm, a, b))
+                                       _segments(compute_in, a, b, 0.01 * (b - a))],
+                        hooks=_hooks(labels, comm, a, b))
         for k in order:
             c = trace.comms[k]
             issue = matched.get(k)

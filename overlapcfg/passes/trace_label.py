@@ -83,7 +83,7 @@ def labelled(compiled: Callable[..., object], gm: fx.GraphModule, graph: str) ->
     buckets = {b.name: list(b.modules) for b in found.buckets} if found is not None else {}
     record = json.dumps({"graph": graph, "buckets": buckets, "collectives": graph_collectives(gm)})
 
-    boxed = getattr(compiled, "_boxed_call", False)
+    boxed = hasattr(compiled, "_boxed_call")  # as aot_autograd reads it (inductor declares it on the class)
 
     def run(args: list[object]) -> object:
         if compat.profiler_active():
