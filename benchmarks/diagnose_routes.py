@@ -4,7 +4,8 @@ ranks, a Hugging Face Llama, each with a deliberately poor config (every paramet
 good one (``tests/support/diagnose_jobs.py``: ``CONFIGS``). Per run: exposed communication per step from
 ``diagnose`` against an independent reading of the same files (``tests/support/trace_oracle.py``), unattributed
 collectives, the proposal; then the proposed config is run and timed against the config it came from, in turns
-(A B A B: the machine's load drifts), each step the slowest rank's wall time.
+(A B A B: the machine's load drifts), each step the slowest rank's wall time; spreads are half the interquartile
+range of the steps.
 
 Then the speed and memory of ``diagnose`` itself on a 2-rank trace of ``--steps`` profiled steps (a fresh process:
 peak resident memory against the traces' size), and, with ``--large-mb``, on one generated trace of that size
@@ -68,7 +69,12 @@ def _measure(path: Path) -> dict[str, Any]:
 
 
 def _spread(times: list[float]) -> float:
-    return (max(times) - min(times)) / 2 if len(times) > 1 else 0.0
+    """Half the interquartile range: on a shared machine one step in ten can take several times the others, and
+    half the range would be that step's."""
+    if len(times) < 2:
+        return 0.0
+    q = statistics.quantiles(times, n=4)
+    return (q[2] - q[0]) / 2
 
 
 def _ms(s: float | None) -> str:
@@ -103,7 +109,8 @@ def routes(route_names: list[str], work: Path) -> list[dict[str, Any]]:
             before = again[f"{name}_a"] + again[f"{name}_b"]
             after = again[f"{name}_proposed_a"] + again[f"{name}_proposed_b"]
             row.update(before_ms=statistics.median(before) * 1e3, before_spread_ms=_spread(before) * 1e3,
-                       after_ms=statistics.median(after) * 1e3, after_spread_ms=_spread(after) * 1e3)
+                       after_ms=statistics.median(after) * 1e3, after_spread_ms=_spread(after) * 1e3,
+                       before_steps_ms=[t * 1e3 for t in before], after_steps_ms=[t * 1e3 for t in after])
             row["faster_beyond_spread"] = (row["before_ms"] - row["after_ms"]) > max(row["before_spread_ms"],
                                                                                    row["after_spread_ms"])
         rows.append(row)
