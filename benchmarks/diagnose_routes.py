@@ -41,31 +41,31 @@ from tests.support.trace_oracle import exposed_per_step
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = {"hidden": 128, "layers": 2, "profiled": 5, "timed": 8}
 _MEASURE = """
-import json, resource, sys, time
-import overlapcfg.diagnosis.run as run
+import json, sys, time
 from overlapcfg.diagnosis import diagnose
-from overlapcfg.diagnosis.read import read_trace
-if sys.argv[2] == "memory":  # one process: its peak resident memory is all the diagnosis holds
-    run.read_all = lambda files: [read_trace(f) for f in files]
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+import overlapcfg.diagnosis.run, overlapcfg.diagnosis.render, overlapcfg.config  # everything diagnose imports
+
+
+def status(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key))
+
+
+with open("/proc/self/clear_refs", "w") as f:  # Linux: reset the peak (VmHWM) to the resident size now
+    f.write("5")
+before = status("VmRSS:")
 start = time.perf_counter()
 r = diagnose(sys.argv[1])
 seconds = time.perf_counter() - start
-growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-print(json.dumps({"seconds": seconds, "peak_growth_kb": growth, "steps": len(r.steps), "collectives": r.collectives}))
+print(json.dumps({"seconds": seconds, "peak_growth_kb": status("VmHWM:") - before, "steps": len(r.steps),
+                  "collectives": r.collectives}))
 """
 
 
 def _measure(path: Path) -> dict[str, Any]:
-    """Seconds as ``diagnose`` runs (files read in parallel processes), and the peak resident memory it adds, read
-    one file after the other in one process (forked readers' peaks would count the parent's pages)."""
-    def one(mode: str) -> dict[str, Any]:
-        out = subprocess.run([sys.executable, "-c", _MEASURE, str(path), mode], capture_output=True, text=True,
-                             check=True)
-        return json.loads(out.stdout)
-
-    timed, memory = one("time"), one("memory")
-    return {**timed, "peak_growth_kb": memory["peak_growth_kb"], "sequential_seconds": memory["seconds"]}
+    """Seconds ``diagnose`` takes, and the most resident memory it adds (the peak after imports, reset through
+    ``/proc/self/clear_refs``, less the resident size then), in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(path)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
 
 
 def _spread(times: list[float]) -> float:

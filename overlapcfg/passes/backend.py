@@ -11,6 +11,10 @@ and Hugging Face models behind decorated ``forward`` methods (dynamo root ``L['a
 same attribution. Collectives that are not FSDP's (tensor-parallel activations, ``all_to_all``, user
 all-reduces) are classified and left alone.
 
+Each compiled graph runs inside a profiler range ``overlapcfg.graph::<id>/<graph>`` and, while a profiler records,
+leaves its collectives and buckets in the trace (``overlapcfg.passes.trace_label``), so ``overlapcfg.diagnose``
+can attribute them from the trace alone.
+
 ``GraphBackend`` keeps what it compiled (``graphs``, after the pass), what it was given (``captured``, before the
 pass) and who owns each collective (``collectives``); ``GraphBackend.step()`` is that capture as the
 ``CapturedStep`` ``explain``, ``compare`` and ``tune`` take (``overlapcfg.capture_step`` is built on it).
