@@ -150,11 +150,13 @@ def main() -> None:
     parser.add_argument("--speed-traces", type=Path, help="measure on these traces instead of profiling a job")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
+    name = "diagnose_routes.json" if not args.skip_routes else "diagnose_speed.json"
     report: dict[str, Any] = {"load_at_start": _load(), "sizes": SIZES}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if not args.skip_routes:
             report["routes"] = routes(args.routes.split(","), work)
+            (RESULTS / name).write_text(json.dumps(report, indent=2))  # kept if a later part fails
         if args.speed_traces is not None:
             size = sum(p.stat().st_size for p in args.speed_traces.iterdir())
             got = _measure(args.speed_traces)
@@ -176,8 +178,8 @@ def main() -> None:
         print(f"{row['run']:18s} {row['exposed_ms']:8.1f} {row['independent_ms']:8.1f} {row['unattributed']:6d}  "
               f"{row['measured_ms']:7.1f}±{row['measured_spread_ms']:<6.1f}  {before:>14s}  {after:>14s}  "
               f"{row['proposal'] or 'nothing beyond noise'}")
-    (RESULTS / "diagnose_routes.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {RESULTS / 'diagnose_routes.json'}")
+    (RESULTS / name).write_text(json.dumps(report, indent=2))
+    print(f"wrote {RESULTS / name}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ stays cheap.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
-from itertools import accumulate
+
+import numpy as np
 
 __all__ = ["Cover", "union"]
 
@@ -30,34 +30,43 @@ def union(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 class Cover:
-    """A union of intervals, queried for how much of a span it covers."""
+    """A union of intervals (numpy arrays: millions of kernels stay a few arrays), queried for how much of a span it
+    covers."""
 
     __slots__ = ("_cum", "ends", "starts")
 
-    def __init__(self, spans: Iterable[tuple[float, float]]) -> None:
-        merged = union(spans)
-        self.starts = [a for a, _ in merged]
-        self.ends = [b for _, b in merged]
-        self._cum = [0.0, *accumulate(b - a for a, b in merged)]
+    def __init__(self, spans: Iterable[tuple[float, float]] | np.ndarray) -> None:
+        pairs = np.asarray(spans if isinstance(spans, np.ndarray) else list(spans), dtype=np.float64).reshape(-1, 2)
+        pairs = pairs[pairs[:, 1] > pairs[:, 0]]
+        if len(pairs):
+            pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
+            reach = np.maximum.accumulate(pairs[:, 1])
+            breaks = np.flatnonzero(pairs[1:, 0] > reach[:-1])
+            self.starts = pairs[np.r_[0, breaks + 1], 0]
+            self.ends = reach[np.r_[breaks, len(pairs) - 1]]
+        else:
+            self.starts = self.ends = np.zeros(0)
+        self._cum = np.r_[0.0, np.cumsum(self.ends - self.starts)]
 
     @property
     def total(self) -> float:
-        return self._cum[-1]
+        return float(self._cum[-1])
 
     def spans(self) -> list[tuple[float, float]]:
-        return list(zip(self.starts, self.ends, strict=True))
+        return list(zip(self.starts.tolist(), self.ends.tolist(), strict=True))
 
     def within(self, a: float, b: float) -> list[tuple[float, float]]:
         """The union's intervals clipped to ``[a, b]``."""
-        i, j = bisect_right(self.ends, a), bisect_left(self.starts, b)
-        return [(max(s, a), min(e, b)) for s, e in zip(self.starts[i:j], self.ends[i:j], strict=True)]
+        i, j = int(np.searchsorted(self.ends, a, "right")), int(np.searchsorted(self.starts, b, "left"))
+        return [(max(s, a), min(e, b)) for s, e in zip(self.starts[i:j].tolist(), self.ends[i:j].tolist(),
+                                                       strict=True)]
 
     def _upto(self, t: float) -> float:
         """Covered length in ``(-inf, t]``."""
-        i = bisect_right(self.starts, t)
+        i = int(np.searchsorted(self.starts, t, "right"))
         if i == 0:
             return 0.0
-        return self._cum[i - 1] + min(t, self.ends[i - 1]) - self.starts[i - 1]
+        return float(self._cum[i - 1] + min(t, self.ends[i - 1]) - self.starts[i - 1])
 
     def covered(self, a: float, b: float) -> float:
         """Length of ``[a, b]`` inside the union."""
@@ -67,9 +76,9 @@ class Cover:
         """The parts of ``[a, b]`` outside the union, in order."""
         out = []
         t = a
-        i = max(0, bisect_left(self.ends, a))
+        i = int(np.searchsorted(self.ends, a, "left"))
         while t < b and i < len(self.starts):
-            s, e = self.starts[i], self.ends[i]
+            s, e = float(self.starts[i]), float(self.ends[i])
             if s >= b:
                 break
             if s > t:

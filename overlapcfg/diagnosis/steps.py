@@ -23,6 +23,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from overlapcfg.diagnosis.intervals import Cover
 from overlapcfg.diagnosis.names import GRAPH_REGION, STEP_MARK, dtype_bytes, fsdp_label
 from overlapcfg.diagnosis.read import OP_COMPUTE, Comm, Issue, RankTrace, Span
@@ -111,33 +113,27 @@ class RankAnalysis:
     cuda: bool
 
 
-def _leaf_compute(trace: RankTrace, comm_threads: set[int]) -> list[tuple[float, float]]:
-    """Leaf ops that compute, on compute threads (see the module docstring)."""
+def _leaf_compute(trace: RankTrace, comm_threads: set[int]) -> np.ndarray:
+    """Leaf ops that compute, on compute threads (see the module docstring), as ``(n, 2)`` start and end. Ops on
+    one thread nest, so sorted by start (longest first), an op has an op inside it exactly when the next one starts
+    before it ends; an op inside a collective's issue or wait starts within that op's span, after it."""
     ops = trace.ops
-    by_thread: dict[int, list[int]] = {}
-    for i in range(len(ops)):
-        if ops.thread[i] not in comm_threads:
-            by_thread.setdefault(ops.thread[i], []).append(i)
-    out = []
-    for indices in by_thread.values():
-        indices.sort(key=lambda i: (ops.start[i], -ops.end[i]))
-        stack: list[tuple[float, bool, int]] = []  # (end, inside a collective's issue or wait, op)
-        parents: set[int] = set()
-        candidates: list[int] = []
-        for i in indices:
-            start = ops.start[i]
-            while stack and stack[-1][0] <= start:
-                stack.pop()
-            inside = False
-            if stack:
-                parents.add(stack[-1][2])
-                inside = stack[-1][1]
-            not_compute = ops.code[i] != OP_COMPUTE
-            stack.append((ops.end[i], inside or not_compute, i))
-            if not inside and not not_compute:
-                candidates.append(i)
-        out += [(ops.start[i], ops.end[i]) for i in candidates if i not in parents]
-    return out
+    start, end = np.frombuffer(ops.start, dtype=np.float64), np.frombuffer(ops.end, dtype=np.float64)
+    thread = np.frombuffer(ops.thread, dtype=np.intc)
+    code = np.frombuffer(ops.code, dtype=np.int8)
+    out = [np.zeros((0, 2))]
+    for t in np.unique(thread).tolist():
+        if t in comm_threads:
+            continue
+        idx = np.flatnonzero(thread == t)
+        order = idx[np.lexsort((-end[idx], start[idx]))]
+        s, e, c = start[order], end[order], code[order]
+        keep = c == OP_COMPUTE
+        keep[:-1] &= ~(s[1:] < e[:-1])
+        for j in np.flatnonzero(c != OP_COMPUTE).tolist():
+            keep[j:int(np.searchsorted(s, e[j], "left"))] = False
+        out.append(np.stack([s[keep], e[keep]], axis=1))
+    return np.concatenate(out)
 
 
 def _outer_issues(issues: Sequence[Issue]) -> list[Issue]:
@@ -277,7 +273,8 @@ def analyze_rank(trace: RankTrace, rank: int, offset: float = 0.0) -> RankAnalys
     comm_threads = {int(c.lane[len("thread"):]) for c in trace.comms if c.lane.startswith("thread")}
     comm_threads |= {t for t, name in trace.thread_names.items() if "gloo" in name.lower()}
     if cuda:
-        compute_spans = [(trace.kernels.start[i], trace.kernels.end[i]) for i in range(len(trace.kernels))]
+        compute_spans = np.stack([np.frombuffer(trace.kernels.start, dtype=np.float64),
+                                  np.frombuffer(trace.kernels.end, dtype=np.float64)], axis=1)
     else:
         compute_spans = _leaf_compute(trace, comm_threads)
     compute = Cover(compute_spans)
@@ -292,10 +289,11 @@ def analyze_rank(trace: RankTrace, rank: int, offset: float = 0.0) -> RankAnalys
     memory_times = [t for t, _ in memory]
     windows = step_windows(trace)
     if not windows:
-        first = min([*compute.starts[:1], *comm.starts[:1]], default=0.0)
-        windows = [(0, first, max([*compute.ends[-1:], *comm.ends[-1:]], default=first))]
+        first = min([*compute.starts[:1].tolist(), *comm.starts[:1].tolist()], default=0.0)
+        windows = [(0, first, max([*compute.ends[-1:].tolist(), *comm.ends[-1:].tolist()], default=first))]
     if cuda:  # device work of a step may run past its CPU span: up to the next step's start
-        windows = [(n, a, windows[i + 1][1] if i + 1 < len(windows) else max(b, comm.ends[-1] if comm.ends else b))
+        last = float(comm.ends[-1]) if len(comm.ends) else None
+        windows = [(n, a, windows[i + 1][1] if i + 1 < len(windows) else max(b, last if last is not None else b))
                    for i, (n, a, b) in enumerate(windows)]
     overlapped_total = sum(compute.covered(c.start, c.end) for c in trace.comms)
     comm_total = sum(c.end - c.start for c in trace.comms)
