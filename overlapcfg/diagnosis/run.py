@@ -151,7 +151,7 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
             by_step.setdefault(s.step, []).append(s.seconds)
     slowest = [max(v) for _, v in sorted(by_step.items())]
     measured = statistics.median(slowest)
-    noise = (max(slowest) - min(slowest)) / 2 if len(slowest) > 1 else 0.0
+    noise = _spread(slowest)
     if len(slowest) == 1:
         notes.append("one profiled step: no spread to judge a gain against (profile a few steps)")
     mismatches = first_mismatch(analyses) if len(analyses) > 1 else []
@@ -227,6 +227,17 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
         noise_s=noise, replayed_step_s=replayed, memory_budget=memory_budget, proposal=chosen, verdict=verdict,
         candidates=tuple(p for p, _ in proposals), config=config, notes=tuple(notes),
     ).with_picture(pictured)
+
+
+def _spread(times: Sequence[float]) -> float:
+    """Half the interquartile range of the steps' times (half their range below 4 steps): on a shared machine one
+    step in several can take a multiple of the others, and half the range would be that one step's."""
+    if len(times) < 2:
+        return 0.0
+    if len(times) < 4:
+        return (max(times) - min(times)) / 2
+    q = statistics.quantiles(times, n=4)
+    return (q[2] - q[0]) / 2
 
 
 def _pictured_step(analyses: Sequence[RankAnalysis], by_step: dict[int, list[float]]) -> tuple[Any, ...]:

@@ -35,7 +35,10 @@ def test_a_labelled_graph_runs_in_its_range_and_leaves_its_record_only_while_pro
 
 def test_an_unboxed_compiled_function_is_called_with_its_arguments() -> None:
     gm = _graph()
-    run = labelled(gm, gm, "backward")  # a GraphModule: called with its arguments, not boxed
+    def unboxed(x: torch.Tensor) -> torch.Tensor:
+        return gm(x)
+
+    run = labelled(unboxed, gm, "backward")
     assert torch.equal(run([torch.full((2,), -1.0)]), torch.zeros(2))
 
 
