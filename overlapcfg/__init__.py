@@ -5,7 +5,7 @@ The pipeline a config flows through, one sub-package per stage:
 attribution, merge, schedule, verify) → ``strategies`` → ``passes`` (rewrite the graph, then prove it; the
 ``torch.compile`` backend; the ``CapturedStep``) | ``fsdp2`` → ``cost`` (what a step will cost) → ``report`` (what
 happened, and the prediction, drawn) | ``capture`` (your model's step as a ``CapturedStep``) → ``tuning`` |
-``measuring`` → ``demo`` | ``integrations``.
+``measuring`` → ``diagnosis`` (a job's own profiler traces read back into a config) → ``demo`` | ``integrations``.
 
 Names are exported lazily so ``import overlapcfg`` stays cheap and imports no torch until a graph is touched.
 """
@@ -72,6 +72,8 @@ _EXPORTS: dict[str, str] = {
     "tune": "overlapcfg.tuning",
     "calibrate": "overlapcfg.measuring",
     "measure": "overlapcfg.measuring",
+    "diagnose": "overlapcfg.diagnosis",
+    "DiagnoseResult": "overlapcfg.diagnosis",
     "Measurement": "overlapcfg.measuring",
     "NodeCosts": "overlapcfg.cost",
     "save_hardware": "overlapcfg.cost",
@@ -89,6 +91,7 @@ __all__ = [
     "Bucket",
     "CapturedStep",
     "BucketPlan",
+    "DiagnoseResult",
     "Fault",
     "HardwareProfile",
     "Measurement",
@@ -121,6 +124,7 @@ __all__ = [
     "capture_step",
     "calibrate",
     "compare",
+    "diagnose",
     "ensure_process_group",
     "exit_process",
     "explain",
@@ -169,6 +173,7 @@ if TYPE_CHECKING:
     from overlapcfg.config.hydra_app import hydra_main, with_hydra_overrides
     from overlapcfg.cost import HardwareProfile, NodeCosts, load_hardware, save_hardware, simulate
     from overlapcfg.demo.tracing import trace_train_step
+    from overlapcfg.diagnosis import DiagnoseResult, diagnose
     from overlapcfg.errors import (
         AttributionError,
         Fault,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal, TypeAlias
 
-__all__ = ["DIRECTIONS", "BucketKind", "CollectiveKind", "Direction"]
+__all__ = ["DIRECTIONS", "GRAPH_REGION", "BucketKind", "CollectiveKind", "Direction"]
 
 Direction: TypeAlias = Literal["forward", "backward"]
 """Which side of autograd a node, a collective, a graph of a captured step or a decision is on
@@ -22,3 +22,8 @@ CollectiveKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce"
 BucketKind: TypeAlias = Literal["all_gather", "reduce_scatter", "all_reduce"]
 """The kinds a bucket merges and a depth schedules (FSDP all-gathers and reduce-scatters, HSDP all-reduces);
 calibration fits the same three."""
+
+GRAPH_REGION = "overlapcfg.graph::"
+"""How a profiler trace names a graph ``overlapcfg.backend`` compiled: the range each call runs in and the key of the
+graph's collectives at the trace's top level (``overlapcfg.graph::3/forward``), written by
+``overlapcfg.passes.trace_label`` and read by ``overlapcfg.diagnose``."""

@@ -288,3 +288,20 @@ def graph_trainer_missing_apis() -> tuple[str, ...]:
 
 
 __all__ += ["graph_trainer_missing_apis"]
+
+
+# --- torch.profiler: the labels and the record a compiled graph leaves in a trace ---------------------------------
+
+def profiler_active() -> bool:
+    """Whether a ``torch.profiler`` (or ``torch.autograd.profiler``) session is recording in this process (torch
+    keeps the flag in a private module global, set when a session starts and cleared when it stops)."""
+    return bool(_torch.autograd.profiler._is_profiler_enabled)
+
+
+def add_trace_metadata(key: str, value_json: str) -> None:
+    """Put ``key: <value_json>`` at the top level of the Chrome trace the running profiler session exports (what
+    ``profile.add_metadata_json`` does, without the ``profile`` object: the backend does not hold it)."""
+    _torch.autograd._add_metadata_json(key, value_json)
+
+
+__all__ += ["add_trace_metadata", "profiler_active"]

@@ -4,7 +4,8 @@
 compares several configs; ``overlapcfg -m overlap.policy.forward_prefetch=0,1,2`` sweeps, one report per job;
 ``overlapcfg mode=tune hardware=h100_nvlink tune.memory_budget=4GiB`` searches plans and depths (``tuned.yaml``);
 under ``torchrun``, ``mode=calibrate`` writes a measured hardware profile and ``mode=measure`` runs real steps
-against the prediction (``overlapcfg.demo.measure_job``).
+against the prediction (``overlapcfg.demo.measure_job``); ``overlapcfg mode=diagnose trace=<dir>`` reads a job's own
+profiler traces and proposes a config (``overlapcfg.demo.diagnose_job``).
 
 The command starts as every Hydra app of overlapcfg's does (``overlapcfg.config.hydra_app.run_app``): its overrides
 checked and presets by name written as group options before Hydra composes, every config file Hydra will read
@@ -46,7 +47,7 @@ from overlapcfg.errors import OverlapConfigError, did_you_mean
 
 __all__ = ["main", "unknown_override_keys"]
 
-MODES = ("run", "compare", "tune", "calibrate", "measure")
+MODES = ("run", "compare", "tune", "calibrate", "measure", "diagnose")
 INTERRUPTED = 130
 """Exit status after Ctrl-C: 128 + SIGINT, what shells report for a command the signal ended."""
 
@@ -76,6 +77,10 @@ def _task(cfg: DictConfig) -> None:
             from overlapcfg.demo import tune_job  # above job: it reuses job's trace, stages and hardware checks
 
             tune_job.run_tune(cfg, output_dir, console)
+        elif mode == "diagnose":
+            from overlapcfg.demo import diagnose_job  # reads a job's own traces: nothing traced or run here
+
+            diagnose_job.run_diagnose(cfg, output_dir, console)
         elif mode in ("calibrate", "measure"):
             from overlapcfg.demo import measure_job
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from overlapcfg.files import TEMP_GLOB
 
-__all__ = ["COMPARE_FILE", "FRONT_FILE", "MEASURE_FILE", "NODE_COSTS_FILE", "OUTPUT_FILES", "REPORT_FILE",
-           "TIMELINE_STEM", "TUNED_FILE", "TUNE_FILE", "clear_outputs"]
+__all__ = ["COMPARE_FILE", "DIAGNOSE_FILE", "DIAGNOSE_TIMELINE", "FRONT_FILE", "MEASURE_FILE", "NODE_COSTS_FILE",
+           "OUTPUT_FILES", "PROPOSED_FILE", "REPORT_FILE", "TIMELINE_STEM", "TUNED_FILE", "TUNE_FILE", "clear_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,14 @@ TUNE_FILE = "tune.json"
 FRONT_FILE = "tune_front.png"
 MEASURE_FILE = "measure.json"
 NODE_COSTS_FILE = "node_costs.json"
+DIAGNOSE_FILE = "diagnose.json"
+PROPOSED_FILE = "proposed.yaml"
+DIAGNOSE_TIMELINE = "diagnose_timeline.png"
 OUTPUT_FILES = (REPORT_FILE, COMPARE_FILE, f"{TIMELINE_STEM}.json", f"{TIMELINE_STEM}.png", TUNED_FILE, TUNE_FILE,
-                FRONT_FILE, MEASURE_FILE, NODE_COSTS_FILE)
+                FRONT_FILE, MEASURE_FILE, NODE_COSTS_FILE, DIAGNOSE_FILE, PROPOSED_FILE, DIAGNOSE_TIMELINE)
 """Every file a mode writes (``mode=run``: the report; ``compare``: the comparison and the timeline; ``tune``:
-the tuned config, its evidence and the front; ``measure``: the measurement and the node costs). ``calibrate``'s
+the tuned config, its evidence and the front; ``measure``: the measurement and the node costs; ``diagnose``: the
+diagnosis, the proposed config and one step's timeline). ``calibrate``'s
 copy of the profile is named after it (``<name>.yaml``) and stays: its name says which run made it."""
 
 

@@ -29,7 +29,7 @@ from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 __all__ = ["COMMAND_KEYS", "STRATEGY", "command_faults", "command_search_path", "known_fields", "top_level_keys",
            "unknown_override_keys", "user_profiles"]
 
-COMMAND_KEYS = ("mode", "overlap", "hardware", "tune", "compare", "calibrate", "measure")
+COMMAND_KEYS = ("mode", "overlap", "hardware", "tune", "compare", "calibrate", "measure", "trace", "diagnose")
 """Top-level keys of ``conf/overlapcfg.yaml`` besides the demo settings (``overlapcfg.demo.settings``); a test
 holds the composed config's keys to exactly these and the settings' fields."""
 STRATEGY = "manual"
@@ -48,10 +48,12 @@ def top_level_keys() -> tuple[str, ...]:
 def known_fields() -> dict[str, tuple[str, ...]]:
     """Keys under each node the command validates with a pydantic model (``overlap`` has its own check:
     ``overlapcfg.config.override_checks.override_faults``)."""
+    from overlapcfg.demo.diagnose_job import DiagnoseSettings
     from overlapcfg.demo.settings import DemoModel, DemoParallel
 
     return {"": top_level_keys(), "model": tuple(DemoModel.model_fields),
-            "parallel": tuple(DemoParallel.model_fields)}
+            "parallel": tuple(DemoParallel.model_fields),
+            "diagnose": tuple(f for f in DiagnoseSettings.model_fields if f != "trace")}
 
 
 def command_search_path(extra: Iterable[str] = ()) -> SearchPath:

@@ -1,6 +1,7 @@
 """The pass and its integrations: ``apply`` (``gm -> gm``), ``apply_step`` (a config applied to copies of a captured
-step: what explain, compare and tune look at), the ``torch.compile`` backend, inductor's post-grad hook. Above the
-strategies; below the report."""
+step: what explain, compare and tune look at), the ``torch.compile`` backend (whose graphs leave their range and
+collectives in a profiler trace: ``trace_label``), inductor's post-grad hook. Above the strategies; below the
+report."""
 
 from overlapcfg.graph.meta import pass_record
 from overlapcfg.graph.record import BucketRecord, PassRecord

@@ -16,6 +16,10 @@ A pass that raises ``SameScheduleError`` (the ranks would issue different collec
 error. So every rank raises it as itself, where the step runs, instead of as dynamo's ``BackendCompilerFailed``
 (dynamo wraps whatever a backend raises while compiling).
 
+Each compiled graph runs inside a profiler range ``overlapcfg.graph::<id>/<graph>`` and, while a profiler records,
+leaves its collectives and buckets in the trace (``overlapcfg.passes.trace_label``), so ``overlapcfg.diagnose``
+can attribute them from the trace alone.
+
 ``GraphBackend`` keeps what it compiled (``graphs``, after the pass), what it was given (``captured``, before the
 pass) and who owns each collective (``collectives``); ``GraphBackend.step()`` is that capture as the
 ``CapturedStep`` ``explain``, ``compare`` and ``tune`` take (``overlapcfg.capture_step`` is built on it).
@@ -43,6 +47,7 @@ from overlapcfg.graph.parameters import mark_saved_parameter_views, saved_parame
 from overlapcfg.kinds import Direction
 from overlapcfg.module_paths import ModelFacts, parameter_owner, with_parents
 from overlapcfg.passes.step import CapturedStep
+from overlapcfg.passes.trace_label import labelled
 
 __all__ = ["CapturedStep", "GraphBackend", "GraphCompiler", "Direction", "GraphPass", "boxed_eager",
            "modules_seen"]
@@ -158,7 +163,7 @@ class GraphBackend:
                 if not isinstance(gm, fx.GraphModule):
                     raise OverlapUsageError(f"{name} pass returned {type(gm).__name__}, expected a GraphModule")
             self.graphs[name] = gm
-            return compiler(gm, example_inputs)
+            return labelled(compiler(gm, example_inputs), gm, name)
 
         return compile_graph
 
