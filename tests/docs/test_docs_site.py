@@ -7,8 +7,8 @@ Fast checks of the files; the build itself (``mkdocs build --strict``: links, an
 from __future__ import annotations
 
 import re
-import tomllib
 
+import tomllib
 import yaml
 
 import overlapcfg

@@ -645,7 +645,7 @@ def test_a_failed_apply_puts_back_the_output_node_metadata_and_removes_added_sub
     assert gm.meta == {"mine": 1}
 
 
-# --- the docs' example config (docs/configuration.md), resolved against the demo model's module tree (building it traces nothing) -------
+# --- the docs' example config (configuration.md), resolved against the demo model (building it traces nothing) ---
 
 def test_the_docs_example_config_resolves_against_the_demo_model() -> None:
     from pathlib import Path
