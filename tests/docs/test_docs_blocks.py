@@ -77,9 +77,16 @@ def _modes(block: DocBlock) -> list[str]:
     return ["single", "job"] if JOB in first else ["single"]
 
 
+def _params(block: DocBlock) -> list[Any]:
+    if block.runner == "bash" and block.each_command:
+        return [pytest.param(block, "bash", command, id=f"{block.where}#{k}-bash")
+                for k, command in enumerate(block.commands, 1)]
+    return [pytest.param(block, mode, block.code if mode == "bash" else None, id=f"{block.where}-{mode}")
+            for mode in _modes(block)]
+
+
 BLOCKS = all_blocks()
-RUNS = [pytest.param(block, mode, id=f"{block.where}-{mode}")
-        for block in BLOCKS if block.runner and block.not_run is None for mode in _modes(block)]
+RUNS = [param for block in BLOCKS if block.runner and block.not_run is None for param in _params(block)]
 
 
 def _expect(block: DocBlock, mode: str, out: str) -> None:
@@ -151,14 +158,14 @@ def _checkout_view(where: Path) -> Path:
     return where
 
 
-def _run_shell(block: DocBlock, tmp_path: Path) -> None:
+def _run_shell(block: DocBlock, code: str, tmp_path: Path) -> None:
     work = _checkout_view(tmp_path / "work")
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "COLUMNS", "PYTEST_XDIST_WORKER")}
     env |= {"PATH": f"{work / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}", "PET_STANDALONE": "1",
             "HF_HUB_OFFLINE": "1", "OVERLAPCFG_HOME": str(tmp_path / "home")}
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=work, env=env, capture_output=True,
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=work, env=env, capture_output=True,
                           text=True, timeout=SHELL_TIMEOUT_S, check=False)
-    assert done.returncode == 0, f"{block.where}:\n{block.code}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"{block.where}:\n{code}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     assert "Traceback (most recent call last)" not in done.stderr, done.stderr[-6000:]
 
 
@@ -188,11 +195,11 @@ def _run_python(block: DocBlock, mode: str, tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.docs
 @pytest.mark.slow
 @pytest.mark.timeout(SHELL_TIMEOUT_S + 60)
-@pytest.mark.parametrize("block, mode", RUNS)
-def test_every_block_runs_as_written(block: DocBlock, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
-    if mode == "bash":
-        _run_shell(block, tmp_path)
+@pytest.mark.parametrize("block, mode, shell", RUNS)
+def test_every_block_runs_as_written(block: DocBlock, mode: str, shell: str | None, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    if shell is not None:
+        _run_shell(block, shell, tmp_path)
         return
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OVERLAPCFG_HOME", str(tmp_path / "home"))
@@ -225,8 +232,10 @@ def test_every_block_is_run_or_says_why_not() -> None:
 def test_the_walkthroughs_are_run_alone_and_as_jobs() -> None:
     """The runner sees the blocks the pages promise are run: the ten-line example, the own-model walk-through alone
     and under torchrun, the FSDP2 job, the module blocks and the measure example."""
-    ran = {(block.path, mode) for block, mode in (p.values for p in RUNS)}  # type: ignore[misc]
+    ran = {(block.path, mode) for block, mode, _ in (p.values for p in RUNS)}
     assert {("README.md", "single"), ("docs/python.md", "single"), ("docs/own-model.md", "single"),
             ("docs/own-model.md", "job"), ("docs/fsdp2.md", "job"), ("README.md", "bash")} <= ran
+    main_job = next(b for b in BLOCKS if b.path == "README.md" and "mode=compare" in b.code)
+    assert main_job.each_command and len([p for p in RUNS if p.values[0] == main_job]) == len(main_job.commands) == 9
     elsewhere = [_run_elsewhere(b) for b in BLOCKS if b.runner == "python" and b.not_run is None]
     assert sorted(x for x in elsewhere if x) == sorted([*MODULE_BLOCK_TESTS.values(), *EXAMPLE_TESTS.values()])

@@ -3,7 +3,9 @@
 Blocks are found with markdown-it (the CommonMark parser rich already brings), so a fence inside a list, a ``~~~``
 fence or an indented one is found exactly as a Markdown renderer finds it. A block that is not run says why in an
 HTML comment on the lines right above it, ``<!-- not run: <reason> -->`` (other comments, such as the snippet
-markers ``<!-- --8<-- [start:name] -->``, may stand between them).
+markers ``<!-- --8<-- [start:name] -->``, may stand between them). A shell block of independent commands, each an
+example of its own, may say ``<!-- run: each command on its own -->`` there instead: its commands are then run as
+separate tests (spread over the workers, and a failure names the command).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ SHOWN_LANGS = frozenset({"yaml", "diff", "text", "json", "toml", ""})
 is an error, so a block cannot escape the runner by being spelled ``console`` or ``zsh``."""
 
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<reason>.*?)\s*-->", re.S)
+EACH_COMMAND = re.compile(r"<!--\s*run: each command on its own\s*-->")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
@@ -41,10 +44,19 @@ class DocBlock:
     lang: str
     code: str
     not_run: str | None
+    each_command: bool = False
+    """The block's commands are independent examples, run one by one (``commands``)."""
 
     @property
     def where(self) -> str:
         return f"{self.path}:{self.line}"
+
+    @property
+    def commands(self) -> list[str]:
+        """The block's shell commands: a line continued with ``\\`` joined to the next, blank and comment lines
+        left out."""
+        joined = self.code.replace("\\\n", " ")
+        return [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
     @property
     def runner(self) -> str | None:
@@ -67,17 +79,17 @@ def _blocks_of(path: Path) -> list[DocBlock]:
             heading = tokens[i + 1].content
         if token.type != "fence":
             continue
-        reason = None
+        reason, each = None, False
         j = i - 1
         while j >= 0 and tokens[j].type == "html_block":  # the comments right above the fence
             match = NOT_RUN.search(tokens[j].content)
-            if match:
-                reason = match.group("reason")
-                break
+            reason = match.group("reason") if match else reason
+            each = each or bool(EACH_COMMAND.search(tokens[j].content))
             j -= 1
         assert token.map is not None
         out.append(DocBlock(path=path.relative_to(REPO).as_posix(), line=token.map[0] + 1, heading=heading,
-                            lang=token.info.strip().split(" ")[0].lower(), code=token.content, not_run=reason))
+                            lang=token.info.strip().split(" ")[0].lower(), code=token.content, not_run=reason,
+                            each_command=each))
     return out
 
 
