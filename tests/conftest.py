@@ -39,7 +39,7 @@ def _share_the_cores_between_workers() -> None:
 _share_the_cores_between_workers()
 
 _RUN_FIRST = ("multiprocess/", "conformance/", "passes/test_compile.py", "graph/test_mixed_precision.py",
-              "demo/test_cli.py", "package/", "tuning/test_tune.py")
+              "demo/test_cli.py", "docs/", "package/", "tuning/test_tune.py")
 """Files (and folders) that take tens of seconds each: they start processes (gloo ranks, torchrun, the CLI) or
 compile with inductor. ``--dist loadfile`` hands a worker one file at a time in collection order, so these go
 first and the small files fill in at the end, when the workers finish together; otherwise the last file handed out
@@ -60,12 +60,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Marks the compat tier (``tests/support/compat_tier.py``); puts ``_RUN_FIRST``'s files first (in that order),
     everything else after, each in its collected order."""
     mark_tier(config, items)
+    _leave_out_the_docs_runs(config, items)
 
     def rank(item: pytest.Item) -> int:
         where = item.path.relative_to(_TESTS).as_posix() if item.path.is_relative_to(_TESTS) else ""
         return next((i for i, prefix in enumerate(_RUN_FIRST) if where.startswith(prefix)), len(_RUN_FIRST))
 
     items.sort(key=rank)  # stable: the order within a file and among equals is pytest's
+
+
+def _leave_out_the_docs_runs(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``docs`` run the documentation's blocks (minutes of commands and scripts): ``.ci/run`` runs them
+    as a step of their own (``pytest -m docs tests/docs``), and every run whose ``-m`` does not name ``docs`` leaves
+    them out, as deselected (counted in pytest's summary, never silently)."""
+    if "docs" in (config.option.markexpr or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("docs") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("docs") is not None])
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")

@@ -645,14 +645,14 @@ def test_a_failed_apply_puts_back_the_output_node_metadata_and_removes_added_sub
     assert gm.meta == {"mine": 1}
 
 
-# --- README's example config, resolved against the demo model's module tree (building it traces nothing) -------
+# --- the docs' example config (configuration.md), resolved against the demo model (building it traces nothing) ---
 
-def test_the_readme_example_config_resolves_against_the_demo_model() -> None:
+def test_the_docs_example_config_resolves_against_the_demo_model() -> None:
     from pathlib import Path
 
     from overlapcfg.demo import Llama, LlamaConfig
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text().split("## A config", 1)[1]
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text().split("## A config", 1)[1]
     match = re.search(r"```yaml\n(.*?)```", text, flags=re.S)
     assert match, "no ```yaml block after '## A config'"
     cfg = load_config(match.group(1))

@@ -146,14 +146,15 @@ def test_select_pipeline_sets_the_name_only_where_it_reaches_overlapcfgs_pipelin
 
 
 @pytest.mark.slow
-def test_the_readme_config_module_fails_loudly_when_the_pipeline_is_not_registered(
+def test_the_docs_config_module_fails_loudly_when_the_pipeline_is_not_registered(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """README's ``my_configs.py`` through torchtitan's ``ConfigManager`` (``--module my_configs``), with the registry
-    entry gone: an error at config time, not a run on torchtitan's default passes."""
-    from tests.support.readme import block_after
+    """The docs' ``my_configs.py`` (docs/torchtitan-graph-trainer.md) through torchtitan's ``ConfigManager``
+    (``--module my_configs``), with the registry entry gone: an error at config time, not a run on torchtitan's
+    default passes."""
+    from tests.support.doc_blocks import block_after
     from tests.thirdparty import graph_trainer as G
 
-    recipe = block_after("**`--compile.pass_pipeline overlapcfg` alone does nothing.**", "python")
+    recipe = block_after("## `--compile.pass_pipeline overlapcfg` alone does nothing", "python")
     (tmp_path / "my_configs.py").write_text(recipe)
     monkeypatch.syspath_prepend(str(tmp_path))
     with G.graph_trainer_stubs():

@@ -7,7 +7,7 @@ trainer's post-init hook runs, the entry point's arguments, and that ``import ov
 Slow: the registered pipeline on torchtitan whole-step graphs captured without overlapcfg
 (``tests/thirdparty/graph_trainer.py``, shared per session through the ``whole_step`` fixture): collective counts,
 bucket contents and depths measured by the independent checker (``tests/support/checker.py``) against the original
-graph's own annotations; and the README's command line as far as it goes without a GPU: torchtitan's
+graph's own annotations; and the docs' command line as far as it goes without a GPU: torchtitan's
 ``ConfigManager`` parses it, and a ``GraphTrainer`` runs one step through the registered pipeline.
 """
 
@@ -346,19 +346,19 @@ def test_a_graph_trainer_step_with_its_default_chunked_loss_runs_through_the_pip
 
 
 @pytest.mark.slow
-def test_the_readme_command_line_runs_a_graph_trainer_step_through_the_pipeline(
+def test_the_docs_command_line_runs_a_graph_trainer_step_through_the_pipeline(
         environ: Callable[[str | None], None]) -> None:
-    """README's ``torchrun ... -m overlapcfg.integrations.torchtitan ARGS`` without a GPU: ``ARGS`` as README writes
+    """The docs' ``torchrun ... -m overlapcfg.integrations.torchtitan ARGS`` without a GPU: ``ARGS`` as the page writes
     them (plus ``--compile.disable_passes cudagraph_pass``: CPU), completed by the entry point and parsed by
     torchtitan's ``ConfigManager``, select the pipeline; a ``GraphTrainer`` with that compile config (the
-    fixture's 2-layer Llama3 in place of the 8B model, a policy preset in place of README's 32-layer file) traces,
+    fixture's 2-layer Llama3 in place of the 8B model, a policy preset in place of the page's 32-layer file) traces,
     runs the registered pipeline and executes the step."""
     from overlapcfg.integrations.torchtitan.__main__ import with_pipeline
-    from tests.support.readme import readme_torchtitan_args
+    from tests.support.doc_blocks import torchtitan_command_args
     from tests.thirdparty import graph_trainer as G
     from tests.thirdparty import models as M
 
-    args = with_pipeline([*readme_torchtitan_args(), "--compile.disable_passes", "cudagraph_pass"])
+    args = with_pipeline([*torchtitan_command_args(), "--compile.disable_passes", "cudagraph_pass"])
     with G.graph_trainer_stubs():
         from torchtitan.config import ConfigManager
         from torchtitan.experiments.graph_trainer import registry

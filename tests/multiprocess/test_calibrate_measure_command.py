@@ -90,9 +90,9 @@ def test_outside_torchrun_says_how_to_launch_it_before_torch_is_imported(tmp_pat
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "measure_steps" / "measure_steps.py"
 
 
-def test_readme_shows_the_measure_example_as_it_is() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert f"```python\n{EXAMPLE.read_text()}```" in readme
+def test_the_docs_show_the_measure_example_as_it_is() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "calibrate-measure.md").read_text()
+    assert f"```python\n{EXAMPLE.read_text()}```" in page
 
 
 @pytest.mark.slow

@@ -1,1 +1,1 @@
-"""The package as a whole: its public surface, its layering, and README's promises."""
+"""The package as a whole: its public surface and its layering."""

@@ -9,4 +9,6 @@ TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 """The repository root (on ``sys.path`` in a test session: ``tests`` is imported from it)."""
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+"""The documentation site's pages (``mkdocs.yml`` at the root builds them)."""
 EXAMPLES = REPO / "examples"
