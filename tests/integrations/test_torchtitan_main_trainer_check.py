@@ -32,7 +32,9 @@ from tests.support.paths import README
 
 ROOT = README.parent
 EXAMPLE = ROOT / "examples" / "torchtitan" / "overlap_configs.py"
-SECTION = "### torchtitan's main trainer (eager FSDP2)"
+SECTION = "## torchtitan's main trainer (eager FSDP2)"
+TRAINERS_PAGE = ROOT / "docs" / "trainers.md"
+HYDRA_PAGE = ROOT / "docs" / "hydra.md"
 
 SITE = '''
 import sys, types
@@ -79,13 +81,13 @@ def _docstrings() -> str:
 
 
 def _readme_section() -> str:
-    text = README.read_text().split(SECTION, 1)[1]
-    return text.split("\n### ", 1)[0]
+    text = TRAINERS_PAGE.read_text().split(SECTION, 1)[1]
+    return text.split("\n## ", 1)[0]
 
 
 def suggested_values() -> list[str]:
-    """Every ``OVERLAPCFG_CONFIG=<value>`` the examples' docstrings and README's main-trainer section suggest
-    (placeholders such as ``<its path>`` and ``...`` left out)."""
+    """Every ``OVERLAPCFG_CONFIG=<value>`` the examples' docstrings and the main-trainer section of
+    docs/trainers.md suggest (placeholders such as ``<its path>`` and ``...`` left out)."""
     found = re.findall(r"OVERLAPCFG_CONFIG=([^\s`'\"<>;,)]+)", _docstrings() + "\n" + _readme_section())
     return sorted({v for v in found if v not in ("...",)})
 
@@ -175,7 +177,7 @@ def test_the_presets_the_fsdp2_driver_runs_are_listed_wherever_presets_are() -> 
     assert fsdp2_presets() == ("default", "memory_saving")
     listed = "`, `".join(fsdp2_presets())
     assert f"Policy presets the FSDP2 driver runs: `{listed}`." in " ".join(_readme_section().split())
-    hydra = " ".join(README.read_text().split("## Configuring with Hydra", 1)[1].split("\n## ", 1)[0].split())
+    hydra = " ".join(HYDRA_PAGE.read_text().split())
     assert f"Policy presets the FSDP2 driver runs (`fully_shard`, the trainer integrations): `{listed}`." in hydra
     assert f"Presets the FSDP2 driver runs: {', '.join(fsdp2_presets())}." in " ".join(USAGE.split())
     docstring = " ".join(_docstrings().split())
