@@ -18,6 +18,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from overlapcfg.compat.omegaconf import full_key, root_of
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
+from overlapcfg.config.boundary import DEFAULT_MOUNT
 from overlapcfg.config.faults import faults_from_validation_error
 from overlapcfg.config.interpolate import (
     KeyPath,
@@ -63,11 +64,13 @@ HEADER = "invalid overlap config"
 ConfigSource: TypeAlias = OverlapConfig | Mapping[str, Any] | DictConfig | str | os.PathLike[str]
 """Anything ``load_config`` turns into an ``OverlapConfig``."""
 
-def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
+def load_config(src: ConfigSource, *, root: str = DEFAULT_MOUNT) -> OverlapConfig:
     """Validate ``src`` into an ``OverlapConfig``, or raise ``OverlapConfigError`` listing every fault.
 
-    ``root`` is the prefix of every fault path: where the config sits in the user's own config tree.
-    A mapping with a single ``overlap`` key is unwrapped, so a recipe's whole config file can be passed.
+    ``root`` is the prefix of every fault path: where the config sits in the user's own config tree. A Hydra node
+    left at the default says it itself (``cfg.trainer.overlap`` gives ``trainer.overlap``, as ``from_hydra``), and
+    a loaded ``OverlapConfig`` keeps where it was loaded from. A mapping with a single ``overlap`` key is
+    unwrapped, so a recipe's whole config file can be passed.
 
     What each kind of ``src`` means:
 
@@ -85,7 +88,9 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
       the string ``'4:8'`` (YAML 1.1 would read the integer 248).
     """
     if isinstance(src, OverlapConfig):
-        return src if root in ("overlap", src.config_root) else src.mounted_at(root, file=src.mount.file)
+        return src if root in (DEFAULT_MOUNT, src.config_root) else src.mounted_at(root, file=src.mount.file)
+    if isinstance(src, DictConfig) and root == DEFAULT_MOUNT:
+        root = full_key(src) or DEFAULT_MOUNT
     data = _to_container(src, root)
     if not isinstance(data, Mapping):
         raise OverlapConfigError.single(root, f"expected a mapping, got {_describe(data, src)}")
