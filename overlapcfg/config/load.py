@@ -27,6 +27,7 @@ from overlapcfg.config.interpolate import (
     parse_key_path,
 )
 from overlapcfg.config.overlap import OverlapConfig
+from overlapcfg.config.override_checks import null_policy_fault
 from overlapcfg.config.presets import preset_names
 from overlapcfg.config.safe_yaml import dump_yaml
 from overlapcfg.config.yaml_files import (
@@ -153,9 +154,7 @@ def _hydra_node_faults(data: Mapping[str, Any], root: str) -> Iterator[Fault]:
     named after a preset that is not shipped (an app's own, which only the group option composes)."""
     option = "overlap/{group}" if root == "overlap" else f"overlap/{{group}}@{root}.{{group}}"
     if "policy" in data and data["policy"] is None:
-        yield Fault(f"{root}.policy", "null: a policy cannot be unset (it would run the strategy's defaults without a "
-                                      f"word); for the default policy write {option.format(group='policy')}=default "
-                                      f"or leave it out; to leave the graph alone write {root}.strategy=none")
+        yield null_policy_fault(root)
     for group in ("plan", "policy"):
         name = data.get(group)
         if isinstance(name, str) and name not in preset_names(group):
