@@ -39,7 +39,7 @@ from rich.console import Console, RenderableType
 
 from overlapcfg.errors import OverlapStateError, OverlapUsageError
 
-__all__ = ["MAX_REPR", "PIPED_WIDTH", "Presentation", "Result", "plain_text", "present", "presentation",
+__all__ = ["MAX_REPR", "PIPED_WIDTH", "Presentation", "Result", "counted", "plain_text", "present", "presentation",
            "short_repr"]
 
 MAX_REPR = 2000
@@ -115,6 +115,11 @@ def short_repr(text: str, limit: int = MAX_REPR) -> str:
         return text
     tail = ")" if text.endswith(")") else ""
     return text[: limit - 1 - len(tail)] + "…" + tail
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 bucket``, ``3 buckets``: a count in a summary."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 class Result:

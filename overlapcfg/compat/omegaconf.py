@@ -10,6 +10,7 @@ moves one breaks here, in one place. Read against hydra-core 1.3.x:
   path ``_run_hydra`` builds, search-path plugins included, for the files overlapcfg reads first);
 - ``hydra.main``'s closure (``config_path``, ``config_name``, ``task_function``): how ``with_hydra_overrides``,
   stacked on an unchanged ``@hydra.main`` line, runs the same app;
+- ``hydra.main._get_rerun_conf``: the config ``--experimental-rerun`` runs with (``rerun_config``);
 - ``OmegaConf``'s ``_get_full_key`` / ``_get_root``: where a node sits in its composed config.
 """
 

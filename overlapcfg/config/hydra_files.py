@@ -75,6 +75,12 @@ class SearchPath:
     def is_group(self, group: str) -> bool:
         return any((d / group).is_dir() for d in self.dirs)
 
+    def subgroups(self, group: str) -> tuple[str, ...]:
+        """The groups right below ``group`` (``overlap/plan``, ``overlap/policy`` below ``overlap``), in natural
+        order."""
+        names = {p.name for d in self.dirs if (d / group).is_dir() for p in (d / group).iterdir() if p.is_dir()}
+        return tuple(f"{group}/{name}" for name in sorted(names, key=natural_key))
+
     def options(self, group: str) -> tuple[str, ...]:
         """Every option of ``group`` on the search path, in natural order."""
         names = {p.name[: -len(SUFFIX)] for d in self.dirs if (d / group).is_dir()
@@ -143,16 +149,19 @@ def read_composition(search_path: SearchPath, config_name: str | None, overrides
 def missing_option(o: CommandLineOverride, group: str, option: str, search_path: SearchPath, *,
                    written: str | None = None) -> Fault:
     """``hardware=h100: no option 'h100' in group hardware (did you mean 'h100_nvlink'?); options (closest first):
-    ...``, saying why where Hydra would read the name as a number or a boolean (``hardware=1``)."""
+    ...``, saying why where Hydra would read the name as a number or a boolean (``hardware=1``), and which group
+    below holds the name where one does (``overlap=aggressive``: ``overlap/policy=aggressive``)."""
     options = search_path.options(group)
     as_written = parse_command_line([written])[0] if written else None
     read_as = o.typed + (as_written.typed if as_written is not None else ())
     typed = (f" (Hydra reads {option} as a {_kind(option)}; an option of that name would be the file "
              f"{group}/{option}.yaml)") if option in read_as else ""
     listing = ", ".join(closest_first(option, options)) or "none"
+    below = [sub for sub in search_path.subgroups(group) if option in search_path.options(sub)]
+    elsewhere = f"; it is an option of {' and '.join(below)}: {below[0]}={option}" if below else ""
     return Fault("", f"{written or o.text}: no option {option!r} in group {group}{typed}"
                      f"{did_you_mean(option, options)}; "
-                     f"options (closest first): {listing}")
+                     f"options (closest first): {listing}{elsewhere}")
 
 
 def _kind(text: str) -> str:

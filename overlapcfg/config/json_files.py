@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from overlapcfg.config.safe_yaml import MAX_DEPTH, MAX_NODES
-from overlapcfg.config.yaml_files import check_text, read_text
+from overlapcfg.config.yaml_files import check_text
 from overlapcfg.errors import OverlapConfigError, show_value
 
-__all__ = ["parse_json", "read_json"]
+__all__ = ["parse_json"]
 
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]')
 """What the scan looks at: a whole string (brackets and commas inside it are text), or a bracket, or a comma."""
@@ -39,11 +39,6 @@ def parse_json(text: str, root: str, *, source: Path | str | None = None) -> Any
         raise OverlapConfigError.single(root, f"{where} refused: {err}") from None
     except (ValueError, RecursionError) as err:
         raise OverlapConfigError.single(root, f"could not parse {where}: {_problem(err)}") from None
-
-
-def read_json(path: Path, root: str, *, what: str = "JSON file") -> Any:
-    """The JSON file at ``path`` (read as ``yaml_files.read_text`` reads: one descriptor, capped), bounded."""
-    return parse_json(read_text(path, root, what=what), root, source=path)
 
 
 def _check_shape(text: str, root: str, where: str) -> None:

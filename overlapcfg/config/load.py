@@ -18,6 +18,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from overlapcfg.compat.omegaconf import full_key, root_of
 from overlapcfg.config.base import TARGET_KEY, TARGET_MESSAGE, collect_unknown_field_hints
+from overlapcfg.config.boundary import DEFAULT_MOUNT
 from overlapcfg.config.faults import faults_from_validation_error
 from overlapcfg.config.interpolate import (
     KeyPath,
@@ -26,6 +27,7 @@ from overlapcfg.config.interpolate import (
     parse_key_path,
 )
 from overlapcfg.config.overlap import OverlapConfig
+from overlapcfg.config.override_checks import null_policy_fault
 from overlapcfg.config.presets import preset_names
 from overlapcfg.config.safe_yaml import dump_yaml
 from overlapcfg.config.yaml_files import (
@@ -63,11 +65,13 @@ HEADER = "invalid overlap config"
 ConfigSource: TypeAlias = OverlapConfig | Mapping[str, Any] | DictConfig | str | os.PathLike[str]
 """Anything ``load_config`` turns into an ``OverlapConfig``."""
 
-def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
+def load_config(src: ConfigSource, *, root: str = DEFAULT_MOUNT) -> OverlapConfig:
     """Validate ``src`` into an ``OverlapConfig``, or raise ``OverlapConfigError`` listing every fault.
 
-    ``root`` is the prefix of every fault path: where the config sits in the user's own config tree.
-    A mapping with a single ``overlap`` key is unwrapped, so a recipe's whole config file can be passed.
+    ``root`` is the prefix of every fault path: where the config sits in the user's own config tree. A Hydra node
+    left at the default says it itself (``cfg.trainer.overlap`` gives ``trainer.overlap``, as ``from_hydra``), and
+    a loaded ``OverlapConfig`` keeps where it was loaded from. A mapping with a single ``overlap`` key is
+    unwrapped, so a recipe's whole config file can be passed.
 
     What each kind of ``src`` means:
 
@@ -85,7 +89,9 @@ def load_config(src: ConfigSource, *, root: str = "overlap") -> OverlapConfig:
       the string ``'4:8'`` (YAML 1.1 would read the integer 248).
     """
     if isinstance(src, OverlapConfig):
-        return src if root in ("overlap", src.config_root) else src.mounted_at(root, file=src.mount.file)
+        return src if root in (DEFAULT_MOUNT, src.config_root) else src.mounted_at(root, file=src.mount.file)
+    if isinstance(src, DictConfig) and root == DEFAULT_MOUNT:
+        root = full_key(src) or DEFAULT_MOUNT
     data = _to_container(src, root)
     if not isinstance(data, Mapping):
         raise OverlapConfigError.single(root, f"expected a mapping, got {_describe(data, src)}")
@@ -148,9 +154,7 @@ def _hydra_node_faults(data: Mapping[str, Any], root: str) -> Iterator[Fault]:
     named after a preset that is not shipped (an app's own, which only the group option composes)."""
     option = "overlap/{group}" if root == "overlap" else f"overlap/{{group}}@{root}.{{group}}"
     if "policy" in data and data["policy"] is None:
-        yield Fault(f"{root}.policy", "null: a policy cannot be unset (it would run the strategy's defaults without a "
-                                      f"word); for the default policy write {option.format(group='policy')}=default "
-                                      f"or leave it out; to leave the graph alone write {root}.strategy=none")
+        yield null_policy_fault(root)
     for group in ("plan", "policy"):
         name = data.get(group)
         if isinstance(name, str) and name not in preset_names(group):

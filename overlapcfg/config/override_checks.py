@@ -41,7 +41,7 @@ def override_faults(args: Iterable[str], *, mounts: Sequence[str] = (GROUP,),
         for o in parsed:
             under = below(o, mount)
             if under == ("policy",) and o.is_null and o.prefix != "~":
-                faults.append(null_policy_fault(o, mount))
+                faults.append(null_policy_fault(mount))
                 continue
             if not under or o.prefix == "~" or (len(under) == 1 and o.prefix in ("", "++")
                                                 and under[0] in PRESET_GROUPS):
@@ -52,13 +52,14 @@ def override_faults(args: Iterable[str], *, mounts: Sequence[str] = (GROUP,),
     return faults
 
 
-def null_policy_fault(o: CommandLineOverride, mount: str) -> Fault:
-    """``overlap.policy=null``: Hydra composes a policy of None, which would run the strategy's defaults without a
-    word; say what to write instead."""
+def null_policy_fault(mount: str) -> Fault:
+    """``<mount>.policy=null``: Hydra composes a policy of None, which would run the strategy's defaults without a
+    word; say what to write instead. The one wording, before composing (``override_faults``) and in a node Hydra
+    composed alone (``from_hydra``)."""
     option = f"{GROUP}/policy" if mount == GROUP else f"{GROUP}/policy@{mount}.policy"
-    return Fault(o.key, f"null: a policy cannot be unset (it would run the strategy's defaults without a word); for "
-                        f"the default policy write {option}=default or leave {o.key} out; to leave the graph alone "
-                        f"write {mount}.strategy=none")
+    return Fault(f"{mount}.policy", f"null: a policy cannot be unset (it would run the strategy's defaults without a "
+                                    f"word); for the default policy write {option}=default or leave {mount}.policy "
+                                    f"out; to leave the graph alone write {mount}.strategy=none")
 
 
 def below(o: CommandLineOverride, mount: str) -> tuple[str, ...] | None:

@@ -23,7 +23,7 @@ from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.prediction import CostSource
 from overlapcfg.errors import OverlapConfigError, OverlapLookupError
 from overlapcfg.report.labels import fmt_seconds
-from overlapcfg.results import Result
+from overlapcfg.results import Result, counted
 
 __all__ = ["MEASURE_SCHEMA", "CalibratedProfile", "Measurement", "MeasuredCollective", "MeasuredConfig",
            "profile_header"]
@@ -168,8 +168,8 @@ class Measurement(Result, _Data):
         error = self.median_abs_error()
         err = f", median |error| {100 * error:.1f}%" if error is not None else ""
         names = ", ".join(repr(c.name) for c in self.configs)
-        return (f"{len(self.configs)} configs on {self.backend} x {self.world_size} ({self.device}), predicted on "
-                f"{self.hardware.name}{err}: {names}")
+        return (f"{counted(len(self.configs), 'config')} on {self.backend} x {self.world_size} ({self.device}), "
+                f"predicted on {self.hardware.name}{err}: {names}")
 
     @classmethod
     def from_json(cls, text: str | dict[str, Any]) -> Measurement:

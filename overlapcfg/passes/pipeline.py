@@ -141,8 +141,8 @@ def apply(
     ``module_fqns``: the model's module FQNs for pattern matching (default: those seen in the graph).
     ``module_fqn_fn``: ``fn(node) -> FQN or None``, the module a node belongs to; by default the evidence order of
     ``overlapcfg.graph.attribution`` (aot descriptors as annotated by the backend, ``meta["custom"]``, module stacks
-    of any dynamo root). ``options``: what only some callers need (``PassOptions``: a tracer's ``state_inputs``,
-    ``for_compiler``, ``strict``, a ``summary`` taken already, ``recompile``).
+    of any dynamo root). ``options``: what only some callers need (``overlapcfg.passes.PassOptions``: a tracer's
+    ``state_inputs``, ``for_compiler``, ``strict``, a ``summary`` taken already, ``recompile``).
     """
     if not isinstance(cfg, OverlapConfig):
         raise OverlapUsageError(f"apply takes a validated OverlapConfig, got {type(cfg).__name__}; build one with "

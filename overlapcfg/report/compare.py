@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 
 from overlapcfg.config import OverlapConfig, OverlapPolicy, load_config
 from overlapcfg.config.base import RankCount
@@ -49,8 +50,11 @@ def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, A
     Include ``{"strategy": "none"}`` and ``{"strategy": "torch_manual", "plan": ...}`` to get the baselines.
     ``as_dtype=torch.bfloat16`` predicts bf16 mixed precision from an fp32 trace (see ``simulate``).
     ``node_costs``: measured node durations instead of the roofline (``overlapcfg.cost.node_costs``).
+    A fault names the config it is in: ``configs[1].plan.buckets[0]`` for one given as a mapping, the place a
+    loaded config or a Hydra node says it came from otherwise.
     """
-    loaded = [load_config(c) for c in configs]
+    loaded = [load_config(c) if isinstance(c, (OverlapConfig, DictConfig)) else load_config(c, root=f"configs[{i}]")
+              for i, c in enumerate(configs)]
     if world_size is not None:  # before the configs are applied, not after
         validate_value(RankCount, world_size, path="world_size")
     if names is not None and len(names) != len(loaded):

@@ -25,7 +25,7 @@ from overlapcfg.errors import OverlapConfigError, OverlapLookupError
 from overlapcfg.graph.record import BucketRecord, GroupTraffic, Uncovered
 from overlapcfg.report.labels import fmt_seconds
 from overlapcfg.resolve.resolved import RecordModel
-from overlapcfg.results import Result
+from overlapcfg.results import Result, counted
 
 __all__ = ["COMPARE_SCHEMA", "SCHEMA", "Comparison", "ComparisonRow", "GraphReport", "Report"]
 
@@ -153,7 +153,7 @@ class Report(Result, RecordModel):
         plan = f", plan={self.plan_name!r}" if self.plan_name else ""
         sim = f", predicted step {fmt_seconds(self.simulation.step_seconds)} on {self.simulation.hardware}" \
             if self.simulation is not None else ""
-        return f"strategy={self.strategy!r}{plan}, {len(self.buckets)} buckets, {graphs}{sim}"
+        return f"strategy={self.strategy!r}{plan}, {counted(len(self.buckets), 'bucket')}, {graphs}{sim}"
 
 
 COMPARE_SCHEMA = "overlapcfg.compare/1"
@@ -217,5 +217,5 @@ class Comparison(Result):
     def summary(self) -> str:
         best = min(self.rows, key=lambda r: r.simulation.step_seconds, default=None)
         fastest = f", fastest {best.name!r} {fmt_seconds(best.simulation.step_seconds)}" if best else ""
-        return (f"{self.hardware}, world size {self.world_size}, {len(self.rows)} rows "
+        return (f"{self.hardware}, world size {self.world_size}, {counted(len(self.rows), 'row')} "
                 f"{', '.join(repr(r.name) for r in self.rows)}{fastest}")

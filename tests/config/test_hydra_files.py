@@ -232,3 +232,21 @@ def test_from_hydra_on_a_name_hydra_left_as_a_value_is_a_config_error_not_a_yaml
             from_hydra(node)
     assert "trainer.overlap.policy: 'broken' is not a shipped policy preset" in str(err.value)
     assert "choose it as overlap/policy@trainer.overlap.policy=broken" in str(err.value)
+
+
+def test_an_option_of_a_group_below_says_where_it_is(tmp_path: Path) -> None:
+    """Found trying the command: ``overlap=aggressive`` said only that ``overlap`` has the option ``default``."""
+    from overlapcfg import OverlapConfigError
+    from overlapcfg.compat.omegaconf import parse_command_line
+    from overlapcfg.config.hydra_files import SearchPath, read_composition
+
+    app = _tree(tmp_path / "app", {"train.yaml": "a: 1\n", "overlap/default.yaml": "x: 1\n",
+                                   "overlap/policy/aggressive.yaml": "y: 2\n", "overlap/plan/mine.yaml": "z: 3\n"})
+    search = SearchPath.of([f"file://{app}"])
+    with pytest.raises(OverlapConfigError) as err:
+        read_composition(search, "train", [o for o in parse_command_line(["overlap=aggressive"]) if o])
+    assert str(err.value).endswith("options (closest first): default; it is an option of overlap/policy: "
+                                   "overlap/policy=aggressive")
+    with pytest.raises(OverlapConfigError) as err:
+        read_composition(search, "train", [o for o in parse_command_line(["overlap=nothing"]) if o])
+    assert str(err.value).endswith("options (closest first): default")

@@ -251,3 +251,10 @@ def test_the_results_page_example_writes_the_front_png_and_timelines_with_one_ca
     for header in ("Tuned for h100_nvlink at 64 ranks", "no memory budget", "compare: h100_nvlink, world size 64",
                    "as traced", "Prediction: h100_nvlink, world size 64"):
         assert header in out.stdout, header
+
+
+def test_a_summary_counts_in_the_singular_for_one() -> None:
+    """The trial: ``Report(strategy='manual', plan='tuned', 1 buckets, ...)``."""
+    report = overlapcfg.explain(captured_step([[1], [1]]), {"plan": {"buckets": [["layers.*"]]}})
+    assert len(report.buckets) == 1 and ", 1 bucket, " in repr(report)
+    assert overlapcfg.results.counted(2, "row") == "2 rows"

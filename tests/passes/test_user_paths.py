@@ -77,3 +77,20 @@ def test_apply_takes_six_parameters_each_documented() -> None:
     assert all(f"``{name}``" in doc for name in params)
     fields = inspect.signature(PassOptions).parameters
     assert all(f"``{name}``" in doc for name in fields)
+
+
+def test_a_hydra_node_given_as_it_is_names_faults_at_its_own_path() -> None:
+    """``explain(step, cfg.trainer.overlap)``, ``backend(cfg.trainer.overlap)``: the entry points load a node with
+    ``load_config``, which read ``overlap.plan...`` whatever the node's place; the node says where it sits."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create({"trainer": {"overlap": {"plan": {"buckets": ["layers.0", "layer.*"]}}}}).trainer.overlap
+    assert overlapcfg.load_config(node).mount.path == "trainer.overlap"
+    with pytest.raises(OverlapConfigError) as err:
+        _apply(forward_graph(LAYERS), overlapcfg.load_config(node))
+    assert [f.path for f in err.value.faults] == ["trainer.overlap.plan.buckets[1]"]
+    bad = OmegaConf.create({"trainer": {"overlap": {"plan": "llama_layers", "policy": {"forward_prefetch": -1}}}})
+    with pytest.raises(OverlapConfigError) as err:
+        overlapcfg.load_config(bad.trainer.overlap)
+    assert [f.path for f in err.value.faults] == ["trainer.overlap.policy.forward_prefetch"]
+    assert overlapcfg.load_config(node, root="mine").mount.path == "mine"  # a root given still wins
