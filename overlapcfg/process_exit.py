@@ -1,4 +1,4 @@
-"""``exit_process``: end a ``torchrun`` rank on gloo without finalizing Python.
+"""``exit_process``: end a ``torchrun`` rank on gloo without finalizing Python (and ``INTERRUPTED``: after Ctrl-C).
 
 ``destroy_process_group`` calls each group's ``shutdown``, which leaves gloo's worker threads (``pt_gloo_runloop``,
 ``gloo_tcp_loop``) running until the group's last reference goes, and references outlive it: FSDP2's state
@@ -23,7 +23,10 @@ import os
 import sys
 from typing import NoReturn
 
-__all__ = ["exit_process"]
+__all__ = ["INTERRUPTED", "exit_process"]
+
+INTERRUPTED = 130
+"""Exit status after Ctrl-C: 128 + SIGINT, what shells report for a command the signal ended."""
 
 
 def exit_process(code: int = 0) -> NoReturn:

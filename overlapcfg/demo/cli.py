@@ -44,12 +44,11 @@ from overlapcfg.demo.overrides import (
     user_profiles,
 )
 from overlapcfg.errors import OverlapConfigError, did_you_mean
+from overlapcfg.process_exit import INTERRUPTED
 
 __all__ = ["main", "unknown_override_keys"]
 
 MODES = ("run", "compare", "tune", "calibrate", "measure", "diagnose")
-INTERRUPTED = 130
-"""Exit status after Ctrl-C: 128 + SIGINT, what shells report for a command the signal ended."""
 
 
 def _console() -> Console:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,3 +194,31 @@ def test_ctrl_c_during_a_command_write_exits_130_with_one_line_and_leaves_no_hal
     assert (run / ".hydra" / "config.yaml").read_text() == config
     assert not (run / "report.json").exists()
     assert not list(run.glob(".*.tmp*"))
+
+
+def test_ctrl_c_while_the_command_is_still_importing_exits_130_with_one_line(tmp_path: Path) -> None:
+    """Found by a review: Ctrl-C in the command's first half second (Python importing Hydra, rich and the config
+    layer) printed the import machinery's ``KeyboardInterrupt`` traceback and ended with status -2. The console
+    script's entry point imports the command itself; here the import is made to raise ``KeyboardInterrupt`` as a
+    real Ctrl-C at that moment would, deterministically (no race with the interpreter's start)."""
+    script = tmp_path / "interrupted_import.py"
+    script.write_text(
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'overlapcfg.demo.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from overlapcfg.__main__ import main\n"
+        "main()\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 130, out.stderr
+    assert out.stderr.splitlines() == ["overlapcfg: interrupted (Ctrl-C) while starting; nothing was written"]
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_the_console_script_enters_through_the_guarded_entry_point() -> None:
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "overlapcfg"]
+    assert script.value == "overlapcfg.__main__:main"
