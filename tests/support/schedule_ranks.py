@@ -127,7 +127,7 @@ def _local_tune(step: CapturedStep, node_costs: NodeCosts | None = None) -> over
     from overlapcfg.tuning.search import _search
 
     result = _search(step, hardware="cpu_gloo", world_size=None, memory_budget=None, space=SPACE,
-                     as_dtype=None, progress=None, verify=False, config_root=None, node_costs=node_costs)
+                     as_dtype=None, progress=None, verify=False, settings_at="", node_costs=node_costs)
     return result.config.model_copy(update={"same_schedule_timeout_s": TIMEOUT_S, "verify": False})
 
 
