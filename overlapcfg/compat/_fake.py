@@ -48,29 +48,7 @@ def trace_with_fake_mode(fn: Callable[..., object], inps: Sequence[object], mode
     node) and a tenth faster, so it is enabled only where a size is symbolic. The shape environment's pending
     unbacked symbols are set aside while tracing (the trace makes none the caller's graph must account for), and
     the ``detach`` nodes ``make_fx`` records for custom ops' outputs are dropped."""
-    shape_env = getattr(mode, "shape_env", None)
-    pending = ignorable = None
-    if shape_env is not None:
-        pending = list(shape_env.pending_fresh_unbacked_symbols)
-        shape_env.pending_fresh_unbacked_symbols.clear()
-        if hasattr(shape_env, "ignorable_fresh_unbacked_symbols"):
-            ignorable = list(shape_env.ignorable_fresh_unbacked_symbols)
-            shape_env.ignorable_fresh_unbacked_symbols.clear()
-    try:
-        symbolic = any(isinstance(t, _torch.Tensor) and not all(type(s) is int for s in (*t.shape, *t.stride()))
-                       for t in _pytree.tree_leaves(inps))
-        # torch._C's python-dispatcher context manager is untyped in torch's stubs
-        with mode, _enable_python_dispatcher() if symbolic else contextlib.nullcontext():  # type: ignore[attr-defined]
-            gm = _make_fx(fn)(*inps)
-    finally:
-        if shape_env is not None:
-            shape_env.pending_fresh_unbacked_symbols[:] = pending
-            if ignorable is not None:
-                shape_env.ignorable_fresh_unbacked_symbols[:] = ignorable
-    for node in gm.graph.find_nodes(op="call_function", target=_torch.ops.aten.detach.default):
-        node.replace_all_uses_with(node.args[0])
-        gm.graph.erase_node(node)
-    return gm
+    raise NotImplementedError('clean-room rewrite pending')
 
 
 def fake_tensor(mode: object, elem: _torch.Tensor, device: _torch.device) -> _torch.Tensor:
