@@ -42,13 +42,49 @@ def detect_fake_mode(values: object) -> object | None:
 
 
 def trace_with_fake_mode(fn: Callable[..., object], inps: Sequence[object], mode: object) -> _fx.GraphModule:
-    """``make_fx(fn)(*inps)`` under ``mode``, as inductor traces its bucket merges: the nodes are those of inductor's
-    own bucketing for the same function. Inductor also enables the Python dispatcher; for static shapes the trace
-    is the same without it (``tests/graph/test_merge_speed_invariants.py`` compares with upstream's merge node for
-    node) and a tenth faster, so it is enabled only where a size is symbolic. The shape environment's pending
-    unbacked symbols are set aside while tracing (the trace makes none the caller's graph must account for), and
-    the ``detach`` nodes ``make_fx`` records for custom ops' outputs are dropped."""
-    raise NotImplementedError('clean-room rewrite pending')
+    """``fn(*inps)`` traced into a graph of aten ops by ``make_fx``, on fake tensors of ``mode`` (those among
+    ``inps`` belong to it): the trace the bucket merge stamps into a graph of the same capture.
+
+    The trace runs inside ``mode`` on the fake tensors as given (``make_fx``'s "real" tracing: its ``fake`` mode
+    would make fake copies of them), so factory ops in ``fn`` (``torch.empty``) make fake tensors of that mode,
+    every value in the trace belongs to the caller's capture, and a traced view of an input shares that input's
+    storage, as the stamped view of the graph's node must. Where a size is symbolic the trace
+    is symbolic, under the Python dispatcher (as aot_autograd traces graphs with a shape environment); for static
+    shapes it is off, which records the same nodes (``tests/graph/test_merge_speed_invariants.py`` compares them
+    with upstream's merge) with less dispatch overhead. Unbacked symbols the trace creates are not left pending on the
+    caller's shape environment (``ShapeEnv.ignore_fresh_unbacked_symbols``): they belong to the trace, which the
+    caller's graph never has to account for. ``detach`` nodes, which ``make_fx`` may record after an op's outputs
+    (there is no autograd in a merge), are dropped: their readers read the tensor itself."""
+    symbolic = _has_symbolic_size(inps)
+    shape_env = getattr(mode, "shape_env", None)
+    if symbolic and shape_env is None:
+        raise UnsupportedGraphError("overlapcfg merge: symbolic sizes without a shape environment on their fake mode")
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(mode)  # type: ignore[arg-type]  # a FakeTensorMode, typed object at our boundary
+        if symbolic:
+            scope.enter_context(_enable_python_dispatcher())
+        if shape_env is not None:
+            scope.enter_context(shape_env.ignore_fresh_unbacked_symbols())
+        gm = _make_fx(fn)(*inps)
+    _drop_detaches(gm.graph)
+    return gm
+
+
+def _has_symbolic_size(values: object) -> bool:
+    for leaf in _pytree.tree_leaves(values):
+        if isinstance(leaf, _torch.Tensor) and any(
+                not isinstance(s, int) for s in (*leaf.shape, *leaf.stride(), leaf.storage_offset())):
+            return True
+    return False
+
+
+def _drop_detaches(graph: _fx.Graph) -> None:
+    """Remove ``aten.detach`` nodes: each reader reads the detached tensor itself (the trace has no autograd)."""
+    for node in list(graph.find_nodes(op="call_function", target=_torch.ops.aten.detach.default)):
+        source = node.args[0]
+        if isinstance(source, _fx.Node):
+            node.replace_all_uses_with(source)
+            graph.erase_node(node)
 
 
 def fake_tensor(mode: object, elem: _torch.Tensor, device: _torch.device) -> _torch.Tensor:

@@ -18,13 +18,18 @@ Three things keep it linear in graph size, where a generic splice is quadratic o
 - **Bookkeeping once per bucket.** Provenance records (``from_node``) are built once per bucket, not once per new
   node; the output node, which reads every reduce-scattered gradient, is rewritten once per bucket; the region
   sort does not walk back to the placeholders.
+
+Written by overlapcfg; no upstream code. What it must produce (the nodes, their order, users and fake metadata,
+the metadata keys inductor's bucketing sets) is upstream's merge's output on torch 2.13, which
+``tests/graph/test_merge_speed_invariants.py`` and ``tests/graph/test_merge_across_releases.py`` compare against.
+The region sort is Kahn's topological sort with the original position as priority (``_stable_sort``).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
+import heapq
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
@@ -163,8 +168,25 @@ def _same_layout(lhs: object, rhs: object) -> bool:
 def repair_readers(readers: Sequence[fx.Node]) -> None:
     """Re-run ``readers`` on their inputs' fake values and keep each new value whose layout differs, then their
     readers, and so on: a replacement with another layout (a piece of a flat buffer at an offset) changes the
-    strides or offset a view of it has. A reader whose op cannot be re-run keeps its value (as upstream's repair)."""
-    raise NotImplementedError('clean-room rewrite pending')
+    strides or offset a view of it has. A reader whose op cannot be re-run on fake values keeps the value it had
+    (the merge does not fail over a reader's metadata; ``compat.run_under_fake_mode`` logs it at DEBUG).
+
+    A work list in first-come order: a node is queued once at a time, and again if an input of it changes after it
+    was recomputed, so every value ends computed from its inputs' final values whatever the order of arrival."""
+    pending = dict.fromkeys(n for n in readers if n.op == "call_function")
+    while pending:
+        node = next(iter(pending))
+        del pending[node]
+        current = node.meta.get("val")
+        args = compat.tree_map(_value_of, node.args)
+        kwargs = compat.tree_map(_value_of, node.kwargs)
+        value = compat.run_under_fake_mode(cast("Callable[..., object]", node.target), args, kwargs, current)
+        if value is None or _same_layout(current, value):
+            continue
+        node.meta["val"] = value
+        for user in node.users:
+            if user.op == "call_function":
+                pending[user] = None
 
 
 def _value_of(arg: object) -> object:
@@ -301,5 +323,34 @@ def _stretch(first: fx.Node, last: fx.Node) -> Iterator[fx.Node]:
 
 def _stable_sort(region: list[fx.Node]) -> None:
     """Reorder ``region`` (consecutive nodes) so each node follows its inputs inside it; a node already after its
-    inputs keeps its place relative to the nodes before it. Nodes outside the region count as ready."""
-    raise NotImplementedError('clean-room rewrite pending')
+    inputs keeps its place relative to the nodes before it. Nodes outside the region count as ready.
+
+    Kahn's algorithm with the original position as priority: among the nodes whose inputs are all placed, the one
+    that came first is placed next. That is a topological order, and the one closest to the original: where the
+    region is already ordered nothing moves."""
+    position = {n: i for i, n in enumerate(region)}
+    waiting_on: dict[fx.Node, int] = {}
+    readers: dict[fx.Node, list[fx.Node]] = {}
+    ready: list[int] = []
+    for node in region:
+        inside = [i for i in dict.fromkeys(node.all_input_nodes) if i in position]
+        waiting_on[node] = len(inside)
+        for i in inside:
+            readers.setdefault(i, []).append(node)
+        if not inside:
+            heapq.heappush(ready, position[node])
+    placed: list[fx.Node] = []
+    while ready:
+        node = region[heapq.heappop(ready)]
+        placed.append(node)
+        for reader in readers.get(node, ()):
+            waiting_on[reader] -= 1
+            if waiting_on[reader] == 0:
+                heapq.heappush(ready, position[reader])
+    if len(placed) != len(region):
+        raise AssertionError("overlapcfg merge: the region to reorder has a cycle")
+    anchor = region[0].prev
+    for node in placed:
+        if anchor.next is not node:
+            anchor.append(node)
+        anchor = node
