@@ -98,7 +98,7 @@ def _upstream(step: TracedStep, graph: Direction) -> Any:
         return [(fqn, nn.Module)] if fqn else []
 
     def call(gm: Any) -> None:
-        with compat.no_triton_runtime_estimates():
+        with compat.upstream_scheduler_scope():
             compat.manual_overlap_bucketing(gm, plan.module_lists(), module_stack_fn=module_stack,
                                             bucket_mode="custom_ops")
 

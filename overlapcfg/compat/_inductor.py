@@ -7,7 +7,6 @@ Like ``overlapcfg.compat._torch``, reached as ``overlapcfg.compat.<name>``; noth
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,18 +25,9 @@ __all__: list[str] = []
 # releases.
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.fx_passes import bucketing as _bucketing
-from torch._inductor.fx_passes import fsdp as _fsdp
 from torch._inductor.fx_passes.control_dependencies import control_deps as _control_deps
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
 from torch.utils._ordered_set import OrderedSet
-
-# ``torch/_inductor/fx_passes/fsdp.py`` sets its own logger to INFO at import (``logger.setLevel(logging.INFO)``),
-# so the automatic scheduler's one-line summary per graph ("pre_bucket_fsdp_collectives: ...") reaches torch's
-# console handler whatever the user configured; the overlapcfg command printed two of them in the middle of its
-# report. Put that logger back under the hierarchy (the ``torch`` logger's level, ``TORCH_LOGS``), unless someone
-# chose another level for it since.
-if logging.getLogger(_fsdp.__name__).level == logging.INFO:
-    logging.getLogger(_fsdp.__name__).setLevel(logging.NOTSET)
 
 __all__ += [
     "CustomGraphPass",

@@ -8,7 +8,7 @@ first sit at an offset of the flat buffer, so a view of one has another storage 
 Three things keep it linear in graph size, where a generic splice is quadratic or slow per bucket:
 
 - **One trace per signature and capture.** Buckets of identical layers have identical signatures (shapes, strides,
-  offsets, dtypes, group, rank); their trace is made once and kept on the capture's fake mode (``_TRACES_ATTR``),
+  offsets, dtypes, group, rank); their trace is made once and kept for the capture (``overlapcfg.graph.traces``),
   so later buckets, the backward that re-gathers the forward's buckets, and a second config on the same step
   stamp it again. Graphs of another capture have another fake mode and never see these traces.
 - **Fresh fake values without re-running ops.** Stamped nodes of identical buckets would share the trace's fake
@@ -27,7 +27,6 @@ The region sort is Kahn's topological sort with the original position as priorit
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import heapq
 import weakref
@@ -36,75 +35,13 @@ from typing import cast
 
 import torch
 from torch import fx
-from torch.fx.node import Argument
 from torch.fx.traceback import NodeSource, NodeSourceAction
 
 from overlapcfg import compat
 from overlapcfg.graph.fresh_values import fresh_values
+from overlapcfg.graph.traces import forget_traces, trace_of, traces_used
 
 __all__ = ["forget_traces", "populate_meta", "sort_region", "splice", "traces_used"]
-
-_TRACES_ATTR = "_overlapcfg_merge_traces"
-"""Where a fake mode keeps its traced merge functions by signature (``_signature``). On the mode itself, not in a
-table keyed by it: the traces' fake values refer to their mode, so a table would keep every mode alive for good,
-while an attribute makes one cycle the collector frees with the mode."""
-_MODES_WITH_TRACES: weakref.WeakSet[object] = weakref.WeakSet()
-_USED: list[set[tuple[object, ...]]] = []
-"""Signatures stamped inside each open ``traces_used`` block (innermost last)."""
-
-
-def _signature(fn: object, inps: Sequence[object]) -> tuple[object, ...]:
-    def key(x: object) -> object:
-        if isinstance(x, torch.Tensor):
-            return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device), x.storage_offset())
-        if isinstance(x, (list, tuple)):
-            return tuple(key(y) for y in x)
-        return x
-
-    return (fn, key(inps))
-
-
-def _traces_of(mode: object) -> dict[tuple[object, ...], fx.GraphModule]:
-    traces = getattr(mode, _TRACES_ATTR, None)
-    if traces is None:
-        traces = {}
-        setattr(mode, _TRACES_ATTR, traces)
-        _MODES_WITH_TRACES.add(mode)
-    return traces
-
-
-def forget_traces() -> None:
-    """Drop every kept trace: the next merge traces as the first did (``benchmarks/pass_speed.py`` times each run
-    cold, as upstream's pass always runs)."""
-    for mode in list(_MODES_WITH_TRACES):
-        getattr(mode, _TRACES_ATTR, {}).clear()
-
-
-@contextlib.contextmanager
-def traces_used() -> Iterator[set[tuple[object, ...]]]:
-    """Within the block, collect the signatures spliced (how many distinct traces a merge needed)."""
-    _USED.append(set())
-    try:
-        yield _USED[-1]
-    finally:
-        _USED.pop()
-
-
-def _trace(fn: Callable[..., object], inps: Sequence[object]) -> tuple[fx.GraphModule, bool]:
-    """The trace of ``fn`` on ``inps`` and whether it was made now (else kept from an earlier bucket)."""
-    signature = _signature(fn, inps)
-    if _USED:
-        _USED[-1].add(signature)
-    mode = compat.detect_fake_mode(inps)
-    if mode is None:
-        raise AssertionError("overlapcfg merge: the collectives' inputs carry no fake values (meta['val'])")
-    traces = _traces_of(mode)
-    if signature in traces:
-        return traces[signature], False
-    gm = compat.trace_with_fake_mode(fn, inps, mode)
-    traces[signature] = gm
-    return gm, True
-
 
 def splice(g: fx.Graph, fn: Callable[..., object], inps: Sequence[object], insert_before: fx.Node,
            g_fn_inps: Sequence[fx.Node], g_fn_outs: Sequence[fx.Node], *,
@@ -114,14 +51,13 @@ def splice(g: fx.Graph, fn: Callable[..., object], inps: Sequence[object], inser
 
     ``fresh``: every new node gets fake values of its own (what a compiler that reads them needs), also where the
     trace was made for another bucket."""
-    gm, made_now = _trace(fn, inps)
-    fn_g = gm.graph
-    placeholders = list(fn_g.find_nodes(op="placeholder"))
-    values = fresh_values(gm, placeholders, g_fn_inps) if fresh and not made_now else None
-    env: dict[fx.Node, fx.Node] = dict(zip(placeholders, g_fn_inps, strict=False))
+    trace, made_now = trace_of(fn, inps)
+    fn_g = trace.gm.graph
+    values = fresh_values(trace.gm, trace.recipe(), g_fn_inps) if fresh and not made_now else None
+    env: dict[fx.Node, fx.Node] = dict(zip(trace.placeholders, g_fn_inps, strict=False))
     new_outs: list[fx.Node] = []
     new_nodes: list[fx.Node] = []
-    copy_node = g.node_copy if _first_stamp(g, fn_g) else functools.partial(_stamp, g)
+    copy_node = g.node_copy if _first_stamp(g, fn_g) else functools.partial(compat.copy_node_checked_before, g)
     with g.inserting_before(insert_before):
         for node in fn_g.nodes:
             if node.op == "placeholder":
@@ -201,33 +137,15 @@ _STAMPED: weakref.WeakKeyDictionary[fx.Graph, weakref.WeakSet[fx.Graph]] = weakr
 
 def _first_stamp(g: fx.Graph, traced: fx.Graph) -> bool:
     """Whether ``traced`` is stamped into ``g`` for the first time (then ``node_copy`` copies it, with its checks),
-    or again (then ``_stamp`` does, without them). Always the first where ``g``'s module has node-creation hooks:
-    they must see every node as ``create_node`` makes it."""
-    if getattr(g.owning_module, "_create_node_hooks", None):
+    or again (then ``compat.copy_node_checked_before`` does, without them). Always the first where ``g``'s module
+    has node-creation hooks: they must see every node as ``create_node`` makes it."""
+    if compat.has_node_creation_hooks(g.owning_module):
         return True
     seen = _STAMPED.setdefault(g, weakref.WeakSet())
     if traced in seen:
         return False
     seen.add(traced)
     return True
-
-
-def _stamp(g: fx.Graph, node: fx.Node, arg_transform: Callable[[fx.Node], Argument]) -> fx.Node:
-    """``g.node_copy(node, arg_transform)`` for a traced graph stamped into ``g`` before, without
-    ``create_node``'s scan of every argument for raw symbolic values (a ``pytree`` walk, 80% of ``create_node``'s
-    time on a merge's long argument lists). The arguments are the first stamp's, which ``node_copy`` scanned, with
-    other nodes in place of nodes: a scan would find what it found then. The node is created without arguments and
-    given them through the ``args``/``kwargs`` setters, which do the bookkeeping ``Node.__init__`` does (inputs,
-    users)."""
-    args = fx.map_arg(node.args, arg_transform)
-    kwargs = fx.map_arg(node.kwargs, arg_transform)
-    copied = g.create_node(node.op, node.target, name=node.name, type_expr=node.type)
-    if args:
-        copied.args = args
-    if kwargs:
-        copied.kwargs = kwargs
-    copied.meta = dict(node.meta)
-    return copied
 
 
 def _rewire(g: fx.Graph, replacements: dict[fx.Node, fx.Node]) -> None:
@@ -237,7 +155,7 @@ def _rewire(g: fx.Graph, replacements: dict[fx.Node, fx.Node]) -> None:
     module = g.owning_module
     output = next(iter(g.find_nodes(op="output")), None)
     last = max((i for i, old in enumerate(replacements) if output in old.users), default=None)
-    if last is None or getattr(module, "_replace_hooks", None):  # hooks see each rewrite
+    if last is None or compat.has_replace_hooks(module):  # hooks see each rewrite
         for old, new in replacements.items():
             old.replace_all_uses_with(new)
         return

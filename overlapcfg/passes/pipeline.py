@@ -75,7 +75,6 @@ def _already_merged(fsdp: Sequence[Collective]) -> list[str]:
     return [c.start.name for c in fsdp if is_merged(c.start) or len(c.params) > 1]
 
 
-@cyclic_gc_paused
 def apply(
     gm: fx.GraphModule,
     cfg: OverlapConfig,
@@ -160,33 +159,34 @@ def apply(
             "helpers write this rank into the graph), and none is initialized. Run the pass where the graph is "
             "compiled (overlapcfg.backend does), inside torch.distributed.init_process_group, or for a graph "
             "inspected offline inside overlapcfg.compat.fake_process_group(world_size)")
-    if cfg.verify and summary is None:
-        summary = summarize(gm, direction=forced)
-    elif not cfg.verify:
-        summary = None
-    backup = _Backup(gm)
-    kept = KeepResult()
-    try:
-        now, scheduled, left = collectives, covered, uncovered
-        if strategy.uses_plan and plan.buckets:
-            kept = keep_unsharded(gm, cfg, plan, covered, forced=forced, root=config_root)
-        if kept.removed:  # the strategy schedules what is left; the record counts from the original graph
-            now = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
-            scheduled, left = attribute(now, plan)
-        folded = [c.start.name for _, c in scheduled if strategy.uses_plan and fold_repeated_waits(gm.graph, c)]
-        ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
-                          fresh_fake_values=for_compiler, config_root=config_root)
-        result = strategy.run(gm, ctx)
-        if summary is None:
-            gm.graph.lint()
-        else:  # verification lints first, and reports a lint failure with the rest
-            verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]",
-                   reused_regathers=kept.removed)
-    except BaseException:
-        backup.restore(gm)  # nothing half-applied: the caller gets the graph it gave us
-        raise
-    if recompile:
-        gm.recompile()
+    with cyclic_gc_paused():  # the rewrite and its proof; see overlapcfg.passes.gc_paused
+        if cfg.verify and summary is None:
+            summary = summarize(gm, direction=forced)
+        elif not cfg.verify:
+            summary = None
+        backup = _Backup(gm)
+        kept = KeepResult()
+        try:
+            now, scheduled, left = collectives, covered, uncovered
+            if strategy.uses_plan and plan.buckets:
+                kept = keep_unsharded(gm, cfg, plan, covered, forced=forced, root=config_root)
+            if kept.removed:  # the strategy schedules what is left; the record counts from the original graph
+                now = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
+                scheduled, left = attribute(now, plan)
+            folded = [c.start.name for _, c in scheduled if strategy.uses_plan and fold_repeated_waits(gm.graph, c)]
+            ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
+                              fresh_fake_values=for_compiler, config_root=config_root)
+            result = strategy.run(gm, ctx)
+            if summary is None:
+                gm.graph.lint()
+            else:  # verification lints first, and reports a lint failure with the rest
+                verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]",
+                       reused_regathers=kept.removed)
+        except BaseException:
+            backup.restore(gm)  # nothing half-applied: the caller gets the graph it gave us
+            raise
+        if recompile:
+            gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced, state_inputs=state_inputs)
     notes = (*notes, *kept.notes, *folded_waits(folded), *result.notes,
              *_held_partials(partials, plan, result.merged),

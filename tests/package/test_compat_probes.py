@@ -62,7 +62,7 @@ def test_roofline_estimates_are_not_attempted_without_a_gpu() -> None:
         assert compat.roofline_estimates_work() is False
     import torch._inductor.utils as inductor_utils
 
-    with compat.no_triton_runtime_estimates():
+    with compat.upstream_scheduler_scope():
         if not compat.roofline_estimates_work():
             assert inductor_utils.get_gpu_dram_gbps() == 3000
     if not compat.roofline_estimates_work():
@@ -138,7 +138,7 @@ def test_auto_knobs_are_mapped_onto_a_release_without_them_or_refused(monkeypatc
         estimate = call["custom_runtime_estimation"]
         mm = next(n for n in syn.gm.graph.nodes if n.target is torch.ops.aten.mm.default)
         wait = next(n for n in syn.gm.graph.nodes if n.target is compat.WAIT_TENSOR)
-        with compat.no_triton_runtime_estimates():
+        with compat.upstream_scheduler_scope():
             assert estimate(mm, None) > 0
             assert estimate(wait, None) is None
         with pytest.raises(OverlapConfigError, match=r"^overlap\.policy\.bucket_mode: bucket_mode='custom_ops' "
