@@ -15,6 +15,7 @@ from torch import fx as _fx
 from torch._dispatch.python import enable_python_dispatcher as _enable_python_dispatcher
 from torch._guards import detect_fake_mode as _detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch._subclasses.fake_tensor import FakeTensorMode as _FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx as _make_fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _statically_known_true
 from torch.utils import _pytree
@@ -55,12 +56,14 @@ def trace_with_fake_mode(fn: Callable[..., object], inps: Sequence[object], mode
     caller's shape environment (``ShapeEnv.ignore_fresh_unbacked_symbols``): they belong to the trace, which the
     caller's graph never has to account for. ``detach`` nodes, which ``make_fx`` may record after an op's outputs
     (there is no autograd in a merge), are dropped: their readers read the tensor itself."""
+    if not isinstance(mode, _FakeTensorMode):
+        raise TypeError(f"trace_with_fake_mode: expected a FakeTensorMode, got {type(mode).__name__}")
     symbolic = _has_symbolic_size(inps)
-    shape_env = getattr(mode, "shape_env", None)
+    shape_env = mode.shape_env
     if symbolic and shape_env is None:
         raise UnsupportedGraphError("overlapcfg merge: symbolic sizes without a shape environment on their fake mode")
     with contextlib.ExitStack() as scope:
-        scope.enter_context(mode)  # type: ignore[arg-type]  # a FakeTensorMode, typed object at our boundary
+        scope.enter_context(mode)
         if symbolic:
             scope.enter_context(_enable_python_dispatcher())
         if shape_env is not None:

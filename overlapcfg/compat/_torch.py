@@ -108,10 +108,9 @@ _EXTRA_FLOPS: dict[object, Callable[..., int]] = {
 }
 
 
-def _sdpa_cpu_backward_flops(grad_out: object, query: object, key: object, value: object, *args: object,
-                             **kwargs: object) -> int:
-    # fake tensors, typed object here: torch reads their shapes
-    return _flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)  # type: ignore[attr-defined]
+def _sdpa_cpu_backward_flops(grad_out: _torch.Tensor, query: _torch.Tensor, key: _torch.Tensor,
+                             value: _torch.Tensor, *args: object, **kwargs: object) -> int:
+    return int(_flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape))
 
 
 _EXTRA_FLOPS[_aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_cpu_backward_flops
@@ -183,15 +182,14 @@ def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | N
     if schema.returns and schema.returns[0].alias_info is not None:
         sets = set(schema.returns[0].alias_info.before_set) - {"*"}
 
-        def aliased(info: object) -> bool:
+        def aliased(info: _torch._C.AliasInfo | None) -> bool:
             if info is None:
                 return False
             if sets:
-                # torch's alias info objects (torch._C._AliasInfo) carry no type information
-                return bool(sets & set(info.before_set))  # type: ignore[attr-defined]
+                return bool(sets & set(info.before_set))
             # A list of views (``split``: ``Tensor(a -> *) self -> Tensor(a)[]``) or a wildcard result: the
             # elements alias the argument whose set flows into the wildcard, or any annotated one.
-            return "*" in info.after_set or bool(info.before_set)  # type: ignore[attr-defined]
+            return "*" in info.after_set or bool(info.before_set)
 
         alias = next(((i, a.name) for i, a in enumerate(args) if aliased(a.alias_info)), None)
     return writes, alias
@@ -314,6 +312,25 @@ def copy_node_checked_before(g: _fx.Graph, node: _fx.Node,
 
 
 __all__ += ["copy_node_checked_before", "has_node_creation_hooks", "has_replace_hooks"]
+
+
+# --- what torch.compile and dynamo leave on objects -----------------------------------------------------------------
+
+
+def compiled_inner_module(model: object) -> _torch.nn.Module | None:
+    """The module a ``torch.compile`` wrapper (dynamo's ``OptimizedModule``) holds, in its private ``_orig_mod``;
+    None for anything else."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, _torch.nn.Module) else None
+
+
+def marked_as_parameter(example: object) -> bool:
+    """Whether a dynamo graph input's example value stands for an ``nn.Parameter``: dynamo's fake tensors of
+    parameters carry the private mark ``_is_param``."""
+    return bool(getattr(example, "_is_param", False))
+
+
+__all__ += ["compiled_inner_module", "marked_as_parameter"]
 
 
 # --- torch's loggers: quiet for one thread, for one block --------------------------------------------------------

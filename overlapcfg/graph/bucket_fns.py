@@ -43,9 +43,6 @@ MergeFn: TypeAlias = Callable[..., list[torch.Tensor]]
 """A merge function: the bucket's inputs (a list of tensors) first, then the group argument, then constants
 (``overlapcfg.graph.merge`` builds the argument lists). Returns one tensor per replaced collective, in input order."""
 
-_c10d = torch.ops._c10d_functional
-
-
 def group_name_of(arg: object) -> str:
     """A collective's process-group argument as a name: a string, or (compile-on-one-rank graphs) a node whose
     fake value is the process group."""
@@ -115,7 +112,7 @@ def _unpack_gathered(gathered: torch.Tensor, shards: Sequence[torch.Tensor], gro
     shard (``split_with_sizes`` along dim 1, then its ``getitem`` nodes), each block reshaped to the gathered
     parameter (``view`` where its layout allows, else ``clone`` + ``_unsafe_view``); with ``as_dtypes`` each block
     is first viewed as its own dtype (``view.dtype``, recorded even where the dtype is the buffer's)."""
-    rows = _c10d.wait_tensor(gathered).view(group_size, -1)
+    rows = compat.WAIT_TENSOR(gathered).view(group_size, -1)
     blocks = rows.split(_slot_sizes(shards, out_dtypes, dtype), 1)
     params = []
     for block, shard, out_dtype in zip(blocks, shards, out_dtypes, strict=True):
@@ -128,7 +125,7 @@ def _unpack_reduced(flat: torch.Tensor, shapes: Sequence[list[int]]) -> list[tor
     """Wait for a reduced flat buffer and cut it into pieces of ``shapes`` (``split_with_sizes``, ``getitem`` per
     piece, then a ``view`` each)."""
     numels = [_numel(shape) for shape in shapes]
-    pieces = _c10d.wait_tensor(flat).split(numels)
+    pieces = compat.WAIT_TENSOR(flat).split(numels)
     return [piece.view(shape) for piece, shape in zip(pieces, shapes, strict=True)]
 
 
@@ -142,7 +139,7 @@ def _numel(shape: Sequence[int]) -> int:
 def _reduce_scatter_flat(flat: torch.Tensor, grads: Sequence[torch.Tensor], group: object, group_size: int,
                          reduce_op: str) -> list[torch.Tensor]:
     """One reduce-scatter of the packed gradients, and this rank's shards cut from its result."""
-    scattered = _c10d.reduce_scatter_tensor(flat, reduce_op, group_size, group)
+    scattered = compat.REDUCE_SCATTER_TENSOR(flat, reduce_op, group_size, group)
     return _unpack_reduced(scattered, [_scattered_shape(g, group_size) for g in grads])
 
 
@@ -158,7 +155,7 @@ def _gather_by_copy(shards: list[torch.Tensor], group: object, group_size: int, 
     buffer = torch.empty(row * group_size, dtype=dtype, device=shards[0].device)
     mine = buffer[rank * row:(rank + 1) * row]
     filled = mine.copy_(torch.cat([x.reshape(-1) for x in shards]))
-    gathered = _c10d.all_gather_into_tensor_out(filled, group_size, group, out=buffer)
+    gathered = compat.ALL_GATHER_INTO_TENSOR_OUT(filled, group_size, group, out=buffer)
     return _unpack_gathered(gathered, shards, group_size, out_dtypes, dtype, as_dtypes=False)
 
 
@@ -171,7 +168,7 @@ def _gather_by_copy_op(shards: list[torch.Tensor], group: object, group_size: in
         ag_ins=shards, group_size=group_size, group_name=group, dtype=dtype,
         out_dtype_ints=[compat.bucket_dtype_table.index(d) for d in out_dtypes], rank=rank,
         foreach_group_indices=foreach_groups(shards, out_dtypes))
-    gathered = _c10d.all_gather_into_tensor_out(buffer[rank * row:(rank + 1) * row], group_size, group, out=buffer)
+    gathered = compat.ALL_GATHER_INTO_TENSOR_OUT(buffer[rank * row:(rank + 1) * row], group_size, group, out=buffer)
     return _unpack_gathered(gathered, shards, group_size, out_dtypes, dtype, as_dtypes=True)
 
 
@@ -185,7 +182,7 @@ def _scatter_by_cat(grads: list[torch.Tensor], group: object, group_size: int, r
 def _scatter_by_copy_op(grads: list[torch.Tensor], group: object, group_size: int,
                         reduce_op: str) -> list[torch.Tensor]:
     """Reduce-scatter, ``custom_ops*``: inductor's copy-in op lays the gradients out as ``_scatter_by_cat`` does."""
-    flat = torch.ops.bucketing._pre_bucket_reduce_scatter(grads, group_size)
+    flat = compat.pre_bucket_reduce_scatter(grads, group_size)
     return _reduce_scatter_flat(flat, grads, group, group_size, reduce_op)
 
 
@@ -193,15 +190,15 @@ def _scatter_coalesced(grads: list[torch.Tensor], group: object, group_size: int
                        reduce_op: str) -> list[torch.Tensor]:
     """Reduce-scatter, ``coalesced``: no copy-in; the flattened gradients go to one coalesced collective, whose
     outputs (a ``getitem`` each) are waited, then each viewed as its shard."""
-    outputs = _c10d.reduce_scatter_tensor_coalesced([g.reshape(-1) for g in grads], reduce_op, group_size, group)
-    waited = [_c10d.wait_tensor(out) for out in outputs]
+    outputs = compat.REDUCE_SCATTER_TENSOR_COALESCED([g.reshape(-1) for g in grads], reduce_op, group_size, group)
+    waited = [compat.WAIT_TENSOR(out) for out in outputs]
     return [w.view(_scattered_shape(g, group_size)) for w, g in zip(waited, grads, strict=True)]
 
 
 def _all_reduce_by_cat(grads: list[torch.Tensor], group: object, reduce_op: str) -> list[torch.Tensor]:
     """All-reduce: the flattened gradients end to end (``cat``), reduced, cut back into the gradients' shapes."""
     flat = torch.cat([g.reshape(-1) for g in grads])
-    reduced = _c10d.all_reduce(flat, reduce_op, group)
+    reduced = compat.ALL_REDUCE(flat, reduce_op, group)
     return _unpack_reduced(reduced, [list(g.shape) for g in grads])
 
 
