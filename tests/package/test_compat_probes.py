@@ -85,10 +85,10 @@ def test_the_upstream_scheduler_scope_nests_and_puts_torch_back_on_an_error() ->
         return getattr(options, "overlap_scheduling_autofix_cycles", None)
 
     before = (list(fsdp.filters), autofix())
-    with pytest.raises(RuntimeError, match="inside"):
-        with compat.upstream_scheduler_scope(), compat.upstream_scheduler_scope(drop_cyclic_hints=True) as run:
-            assert run.dropped_cyclic_hints == []
-            raise RuntimeError("inside")
+    with pytest.raises(RuntimeError, match="inside"), compat.upstream_scheduler_scope(), \
+            compat.upstream_scheduler_scope(drop_cyclic_hints=True) as run:
+        assert run.dropped_cyclic_hints == []
+        raise RuntimeError("inside")
     assert inductor_utils.get_gpu_dram_gbps is real
     after = (list(fsdp.filters), autofix())
     assert after == before
