@@ -4,12 +4,14 @@ entered by ``overlapcfg.passes.pipeline.apply`` around summarize → rewrite →
 Why: the rewrite allocates hundreds of thousands of objects that outlive the young generations (new nodes, fake
 tensors, the verifier's contents, the generated code), and that is what makes Python run a full collection, which
 walks every object of the process: in a compiling process the model, dynamo's and aot's state and every graph,
-millions of objects. Measured (``benchmarks/pass_speed.py --gc running``, and per phase with ``gc.callbacks``): on
-the 64-layer demo backward (11.8k nodes, 1.3M tracked objects) one full collection of 2.8-4.4 s landed in each
-pass, in the merge, the summary or the codegen by chance, on top of a pass of 6-8 s; the young collections cost
-0.3-0.5 s spread over the same phases. The phases before (finding collectives, resolving the plan) allocate little
-that survives and take a few percent of the pass, so the collector runs there; nothing is paused where the pass
-ends before rewriting (a config error, a graph with nothing to do).
+millions of objects. Measured (``benchmarks/pass_speed.py --gc-study``, 2026-12-06, shared machine, CPU time): on
+the 64-layer demo backward (11.8k nodes, ~1M tracked objects) a pass that never pauses the collector had a full
+collection of 1.1-1.9 s inside it in every run (2.66 s against 2.03 s paused as here); attributed per phase with
+``gc.callbacks``, the full collection landed in the merge, the summary or the codegen, whichever allocation crossed
+the threshold. The phases before the rewrite (finding collectives, resolving the plan) allocate little that
+survives and take a few percent of the pass, so the collector runs there; nothing is paused where the pass ends
+before rewriting (a config error, a graph with nothing to do). Pausing the whole call instead measured the same
+(1.98 s, plus 0.03 s of young collection owed after it).
 
 Reference counting still frees what is no longer used while paused; cycles left behind are collected once the
 collector resumes.
