@@ -20,7 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx as _make_fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _statically_known_true
 from torch.utils import _pytree
 
-from overlapcfg.errors import UnsupportedGraphError
+from overlapcfg.errors import OverlapUsageError, UnsupportedGraphError
 
 __all__ = [
     "detect_fake_mode",
@@ -57,7 +57,7 @@ def trace_with_fake_mode(fn: Callable[..., object], inps: Sequence[object], mode
     caller's graph never has to account for. ``detach`` nodes, which ``make_fx`` may record after an op's outputs
     (there is no autograd in a merge), are dropped: their readers read the tensor itself."""
     if not isinstance(mode, _FakeTensorMode):
-        raise TypeError(f"trace_with_fake_mode: expected a FakeTensorMode, got {type(mode).__name__}")
+        raise OverlapUsageError(f"trace_with_fake_mode: expected a FakeTensorMode, got {type(mode).__name__}")
     symbolic = _has_symbolic_size(inps)
     shape_env = mode.shape_env
     if symbolic and shape_env is None:

@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch as _torch
 from torch import fx as _fx
 
-from overlapcfg.errors import OverlapConfigError
+from overlapcfg.errors import OverlapConfigError, OverlapUsageError
 
 __all__: list[str] = []
 
@@ -92,7 +92,7 @@ def unwrapped_call(node: object) -> tuple[object, tuple[object, ...], dict[str, 
     Everything that reads an op's arguments by position reads them here, so a wrapped op is still that op.
     """
     if not isinstance(node, _fx.Node):
-        raise TypeError(f"unwrapped_call: expected an fx node, got {type(node).__name__}")
+        raise OverlapUsageError(f"unwrapped_call: expected an fx node, got {type(node).__name__}")
     target = node.target
     if target is not _control_deps:  # the node's own containers, not copies: this runs once per node per proof
         return target, node.args, cast("dict[str, object]", node.kwargs)
