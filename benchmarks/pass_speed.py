@@ -99,7 +99,7 @@ def _upstream(step: TracedStep, graph: Direction) -> Any:
         return [(fqn, nn.Module)] if fqn else []
 
     def call(gm: Any) -> None:
-        with compat.no_triton_runtime_estimates():
+        with compat.upstream_scheduler_scope():
             compat.manual_overlap_bucketing(gm, plan.module_lists(), module_stack_fn=module_stack,
                                             bucket_mode="custom_ops")
 
@@ -270,6 +270,91 @@ def render(rows: list[dict[str, Any]], summary: dict[str, Any], console: Console
                           f"{r['speedup_after_forward']:.1f}x upstream (which traces every bucket again)")
 
 
+GC_MODES = ("scoped", "none", "whole")
+"""``--gc-study``: how ``apply`` runs with the collector running in the process, as it does in a compile: paused
+around the rewrite and its proof as shipped (``scoped``, ``overlapcfg.passes.gc_paused``), never paused (``none``),
+or paused for the whole call (``whole``, what the pass did before issue 38)."""
+
+
+def trace_hf_llama(layers: int) -> TracedStep:
+    """A Hugging Face ``LlamaForCausalLM`` of ``layers`` layers, tiny dims, traced as the demo is (SimpleFSDP, 2
+    ranks, reshard after forward): a process that also holds transformers' model and its import state."""
+    import torch
+    import transformers
+
+    settings: dict[str, Any] = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
+                                "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "max_position_embeddings": 64, "use_cache": False, "attn_implementation": "sdpa",
+                                "tie_word_embeddings": False}
+    config = transformers.LlamaConfig(**settings)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    tokens, targets = torch.randint(0, 128, (1, 8)), torch.randint(0, 128, (1, 8))
+
+    def loss(out: Any, t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), t.flatten())
+
+    return trace_train_step(model, world_size=2, rank=0, reshard_after_forward=True, inputs=(tokens, targets),
+                            loss_fn=loss)
+
+
+def gc_study(model: str, layers: int, repeats: int, console: Console) -> dict[str, Any]:
+    """Median ms of ``apply`` on the backward graph per ``GC_MODES`` mode, with the collector running outside the
+    pass; the young collection it leaves owed (``gc.collect(1)`` right after: a paused pass defers the young
+    generations' work to whoever allocates next); the full (generation 2) collections that landed inside it."""
+    import contextlib
+
+    from overlapcfg.passes import pipeline
+
+    step = trace_hf_llama(layers) if model == "hf_llama" else trace(layers)
+    cfg = load_config({"plan": {"buckets": ["model.layers.*" if model == "hf_llama" else "layers.*"]}})
+    graph: Direction = "backward"
+    shipped = pipeline.cyclic_gc_paused
+    full: list[float] = []
+    started = [0.0]
+
+    def on_collect(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                full.append(time.perf_counter() - started[0])
+
+    rows: dict[str, Any] = {"model": model, "layers": layers, "nodes": len(step.graph(graph).graph.nodes),
+                            "tracked_objects": len(gc.get_objects())}
+    with compat.fake_process_group(step.world_size, step.rank):
+        apply(copy.deepcopy(step.graph(graph)), cfg, module_fqn_fn=step.module_fqn_fn(graph),
+              module_fqns=step.module_fqns, graph_kind=graph)  # warm-up
+        runs: dict[str, list[tuple[float, float, int, float]]] = {mode: [] for mode in GC_MODES}
+        for _ in range(repeats):  # the modes in turns, so a load that drifts weighs on each alike
+            for mode in GC_MODES:
+                gm = copy.deepcopy(step.graph(graph))
+                forget_traces()
+                gc.collect()  # every run starts from the same heap, its garbage collected
+                full.clear()
+                gc.callbacks.append(on_collect)
+                pipeline.cyclic_gc_paused = shipped if mode == "scoped" else contextlib.nullcontext  # type: ignore[assignment]
+                try:
+                    start = CLOCK()
+                    with shipped() if mode == "whole" else contextlib.nullcontext():
+                        apply(gm, cfg, module_fqn_fn=step.module_fqn_fn(graph), module_fqns=step.module_fqns,
+                              graph_kind=graph)
+                    seconds = CLOCK() - start
+                    start = CLOCK()
+                    gc.collect(1)  # what the pass leaves owed to the young generations, paid by whoever runs next
+                    runs[mode].append((seconds, CLOCK() - start, len(full), sum(full)))
+                finally:
+                    pipeline.cyclic_gc_paused = shipped
+                    gc.callbacks.remove(on_collect)
+        for mode, got in runs.items():
+            rows[mode] = {"median_ms": 1e3 * statistics.median(r[0] for r in got),
+                          "median_with_owed_ms": 1e3 * statistics.median(r[0] + r[1] for r in got),
+                          "runs_ms": [1e3 * r[0] for r in got], "owed_young_ms": [1e3 * r[1] for r in got],
+                          "full_collections": [r[2] for r in got], "full_collection_ms": [1e3 * r[3] for r in got]}
+            console.log(f"{model} {layers} layers, gc {mode}: {rows[mode]}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[8, 32, 64])
@@ -279,12 +364,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="always profile our pass at the largest size")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall clock, or this process's CPU time (for a machine other jobs share)")
+    parser.add_argument("--gc-study", choices=("demo", "hf_llama"),
+                        help="instead: apply on that model's backward (--layers, the largest) with the collector "
+                             "running, paused as shipped / never / for the whole pass (GC_MODES)")
     args = parser.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     layer_counts, repeats = ([8], 1) if args.quick else (sorted(args.layers), args.repeats)
     logging.basicConfig(level=logging.WARNING)
     console = Console()
+    if args.gc_study:
+        study = gc_study(args.gc_study, max(args.layers), args.repeats, console)
+        out = args.out if args.out != RESULTS / "pass_speed.json" else RESULTS / f"gc_study_{args.gc_study}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(study, indent=2) + "\n")
+        console.print(f"wrote {out}")
+        return 0
 
     rows = measure(layer_counts, repeats, console)
     summary = summarize(rows)

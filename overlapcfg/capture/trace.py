@@ -114,14 +114,9 @@ def _model_left_as_it_was(model: nn.Module) -> Iterator[None]:
 def quiet_checkpoint_notice() -> Iterator[None]:
     """torch logs a 4-line WARNING that ``context_fn`` is passed to checkpoint under torch.compile, meant for
     regions with in-place ops; a SimpleFSDP reshard-after-forward region holds one all-gather and none. Silenced
-    for the capture only (the logger's level is put back)."""
-    logger = logging.getLogger("torch._higher_order_ops.wrap")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
+    for the capture's thread, for the capture only (a filter on that logger, removed after)."""
+    with compat.quiet_logger_records(logging.getLogger("torch._higher_order_ops.wrap"), below=logging.ERROR):
         yield
-    finally:
-        logger.setLevel(level)
 
 
 def _graph_break_message(err: Exception, kwargs: Mapping[str, Any] | None) -> str:

@@ -15,11 +15,12 @@ from torch import fx as _fx
 from torch._dispatch.python import enable_python_dispatcher as _enable_python_dispatcher
 from torch._guards import detect_fake_mode as _detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch._subclasses.fake_tensor import FakeTensorMode as _FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx as _make_fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true as _statically_known_true
 from torch.utils import _pytree
 
-from overlapcfg.errors import UnsupportedGraphError
+from overlapcfg.errors import OverlapUsageError, UnsupportedGraphError
 
 __all__ = [
     "detect_fake_mode",
@@ -42,35 +43,51 @@ def detect_fake_mode(values: object) -> object | None:
 
 
 def trace_with_fake_mode(fn: Callable[..., object], inps: Sequence[object], mode: object) -> _fx.GraphModule:
-    """``make_fx(fn)(*inps)`` under ``mode``, as inductor traces its bucket merges: the nodes are those of inductor's
-    own bucketing for the same function. Inductor also enables the Python dispatcher; for static shapes the trace
-    is the same without it (``tests/graph/test_merge_speed_invariants.py`` compares with upstream's merge node for
-    node) and a tenth faster, so it is enabled only where a size is symbolic. The shape environment's pending
-    unbacked symbols are set aside while tracing (the trace makes none the caller's graph must account for), and
-    the ``detach`` nodes ``make_fx`` records for custom ops' outputs are dropped."""
-    shape_env = getattr(mode, "shape_env", None)
-    pending = ignorable = None
-    if shape_env is not None:
-        pending = list(shape_env.pending_fresh_unbacked_symbols)
-        shape_env.pending_fresh_unbacked_symbols.clear()
-        if hasattr(shape_env, "ignorable_fresh_unbacked_symbols"):
-            ignorable = list(shape_env.ignorable_fresh_unbacked_symbols)
-            shape_env.ignorable_fresh_unbacked_symbols.clear()
-    try:
-        symbolic = any(isinstance(t, _torch.Tensor) and not all(type(s) is int for s in (*t.shape, *t.stride()))
-                       for t in _pytree.tree_leaves(inps))
-        # torch._C's python-dispatcher context manager is untyped in torch's stubs
-        with mode, _enable_python_dispatcher() if symbolic else contextlib.nullcontext():  # type: ignore[attr-defined]
-            gm = _make_fx(fn)(*inps)
-    finally:
+    """``fn(*inps)`` traced into a graph of aten ops by ``make_fx``, on fake tensors of ``mode`` (those among
+    ``inps`` belong to it): the trace the bucket merge stamps into a graph of the same capture.
+
+    The trace runs inside ``mode`` on the fake tensors as given (``make_fx``'s "real" tracing: its ``fake`` mode
+    would make fake copies of them), so factory ops in ``fn`` (``torch.empty``) make fake tensors of that mode,
+    every value in the trace belongs to the caller's capture, and a traced view of an input shares that input's
+    storage, as the stamped view of the graph's node must. Where a size is symbolic the trace
+    is symbolic, under the Python dispatcher (as aot_autograd traces graphs with a shape environment); for static
+    shapes it is off, which records the same nodes (``tests/graph/test_merge_speed_invariants.py`` compares them
+    with upstream's merge) with less dispatch overhead. Unbacked symbols the trace creates are not left pending on the
+    caller's shape environment (``ShapeEnv.ignore_fresh_unbacked_symbols``): they belong to the trace, which the
+    caller's graph never has to account for. ``detach`` nodes, which ``make_fx`` may record after an op's outputs
+    (there is no autograd in a merge), are dropped: their readers read the tensor itself."""
+    if not isinstance(mode, _FakeTensorMode):
+        raise OverlapUsageError(f"trace_with_fake_mode: expected a FakeTensorMode, got {type(mode).__name__}")
+    symbolic = _has_symbolic_size(inps)
+    shape_env = mode.shape_env
+    if symbolic and shape_env is None:
+        raise UnsupportedGraphError("overlapcfg merge: symbolic sizes without a shape environment on their fake mode")
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(mode)
+        if symbolic:
+            scope.enter_context(_enable_python_dispatcher())
         if shape_env is not None:
-            shape_env.pending_fresh_unbacked_symbols[:] = pending
-            if ignorable is not None:
-                shape_env.ignorable_fresh_unbacked_symbols[:] = ignorable
-    for node in gm.graph.find_nodes(op="call_function", target=_torch.ops.aten.detach.default):
-        node.replace_all_uses_with(node.args[0])
-        gm.graph.erase_node(node)
+            scope.enter_context(shape_env.ignore_fresh_unbacked_symbols())
+        gm = _make_fx(fn)(*inps)
+    _drop_detaches(gm.graph)
     return gm
+
+
+def _has_symbolic_size(values: object) -> bool:
+    for leaf in _pytree.tree_leaves(values):
+        if isinstance(leaf, _torch.Tensor) and any(
+                not isinstance(s, int) for s in (*leaf.shape, *leaf.stride(), leaf.storage_offset())):
+            return True
+    return False
+
+
+def _drop_detaches(graph: _fx.Graph) -> None:
+    """Remove ``aten.detach`` nodes: each reader reads the detached tensor itself (the trace has no autograd)."""
+    for node in list(graph.find_nodes(op="call_function", target=_torch.ops.aten.detach.default)):
+        source = node.args[0]
+        if isinstance(source, _fx.Node):
+            node.replace_all_uses_with(source)
+            graph.erase_node(node)
 
 
 def fake_tensor(mode: object, elem: _torch.Tensor, device: _torch.device) -> _torch.Tensor:

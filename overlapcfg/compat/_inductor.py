@@ -7,14 +7,13 @@ Like ``overlapcfg.compat._torch``, reached as ``overlapcfg.compat.<name>``; noth
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch as _torch
 from torch import fx as _fx
 
-from overlapcfg.errors import OverlapConfigError
+from overlapcfg.errors import OverlapConfigError, OverlapUsageError
 
 __all__: list[str] = []
 
@@ -26,18 +25,9 @@ __all__: list[str] = []
 # releases.
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.fx_passes import bucketing as _bucketing
-from torch._inductor.fx_passes import fsdp as _fsdp
 from torch._inductor.fx_passes.control_dependencies import control_deps as _control_deps
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
 from torch.utils._ordered_set import OrderedSet
-
-# ``torch/_inductor/fx_passes/fsdp.py`` sets its own logger to INFO at import (``logger.setLevel(logging.INFO)``),
-# so the automatic scheduler's one-line summary per graph ("pre_bucket_fsdp_collectives: ...") reaches torch's
-# console handler whatever the user configured; the overlapcfg command printed two of them in the middle of its
-# report. Put that logger back under the hierarchy (the ``torch`` logger's level, ``TORCH_LOGS``), unless someone
-# chose another level for it since.
-if logging.getLogger(_fsdp.__name__).level == logging.INFO:
-    logging.getLogger(_fsdp.__name__).setLevel(logging.NOTSET)
 
 __all__ += [
     "CustomGraphPass",
@@ -85,15 +75,14 @@ def unwrap_control_deps(node: object) -> tuple[object, tuple[object, ...], tuple
     ``deps`` are ordering edges, not reads.
     """
     target = getattr(node, "target", None)
-    if target is not _control_deps:
+    if target is not _control_deps or not isinstance(node, _fx.Node):
         return target, tuple(getattr(node, "all_input_nodes", ())), ()
-    # node: an fx node, typed object so callers outside the graph layer may pass anything
-    deps, subgraph_attr, *inputs = node.args  # type: ignore[attr-defined]
-    module = node.graph.owning_module  # type: ignore[attr-defined]
-    subgraph = getattr(module, subgraph_attr.target) if module is not None else None
+    deps, subgraph_attr, *inputs = node.args
+    module = node.graph.owning_module
+    subgraph = getattr(module, str(getattr(subgraph_attr, "target", ""))) if module is not None else None
     inner = [n for n in subgraph.graph.nodes if n.op == "call_function"] if subgraph is not None else []
     inner_target = inner[0].target if len(inner) == 1 else target
-    return inner_target, tuple(inputs), tuple(deps)
+    return inner_target, tuple(inputs), tuple(deps) if isinstance(deps, (list, tuple)) else (deps,)
 
 def unwrapped_call(node: object) -> tuple[object, tuple[object, ...], dict[str, object]]:
     """``(target, args, kwargs)`` of a call as the op it runs, seeing through a ``control_deps`` wrapper.
@@ -102,16 +91,16 @@ def unwrapped_call(node: object) -> tuple[object, tuple[object, ...], dict[str, 
     collective's group name and size) live in the subgraph's one call, whose placeholders stand for ``inputs``.
     Everything that reads an op's arguments by position reads them here, so a wrapped op is still that op.
     """
-    target = getattr(node, "target", None)
-    if target is not _control_deps:
-        # node: an fx node (see unwrap_control_deps)
-        return target, node.args, node.kwargs  # type: ignore[attr-defined]
-    _, subgraph_attr, *inputs = node.args  # type: ignore[attr-defined]
-    subgraph = getattr(node.graph.owning_module, subgraph_attr.target)  # type: ignore[attr-defined]
+    if not isinstance(node, _fx.Node):
+        raise OverlapUsageError(f"unwrapped_call: expected an fx node, got {type(node).__name__}")
+    target = node.target
+    if target is not _control_deps:  # the node's own containers, not copies: this runs once per node per proof
+        return target, node.args, cast("dict[str, object]", node.kwargs)
+    _, subgraph_attr, *inputs = node.args
+    subgraph = getattr(node.graph.owning_module, str(getattr(subgraph_attr, "target", "")))
     calls = [n for n in subgraph.graph.nodes if n.op == "call_function"]
     if len(calls) != 1:
-        # as above
-        return target, node.args, node.kwargs  # type: ignore[attr-defined]
+        return target, node.args, cast("dict[str, object]", node.kwargs)
     placeholders = [n for n in subgraph.graph.nodes if n.op == "placeholder"]
     outer = dict(zip(placeholders, inputs, strict=True))
     args = _fx.map_arg(calls[0].args, lambda n: outer.get(n, n))
@@ -122,8 +111,7 @@ def unwrapped_call(node: object) -> tuple[object, tuple[object, ...], dict[str, 
 def is_fsdp_reduce_scatter(node: object) -> bool:
     """Upstream's own test for an FSDP reduce-scatter (an independent oracle for the test suite; overlapcfg's
     classification is ``overlapcfg.graph.gradients``')."""
-    # upstream types its argument as a Node; any object is tested the same way
-    return bool(_bucketing.is_fsdp_reduce_scatter(node))  # type: ignore[arg-type]
+    return isinstance(node, _fx.Node) and bool(_bucketing.is_fsdp_reduce_scatter(node))
 
 
 __all__ += ["OrderedSet"]

@@ -1,7 +1,8 @@
 """Torch's upstream overlap schedulers, for the ``torch_manual`` and ``auto`` strategies: ``manual_overlap_bucketing``
 and ``schedule_overlap_bucketing`` with their settings mapped onto the installed release (probed from their
-signatures; a setting a release cannot honour raises ``UnsupportedByThisTorch``), their CPU-only workaround
-(``no_triton_runtime_estimates``) and the cyclic ordering hints ``auto`` may make (``dropped_cyclic_overlap_deps``).
+signatures; a setting a release cannot honour raises ``UnsupportedByThisTorch``), and the one scope in which
+overlapcfg changes torch around a call to them (``upstream_scheduler_scope``: stand-in device figures without a
+GPU, the cyclic ordering hints ``auto`` may make, torch's FSDP summary line), restored on exit.
 
 Like ``overlapcfg.compat._torch``, reached as ``overlapcfg.compat.<name>``; nothing else imports them.
 """
@@ -12,24 +13,27 @@ import contextlib
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch as _torch
 from torch import fx as _fx
 from torch._ops import OpOverload as _OpOverload
 from torch.utils._pytree import tree_leaves
 
+from overlapcfg.compat._torch import quiet_logger_records
 from overlapcfg.errors import OverlapConfigError
 
 __all__ = [
     "UnsupportedByThisTorch",
+    "UpstreamRun",
     "auto_scheduler_parameters",
-    "dropped_cyclic_overlap_deps",
     "manual_bucketing_parameters",
     "manual_overlap_bucketing",
-    "no_triton_runtime_estimates",
     "roofline_estimates_work",
     "schedule_overlap_bucketing",
+    "upstream_scheduler_scope",
 ]
 
 
@@ -92,7 +96,7 @@ def _analytical_compute_estimate(node: _fx.Node, override_size: int | None = Non
     """torch 2.11's ``custom_runtime_estimation`` hook answering for compute nodes as ``compute_estimator=
     "analytical"`` does from torch 2.13 on (``estimate_roofline_runtime_ms``: the larger of FLOPs at peak and bytes
     at memory bandwidth, in ms), and ``None`` (upstream's own estimate) for the rest. 2.11's own analytical estimate
-    asserts a CUDA device; this one reads the device figures ``no_triton_runtime_estimates`` supplies without one."""
+    asserts a CUDA device; this one reads the device figures ``upstream_scheduler_scope`` supplies without one."""
     from torch._inductor.fx_passes import overlap_scheduling
     from torch.utils import _runtime_estimation as runtime_estimation
     from torch.utils._pytree import tree_map
@@ -167,47 +171,96 @@ def roofline_estimates_work() -> bool:
         return False
 
 
-@contextlib.contextmanager
-def no_triton_runtime_estimates() -> Iterator[None]:
-    """Let upstream schedulers run where inductor cannot time kernels on a GPU, for the duration of the block.
+_SCOPE_LOCK = threading.RLock()
+"""Held for the whole of an ``upstream_scheduler_scope``: what it changes in torch is process-wide, so two threads
+running upstream's schedulers take turns rather than undo each other's changes."""
 
-    ``OverlapScheduler.__init__`` asks ``torch._inductor.utils.get_gpu_dram_gbps`` (triton) for roofline
-    estimates even when every estimate is overridden; without triton that raises ``ModuleNotFoundError``, and with
-    triton but no GPU (a CUDA wheel on a laptop or login node) triton's ``RuntimeError: 0 active drivers``. Where
-    the estimates work (``roofline_estimates_work``) nothing is changed.
+
+@dataclass(slots=True)
+class UpstreamRun:
+    """What an ``upstream_scheduler_scope`` saw: the cyclic ordering hints torch's scheduler dropped (torch's own
+    message for each batch, one string per report; empty unless the scope was asked to drop them)."""
+
+    dropped_cyclic_hints: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def upstream_scheduler_scope(*, drop_cyclic_hints: bool = False) -> Iterator[UpstreamRun]:
+    """The one place overlapcfg changes torch, for the duration of a call to one of torch's overlap schedulers
+    (``manual_overlap_bucketing``, ``schedule_overlap_bucketing``). Everything is put back on exit, on every path,
+    and the scope holds a lock: nested scopes in one thread are fine, scopes in two threads run one after the other.
+
+    - **Roofline estimates without a GPU.** ``OverlapScheduler.__init__`` asks
+      ``torch._inductor.utils.get_gpu_dram_gbps`` (triton) for roofline estimates even when every estimate is
+      overridden; without triton that raises ``ModuleNotFoundError``, and with triton but no GPU (a CUDA wheel on a
+      laptop or login node) ``RuntimeError: 0 active drivers``. torch has no setting to skip it, so where the
+      estimates cannot run (``roofline_estimates_work``) the functions it calls are replaced by nominal figures (an
+      H100's order of magnitude: they only feed upstream's estimates, which the manual scheduler overrides with 0
+      and which ``auto`` on a CPU uses as a planning aid). Code in other threads calling those functions while the
+      scope is open sees the figures too (without a GPU the real ones fail). Where they run, nothing is replaced.
+    - **Cyclic ordering hints** (``drop_cyclic_hints``): torch's automatic scheduler drops the ordering hints it
+      added that would form a cycle instead of raising ``RuntimeError: detected N cyclic extra dep(s)``
+      (``aten_distributed_optimizations.overlap_scheduling_autofix_cycles``, set through torch's own config
+      ``patch``). Torch says which hints it dropped only in a WARNING of its augmented-graph helper's logger (that
+      logger's one message): ``UpstreamRun.dropped_cyclic_hints`` collects the warnings that logger emits on this
+      thread inside the scope. torch 2.11 has neither the setting nor the check: there nothing changes and the list
+      stays empty.
+    - **The FSDP pre-bucketing summary.** ``torch/_inductor/fx_passes/fsdp.py`` sets its logger to INFO at import,
+      so the automatic scheduler's one-line summary per graph reaches torch's console handler whatever the user
+      configured; the overlapcfg command printed two in the middle of its report. Inside the scope, records below
+      WARNING that this thread logs there are dropped while the logger is still at the level torch gave it (a level
+      someone chose since is left to speak).
     """
-    if roofline_estimates_work():
-        yield
-        return
+    with contextlib.ExitStack() as scope, _SCOPE_LOCK:
+        run = UpstreamRun()
+        if not roofline_estimates_work():
+            scope.enter_context(_stand_in_estimates())
+        scope.enter_context(quiet_logger_records(_fsdp_logger(), below=logging.WARNING,
+                                                 only_at_level=logging.INFO))
+        if drop_cyclic_hints and _CYCLE_LOG is not None:
+            from torch._inductor import config as inductor_config
+
+            scope.enter_context(_collected_warnings(_CYCLE_LOG, run.dropped_cyclic_hints))
+            scope.enter_context(inductor_config.patch(
+                {"aten_distributed_optimizations.overlap_scheduling_autofix_cycles": True}))
+        yield run
+
+
+@contextlib.contextmanager
+def _stand_in_estimates() -> Iterator[None]:
+    """Replace the device-figure functions upstream's scheduler set-up calls (see ``upstream_scheduler_scope``);
+    restored on exit. Only ever entered under ``_SCOPE_LOCK``."""
     import torch._inductor.utils as inductor_utils
     import torch.utils._runtime_estimation as runtime_estimation
-
-    # Nominal figures (an H100's order of magnitude) only feed upstream's estimates; the manual scheduler
-    # overrides every estimate with 0, and ``auto`` on a CPU is a planning aid, not a measurement.
-    fakes: dict[str, Callable[..., object]] = {"get_gpu_dram_gbps": lambda *a, **k: 3000,
-                                               "get_device_tflops": lambda *a, **k: 500.0}
-    saved = [(mod, name, getattr(mod, name)) for mod in (inductor_utils, runtime_estimation) for name in fakes
-             if hasattr(mod, name)]
-    # torch 2.11's automatic scheduler also logs an analytical estimate of every compute node from a function that
-    # asserts a CUDA device (``estimate_runtime_analytical``); it only feeds that log line.
     from torch._inductor.fx_passes import overlap_scheduling
 
+    stand_ins: dict[str, Callable[..., object]] = {"get_gpu_dram_gbps": lambda *a, **k: 3000,
+                                                   "get_device_tflops": lambda *a, **k: 500.0}
+    replaced = [(mod, name, getattr(mod, name)) for mod in (inductor_utils, runtime_estimation) for name in stand_ins
+                if hasattr(mod, name)]
+    # torch 2.11's automatic scheduler also logs an analytical estimate of every compute node from a function that
+    # asserts a CUDA device (``estimate_runtime_analytical``); it only feeds that log line.
     if hasattr(overlap_scheduling, "estimate_runtime_analytical"):
-        saved.append((overlap_scheduling, "estimate_runtime_analytical",
-                      overlap_scheduling.estimate_runtime_analytical))
-        fakes["estimate_runtime_analytical"] = lambda node: _analytical_compute_estimate(node) or 0.0
-    for mod, name, _ in saved:
-        setattr(mod, name, fakes[name])
+        replaced.append((overlap_scheduling, "estimate_runtime_analytical",
+                         overlap_scheduling.estimate_runtime_analytical))
+        stand_ins["estimate_runtime_analytical"] = lambda node: _analytical_compute_estimate(node) or 0.0
     try:
+        for mod, name, _ in replaced:
+            setattr(mod, name, stand_ins[name])
         yield
     finally:
-        for mod, name, value in saved:
-            setattr(mod, name, value)
+        for mod, name, original in replaced:
+            setattr(mod, name, original)
 
+
+def _fsdp_logger() -> logging.Logger:
+    from torch._inductor.fx_passes import fsdp
+
+    return logging.getLogger(fsdp.__name__)
 
 
 def _cycle_log() -> logging.Logger | None:
-    """The logger torch's cyclic-hint fixer writes to, where this release has that fixer (torch >= 2.13)."""
+    """The logger torch's cyclic-hint fixer reports to, where this release has that fixer (torch >= 2.13)."""
     from torch._inductor import augmented_graph_helper
     from torch._inductor import config as inductor_config
 
@@ -219,36 +272,19 @@ _CYCLE_LOG = _cycle_log()
 
 
 @contextlib.contextmanager
-def dropped_cyclic_overlap_deps() -> Iterator[list[str]]:
-    """Within the block, upstream's automatic scheduler drops the ordering dependencies it added that form a
-    cycle instead of raising ``RuntimeError: detected N cyclic extra dep(s)`` (inductor's own escape hatch,
-    ``aten_distributed_optimizations.overlap_scheduling_autofix_cycles``), and the yielded list collects torch's
-    message naming each dropped pair. The dependencies are overlap hints, not data edges: dropping one costs
-    overlap, never correctness (and ``apply`` verifies the result).
-
-    Seen with ``collective_bucketing`` on HSDP backward graphs that reduce-scatter first: a bucket of
-    reduce-scatters gets a hint to wait for compute that itself needs an earlier all-reduce of the bucket.
-
-    torch 2.11 has neither the setting nor the check (its scheduler does not look for cyclic hints): there the
-    block changes nothing and the list stays empty."""
-    from torch._inductor import config as inductor_config
-
-    found: list[str] = []
-    if _CYCLE_LOG is None:
-        yield found
-        return
-    logger = _CYCLE_LOG
+def _collected_warnings(logger: logging.Logger, into: list[str]) -> Iterator[None]:
+    """Append the message of every WARNING (or worse) ``logger`` emits on this thread inside the block to
+    ``into``; the logger's output is otherwise unchanged."""
+    thread = threading.get_ident()
 
     class _Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            message = record.getMessage()
-            if "cyclic extra dep" in message:
-                found.append(message)
+            if record.thread == thread:
+                into.append(record.getMessage())
 
     handler = _Collect(logging.WARNING)
     logger.addHandler(handler)
     try:
-        with inductor_config.patch({"aten_distributed_optimizations.overlap_scheduling_autofix_cycles": True}):
-            yield found
+        yield
     finally:
         logger.removeHandler(handler)

@@ -14,6 +14,8 @@ import copy
 import functools
 import importlib
 import inspect
+import logging
+import threading
 from collections.abc import Callable, Iterator
 
 import torch as _torch
@@ -106,10 +108,9 @@ _EXTRA_FLOPS: dict[object, Callable[..., int]] = {
 }
 
 
-def _sdpa_cpu_backward_flops(grad_out: object, query: object, key: object, value: object, *args: object,
-                             **kwargs: object) -> int:
-    # fake tensors, typed object here: torch reads their shapes
-    return _flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)  # type: ignore[attr-defined]
+def _sdpa_cpu_backward_flops(grad_out: _torch.Tensor, query: _torch.Tensor, key: _torch.Tensor,
+                             value: _torch.Tensor, *args: object, **kwargs: object) -> int:
+    return int(_flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape))
 
 
 _EXTRA_FLOPS[_aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_cpu_backward_flops
@@ -181,15 +182,14 @@ def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | N
     if schema.returns and schema.returns[0].alias_info is not None:
         sets = set(schema.returns[0].alias_info.before_set) - {"*"}
 
-        def aliased(info: object) -> bool:
+        def aliased(info: _torch._C.AliasInfo | None) -> bool:
             if info is None:
                 return False
             if sets:
-                # torch's alias info objects (torch._C._AliasInfo) carry no type information
-                return bool(sets & set(info.before_set))  # type: ignore[attr-defined]
+                return bool(sets & set(info.before_set))
             # A list of views (``split``: ``Tensor(a -> *) self -> Tensor(a)[]``) or a wildcard result: the
             # elements alias the argument whose set flows into the wildcard, or any annotated one.
-            return "*" in info.after_set or bool(info.before_set)  # type: ignore[attr-defined]
+            return "*" in info.after_set or bool(info.before_set)
 
         alias = next(((i, a.name) for i, a in enumerate(args) if aliased(a.alias_info)), None)
     return writes, alias
@@ -272,6 +272,91 @@ LazyGraphModule = _LazyGraphModule
 """Torch's ``GraphModule`` whose ``recompile()`` only marks the code stale (generated when first read or called)."""
 
 __all__ += ["LazyGraphModule", "lazy_graph_module_copy"]
+
+
+# --- fx: hooks a GraphModule may carry, and copying a node a second time ------------------------------------------
+# ``GraphModule`` lets code register callbacks that see every node created and every use replaced
+# (``_register_create_node_hook``, ``_register_replace_node_hook``); torch keeps them in private lists, and has no
+# public way to ask whether there are any. The merge asks, to take its short cuts only where nobody is watching.
+
+
+def has_node_creation_hooks(gm: object) -> bool:
+    """Whether ``gm`` (a ``GraphModule``, or None) has callbacks that must see each node ``create_node`` makes."""
+    return bool(getattr(gm, "_create_node_hooks", None))
+
+
+def has_replace_hooks(gm: object) -> bool:
+    """Whether ``gm`` (a ``GraphModule``, or None) has callbacks that must see each ``replace_all_uses_with``."""
+    return bool(getattr(gm, "_replace_hooks", None))
+
+
+def copy_node_checked_before(g: _fx.Graph, node: _fx.Node,
+                             arg_transform: Callable[[_fx.Node], _fx.node.Argument]) -> _fx.Node:
+    """``g.node_copy(node, arg_transform)`` for a node whose arguments ``node_copy`` already checked when the same
+    traced graph was first stamped into ``g``, without ``create_node``'s scan of every argument for raw symbolic
+    values (a ``pytree`` walk, 80% of ``create_node``'s time on a merge's long argument lists): the arguments are
+    the ones it scanned then, with other nodes in place of nodes, so a scan would find what it found then. The
+    node is created without arguments and given them through the ``args``/``kwargs`` setters, which keep the
+    inputs and users as ``Node.__init__`` does. That the setters do all the bookkeeping but the scan is a property
+    of fx's implementation, which is why this lives here. Only where ``g``'s module has no node-creation hooks
+    (``has_node_creation_hooks``): they would see a node without arguments."""
+    args = _fx.map_arg(node.args, arg_transform)
+    kwargs = _fx.map_arg(node.kwargs, arg_transform)
+    copied = g.create_node(node.op, node.target, name=node.name, type_expr=node.type)
+    if args:
+        copied.args = args
+    if kwargs:
+        copied.kwargs = kwargs
+    copied.meta = dict(node.meta)
+    return copied
+
+
+__all__ += ["copy_node_checked_before", "has_node_creation_hooks", "has_replace_hooks"]
+
+
+# --- what torch.compile and dynamo leave on objects -----------------------------------------------------------------
+
+
+def compiled_inner_module(model: object) -> _torch.nn.Module | None:
+    """The module a ``torch.compile`` wrapper (dynamo's ``OptimizedModule``) holds, in its private ``_orig_mod``;
+    None for anything else."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, _torch.nn.Module) else None
+
+
+def marked_as_parameter(example: object) -> bool:
+    """Whether a dynamo graph input's example value stands for an ``nn.Parameter``: dynamo's fake tensors of
+    parameters carry the private mark ``_is_param``."""
+    return bool(getattr(example, "_is_param", False))
+
+
+__all__ += ["compiled_inner_module", "marked_as_parameter"]
+
+
+# --- torch's loggers: quiet for one thread, for one block --------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quiet_logger_records(logger: logging.Logger, *, below: int, only_at_level: int | None = None) -> Iterator[None]:
+    """Within the block, drop the records below level ``below`` that this thread logs to ``logger`` (a filter on
+    the logger, removed on exit; other threads' records and the logger's level are untouched, so two threads
+    quieting the same logger cannot undo each other). ``only_at_level``: drop them only while the logger's own level
+    is this one (someone who set another level since wants to see them)."""
+    thread = threading.get_ident()
+
+    def keep(record: logging.LogRecord) -> bool:
+        if record.thread != thread or record.levelno >= below:
+            return True
+        return only_at_level is not None and logger.level != only_at_level
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
+__all__ += ["quiet_logger_records"]
 
 
 # --- what torchtitan 0.3.0's graph trainer calls in torch ---------------------------------------------------------

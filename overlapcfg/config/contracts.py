@@ -2,10 +2,12 @@
 
 One ``StrategyContract`` per name, in one catalog, here in the torch-free config layer: validating a config must
 not import torch (a typo on the command line is reported in a fraction of a second). The graph call
-(``run(gm, ctx) -> StrategyResult``) needs torch, so the strategies layer attaches it to the declaration:
-``overlapcfg.strategies.register_strategy`` declares a contract with its call in one step, and the built-ins
-declared below get theirs from ``overlapcfg.strategies.registry`` (``attach``). ``overlapcfg.strategies.Strategy``
-is the typed view of one declaration; nothing else holds strategies.
+(``run(gm, ctx) -> StrategyResult``) needs torch, so a built-in names the module of overlapcfg's strategies layer
+whose ``run`` it is (``defined_in``), imported the first time the call is asked for (``graph_call()``): every
+built-in is complete from the moment this module is imported, whatever else is, and declaring one imports
+nothing. Third-party strategies give the call itself (``overlapcfg.strategies.register_strategy``, or a bare
+function as an entry point). ``overlapcfg.strategies.Strategy`` is the typed view of one declaration; nothing else
+holds strategies.
 
 A strategy's rules on settings are its policy model's, and only its policy model's: a value a plan entry or an
 override writes stands in for the policy's value for those buckets, so ``OverlapConfig`` validates it against the
@@ -19,18 +21,17 @@ A config can never name an import path: YAML selects a key of this catalog and n
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 from overlapcfg.config.policy import AutoPolicy, OverlapPolicy, PolicyBase, TorchManualPolicy
-from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean, show_value
+from overlapcfg.errors import OverlapConfigError, OverlapUsageError, closest_first, did_you_mean, show_value
 
-__all__ = ["ENTRY_POINT_GROUP", "GraphCall", "StrategyContract", "attach", "contract_of", "declare",
-           "strategy_names"]
+__all__ = ["ENTRY_POINT_GROUP", "GraphCall", "StrategyContract", "contract_of", "declare", "strategy_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,27 @@ class StrategyContract:
     origin: str = "builtin"
     """Who declared it: ``builtin``, a module name, or ``entry point <dist>``."""
     run: GraphCall | None = None
-    """The graph call; None until the strategies layer attaches it (built-ins: ``overlapcfg.strategies``)."""
+    """The graph call, given with the declaration (third-party strategies)."""
+    defined_in: str | None = None
+    """Built-ins: the ``overlapcfg.strategies`` module whose ``run`` is the graph call (imported on first use)."""
+
+    def __post_init__(self) -> None:
+        if (self.run is None) == (self.defined_in is None):
+            raise OverlapUsageError(f"strategy {self.name!r}: give its graph call (run) or, for a built-in, the "
+                                    "module defining it (defined_in), exactly one of the two")
+        if self.defined_in is not None and not self.defined_in.startswith(_BUILTIN_PACKAGE):
+            raise OverlapUsageError(f"strategy {self.name!r}: defined_in names modules of {_BUILTIN_PACKAGE} only, "
+                                    f"got {self.defined_in!r}; other strategies give their graph call (run)")
+
+    def graph_call(self) -> GraphCall:
+        """The graph call: ``run``, or the ``run`` of the built-in's module, imported now if it was not yet (which
+        imports torch)."""
+        if self.run is not None:
+            return self.run
+        return cast(GraphCall, importlib.import_module(cast(str, self.defined_in)).run)
+
+
+_BUILTIN_PACKAGE = "overlapcfg.strategies."
 
 
 _CONTRACTS: dict[str, StrategyContract] = {}
@@ -74,20 +95,12 @@ def declare(contract: StrategyContract) -> None:
     _CONTRACTS[contract.name] = contract
 
 
-def attach(name: str, run: GraphCall) -> StrategyContract:
-    """Give the strategy declared as ``name`` without a graph call its call; a second call is refused."""
-    contract = contract_of(name)
-    if contract.run is not None and contract.run is not run:
-        raise OverlapConfigError(f"strategy {name!r} (declared by {contract.origin}) already has a graph call")
-    _CONTRACTS[name] = attached = dataclasses.replace(contract, run=run)
-    return attached
-
-
-declare(StrategyContract("manual", OverlapPolicy))
-declare(StrategyContract("torch_manual", TorchManualPolicy))
-declare(StrategyContract("auto", AutoPolicy, uses_plan=False))
+declare(StrategyContract("manual", OverlapPolicy, defined_in="overlapcfg.strategies.manual"))
+declare(StrategyContract("torch_manual", TorchManualPolicy, defined_in="overlapcfg.strategies.torch_manual"))
+declare(StrategyContract("auto", AutoPolicy, uses_plan=False, defined_in="overlapcfg.strategies.auto"))
 # `none` accepts the manual policy so that `-m overlap.strategy=none,manual` sweeps need no other change.
-declare(StrategyContract("none", OverlapPolicy, uses_plan=False, reads_policy=False))
+declare(StrategyContract("none", OverlapPolicy, uses_plan=False, reads_policy=False,
+                         defined_in="overlapcfg.strategies.identity"))
 
 
 def _load_entry_points() -> None:

@@ -49,7 +49,8 @@ class Snapshot:
         for module in model.modules():
             attrs = dict(vars(module))
             dicts = {k: dict(v) for k, v in attrs.items() if isinstance(v, dict)}
-            own = [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]
+            own = [t for _, t in (*module.named_parameters(recurse=False, remove_duplicate=False),
+                                  *module.named_buffers(recurse=False, remove_duplicate=False))]
             states.append(_ModuleState(module, type(module), attrs, dicts, tuple((t, t.data) for t in own)))
         return cls(tuple(states))
 

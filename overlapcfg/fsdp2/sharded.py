@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from overlapcfg import compat
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.depths import DEPTH_FIELDS
 from overlapcfg.errors import OverlapLookupError, OverlapUsageError
@@ -85,7 +86,7 @@ class Fsdp2Record(RecordModel):
 def read_record(model: nn.Module) -> Fsdp2Record:
     """The record of the ``overlapcfg.fully_shard`` call that sharded ``model`` (or the module a
     ``torch.compile`` wrapper holds). ``TypeError`` if it was not sharded that way."""
-    for candidate in (model, model.get_submodule("_orig_mod") if hasattr(model, "_orig_mod") else None):
+    for candidate in (model, compat.compiled_inner_module(model)):
         record = vars(candidate).get(RECORD_ATTR) if candidate is not None else None
         if isinstance(record, Fsdp2Record):
             return record

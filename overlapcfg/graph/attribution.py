@@ -134,7 +134,7 @@ def dynamo_parameter_inputs(dynamo_gm: fx.GraphModule) -> tuple[str | None, ...]
 
 def _looks_like_parameter(node: fx.Node) -> bool:
     example = node.meta.get("example_value")
-    return bool(getattr(example, "_is_param", False)) or type(example).__name__ == "Parameter"
+    return compat.marked_as_parameter(example) or type(example).__name__ == "Parameter"
 
 
 def parameter_fqn(placeholder: fx.Node, parameter_inputs: Sequence[str | None]) -> str | None:

@@ -4,7 +4,7 @@ storages of the stamp's own instead of computed again.
 Stamped nodes of identical buckets would share the trace's fake tensors; that is harmless where the graph runs as it
 is, but inductor tells buffers apart by storage, so each stamp for a compiler gets fake tensors of its own: the
 trace's layouts (shape, strides, offset, dtype) are laid on new storages, and on the bucket's own inputs' storages
-where the trace viewed an input. How to do that is worked out once per trace (a ``_Recipe``, kept on the trace).
+where the trace viewed an input. How to do that is worked out once per trace (a ``Recipe``, kept with the trace).
 Building a fake tensor from a meta view costs ~10 us; running the op again under the fake mode costs ~1 ms
 (``FakeTensorProp``, what this replaced). Where a layout cannot be copied (symbolic sizes, a value that requires
 grad, inputs sharing a storage) the bucket's ops are re-run instead.
@@ -14,18 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import fx
 
 from overlapcfg import compat
 
-__all__ = ["fresh_values"]
+__all__ = ["Recipe", "fresh_values", "recipe_of"]
 
 
 @dataclass(frozen=True, slots=True)
-class _Recipe:
+class Recipe:
     """How to lay a trace's fake values on new storages (``fresh_values``), worked out once per trace.
 
     ``storages[k]``: ``("input", i)`` for storage ``k`` that is the trace's i-th input's, ``("new", nbytes)`` for
@@ -38,21 +38,14 @@ class _Recipe:
     nodes: tuple[tuple[fx.Node, int | None, Any, tuple[int | _Constant, ...]], ...]
 
 
-_RECIPE_ATTR = "_overlapcfg_recipe"
-_UNSET = object()
-
-
-def _recipe(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> _Recipe | None:
-    """The trace's ``_Recipe``, kept on it; None where a layout is not plain integers, a value requires grad, or
+def recipe_of(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> Recipe | None:
+    """How to lay ``gm``'s fake values on new storages, worked out once per trace (the caller keeps it with the
+    trace, ``overlapcfg.graph.traces.Trace``); None where a layout is not plain integers, a value requires grad, or
     the trace's inputs share a storage (then a storage does not say which input a view is of)."""
-    cached = getattr(gm, _RECIPE_ATTR, _UNSET)
-    if cached is _UNSET:
-        cached = _make_recipe(gm, placeholders)
-        setattr(gm, _RECIPE_ATTR, cached)
-    return cast("_Recipe | None", cached)
+    return _make_recipe(gm, placeholders)
 
 
-def _make_recipe(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> _Recipe | None:
+def _make_recipe(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> Recipe | None:
     storage_index: dict[int, int] = {}
     storages: list[tuple[str, int]] = []
     for i, p in enumerate(placeholders):
@@ -104,7 +97,7 @@ def _make_recipe(gm: fx.GraphModule, placeholders: Sequence[fx.Node]) -> _Recipe
             else:
                 refs.append(_Constant(leaf))
         nodes.append((node, None, spec, tuple(refs)))
-    return _Recipe(tuple(storages), tuple(tensors), tuple(nodes))
+    return Recipe(tuple(storages), tuple(tensors), tuple(nodes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +107,10 @@ class _Constant:
     value: object
 
 
-def fresh_values(gm: fx.GraphModule, placeholders: Sequence[fx.Node],
-                  g_fn_inps: Sequence[fx.Node]) -> dict[fx.Node, object]:
-    """Fake values for one more stamp of ``gm``: the trace's layouts on storages of this stamp's own (``_recipe``),
-    one tensor object wherever the trace had one (a split's pieces and their ``getitem`` nodes)."""
-    recipe = _recipe(gm, placeholders)
+def fresh_values(gm: fx.GraphModule, recipe: Recipe | None, g_fn_inps: Sequence[fx.Node]) -> dict[fx.Node, object]:
+    """Fake values for one more stamp of ``gm``: the trace's layouts on storages of this stamp's own (``recipe``,
+    from ``recipe_of``; None: the ops are run again), one tensor object wherever the trace had one (a split's pieces
+    and their ``getitem`` nodes)."""
     inputs = [n.meta.get("val") for n in g_fn_inps]
     mode = compat.detect_fake_mode(inputs)
     if recipe is None or mode is None or _inputs_share_a_storage(inputs):

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import TypeVar, cast
 
 import torch
 from torch import fx
+from torch.fx.node import Argument
 
 from overlapcfg import compat
 from overlapcfg.graph.byte_runs import (
@@ -129,21 +131,25 @@ class Interpretation:
 
     def _storage(self, root: fx.Node) -> tuple[Value, int]:
         written = self._written.get(root)
-        # a root's slot holds a Value (roots are made for tensor contents only)
-        return written if written is not None else (self._slots[root][0], 0)  # type: ignore[return-value]
+        if written is not None:
+            return written
+        whole = self._slots[root][0]
+        if not isinstance(whole, Value):
+            raise AssertionError(f"overlapcfg memory model: the root {root.name} holds no tensor content")
+        return whole, 0
 
     def _fresh(self, node: fx.Node, content: Content) -> None:
         self._slots[node] = (content, node if isinstance(content, Value) else None, 0, None)
 
     def _alias(self, node: fx.Node, parent: object, content: Content) -> None:
         slot = self._slots.get(parent) if isinstance(parent, fx.Node) else None
-        if slot is None or slot[1] is None:
+        if slot is None or slot[1] is None or not isinstance(parent, fx.Node):
             self._fresh(node, content)
             return
         root = slot[1]
         written = self._written.get(root)
-        # the slot of a view: its root is a node whenever the parent's is (an alias keeps the root)
-        self._slots[node] = (content, root, written[1] if written is not None else 0, parent)  # type: ignore[assignment]
+        # the slot of a view: its root is the parent's (an alias keeps the root)
+        self._slots[node] = (content, root, written[1] if written is not None else 0, parent)
 
     def _address(self, node: fx.Node) -> Content:
         """Where ``node``'s bytes lie in its storage (a ``Value`` of ``ADDRESS`` runs), or None if unknown."""
@@ -161,8 +167,7 @@ class Interpretation:
         for view in reversed(chain):
             parent = self._slots[view][3]
             above = self._addresses.get(parent) if parent is not None else None
-            # parent is a node here: above is only found for a node parent
-            self._addresses[view] = None if above is None else _view_address(view, parent, above)  # type: ignore[arg-type]
+            self._addresses[view] = None if above is None or parent is None else _view_address(view, parent, above)
         return self._addresses.get(node)
 
     def _write(self, dst: object, content: Content, writer: fx.Node, label: str) -> None:
@@ -195,9 +200,11 @@ class Interpretation:
             dsts, srcs = read_args[0], read_args[1]
             if not isinstance(dsts, (list, tuple)) or not isinstance(srcs, (list, tuple)) or len(dsts) != len(srcs):
                 return False
+            targets = args[0]  # the destination nodes, as the op's schema has them: a list
+            if not isinstance(targets, (list, tuple)):
+                return False
             written = [copy_content(d, s) for d, s in zip(dsts, srcs, strict=True)]
-            # a foreach write's destination is a list of nodes (the op's schema says so)
-            for i, (dst, content) in enumerate(zip(args[0], written, strict=True)):  # type: ignore[call-overload]
+            for i, (dst, content) in enumerate(zip(targets, written, strict=True)):
                 self._write(dst, content, node, f"{node.name}[{i}]")
             return None not in written
         if target is _aten.copy_.default:
@@ -215,9 +222,8 @@ class Interpretation:
     def _call(self, node: fx.Node, visit: Visitor | None) -> None:
         target, args, kwargs = compat.unwrapped_call(node)
         read = self.read
-        # map_arg puts any value in a node's place (torch annotates the result as graph arguments only)
-        read_args = fx.map_arg(args, read)  # type: ignore[type-var, arg-type]
-        read_kwargs = fx.map_arg(kwargs, read) if kwargs else kwargs  # type: ignore[type-var, arg-type]
+        read_args = _map_nodes(args, read)
+        read_kwargs = _map_nodes(kwargs, read) if kwargs else kwargs
         mode, writes, alias = _plan(node, target)
         modelled = False
         if mode == _WRITE:
@@ -249,14 +255,22 @@ class Interpretation:
             visit(node, target, read_args, read_kwargs, not modelled)
 
 
+_Mapped = TypeVar("_Mapped", tuple[object, ...], dict[str, object])
+
+
+def _map_nodes(value: _Mapped, fn: Callable[[fx.Node], object]) -> _Mapped:
+    """``value`` with ``fn(node)`` in each node's place, at any depth (``fx.map_arg``, whose annotations allow only
+    graph arguments in the nodes' places, where this puts contents; it keeps a tuple a tuple, a dict a dict)."""
+    return cast(_Mapped, fx.map_arg(cast(Argument, value), cast(Callable[[fx.Node], Argument], fn)))
+
+
 def _view_address(view: fx.Node, parent: fx.Node, above: Content) -> Content:
     """A view's address from its parent's: the view's own transform run on byte offsets."""
     target, args, kwargs = compat.unwrapped_call(view)
     if target not in _VIEWS:
         _, writes, alias = _plan(view, target)
         return above if writes and alias is not None else None  # an in-place op's result is its argument
-    # map_arg puts any value in a node's place (torch annotates the result as graph arguments only)
-    addresses = fx.map_arg(args, lambda n: above if n is parent else None)  # type: ignore[type-var, arg-type, return-value]
+    addresses = _map_nodes(args, lambda n: above if n is parent else None)
     return step(view, target, addresses, kwargs)
 
 
@@ -284,8 +298,7 @@ def interpret(graph: fx.Graph, visit: Visitor | None = None) -> Interpretation:
             state.inputs.append(node)
         elif op == "output":
             if visit is not None:
-                # map_arg puts contents in the nodes' places (torch annotates graph arguments only)
-                visit(node, None, fx.map_arg(node.args, state.read), {}, False)  # type: ignore[arg-type]
+                visit(node, None, _map_nodes(node.args, state.read), {}, False)
         else:
             state._fresh(node, opaque(node))
     return state

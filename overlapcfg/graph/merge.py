@@ -3,8 +3,9 @@
 Each group of collectives is replaced by the trace of its merge function (``overlapcfg.graph.bucket_fns``: copy-in,
 one collective, its wait, copy-out), spliced in where ``manual_overlap_bucketing`` places upstream's merge
 (``overlapcfg.graph.stamp``): at depth 1 the graph is, on torch 2.13, upstream's node for node, and on every
-supported release it is made of the ops inductor's own bucketing emits. Traces are kept by signature and fake mode:
-identical layers trace once per capture, for every graph and config of it.
+supported release it is the graph torch 2.13's bucketing emits (``tests/graph/test_merge_across_releases.py``).
+Traces are kept by signature and fake mode: identical layers trace once per capture, for every graph and config of
+it. Written by overlapcfg; upstream's pass is the reference its output is compared with, not its source.
 
 Before (one bucket, two parameters)::
 
@@ -265,6 +266,6 @@ def _trace_args(kind: CollectiveKind, starts: Sequence[fx.Node],
         raise AssertionError(f"overlapcfg merge: {[s.name for s in starts]} differ in dtype or device")
     if kind == "reduce_scatter":
         _, reduce_op, group_size, _ = first.args
-        return (values, group_value, group_size, reduce_op, val.dtype, val.device), group
+        return (values, group_value, group_size, reduce_op), group
     _, reduce_op, _ = first.args
-    return (values, group_value, reduce_op, val.dtype, val.device), group
+    return (values, group_value, reduce_op), group

@@ -23,7 +23,7 @@ FSDP collectives whose parameter inputs the graph cannot confirm are not marked 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias, cast
 
 from overlapcfg.graph.record import PassRecord
 from overlapcfg.kinds import Direction
@@ -95,8 +95,8 @@ class CollectiveOwner:
 
 def owner(node: fx.Node) -> CollectiveOwner | None:
     """The ``CollectiveOwner`` the aot descriptors tie ``node`` (a collective start or wait) to, if any."""
-    # our namespace holds what set_owner wrote (a CollectiveOwner), stored untyped on the node
-    return _ours(node).get(OWNER_KEY)  # type: ignore[return-value]
+    found = _ours(node).get(OWNER_KEY)  # what set_owner wrote, stored untyped on the node
+    return found if isinstance(found, CollectiveOwner) else None
 
 
 def set_owner(node: fx.Node, found: CollectiveOwner) -> None:
@@ -143,8 +143,9 @@ def merged_mark(node: fx.Node) -> MergedMark | None:
     if BUCKET_KEY not in ours:
         return None
     # our namespace holds what mark_merged wrote, field by field, stored untyped on the node
-    return MergedMark(ours[BUCKET_KEY], ours[KIND_KEY], ours[DIRECTION_KEY], ours[PART_KEY],  # type: ignore[arg-type]
-                      ours[SOURCES_KEY])  # type: ignore[arg-type]
+    return MergedMark(cast(int, ours[BUCKET_KEY]), cast("CollectiveKind", ours[KIND_KEY]),
+                      cast("Direction", ours[DIRECTION_KEY]), cast("MergedPart", ours[PART_KEY]),
+                      cast("tuple[str, ...]", ours[SOURCES_KEY]))
 
 
 def pass_record(gm: fx.GraphModule) -> PassRecord | None:

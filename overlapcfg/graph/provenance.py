@@ -130,13 +130,15 @@ def step(node: fx.Node, target: object, args: Sequence[object], kwargs: dict[str
     if target is compat.ALL_GATHER_INTO_TENSOR:
         return _all_gather(x, args[1], group_name(node)) if isinstance(args[1], int) else None
     if target is compat.REDUCE_SCATTER_TENSOR:
-        # args[1] is the op's reduce op string; args[2] (the group size) is narrowed to int here
-        return _reduce_scatter(x, args[1], args[2], group_name(node)) if isinstance(args[2], int) else None  # type: ignore[arg-type]
+        reduce_op, ranks = args[1], args[2]
+        if not (isinstance(reduce_op, str) and isinstance(ranks, int)):
+            return None
+        return _reduce_scatter(x, reduce_op, ranks, group_name(node))
     if target is compat.ALL_REDUCE:
         return Value(x.shape, x.dtype, _normalized((("ar", args[1], group_name(node), k), s, n) for k, s, n in x.runs))
     if target in RESHAPES:
-        # args[1] is the view's size list, whatever fx types an argument as
-        shape = _infer(args[1], math.prod(x.shape))  # type: ignore[arg-type]
+        sizes = args[1]  # the view's size list
+        shape = _infer(sizes, math.prod(x.shape)) if isinstance(sizes, (list, tuple)) else None
         return None if shape is None else Value(shape, x.dtype, x.runs)
     if target in SAME_BYTES:
         val = node.meta.get("val")
@@ -217,19 +219,16 @@ def render_key(key: Key) -> str:
         return str(key[1])
     if tag == "uninit":
         return f"uninitialized({key[1]})"
+    # a key's parts are typed object (Key is a tuple of anything); by tag they are keys or contents
     if tag == "after":
-        # a key's parts are typed object (Key is a tuple of anything); these are keys or values by tag
-        return f"{key[1]}(after a write into its storage, now {describe(key[2])})"  # type: ignore[arg-type]
+        return f"{key[1]}(after a write into its storage, now {describe(cast(Content, key[2]))})"
     if tag == "cast":
-        # as above
-        return f"{str(key[2]).removeprefix('torch.')}({render_key(key[3])})"  # type: ignore[arg-type]
+        return f"{str(key[2]).removeprefix('torch.')}({render_key(cast(Key, key[3]))})"
     if tag == "ag":
-        # as above
-        return f"all_gather[group {key[1]!r}, {key[2]} ranks]({render_key(key[4])})"  # type: ignore[arg-type]
+        return f"all_gather[group {key[1]!r}, {key[2]} ranks]({render_key(cast(Key, key[4]))})"
     if tag == "rs":
-        # as above
-        return f"reduce_scatter[{key[1]}, group {key[2]!r}, {key[3]} ranks]({render_key(key[4])})"  # type: ignore[arg-type]
-    return f"all_reduce[{key[1]}, group {key[2]!r}]({render_key(key[3])})"  # type: ignore[arg-type]
+        return f"reduce_scatter[{key[1]}, group {key[2]!r}, {key[3]} ranks]({render_key(cast(Key, key[4]))})"
+    return f"all_reduce[{key[1]}, group {key[2]!r}]({render_key(cast(Key, key[3]))})"
 
 
 def describe(content: Content, limit: int = 3) -> str:

@@ -8,7 +8,7 @@ first sit at an offset of the flat buffer, so a view of one has another storage 
 Three things keep it linear in graph size, where a generic splice is quadratic or slow per bucket:
 
 - **One trace per signature and capture.** Buckets of identical layers have identical signatures (shapes, strides,
-  offsets, dtypes, group, rank); their trace is made once and kept on the capture's fake mode (``_TRACES_ATTR``),
+  offsets, dtypes, group, rank); their trace is made once and kept for the capture (``overlapcfg.graph.traces``),
   so later buckets, the backward that re-gathers the forward's buckets, and a second config on the same step
   stamp it again. Graphs of another capture have another fake mode and never see these traces.
 - **Fresh fake values without re-running ops.** Stamped nodes of identical buckets would share the trace's fake
@@ -18,88 +18,30 @@ Three things keep it linear in graph size, where a generic splice is quadratic o
 - **Bookkeeping once per bucket.** Provenance records (``from_node``) are built once per bucket, not once per new
   node; the output node, which reads every reduce-scattered gradient, is rewritten once per bucket; the region
   sort does not walk back to the placeholders.
+
+Written by overlapcfg; no upstream code. What it must produce (the nodes, their order, users and fake metadata,
+the metadata keys inductor's bucketing sets) is upstream's merge's output on torch 2.13, which
+``tests/graph/test_merge_speed_invariants.py`` and ``tests/graph/test_merge_across_releases.py`` compare against.
+The region sort is Kahn's topological sort with the original position as priority (``_stable_sort``).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import functools
+import heapq
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
 import torch
 from torch import fx
-from torch.fx.node import Argument
 from torch.fx.traceback import NodeSource, NodeSourceAction
 
 from overlapcfg import compat
 from overlapcfg.graph.fresh_values import fresh_values
+from overlapcfg.graph.traces import forget_traces, trace_of, traces_used
 
 __all__ = ["forget_traces", "populate_meta", "sort_region", "splice", "traces_used"]
-
-_TRACES_ATTR = "_overlapcfg_merge_traces"
-"""Where a fake mode keeps its traced merge functions by signature (``_signature``). On the mode itself, not in a
-table keyed by it: the traces' fake values refer to their mode, so a table would keep every mode alive for good,
-while an attribute makes one cycle the collector frees with the mode."""
-_MODES_WITH_TRACES: weakref.WeakSet[object] = weakref.WeakSet()
-_USED: list[set[tuple[object, ...]]] = []
-"""Signatures stamped inside each open ``traces_used`` block (innermost last)."""
-
-
-def _signature(fn: object, inps: Sequence[object]) -> tuple[object, ...]:
-    def key(x: object) -> object:
-        if isinstance(x, torch.Tensor):
-            return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device), x.storage_offset())
-        if isinstance(x, (list, tuple)):
-            return tuple(key(y) for y in x)
-        return x
-
-    return (fn, key(inps))
-
-
-def _traces_of(mode: object) -> dict[tuple[object, ...], fx.GraphModule]:
-    traces = getattr(mode, _TRACES_ATTR, None)
-    if traces is None:
-        traces = {}
-        setattr(mode, _TRACES_ATTR, traces)
-        _MODES_WITH_TRACES.add(mode)
-    return traces
-
-
-def forget_traces() -> None:
-    """Drop every kept trace: the next merge traces as the first did (``benchmarks/pass_speed.py`` times each run
-    cold, as upstream's pass always runs)."""
-    for mode in list(_MODES_WITH_TRACES):
-        getattr(mode, _TRACES_ATTR, {}).clear()
-
-
-@contextlib.contextmanager
-def traces_used() -> Iterator[set[tuple[object, ...]]]:
-    """Within the block, collect the signatures spliced (how many distinct traces a merge needed)."""
-    _USED.append(set())
-    try:
-        yield _USED[-1]
-    finally:
-        _USED.pop()
-
-
-def _trace(fn: Callable[..., object], inps: Sequence[object]) -> tuple[fx.GraphModule, bool]:
-    """The trace of ``fn`` on ``inps`` and whether it was made now (else kept from an earlier bucket)."""
-    signature = _signature(fn, inps)
-    if _USED:
-        _USED[-1].add(signature)
-    mode = compat.detect_fake_mode(inps)
-    if mode is None:
-        raise AssertionError("overlapcfg merge: the collectives' inputs carry no fake values (meta['val'])")
-    traces = _traces_of(mode)
-    if signature in traces:
-        return traces[signature], False
-    gm = compat.trace_with_fake_mode(fn, inps, mode)
-    traces[signature] = gm
-    return gm, True
-
 
 def splice(g: fx.Graph, fn: Callable[..., object], inps: Sequence[object], insert_before: fx.Node,
            g_fn_inps: Sequence[fx.Node], g_fn_outs: Sequence[fx.Node], *,
@@ -109,14 +51,13 @@ def splice(g: fx.Graph, fn: Callable[..., object], inps: Sequence[object], inser
 
     ``fresh``: every new node gets fake values of its own (what a compiler that reads them needs), also where the
     trace was made for another bucket."""
-    gm, made_now = _trace(fn, inps)
-    fn_g = gm.graph
-    placeholders = list(fn_g.find_nodes(op="placeholder"))
-    values = fresh_values(gm, placeholders, g_fn_inps) if fresh and not made_now else None
-    env: dict[fx.Node, fx.Node] = dict(zip(placeholders, g_fn_inps, strict=False))
+    trace, made_now = trace_of(fn, inps)
+    fn_g = trace.gm.graph
+    values = fresh_values(trace.gm, trace.recipe(), g_fn_inps) if fresh and not made_now else None
+    env: dict[fx.Node, fx.Node] = dict(zip(trace.placeholders, g_fn_inps, strict=False))
     new_outs: list[fx.Node] = []
     new_nodes: list[fx.Node] = []
-    copy_node = g.node_copy if _first_stamp(g, fn_g) else functools.partial(_stamp, g)
+    copy_node = g.node_copy if _first_stamp(g, fn_g) else functools.partial(compat.copy_node_checked_before, g)
     with g.inserting_before(insert_before):
         for node in fn_g.nodes:
             if node.op == "placeholder":
@@ -163,26 +104,25 @@ def _same_layout(lhs: object, rhs: object) -> bool:
 def repair_readers(readers: Sequence[fx.Node]) -> None:
     """Re-run ``readers`` on their inputs' fake values and keep each new value whose layout differs, then their
     readers, and so on: a replacement with another layout (a piece of a flat buffer at an offset) changes the
-    strides or offset a view of it has. A reader whose op cannot be re-run keeps its value (as upstream's repair)."""
-    queue = collections.deque(readers)
-    queued = dict.fromkeys(readers)
-    while queue:
-        node = queue.popleft()
-        queued.pop(node, None)
-        if node.op != "call_function" or not callable(node.target) or "val" not in node.meta:
-            continue
+    strides or offset a view of it has. A reader whose op cannot be re-run on fake values keeps the value it had
+    (the merge does not fail over a reader's metadata; ``compat.run_under_fake_mode`` logs it at DEBUG).
+
+    A work list in first-come order: a node is queued once at a time, and again if an input of it changes after it
+    was recomputed, so every value ends computed from its inputs' final values whatever the order of arrival."""
+    pending = dict.fromkeys(n for n in readers if n.op == "call_function")
+    while pending:
+        node = next(iter(pending))
+        del pending[node]
+        current = node.meta.get("val")
         args = compat.tree_map(_value_of, node.args)
         kwargs = compat.tree_map(_value_of, node.kwargs)
-        if any(isinstance(leaf, fx.Node) for leaf in compat.tree_leaves((args, kwargs))):
+        value = compat.run_under_fake_mode(cast("Callable[..., object]", node.target), args, kwargs, current)
+        if value is None or _same_layout(current, value):
             continue
-        new = compat.run_under_fake_mode(node.target, args, kwargs, node.meta["val"])
-        if new is None or _same_layout(node.meta["val"], new):
-            continue
-        node.meta["val"] = new
+        node.meta["val"] = value
         for user in node.users:
-            if user not in queued:
-                queued[user] = None
-                queue.append(user)
+            if user.op == "call_function":
+                pending[user] = None
 
 
 def _value_of(arg: object) -> object:
@@ -197,33 +137,15 @@ _STAMPED: weakref.WeakKeyDictionary[fx.Graph, weakref.WeakSet[fx.Graph]] = weakr
 
 def _first_stamp(g: fx.Graph, traced: fx.Graph) -> bool:
     """Whether ``traced`` is stamped into ``g`` for the first time (then ``node_copy`` copies it, with its checks),
-    or again (then ``_stamp`` does, without them). Always the first where ``g``'s module has node-creation hooks:
-    they must see every node as ``create_node`` makes it."""
-    if getattr(g.owning_module, "_create_node_hooks", None):
+    or again (then ``compat.copy_node_checked_before`` does, without them). Always the first where ``g``'s module
+    has node-creation hooks: they must see every node as ``create_node`` makes it."""
+    if compat.has_node_creation_hooks(g.owning_module):
         return True
     seen = _STAMPED.setdefault(g, weakref.WeakSet())
     if traced in seen:
         return False
     seen.add(traced)
     return True
-
-
-def _stamp(g: fx.Graph, node: fx.Node, arg_transform: Callable[[fx.Node], Argument]) -> fx.Node:
-    """``g.node_copy(node, arg_transform)`` for a traced graph stamped into ``g`` before, without
-    ``create_node``'s scan of every argument for raw symbolic values (a ``pytree`` walk, 80% of ``create_node``'s
-    time on a merge's long argument lists). The arguments are the first stamp's, which ``node_copy`` scanned, with
-    other nodes in place of nodes: a scan would find what it found then. The node is created without arguments and
-    given them through the ``args``/``kwargs`` setters, which do the bookkeeping ``Node.__init__`` does (inputs,
-    users)."""
-    args = fx.map_arg(node.args, arg_transform)
-    kwargs = fx.map_arg(node.kwargs, arg_transform)
-    copied = g.create_node(node.op, node.target, name=node.name, type_expr=node.type)
-    if args:
-        copied.args = args
-    if kwargs:
-        copied.kwargs = kwargs
-    copied.meta = dict(node.meta)
-    return copied
 
 
 def _rewire(g: fx.Graph, replacements: dict[fx.Node, fx.Node]) -> None:
@@ -233,7 +155,7 @@ def _rewire(g: fx.Graph, replacements: dict[fx.Node, fx.Node]) -> None:
     module = g.owning_module
     output = next(iter(g.find_nodes(op="output")), None)
     last = max((i for i, old in enumerate(replacements) if output in old.users), default=None)
-    if last is None or getattr(module, "_replace_hooks", None):  # hooks see each rewrite
+    if last is None or compat.has_replace_hooks(module):  # hooks see each rewrite
         for old, new in replacements.items():
             old.replace_all_uses_with(new)
         return
@@ -282,30 +204,27 @@ def sort_region(g: fx.Graph, new_nodes: Sequence[fx.Node], inputs: Sequence[fx.N
     its collectives reads a parameter cast that comes later). Placeholders head the graph and never move, so the
     search for the stretch's start stops at them: linear, where searching the whole graph for each bucket of
     parameters was quadratic."""
-    if not new_nodes:
-        return
     new = set(new_nodes)
-    external = {n for n in inputs if n not in new and n.op != "placeholder"}
-    if not external:
-        return
-    first, remaining = _widen(new_nodes[0], "prev", ("placeholder", "root"), external, len(external))
-    last, _ = _widen(new_nodes[-1], "next", ("output", "root"), external, remaining)
-    if first is last:
-        return
-    _stable_sort(list(_stretch(first, last)))
+    unplaced = {n for n in inputs if n not in new and n.op != "placeholder"}
+    if new_nodes and unplaced:
+        start = _farthest_input(new_nodes[0], "prev", ("placeholder", "root"), unplaced)
+        end = _farthest_input(new_nodes[-1], "next", ("output", "root"), unplaced)
+        if start is not end:
+            _stable_sort(list(_stretch(start, end)))
 
 
-def _widen(end: fx.Node, direction: str, stops: tuple[str, ...], external: set[fx.Node],
-           remaining: int) -> tuple[fx.Node, int]:
-    """Walk from ``end`` towards ``direction`` (``prev``/``next``) until ``remaining`` of ``external`` are passed or
-    a ``stops`` node is met; the farthest external node reached (``end`` if none) and how many are still missing."""
+def _farthest_input(end: fx.Node, direction: str, stops: tuple[str, ...], unplaced: set[fx.Node]) -> fx.Node:
+    """Step from ``end`` towards ``direction`` (``prev``/``next``) while some of ``unplaced`` are still unmet and no
+    ``stops`` node is reached; each met node leaves ``unplaced`` (so the walk the other way looks only for the
+    rest). The farthest one met, or ``end`` itself."""
+    farthest = end
     cursor = getattr(end, direction)
-    while remaining and cursor.op not in stops:
-        if cursor in external:
-            end = cursor
-            remaining -= 1
+    while unplaced and cursor.op not in stops:
+        if cursor in unplaced:
+            unplaced.discard(cursor)
+            farthest = cursor
         cursor = getattr(cursor, direction)
-    return end, remaining
+    return farthest
 
 
 def _stretch(first: fx.Node, last: fx.Node) -> Iterator[fx.Node]:
@@ -319,25 +238,34 @@ def _stretch(first: fx.Node, last: fx.Node) -> Iterator[fx.Node]:
 
 def _stable_sort(region: list[fx.Node]) -> None:
     """Reorder ``region`` (consecutive nodes) so each node follows its inputs inside it; a node already after its
-    inputs keeps its place relative to the nodes before it. Nodes outside the region count as ready."""
-    inside = set(region)
-    pending = list(reversed(region))
-    ready: set[fx.Node] = set()
-    waiting: dict[fx.Node, list[fx.Node]] = collections.defaultdict(list)
-    cursor: fx.Node | None = None
-    while pending:
-        node = pending.pop()
-        unready = None
-        for x in node.all_input_nodes:
-            if x not in ready and x in inside:
-                unready = x
-        if unready is not None:
-            waiting[unready].append(node)
-            continue
-        ready.add(node)
-        if cursor is not None and cursor.next is not node:
-            cursor.append(node)
-        cursor = node
-        pending.extend(reversed(waiting.pop(node, ())))
-    if len(ready) != len(region):
-        raise AssertionError("overlapcfg merge: the nodes around a merged bucket form a cycle")
+    inputs keeps its place relative to the nodes before it. Nodes outside the region count as ready.
+
+    Kahn's algorithm with the original position as priority: among the nodes whose inputs are all placed, the one
+    that came first is placed next. That is a topological order, and the one closest to the original: where the
+    region is already ordered nothing moves."""
+    position = {n: i for i, n in enumerate(region)}
+    waiting_on: dict[fx.Node, int] = {}
+    readers: dict[fx.Node, list[fx.Node]] = {}
+    ready: list[int] = []
+    for node in region:
+        inside = [i for i in dict.fromkeys(node.all_input_nodes) if i in position]
+        waiting_on[node] = len(inside)
+        for i in inside:
+            readers.setdefault(i, []).append(node)
+        if not inside:
+            heapq.heappush(ready, position[node])
+    placed: list[fx.Node] = []
+    while ready:
+        node = region[heapq.heappop(ready)]
+        placed.append(node)
+        for reader in readers.get(node, ()):
+            waiting_on[reader] -= 1
+            if waiting_on[reader] == 0:
+                heapq.heappush(ready, position[reader])
+    if len(placed) != len(region):
+        raise AssertionError("overlapcfg merge: the region to reorder has a cycle")
+    anchor = region[0].prev
+    for node in placed:
+        if anchor.next is not node:
+            anchor.append(node)
+        anchor = node

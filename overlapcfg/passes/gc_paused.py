@@ -1,40 +1,54 @@
-"""The pass runs with Python's cyclic garbage collector paused (``cyclic_gc_paused``, around
-``overlapcfg.passes.pipeline.apply``).
+"""Python's cyclic garbage collector paused while the pass rewrites and proves a graph (``cyclic_gc_paused``,
+entered by ``overlapcfg.passes.pipeline.apply`` around summarize → rewrite → verify → recompile).
+
+Why: the rewrite allocates hundreds of thousands of objects that outlive the young generations (new nodes, fake
+tensors, the verifier's contents, the generated code), and that is what makes Python run a full collection, which
+walks every object of the process: in a compiling process the model, dynamo's and aot's state and every graph,
+millions of objects. Measured (``benchmarks/pass_speed.py --gc-study``, 2026-12-06, shared machine, CPU time): on
+the 64-layer demo backward (11.8k nodes, ~1M tracked objects) a pass that never pauses the collector had a full
+collection of 1.1-1.9 s inside it in every run (2.66 s against 2.03 s paused as here); attributed per phase with
+``gc.callbacks``, the full collection landed in the merge, the summary or the codegen, whichever allocation crossed
+the threshold. The phases before the rewrite (finding collectives, resolving the plan) allocate little that
+survives and take a few percent of the pass, so the collector runs there; nothing is paused where the pass ends
+before rewriting (a config error, a graph with nothing to do). Pausing the whole call instead measured the same
+(1.98 s, plus 0.03 s of young collection owed after it).
+
+Reference counting still frees what is no longer used while paused; cycles left behind are collected once the
+collector resumes.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import gc
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+import threading
+from collections.abc import Iterator
 
 __all__ = ["cyclic_gc_paused"]
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
+_LOCK = threading.Lock()
+_holders = 0
+"""How many ``cyclic_gc_paused`` blocks are open, in every thread."""
+_resume = False
+"""Whether the collector was running when the first of them opened (and so is resumed when the last closes)."""
 
 
-def cyclic_gc_paused(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Run ``fn`` with Python's cyclic garbage collector paused (reference counting still frees what is no longer
-    used; cycles left behind are collected once it resumes).
-
-    Why: a pass allocates hundreds of thousands of small objects (nodes, fake tensors, the verifier's contents), so
-    the collector runs many times during one, and each run that reaches the oldest generation walks every object of
-    the process: in a compiling process that is the model, dynamo's and aot's state and every graph, millions of
-    objects. Measured on a 32-layer step captured through ``overlapcfg.backend``: the pass took 2 to 4 times as long
-    with the collector running as with it paused, by how many full collections happened to land in it, and more in
-    processes holding bigger heaps (a Hugging Face model's), which is how a pass came to cost several times as much
-    per node on one model as on another."""
-
-    @functools.wraps(fn)
-    def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if not gc.isenabled():
-            return fn(*args, **kwargs)
-        gc.disable()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            gc.enable()
-
-    return paused
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause the cyclic collector for the block; resume it on every way out (an exception included) if it was
+    running when paused. Nested blocks and blocks in several threads share one pause: the collector resumes when the
+    last open block closes, and only if it was running before the first opened; a collector the caller paused
+    stays paused."""
+    global _holders, _resume
+    with _LOCK:
+        if _holders == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _holders += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _holders -= 1
+            if _holders == 0 and _resume:
+                gc.enable()

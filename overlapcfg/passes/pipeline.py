@@ -120,7 +120,6 @@ class PassOptions:
     second for a 12k-node backward). A graph left as it was (failure, nothing to do) needs no new code either way."""
 
 
-@cyclic_gc_paused
 def apply(
     gm: fx.GraphModule,
     cfg: OverlapConfig,
@@ -223,32 +222,33 @@ def _rewrite(gm: fx.GraphModule, cfg: OverlapConfig, graph_kind: GraphKind, modu
             "helpers write this rank into the graph), and none is initialized. Run the pass where the graph is "
             "compiled (overlapcfg.backend does), inside torch.distributed.init_process_group, or for a graph "
             "inspected offline inside overlapcfg.compat.fake_process_group(world_size)")
-    summary = None
-    if cfg.verify:
-        summary = options.summary if options.summary is not None else summarize(gm, direction=forced)
-    backup = _Backup(gm)
-    kept = KeepResult()
-    try:
-        now, scheduled, left = collectives, covered, uncovered
-        if strategy.uses_plan and plan.buckets:
-            kept = keep_unsharded(gm, cfg, plan, covered, forced=forced)
-        if kept.removed:  # the strategy schedules what is left; the record counts from the original graph
-            now = find_collectives(gm.graph, fn, direction=forced, state_inputs=options.state_inputs)
-            scheduled, left = attribute(now, plan)
-        folded = [c.start.name for _, c in scheduled if strategy.uses_plan and fold_repeated_waits(gm.graph, c)]
-        ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
-                          fresh_fake_values=options.for_compiler)
-        result = strategy.run(gm, ctx)
-        if summary is None:
-            gm.graph.lint()
-        else:  # verification lints first, and reports a lint failure with the rest
-            verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]",
-                   reused_regathers=kept.removed)
-    except BaseException:
-        backup.restore(gm)  # nothing half-applied: the caller gets the graph it gave us
-        raise
-    if options.recompile:
-        gm.recompile()
+    with cyclic_gc_paused():  # the rewrite and its proof; see overlapcfg.passes.gc_paused
+        summary = None
+        if cfg.verify:
+            summary = options.summary if options.summary is not None else summarize(gm, direction=forced)
+        backup = _Backup(gm)
+        kept = KeepResult()
+        try:
+            now, scheduled, left = collectives, covered, uncovered
+            if strategy.uses_plan and plan.buckets:
+                kept = keep_unsharded(gm, cfg, plan, covered, forced=forced)
+            if kept.removed:  # the strategy schedules what is left; the record counts from the original graph
+                now = find_collectives(gm.graph, fn, direction=forced, state_inputs=options.state_inputs)
+                scheduled, left = attribute(now, plan)
+            folded = [c.start.name for _, c in scheduled if strategy.uses_plan and fold_repeated_waits(gm.graph, c)]
+            ctx = PassContext(plan, cfg.policy, tuple(now), tuple(scheduled), tuple(left), forced, fn,
+                              fresh_fake_values=options.for_compiler)
+            result = strategy.run(gm, ctx)
+            if summary is None:
+                gm.graph.lint()
+            else:  # verification lints first, and reports a lint failure with the rest
+                verify(summary, gm, direction=forced, pass_name=f"overlapcfg[{cfg.strategy}]",
+                       reused_regathers=kept.removed)
+        except BaseException:
+            backup.restore(gm)  # nothing half-applied: the caller gets the graph it gave us
+            raise
+        if options.recompile:
+            gm.recompile()
     after = find_collectives(gm.graph, fn, direction=forced, state_inputs=options.state_inputs)
     all_reduces = unbucketed_all_reduces(cfg, covered, result.merged, after)
     _warn_each(all_reduces)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from overlapcfg.config.depths import FOLLOWED
+from overlapcfg.config.depths import DEPTH_FIELDS, settle
 from overlapcfg.config.plan import ModuleOverride
 from overlapcfg.errors import Fault
 from overlapcfg.module_paths import ancestors
@@ -46,11 +46,10 @@ def _unreached(plan: ResolvedPlan, override: ModuleOverride, hits: list[str], wh
 
 
 def _override(bucket: ResolvedBucket, override: ModuleOverride, where: str) -> ResolvedBucket:
-    explicit = override.changes()
-    changes = dict(explicit)
-    for key, followed in FOLLOWED.items():
-        if followed in changes and key not in changes and bucket.origin(key) == followed:
-            changes[key] = changes[followed]  # still following it: the origin stays
-    origins = tuple((k, where if k in explicit else src) for k, src in bucket.origins)
-    return bucket.model_copy(update={**changes, "overridden_by": (*bucket.overridden_by, where),
-                                     "origins": origins})
+    # what was set, and by whom (a depth still following another is not set: settle fills it in again)
+    set_values = {key: (getattr(bucket, key), source) for key, source in bucket.origins if source not in DEPTH_FIELDS}
+    set_values.update({key: (value, where) for key, value in override.changes().items()})
+    settled = settle(set_values)
+    return bucket.model_copy(update={**{key: value for key, (value, _) in settled.items()},
+                                     "overridden_by": (*bucket.overridden_by, where),
+                                     "origins": tuple((key, source) for key, (_, source) in settled.items())})

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED, Depths
+from overlapcfg.config.depths import DEPTH_FIELDS, Depths, settle
 from overlapcfg.config.module_index import ModuleIndex
 from overlapcfg.config.plan import Bucket, BucketPlan, ModuleOverride
 from overlapcfg.errors import Fault, OverlapConfigError, OverlapUsageError
@@ -218,19 +218,13 @@ def _conflicts(drafts: list[_Draft], texts: list[str], path: str) -> list[Fault]
 
 
 def _finish(d: _Draft, name: str, text: str, policy: Depths, path: str) -> ResolvedBucket:
-    values: dict[str, int] = {}
-    origins: list[tuple[str, str]] = []
-    for key in DEPTH_FIELDS:
-        own = d.values.get(key)
-        base = getattr(policy, key)
-        if own is None and base is None:  # nobody set it: it follows another depth (FOLLOWED)
-            values[key] = values[FOLLOWED[key]]
-            origins.append((key, FOLLOWED[key]))
-            continue
-        values[key] = own if own is not None else base
-        origins.append((key, f"{path}.buckets[{d.entry_index}]" if own is not None else "policy"))
-    return ResolvedBucket(name=name, modules=d.modules, entry_index=d.entry_index, entry_text=text, **values,
-                          origins=tuple(origins))
+    entry = f"{path}.buckets[{d.entry_index}]"
+    set_values = {key: (value, "policy") for key in DEPTH_FIELDS if (value := getattr(policy, key)) is not None}
+    set_values.update({key: (value, entry) for key, value in d.values.items() if value is not None})
+    settled = settle(set_values)
+    return ResolvedBucket(name=name, modules=d.modules, entry_index=d.entry_index, entry_text=text,
+                          **{key: value for key, (value, _) in settled.items()},
+                          origins=tuple((key, source) for key, (_, source) in settled.items()))
 
 
 def _uncovered(plan: ResolvedPlan, owners: Sequence[str] | None, fqns: tuple[str, ...]) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from pydantic import BaseModel, ConfigDict
 
-from overlapcfg.config.depths import DEPTH_FIELDS, ResolvedDepths
+from overlapcfg.config.depths import DEPTH_FIELDS, Depths
 from overlapcfg.errors import OverlapLookupError, closest
 from overlapcfg.module_paths import ancestors, strip_wrappers
 from overlapcfg.resolve.matcher import show
@@ -34,9 +34,10 @@ class _Placed(RecordModel):
     """That entry as the user wrote it: ``layers.*``."""
 
 
-class ResolvedBucket(ResolvedDepths, _Placed):
+class ResolvedBucket(Depths, _Placed):
     """One bucket: concrete modules (wrappers stripped, model order), where it came from, its effective depths
-    (``overlapcfg.config.depths.ResolvedDepths``).
+    (``overlapcfg.config.depths.Depths``, every one filled in by ``settle``: a followed depth holds the value it
+    follows).
 
     Defined once here; the pass extends it with what it found in a graph (``overlapcfg.graph.record.BucketRecord``),
     and that is also what a report holds.

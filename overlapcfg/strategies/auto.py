@@ -23,9 +23,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
     pre-bucket FSDP collectives, so its graphs differ from 2.13's for the same knobs."""
     if not isinstance(ctx.policy, AutoPolicy):
         raise OverlapUsageError(f"auto: expected an AutoPolicy, got {type(ctx.policy).__name__}")
-    with compat.no_triton_runtime_estimates(), this_torch_supports(), torch_pass_failures("auto"), \
-            compat.dropped_cyclic_overlap_deps() as dropped:
+    with compat.upstream_scheduler_scope(drop_cyclic_hints=True) as upstream, this_torch_supports(), \
+            torch_pass_failures("auto"):
         compat.schedule_overlap_bucketing(gm, **ctx.policy.model_dump())
     notes = tuple(f"auto: torch's scheduler made ordering hints that form a cycle and they were dropped (overlap "
-                  f"may be less than it planned; the graph is still verified): {message}" for message in dropped)
+                  f"may be less than it planned; the graph is still verified): {message}"
+                  for message in upstream.dropped_cyclic_hints)
     return StrategyResult(notes=notes)

@@ -20,7 +20,7 @@ from overlapcfg import compat
 from overlapcfg.config.boundary import RelativeConfigError
 from overlapcfg.config.contracts import StrategyContract
 from overlapcfg.config.policy import PolicyBase
-from overlapcfg.errors import OverlapcfgError, OverlapLookupError, UpstreamPassError, shorten
+from overlapcfg.errors import OverlapcfgError, UpstreamPassError, shorten
 from overlapcfg.graph.attribution import ModuleFqnFn
 from overlapcfg.graph.collectives import Collective
 from overlapcfg.graph.merge import MergedCollective
@@ -68,15 +68,9 @@ class Strategy:
 
     contract: StrategyContract
 
-    def __post_init__(self) -> None:
-        if self.contract.run is None:
-            raise OverlapLookupError(
-                f"strategy {self.contract.name!r} ({self.contract.origin}) has no graph call attached; "
-                "register it with overlapcfg.register_strategy")
-
     @property
     def run(self) -> StrategyFn:
-        return cast(StrategyFn, self.contract.run)
+        return cast(StrategyFn, self.contract.graph_call())
 
     @property
     def name(self) -> str:

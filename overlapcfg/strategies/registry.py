@@ -1,9 +1,9 @@
 """Strategy registry: the strategies layer's side of the one catalog (``overlapcfg.config.contracts``).
 
-The built-ins (``manual``, ``torch_manual``, ``auto``, ``none``) are declared there, torch-free, and get their graph
-calls here when this module is imported; third-party code registers with ``register_strategy`` (a decorator on its
-graph call, declaring the contract and the call in one step) or through an installed entry point in the
-``overlapcfg.strategies`` group.
+The built-ins (``manual``, ``torch_manual``, ``auto``, ``none``) are declared there, torch-free, each naming the
+module of this package that holds its graph call; third-party code registers with ``register_strategy`` (a
+decorator on its graph call, declaring the contract and the call in one step) or through an installed entry point in
+the ``overlapcfg.strategies`` group.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from overlapcfg.config import contracts
 from overlapcfg.config.contracts import ENTRY_POINT_GROUP, StrategyContract
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.errors import OverlapUsageError
-from overlapcfg.strategies import auto, identity, manual, torch_manual
 from overlapcfg.strategies.base import Strategy, StrategyFn
 
 __all__ = ["ENTRY_POINT_GROUP", "Strategy", "available_strategies", "get_strategy", "register_strategy"]
@@ -38,11 +37,6 @@ def register_strategy(name: str, *, policy: type[PolicyBase] = OverlapPolicy, us
         return run
 
     return decorator
-
-
-for _name, _run in (("manual", manual.run), ("torch_manual", torch_manual.run), ("auto", auto.run),
-                   ("none", identity.run)):
-    contracts.attach(_name, _run)
 
 
 def available_strategies() -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 Upstream finds a bucket's nodes through a module stack; we hand it ours (``module_fqn_fn``), so it sees the same
 attribution as ``manual``. On a CPU-only torch its scheduler set-up needs triton; the workaround is scoped to
-the call (``compat.no_triton_runtime_estimates``). torch 2.11's upstream pass has no ``bucket_mode`` (it always
+the call (``compat.upstream_scheduler_scope``). torch 2.11's upstream pass has no ``bucket_mode`` (it always
 buckets as ``custom_ops``): another mode is a config error there, not ignored.
 """
 
@@ -27,7 +27,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> StrategyResult:
         fqn = ctx.module_fqn_fn(node)
         return [(fqn, nn.Module)] if fqn else []
 
-    with compat.no_triton_runtime_estimates(), this_torch_supports(), torch_pass_failures("torch_manual"):
+    with compat.upstream_scheduler_scope(), this_torch_supports(), torch_pass_failures("torch_manual"):
         compat.manual_overlap_bucketing(gm, ctx.plan.module_lists(), insert_overlap_deps=policy.insert_overlap_deps,
                                         module_stack_fn=module_stack, bucket_mode=policy.bucket_mode)
     return StrategyResult()

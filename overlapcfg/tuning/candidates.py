@@ -11,18 +11,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from overlapcfg.config import OverlapConfig, load_config
-from overlapcfg.config.depths import DEPTH_FIELDS, SEARCHED_DEPTHS, Depths
+from overlapcfg.config.depths import DEPTH_FIELDS, DEPTH_LABELS, SEARCHED_DEPTHS, Depths
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.resolve import ResolvedPlan
 from overlapcfg.tuning.merged import Grouped
 from overlapcfg.tuning.quick import Score, Stall, score
 from overlapcfg.tuning.structure import Grouping
 
-__all__ = ["DEPTH_LABELS", "Arm", "Candidate", "Knobs", "TIE_TOLERANCE", "choose"]
+__all__ = ["Arm", "Candidate", "Knobs", "TIE_TOLERANCE", "choose"]
 
-DEPTH_LABELS = {"forward_prefetch": "fp", "backward_prefetch": "bp", "reduce_scatter_delay": "rs",
-                "all_reduce_delay": "ar"}
-"""How a candidate's name abbreviates each depth (``fp2 bp3 rs1``); a depth not listed is written in full."""
 TIE_TOLERANCE = 1e-3
 """Candidates whose predicted step is within this fraction (0.1 %) of the fastest are a tie, and the tie goes to
 the one needing the fewest bytes in flight. The cost model leaves out launch overheads, SM/HBM contention and
@@ -118,7 +115,7 @@ class Candidate:
 
 def describe(grouping: Grouping, knobs: Knobs, cap_text: str | None) -> str:
     """``attn|ffn split fp4 bp3 rs3 rs-first cap=2.0GiB +2 per-bucket``."""
-    depths = (f"{DEPTH_LABELS.get(name, name)}{getattr(knobs.depths, name)}" for name in SEARCHED_DEPTHS)
+    depths = (f"{DEPTH_LABELS[name]}{getattr(knobs.depths, name)}" for name in SEARCHED_DEPTHS)
     text = " ".join((grouping.label, *depths))
     if knobs.issue_order != "gather_first":
         text += " rs-first"

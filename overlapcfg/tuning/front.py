@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from overlapcfg.files import write_atomic
 from overlapcfg.report.labels import byte_unit, fmt_bytes, fmt_seconds, time_unit
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.result import TuneResult
+
+if TYPE_CHECKING:  # drawing imports matplotlib only when it draws
+    from matplotlib.axes import Axes
 
 __all__ = ["Axis", "FrontView", "PresetPoint", "front_view", "place_labels", "write_front_png"]
 
@@ -245,24 +248,22 @@ def write_front_png(result: TuneResult, path: Path) -> Path:
         plt.close(fig)
 
 
-def _number_presets(fig: object, ax: object, view: FrontView, shown: list[PresetPoint], best: Candidate) -> None:
+def _number_presets(fig: object, ax: Axes, view: FrontView, shown: list[PresetPoint], best: Candidate) -> None:
     """Each drawn preset's number beside it, placed where it overlaps no other number and no marker."""
-    # matplotlib's axes, passed in as object so this module imports no matplotlib at import
-    to_px = ax.transData.transform  # type: ignore[attr-defined]
+    to_px = ax.transData.transform
     pts = [tuple(to_px((view.x(p.inflight_bytes), view.y(p.step_seconds)))) for p in shown]
     star = to_px((view.x(best.peak_inflight_bytes), view.y(best.step_seconds)))
     char_w, char_h = 0.62 * _FONT_PT * _DPI / 72, _FONT_PT * _DPI / 72
     sizes = [(char_w * len(str(p.number)) + 2, char_h + 2) for p in shown]
     obstacles = [(px - 5, py - 5, px + 5, py + 5) for px, py in pts] + [(star[0] - 9, star[1] - 9, star[0] + 9,
                                                                          star[1] + 9)]
-    # as above
-    frame = tuple(ax.get_window_extent().extents)  # type: ignore[attr-defined]
+    x0, y0, x1, y1 = (float(v) for v in ax.get_window_extent().extents)
+    frame = (x0, y0, x1, y1)
     offsets = place_labels(pts, sizes, obstacles, frame)
     px_to_pt = 72 / _DPI
     for p, (ox, oy) in zip(shown, offsets, strict=True):
         far = abs(ox) > min(_RINGS) or abs(oy) > min(_RINGS)
-        # as above
-        ax.annotate(str(p.number), (view.x(p.inflight_bytes), view.y(p.step_seconds)),  # type: ignore[attr-defined]
+        ax.annotate(str(p.number), (view.x(p.inflight_bytes), view.y(p.step_seconds)),
                     xytext=(ox * px_to_pt, oy * px_to_pt), textcoords="offset points", fontsize=_FONT_PT,
                     ha="left" if ox > 0 else "right" if ox < 0 else "center",
                     va="bottom" if oy > 0 else "top" if oy < 0 else "center", zorder=6,

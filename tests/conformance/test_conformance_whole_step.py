@@ -90,7 +90,7 @@ def joint(whole_step: Callable[..., G.WholeStep]) -> Iterator[Callable[..., fx.G
 
 
 def _torchtitan(step: G.WholeStep, **kwargs: Any) -> fx.GraphModule:
-    with compat.fake_process_group(step.world_size), compat.no_triton_runtime_estimates():
+    with compat.fake_process_group(step.world_size), compat.upstream_scheduler_scope():
         return step.torchtitan_bucketing(**kwargs)
 
 

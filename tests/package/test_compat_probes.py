@@ -62,11 +62,36 @@ def test_roofline_estimates_are_not_attempted_without_a_gpu() -> None:
         assert compat.roofline_estimates_work() is False
     import torch._inductor.utils as inductor_utils
 
-    with compat.no_triton_runtime_estimates():
+    with compat.upstream_scheduler_scope():
         if not compat.roofline_estimates_work():
             assert inductor_utils.get_gpu_dram_gbps() == 3000
     if not compat.roofline_estimates_work():
         assert inductor_utils.get_gpu_dram_gbps is not None  # restored (the real one), whatever it does here
+
+
+def test_the_upstream_scheduler_scope_nests_and_puts_torch_back_on_an_error() -> None:
+    """The one scope that changes torch around its schedulers: nested scopes in one thread work (the lock is
+    reentrant), and an error inside leaves torch's functions, its FSDP logger and its config as they were."""
+    import logging
+
+    import torch._inductor.utils as inductor_utils
+    from torch._inductor import config as inductor_config
+
+    real = inductor_utils.get_gpu_dram_gbps
+    fsdp = logging.getLogger("torch._inductor.fx_passes.fsdp")
+    options = inductor_config.aten_distributed_optimizations
+
+    def autofix() -> object:  # torch 2.11 has no such setting
+        return getattr(options, "overlap_scheduling_autofix_cycles", None)
+
+    before = (list(fsdp.filters), autofix())
+    with pytest.raises(RuntimeError, match="inside"), compat.upstream_scheduler_scope(), \
+            compat.upstream_scheduler_scope(drop_cyclic_hints=True) as run:
+        assert run.dropped_cyclic_hints == []
+        raise RuntimeError("inside")
+    assert inductor_utils.get_gpu_dram_gbps is real
+    after = (list(fsdp.filters), autofix())
+    assert after == before
 
 
 def test_torch_manual_runs_upstream_without_a_gpu_and_buckets() -> None:
@@ -138,7 +163,7 @@ def test_auto_knobs_are_mapped_onto_a_release_without_them_or_refused(monkeypatc
         estimate = call["custom_runtime_estimation"]
         mm = next(n for n in syn.gm.graph.nodes if n.target is torch.ops.aten.mm.default)
         wait = next(n for n in syn.gm.graph.nodes if n.target is compat.WAIT_TENSOR)
-        with compat.no_triton_runtime_estimates():
+        with compat.upstream_scheduler_scope():
             assert estimate(mm, None) > 0
             assert estimate(wait, None) is None
         with pytest.raises(OverlapConfigError, match=r"^overlap\.policy\.bucket_mode: bucket_mode='custom_ops' "

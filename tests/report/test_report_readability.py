@@ -110,17 +110,41 @@ def test_a_strategy_without_plan_buckets_gets_no_plan_title_and_no_empty_table()
     assert "plan layers" in manual and "why (depth lowered)" in manual
 
 
-def test_torchs_bucketing_summary_stays_off_the_console_unless_asked_for() -> None:
+def test_torchs_bucketing_summary_stays_off_the_console_while_our_strategies_run_it() -> None:
     """The trial's ``strategy: auto`` run printed ``[rank0]:I... pre_bucket_fsdp_collectives: ...`` twice in the
-    middle of the report: torch sets that module's logger to INFO at import. It follows the ``torch`` logger's
-    level again (WARNING unless ``TORCH_LOGS`` says otherwise)."""
+    middle of the report: torch sets that module's logger to INFO at import. Inside the scope our strategies call
+    torch's schedulers in, the records below WARNING this thread logs there are dropped; warnings, other threads'
+    records and the logger itself (its level, its filters once the scope is left) are untouched."""
     import logging
+    import threading
 
-    import overlapcfg.compat  # noqa: F401  (imports torch's module and undoes its import-time level)
+    from overlapcfg import compat
 
+    with compat.upstream_scheduler_scope():  # imports torch's module, which sets its logger's level
+        pass
     fsdp = logging.getLogger("torch._inductor.fx_passes.fsdp")
-    assert fsdp.level == logging.NOTSET
-    assert fsdp.getEffectiveLevel() == logging.getLogger("torch._inductor").getEffectiveLevel()
+    level, filters = fsdp.level, list(fsdp.filters)
+    assert level == logging.INFO  # torch's, left as it is
+    seen: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = _Keep(logging.DEBUG)
+    fsdp.addHandler(handler)
+    try:
+        with compat.upstream_scheduler_scope():
+            fsdp.info("summary from this thread")
+            fsdp.warning("warning from this thread")
+            other = threading.Thread(target=lambda: fsdp.info("summary from another thread"))
+            other.start()
+            other.join()
+        fsdp.info("summary after the scope")
+    finally:
+        fsdp.removeHandler(handler)
+    assert seen == ["warning from this thread", "summary from another thread", "summary after the scope"]
+    assert (fsdp.level, fsdp.filters) == (level, filters)
 
 
 @pytest.mark.slow

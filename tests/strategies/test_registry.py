@@ -289,12 +289,13 @@ def test_torch_manual_depth_rule_reads_the_same_in_its_policy_and_its_plan() -> 
     assert messages["plan"].startswith("torch_manual has a fixed depth of 1")
 
 
-def test_a_declared_strategy_without_a_graph_call_is_a_lookup_error(clean_registry: None) -> None:
-    contracts.declare(contracts.StrategyContract("declared_only", OverlapPolicy, origin="tests"))
-    assert load_config({"strategy": "declared_only", "plan": "llama_layers"}).strategy == "declared_only"
-    with pytest.raises(LookupError, match="'declared_only' \\(tests\\) has no graph call"):
-        get_strategy("declared_only")
-    contracts.attach("declared_only", _factory)
-    assert get_strategy("declared_only").run is _factory
-    with pytest.raises(ValueError, match="already has a graph call"):
-        contracts.attach("declared_only", lambda gm, ctx: None)
+def test_a_strategy_is_declared_with_its_graph_call_or_not_at_all(clean_registry: None) -> None:
+    """No half-declared strategy: a declaration without a graph call (or, for a built-in, the module holding it) is
+    refused, so every name in the catalog runs; ``defined_in`` is for overlapcfg's own strategies only."""
+    with pytest.raises(TypeError, match="'declared_only': give its graph call"):
+        contracts.StrategyContract("declared_only", OverlapPolicy, origin="tests")
+    with pytest.raises(TypeError, match="exactly one of the two"):
+        contracts.StrategyContract("both", OverlapPolicy, run=_factory, defined_in="overlapcfg.strategies.manual")
+    with pytest.raises(TypeError, match=r"defined_in names modules of overlapcfg\.strategies\. only"):
+        contracts.StrategyContract("elsewhere", OverlapPolicy, defined_in="os.path")
+    assert "declared_only" not in available_strategies()
