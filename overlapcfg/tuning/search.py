@@ -37,6 +37,7 @@ from overlapcfg.config.depths import SEARCHED_DEPTHS, Depths, depth_field
 from overlapcfg.config.load import validate_value
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
+from overlapcfg.cost.pricing import Pricing, pricing_from
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare_reports
@@ -78,7 +79,8 @@ ProgressFn = Callable[[TuneProgress], None]
 def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None = None,
          memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | None = None,
          as_dtype: torch.dtype | None = None, progress: ProgressFn | None = None, verify: bool = True,
-         config_root: str | None = None, node_costs: NodeCosts | None = None) -> TuneResult:
+         config_root: str | None = None, node_costs: NodeCosts | None = None,
+         pricing: Pricing | Mapping[str, Any] | None = None) -> TuneResult:
     """Search the ``space`` of plans and schedules for ``step`` on ``hardware`` at ``world_size`` ranks (default:
     the trace's) for the fastest predicted step whose peak in-flight all-gather bytes stay within
     ``memory_budget`` (bytes or ``"4GiB"``; None: no budget). Steps within ``TIE_TOLERANCE`` (0.1 %) of the fastest
@@ -88,7 +90,8 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     ``verify``: re-check the winner by a real apply + verify + simulate (the quick score must agree within 1 %).
     ``config_root``: where the caller's tune settings sit (``tune``), so faults read ``tune.memory_budget``.
     ``node_costs``: measured node durations (``overlapcfg.cost.node_costs``, best of the untransformed step)
-    priced instead of the roofline, by the search and by the winner's full check alike.
+    priced instead of the kernel model, by the search and by the winner's full check alike. ``pricing``:
+    checkpointing, fusion, optimizer, attention backend, tokens (``overlapcfg.cost.pricing.Pricing``), likewise.
     A budget no candidate fits raises ``OverlapConfigError`` naming the smallest feasible budget.
     """
     started = time.perf_counter()
@@ -100,7 +103,8 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     ws = step.world_size if world_size is None else validate_value(RankCount, world_size, path=f"{prefix}world_size")
     report = _Reporter(progress, started)
     report("profile", 0, 1, None)
-    profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype, node_costs=node_costs)
+    profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype, node_costs=node_costs,
+                            pricing=pricing_from(pricing, path=f"{prefix}pricing"), pricing_path=f"{prefix}pricing")
     structure = find_structure(step.module_fqns, step.param_owners, space, root=f"{prefix}space",
                                module_types=step.module_types, facts=_unit_facts(profile))
     if structure.found:
@@ -369,7 +373,7 @@ def _verify(step: CapturedStep, best: Candidate, profile: Profile) -> Verificati
     config = best.config if best.config.verify else best.config.model_copy(update={"verify": True})
     explained = explain(step, config)
     row = compare_reports(step, [explained], hardware=profile.hardware, names=["tuned"], world_size=profile.world_size,
-                          as_dtype=profile.as_dtype, node_costs=profile.node_costs).rows[0]
+                          as_dtype=profile.as_dtype, node_costs=profile.node_costs, pricing=profile.pricing).rows[0]
     sim = row.simulation
     agreement = abs(best.step_seconds - sim.step_seconds) / sim.step_seconds if sim.step_seconds else 0.0
     if agreement > AGREEMENT:

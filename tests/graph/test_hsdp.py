@@ -165,7 +165,7 @@ def test_torch_manual_says_whether_it_left_the_all_reduces_unbucketed() -> None:
 # --- the cost model knows groups ------------------------------------------------------------------------------------
 
 NET = {"peak_flops": {"bf16": 1e12, "fp32": 1e12}, "mem_bandwidth": 1e12, "intra_node_bandwidth": 1e9,
-       "inter_node_bandwidth": 1e8, "latency": 0.0, "gpus_per_node": 8}
+       "inter_node_bandwidth": 1e8, "latency": 1e-9, "gpus_per_node": 8}
 
 
 def test_an_inter_node_group_costs_its_own_links() -> None:

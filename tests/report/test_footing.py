@@ -53,7 +53,7 @@ def test_nodes_the_pass_creates_are_priced_on_the_measurements_footing() -> None
                                                           "reduce_scatter_delay": 0}}
     hw = overlapcfg.HardwareProfile.model_validate({**overlapcfg.load_hardware("cpu_gloo").model_dump(),
                                                     "name": "slow", "intra_node_bandwidth": 1e15,
-                                                    "latency": 0.0})  # communication ~ free: compute is the step
+                                                    "latency": 1e-9})  # communication ~ free: compute is the step
     plain = compare(step, [cfg], hardware=hw, world_size=2).rows[0].simulation
     costs = _measured(step, "cpu_gloo", 4.0)
     guided = compare(step, [cfg], hardware=hw, world_size=2, node_costs=costs).rows[0].simulation
