@@ -9,10 +9,12 @@ each kernel at the rate *its kind and shape* reach:
 - **matmuls** (``MatmulRate``): ``efficiency x sustained x waves x sat(m) sat(n) sat(k)`` of the dtype's peak.
   ``efficiency`` is the best-shape burst rate over peak (a published maximum-achievable-matmul figure, or a
   calibration's), ``sustained`` the share of that the chip holds at its power limit (training is one long saturated
-  run), ``sat(x) = x / (x + half_dim)`` the loss of a small or skinny dimension (a 64-wide matmul cannot fill the
-  tiles a 4096-wide one does), and ``waves`` the wave quantization of ``tile``-sized output tiles over ``units``
-  compute units (NVIDIA's "Matrix Multiplication Background" guide: 133 tiles on 132 SMs take two waves). A
-  kernel also pays ``launch_seconds``.
+  run), ``sat(x) = x / (x + half)`` the loss of a small or skinny dimension (``half_dim`` for m and n: a
+  64-wide matmul cannot fill the tiles a 4096-wide one does; ``half_k`` for k: each output tile pays a pipeline
+  fill and an epilogue whatever its k), and ``waves`` the wave and tile quantization of ``tile``-sized output tiles
+  over ``units`` compute units (NVIDIA's "Matrix Multiplication Background" guide: 133 tiles on 132 SMs take two
+  waves; a dimension that is not a multiple of the tile pays for the whole last tile). A kernel also pays
+  ``launch_seconds``.
 - **attention** (``AttentionRates``): per backend (flash, cuDNN, memory-efficient, math), the measured share of peak
   at points of sequence length and head dimension (a paper's benchmark table), interpolated in log sequence
   length, the nearest head dimension; forward and backward apart, causal apart where measured.
@@ -73,7 +75,10 @@ class MatmulRate(ConfigModel):
     """Share of the burst rate held at the power limit through a long run (1.0: as measured, e.g. a calibration
     that timed the kernels back to back)."""
     half_dim: Elements = 0.0
-    """A dimension (m, n or k) of this many elements halves the rate: ``sat(x) = x / (x + half_dim)``; 0: no loss."""
+    """An m or n of this many elements halves the rate: ``sat(x) = x / (x + half_dim)``; 0: no loss (a GPU, whose
+    small m and n are the waves' and tiles' business)."""
+    half_k: Elements = 0.0
+    """A k of this many elements halves the rate (each tile's pipeline fill and epilogue); 0: no loss."""
     tile: tuple[int, int] | None = None
     """Output tile ``(m, n)`` of a typical kernel, for wave quantization; null: none (a CPU)."""
     units: int | None = Field(None, ge=1)
@@ -85,8 +90,9 @@ class MatmulRate(ConfigModel):
         """The share of the peak a ``batch x (m x k) @ (k x n)`` product reaches."""
         share = self.efficiency * self.sustained
         if self.half_dim > 0:
-            for x in (m, k, n):
-                share *= x / (x + self.half_dim)
+            share *= m / (m + self.half_dim) * n / (n + self.half_dim)
+        if self.half_k > 0:
+            share *= k / (k + self.half_k)
         if self.tile is not None and self.units is not None:
             share *= wave_share(batch, m, n, self.tile, self.units)
         return max(share, 1e-6)
@@ -213,7 +219,7 @@ class Skew(ConfigModel):
 
 @functools.lru_cache(maxsize=256)
 def expected_max_normal(n: int) -> float:
-    """E[max of ``n`` independent standard normals] (0.5642 for 2, 1.4236 for 8, 2.3367 for 64, 2.9854 for 512):
+    """E[max of ``n`` independent standard normals] (0.5642 for 2, 1.4236 for 8, 2.3437 for 64, 3.0439 for 512):
     ``integral x n phi(x) Phi(x)^(n-1) dx``, by the trapezoid rule over [-10, 10] (exact to 1e-6)."""
     if n <= 1:
         return 0.0
