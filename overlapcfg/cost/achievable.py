@@ -18,9 +18,9 @@ each kernel at the rate *its kind and shape* reach:
 - **attention** (``AttentionRates``): per backend (flash, cuDNN, memory-efficient, math), the measured share of peak
   at points of sequence length and head dimension (a paper's benchmark table), interpolated in log sequence
   length, the nearest head dimension; forward and backward apart, causal apart where measured.
-- **memory-bound kernels** (``MemoryRate``): the achievable share of the memory bandwidth, a launch cost per
-  kernel and, for eager host-driven execution, a dispatch cost per view (a CPU's interpreter pays it; a GPU's
-  views launch nothing).
+- **memory-bound kernels** (``MemoryRate``): the achievable share of the memory bandwidth (lower for a kernel that
+  reduces, a norm or a softmax, than for a pointwise one), a launch cost per kernel and, for eager host-driven
+  execution, a dispatch cost per view (a CPU's interpreter pays it; a GPU's views launch nothing).
 
 ``overlapcfg.cost.price`` applies them; the collectives' achievable rates are the profile's ``collectives`` fits
 (``overlapcfg.cost.calibration.CollectiveFit``), whether calibrated or published; the rank skew is the profile's
@@ -176,6 +176,9 @@ class MemoryRate(ConfigModel):
 
     efficiency: Fraction
     """Achieved over datasheet memory bandwidth for a streaming kernel (read + write)."""
+    reduction_efficiency: Fraction | None = None
+    """The same for a kernel that reduces (a norm, a softmax, a sum): generated reductions reach less of the
+    bandwidth than a copy; null: ``efficiency``."""
     launch_seconds: KernelSeconds = 0.0
     """Fixed cost per kernel."""
     view_seconds: KernelSeconds = 0.0

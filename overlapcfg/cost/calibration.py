@@ -19,7 +19,8 @@ from overlapcfg.config.base import ConfigModel, measured
 from overlapcfg.kinds import BucketKind
 
 __all__ = ["ROUGH_FIT", "Calibration", "CollectiveFit", "CollectiveFits", "Contention",
-           "ContentionSamples", "GroupSamples", "KernelSamples", "KindSamples", "LinkContention", "LinkFits"]
+           "ContentionSamples", "GroupSamples", "KernelSamples", "KindSamples", "LinkContention", "LinkFits",
+           "SkewSamples"]
 
 Seconds = Annotated[float, measured("seconds", 0.0, 1.0, example="up to 1 s")]
 """A fitted per-collective constant: 0 up to a second."""
@@ -125,6 +126,19 @@ class ContentionSamples(ConfigModel):
     """RMS relative error of the fitted slowdowns at these runs (compute and total times)."""
 
 
+class SkewSamples(ConfigModel):
+    """How far apart the ranks of one group arrived after each length of compute (``overlapcfg.measuring.skew``)."""
+
+    group: str
+    ranks: int
+    compute_seconds: tuple[float, ...]
+    """The compute run before the collective, per length (median, slowest rank)."""
+    sigma_seconds: tuple[float, ...]
+    """Standard deviation of a rank's arrival per length, from the mean lateness of the last rank."""
+    residual: float
+    """RMS relative error of the fitted ``Skew`` at these lengths."""
+
+
 class KindSamples(ConfigModel):
     """The timings one fit of one group was made from."""
 
@@ -193,6 +207,8 @@ class Calibration(ConfigModel):
     kernels: tuple[KernelSamples, ...] = ()
     contention: tuple[ContentionSamples, ...] = ()
     """The overlapped runs behind ``HardwareProfile.contention``, per group."""
+    skew: tuple[SkewSamples, ...] = ()
+    """The arrival timings behind ``HardwareProfile.skew``, per group."""
     rough_fits: tuple[str, ...] = ()
     """Fits far from their own timings (residual above the calibration's threshold), or figures above the device's
     datasheet: ``matmul bfloat16 1657%``. Predictions on this profile inherit them (``mode=measure`` says so)."""

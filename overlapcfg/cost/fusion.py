@@ -11,9 +11,10 @@ and compute (matmuls, attention) and collectives bound the groups. A group is pr
 - the tensors its nodes read from outside the group, each once (charged to the first node reading it);
 - the outputs of its nodes that something outside the group reads (or the graph returns), each once;
 - one kernel launch per such output (``MemoryRate.launch_seconds``): what leaves a fused kernel is what it
-  writes.
+  writes;
+- at the reduction rate (``MemoryRate.reduction_efficiency``) if any of its nodes reduces (a norm, a softmax).
 
-Per node the plan gives ``(bytes, kernels)``; a group's nodes sum to the group's. Nodes in a collective's chain
+Per node the plan gives ``(bytes, kernels, reduces)``; a group's nodes sum to the group's. Nodes in a collective's chain
 (the copy into a bucket buffer and out of it, a shard's cast before its all-gather, a gradient's cast before its
 reduce-scatter, each chain's views) are left unfused, one kernel each: the bucketing pass creates and moves them,
 and pricing them alike whatever the grouping keeps the tuner's quick model (which sums its units' chains) equal to
@@ -28,7 +29,7 @@ from collections.abc import Mapping
 import torch
 from torch import fx
 
-from overlapcfg.cost.price import iter_tensors, node_kind, tensor_bytes
+from overlapcfg.cost.price import is_reduction, iter_tensors, node_kind, tensor_bytes
 from overlapcfg.graph.ops import is_collective_start, started_by
 from overlapcfg.graph.schedule import exclusive_descendants
 
@@ -65,8 +66,8 @@ def _value_bytes(node: fx.Node, as_dtype: torch.dtype | None) -> int:
 
 
 def fusion_plan(gm: fx.GraphModule, as_dtype: torch.dtype | None = None,
-                chain: set[fx.Node] | None = None) -> Mapping[fx.Node, tuple[int, int]]:
-    """``(bytes, kernels)`` of every fusable memory-bound node of ``gm`` (see the module docstring); nodes of
+                chain: set[fx.Node] | None = None) -> Mapping[fx.Node, tuple[int, int, bool]]:
+    """``(bytes, kernels, reduces)`` of every fusable memory-bound node of ``gm`` (see the module docstring); nodes of
     collective chains (``chain``, default ``chain_nodes(gm)``) and every other kind are absent."""
     chain = chain_nodes(gm) if chain is None else chain
     members = [n for n in gm.graph.nodes if n.op == "call_function" and node_kind(n) == "memory" and n not in chain]
@@ -104,7 +105,8 @@ def fusion_plan(gm: fx.GraphModule, as_dtype: torch.dtype | None = None,
             src = producer(inp)
             if src in fusable:
                 readers.setdefault(src, []).append(node)
-    out: dict[fx.Node, tuple[int, int]] = {}
+    reducing = {group[n] for n in members if is_reduction(n)}
+    out: dict[fx.Node, tuple[int, int, bool]] = {}
     charged: set[tuple[fx.Node, fx.Node]] = set()
     for n in members:
         g = group[n]
@@ -119,5 +121,5 @@ def fusion_plan(gm: fx.GraphModule, as_dtype: torch.dtype | None = None,
                 read += _value_bytes(inp, as_dtype)
         leaves = any(r.op == "output" or group.get(r) is not g for r in readers.get(n, ())) or not readers.get(n)
         written = _value_bytes(n, as_dtype) if leaves else 0
-        out[n] = (read + written, 1 if leaves else 0)
+        out[n] = (read + written, 1 if leaves else 0, g in reducing)
     return out

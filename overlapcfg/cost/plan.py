@@ -22,7 +22,7 @@ import torch
 from torch import fx
 
 from overlapcfg.cost.attention import EMPTY, AttentionPlan, AttentionRole, attention_plan
-from overlapcfg.cost.fusion import fusion_plan
+from overlapcfg.cost.fusion import chain_nodes, fusion_plan
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.cost.price import collective_cost, memory_rate
 from overlapcfg.cost.pricing import Pricing
@@ -60,15 +60,21 @@ class StepPlan:
     fusion: str
     """``inductor`` or ``eager``, ``Pricing.fusion`` resolved for the profile's device."""
     attention: AttentionPlan = EMPTY
-    fused: tuple[Mapping[fx.Node, tuple[int, int]], ...] = ()
+    fused: tuple[Mapping[fx.Node, tuple[int, int, bool]], ...] = ()
+    chains: tuple[frozenset[fx.Node], ...] = ()
+    """Per graph, the nodes of collective chains (``overlapcfg.cost.fusion.chain_nodes``): priced by bytes alone."""
     recompute: Recompute = field(default_factory=lambda: Recompute("as traced"))
     facts: StepFacts = field(default_factory=StepFacts)
 
     def role(self, graph: int, node: fx.Node) -> AttentionRole | None:
         return self.attention.role(graph, node)
 
-    def fused_bytes(self, graph: int, node: fx.Node) -> tuple[int, int] | None:
+    def fused_bytes(self, graph: int, node: fx.Node) -> tuple[int, int, bool] | None:
         return self.fused[graph].get(node) if graph < len(self.fused) else None
+
+    def fixed_costs(self, graph: int, node: fx.Node) -> bool:
+        """Whether ``node`` pays per-kernel and per-view costs (not in a collective's chain)."""
+        return graph >= len(self.chains) or node not in self.chains[graph]
 
     def extra(self, graph: int, node: fx.Node) -> float:
         """Seconds a chosen checkpointing mode adds at ``node`` (the recompute its block starts with)."""
@@ -84,8 +90,10 @@ def step_plan(graphs: Sequence[fx.GraphModule], names: Sequence[str], hw: Hardwa
     """The plan of a step (see the module docstring), recompute left to ``with_recompute``: its seconds are the
     nodes' prices under this plan."""
     fusion = pricing.fusion_for(hw.device_kind)
-    fused = tuple(fusion_plan(g, as_dtype) for g in graphs) if fusion == "inductor" else ()
-    return StepPlan(pricing=pricing, fusion=fusion, attention=attention_plan(graphs), fused=fused,
+    chains = tuple(frozenset(chain_nodes(g)) for g in graphs)
+    fused = tuple(fusion_plan(g, as_dtype, set(c)) for g, c in zip(graphs, chains, strict=True)) \
+        if fusion == "inductor" else ()
+    return StepPlan(pricing=pricing, fusion=fusion, attention=attention_plan(graphs), fused=fused, chains=chains,
                     facts=step_facts(graphs, names, pricing, as_dtype))
 
 

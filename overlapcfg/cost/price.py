@@ -22,9 +22,9 @@ from overlapcfg.cost.calibration import Contention
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.graph.ops import collective_kind, is_collective_start, is_compute_node, is_free, started_by
 
-__all__ = ["MATMUL_FACTORS", "CollectiveCost", "NodeKind", "collective_bytes", "collective_cost", "compute_seconds",
-           "iter_tensors", "matmul_rate", "matmul_shape", "memory_rate", "node_bytes", "node_flops", "node_kind",
-           "tensor_bytes"]
+__all__ = ["MATMUL_FACTORS", "REDUCTIONS", "CollectiveCost", "NodeKind", "collective_bytes", "collective_cost",
+           "compute_seconds", "is_reduction", "iter_tensors", "matmul_rate", "matmul_shape", "memory_rate",
+           "node_bytes", "node_flops", "node_kind", "tensor_bytes"]
 
 NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
 
@@ -134,26 +134,47 @@ def matmul_rate(hw: HardwareProfile, dtype: str, shape: tuple[int, int, int, int
     return peak * share
 
 
-def memory_rate(hw: HardwareProfile) -> float:
-    """Bytes/s a bandwidth-bound kernel moves on ``hw``: the achievable share of the memory bandwidth."""
-    share = hw.achievable.memory.efficiency if hw.achievable is not None else 1.0
+REDUCTIONS = frozenset({
+    "aten.sum", "aten.mean", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.var", "aten.var_mean",
+    "aten.std", "aten.norm", "aten.linalg_vector_norm", "aten.logsumexp", "aten.prod", "aten.cumsum",
+    "aten._softmax", "aten._log_softmax", "aten._safe_softmax", "aten._softmax_backward_data",
+    "aten._log_softmax_backward_data", "aten.native_layer_norm", "aten.native_layer_norm_backward",
+    "aten._fused_rms_norm", "aten._fused_rms_norm_backward", "aten.native_batch_norm",
+    "aten.native_batch_norm_backward", "aten.nll_loss_forward", "aten.nll_loss_backward",
+    "aten.embedding_dense_backward"})
+"""Ops that reduce over a dimension (``MemoryRate.reduction_efficiency`` prices their kernels)."""
+
+
+def is_reduction(node: fx.Node) -> bool:
+    return node.op == "call_function" and compat.op_name(node.target) in REDUCTIONS
+
+
+def memory_rate(hw: HardwareProfile, reduction: bool = False) -> float:
+    """Bytes/s a bandwidth-bound kernel moves on ``hw``: the achievable share of the memory bandwidth (a reducing
+    kernel's where the profile has one)."""
+    rates = hw.achievable.memory if hw.achievable is not None else None
+    share = 1.0 if rates is None else \
+        (rates.reduction_efficiency or rates.efficiency) if reduction else rates.efficiency
     return hw.mem_bandwidth * hw.compute_efficiency * share
 
 
 def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | None = None,
                     traced_world_size: int | None = None, as_dtype: torch.dtype | None = None,
-                    fused: tuple[int, int] | None = None, eager: bool = False) -> ComputeCost:
+                    fused: tuple[int, int, bool] | None = None, eager: bool = False,
+                    fixed: bool = True) -> ComputeCost:
     """One kernel's time: ``launch + max(FLOPs / achievable rate, bytes / achievable bandwidth)``.
 
     The rates are the profile's achievable ones (``overlapcfg.cost.achievable``: a matmul's by its shape and
     dtype; a memory-bound kernel's share of the bandwidth), the bare peaks without them (the pure roofline).
-    ``fused``: ``(bytes, kernels)`` a fusion plan gives this memory-bound node (``overlapcfg.cost.fusion``: what it
-    reads from outside its fused group and writes out of it, and whether it ends a kernel), instead of its own
-    inputs and outputs as one kernel. ``eager``: views are dispatched one by one on the host
-    (``MemoryRate.view_seconds`` each), as an eager graph module runs them.
+    ``fused``: ``(bytes, kernels, reduces)`` a fusion plan gives this memory-bound node (``overlapcfg.cost.fusion``:
+    what it reads from outside its fused group and writes out of it, whether it ends a kernel, whether the group
+    reduces), instead of its own inputs and outputs as one kernel. ``eager``: views are dispatched one by one on the
+    host (``MemoryRate.view_seconds`` each), as an eager graph module runs them.
 
-    The launch cost is per kernel, so merging buckets adds bytes and kernels, never anything else: the tuner's quick
-    model sums its units' copies by the same rule.
+    ``fixed``: charge the per-kernel and per-view costs. Nodes of a collective's chain (the copies into and out of a
+    bucket buffer and their views, ``overlapcfg.cost.fusion.chain_nodes``) are priced by their bytes alone: merging
+    buckets must only add bytes, the rule the tuner's quick model sums its units' chains by, and a bucketing changes
+    how many such nodes there are.
 
     A bucket's copy-in (``_pre_bucket_all_gather``) reads shards; its bytes are rescaled from the traced world
     size to ``world_size``. Other shard-sized kernels are costed as traced (they are small either way).
@@ -161,7 +182,7 @@ def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | Non
     kind = node_kind(node)
     rates = hw.achievable
     if kind == "free":
-        if eager and rates is not None and rates.memory.view_seconds and node.target is not operator.getitem:
+        if fixed and eager and rates is not None and rates.memory.view_seconds and node.target is not operator.getitem:
             return ComputeCost(0, 0, rates.memory.view_seconds, "memory")
         return ComputeCost(0, 0, 0.0, "free")
     if kind in ("io", "wait", "collective"):
@@ -169,16 +190,16 @@ def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | Non
     flops = node_flops(node) if kind == "compute" else 0
     kernels = 1
     if fused is not None and kind == "memory":
-        nbytes, kernels = fused
+        nbytes, kernels, reduces = fused
     else:
-        nbytes = node_bytes(node, as_dtype)
+        nbytes, reduces = node_bytes(node, as_dtype), is_reduction(node)
     if "_pre_bucket_all_gather" in str(node.target) and world_size and traced_world_size:
         nbytes = nbytes * traced_world_size // world_size
     dtype = str(as_dtype).removeprefix("torch.") if as_dtype is not None else dtype_name(node)
     t_flops = flops / matmul_rate(hw, dtype, matmul_shape(node)) if flops else 0.0
-    t_mem = nbytes / memory_rate(hw)
+    t_mem = nbytes / memory_rate(hw, reduces)
     launch = 0.0
-    if rates is not None and kernels:
+    if rates is not None and kernels and fixed:
         launch = kernels * (rates.matmul.for_dtype(dtype).launch_seconds if kind == "compute"
                             else rates.memory.launch_seconds)
     return ComputeCost(flops, nbytes, launch + max(t_flops, t_mem), "compute" if t_flops >= t_mem else "memory")

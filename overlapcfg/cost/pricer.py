@@ -76,7 +76,8 @@ def node_seconds(node: fx.Node, graph: str, hw: HardwareProfile, node_costs: Nod
         return NodePrice(seconds + extra, bound, source, nbytes, part, kept.flops)
     cost = compute_seconds(node, hw, world_size=world_size, traced_world_size=traced_world_size, as_dtype=as_dtype,
                            fused=plan.fused_bytes(graph_index, node) if plan is not None else None,
-                           eager=plan.eager if plan is not None else False)
+                           eager=plan.eager if plan is not None else False,
+                           fixed=plan.fixed_costs(graph_index, node) if plan is not None else True)
     seconds = footing.price(kind, cost.seconds) if footing is not None else cost.seconds
     return NodePrice(seconds + extra, cost.bound, source, cost.bytes, part, cost.flops)
 
@@ -90,25 +91,39 @@ def _flops(node: fx.Node, role: object) -> float:
 
 
 def measured_footing(graphs: Sequence[tuple[str, fx.GraphModule]], hw: HardwareProfile, node_costs: NodeCosts, *,
-                     world_size: int | None, traced_world_size: int | None,
-                     as_dtype: torch.dtype | None) -> Footing:
-    """``node_costs``' footing (``NodeCosts.footing``) against the kernel model ``node_seconds`` would use."""
-    return node_costs.footing(graphs, lambda n: compute_seconds(n, hw, world_size=world_size,
-                                                                traced_world_size=traced_world_size,
-                                                                as_dtype=as_dtype).seconds)
+                     world_size: int | None, traced_world_size: int | None, as_dtype: torch.dtype | None,
+                     plan: StepPlan | None = None) -> Footing:
+    """``node_costs``' footing (``NodeCosts.footing``) against the kernel model ``node_seconds`` prices an
+    unmeasured node by (under ``plan``: its fusion, eager views, chains)."""
+    index = {name: i for i, (name, _) in enumerate(graphs)}
+    owner = {node: index[name] for name, gm in graphs for node in gm.graph.nodes}
+
+    def model(node: fx.Node) -> float:
+        gi = owner[node]
+        return compute_seconds(node, hw, world_size=world_size, traced_world_size=traced_world_size,
+                               as_dtype=as_dtype, fused=plan.fused_bytes(gi, node) if plan is not None else None,
+                               eager=plan.eager if plan is not None else False,
+                               fixed=plan.fixed_costs(gi, node) if plan is not None else True).seconds
+
+    return node_costs.footing(graphs, model)
 
 
 def priced_plan(graphs: Sequence[fx.GraphModule], names: Sequence[str], hw: HardwareProfile, pricing: Pricing, *,
                 world_size: int | None, traced_world_size: int | None, as_dtype: torch.dtype | None,
-                node_costs: NodeCosts | None = None, footing: Footing | None = None,
-                path: str = "pricing.activation_checkpointing") -> StepPlan:
+                node_costs: NodeCosts | None = None,
+                path: str = "pricing.activation_checkpointing") -> tuple[StepPlan, Footing | None]:
     """The step's plan (``overlapcfg.cost.plan.step_plan``) with its recompute priced by ``node_seconds`` under
-    that plan; a checkpointing mode that cannot be priced is an ``OverlapConfigError`` at ``path``."""
+    that plan, and the footing of ``node_costs`` under it (None without); a checkpointing mode that cannot be priced
+    is an ``OverlapConfigError`` at ``path``."""
     plan = step_plan(graphs, names, hw, pricing, as_dtype=as_dtype)
+    footing = measured_footing(list(zip(names, graphs, strict=True)), hw, node_costs, world_size=world_size,
+                               traced_world_size=traced_world_size, as_dtype=as_dtype, plan=plan) \
+        if node_costs is not None else None
 
     def price(gi: int, node: fx.Node) -> float:
         return node_seconds(node, names[gi], hw, node_costs, world_size=world_size,
                             traced_world_size=traced_world_size, as_dtype=as_dtype, plan=plan, graph_index=gi,
                             footing=footing).seconds
 
-    return replace(plan, recompute=plan_recompute(graphs, names, pricing.activation_checkpointing, price, path=path))
+    return replace(plan, recompute=plan_recompute(graphs, names, pricing.activation_checkpointing, price,
+                                                  path=path)), footing

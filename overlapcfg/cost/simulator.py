@@ -208,12 +208,9 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     blocking_comm = 0.0
     tally = _Tally()
     running: list[tuple[int, fx.Node]] = []
-    footing = measured_footing(list(zip(names, graphs, strict=True)), hw, node_costs, world_size=world_size,
-                               traced_world_size=traced_world_size, as_dtype=as_dtype) \
-        if node_costs is not None else None
-    plan = priced_plan(graphs, names, hw, priced, world_size=world_size, traced_world_size=traced_world_size,
-                       as_dtype=as_dtype, node_costs=node_costs, footing=footing,
-                       path=f"{pricing_path}.activation_checkpointing")
+    plan, footing = priced_plan(graphs, names, hw, priced, world_size=world_size,
+                                traced_world_size=traced_world_size, as_dtype=as_dtype, node_costs=node_costs,
+                                path=f"{pricing_path}.activation_checkpointing")
     parts: dict[str, list[float]] = {}
     flops = 0.0
     shard: tuple[int, int] | None = None

@@ -73,6 +73,18 @@ class MeasuredConfig(_Data):
     profiled_cost_sources: tuple[CostSource, ...] = ()
     """How ``predicted_profiled_step_s`` was priced."""
     collectives: tuple[MeasuredCollective, ...] = ()
+    predicted_skew_s: float = 0.0
+    """Seconds the prediction's collectives waited for their last rank (the profile's skew)."""
+    tokens_per_step: int | None = None
+    """Tokens one rank processes per step (``overlapcfg.cost.throughput``)."""
+    predicted_tokens_per_second: float | None = None
+    """Predicted tokens per second per GPU (per rank), inside the graphs."""
+    predicted_mfu: float | None = None
+    """Predicted ``6 N tokens / (step x dense peak)`` on the profile's peak."""
+    measured_tokens_per_second: float | None = None
+    """``tokens_per_step / measured_step_s``."""
+    measured_mfu: float | None = None
+    """``6 N tokens / (measured step x dense peak)``, on the same peak as the prediction's."""
 
     @property
     def error(self) -> float:

@@ -41,7 +41,7 @@ from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.cost.node_costs import MEASURABLE_KINDS, Footing, NodeCosts
 from overlapcfg.cost.plan import StepPlan, optimizer_step
 from overlapcfg.cost.price import collective_bytes, compute_seconds, iter_tensors, node_kind
-from overlapcfg.cost.pricer import measured_footing, node_seconds, priced_plan
+from overlapcfg.cost.pricer import node_seconds, priced_plan
 from overlapcfg.cost.pricing import Pricing, pricing_from
 from overlapcfg.cost.replay import Streams
 from overlapcfg.cost.simulator import optimizer_phase, storage_plan, value_bytes
@@ -192,13 +192,10 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
                                     if not owners else "tune: the root module owns FSDP parameters directly; "
                                     "only submodules can be bucketed, so the tuner cannot group them")
     graphs = {a.name: a.graph for a in apply_step(step, unit_config(owners)).graphs}
-    footing = measured_footing([(name, graphs[name]) for name in DIRECTIONS], hardware, node_costs,
-                               world_size=world_size, traced_world_size=step.world_size, as_dtype=as_dtype) \
-        if node_costs is not None else None
     priced = pricing_from(pricing, path=pricing_path)
-    plan = priced_plan([graphs[name] for name in DIRECTIONS], DIRECTIONS, hardware, priced, world_size=world_size,
-                       traced_world_size=step.world_size, as_dtype=as_dtype, node_costs=node_costs, footing=footing,
-                       path=f"{pricing_path}.activation_checkpointing")
+    plan, footing = priced_plan([graphs[name] for name in DIRECTIONS], DIRECTIONS, hardware, priced,
+                                world_size=world_size, traced_world_size=step.world_size, as_dtype=as_dtype,
+                                node_costs=node_costs, path=f"{pricing_path}.activation_checkpointing")
     costs = _Costs(hardware, world_size, step.world_size, as_dtype, node_costs, plan, footing)
     profiles = tuple(_graph_profile(name, graphs[name], step.graph(name), costs) for name in DIRECTIONS)
     streams = Streams(hardware.skew)
@@ -247,8 +244,9 @@ class _Costs:
             return node_seconds(node, graph, self.hw, self.node_costs, world_size=self.world_size,
                                 traced_world_size=self.traced_world_size, as_dtype=self.as_dtype, plan=self.plan,
                                 graph_index=DIRECTIONS.index(graph), footing=self.footing).seconds
+        # a one-node graph's clone (``copy_of``): a bucket's copy-out, priced by its bytes as chain nodes are
         seconds = compute_seconds(node, self.hw, world_size=self.world_size, traced_world_size=self.traced_world_size,
-                                  as_dtype=self.as_dtype, eager=self.plan.eager).seconds
+                                  as_dtype=self.as_dtype, eager=self.plan.eager, fixed=False).seconds
         return self.footing.price(node_kind(node), seconds) if self.footing is not None else seconds
 
     def copy_of(self, node: fx.Node) -> float:
