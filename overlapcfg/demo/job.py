@@ -34,9 +34,10 @@ from overlapcfg.files import write_atomic
 
 if TYPE_CHECKING:
     from overlapcfg.cost.hardware import HardwareProfile
+    from overlapcfg.cost.pricing import Pricing
     from overlapcfg.demo.tracing import TracedStep
 
-__all__ = ["Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
+__all__ = ["Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "pricing_of", "run_compare",
            "run_report", "traced"]
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,16 @@ def replay_hardware(cfg: DictConfig, spec: DemoSettings, mode: str, eager_hint: 
         raise OverlapConfigError.single("hardware", f"mode={mode} predicts step times: choose a profile, e.g. "
                                                     "hardware=h100_nvlink")
     return hardware
+
+
+def pricing_of(cfg: DictConfig) -> Pricing:
+    """The ``predict`` node as the predictions' ``Pricing`` (faults at ``predict.<field>``); the defaults without
+    one."""
+    from overlapcfg.config.load import config_data
+    from overlapcfg.cost.pricing import pricing_from
+
+    node = cfg.get("predict")
+    return pricing_from(None if node is None else config_data(node, "predict"), path="predict")
 
 
 def hardware_of(cfg: DictConfig) -> HardwareProfile | None:
@@ -148,6 +159,7 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         overlap = from_hydra(cfg.overlap)
         spec = demo_spec(cfg)
         hardware = hardware_of(cfg)
+        pricing = pricing_of(cfg)
         check_plan(overlap, spec, root=full_key(cfg.overlap) or "overlap")
     if spec.sharding == "fsdp2":
         return _run_fsdp2(progress, overlap, spec, hardware, output_dir, root=full_key(cfg.overlap) or "overlap")
@@ -156,7 +168,7 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
 
     step = _trace_stage(progress, spec)
     with progress.stage(f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
-        report = explain(step, overlap, hardware=hardware)
+        report = explain(step, overlap, hardware=hardware, pricing=pricing, pricing_path="predict")
     console.print(report_table(report))  # with the untransformed step's prediction (report.baseline) as "before"
     path = write_atomic(output_dir / REPORT_FILE, report.to_json())
     console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
@@ -245,6 +257,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
     with progress.stage("validated config"):
         spec = demo_spec(cfg)
         hardware = replay_hardware(cfg, spec, "compare", ", or mode=run for the FSDP2 report")
+        pricing = pricing_of(cfg)
         names, configs = compare_configs(cfg)
         for name, overlap in zip(names, configs, strict=True):
             check_plan(overlap, spec, root=f"compare.{name}")
@@ -254,7 +267,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
 
     step = _trace_stage(progress, spec)
     with progress.stage(f"compared {len(configs)} configs on {hardware.name}"):
-        comparison = compare(step, configs, hardware=hardware, names=names)
+        comparison = compare(step, configs, hardware=hardware, names=names, pricing=pricing, pricing_path="predict")
     console.print(comparison_table(comparison))
     for key, labels in shadowed_keys(cfg, overrides).items():
         note = (f"note: rows {', '.join(labels)} set their own {key!r}, so overlap.{key} does not apply to them "

@@ -99,8 +99,8 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
     (other jobs, thermal limits) is shared fairly; costs one model per config in memory (False: one at a time).
     ``device``: where the step runs (default: the current CUDA device under NCCL, else the CPU), for the clock.
     ``pricing``: what the predictions assume (``overlapcfg.cost.pricing.Pricing``); by default the graphs as this
-    sweep runs them: one kernel per op (``fusion: eager``), nothing beyond them (no optimizer: the measured time is
-    the graphs'). Call on every rank, with the same arguments.
+    sweep runs them: one kernel per op (``fusion`` ``auto`` is ``eager`` here), nothing beyond them (no optimizer:
+    the measured time is the graphs'). Call on every rank, with the same arguments.
     """
     if not dist.is_initialized():
         raise OverlapStateError("measure: no process group; run under torchrun (or init_process_group) on every rank")
@@ -108,7 +108,9 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
         raise OverlapConfigError("measure: warmup, steps and profiled_steps must each be at least 1 (warmup compiles)")
     started = time.perf_counter()
     hw = load_hardware(hardware)
-    priced = pricing_from(pricing if pricing is not None else {"fusion": "eager"}, path="pricing")
+    priced = pricing_from(pricing, path="pricing")
+    if priced.fusion == "auto":  # the sweep runs the graphs as they are: one kernel per op
+        priced = pricing_from({**priced.model_dump(), "fusion": "eager"}, path="pricing")
     loaded = {str(name): load_config(cfg if isinstance(cfg, OverlapConfig) else dict(cfg),
                                      root=f"{config_root}.{name}") for name, cfg in configs.items()}
     if not loaded:

@@ -44,13 +44,15 @@ def default_name(cfg: OverlapConfig) -> str:
 def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, Any]], *,
             hardware: HardwareProfile | str, names: Sequence[str] | None = None,
             world_size: int | None = None, as_dtype: torch.dtype | None = None,
-            node_costs: NodeCosts | None = None, pricing: Pricing | Mapping[str, Any] | None = None) -> Comparison:
+            node_costs: NodeCosts | None = None, pricing: Pricing | Mapping[str, Any] | None = None,
+            pricing_path: str = "pricing") -> Comparison:
     """One row per config (in the given order): the prediction at ``world_size`` (default: the trace's).
 
     Include ``{"strategy": "none"}`` and ``{"strategy": "torch_manual", "plan": ...}`` to get the baselines.
     ``as_dtype=torch.bfloat16`` predicts bf16 mixed precision from an fp32 trace (see ``simulate``).
     ``node_costs``: measured node durations instead of the kernel model (``overlapcfg.cost.node_costs``).
-    ``pricing``: checkpointing, fusion, optimizer, attention backend, tokens (``overlapcfg.cost.pricing.Pricing``).
+    ``pricing``: checkpointing, fusion, optimizer, attention backend, tokens (``overlapcfg.cost.pricing.Pricing``);
+    its faults are reported under ``pricing_path``.
     """
     loaded = [load_config(c) for c in configs]
     if world_size is not None:  # before the configs are applied, not after
@@ -65,7 +67,7 @@ def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, A
             labels[i] = f"{label} #{seen[label]}"
     reports = [explain(step, cfg) for cfg in loaded]
     return compare_reports(step, reports, hardware=hardware, names=labels, world_size=world_size,
-                           as_dtype=as_dtype, node_costs=node_costs, pricing=pricing)
+                           as_dtype=as_dtype, node_costs=node_costs, pricing=pricing, pricing_path=pricing_path)
 
 
 def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: HardwareProfile | str,
@@ -73,11 +75,12 @@ def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: 
                     as_dtype: torch.dtype | None = None,
                     groups: Mapping[str, GroupPlacement] | None = None,
                     node_costs: NodeCosts | None = None,
-                    pricing: Pricing | Mapping[str, Any] | None = None) -> Comparison:
+                    pricing: Pricing | Mapping[str, Any] | None = None,
+                    pricing_path: str = "pricing") -> Comparison:
     """``compare`` for reports already made by ``explain`` (re-predict one set of passes on many machines);
     ``groups`` places the process groups by name (HSDP: the replicate group across nodes)."""
     hw = load_hardware(hardware)
-    priced = pricing_from(pricing)
+    priced = pricing_from(pricing, path=pricing_path)
     ws = step.world_size if world_size is None else validate_value(RankCount, world_size, path="world_size")
     rows = []
     for name, explained in zip(names, reports, strict=True):
@@ -89,7 +92,7 @@ def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: 
                                                  for g, gm in zip(DIRECTIONS, graphs, strict=True)}
         sim = simulate(graphs, hw, world_size=ws, names=DIRECTIONS, labels=node_names,
                        traced_world_size=step.world_size, as_dtype=as_dtype, groups=groups, node_costs=node_costs,
-                       pricing=priced)
+                       pricing=priced, pricing_path=pricing_path)
         report = explained.model_copy(update={"simulation": sim}).attach(*graphs)
         rows.append(ComparisonRow(name, report.strategy, report, sim))
     return Comparison(hw.name, ws, tuple(rows))

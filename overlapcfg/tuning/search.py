@@ -38,6 +38,7 @@ from overlapcfg.config.load import validate_value
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.pricing import Pricing, pricing_from
+from overlapcfg.cost.throughput import StepFacts
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.passes.backend import CapturedStep
 from overlapcfg.report.compare import compare_reports
@@ -80,7 +81,7 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
          memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | None = None,
          as_dtype: torch.dtype | None = None, progress: ProgressFn | None = None, verify: bool = True,
          config_root: str | None = None, node_costs: NodeCosts | None = None,
-         pricing: Pricing | Mapping[str, Any] | None = None) -> TuneResult:
+         pricing: Pricing | Mapping[str, Any] | None = None, pricing_path: str | None = None) -> TuneResult:
     """Search the ``space`` of plans and schedules for ``step`` on ``hardware`` at ``world_size`` ranks (default:
     the trace's) for the fastest predicted step whose peak in-flight all-gather bytes stay within
     ``memory_budget`` (bytes or ``"4GiB"``; None: no budget). Steps within ``TIE_TOLERANCE`` (0.1 %) of the fastest
@@ -91,7 +92,8 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     ``config_root``: where the caller's tune settings sit (``tune``), so faults read ``tune.memory_budget``.
     ``node_costs``: measured node durations (``overlapcfg.cost.node_costs``, best of the untransformed step)
     priced instead of the kernel model, by the search and by the winner's full check alike. ``pricing``:
-    checkpointing, fusion, optimizer, attention backend, tokens (``overlapcfg.cost.pricing.Pricing``), likewise.
+    checkpointing, fusion, optimizer, attention backend, tokens (``overlapcfg.cost.pricing.Pricing``), likewise;
+    its faults are reported under ``pricing_path`` (default ``<config_root>.pricing``).
     A budget no candidate fits raises ``OverlapConfigError`` naming the smallest feasible budget.
     """
     started = time.perf_counter()
@@ -103,8 +105,9 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     ws = step.world_size if world_size is None else validate_value(RankCount, world_size, path=f"{prefix}world_size")
     report = _Reporter(progress, started)
     report("profile", 0, 1, None)
+    where = pricing_path or f"{prefix}pricing"
     profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype, node_costs=node_costs,
-                            pricing=pricing_from(pricing, path=f"{prefix}pricing"), pricing_path=f"{prefix}pricing")
+                            pricing=pricing_from(pricing, path=where), pricing_path=where)
     structure = find_structure(step.module_fqns, step.param_owners, space, root=f"{prefix}space",
                                module_types=step.module_types, facts=_unit_facts(profile))
     if structure.found:
@@ -352,7 +355,10 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
         candidates=tuple(unique), verification=verification, stalls=tuple(stalls), hardware=profile.hardware.name,
         world_size=profile.world_size, memory_budget=budget, as_dtype=as_dtype, space=space,
         evaluated=len(everything), profile_seconds=profile.seconds, seconds=time.perf_counter() - started,
-        arms=len(arms))
+        arms=len(arms), facts=profile.plan.facts if profile.plan is not None else StepFacts(),
+        peak_flops=profile.hardware.dense_peak(profile.plan.facts.dtype if profile.plan is not None else "float32"),
+        pricing=profile.pricing.model_copy(update={"fusion": profile.plan.fusion}).model_dump(mode="json")
+        if profile.pricing is not None and profile.plan is not None else None)
 
 
 def _check_config(best: Candidate, arm: Arm, step: CapturedStep, profile: Profile) -> None:
