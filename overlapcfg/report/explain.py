@@ -219,7 +219,7 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
         world_size = validate_value(RankCount, world_size, path="world_size")
     if isinstance(step, AppliedStep):
         return _report(step, hardware=hardware, world_size=world_size, groups=groups, node_costs=node_costs,
-                       as_dtype=as_dtype, pricing=pricing)
+                       as_dtype=as_dtype, pricing=pricing, pricing_path=pricing_path)
     if is_fsdp2_model(step):
         if hardware is not None:
             raise OverlapUsageError(
