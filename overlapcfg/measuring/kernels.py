@@ -224,9 +224,10 @@ def memory_samples(sizes: Sequence[int], seconds: Sequence[float], cache_bytes: 
             w = (nbytes - sizes[i]) / (sizes[i + 1] - sizes[i])
             return seconds[i] + max(0.0, w) * (seconds[i + 1] - seconds[i])
 
-        times = {n: max(t(n) - overhead, 1e-12) for n in kernels}  # the per-kernel cost is priced apart
-        rate = sum(n * c for n, c in kernels.items()) / sum(times[n] * c for n, c in kernels.items())
-        errors = [((n / rate - times[n]) / times[n], c) for n, c in kernels.items()]
+        whole = {n: t(n) for n in kernels}
+        moving = sum(max(whole[n] - overhead, 0.0) * c for n, c in kernels.items())  # the per-kernel cost apart
+        rate = sum(n * c for n, c in kernels.items()) / moving if moving > 0 else 1.0 / per_byte
+        errors = [((overhead + n / rate - whole[n]) / whole[n], c) for n, c in kernels.items()]
         residual = math.sqrt(sum(e * e * c for e, c in errors) / sum(c for _, c in errors))
         where = f"at the step's {sum(kernels.values())} memory-bound kernels; {where}"
     return KernelSamples(what=f"memory (a + b, float32; {where})", shapes=tuple(f"{n} B" for n in sizes),
