@@ -207,7 +207,10 @@ def _read(path: Path, name: str) -> HardwareProfile:
     if not isinstance(data, dict):
         raise OverlapConfigError.single(GROUP, f"{path} is not a mapping")
     data.setdefault("name", name)
-    return hardware_from(data, path=GROUP)
+    try:
+        return hardware_from(data, path=GROUP)
+    except OverlapConfigError as err:  # name the file: a profile's number is fixed there, not where it was loaded
+        raise OverlapConfigError(err.faults, header=f"{HEADER} in {path}") from None
 
 
 def hardware_from(data: HardwareProfile | Mapping[str, Any] | DictConfig, *, path: str = GROUP) -> HardwareProfile:
