@@ -33,7 +33,7 @@ from overlapcfg.errors import closest_first, did_you_mean
 
 __all__ = ["COMMAND_KEYS", "known_fields", "top_level_keys", "unknown_override_keys"]
 
-COMMAND_KEYS = ("mode", "overlap", "hardware", "tune", "compare", "calibrate", "measure")
+COMMAND_KEYS = ("mode", "overlap", "hardware", "predict", "tune", "compare", "calibrate", "measure")
 """Top-level keys of ``conf/overlapcfg.yaml`` besides the demo settings (``overlapcfg.demo.settings``); a test
 holds the composed config's keys to exactly these and the settings' fields."""
 _GROUPS = {"hardware": ("command", "hardware"), "tune/space": ("command", "tune/space"),
@@ -55,8 +55,10 @@ def known_fields() -> dict[str, tuple[str, ...]]:
     ``overlapcfg.config.command_line.override_faults``)."""
     from overlapcfg.demo.settings import DemoModel, DemoParallel
 
+    from overlapcfg.cost.pricing import Pricing
+
     return {"": top_level_keys(), "model": tuple(DemoModel.model_fields),
-            "parallel": tuple(DemoParallel.model_fields)}
+            "parallel": tuple(DemoParallel.model_fields), "predict": tuple(Pricing.model_fields)}
 
 
 def _options(group: str) -> tuple[str, ...]:

@@ -125,11 +125,11 @@ def _simulation(report: Report, sim: Simulation, baseline: Simulation | None = N
     several = len(comm) > 1
     rows: list[tuple[str, Callable[[Simulation], float | int | None], Callable[..., str]]] = [
         ("step time", lambda s: s.step_seconds, fmt_seconds),
+        ("  lower bound: max(compute + unhidable, busiest group)" if several else
+         "  lower bound: max(compute + unhidable, communication)", lambda s: s.lower_bound_seconds, fmt_seconds),
         ("  tokens/s per GPU", lambda s: s.tokens_per_second, fmt_rate),
         ("  MFU: 6 N tokens / peak", lambda s: s.mfu, fmt_pct),
         ("  by the graph's FLOPs", lambda s: s.graph_mfu, fmt_pct),
-        ("  lower bound: max(compute + unhidable, busiest group)" if several else
-         "  lower bound: max(compute + unhidable, communication)", lambda s: s.lower_bound_seconds, fmt_seconds),
         ("compute", lambda s: s.compute_seconds, fmt_seconds),
     ]
     shown = {p.part for p in (*sim.compute_parts, *(baseline.compute_parts if baseline is not None else ()))}
