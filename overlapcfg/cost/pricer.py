@@ -126,4 +126,4 @@ def priced_plan(graphs: Sequence[fx.GraphModule], names: Sequence[str], hw: Hard
                             footing=footing).seconds
 
     return replace(plan, recompute=plan_recompute(graphs, names, pricing.activation_checkpointing, price,
-                                                  path=path)), footing
+                                                  path=path, chains=plan.chains)), footing

@@ -3,9 +3,10 @@
 **As traced.** A model that checkpoints (``torch.utils.checkpoint``, torchtitan's selective or full AC, Hugging
 Face ``gradient_checkpointing_enable()``) is traced with its recompute in the backward graph: aot's partitioner
 copies the forward ops it recomputes into the backward, keeping their names. A backward node with the name and op
-of a forward node is such a copy (``traced_recompute``). They are priced like every node; this module counts them
+of a forward node, running the same kernel on the same tensors, is such a copy (``traced_recompute``). They are priced like every node; this module counts them
 for the report (the partitioner also recomputes cheap memory-bound ops on its own, without any checkpointing; a
-trace *checkpoints* when it recomputes FLOP-counted ones).
+trace *checkpoints* when it recomputes FLOP-counted ones of a checkpointed region, whose nodes carry the region's
+policy in ``meta["recompute"]``).
 
 **A chosen mode.** For a step traced without checkpointing (the demo, ``trace_train_step``), ``selective`` and
 ``full`` add what that mode would recompute, per repeated block: the modules whose path ends in an index
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 from torch import fx
 
+from overlapcfg.cost.node_costs import node_signature
 from overlapcfg.cost.price import node_flops, node_kind
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.attribution import module_fqn
@@ -53,11 +55,13 @@ def block_of(path: str | None) -> str | None:
 
 
 def traced_recompute(forward: fx.GraphModule, backward: fx.GraphModule) -> list[fx.Node]:
-    """Backward nodes that recompute a forward one (same name, same op; kernels only, not views or
-    collectives), graph order."""
-    ops = {n.name: n.target for n in forward.graph.nodes if n.op == "call_function"}
-    return [n for n in backward.graph.nodes if n.op == "call_function" and ops.get(n.name) is n.target
-            and node_kind(n) in ("compute", "memory")]
+    """Backward nodes that recompute a forward one: the same name (aot's partitioner copies the joint graph's
+    node) and the same kernel on the same tensors (``overlapcfg.cost.node_costs.node_signature``: graphs built
+    apart may share a name by chance); kernels only, not views or collectives; graph order."""
+    kernels = {n.name: node_signature(n) for n in forward.graph.nodes
+               if n.op == "call_function" and node_kind(n) in ("compute", "memory")}
+    return [n for n in backward.graph.nodes if n.op == "call_function" and n.name in kernels
+            and node_kind(n) in ("compute", "memory") and kernels[n.name] == node_signature(n)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +93,12 @@ class Recompute:
 
 def plan_recompute(graphs: Sequence[fx.GraphModule], names: Sequence[str], mode: str,
                    price: Callable[[int, fx.Node], float], *, path: str = "pricing.activation_checkpointing",
-                   ) -> Recompute:
+                   chains: Sequence[frozenset[fx.Node]] = ()) -> Recompute:
     """What ``mode`` recomputes in the step ``graphs`` (forward then backward, named ``names``): see the module
-    docstring. ``price(graph index, node)`` is a node's seconds as priced. A mode the model cannot price here is an
-    ``OverlapConfigError`` at ``path``."""
+    docstring. ``price(graph index, node)`` is a node's seconds as priced. ``chains``: per graph, the nodes of
+    collective chains (a bucket's copies, a shard's cast): not the model's compute, never recomputed by a mode,
+    and what the bucketing pass changes (so the recompute is the same whatever the grouping). A mode the model
+    cannot price here is an ``OverlapConfigError`` at ``path``."""
     if "forward" not in names or "backward" not in names:
         if mode in ("selective", "full"):
             raise OverlapConfigError.single(path, f"{mode!r} needs the step's forward and backward graphs (got "
@@ -102,7 +108,9 @@ def plan_recompute(graphs: Sequence[fx.GraphModule], names: Sequence[str], mode:
     forward, backward = graphs[fi], graphs[bi]
     found = traced_recompute(forward, backward)
     forward_flops = sum(node_flops(n) for n in forward.graph.nodes if node_kind(n) == "compute")
-    checkpoints = [n for n in found if node_kind(n) == "compute"]
+    # Checkpointing, as opposed to the partitioner recomputing cheap ops on its own: FLOP-counted recompute from a
+    # checkpointed region (its nodes carry the region's policy, ``meta["recompute"]``).
+    checkpoints = [n for n in found if node_kind(n) == "compute" and n.meta.get("recompute") is not None]
     if mode in ("as_traced", "none"):
         if mode == "none" and checkpoints:
             raise OverlapConfigError.single(path, (
@@ -121,8 +129,9 @@ def plan_recompute(graphs: Sequence[fx.GraphModule], names: Sequence[str], mode:
             f"{len(checkpoints)} FLOP-counted forward nodes ({checkpoints[0].name}, ...); predict with as_traced"))
     chosen: dict[str, list[fx.Node]] = {}
     counts: dict[str, int] = {}
+    skip = chains[fi] if fi < len(chains) else frozenset()
     for node in forward.graph.nodes:
-        block = block_of(module_fqn(node)) if node.op == "call_function" else None
+        block = block_of(module_fqn(node)) if node.op == "call_function" and node not in skip else None
         kind = node_kind(node)
         if block is None or kind not in ("compute", "memory"):
             continue

@@ -53,9 +53,8 @@ def top_level_keys() -> tuple[str, ...]:
 def known_fields() -> dict[str, tuple[str, ...]]:
     """Keys under each node the command validates with a pydantic model (``overlap`` has its own check:
     ``overlapcfg.config.command_line.override_faults``)."""
-    from overlapcfg.demo.settings import DemoModel, DemoParallel
-
     from overlapcfg.cost.pricing import Pricing
+    from overlapcfg.demo.settings import DemoModel, DemoParallel
 
     return {"": top_level_keys(), "model": tuple(DemoModel.model_fields),
             "parallel": tuple(DemoParallel.model_fields), "predict": tuple(Pricing.model_fields)}

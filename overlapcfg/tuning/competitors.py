@@ -99,7 +99,7 @@ def competitors(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], 
 
 def lower_bound(profile: Profile) -> float:
     """max(compute as traced, busiest stream with one collective per graph and kind): see the module docstring."""
-    compute = profile.optimizer_seconds
+    compute = profile.optimizer_compute
     traffic: dict[tuple[str, str, str], int] = {}
     for g in profile.graphs:
         compute += g.prefix[-1] + sum(c.raw_issue_cost + c.raw_wait_cost for c in g.collectives)

@@ -137,10 +137,12 @@ class Grouped:
     ranks: int = 1
     optimizer_seconds: float = 0.0
     """The phase after the backward (``Profile.optimizer_seconds``): added to every schedule's step."""
+    optimizer_compute: float = 0.0
+    """Its compute; the rest is the gradient norm's all-reduce, exposed."""
 
     @property
     def compute_seconds(self) -> float:
-        return sum(g.compute_seconds for g in self.graphs) + self.optimizer_seconds
+        return sum(g.compute_seconds for g in self.graphs) + self.optimizer_compute
 
     @property
     def lower_bound_seconds(self) -> float:
@@ -248,7 +250,7 @@ def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str],
                                    tuple(sorted(m.start for s in scatters for m in s.collectives)),
                                    tuple(s.at for s in gathers), tuple(s.at for s in scatters)))
     return Grouped(tuple(names), tuple(graphs), busy, profile.hardware.skew, profile.world_size,
-                   profile.optimizer_seconds)
+                   profile.optimizer_seconds, profile.optimizer_compute)
 
 
 def _unhidable(g: GraphProfile, gathers: Sequence[Step[GatherStep]], scatters: Sequence[Step[DelayedStep]]) -> float:

@@ -170,6 +170,8 @@ class Profile:
     optimizer_seconds: float = 0.0
     """The optimizer phase after the backward (``overlapcfg.cost.simulator.optimizer_phase``), replayed once: it
     does not depend on the schedule."""
+    optimizer_compute: float = 0.0
+    """Its compute (the rest of it, the norm's all-reduce, is exposed communication)."""
 
 
 def unit_config(owners: Sequence[str]) -> OverlapConfig:
@@ -205,7 +207,7 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
     log.info("tune: profiled %d units on %s at %d ranks in %.2fs", len(owners), hardware.name, world_size, seconds)
     return Profile(units=owners, graphs=profiles, module_fqns=tuple(step.module_fqns), hardware=hardware,
                    world_size=world_size, as_dtype=as_dtype, seconds=seconds, node_costs=node_costs, plan=plan,
-                   pricing=priced, optimizer_seconds=streams.t)
+                   pricing=priced, optimizer_seconds=streams.t, optimizer_compute=streams.compute)
 
 
 def _made_by_merging(start: fx.Node, original: set[str]) -> set[fx.Node]:

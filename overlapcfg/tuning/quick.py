@@ -82,7 +82,8 @@ def score(grouped: Grouped, depths: Mapping[str, Sequence[int]], *, max_inflight
             g.cache[key] = part
         parts.append(part)
     return Score(step_seconds=sum(p.seconds for p in parts) + grouped.optimizer_seconds,
-                 exposed_comm_seconds=sum(p.exposed_seconds for p in parts),
+                 exposed_comm_seconds=sum(p.exposed_seconds for p in parts)
+                 + grouped.optimizer_seconds - grouped.optimizer_compute,
                  compute_seconds=grouped.compute_seconds, comm_seconds=sum(grouped.comm_seconds.values()),
                  peak_inflight_bytes=max(p.peak_inflight_bytes for p in parts),
                  peak_unsharded_param_bytes=max(p.peak_unsharded_param_bytes for p in parts),

@@ -50,8 +50,10 @@ def _forward(recompute_in_backward: bool = False) -> tuple[fx.GraphModule, fx.Gr
     first = _node(gb, "mm_grad_head", mm, (gy, v1), "output")
     grad = _node(gb, "mm_grad_w2", mm, (first, v4), "layers.0.feed_forward.w2")
     outs: list[fx.Node] = [grad]
-    if recompute_in_backward:  # what aot's partitioner leaves of a checkpointed block: a forward node copied here
-        outs.append(_node(gb, "mm_k", mm, (grad, v4), "layers.0.attention.wk"))
+    if recompute_in_backward:  # what aot's partitioner leaves of a checkpointed block: a forward node copied here,
+        copied = _node(gb, "mm_k", mm, (grad, v4), "layers.0.attention.wk")  # with its region's policy
+        copied.meta["recompute"] = torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+        outs.append(copied)
     gb.output(tuple(outs))
     backward = with_fake_values(fx.GraphModule(torch.nn.Module(), gb),
                                 [(gy, (ROWS, DIM)), (v4, square), (v1, square)])
