@@ -3,10 +3,10 @@
 **As traced.** A model that checkpoints (``torch.utils.checkpoint``, torchtitan's selective or full AC, Hugging
 Face ``gradient_checkpointing_enable()``) is traced with its recompute in the backward graph: aot's partitioner
 copies the forward ops it recomputes into the backward, keeping their names. A backward node with the name and op
-of a forward node, running the same kernel on the same tensors, is such a copy (``traced_recompute``). They are priced like every node; this module counts them
-for the report (the partitioner also recomputes cheap memory-bound ops on its own, without any checkpointing; a
-trace *checkpoints* when it recomputes FLOP-counted ones of a checkpointed region, whose nodes carry the region's
-policy in ``meta["recompute"]``).
+of a forward node, running the same kernel on the same tensors, is such a copy (``traced_recompute``). They are
+priced like every node; this module counts them for the report (the partitioner also recomputes cheap
+memory-bound ops on its own, without any checkpointing; a trace *checkpoints* when it recomputes FLOP-counted ones
+of a checkpointed region, whose nodes carry the region's policy in ``meta["recompute"]``).
 
 **A chosen mode.** For a step traced without checkpointing (the demo, ``trace_train_step``), ``selective`` and
 ``full`` add what that mode would recompute, per repeated block: the modules whose path ends in an index

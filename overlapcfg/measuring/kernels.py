@@ -57,6 +57,8 @@ MEMORY_CAP = {"cpu": 2**30, "gpu": 2**32}
 hundreds of MiB (480 MiB here), and three buffers of a few GiB on a shared machine would be a burden."""
 MIN_BEYOND = 3
 """Sizes the bandwidth is fitted through at least (the largest ones, where fewer lie beyond the cache)."""
+KERNEL_SECONDS = 0.05
+"""How long each round of a timed kernel runs (three rounds): several of a shared machine's scheduling slices."""
 SMALLEST = 3
 """The smallest timed sizes (a few bytes): their median time is the per-kernel cost (dispatch, launch), priced apart
 from the bytes (``MemoryRate.launch_seconds``)."""
@@ -123,7 +125,7 @@ def time_matmuls(chosen: Sequence[MatmulShape], dtype: torch.dtype, clock: Clock
         b = torch.randn(batch, k, n, dtype=dtype, device=clock.device)
         op: Callable[[], object] = functools.partial(torch.bmm, a, b) if batch > 1 else \
             functools.partial(torch.mm, a[0], b[0])
-        seconds.append(clock.per_call(op))
+        seconds.append(clock.per_call(op, min_seconds=KERNEL_SECONDS))
         if progress is not None:
             progress("matmuls", 1)
     return seconds
@@ -184,7 +186,7 @@ def time_memory(sizes: Sequence[int], clock: Clock, *, progress: Callable[[str, 
     for nbytes in sizes:
         numel = nbytes // 12
         a, b, out = (torch.ones(numel, device=clock.device) for _ in range(3))
-        seconds.append(clock.per_call(functools.partial(torch.add, a, b, out=out)))
+        seconds.append(clock.per_call(functools.partial(torch.add, a, b, out=out), min_seconds=KERNEL_SECONDS))
         if progress is not None:
             progress("memory", 1)
     return seconds
@@ -240,7 +242,7 @@ def time_views(clock: Clock) -> float:
     eager host pays per view and reshape (``MemoryRate.view_seconds``)."""
     x = torch.ones(4, 4, device=clock.device)
     view = torch.ops.aten.view.default
-    return clock.per_call(functools.partial(view, x, [16]))
+    return clock.per_call(functools.partial(view, x, [16]), min_seconds=KERNEL_SECONDS)
 
 
 def default_shapes(clock: Clock) -> Counter[MatmulShape]:
