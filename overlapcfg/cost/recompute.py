@@ -131,9 +131,11 @@ def plan_recompute(graphs: Sequence[fx.GraphModule], names: Sequence[str], mode:
     counts: dict[str, int] = {}
     skip = chains[fi] if fi < len(chains) else frozenset()
     for node in forward.graph.nodes:
-        block = block_of(module_fqn(node)) if node.op == "call_function" and node not in skip else None
         kind = node_kind(node)
-        if block is None or kind not in ("compute", "memory"):
+        if kind not in ("compute", "memory") or node in skip:
+            continue
+        block = block_of(module_fqn(node))
+        if block is None:
             continue
         if mode == "full" or kind == "memory":
             chosen.setdefault(block, []).append(node)

@@ -85,7 +85,8 @@ class Streams:
         """Collectives queued or running with a nonzero slowdown: none, and the compute stream's clock is its
         work (collectives end where they were projected to whatever compute does)."""
         self._slowed_in: dict[str, int] = {}
-        """The same per stream: where a stream's queue holds none, its tail is exact (``_tail``)."""
+        """Per stream, collectives queued or running that compute slows (a nonzero ``comm_slowdown``): where a
+        stream's queue holds none, its tail is exact (``_tail``)."""
         self._tail: dict[str, float] = {}
         """Where each stream's last queued collective ends (valid while its queue holds no slowed collective)."""
         self._skew = skew
@@ -126,6 +127,7 @@ class Streams:
         self.spans[r.token] = (r.start, r.end)
         if r.slowdown != NO_CONTENTION:
             self._slowed -= 1
+        if r.slowdown[1] > 0:
             self._slowed_in[stream] -= 1
             if not self._slowed_in[stream]:  # the tail projected while it was slowed is stale now
                 self._tail[stream] = self._projected_tail(stream, r.end)
@@ -159,7 +161,7 @@ class Streams:
         collectives run; returns its start."""
         start = self.t
         self.compute += seconds
-        if not self._slowed:  # nothing slows anything: collectives end as projected, in any order of popping
+        if not self._slowed or not self._heads:  # nothing slows it (nothing running, or no contention)
             self.t += seconds
             return start
         work = seconds
@@ -215,6 +217,7 @@ class Streams:
         queue.append(r)
         if slowdown != NO_CONTENTION:
             self._slowed += 1
+        if slowdown[1] > 0:  # only a collective compute slows makes its stream's tail inexact
             self._slowed_in[stream] = self._slowed_in.get(stream, 0) + 1
         if len(queue) == 1:
             self._start_head(stream, self.t)
