@@ -198,22 +198,29 @@ class Achievable(ConfigModel):
 
 Relative = Annotated[float, measured("seconds of skew per second of compute", 0.0, 1.0, example="0 to 1")]
 SkewSeconds = Annotated[float, measured("seconds", 0.0, 1.0, example="up to 1 s")]
+Diffusion = Annotated[float, measured("seconds^2 of arrival variance per second of compute", 0.0, 1.0,
+                                      example="0 to 1")]
 
 
 class Skew(ConfigModel):
     """How far apart ranks arrive at a collective: the standard deviation of one rank's arrival, ``sqrt(absolute^2
-    + (relative x T)^2)`` after ``T`` seconds of compute since the ranks last synchronized (a blocking wait).
+    + diffusion x T + (relative x T)^2)`` after ``T`` seconds of compute since the ranks last synchronized (a
+    blocking wait).
 
     A collective starts when its last rank arrives: a rank waits ``expected_max_normal(p) x`` that for the last of
-    ``p`` (``overlapcfg.cost.replay``). ``relative``: ranks computing at different speeds (a GPU's silicon and
-    cooling, a shared CPU's load); ``absolute``: jitter whatever the compute (the operating system, launches)."""
+    ``p`` (``overlapcfg.cost.replay``). ``relative``: ranks computing at persistently different speeds (a GPU's
+    silicon and cooling), which grows with ``T``; ``diffusion``: independent hiccups (a shared CPU's scheduler
+    handing out time slices), whose sum grows with ``sqrt(T)``; ``absolute``: jitter whatever the compute (the
+    operating system, launches)."""
 
     relative: Relative
     absolute: SkewSeconds = 0.0
+    diffusion: Diffusion = 0.0
 
     def sigma(self, seconds: float) -> float:
         """Standard deviation of a rank's arrival after ``seconds`` of compute since the last synchronization."""
-        return math.hypot(self.absolute, self.relative * max(seconds, 0.0))
+        t = max(seconds, 0.0)
+        return math.sqrt(self.absolute * self.absolute + self.diffusion * t + (self.relative * t) ** 2)
 
     def wait(self, seconds: float, ranks: int) -> float:
         """Expected seconds a rank waits for the last of ``ranks`` to arrive (0 for one rank)."""

@@ -172,8 +172,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
         dist.all_gather_object(every, mine)
         contended.append([t for t in every if t is not None])
         ticker.one("contention", 0)
-    skews = [time_skew(group_name, group, shape=chosen[0], dtype=dtype, clock=clock)
-             for group_name, group in live.items()]
+    skews = [time_skew(group_name, group, dtype=dtype, clock=clock) for group_name, group in live.items()]
     ticker("done", final=True)
 
     box: list[object] = [None]
@@ -340,7 +339,8 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
     skew = None
     for fitted_skew, _ in skews:  # several groups: the largest of each term
         skew = fitted_skew if skew is None else Skew(relative=max(skew.relative, fitted_skew.relative),
-                                                     absolute=max(skew.absolute, fitted_skew.absolute))
+                                                     absolute=max(skew.absolute, fitted_skew.absolute),
+                                                     diffusion=max(skew.diffusion, fitted_skew.diffusion))
     if rough:
         log.warning("calibrate: %s", "; ".join(rough))
     intra = fits.intra_node if fits is not None else None

@@ -109,7 +109,8 @@ def calibration_table(profile: HardwareProfile) -> Group:
         fitted = profile.skew
         table.add_row(f"skew {escape(sk.group)}", f"{sk.ranks} ranks",
                       f"{fmt_seconds(fitted.absolute) if fitted else '—'} sd",
-                      f"{100 * fitted.relative:.2f}% of compute" if fitted else "", "", _residual(sk.residual),
+                      f"{100 * fitted.relative:.2f}% of compute, {1e3 * (fitted.diffusion ** 0.5):.2g} ms/s^0.5"
+                      if fitted else "", "", _residual(sk.residual),
                       f"{len(sk.compute_seconds)} lengths")
     for k in (cal.kernels if cal else ()):
         unit = "GFLOP/s" if k.what.startswith("matmul") else "GB/s"

@@ -10,9 +10,9 @@ measures the two terms on the live group, without comparing clocks across hosts:
 2. the rank that arrived first waits longest: per trial, a rank's wait less the shortest wait of that trial is how
    much later than it the last rank arrived (the collective's own time cancels); its mean over ranks and trials is
    ``expected_max_normal(p) x sigma(T)`` (each rank averages the lateness of the last one);
-3. at a few lengths ``T`` (none, then longer and longer compute), ``TRIALS`` trials each, taken in turns so a
-   drifting load hits every length alike; ``sigma(T)^2 = absolute^2 + relative^2 T^2`` is fitted by non-negative
-   least squares on ``(1, T^2)``.
+3. at a few lengths ``T`` (none, then longer and longer compute, in units of a small matmul), ``TRIALS`` trials
+   each, taken in turns so a drifting load hits every length alike; ``sigma(T)^2 = absolute^2 + diffusion T +
+   relative^2 T^2`` is fitted by non-negative least squares on ``(1, T, T^2)``.
 
 Rank 0 fits the gathered waits; every rank must call ``time_skew`` with the same arguments.
 """
@@ -36,7 +36,7 @@ from overlapcfg.measuring.kernels import MatmulShape
 
 __all__ = ["LENGTHS", "TRIALS", "SkewTimings", "skew_fit", "time_skew"]
 
-LENGTHS = {"cpu": (0.0, 0.002, 0.008, 0.03), "gpu": (0.0, 0.0005, 0.002, 0.008)}
+LENGTHS = {"cpu": (0.0, 0.002, 0.008, 0.03, 0.1), "gpu": (0.0, 0.0005, 0.002, 0.008, 0.03)}
 """Compute between synchronizations to measure at, seconds (about; the unit's own time rounds them)."""
 TRIALS = 12
 """Trials per length."""
@@ -65,8 +65,12 @@ def _unit(shape: MatmulShape, dtype: torch.dtype, clock: Clock) -> Callable[[], 
     return unit
 
 
-def time_skew(name: str, group: dist.ProcessGroup, *, shape: MatmulShape, dtype: torch.dtype, clock: Clock,
-              trials: int = TRIALS) -> SkewTimings:
+UNIT_SHAPE: MatmulShape = (1, 128, 128, 128)
+"""The compute unit lengths are counted in: small enough that the shortest length is several of them."""
+
+
+def time_skew(name: str, group: dist.ProcessGroup, *, dtype: torch.dtype, clock: Clock, trials: int = TRIALS,
+              shape: MatmulShape = UNIT_SHAPE) -> SkewTimings:
     """Waits at a one-number all-reduce after each length of compute (see the module docstring); every rank of the
     world returns the same gathered timings."""
     unit = _unit(shape, dtype, clock)
@@ -74,9 +78,10 @@ def time_skew(name: str, group: dist.ProcessGroup, *, shape: MatmulShape, dtype:
     unit()
     clock.sync()
     start = time.perf_counter()
-    unit()
+    for _ in range(10):
+        unit()
     clock.sync()
-    one = max(time.perf_counter() - start, 1e-6)
+    one = max((time.perf_counter() - start) / 10, 1e-7)
     counts = [0 if length == 0 else max(1, round(length / one)) for length in LENGTHS["gpu" if clock.cuda else "cpu"]]
     agreed = torch.tensor(counts, dtype=torch.int64, device=clock.device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # every rank runs the same compute
@@ -111,12 +116,13 @@ def skew_fit(timings: SkewTimings) -> tuple[Skew, SkewSamples]:
     for trials in timings.waits:
         lateness = [w - min(ranks) for ranks in trials for w in ranks]
         sigmas.append(max(statistics.fmean(lateness) / factor, 1e-9))
-    design = [(1.0, t * t) for t in timings.compute]
+    design = [(1.0, t, t * t) for t in timings.compute]
     fit = fit_nonnegative(design, [s * s for s in sigmas])
-    absolute, relative = math.sqrt(fit.coefficients[0]), math.sqrt(fit.coefficients[1])
-    predicted = [math.hypot(absolute, relative * t) for t in timings.compute]
+    variance, diffusion, square = fit.coefficients
+    skew = Skew(relative=min(math.sqrt(square), 1.0), absolute=min(math.sqrt(variance), 1.0),
+                diffusion=min(diffusion, 1.0))
+    predicted = [skew.sigma(t) for t in timings.compute]
     residual = math.sqrt(statistics.fmean(((p - s) / s) ** 2 for p, s in zip(predicted, sigmas, strict=True)))
-    skew = Skew(relative=min(relative, 1.0), absolute=min(absolute, 1.0))
     return skew, SkewSamples(group=timings.group, ranks=timings.ranks, compute_seconds=timings.compute,
                              sigma_seconds=tuple(sigmas), residual=residual)
 

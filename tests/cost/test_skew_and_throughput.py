@@ -41,15 +41,16 @@ def test_a_collective_waits_for_its_last_rank_and_a_blocking_wait_resynchronizes
 def test_the_skew_fit_recovers_known_spreads() -> None:
     """Two ranks, the later one ``d`` behind: the earlier waits ``d`` longer. With ``|d|`` at its mean
     ``sigma x 2 / sqrt(pi)`` for two normals of deviation sigma, the mean lateness over both ranks is
-    ``sigma / sqrt(pi)``, so the fit reads sigma back; sigma = sqrt(a^2 + (r T)^2)."""
-    a, r = 2e-4, 0.05
-    compute = (0.0, 0.002, 0.008, 0.03)
+    ``sigma / sqrt(pi)``, so the fit reads sigma back; sigma = sqrt(a^2 + D T + (r T)^2)."""
+    a, diffusion, r = 2e-4, 1e-5, 0.05
+    compute = (0.0, 0.002, 0.008, 0.03, 0.1)
     waits = []
     for t in compute:
-        d = math.hypot(a, r * t) * 2 / math.sqrt(math.pi)
+        d = math.sqrt(a * a + diffusion * t + (r * t) ** 2) * 2 / math.sqrt(math.pi)
         waits.append(tuple((1e-5 + d, 1e-5) for _ in range(6)))  # the collective's own 10 us cancels
     fitted, samples = skew_fit(SkewTimings("world", 2, compute, tuple(waits)))
     assert fitted.absolute == pytest.approx(a, rel=1e-6) and fitted.relative == pytest.approx(r, rel=1e-6)
+    assert fitted.diffusion == pytest.approx(diffusion, rel=1e-6)
     assert samples.residual == pytest.approx(0.0, abs=1e-9)
 
 
