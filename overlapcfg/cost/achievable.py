@@ -33,16 +33,16 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, PrivateAttr
 from pydantic_core import PydanticCustomError
 
 from overlapcfg.config.base import ConfigModel, measured
 from overlapcfg.errors import show_value
 
 __all__ = ["Achievable", "AttentionPoint", "AttentionRates", "Fraction", "MatmulRate", "MatmulRates", "MemoryRate",
-           "Skew", "expected_max_normal"]
+           "Skew", "TimedMatmul", "expected_max_normal"]
 
 
 def _fraction(value: Any) -> float:
@@ -61,9 +61,20 @@ def _fraction(value: Any) -> float:
 Fraction = Annotated[float, BeforeValidator(_fraction)]
 """A share of a datasheet peak reached in practice: above 0, at most 1 (a kernel faster than the peak is a unit
 mix-up, and 0 would price every kernel at infinity)."""
-KernelSeconds = Annotated[float, measured("seconds", 0.0, 0.1, example="0 to 100 ms")]
-"""A fixed cost per kernel or per view: 0 up to 100 ms (what a host-side dispatch could possibly take)."""
+KernelSeconds = Annotated[float, measured("seconds", 0.0, 60.0, example="0 to 60 s")]
+"""A fixed cost per kernel or per view, or one kernel's time: 0 up to a minute."""
 Elements = Annotated[float, measured("elements", 0.0, 1e7, example="0 to 10 million")]
+
+
+class TimedMatmul(ConfigModel):
+    """One matmul a calibration timed on this machine, with the operand layout the step runs it in."""
+
+    shape: tuple[int, int, int, int]
+    """``(batch, m, k, n)``."""
+    layout: Literal["nn", "nt", "tn", "tt"]
+    """Whether each factor is read transposed (column-major): ``nt`` = ``a @ b`` with ``b`` a transposed view."""
+    seconds: KernelSeconds
+    """Per call, launch included."""
 
 
 class MatmulRate(ConfigModel):
@@ -85,6 +96,18 @@ class MatmulRate(ConfigModel):
     """Compute units tiles run on at once (SMs); with ``tile``, a GEMM takes ``ceil(tiles / units)`` waves."""
     launch_seconds: KernelSeconds = 0.0
     """Fixed cost per matmul kernel (launch, host dispatch)."""
+    timed: tuple[TimedMatmul, ...] = ()
+    """Kernels a calibration timed at the step's own shapes and layouts: priced as timed (a CPU's GEMM can differ
+    fourfold between layouts of one shape), the model above for every other."""
+
+    _by_shape: dict[tuple[tuple[int, int, int, int], str], float] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._by_shape = {(t.shape, t.layout): t.seconds for t in self.timed}
+
+    def timed_seconds(self, shape: tuple[int, int, int, int], layout: str) -> float | None:
+        """The timed seconds of ``shape`` in ``layout``, if calibration timed exactly that kernel."""
+        return self._by_shape.get((shape, layout))
 
     def share(self, batch: int, m: int, k: int, n: int) -> float:
         """The share of the peak a ``batch x (m x k) @ (k x n)`` product reaches."""

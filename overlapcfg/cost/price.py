@@ -23,7 +23,8 @@ from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.graph.ops import collective_kind, is_collective_start, is_compute_node, is_free, started_by
 
 __all__ = ["MATMUL_FACTORS", "REDUCTIONS", "CollectiveCost", "NodeKind", "collective_bytes", "collective_cost",
-           "compute_seconds", "is_reduction", "iter_tensors", "matmul_rate", "matmul_shape", "memory_rate",
+           "compute_seconds", "is_reduction", "iter_tensors", "matmul_layout", "matmul_rate", "matmul_shape",
+           "memory_rate",
            "node_bytes", "node_flops", "node_kind", "tensor_bytes"]
 
 NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
@@ -122,6 +123,21 @@ def matmul_shape(node: fx.Node) -> tuple[int, int, int, int] | None:
     return batch, int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
 
 
+def matmul_layout(node: fx.Node) -> str:
+    """``nn``, ``nt``, ``tn`` or ``tt``: whether each factor of a matmul node is read transposed (its last two
+    strides column-major), from the factors' fake tensors; ``nn`` where unknown."""
+    positions = MATMUL_FACTORS.get(compat.op_name(node.target)) if node.op == "call_function" else None
+    if positions is None or len(node.args) <= max(positions):
+        return "nn"
+    out = ""
+    for i in positions:
+        val = _val(node.args[i])
+        transposed = isinstance(val, torch.Tensor) and val.dim() >= 2 and val.stride(-2) == 1 and \
+            val.stride(-1) != 1 and val.shape[-2] > 1
+        out += "t" if transposed else "n"
+    return out
+
+
 def matmul_rate(hw: HardwareProfile, dtype: str, shape: tuple[int, int, int, int] | None) -> float:
     """FLOP/s a matmul of ``shape`` (``(batch, m, k, n)``; None: any other FLOP-counted kernel, at the best-shape
     rate) reaches in ``dtype`` on ``hw``: the peak times its achievable share (``overlapcfg.cost.achievable``), the
@@ -196,7 +212,12 @@ def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | Non
     if "_pre_bucket_all_gather" in str(node.target) and world_size and traced_world_size:
         nbytes = nbytes * traced_world_size // world_size
     dtype = str(as_dtype).removeprefix("torch.") if as_dtype is not None else dtype_name(node)
-    t_flops = flops / matmul_rate(hw, dtype, matmul_shape(node)) if flops else 0.0
+    shape = matmul_shape(node) if kind == "compute" else None
+    if shape is not None and rates is not None:
+        timed = rates.matmul.for_dtype(dtype).timed_seconds(shape, matmul_layout(node))
+        if timed is not None:  # calibration timed this very kernel
+            return ComputeCost(flops, nbytes, timed, "compute")
+    t_flops = flops / matmul_rate(hw, dtype, shape) if flops else 0.0
     t_mem = nbytes / memory_rate(hw, reduces)
     launch = 0.0
     if rates is not None and kernels and fixed:

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import fx
 
 from overlapcfg._version import __version__
-from overlapcfg.cost.achievable import Achievable, MatmulRate, MatmulRates, MemoryRate, Skew
+from overlapcfg.cost.achievable import Achievable, MatmulRate, MatmulRates, MemoryRate, Skew, TimedMatmul
 from overlapcfg.cost.calibration import (
     ROUGH_FIT,
     Calibration,
@@ -160,7 +160,8 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
                                   progress=ticker.size(sizes)))
     memory = _slowest(time_memory(mem_sizes, clock, progress=ticker.one), clock)
     views = _slowest([time_views(clock)], clock)[0]
-    matmuls = {dt: _slowest(time_matmuls(chosen, dt, clock, progress=ticker.one), clock) for dt in MATMUL_DTYPES}
+    matmuls = {dt: _slowest(time_matmuls(chosen, dt, clock, progress=ticker.one, layouts=mix.layouts), clock)
+               for dt in MATMUL_DTYPES}
     fits = fit_collectives(timings, measured_issue=not clock.cuda)[0] if timings else None
     contended = []
     for group_name, group in live.items():
@@ -179,8 +180,8 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     if dist.get_rank() == 0:
         try:
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
-                                                     hosts, contended, mix.memory, views, skews), clock, facts,
-                            budget_s, started)
+                                                     hosts, contended, mix.memory, views, skews, mix.layouts),
+                            clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
     dist.broadcast_object_list(box, src=0)
@@ -228,6 +229,8 @@ class _Measured:
     """Seconds a view op's dispatch takes (slowest rank)."""
     skews: Sequence[SkewTimings] = ()
     """Per group, every rank's arrival waits."""
+    layouts: Mapping[MatmulShape, str] | None = None
+    """The layout each timed shape was timed in (the step's)."""
 
 
 def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: DeviceFacts, budget_s: float,
@@ -245,7 +248,12 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
         device=clock.describe(), world_size=dist.get_world_size(), hosts=len(set(m.hosts)), base=base.name,
         budget_seconds=budget_s, seconds=time.perf_counter() - started, groups=samples,
         kernels=(mem, *mms.values()), contention=tuple(c[1] for c in contention), skew=tuple(s[1] for s in skews))
-    rates = {dt: (f[1], f[2]) for dt, f in fitted.items()}
+    timed = {dt: tuple(TimedMatmul(shape=s, layout=(m.layouts or {}).get(s, "nn"), seconds=t)
+                       for s, t in zip(m.chosen, m.matmuls[dt], strict=True) if s in m.shapes)
+             for dt in m.matmuls}
+    # validated, not model_copy: the lookup of timed kernels is built when the model is
+    rates = {dt: (MatmulRate.model_validate({**f[1].model_dump(), "timed": timed[dt]}), f[2])
+             for dt, f in fitted.items()}
     built = _profile(name, base, fits, mem, mms, contention, facts, clock, m.hosts, record, rates=rates,
                      views=m.views, skews=skews)
     return built.model_dump(mode="json", exclude_none=True)

@@ -27,7 +27,7 @@ import functools
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +35,7 @@ from torch import fx
 
 from overlapcfg.cost.achievable import MatmulRate
 from overlapcfg.cost.calibration import KernelSamples
-from overlapcfg.cost.price import matmul_shape, node_bytes, node_kind
+from overlapcfg.cost.price import matmul_layout, matmul_shape, node_bytes, node_kind
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collectives import log_sizes
@@ -77,6 +77,8 @@ class MatmulMix:
     dtype: torch.dtype | None
     memory: Counter[int] = field(default_factory=Counter)
     """Bytes read + written -> how many of the step's memory-bound kernels move that many."""
+    layouts: dict[MatmulShape, str] = field(default_factory=dict)
+    """The operand layout each shape mostly runs in (``overlapcfg.cost.price.matmul_layout``): timed that way."""
 
 
 def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
@@ -84,6 +86,7 @@ def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
     dtype, and the sizes of their memory-bound kernels (``overlapcfg.cost.price.node_kind``)."""
     shapes: Counter[MatmulShape] = Counter()
     memory: Counter[int] = Counter()
+    layouts: dict[MatmulShape, Counter[str]] = {}
     dtype = None
     for gm in graphs:
         for node in gm.graph.nodes:
@@ -93,9 +96,10 @@ def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
             if shape is None:
                 continue
             shapes[shape] += 1
+            layouts.setdefault(shape, Counter())[matmul_layout(node)] += 1
             first = node.all_input_nodes[0].meta.get("val") if node.all_input_nodes else None
             dtype = dtype or (first.dtype if isinstance(first, torch.Tensor) else None)
-    return MatmulMix(shapes, dtype, memory)
+    return MatmulMix(shapes, dtype, memory, {s: c.most_common(1)[0][0] for s, c in layouts.items()})
 
 
 def _flops(shape: MatmulShape) -> int:
@@ -116,13 +120,18 @@ def chosen_shapes(shapes: Counter[MatmulShape]) -> list[MatmulShape]:
 
 
 def time_matmuls(chosen: Sequence[MatmulShape], dtype: torch.dtype, clock: Clock, *,
-                 progress: Callable[[str, int], None] | None = None) -> list[float]:
-    """Seconds per call of each shape, back to back."""
+                 progress: Callable[[str, int], None] | None = None,
+                 layouts: Mapping[MatmulShape, str] | None = None) -> list[float]:
+    """Seconds per call of each shape, back to back, its factors laid out as the step reads them (``layouts``:
+    ``nt`` reads ``b`` transposed; default ``nn``)."""
     seconds = []
     for shape in chosen:
         batch, m, k, n = shape
-        a = torch.randn(batch, m, k, dtype=dtype, device=clock.device)
-        b = torch.randn(batch, k, n, dtype=dtype, device=clock.device)
+        layout = (layouts or {}).get(shape, "nn")
+        a = torch.randn(batch, m, k, dtype=dtype, device=clock.device) if layout[0] == "n" else \
+            torch.randn(batch, k, m, dtype=dtype, device=clock.device).transpose(1, 2)
+        b = torch.randn(batch, k, n, dtype=dtype, device=clock.device) if layout[1] == "n" else \
+            torch.randn(batch, n, k, dtype=dtype, device=clock.device).transpose(1, 2)
         op: Callable[[], object] = functools.partial(torch.bmm, a, b) if batch > 1 else \
             functools.partial(torch.mm, a[0], b[0])
         seconds.append(clock.per_call(op, min_seconds=KERNEL_SECONDS))

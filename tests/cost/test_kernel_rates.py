@@ -117,3 +117,27 @@ def test_a_reducing_kernel_runs_at_the_reduction_rate() -> None:
         "memory": {"efficiency": 0.9, "reduction_efficiency": 0.6}}})
     nbytes = (1024 * 1024 + 1024) * 4
     assert compute_seconds(node, hw).seconds == pytest.approx(nbytes / (2e12 * 0.6), rel=1e-12)
+
+
+def test_a_kernel_calibration_timed_is_priced_as_timed_in_its_own_layout() -> None:
+    """A CPU's GEMM of one shape can take 4x longer with a transposed factor: calibration times the step's shapes
+    in the step's layouts, and the model prices exactly those kernels as timed, any other by its rate model."""
+    def build(g: fx.Graph):  # type: ignore[no-untyped-def]
+        a, w = g.placeholder("a"), g.placeholder("w")
+        wt = g.call_function(torch.ops.aten.t.default, (w,))
+        g.output(g.call_function(torch.ops.aten.mm.default, (a, wt)))  # a @ w.t(): b read transposed
+        return [(a, (1024, 64)), (w, (8192, 64))]
+
+    gm = _graph(build)
+    mm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default)
+    from overlapcfg.cost.price import matmul_layout
+
+    assert matmul_layout(mm) == "nt" and matmul_shape(mm) == (1, 1024, 64, 8192)
+    timed = {"efficiency": 0.5, "timed": [{"shape": [1, 1024, 64, 8192], "layout": "nt", "seconds": 0.19}]}
+    hw = hardware_from({**BASE, "achievable": {"matmul": {"bf16": timed, "fp32": timed},
+                                               "memory": {"efficiency": 1.0}}})
+    assert compute_seconds(mm, hw).seconds == 0.19
+    other = {"efficiency": 0.5, "timed": [{"shape": [1, 1024, 64, 8192], "layout": "nn", "seconds": 0.05}]}
+    hw_nn = hardware_from({**BASE, "achievable": {"matmul": {"bf16": other, "fp32": other},
+                                                  "memory": {"efficiency": 1.0}}})
+    assert compute_seconds(mm, hw_nn).seconds == pytest.approx(2 * 1024 * 64 * 8192 / (1e14 * 0.5))
