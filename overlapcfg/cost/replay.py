@@ -28,10 +28,12 @@ quick score and the full simulation cannot drift apart.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable
+from typing import cast
 
-from overlapcfg.cost.achievable import Skew
+from overlapcfg.cost.achievable import Skew, expected_max_normal
 
 __all__ = ["NO_CONTENTION", "Memory", "Slowdown", "Streams"]
 
@@ -54,7 +56,7 @@ class Streams:
     """The clock of one step: the compute stream's time ``t``, each communication stream's queue, the collectives
     issued and not yet waited, and when each collective ran (``spans``)."""
 
-    __slots__ = ("_busy_until", "_compute_running", "_heads", "_inflight_of", "_queues", "_skew", "_slowed",
+    __slots__ = ("_busy_until", "_compute_running", "_heads", "_inflight_of", "_max_of", "_queues", "_skew", "_slowed",
                  "_slowed_in", "_synced", "_tail", "busy", "comm", "compute", "contended", "exposed", "inflight",
                  "peak_inflight", "skewed", "spans", "t")
 
@@ -94,6 +96,17 @@ class Streams:
         """When the ranks last synchronized (a blocking wait, the start of the graph)."""
         self.skewed = 0.0
         """Seconds collectives waited for their last rank to arrive (the skew), summed."""
+        self._max_of: dict[int, float] = {}
+
+    def _late(self, since: float, ranks: int) -> float:
+        """``Skew.wait(since, ranks)``, with the expected maximum of ``ranks`` normals looked up once."""
+        skew = cast(Skew, self._skew)
+        factor = self._max_of.get(ranks)
+        if factor is None:
+            factor = self._max_of[ranks] = expected_max_normal(ranks)
+        t = since if since > 0.0 else 0.0
+        rel = skew.relative * t
+        return factor * math.sqrt(skew.absolute * skew.absolute + skew.diffusion * t + rel * rel)
 
     # -- rates ---------------------------------------------------------------------------------------------
     def _rate_factor(self, r: _Running) -> float:
@@ -203,9 +216,11 @@ class Streams:
         with it, ``spans[token]`` once it has ended."""
         if issue_seconds:
             self.run(issue_seconds)
-        late = self._skew.wait(self.t - self._synced, ranks) if self._skew is not None and ranks > 1 else 0.0
-        self.skewed += late
-        arrive = self.t + late
+        arrive = self.t
+        if ranks > 1 and self._skew is not None:
+            late = self._late(self.t - self._synced, ranks)
+            self.skewed += late
+            arrive += late
         queue = self._queues.setdefault(stream, deque())
         if not queue:
             start = arrive

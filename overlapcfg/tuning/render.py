@@ -29,12 +29,15 @@ def _candidates(title: str, rows: tuple[Candidate, ...], result: TuneResult) -> 
     base = result.best_preset
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("candidate", ratio=1, min_width=16, overflow="fold")
-    for col in ("step", "MFU", "vs best\npreset", "exposed\ncomm", "peak in\nflight", "peak\nunsharded", "fits"):
+    # MFU only where the step's tokens and parameters are known (a column of dashes would only cost width).
+    with_mfu = any(result.rate(c.step_seconds).mfu is not None for c in rows)
+    for col in ("step", *(("MFU",) if with_mfu else ()), "vs best\npreset", "exposed\ncomm", "peak in\nflight",
+                "peak\nunsharded", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
     for c in rows:
         mark = "[bold green]★[/bold green] " if c is result.best or c.config == result.config else ""
-        mfu = result.rate(c.step_seconds).mfu
-        table.add_row(mark + escape(c.name), fmt_seconds(c.step_seconds), fmt_pct(mfu),
+        mfu = (fmt_pct(result.rate(c.step_seconds).mfu),) if with_mfu else ()
+        table.add_row(mark + escape(c.name), fmt_seconds(c.step_seconds), *mfu,
                       _pct(c.step_seconds, base.step_seconds) if base is not None else "—",
                       fmt_seconds(c.score.exposed_comm_seconds), fmt_bytes(c.peak_inflight_bytes),
                       fmt_bytes(c.score.peak_unsharded_param_bytes), "yes" if result.fits(c) else "[red]no[/red]")
