@@ -162,8 +162,14 @@ def main() -> None:
             summary = _summary(rows)
             after = os.getloadavg()
             _print_run(console, run, runs, steps, rows, summary, before, after)
+            parts = _breakdown(step, calibrated, costs)
+            console.print("  compute of the untransformed step by kind, measured node by node (on the timed "
+                          "steps' clock) against the calibrated model: " + ", ".join(
+                              f"{k} {v['measured'] * 1e3:.1f} vs {v['model'] * 1e3:.1f} ms ({v['nodes']} nodes)"
+                              for k, v in parts.items()))
+            (args.out.parent / f"node_costs_run{run + 1}.json").write_text(costs.to_json())
             results.append({"load_before": before, "load_after": after, "summary": summary, "rows": rows,
-                            "measurement": measured_dict})
+                            "compute_by_kind": parts, "measurement": measured_dict})
     finally:
         if neighbour is not None:
             stop_file.parent.mkdir(parents=True, exist_ok=True)
@@ -237,6 +243,35 @@ def _predictions(step: Any, configs: dict[str, dict[str, Any]], calibrated: Hard
             row[f"{key}_error"] = (row[key] - m.measured_step_s) / m.measured_step_s
         rows.append(row)
     return rows
+
+
+def _breakdown(step: Any, calibrated: HardwareProfile, costs: NodeCosts) -> dict[str, dict[str, Any]]:
+    """Per kind of node (matmul, attention, memory-bound, view), the untransformed step's measured seconds against
+    what the calibrated model prices the same nodes at: where the model is off, term by term."""
+    from overlapcfg.cost.price import matmul_shape, node_kind
+    from overlapcfg.cost.pricer import node_seconds, priced_plan
+    from overlapcfg.cost.pricing import Pricing
+
+    names = ("forward", "backward")
+    graphs = [step.graph(n) for n in names]
+    plan, _ = priced_plan(graphs, names, calibrated, Pricing(fusion="eager"), world_size=step.world_size,
+                          traced_world_size=step.world_size, as_dtype=None)
+    out: dict[str, dict[str, Any]] = {}
+    for gi, (name, gm) in enumerate(zip(names, graphs, strict=True)):
+        for node in gm.graph.nodes:
+            measured = costs.seconds(name, node) if node.op == "call_function" else None
+            if measured is None:
+                continue
+            model = node_seconds(node, name, calibrated, None, world_size=step.world_size,
+                                 traced_world_size=step.world_size, as_dtype=None, plan=plan, graph_index=gi)
+            kind = node_kind(node)
+            part = "attention" if model.part == "attention" else "matmul" if matmul_shape(node) else \
+                "other compute" if kind == "compute" else "memory" if kind == "memory" else "view"
+            slot = out.setdefault(part, {"measured": 0.0, "model": 0.0, "nodes": 0})
+            slot["measured"] += measured
+            slot["model"] += model.seconds
+            slot["nodes"] += 1
+    return out
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

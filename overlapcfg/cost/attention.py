@@ -36,9 +36,10 @@ import torch
 from torch import fx
 
 from overlapcfg.cost.hardware import HardwareProfile
-from overlapcfg.cost.price import node_kind
+from overlapcfg.cost.price import matmul_rate, memory_rate, node_flops, node_kind
 
-__all__ = ["EMPTY", "AttentionPlan", "AttentionRole", "FusedAttention", "attention_plan", "fused_seconds"]
+__all__ = ["EMPTY", "AttentionPlan", "AttentionRole", "FusedAttention", "attention_plan", "fused_seconds",
+           "kept_attention"]
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _MATMULS = (torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default)
@@ -49,9 +50,19 @@ class FusedAttention:
     """One call's fused kernel in one direction: what the region's carrier node is charged."""
 
     flops: int
+    """As torch's FLOP counter counts them: the full (non-causal) products."""
     elements: int
     """Elements read and written (bytes = elements x the element size of ``dtype``, or of the costed dtype)."""
     dtype: torch.dtype
+    seq_len: int = 0
+    """Query length (the rate's lookup: ``overlapcfg.cost.achievable.AttentionRates``)."""
+    head_dim: int = 0
+    causal: bool = False
+    """Masked by a mask built from constants (the causal mask trainers build): a fused kernel skips the masked half,
+    so it does half the FLOPs."""
+    backward: bool = False
+    backend: str | None = None
+    """The backend the graph already chose (a fused kernel in a CUDA trace); None: the prediction's."""
 
 
 AttentionRole: TypeAlias = "FusedAttention | Literal['folded', 'kept']"
@@ -115,9 +126,9 @@ def _shape(node: fx.Node, i: int) -> tuple[int, ...] | None:
     return tuple(int(d) for d in val.shape) if isinstance(val, torch.Tensor) else None
 
 
-def _fused(call: Sequence[fx.Node]) -> tuple[FusedAttention, FusedAttention] | None:
+def _fused(call: Sequence[fx.Node], causal: bool = False) -> tuple[FusedAttention, FusedAttention] | None:
     """The forward and backward fused kernels of one decomposed call (two matmuls: ``q k^T`` then ``p v``), or
-    None where the decomposition is not that."""
+    None where the decomposition is not that; ``causal``: the call reads a mask built from constants."""
     mms = [n for n in call if n.target in _MATMULS]
     if len(mms) != 2:
         return None
@@ -137,7 +148,9 @@ def _fused(call: Sequence[fx.Node]) -> tuple[FusedAttention, FusedAttention] | N
     dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
     flops = 2 * batch * sq * sk * (d + dv)
     q, k, v, o = batch * sq * d, batch * sk * d, batch * sk * dv, batch * sq * dv
-    return FusedAttention(flops, q + k + v + o, dtype), FusedAttention(2 * flops, 2 * (q + k + v) + 2 * o, dtype)
+    facts = {"dtype": dtype, "seq_len": sq, "head_dim": d, "causal": causal}
+    return (FusedAttention(flops, q + k + v + o, **facts),  # type: ignore[arg-type]
+            FusedAttention(2 * flops, 2 * (q + k + v) + 2 * o, backward=True, **facts))  # type: ignore[arg-type]
 
 
 def attention_plan(graphs: Sequence[fx.GraphModule]) -> AttentionPlan:
@@ -162,7 +175,8 @@ def attention_plan(graphs: Sequence[fx.GraphModule]) -> AttentionPlan:
             table[n] = "folded"
         for call in _components([n for n in nodes if n not in constant], region - constant):
             calls += 1
-            fused = _fused(call)
+            masked = any(i in constant for n in call for i in n.all_input_nodes)
+            fused = _fused(call, masked)
             if fused is None and not any(n.target in _MATMULS for n in call):  # a fused kernel already
                 for n in call:
                     table[n] = "kept"
@@ -197,11 +211,49 @@ def attention_plan(graphs: Sequence[fx.GraphModule]) -> AttentionPlan:
     return AttentionPlan(tuple(tables), calls)
 
 
-def fused_seconds(fused: FusedAttention, hw: HardwareProfile, as_dtype: torch.dtype | None) -> tuple[float, str, int]:
-    """``(seconds, bound, bytes)`` of a fused kernel by the roofline: its FLOPs at the matmul rate of its dtype
-    (or ``as_dtype``), its elements at the memory bandwidth."""
+def fused_seconds(fused: FusedAttention, hw: HardwareProfile, as_dtype: torch.dtype | None,
+                  backend: str | None = None) -> tuple[float, str, int]:
+    """``(seconds, bound, bytes)`` of a fused kernel: its FLOPs (half of them for a causal call) at the profile's
+    achievable attention rate for ``backend`` (``overlapcfg.cost.achievable.AttentionRates``; default the
+    profile's), else at the matmul rate of its dtype (or ``as_dtype``), against its elements at the memory
+    bandwidth, whichever is longer, plus a launch."""
     dtype = as_dtype if as_dtype is not None else fused.dtype
     nbytes = fused.elements * dtype.itemsize
-    t_flops = fused.flops / hw.flops_for(str(dtype).removeprefix("torch."))
-    t_mem = nbytes / (hw.mem_bandwidth * hw.compute_efficiency)
-    return max(t_flops, t_mem), "compute" if t_flops >= t_mem else "memory", nbytes
+    name = str(dtype).removeprefix("torch.")
+    rates = hw.achievable.attention if hw.achievable is not None else None
+    launch = 0.0
+    if rates is not None:
+        chosen = fused.backend if fused.backend in rates.backends else (backend or rates.backend)
+        share = rates.share(chosen, fused.seq_len, fused.head_dim, backward=fused.backward, causal=fused.causal)
+        work = fused.flops / 2 if fused.causal else fused.flops
+        if fused.backward:
+            work *= 1.25  # the fused backward recomputes the scores: five matmuls to the counter's four
+        t_flops = work / (hw.flops_for(name) * share)
+        launch = rates.launch_seconds * (2 if fused.backward else 1)  # the backward's preprocessing kernel
+    else:
+        t_flops = fused.flops / matmul_rate(hw, name, None)
+    t_mem = nbytes / memory_rate(hw)
+    return launch + max(t_flops, t_mem), "compute" if t_flops >= t_mem else "memory", nbytes
+
+
+_CAUSAL_ARGUMENT = "is_causal"
+
+
+def kept_attention(node: fx.Node) -> FusedAttention | None:
+    """A fused SDPA kernel already in the graph (``_scaled_dot_product_flash_attention``, its CPU and memory-
+    efficient and cuDNN siblings, and their backwards) as ``FusedAttention``: its FLOPs by torch's counter, its
+    query length and head dimension from its first argument (``batch x heads x seq x head_dim``), ``is_causal``
+    read by name from the op's schema; None for anything else."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or "scaled_dot_product" not in schema.name:
+        return None
+    names = [a.name for a in schema.arguments]
+    q = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], fx.Node) else None
+    if _CAUSAL_ARGUMENT not in names or not isinstance(q, torch.Tensor) or q.dim() != 4:
+        return None
+    i = names.index(_CAUSAL_ARGUMENT)
+    causal = node.args[i] if len(node.args) > i else node.kwargs.get(_CAUSAL_ARGUMENT, False)
+    flops = node_flops(node)
+    backend = next((b for b in ("cudnn", "efficient", "flash") if b in schema.name), None)
+    return FusedAttention(flops, 0, q.dtype, seq_len=int(q.shape[2]), head_dim=int(q.shape[3]),
+                          causal=bool(causal), backward="backward" in schema.name, backend=backend)

@@ -19,10 +19,14 @@ from overlapcfg.config.base import ConfigModel, measured
 from overlapcfg.kinds import BucketKind
 
 __all__ = ["ROUGH_FIT", "Calibration", "CollectiveFit", "CollectiveFits", "Contention",
-           "ContentionSamples", "GroupSamples", "KernelSamples", "KindSamples", "LinkContention", "LinkFits"]
+           "ContentionSamples", "GroupSamples", "KernelSamples", "KindSamples", "LinkContention", "LinkFits",
+           "SkewSamples"]
 
 Seconds = Annotated[float, measured("seconds", 0.0, 1.0, example="up to 1 s")]
 """A fitted per-collective constant: 0 up to a second."""
+Latency = Annotated[float, measured("seconds", 1e-9, 1.0, example="1 ns to 1 s")]
+"""A ring step's latency: above 0 (a collective free of latency is a fit that could not resolve it, or a typo)
+and below a second."""
 BusBandwidth = Annotated[float, measured("bytes/s", 1e6, 1e15, example="1 MB/s to 1 PB/s")]
 """A fitted bandwidth: what no link reaches (or a fit whose slope vanished) is refused, not priced."""
 IssueBandwidth = Annotated[float, measured("bytes/s", 1e6, 1e18, example="1 MB/s to 1 EB/s")]
@@ -41,14 +45,21 @@ be off the model's own kernels by as much."""
 
 
 class CollectiveFit(ConfigModel):
-    """One collective kind on one kind of link, fitted from timings."""
+    """One collective kind on one kind of link: fitted from timings (``overlapcfg.calibrate``), or the achievable
+    rates a shipped profile publishes (nccl-tests bus bandwidths, each sourced in the file)."""
 
-    latency: Seconds
+    latency: Latency
     """Seconds per ring step (the alpha): ``(p - 1)`` of them per all-gather or reduce-scatter, ``2 (p - 1)`` per
     all-reduce."""
     bandwidth: BusBandwidth
     """Bus bandwidth per direction (bytes/s): the ring moves ``(p - 1) / p`` of the full size at it (all-reduce:
-    twice that)."""
+    twice that). Across nodes: per NIC (a ring spanning whole nodes drives ``nics_per_node`` of them at once)."""
+    tree: bool = False
+    """All-reduce: NCCL may run a tree instead of the ring (``2 ceil(log2 p)`` latencies, the same bytes); the
+    faster of the two is priced."""
+    nvls_bandwidth: BusBandwidth | None = None
+    """All-reduce inside a node: NVLink SHARP's algorithm bandwidth (the switch reduces; ``bytes / it``), where the
+    fabric has it; null: none."""
     issue_latency: Seconds = 0.0
     """Seconds the calling (compute) thread spends issuing one, before it runs on its own stream or thread."""
     issue_bandwidth: IssueBandwidth | None = None
@@ -113,6 +124,19 @@ class ContentionSamples(ConfigModel):
     """Per run: issue to the wait returning."""
     residual: float
     """RMS relative error of the fitted slowdowns at these runs (compute and total times)."""
+
+
+class SkewSamples(ConfigModel):
+    """How far apart the ranks of one group arrived after each length of compute (``overlapcfg.measuring.skew``)."""
+
+    group: str
+    ranks: int
+    compute_seconds: tuple[float, ...]
+    """The compute run before the collective, per length (median, slowest rank)."""
+    sigma_seconds: tuple[float, ...]
+    """Standard deviation of a rank's arrival per length, from the mean lateness of the last rank."""
+    residual: float
+    """RMS relative error of the fitted ``Skew`` at these lengths."""
 
 
 class KindSamples(ConfigModel):
@@ -183,6 +207,8 @@ class Calibration(ConfigModel):
     kernels: tuple[KernelSamples, ...] = ()
     contention: tuple[ContentionSamples, ...] = ()
     """The overlapped runs behind ``HardwareProfile.contention``, per group."""
+    skew: tuple[SkewSamples, ...] = ()
+    """The arrival timings behind ``HardwareProfile.skew``, per group."""
     rough_fits: tuple[str, ...] = ()
     """Fits far from their own timings (residual above the calibration's threshold), or figures above the device's
     datasheet: ``matmul bfloat16 1657%``. Predictions on this profile inherit them (``mode=measure`` says so)."""

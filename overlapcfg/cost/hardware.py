@@ -23,13 +23,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from omegaconf import DictConfig
-from pydantic import Field
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from overlapcfg.config.base import ConfigModel, measured
 from overlapcfg.config.load import config_data, validate_config
 from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.config.safe_yaml import dump_yaml
 from overlapcfg.config.yaml_files import check_path
+from overlapcfg.cost.achievable import Achievable, Fraction, Skew
 from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFits, Contention, LinkContention
 from overlapcfg.errors import OverlapConfigError, OverlapUsageError, closest_first, natural_key
 from overlapcfg.files import write_atomic
@@ -47,8 +49,8 @@ FlopRate = Annotated[float, measured("FLOP/s", 1e6, 1e18, example="1 MFLOP/s to 
 """Peak compute of one device: far below a single CPU core, or above any accelerator, is a typo or a unit mix-up."""
 ByteRate = Annotated[float, measured("bytes/s", 1e6, 1e15, example="1 MB/s to 1 PB/s")]
 """A memory or link bandwidth of one device, per direction."""
-Latency = Annotated[float, measured("seconds", 0.0, 1.0, example="up to 1 s")]
-"""Per-step latency of a ring: 0 (none modelled) up to a second."""
+Latency = Annotated[float, measured("seconds", 1e-9, 1.0, example="1 ns to 1 s")]
+"""Per-step latency of a ring: above 0 (no link answers in no time) up to a second."""
 
 
 class PeakFlops(ConfigModel):
@@ -85,11 +87,20 @@ class HardwareProfile(ConfigModel):
     """Per-hop latency of a ring step (seconds): the alpha of the alpha-beta model, paid (p - 1) times."""
     gpus_per_node: int = Field(ge=1)
     """Devices per node: groups of at most this many ranks use ``intra_node_bandwidth``."""
-    compute_efficiency: float = Field(1.0, gt=0, le=1)
-    """Fraction of peak FLOP/s and memory bandwidth kernels reach; 1.0 is the pure roofline (optimistic)."""
-    comm_efficiency: float = Field(1.0, gt=0, le=1)
-    """Fraction of link bandwidth collectives reach (bus bandwidth / link bandwidth); 1.0 is optimistic. Not
-    applied to measured ``collectives`` fits (they are what was reached)."""
+    nics_per_node: int = Field(1, ge=1)
+    """Network cards per node (rails): a ring spanning whole nodes runs a channel through each at once, so its
+    inter-node bus bandwidth is ``inter_node_bandwidth`` (per NIC) times the NICs its ranks drive."""
+    compute_efficiency: Fraction = 1.0
+    """A further factor on every kernel's rate (after ``achievable``); 1.0: none."""
+    comm_efficiency: Fraction = 1.0
+    """Fraction of link bandwidth collectives reach where the profile has no ``collectives`` rate for the kind and
+    link (bus bandwidth / link bandwidth); 1.0 is optimistic."""
+    achievable: Achievable | None = None
+    """What kernels reach of the peaks above, by kind and shape (``overlapcfg.cost.achievable``); null: the peaks
+    themselves (the pure roofline, an optimistic bound)."""
+    skew: Skew | None = None
+    """How far apart ranks arrive at a collective (calibrated by ``overlapcfg.calibrate``; a default in the shipped
+    profiles); null: they arrive together."""
     contention: LinkContention | None = None
     """Measured slowdowns of compute and communication while they overlap (``overlapcfg.calibrate``), per kind of
     link; null: none (each runs as if alone, the datasheet profiles' optimistic assumption)."""
@@ -99,11 +110,40 @@ class HardwareProfile(ConfigModel):
     calibration: Calibration | None = None
     """Provenance of a calibrated profile: date, torch version, backend, world size, sizes, residuals."""
 
+    @model_validator(mode="after")
+    def _physical(self) -> HardwareProfile:
+        """A collective rate above the link it runs on is a typo or a unit mix-up (an algorithm bandwidth through
+        NVLink SHARP included): refused, naming the field."""
+        for link, physical, field in ((self.collectives and self.collectives.intra_node, self.intra_node_bandwidth,
+                                       "intra_node"),
+                                      (self.collectives and self.collectives.inter_node, self.inter_node_bandwidth,
+                                       "inter_node")):
+            if link is None:
+                continue
+            for kind in type(link).model_fields:
+                fit = getattr(link, kind)
+                if fit is None:
+                    continue
+                for name in ("bandwidth", "nvls_bandwidth"):
+                    value = getattr(fit, name)
+                    if value is not None and value > physical * (1 + 1e-9):
+                        raise PydanticCustomError(
+                            "above_link", "collectives.{field}.{kind}.{name}: {value} bytes/s is above the physical "
+                            "link, {field}_bandwidth {physical} bytes/s",
+                            {"field": field, "kind": kind, "name": name, "value": f"{value:.4g}",
+                             "physical": f"{physical:.4g}"})
+        return self
+
     def flops_for(self, dtype_name: str) -> float:
         """Peak FLOP/s for ``bfloat16``/``float16``/``bf16`` (tensor cores) or anything else (fp32)."""
         if dtype_name in ("bfloat16", "float16", "bf16", "fp16"):
             return self.peak_flops.bf16 * self.compute_efficiency
         return self.peak_flops.fp32 * self.compute_efficiency
+
+    def dense_peak(self, dtype_name: str) -> float:
+        """The datasheet's dense peak for ``dtype_name``, the denominator of MFU (no efficiency applied)."""
+        return self.peak_flops.bf16 if dtype_name in ("bfloat16", "float16", "bf16", "fp16") else \
+            self.peak_flops.fp32
 
     def contention_for(self, inter_node: bool) -> Contention | None:
         """The measured contention of a collective on that kind of link, if calibration made one."""

@@ -6,9 +6,9 @@ timelines, never in JSON). Made by ``overlapcfg.cost.simulator``; drawn by ``ove
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from overlapcfg.resolve.resolved import RecordModel
 
@@ -45,18 +45,20 @@ class CostSource(RecordModel):
     """``compute``: kernels and views on the compute stream; ``issue``: the compute stream issuing collectives;
     ``collectives``: collectives on their own streams; ``contention``: compute time lost to collectives in flight
     (the profile's measured slowdowns; ``nodes`` counts one)."""
-    source: Literal["measured", "roofline", "fitted", "datasheet"]
-    """``measured``: per-node durations from a profile of the same graph (``NodeCosts``); ``roofline``: FLOPs and
-    bytes over the profile's peaks; ``fitted``: the profile's calibrated collective fits; ``datasheet``: its ring
-    model numbers."""
+    source: Literal["measured", "roofline", "achievable", "fitted", "datasheet"]
+    """``measured``: per-node durations from a profile of the same graph (``NodeCosts``); ``achievable``: FLOPs and
+    bytes at the profile's achievable rates (``HardwareProfile.achievable``); ``roofline``: over its bare peaks
+    (a profile without achievable rates); ``fitted``: the profile's collective rates (calibrated, or the published
+    achievable ones it ships); ``datasheet``: its ring model on the nominal links."""
     nodes: int
     seconds: float
 
 
-ComputePart = Literal["matmul", "attention", "memory", "other"]
+ComputePart = Literal["matmul", "attention", "memory", "optimizer", "other"]
 """What compute-stream time goes to: FLOP-counted kernels (matmuls, convolutions) outside attention; attention
 (each SDPA call as the fused kernel trainers run, ``overlapcfg.cost.attention``); memory-bound kernels
-(elementwise, norms, the copies bucketing adds); other (issuing collectives, views a measurement timed)."""
+(elementwise, norms, the copies bucketing adds); the optimizer step and gradient clipping priced after the
+backward (``Pricing.optimizer``); other (issuing collectives, views a measurement timed)."""
 
 
 class ComputeShare(RecordModel):
@@ -104,6 +106,31 @@ class Simulation(RecordModel):
     """``compute_seconds`` broken into matmul, attention, memory-bound and other (``ComputePart``)."""
     attention_calls: int = 0
     """Attention calls costed as fused kernels (forward; their backward too)."""
+    skew_seconds: float = 0.0
+    """Seconds collectives waited for their last rank (the profile's ``skew``), summed over collectives; what of it
+    the compute stream waited is in ``exposed_comm_seconds``."""
+    tokens_per_step: int | None = None
+    """Tokens one rank processes per step (``overlapcfg.cost.throughput``); None: unknown (``throughput_note``)."""
+    model_params: int | None = None
+    """The model's parameters as this rank computes with them (MFU's ``N``)."""
+    graph_flops: float = 0.0
+    """FLOPs of the step's kernels by torch's counter (fused attention, recompute included)."""
+    peak_flops: float = 0.0
+    """The device's dense datasheet peak for the costed dtype: MFU's denominator."""
+    tokens_per_second: float | None = None
+    """Tokens per second per GPU."""
+    mfu: float | None = None
+    """``6 x model_params x tokens_per_step / (step_seconds x peak_flops)``."""
+    graph_mfu: float | None = None
+    """``graph_flops / (step_seconds x peak_flops)``: the hardware's utilization by the graph's own count."""
+    pricing: dict[str, Any] = Field(default_factory=dict)
+    """The ``overlapcfg.cost.pricing.Pricing`` the prediction assumed (``fusion`` resolved)."""
+    recompute: str = ""
+    """Which activation checkpointing it priced, and what it recomputes."""
+    optimizer: str = "none"
+    """The optimizer step and clipping it priced after the backward."""
+    throughput_note: str = ""
+    """Why tokens or parameters are unknown, where they are."""
 
     _events: tuple[Event, ...] = PrivateAttr(())
 

@@ -8,6 +8,8 @@ unsharded size whatever the trace's world size, and each rank's shard is that ov
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -20,7 +22,9 @@ from overlapcfg.cost.calibration import Contention
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.graph.ops import collective_kind, is_collective_start, is_compute_node, is_free, started_by
 
-__all__ = ["CollectiveCost", "NodeKind", "collective_bytes", "collective_cost", "compute_seconds", "iter_tensors",
+__all__ = ["MATMUL_FACTORS", "REDUCTIONS", "CollectiveCost", "NodeKind", "collective_bytes", "collective_cost",
+           "compute_seconds", "is_reduction", "iter_tensors", "matmul_layout", "matmul_rate", "matmul_shape",
+           "memory_rate",
            "node_bytes", "node_flops", "node_kind", "tensor_bytes"]
 
 NodeKind: TypeAlias = Literal["free", "compute", "memory", "collective", "wait", "io"]
@@ -100,28 +104,126 @@ class ComputeCost:
     bound: Literal["compute", "memory", "free"]
 
 
-def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | None = None,
-                    traced_world_size: int | None = None, as_dtype: torch.dtype | None = None) -> ComputeCost:
-    """Roofline time of one kernel: max(FLOPs / peak(dtype), bytes / memory bandwidth).
+MATMUL_FACTORS = {"aten.mm": (0, 1), "aten.addmm": (1, 2), "aten.bmm": (0, 1), "aten.baddbmm": (1, 2)}
+"""Matmul ops and the argument positions of their two factors (their shapes give the GEMM's ``m x k x n``)."""
 
-    No per-kernel constant: merging buckets must only add bytes (the tuner's quick model sums its units' copies),
-    and a calibrated profile's rates already fold the overhead in at the model's sizes; measured node durations
-    (``overlapcfg.cost.node_costs``) are the way to price small kernels exactly.
+
+def matmul_shape(node: fx.Node) -> tuple[int, int, int, int] | None:
+    """``(batch, m, k, n)`` of a matmul node (``mm``, ``addmm``, ``bmm``, ``baddbmm``), from its factors' fake
+    tensors; None for anything else."""
+    if node.op != "call_function":
+        return None
+    positions = MATMUL_FACTORS.get(compat.op_name(node.target))
+    if positions is None or len(node.args) <= max(positions):
+        return None
+    a, b = (_val(node.args[i]) for i in positions)
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() < 2 or b.dim() < 2:
+        return None
+    batch = int(a.shape[0]) if a.dim() == 3 else 1
+    return batch, int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
+
+
+def matmul_layout(node: fx.Node) -> str:
+    """``nn``, ``nt``, ``tn`` or ``tt``: whether each factor of a matmul node is read transposed (its last two
+    strides column-major), from the factors' fake tensors; ``nn`` where unknown."""
+    positions = MATMUL_FACTORS.get(compat.op_name(node.target)) if node.op == "call_function" else None
+    if positions is None or len(node.args) <= max(positions):
+        return "nn"
+    out = ""
+    for i in positions:
+        val = _val(node.args[i])
+        transposed = isinstance(val, torch.Tensor) and val.dim() >= 2 and val.stride(-2) == 1 and \
+            val.stride(-1) != 1 and val.shape[-2] > 1
+        out += "t" if transposed else "n"
+    return out
+
+
+def matmul_rate(hw: HardwareProfile, dtype: str, shape: tuple[int, int, int, int] | None) -> float:
+    """FLOP/s a matmul of ``shape`` (``(batch, m, k, n)``; None: any other FLOP-counted kernel, at the best-shape
+    rate) reaches in ``dtype`` on ``hw``: the peak times its achievable share (``overlapcfg.cost.achievable``), the
+    bare peak on a profile without achievable rates."""
+    peak = hw.flops_for(dtype)
+    if hw.achievable is None:
+        return peak
+    rate = hw.achievable.matmul.for_dtype(dtype)
+    share = rate.share(*shape) if shape is not None else rate.efficiency * rate.sustained
+    return peak * share
+
+
+REDUCTIONS = frozenset({
+    "aten.sum", "aten.mean", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.var", "aten.var_mean",
+    "aten.std", "aten.norm", "aten.linalg_vector_norm", "aten.logsumexp", "aten.prod", "aten.cumsum",
+    "aten._softmax", "aten._log_softmax", "aten._safe_softmax", "aten._softmax_backward_data",
+    "aten._log_softmax_backward_data", "aten.native_layer_norm", "aten.native_layer_norm_backward",
+    "aten._fused_rms_norm", "aten._fused_rms_norm_backward", "aten.native_batch_norm",
+    "aten.native_batch_norm_backward", "aten.nll_loss_forward", "aten.nll_loss_backward",
+    "aten.embedding_dense_backward"})
+"""Ops that reduce over a dimension (``MemoryRate.reduction_efficiency`` prices their kernels)."""
+
+
+def is_reduction(node: fx.Node) -> bool:
+    return node.op == "call_function" and compat.op_name(node.target) in REDUCTIONS
+
+
+def memory_rate(hw: HardwareProfile, reduction: bool = False) -> float:
+    """Bytes/s a bandwidth-bound kernel moves on ``hw``: the achievable share of the memory bandwidth (a reducing
+    kernel's where the profile has one)."""
+    rates = hw.achievable.memory if hw.achievable is not None else None
+    share = 1.0 if rates is None else \
+        (rates.reduction_efficiency or rates.efficiency) if reduction else rates.efficiency
+    return hw.mem_bandwidth * hw.compute_efficiency * share
+
+
+def compute_seconds(node: fx.Node, hw: HardwareProfile, *, world_size: int | None = None,
+                    traced_world_size: int | None = None, as_dtype: torch.dtype | None = None,
+                    fused: tuple[int, int, bool] | None = None, eager: bool = False,
+                    fixed: bool = True) -> ComputeCost:
+    """One kernel's time: ``launch + max(FLOPs / achievable rate, bytes / achievable bandwidth)``.
+
+    The rates are the profile's achievable ones (``overlapcfg.cost.achievable``: a matmul's by its shape and
+    dtype; a memory-bound kernel's share of the bandwidth), the bare peaks without them (the pure roofline).
+    ``fused``: ``(bytes, kernels, reduces)`` a fusion plan gives this memory-bound node (``overlapcfg.cost.fusion``:
+    what it reads from outside its fused group and writes out of it, whether it ends a kernel, whether the group
+    reduces), instead of its own inputs and outputs as one kernel. ``eager``: views are dispatched one by one on the
+    host (``MemoryRate.view_seconds`` each), as an eager graph module runs them.
+
+    ``fixed``: charge the per-kernel and per-view costs. Nodes of a collective's chain (the copies into and out of a
+    bucket buffer and their views, ``overlapcfg.cost.fusion.chain_nodes``) are priced by their bytes alone: merging
+    buckets must only add bytes, the rule the tuner's quick model sums its units' chains by, and a bucketing changes
+    how many such nodes there are.
 
     A bucket's copy-in (``_pre_bucket_all_gather``) reads shards; its bytes are rescaled from the traced world
     size to ``world_size``. Other shard-sized kernels are costed as traced (they are small either way).
     """
     kind = node_kind(node)
-    if kind in ("free", "io", "wait", "collective"):
+    rates = hw.achievable
+    if kind == "free":
+        if fixed and eager and rates is not None and rates.memory.view_seconds and node.target is not operator.getitem:
+            return ComputeCost(0, 0, rates.memory.view_seconds, "memory")
+        return ComputeCost(0, 0, 0.0, "free")
+    if kind in ("io", "wait", "collective"):
         return ComputeCost(0, 0, 0.0, "free")
     flops = node_flops(node) if kind == "compute" else 0
-    nbytes = node_bytes(node, as_dtype)
+    kernels = 1
+    if fused is not None and kind == "memory":
+        nbytes, kernels, reduces = fused
+    else:
+        nbytes, reduces = node_bytes(node, as_dtype), is_reduction(node)
     if "_pre_bucket_all_gather" in str(node.target) and world_size and traced_world_size:
         nbytes = nbytes * traced_world_size // world_size
     dtype = str(as_dtype).removeprefix("torch.") if as_dtype is not None else dtype_name(node)
-    t_flops = flops / hw.flops_for(dtype)
-    t_mem = nbytes / (hw.mem_bandwidth * hw.compute_efficiency)
-    return ComputeCost(flops, nbytes, max(t_flops, t_mem), "compute" if t_flops >= t_mem else "memory")
+    shape = matmul_shape(node) if kind == "compute" else None
+    if shape is not None and rates is not None:
+        timed = rates.matmul.for_dtype(dtype).timed_seconds(shape, matmul_layout(node))
+        if timed is not None:  # calibration timed this very kernel
+            return ComputeCost(flops, nbytes, timed, "compute")
+    t_flops = flops / matmul_rate(hw, dtype, shape) if flops else 0.0
+    t_mem = nbytes / memory_rate(hw, reduces)
+    launch = 0.0
+    if rates is not None and kernels and fixed:
+        launch = kernels * (rates.matmul.for_dtype(dtype).launch_seconds if kind == "compute"
+                            else rates.memory.launch_seconds)
+    return ComputeCost(flops, nbytes, launch + max(t_flops, t_mem), "compute" if t_flops >= t_mem else "memory")
 
 
 def collective_bytes(node: fx.Node, as_dtype: torch.dtype | None = None) -> int:
@@ -147,19 +249,26 @@ class CollectiveCost:
 
 
 def collective_cost(kind: str, nbytes: int, hw: HardwareProfile, world_size: int, *,
-                    inter_node: bool | None = None) -> CollectiveCost:
+                    inter_node: bool | None = None, ranks_per_node: int | None = None) -> CollectiveCost:
     """A collective of ``kind`` moving the full-size ``nbytes`` over ``world_size`` ranks (the group's), with the
-    profile's fit for the kind and link looked up once.
+    profile's rates for the kind and link looked up once.
 
-    Ring alpha-beta model. all-gather / reduce-scatter: ``(p-1)/p * bytes / bw + (p-1) * latency``; all-reduce
-    (reduce-scatter then all-gather) twice that. ``bw`` is per direction: ``inter_node`` says whether the ring
-    crosses nodes (an HSDP replicate group of 8 ranks strided over 8 nodes does; a shard group of the same size
-    inside one node does not); None decides by size alone (intra-node while ``p <= gpus_per_node``).
-    A calibrated profile's measured fit for the kind and link (``HardwareProfile.collectives``) replaces the
-    datasheet latency and bandwidth in the same formula (``source`` "fitted"), and gives the issue time the
-    compute stream pays before the collective starts on its own: ``issue_latency + bytes / issue_bandwidth``
-    (gloo does part of a reduce-scatter on the caller); without a fit issuing is free. The link's measured
-    contention, if any, gives ``slowdown`` (``_slowdown``).
+    Ring alpha-beta model, in nccl-tests' bus-bandwidth terms. all-gather / reduce-scatter:
+    ``(p-1) * latency + (p-1)/p * bytes / bus_bandwidth``; all-reduce (reduce-scatter then all-gather) twice that,
+    or, where the profile's all-reduce rate says NCCL has them, a tree (``2 ceil(log2 p)`` latencies for the same
+    bytes) or NVLink SHARP inside a node (``latency + bytes / nvls_bandwidth``), whichever is fastest.
+    ``inter_node`` says whether the ring crosses nodes (an HSDP replicate group of 8 ranks strided over 8 nodes does;
+    a shard group of the same size inside one node does not); None decides by size alone (intra-node while
+    ``p <= gpus_per_node``). A ring across nodes runs one channel per NIC in parallel: its bus bandwidth is the
+    inter-node rate (per NIC) times the NICs its node's ranks drive (``ranks_per_node``, at most
+    ``nics_per_node``; default: whole nodes for a group larger than a node, one rank per node for a smaller one
+    placed across nodes), and never more than the intra-node rate its data also crosses.
+
+    The rates: the profile's ``collectives`` for the kind and link (calibrated, or published achievable ones:
+    ``source`` "fitted"), else its datasheet links times ``comm_efficiency`` and ``latency`` (``source``
+    "datasheet"). A fit gives the issue time the compute stream pays before the collective starts on its own:
+    ``issue_latency + bytes / issue_bandwidth`` (gloo does part of a reduce-scatter on the caller); without a fit
+    issuing is free. The link's measured contention, if any, gives ``slowdown`` (``_slowdown``).
     """
     p = world_size
     crosses = p > hw.gpus_per_node if inter_node is None else inter_node
@@ -173,10 +282,23 @@ def collective_cost(kind: str, nbytes: int, hw: HardwareProfile, world_size: int
     else:
         bw = (hw.inter_node_bandwidth if crosses else hw.intra_node_bandwidth) * hw.comm_efficiency
         latency, issue = hw.latency, 0.0
-    one = (p - 1) / p * nbytes / bw + (p - 1) * latency
-    seconds = 2 * one if kind in ("all_reduce", "other") else one
-    return CollectiveCost(seconds, issue, source, _slowdown(hw.contention_for(crosses), seconds,
-                                                            _ring_steps(kind, p) * latency))
+    if crosses:
+        per_node = ranks_per_node if ranks_per_node is not None else \
+            (hw.gpus_per_node if p > hw.gpus_per_node else 1)
+        inside = hw.collective_fit(kind, False)
+        ceiling = inside.bandwidth if inside is not None else hw.intra_node_bandwidth * hw.comm_efficiency
+        bw = min(bw * max(1, min(per_node, hw.nics_per_node)), max(ceiling, bw))
+    steps, volume = _ring_steps(kind, p), (p - 1) / p * nbytes * (2 if kind in ("all_reduce", "other") else 1)
+    seconds = steps * latency + volume / bw
+    moving = volume / bw
+    if kind == "all_reduce" and fit is not None:
+        if fit.tree:
+            tree = 2 * math.ceil(math.log2(p)) * latency + volume / bw
+            if tree < seconds:
+                seconds, steps = tree, 2 * math.ceil(math.log2(p))
+        if fit.nvls_bandwidth is not None and not crosses and latency + nbytes / fit.nvls_bandwidth < seconds:
+            seconds, steps, moving = latency + nbytes / fit.nvls_bandwidth, 1, nbytes / fit.nvls_bandwidth
+    return CollectiveCost(seconds, issue, source, _slowdown(hw.contention_for(crosses), seconds, seconds - moving))
 
 
 def _ring_steps(kind: str, p: int) -> int:

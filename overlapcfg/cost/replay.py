@@ -12,7 +12,15 @@ Contention (``HardwareProfile.contention``, measured by calibration): each colle
 ``1 / (1 + compute_slowdown)`` (the largest of the running collectives'); while compute runs, a collective moves at
 ``1 / (1 + comm_slowdown)``; while the compute stream waits (or the graph drains), collectives move at full speed.
 Work is what a kernel or a collective costs alone; the clock is what they take together. Without contention (both
-0, the datasheet profiles) the clock is the work: a collective ends ``seconds`` after it starts, exactly.
+0) the clock is the work: a collective ends ``seconds`` after it starts, exactly.
+
+Rank skew (``HardwareProfile.skew``, ``overlapcfg.cost.achievable.Skew``): a collective cannot start before its
+last rank has issued it. Ranks drift apart while they compute and come together when they block on a collective
+(the rank that arrived first waits for the others at that wait), so each collective issued ``T`` seconds of
+compute-stream time after the last synchronization starts no earlier than ``issue + Skew.wait(T, p)``: the
+expected lateness of the last of its ``p`` ranks. A wait that blocks, and the end of a graph (every stream idle: the
+step's results), synchronize. Overlapped collectives hide the wait in their slack; a collective issued right before
+its wait pays it whole, which is why unoverlapped steps are the ones a skew-free model under-predicts.
 
 The callers decide only what runs when and what it costs; how the streams answer is written here once, so the
 quick score and the full simulation cannot drift apart.
@@ -20,8 +28,12 @@ quick score and the full simulation cannot drift apart.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable
+from typing import cast
+
+from overlapcfg.cost.achievable import Skew, expected_max_normal
 
 __all__ = ["NO_CONTENTION", "Memory", "Slowdown", "Streams"]
 
@@ -44,10 +56,11 @@ class Streams:
     """The clock of one step: the compute stream's time ``t``, each communication stream's queue, the collectives
     issued and not yet waited, and when each collective ran (``spans``)."""
 
-    __slots__ = ("_busy_until", "_compute_running", "_heads", "_inflight_of", "_queues", "_slowed", "busy", "comm",
-                 "compute", "contended", "exposed", "inflight", "peak_inflight", "spans", "t")
+    __slots__ = ("_busy_until", "_compute_running", "_heads", "_inflight_of", "_max_of", "_queues", "_skew", "_slowed",
+                 "_slowed_in", "_synced", "_tail", "busy", "comm", "compute", "contended", "exposed", "inflight",
+                 "peak_inflight", "skewed", "spans", "t")
 
-    def __init__(self) -> None:
+    def __init__(self, skew: Skew | None = None) -> None:
         self.t = 0.0
         """Where the compute stream is."""
         self.compute = 0.0
@@ -73,6 +86,27 @@ class Streams:
         self._slowed = 0
         """Collectives queued or running with a nonzero slowdown: none, and the compute stream's clock is its
         work (collectives end where they were projected to whatever compute does)."""
+        self._slowed_in: dict[str, int] = {}
+        """Per stream, collectives queued or running that compute slows (a nonzero ``comm_slowdown``): where a
+        stream's queue holds none, its tail is exact (``_tail``)."""
+        self._tail: dict[str, float] = {}
+        """Where each stream's last queued collective ends (valid while its queue holds no slowed collective)."""
+        self._skew = skew
+        self._synced = 0.0
+        """When the ranks last synchronized (a blocking wait, the start of the graph)."""
+        self.skewed = 0.0
+        """Seconds collectives waited for their last rank to arrive (the skew), summed."""
+        self._max_of: dict[int, float] = {}
+
+    def _late(self, since: float, ranks: int) -> float:
+        """``Skew.wait(since, ranks)``, with the expected maximum of ``ranks`` normals looked up once."""
+        skew = cast(Skew, self._skew)
+        factor = self._max_of.get(ranks)
+        if factor is None:
+            factor = self._max_of[ranks] = expected_max_normal(ranks)
+        t = since if since > 0.0 else 0.0
+        rel = skew.relative * t
+        return factor * math.sqrt(skew.absolute * skew.absolute + skew.diffusion * t + rel * rel)
 
     # -- rates ---------------------------------------------------------------------------------------------
     def _rate_factor(self, r: _Running) -> float:
@@ -106,6 +140,10 @@ class Streams:
         self.spans[r.token] = (r.start, r.end)
         if r.slowdown != NO_CONTENTION:
             self._slowed -= 1
+        if r.slowdown[1] > 0:
+            self._slowed_in[stream] -= 1
+            if not self._slowed_in[stream]:  # the tail projected while it was slowed is stale now
+                self._tail[stream] = self._projected_tail(stream, r.end)
         self._busy_until[stream] = r.end
         self._start_head(stream, r.end)
 
@@ -136,7 +174,7 @@ class Streams:
         collectives run; returns its start."""
         start = self.t
         self.compute += seconds
-        if not self._slowed:  # nothing slows anything: collectives end as projected, in any order of popping
+        if not self._slowed or not self._heads:  # nothing slows it (nothing running, or no contention)
             self.t += seconds
             return start
         work = seconds
@@ -157,27 +195,48 @@ class Streams:
             self._finish(stream)
         return start
 
+    def _projected_tail(self, stream: str, at: float) -> float:
+        """Where ``stream``'s queue ends at the current rates, its head running from ``at`` (or as projected)."""
+        queue = self._queues[stream]
+        if not queue:
+            return at
+        head = queue[0]
+        end = head.end if head is self._heads.get(stream) else max(at, head.issued) + head.seconds
+        for r in list(queue)[1:]:
+            end = max(end, r.issued) + r.seconds * self._rate_factor(r)
+        return end
+
     def issue(self, token: Hashable, stream: str, seconds: float, *, issue_seconds: float = 0.0,
-              inflight_bytes: int = 0, slowdown: Slowdown = NO_CONTENTION) -> float:
+              inflight_bytes: int = 0, slowdown: Slowdown = NO_CONTENTION, ranks: int = 1) -> float:
         """A collective (``token``, for its wait) is issued: the compute stream first pays ``issue_seconds`` (its
         launch, as a calibrated fit measures it; the tuner adds the copy-in chain), then it takes ``seconds`` of
-        work on ``stream`` after what that stream already holds, slowed by ``slowdown`` (its link's contention);
-        ``inflight_bytes`` count as in flight until its wait. Returns when it starts on ``stream`` at the rates of
-        the moment: exact without contention; with it, ``spans[token]`` once it has ended."""
+        work on ``stream`` after what that stream already holds and no earlier than its last of ``ranks`` ranks
+        arrives (the skew), slowed by ``slowdown`` (its link's contention); ``inflight_bytes`` count as in flight
+        until its wait. Returns when it starts on ``stream`` at the rates of the moment: exact without contention;
+        with it, ``spans[token]`` once it has ended."""
         if issue_seconds:
             self.run(issue_seconds)
+        arrive = self.t
+        if ranks > 1 and self._skew is not None:
+            late = self._late(self.t - self._synced, ranks)
+            self.skewed += late
+            arrive += late
         queue = self._queues.setdefault(stream, deque())
-        start = self.t
-        if queue:  # behind what the stream holds: where that ends at the current rates
-            start = queue[0].end
-            for r in list(queue)[1:]:
-                start = max(start, r.issued) + r.seconds * self._rate_factor(r)
-            start = max(start, self.t)
-        queue.append(_Running(token, seconds, slowdown, self.t))
+        if not queue:
+            start = arrive
+        elif not self._slowed_in.get(stream):  # no contention in the queue: its tail is exact
+            start = max(self._tail[stream], arrive)
+        else:
+            start = max(self._projected_tail(stream, self.t), arrive)
+        r = _Running(token, seconds, slowdown, arrive)
+        queue.append(r)
         if slowdown != NO_CONTENTION:
             self._slowed += 1
+        if slowdown[1] > 0:  # only a collective compute slows makes its stream's tail inexact
+            self._slowed_in[stream] = self._slowed_in.get(stream, 0) + 1
         if len(queue) == 1:
             self._start_head(stream, self.t)
+        self._tail[stream] = start + seconds * self._rate_factor(r)
         self.busy[stream] = self.busy.get(stream, 0.0) + seconds
         self.comm += seconds
         self._inflight_of[token] = inflight_bytes
@@ -200,6 +259,8 @@ class Streams:
         self._set_compute(True)
         stall = self.t - before
         self.exposed += stall
+        if stall > 0:
+            self._synced = self.t  # blocked on it: the ranks leave this wait together
         return stall
 
     def end_graph(self) -> float:
@@ -209,6 +270,7 @@ class Streams:
         self._set_compute(True)
         if self._busy_until:
             self.t = max(self.t, *self._busy_until.values())
+        self._synced = self.t
         return self.t
 
 

@@ -27,33 +27,40 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.cost.attention import AttentionRole, FusedAttention, attention_plan, fused_seconds
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import Footing, NodeCosts
-from overlapcfg.cost.prediction import ComputePart, ComputeShare, CostSource, Event, Simulation, StreamTime
+from overlapcfg.cost.plan import OptimizerStep, optimizer_step
+from overlapcfg.cost.prediction import ComputeShare, CostSource, Event, Simulation, StreamTime
 from overlapcfg.cost.price import (
     collective_bytes,
     collective_cost,
     collective_kind,
-    compute_seconds,
     iter_tensors,
     node_kind,
     tensor_bytes,
 )
+from overlapcfg.cost.pricer import measured_footing, node_seconds, priced_plan
+from overlapcfg.cost.pricing import Pricing, pricing_from
 from overlapcfg.cost.replay import Memory, Streams
+from overlapcfg.cost.throughput import throughput
 from overlapcfg.graph.collectives import feeds_compute, find_collectives
 from overlapcfg.graph.ops import group_name, started_by
 
-__all__ = ["COMPUTE_STREAM", "Event", "GroupPlacement", "Simulation", "measured_footing", "node_seconds", "simulate",
+__all__ = ["COMPUTE_STREAM", "Event", "GroupPlacement", "Simulation", "measured_footing", "node_seconds",
+           "optimizer_phase", "simulate",
            "storage_plan", "traced_group_size", "value_bytes"]
 
 COMPUTE_STREAM = "compute"
-COMPUTE_PARTS = ("matmul", "attention", "memory", "other")
+COMPUTE_PARTS = ("matmul", "attention", "memory", "optimizer", "other")
+NORM_SHARE = 0.0
+"""Share of the optimizer phase's compute run before the gradient norm's all-reduce (the norm's own pass is
+small next to the optimizer's; the skew the all-reduce waits for is the backward's, counted from its end)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +72,9 @@ class GroupPlacement:
     size: int
     inter_node: bool | None = None
     """None: decided by size (``size > gpus_per_node``)."""
+    ranks_per_node: int | None = None
+    """Ranks of the group on each node, for the NICs a ring across nodes drives; None: whole nodes for a group
+    larger than a node, one rank per node for a smaller one placed across nodes (HSDP's replicate group)."""
 
 
 def _placements(g: fx.GraphModule, world_size: int, traced_world_size: int | None,
@@ -171,44 +181,11 @@ class _Tally:
                      for (p, s), (n, sec) in self.parts.items())
 
 
-def node_seconds(node: fx.Node, graph: str, hw: HardwareProfile, node_costs: NodeCosts | None, *,
-                 world_size: int | None, traced_world_size: int | None, as_dtype: torch.dtype | None,
-                 attention: AttentionRole | None = None,
-                 footing: Footing | None = None) -> tuple[float, str, str, int, ComputePart]:
-    """``(seconds, kind, source, bytes, part)`` of a compute-stream node: measured if ``node_costs`` has it, else
-    the roofline (on the measurement's ``footing`` where node costs are given: ``NodeCosts.footing``), an attention
-    region's nodes as one fused kernel (``attention``: the node's role in the step's ``AttentionPlan``, None outside
-    one); ``part`` is its share of the compute breakdown. The one rule for both the simulator and the tuner's
-    profile."""
-    kind = node_kind(node)
-    part: ComputePart = "attention" if attention is not None else \
-        "matmul" if kind == "compute" else "memory" if kind == "memory" else "other"
-    measured = node_costs.seconds(graph, node) if node_costs is not None else None
-    if measured is not None:
-        return measured, "memory" if kind == "free" else kind, "measured", 0, part
-    if isinstance(attention, FusedAttention):
-        seconds, bound, nbytes = fused_seconds(attention, hw, as_dtype)
-        return seconds, bound, "roofline", nbytes, part
-    if attention == "folded":  # into its region's fused kernel
-        return 0.0, "free", "roofline", 0, part
-    cost = compute_seconds(node, hw, world_size=world_size, traced_world_size=traced_world_size, as_dtype=as_dtype)
-    seconds = footing.price(kind, cost.seconds) if footing is not None else cost.seconds
-    return seconds, cost.bound, "roofline", cost.bytes, part
-
-
-def measured_footing(graphs: Sequence[tuple[str, fx.GraphModule]], hw: HardwareProfile, node_costs: NodeCosts, *,
-                     world_size: int | None, traced_world_size: int | None,
-                     as_dtype: torch.dtype | None) -> Footing:
-    """``node_costs``' footing (``NodeCosts.footing``) against the roofline ``node_seconds`` would use."""
-    return node_costs.footing(graphs, lambda n: compute_seconds(n, hw, world_size=world_size,
-                                                                traced_world_size=traced_world_size,
-                                                                as_dtype=as_dtype).seconds)
-
-
 def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwareProfile | str, *, world_size: int,
              names: Sequence[str] | None = None, labels: Mapping[str, Mapping[str, str]] | None = None,
              traced_world_size: int | None = None, as_dtype: torch.dtype | None = None,
-             groups: Mapping[str, GroupPlacement] | None = None, node_costs: NodeCosts | None = None) -> Simulation:
+             groups: Mapping[str, GroupPlacement] | None = None, node_costs: NodeCosts | None = None,
+             pricing: Pricing | Mapping[str, Any] | None = None, pricing_path: str = "pricing") -> Simulation:
     """Predict one step of ``gm`` (or of several graphs run back to back: forward then backward) at ``world_size``.
 
     ``labels[graph][node]`` names events in the timeline (bucket names); ``traced_world_size`` lets the copy-in of
@@ -216,27 +193,34 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     costs every floating tensor as that dtype (``torch.bfloat16``: mixed-precision training from an fp32 trace).
     ``groups`` places process groups by name (``GroupPlacement``); each group has its own stream.
     ``node_costs``: measured durations of the graphs' nodes (``NodeCosts``, keyed by the ``names`` of the graphs),
-    used instead of the roofline where they match.
+    used instead of the kernel model where they match. ``pricing``: what the prediction assumes besides the
+    hardware (``overlapcfg.cost.pricing.Pricing``: checkpointing, fusion, optimizer, attention backend, tokens);
+    its faults are reported under ``pricing_path``.
     """
     hw = load_hardware(hardware)
+    priced = pricing_from(pricing, path=pricing_path)
     graphs = [gm] if isinstance(gm, fx.GraphModule) else list(gm)
     names = list(names) if names is not None else (["graph"] if len(graphs) == 1 else
                                                    ["forward", "backward", *map(str, range(2, len(graphs)))])
     events: list[Event] = []
-    streams = Streams()
+    streams = Streams(hw.skew)
     peak_param = peak_act = 0
     blocking_comm = 0.0
     tally = _Tally()
     running: list[tuple[int, fx.Node]] = []
-    attention = attention_plan(graphs)
-    footing = measured_footing(list(zip(names, graphs, strict=True)), hw, node_costs, world_size=world_size,
-                               traced_world_size=traced_world_size, as_dtype=as_dtype) \
-        if node_costs is not None else None
+    plan, footing = priced_plan(graphs, names, hw, priced, world_size=world_size,
+                                traced_world_size=traced_world_size, as_dtype=as_dtype, node_costs=node_costs,
+                                path=f"{pricing_path}.activation_checkpointing")
     parts: dict[str, list[float]] = {}
+    flops = 0.0
+    shard: tuple[int, int] | None = None
     for gi, (graph_name, g) in enumerate(zip(names, graphs, strict=True)):
         graph_labels = (labels or {}).get(graph_name, {})
         kinds: dict[fx.Node, str] = {}
         placement, blocking, param_gathers = _placements(g, world_size, traced_world_size, groups)
+        if param_gathers and shard is None:
+            first = next(iter(param_gathers))
+            shard = (placement.get(group_name(first), GroupPlacement(world_size)).size, 0)
         root, is_param, last = storage_plan(g.graph, param_gathers)
         mem = _Storages()
         traced = traced_world_size or traced_group_size(g)
@@ -248,12 +232,13 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                 group = group_name(node)
                 stream = f"comm:{group}"
                 place = placement.get(group, GroupPlacement(world_size))
-                priced = collective_cost(ckind, nbytes, hw, place.size, inter_node=place.inter_node)
-                issue, dur = priced.issue_seconds, priced.seconds
+                priced_c = collective_cost(ckind, nbytes, hw, place.size, inter_node=place.inter_node,
+                                           ranks_per_node=place.ranks_per_node)
+                issue, dur = priced_c.issue_seconds, priced_c.seconds
                 at = streams.t
                 streams.issue(node, stream, dur, issue_seconds=issue,
                               inflight_bytes=nbytes if node in param_gathers else 0,
-                              slowdown=priced.slowdown)
+                              slowdown=priced_c.slowdown, ranks=place.size)
                 if issue > 0:
                     events.append(Event(graph_name, node.name, COMPUTE_STREAM, "issue", at, streams.t,
                                         _label(node, graph_labels), nbytes))
@@ -261,7 +246,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                     share = parts.setdefault("other", [0, 0.0])
                     share[0] += 1
                     share[1] += issue
-                tally.add("collectives", priced.source, dur)
+                tally.add("collectives", priced_c.source, dur)
                 if node in blocking:
                     blocking_comm += dur
                 running.append((len(events), node))  # its span is known once it has ended
@@ -275,18 +260,20 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                                         _label(node, graph_labels), waits_on=kinds[start_node]))
             elif kind in ("compute", "memory", "free"):
                 ws_now, traced_now = _copy_in_sizes(node, placement, world_size, traced)
-                seconds, bound, source, nbytes, part = node_seconds(
-                    node, graph_name, hw, node_costs, world_size=ws_now, traced_world_size=traced_now,
-                    as_dtype=as_dtype, attention=attention.role(gi, node), footing=footing)
+                price = node_seconds(node, graph_name, hw, node_costs, world_size=ws_now,
+                                     traced_world_size=traced_now, as_dtype=as_dtype, plan=plan, graph_index=gi,
+                                     footing=footing)
+                seconds, part = price.seconds, price.part
+                flops += price.flops
                 if seconds > 0 or part == "attention":  # views cost nothing: no part of compute
                     share = parts.setdefault(part, [0, 0.0])
                     share[0] += 1
                     share[1] += seconds
                 if seconds > 0:
                     at = streams.run(seconds)
-                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, bound, at, streams.t,
-                                        _label(node, graph_labels), nbytes))
-                    tally.add("compute", source, seconds)
+                    events.append(Event(graph_name, node.name, COMPUTE_STREAM, price.kind, at, streams.t,
+                                        _label(node, graph_labels), price.bytes))
+                    tally.add("compute", price.source, seconds)
             if node in root and root[node] is node and node.op == "call_function":
                 mem.alloc(node.name, value_bytes(node, as_dtype), is_param.get(node, False))
             for inp in node.all_input_nodes:
@@ -299,22 +286,55 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
             start, end = streams.spans[node]
             events[at_index] = replace(events[at_index], start=start, end=end)
         running.clear()
+    flops += plan.recompute.flops if plan.recompute.at else 0
+    ranks = shard[0] if shard is not None else world_size
+    step_params = plan.facts.params // ranks if plan.facts.params else 0
+    optimizer = optimizer_step(plan, hw, step_params, ranks)
+    if optimizer.seconds or optimizer.norm_seconds:
+        at = streams.t
+        optimizer_phase(streams, optimizer)
+        events.append(Event("optimizer", "optimizer", COMPUTE_STREAM, "memory", at, streams.t, optimizer.describe))
+        tally.add("compute", "achievable" if hw.achievable is not None else "roofline", optimizer.seconds)
+        share = parts.setdefault("optimizer", [0, 0.0])
+        share[0] += 1
+        share[1] += optimizer.seconds
     compute, comm, exposed = streams.compute, streams.comm, streams.exposed
     if streams.contended > 0:
         tally.add("contention", "fitted", streams.contended)
     busy = {COMPUTE_STREAM: compute, **streams.busy}
     comm_bound = max(streams.busy.values(), default=0.0)
+    peak = hw.dense_peak(plan.facts.dtype)
+    rate = throughput(plan.facts, streams.t, flops, peak)
     return Simulation(
         hardware=hw.name, world_size=world_size, step_seconds=streams.t, compute_seconds=compute, comm_seconds=comm,
-        exposed_comm_seconds=exposed, contention_seconds=streams.contended,
+        exposed_comm_seconds=exposed, contention_seconds=streams.contended, skew_seconds=streams.skewed,
         overlap_ratio=max(0.0, 1.0 - exposed / comm) if comm > 0 else None,
         lower_bound_seconds=max(compute + blocking_comm, comm_bound), peak_inflight_bytes=streams.peak_inflight,
         peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,
         streams=tuple(StreamTime(stream=s, busy_seconds=b) for s, b in busy.items()),
         cost_sources=tally.sources(), node_costs=_costs_text(node_costs, footing),
         compute_parts=tuple(ComputeShare(part=p, nodes=int(parts[p][0]), seconds=parts[p][1])
-                            for p in COMPUTE_PARTS if p in parts), attention_calls=attention.calls,
+                            for p in COMPUTE_PARTS if p in parts), attention_calls=plan.attention.calls,
+        tokens_per_step=plan.facts.tokens, model_params=plan.facts.params, graph_flops=flops, peak_flops=peak,
+        tokens_per_second=rate.tokens_per_second, mfu=rate.mfu, graph_mfu=rate.graph_mfu,
+        pricing=priced.model_copy(update={"fusion": plan.fusion}).model_dump(mode="json"),
+        recompute=plan.recompute.describe(), optimizer=optimizer.describe, throughput_note=plan.facts.why,
     ).with_events(tuple(events))
+
+
+def optimizer_phase(streams: Streams, step: OptimizerStep) -> None:
+    """After the backward (every stream idle): the gradient norm's pass, its all-reduce across the shard group (a
+    blocking collective: the skew applies), then the rest of clipping and the optimizer; one rule for the simulator
+    and the tuner's quick score."""
+    if step.norm_seconds and step.norm_ranks > 1:
+        first = step.seconds * NORM_SHARE
+        streams.run(first)
+        streams.issue("grad_norm", "comm:grad_norm", step.norm_seconds, ranks=step.norm_ranks)
+        streams.wait("grad_norm")
+        streams.run(step.seconds - first)
+    else:
+        streams.run(step.seconds)
+    streams.end_graph()
 
 
 def _costs_text(node_costs: NodeCosts | None, footing: Footing | None) -> str | None:

@@ -34,9 +34,10 @@ from overlapcfg.files import write_atomic
 
 if TYPE_CHECKING:
     from overlapcfg.cost.hardware import HardwareProfile
+    from overlapcfg.cost.pricing import Pricing
     from overlapcfg.demo.tracing import TracedStep
 
-__all__ = ["Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "run_compare",
+__all__ = ["Progress", "check_plan", "compare_configs", "demo_spec", "hardware_of", "pricing_of", "run_compare",
            "run_report", "traced"]
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,16 @@ def replay_hardware(cfg: DictConfig, spec: DemoSettings, mode: str, eager_hint: 
         raise OverlapConfigError.single("hardware", f"mode={mode} predicts step times: choose a profile, e.g. "
                                                     "hardware=h100_nvlink")
     return hardware
+
+
+def pricing_of(cfg: DictConfig) -> Pricing:
+    """The ``predict`` node as the predictions' ``Pricing`` (faults at ``predict.<field>``); the defaults without
+    one."""
+    from overlapcfg.config.load import config_data
+    from overlapcfg.cost.pricing import pricing_from
+
+    node = cfg.get("predict")
+    return pricing_from(None if node is None else config_data(node, "predict"), path="predict")
 
 
 def hardware_of(cfg: DictConfig) -> HardwareProfile | None:
@@ -153,6 +164,7 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         overlap = from_hydra(cfg.overlap)
         spec = demo_spec(cfg)
         hardware = hardware_of(cfg)
+        pricing = pricing_of(cfg)
         check_plan(overlap, spec)
     if spec.sharding == "fsdp2":
         return _run_fsdp2(progress, overlap, spec, hardware, output_dir)
@@ -161,7 +173,7 @@ def run_report(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     step = _trace_stage(progress, spec)
     with progress.stage(f"applying strategy {overlap.strategy!r} to forward and backward graphs",
                         done=f"applied strategy {overlap.strategy!r} to forward and backward graphs"):
-        report = explain(step, overlap, hardware=hardware)
+        report = explain(step, overlap, hardware=hardware, pricing=pricing, pricing_path="predict")
     console.print(report)  # with the untransformed step's prediction (report.baseline) as "before"
     path = write_atomic(output_dir / REPORT_FILE, report.to_json())
     console.print(f"report: {path}  [dim](total {progress.total():.1f} s)[/dim]")
@@ -249,6 +261,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
     with progress.stage("validating config", done="validated config"):
         spec = demo_spec(cfg)
         hardware = replay_hardware(cfg, spec, "compare", ", or mode=run for the FSDP2 report")
+        pricing = pricing_of(cfg)
         names, configs = compare_configs(cfg)
         for overlap in configs:
             check_plan(overlap, spec)
@@ -257,7 +270,7 @@ def run_compare(cfg: DictConfig, output_dir: Path, console: Console, overrides: 
     step = _trace_stage(progress, spec)
     with progress.stage(f"comparing {len(configs)} configs on {hardware.name}",
                         done=f"compared {len(configs)} configs on {hardware.name}"):
-        comparison = compare(step, configs, hardware=hardware, names=names)
+        comparison = compare(step, configs, hardware=hardware, names=names, pricing=pricing, pricing_path="predict")
     console.print(comparison)
     for key, labels in shadowed_keys(cfg, overrides).items():
         note = (f"note: rows {', '.join(labels)} set their own {key!r}, so overlap.{key} does not apply to them "

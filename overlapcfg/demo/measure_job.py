@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from overlapcfg.config.base import ByteCount, ConfigModel
 from overlapcfg.config.load import validate_config
 from overlapcfg.demo.job import Progress as Stages
-from overlapcfg.demo.job import check_plan, compare_configs, demo_spec, replay_hardware
+from overlapcfg.demo.job import check_plan, compare_configs, demo_spec, pricing_of, replay_hardware
 from overlapcfg.demo.outputs import MEASURE_FILE, NODE_COSTS_FILE
 from overlapcfg.errors import Fault, OverlapConfigError
 from overlapcfg.files import write_atomic
@@ -285,7 +285,7 @@ def run_measure(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
             result = measure(demo_step(spec, dims, device=default_device()), dict(zip(names, configs, strict=True)),
                              hardware=hardware, warmup=settings.warmup, steps=settings.steps,
                              profiled_steps=settings.profiled_steps, node_costs=settings.node_costs,
-                             interleave=settings.interleave,
+                             interleave=settings.interleave, pricing=pricing_of(cfg),
                              device=default_device(), config_root="measure.configs", progress=show)
         result = result.model_copy(update={"configs": tuple(
             c.model_copy(update={"overrides": dict(entries.get(c.name) or {})}) for c in result.configs)}

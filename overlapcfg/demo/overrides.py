@@ -29,7 +29,8 @@ from overlapcfg.errors import Fault, OverlapConfigError, did_you_mean
 __all__ = ["COMMAND_KEYS", "STRATEGY", "command_faults", "command_search_path", "known_fields", "top_level_keys",
            "unknown_override_keys", "user_profiles"]
 
-COMMAND_KEYS = ("mode", "overlap", "hardware", "tune", "compare", "calibrate", "measure", "trace", "diagnose")
+COMMAND_KEYS = ("mode", "overlap", "hardware", "predict", "tune", "compare", "calibrate", "measure", "trace",
+                "diagnose")
 """Top-level keys of ``conf/overlapcfg.yaml`` besides the demo settings (``overlapcfg.demo.settings``); a test
 holds the composed config's keys to exactly these and the settings' fields."""
 STRATEGY = "manual"
@@ -48,11 +49,12 @@ def top_level_keys() -> tuple[str, ...]:
 def known_fields() -> dict[str, tuple[str, ...]]:
     """Keys under each node the command validates with a pydantic model (``overlap`` has its own check:
     ``overlapcfg.config.override_checks.override_faults``)."""
+    from overlapcfg.cost.pricing import Pricing
     from overlapcfg.demo.diagnose_job import DiagnoseSettings
     from overlapcfg.demo.settings import DemoModel, DemoParallel
 
     return {"": top_level_keys(), "model": tuple(DemoModel.model_fields),
-            "parallel": tuple(DemoParallel.model_fields),
+            "parallel": tuple(DemoParallel.model_fields), "predict": tuple(Pricing.model_fields),
             "diagnose": tuple(f for f in DiagnoseSettings.model_fields if f != "trace")}
 
 

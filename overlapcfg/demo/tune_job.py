@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from overlapcfg.config.base import ByteCount, ConfigModel, RankCount
 from overlapcfg.config.load import validate_config
 from overlapcfg.demo.job import Progress as Stages
-from overlapcfg.demo.job import demo_spec, replay_hardware, traced
+from overlapcfg.demo.job import demo_spec, pricing_of, replay_hardware, traced
 from overlapcfg.demo.outputs import FRONT_FILE, TUNE_FILE, TUNED_FILE
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.files import write_atomic
@@ -82,6 +82,7 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         spec = demo_spec(cfg)
         settings = tune_settings(cfg)
         hardware = replay_hardware(cfg, spec, "tune")
+        pricing = pricing_of(cfg)
         if not spec.dims.is_1d:
             raise OverlapConfigError.single("parallel", f"mode=tune models plain FSDP graphs (every collective an "
                                                         f"FSDP all-gather or reduce-scatter); {spec.dims.describe()} "
@@ -102,7 +103,7 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         task = bar.add_task("tune: profile", total=1, best="—")
         result = tune(step, hardware=hardware, world_size=settings.world_size, memory_budget=settings.memory_budget,
                       space=settings.space, as_dtype=as_dtype, progress=show, config_root="tune",
-                      node_costs=node_costs)
+                      node_costs=node_costs, pricing=pricing, pricing_path="predict")
     stages.console.print(f"[green]✓[/green] tuned: {result.evaluated} candidates in {result.seconds:.1f} s")
     console.print(result)  # the tables; print(result) in Python shows the same
     path = write_atomic(output_dir / TUNED_FILE, result.to_yaml())

@@ -9,7 +9,8 @@ Run on every rank of an initialized default process group (``torchrun``), in thi
    last-level cache (memory bandwidth; the per-kernel overhead is recorded), then the step's matmul shapes in fp32
    and in bf16 (the achieved FLOP/s at the model's mix, each dtype measured);
 3. contention (``overlapcfg.measuring.contention``): per group, how much the step's compute slows with an
-   all-gather in flight and the all-gather with compute running;
+   all-gather in flight and the all-gather with compute running; then the rank skew (``overlapcfg.measuring.skew``):
+   how far apart the ranks arrive at a blocking collective after a stretch of compute;
 4. rank 0 builds the profile from the slowest rank's timings and broadcasts it: every rank returns the same
    numbers, and rank 0 alone writes the YAML (``hardware_home()/<name>.yaml`` unless told otherwise).
 
@@ -41,6 +42,7 @@ import torch.distributed as dist
 from torch import fx
 
 from overlapcfg._version import __version__
+from overlapcfg.cost.achievable import Achievable, MatmulRate, MatmulRates, MemoryRate, Skew, TimedMatmul
 from overlapcfg.cost.calibration import (
     ROUGH_FIT,
     Calibration,
@@ -83,8 +85,10 @@ from overlapcfg.measuring.kernels import (
     memory_sizes,
     time_matmuls,
     time_memory,
+    time_views,
 )
 from overlapcfg.measuring.result import CalibratedProfile, profile_header
+from overlapcfg.measuring.skew import SkewTimings, skew_fit, time_skew
 from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header"]
@@ -157,7 +161,9 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
                                   inter_node=crosses[group_name], budget_s=COLLECTIVE_SHARE * budget_s / len(live),
                                   progress=ticker.size(sizes)))
     memory = _slowest(time_memory(mem_sizes, clock, progress=ticker.one), clock)
-    matmuls = {dt: _slowest(time_matmuls(chosen, dt, clock, progress=ticker.one), clock) for dt in MATMUL_DTYPES}
+    views = _slowest([time_views(clock)], clock)[0]
+    matmuls = {dt: _slowest(time_matmuls(chosen, dt, clock, progress=ticker.one, layouts=mix.layouts), clock)
+               for dt in MATMUL_DTYPES}
     fits = fit_collectives(timings, measured_issue=not clock.cuda)[0] if timings else None
     contended = []
     for group_name, group in live.items():
@@ -169,13 +175,15 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
         dist.all_gather_object(every, mine)
         contended.append([t for t in every if t is not None])
         ticker.one("contention", 0)
+    skews = [time_skew(group_name, group, dtype=dtype, clock=clock) for group_name, group in live.items()]
     ticker("done", final=True)
 
     box: list[object] = [None]
     if dist.get_rank() == 0:
         try:
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
-                                                     hosts, contended, mix.memory), clock, facts, budget_s, started)
+                                                     hosts, contended, mix.memory, views, skews, mix.layouts),
+                            clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
     dist.broadcast_object_list(box, src=0)
@@ -219,7 +227,12 @@ class _Measured:
     contention: Sequence[Sequence[ContentionTimings]]
     kernels: Counter[int]
     """The step's memory-bound kernel sizes (``MatmulMix.memory``)."""
-    """Per group, every rank's runs."""
+    views: float = 0.0
+    """Seconds a view op's dispatch takes (slowest rank)."""
+    skews: Sequence[SkewTimings] = ()
+    """Per group, every rank's arrival waits."""
+    layouts: Mapping[MatmulShape, str] | None = None
+    """The layout each timed shape was timed in (the step's)."""
 
 
 def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: DeviceFacts, budget_s: float,
@@ -227,15 +240,24 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
     """Rank 0: fit everything and assemble the profile (JSON form, for the broadcast)."""
     fits, samples = fit_collectives(m.collectives, measured_issue=not clock.cuda) if m.collectives else (None, ())
     mem = memory_samples(m.memory_sizes, m.memory, facts.cache_bytes, m.kernels)
-    mms = {dt: matmul_samples(m.shapes, m.chosen, seconds, dt) for dt, seconds in m.matmuls.items()}
+    fitted = {dt: matmul_samples(m.shapes, m.chosen, seconds, dt) for dt, seconds in m.matmuls.items()}
+    mms = {dt: f[0] for dt, f in fitted.items()}
     contention = [contention_fit(runs) for runs in m.contention]
+    skews = [skew_fit(t) for t in m.skews]
     record = Calibration(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         torch_version=torch.__version__, overlapcfg_version=__version__, backend=str(dist.get_backend()),
         device=clock.describe(), world_size=dist.get_world_size(), hosts=len(set(m.hosts)), base=base.name,
         budget_seconds=budget_s, seconds=time.perf_counter() - started, groups=samples,
-        kernels=(mem, *mms.values()), contention=tuple(c[1] for c in contention))
-    built = _profile(name, base, fits, mem, mms, contention, facts, clock, m.hosts, record)
+        kernels=(mem, *mms.values()), contention=tuple(c[1] for c in contention), skew=tuple(s[1] for s in skews))
+    timed = {dt: tuple(TimedMatmul(shape=s, layout=(m.layouts or {}).get(s, "nn"), seconds=t)
+                       for s, t in zip(m.chosen, m.matmuls[dt], strict=True) if s in m.shapes)
+             for dt in m.matmuls}
+    # validated, not model_copy: the lookup of timed kernels is built when the model is
+    rates = {dt: (MatmulRate.model_validate({**f[1].model_dump(), "timed": timed[dt]}), f[2])
+             for dt, f in fitted.items()}
+    built = _profile(name, base, fits, mem, mms, contention, facts, clock, m.hosts, record, rates=rates,
+                     views=m.views, skews=skews)
     return built.model_dump(mode="json", exclude_none=True)
 
 
@@ -291,7 +313,9 @@ def _capped(what: str, measured: float, ceiling: float | None, unit: float, roug
 
 def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem: KernelSamples,
              mms: Mapping[torch.dtype, KernelSamples], contention: Sequence[tuple[Contention, ContentionSamples]],
-             facts: DeviceFacts, clock: Clock, hosts: Sequence[str], record: Calibration) -> HardwareProfile:
+             facts: DeviceFacts, clock: Clock, hosts: Sequence[str], record: Calibration, *,
+             rates: Mapping[torch.dtype, tuple[MatmulRate, float]] | None = None, views: float = 0.0,
+             skews: Sequence[tuple[Skew, object]] = ()) -> HardwareProfile:
     notes: list[str] = []
     rough = [f"{k.kind} on {g.name} {100 * k.residual:.0f}%" for g in record.groups for k in g.collectives
              if k.residual > ROUGH_FIT]
@@ -311,9 +335,22 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
                      "at its matmuls (kernels that fit in the cache run at the cache's speed); the memory's own "
                      f"bandwidth is in the kernel record: {mem.what}")
     mem_bw = _capped("mem_bandwidth (GB/s)", mem.rate, facts.mem_bandwidth, 1e9, rough, notes, facts)
-    rates = {dt: _capped(f"matmul {str(dt).removeprefix('torch.')} (TFLOP/s)", k.rate, facts.peak_for(dt), 1e12,
-                         rough, notes, facts) for dt, k in mms.items()}
-    peak = PeakFlops(bf16=rates[torch.bfloat16], fp32=rates[torch.float32])
+    # The peak each dtype's rate model is a share of: the best any timed shape reached (this machine's maximum
+    # achievable matmul rate), capped at the datasheet; without the fitted models, the rate at the step's mix.
+    peaks = {dt: _capped(f"matmul {str(dt).removeprefix('torch.')} (TFLOP/s)",
+                         rates[dt][1] if rates and dt in rates else k.rate, facts.peak_for(dt), 1e12, rough, notes,
+                         facts) for dt, k in mms.items()}
+    peak = PeakFlops(bf16=peaks[torch.bfloat16], fp32=peaks[torch.float32])
+    achievable = None
+    if rates and torch.bfloat16 in rates and torch.float32 in rates:
+        achievable = Achievable(
+            matmul=MatmulRates(bf16=rates[torch.bfloat16][0], fp32=rates[torch.float32][0]),
+            memory=MemoryRate(efficiency=1.0, launch_seconds=min(mem.overhead, 0.1), view_seconds=min(views, 0.1)))
+    skew = None
+    for fitted_skew, _ in skews:  # several groups: the largest of each term
+        skew = fitted_skew if skew is None else Skew(relative=max(skew.relative, fitted_skew.relative),
+                                                     absolute=max(skew.absolute, fitted_skew.absolute),
+                                                     diffusion=max(skew.diffusion, fitted_skew.diffusion))
     if rough:
         log.warning("calibrate: %s", "; ".join(rough))
     intra = fits.intra_node if fits is not None else None
@@ -345,12 +382,23 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
                         f"({record.hosts} host{'s' if record.hosts > 1 else ''}), {record.date[:10]}; "
                         f"unmeasured numbers from {base.name}",
             device_kind=facts.kind, peak_flops=peak, mem_bandwidth=mem_bw,
-            intra_node_bandwidth=intra_ag.bandwidth if intra_ag else base.intra_node_bandwidth,
-            inter_node_bandwidth=inter_ag.bandwidth if inter_ag else base.inter_node_bandwidth,
+            intra_node_bandwidth=_widest(intra) or base.intra_node_bandwidth,
+            inter_node_bandwidth=_widest(inter) or base.inter_node_bandwidth,
             latency=gather.latency if (gather := intra_ag or inter_ag) else base.latency,
-            gpus_per_node=gpus, compute_efficiency=1.0, comm_efficiency=1.0, collectives=fits,
+            gpus_per_node=gpus, nics_per_node=1 if not clock.cuda else base.nics_per_node,
+            compute_efficiency=1.0, comm_efficiency=1.0, collectives=fits, achievable=achievable, skew=skew,
             contention=LinkContention(intra_node=links.get(False), inter_node=links.get(True)) if links else None,
             calibration=record.model_copy(update={"notes": tuple(notes), "rough_fits": tuple(rough)}))
     except ValueError as err:  # pydantic: a fitted number out of range
         raise OverlapConfigError.single("calibrate", f"the calibrated profile is invalid: {err}") from None
+
+
+def _widest(link: object) -> float | None:
+    """The largest bandwidth of a link's fits: the link carried at least that (a profile's physical link must not
+    be below a rate measured on it)."""
+    if link is None:
+        return None
+    values = [f.bandwidth for f in (getattr(link, k) for k in ("all_gather", "reduce_scatter", "all_reduce"))
+              if f is not None]
+    return max(values) if values else None
 

@@ -59,9 +59,11 @@ class Clock:
 
     def per_call(self, fn: Callable[[], object], *, min_seconds: float = 0.02, min_reps: int = 3,
                  max_reps: int = 10_000, rounds: int = 3) -> float:
-        """Median over ``rounds`` of the mean seconds per call of ``fn`` run back to back (as a training step runs
-        kernels), each round at least ``min_reps`` calls and about ``min_seconds`` long; one call first, untimed,
-        to warm caches and allocators."""
+        """Mean seconds per call of ``fn`` run back to back (as a training step runs kernels) over ``rounds`` rounds,
+        each at least ``min_reps`` calls and about ``min_seconds`` long; one call first, untimed, to warm caches and
+        allocators. The mean, not the median of the rounds: on a shared machine a short round can fall inside one
+        time slice the scheduler gave this process and time the machine as if it were idle, while a step lasting
+        far longer than a slice runs at its average share, which the mean over every round measures."""
         fn()
         self.sync()
         start = self.mark()
@@ -75,7 +77,7 @@ class Clock:
             for _ in range(reps):
                 fn()
             means.append(self.seconds(start, self.mark()) / reps)
-        return statistics.median(means)
+        return statistics.fmean(means)
 
     def describe(self) -> str:
         """``cpu (2 threads)`` or the GPU's name."""

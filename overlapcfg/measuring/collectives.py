@@ -40,6 +40,8 @@ MIN_SIZES = 4
 REPS = 5
 """Timed repetitions per size at least; short collectives get more, up to ``MAX_REPS`` or ``REP_SECONDS``."""
 MAX_REPS = 25
+MIN_LATENCY = 1e-9
+"""The smallest per-step latency a fit keeps (``overlapcfg.cost.calibration.Latency``'s floor)."""
 REP_SECONDS = 0.02
 
 
@@ -180,7 +182,10 @@ def _fit_kind(kind: str, groups: Sequence[GroupTimings], *, measured_issue: bool
         raise OverlapConfigError(f"calibrate: {kind} times do not grow with size over {len(seconds)} timings up to "
                                  f"{largest} bytes; raise the largest size (calibrate.max_bytes)")
     issue = fit_nonnegative(issue_rows, issue_seconds) if measured_issue else LinearFit((0.0, 0.0), 0.0, 0)
-    fit = CollectiveFit(latency=latency, bandwidth=1.0 / inverse_bw, issue_latency=issue.coefficients[0],
+    # A latency pinned at zero is one the timings could not resolve, not a link that answers in no time: the
+    # smallest a profile holds (1 ns) stands in.
+    fit = CollectiveFit(latency=max(latency, MIN_LATENCY), bandwidth=1.0 / inverse_bw,
+                        issue_latency=issue.coefficients[0],
                         issue_bandwidth=1.0 / issue.coefficients[1] if issue.coefficients[1] > 0 else None)
     residuals = {name: (_rms(rows, seconds, link, a, b), _rms(issue_rows, issue_seconds, issue, a, b)
                         if measured_issue else 0.0) for name, (a, b) in spans.items()}

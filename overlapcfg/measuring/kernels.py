@@ -25,24 +25,25 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import fx
 
-from overlapcfg import compat
+from overlapcfg.cost.achievable import MatmulRate
 from overlapcfg.cost.calibration import KernelSamples
-from overlapcfg.cost.price import node_bytes, node_kind
+from overlapcfg.cost.price import matmul_layout, matmul_shape, node_bytes, node_kind
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collectives import log_sizes
-from overlapcfg.measuring.fit import fit_line
+from overlapcfg.measuring.fit import fit_line, fit_nonnegative
 
-__all__ = ["BEYOND_CACHE", "MATMUL_DTYPES", "MEMORY_CAP", "MatmulMix", "MatmulShape", "beyond_cache", "chosen_shapes",
-           "default_shapes", "matmul_mix", "matmul_samples", "memory_samples", "memory_sizes", "time_matmuls",
-           "time_memory"]
+__all__ = ["ANCHOR_SHAPES", "BEYOND_CACHE", "MATMUL_DTYPES", "MEMORY_CAP", "MatmulMix", "MatmulShape", "beyond_cache",
+           "chosen_shapes", "default_shapes", "matmul_mix", "matmul_rate_fit", "matmul_samples", "memory_samples",
+           "memory_sizes", "time_matmuls", "time_memory", "time_views"]
 
 MatmulShape = tuple[int, int, int, int]
 """``(batch, m, k, n)``: ``batch`` products of ``(m x k) @ (k x n)``."""
@@ -56,9 +57,12 @@ MEMORY_CAP = {"cpu": 2**30, "gpu": 2**32}
 hundreds of MiB (480 MiB here), and three buffers of a few GiB on a shared machine would be a burden."""
 MIN_BEYOND = 3
 """Sizes the bandwidth is fitted through at least (the largest ones, where fewer lie beyond the cache)."""
+KERNEL_SECONDS = 0.05
+"""How long each round of a timed kernel runs (three rounds): several of a shared machine's scheduling slices."""
+SMALLEST = 3
+"""The smallest timed sizes (a few bytes): their median time is the per-kernel cost (dispatch, launch), priced apart
+from the bytes (``MemoryRate.launch_seconds``)."""
 
-_MATMULS = {"aten.mm": (0, 1), "aten.addmm": (1, 2), "aten.bmm": (0, 1), "aten.baddbmm": (1, 2)}
-"""Matmul ops and the argument positions of their two factors."""
 MAX_SHAPES = 16
 """Distinct shapes timed at most (those with the most FLOPs in the step)."""
 
@@ -73,28 +77,29 @@ class MatmulMix:
     dtype: torch.dtype | None
     memory: Counter[int] = field(default_factory=Counter)
     """Bytes read + written -> how many of the step's memory-bound kernels move that many."""
+    layouts: dict[MatmulShape, str] = field(default_factory=dict)
+    """The operand layout each shape mostly runs in (``overlapcfg.cost.price.matmul_layout``): timed that way."""
 
 
 def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
-    """How many times the graphs run each matmul shape, their (first) dtype, and the sizes of their memory-bound
-    kernels (``overlapcfg.cost.price.node_kind``)."""
+    """How many times the graphs run each matmul shape (``overlapcfg.cost.price.matmul_shape``), their (first)
+    dtype, and the sizes of their memory-bound kernels (``overlapcfg.cost.price.node_kind``)."""
     shapes: Counter[MatmulShape] = Counter()
     memory: Counter[int] = Counter()
+    layouts: dict[MatmulShape, Counter[str]] = {}
     dtype = None
     for gm in graphs:
         for node in gm.graph.nodes:
             if node.op == "call_function" and node_kind(node) == "memory":
                 memory[node_bytes(node)] += 1
-            positions = _MATMULS.get(compat.op_name(node.target)) if node.op == "call_function" else None
-            if positions is None:
+            shape = matmul_shape(node)
+            if shape is None:
                 continue
-            a, b = (node.args[i].meta.get("val") if isinstance(node.args[i], fx.Node) else None for i in positions)
-            if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-                continue
-            batch = a.shape[0] if a.dim() == 3 else 1
-            shapes[(int(batch), int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1]))] += 1
-            dtype = dtype or a.dtype
-    return MatmulMix(shapes, dtype, memory)
+            shapes[shape] += 1
+            layouts.setdefault(shape, Counter())[matmul_layout(node)] += 1
+            first = node.all_input_nodes[0].meta.get("val") if node.all_input_nodes else None
+            dtype = dtype or (first.dtype if isinstance(first, torch.Tensor) else None)
+    return MatmulMix(shapes, dtype, memory, {s: c.most_common(1)[0][0] for s, c in layouts.items()})
 
 
 def _flops(shape: MatmulShape) -> int:
@@ -102,38 +107,78 @@ def _flops(shape: MatmulShape) -> int:
     return 2 * batch * m * k * n
 
 
+ANCHOR_SHAPES: tuple[MatmulShape, ...] = ((1, 16, 16, 16), (1, 64, 64, 64))
+"""Tiny products timed besides the step's own: they pin the per-kernel cost the rate fit separates from the FLOPs
+(``matmul_rate_fit``); not part of the step's mix."""
+
+
 def chosen_shapes(shapes: Counter[MatmulShape]) -> list[MatmulShape]:
-    """The shapes to time: the ``MAX_SHAPES`` with the most FLOPs in the step, in that order."""
-    return sorted(shapes, key=lambda s: (-_flops(s) * shapes[s], s))[:MAX_SHAPES]
+    """The shapes to time: the ``MAX_SHAPES`` with the most FLOPs in the step, in that order, then the
+    ``ANCHOR_SHAPES`` the step does not run itself."""
+    top = sorted(shapes, key=lambda s: (-_flops(s) * shapes[s], s))[:MAX_SHAPES]
+    return top + [a for a in ANCHOR_SHAPES if a not in top]
 
 
 def time_matmuls(chosen: Sequence[MatmulShape], dtype: torch.dtype, clock: Clock, *,
-                 progress: Callable[[str, int], None] | None = None) -> list[float]:
-    """Seconds per call of each shape, back to back."""
+                 progress: Callable[[str, int], None] | None = None,
+                 layouts: Mapping[MatmulShape, str] | None = None) -> list[float]:
+    """Seconds per call of each shape, back to back, its factors laid out as the step reads them (``layouts``:
+    ``nt`` reads ``b`` transposed; default ``nn``)."""
     seconds = []
     for shape in chosen:
         batch, m, k, n = shape
-        a = torch.randn(batch, m, k, dtype=dtype, device=clock.device)
-        b = torch.randn(batch, k, n, dtype=dtype, device=clock.device)
+        layout = (layouts or {}).get(shape, "nn")
+        a = torch.randn(batch, m, k, dtype=dtype, device=clock.device) if layout[0] == "n" else \
+            torch.randn(batch, k, m, dtype=dtype, device=clock.device).transpose(1, 2)
+        b = torch.randn(batch, k, n, dtype=dtype, device=clock.device) if layout[1] == "n" else \
+            torch.randn(batch, n, k, dtype=dtype, device=clock.device).transpose(1, 2)
         op: Callable[[], object] = functools.partial(torch.bmm, a, b) if batch > 1 else \
             functools.partial(torch.mm, a[0], b[0])
-        seconds.append(clock.per_call(op))
+        seconds.append(clock.per_call(op, min_seconds=KERNEL_SECONDS))
         if progress is not None:
             progress("matmuls", 1)
     return seconds
 
 
 def matmul_samples(shapes: Counter[MatmulShape], chosen: Sequence[MatmulShape], seconds: Sequence[float],
-                   dtype: torch.dtype) -> KernelSamples:
-    """The rate at the step's mix (see the module docstring) and its residual per shape."""
+                   dtype: torch.dtype) -> tuple[KernelSamples, MatmulRate, float]:
+    """The timed shapes' record, the shape-aware rate model fitted to them (``matmul_rate_fit``) and the peak it is
+    a share of. The record's ``rate`` is the step's mix (its FLOPs over its time, each shape weighted by how often the
+    step runs it), ``overhead`` the fitted per-kernel cost, ``residual`` the model's."""
     work = [float(_flops(s)) for s in chosen]
-    rate = sum(w * shapes[s] for w, s in zip(work, chosen, strict=True)) / \
-        sum(t * shapes[s] for t, s in zip(seconds, chosen, strict=True))
-    errors = [(w / rate - t) / t for w, t in zip(work, seconds, strict=True)]
-    residual = math.sqrt(sum(e * e for e in errors) / len(errors))
+    counted = sum(t * shapes[s] for t, s in zip(seconds, chosen, strict=True))
+    rate = sum(w * shapes[s] for w, s in zip(work, chosen, strict=True)) / counted if counted > 0 else \
+        max(w / t for w, t in zip(work, seconds, strict=True))
+    peak, model, residual = matmul_rate_fit(chosen, seconds)
     names = tuple(f"{'' if s[0] == 1 else f'{s[0]} x '}{s[1]} x {s[2]} x {s[3]} (x{shapes[s]})" for s in chosen)
-    return KernelSamples(what=f"matmul {str(dtype).removeprefix('torch.')}", shapes=names, work=tuple(work),
-                         seconds=tuple(seconds), rate=rate, overhead=0.0, residual=residual)
+    what = (f"matmul {str(dtype).removeprefix('torch.')} (best {peak / 1e9:.4g} GFLOP/s; x {model.efficiency:.3g}, "
+            f"half dim {model.half_dim:.4g}, {1e6 * model.launch_seconds:.3g} us a kernel)")
+    return (KernelSamples(what=what, shapes=names, work=tuple(work), seconds=tuple(seconds), rate=rate,
+                          overhead=model.launch_seconds, residual=residual), model, peak)
+
+
+HALF_DIMS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0)
+"""Half dimensions the matmul fit tries (``MatmulRate.half_dim``, one for m, n and k)."""
+
+
+def matmul_rate_fit(chosen: Sequence[MatmulShape], seconds: Sequence[float]) -> tuple[float, MatmulRate, float]:
+    """``(peak, model, residual)``: the best FLOP/s any timed shape reached, and the ``MatmulRate`` (share of that
+    peak, half dimension, per-kernel cost) whose ``launch + FLOPs / (peak x share(shape))`` is closest to every timed
+    shape in relative error (non-negative least squares per half dimension; the best of ``HALF_DIMS``)."""
+    flops = [float(_flops(s)) for s in chosen]
+    peak = max(f / t for f, t in zip(flops, seconds, strict=True))
+    best: tuple[float, MatmulRate] | None = None
+    for half in HALF_DIMS:
+        probe = MatmulRate(efficiency=1.0, half_dim=half, half_k=half)
+        design = [(1.0, f / (peak * probe.share(*s))) for f, s in zip(flops, chosen, strict=True)]
+        fit = fit_nonnegative(design, seconds)
+        launch, inverse = fit.coefficients
+        efficiency = min(1.0, 1.0 / inverse) if inverse > 0 else 1.0
+        model = MatmulRate(efficiency=efficiency, half_dim=half, half_k=half, launch_seconds=min(launch, 0.1))
+        if best is None or fit.residual < best[0]:
+            best = (fit.residual, model)
+    assert best is not None  # HALF_DIMS is not empty
+    return peak, best[1], best[0]
 
 
 def memory_sizes(cache_bytes: int, cap: int) -> list[int]:
@@ -150,7 +195,7 @@ def time_memory(sizes: Sequence[int], clock: Clock, *, progress: Callable[[str, 
     for nbytes in sizes:
         numel = nbytes // 12
         a, b, out = (torch.ones(numel, device=clock.device) for _ in range(3))
-        seconds.append(clock.per_call(functools.partial(torch.add, a, b, out=out)))
+        seconds.append(clock.per_call(functools.partial(torch.add, a, b, out=out), min_seconds=KERNEL_SECONDS))
         if progress is not None:
             progress("memory", 1)
     return seconds
@@ -175,7 +220,8 @@ def memory_samples(sizes: Sequence[int], seconds: Sequence[float], cache_bytes: 
     if per_byte <= 0:
         raise OverlapConfigError(f"calibrate: elementwise kernel times do not grow with size up to {max(sizes)} bytes; "
                                  "raise the largest size")
-    overhead = fit_line(sizes, seconds).coefficients[0]
+    overhead = statistics.median(seconds[:SMALLEST]) if len(seconds) >= SMALLEST else \
+        fit_line(sizes, seconds).coefficients[0]
     within = sizes[big[0]] < 2 * cache_bytes
     where = (f"memory {1 / per_byte / 1e9:.3g} GB/s from {len(big)} sizes >= {sizes[big[0]] / 2**20:.0f} MiB" +
              (f", within 2x the {cache_bytes / 2**20:.0f} MiB cache: may time the cache" if within else
@@ -189,14 +235,23 @@ def memory_samples(sizes: Sequence[int], seconds: Sequence[float], cache_bytes: 
             w = (nbytes - sizes[i]) / (sizes[i + 1] - sizes[i])
             return seconds[i] + max(0.0, w) * (seconds[i + 1] - seconds[i])
 
-        times = {n: t(n) for n in kernels}
-        rate = sum(n * c for n, c in kernels.items()) / sum(times[n] * c for n, c in kernels.items())
-        errors = [((n / rate - times[n]) / times[n], c) for n, c in kernels.items()]
+        whole = {n: t(n) for n in kernels}
+        moving = sum(max(whole[n] - overhead, 0.0) * c for n, c in kernels.items())  # the per-kernel cost apart
+        rate = sum(n * c for n, c in kernels.items()) / moving if moving > 0 else 1.0 / per_byte
+        errors = [((overhead + n / rate - whole[n]) / whole[n], c) for n, c in kernels.items()]
         residual = math.sqrt(sum(e * e * c for e, c in errors) / sum(c for _, c in errors))
         where = f"at the step's {sum(kernels.values())} memory-bound kernels; {where}"
     return KernelSamples(what=f"memory (a + b, float32; {where})", shapes=tuple(f"{n} B" for n in sizes),
                          work=tuple(float(n) for n in sizes), seconds=tuple(seconds), rate=rate,
                          overhead=overhead, residual=residual)
+
+
+def time_views(clock: Clock) -> float:
+    """Seconds one view op takes to dispatch (``aten.view`` of a small tensor, as a graph module calls it): what an
+    eager host pays per view and reshape (``MemoryRate.view_seconds``)."""
+    x = torch.ones(4, 4, device=clock.device)
+    view = torch.ops.aten.view.default
+    return clock.per_call(functools.partial(view, x, [16]), min_seconds=KERNEL_SECONDS)
 
 
 def default_shapes(clock: Clock) -> Counter[MatmulShape]:

@@ -15,7 +15,7 @@ from rich.text import Text
 from overlapcfg.cost.calibration import ROUGH_FIT
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.measuring.result import CalibratedProfile, Measurement
-from overlapcfg.report.labels import fmt_bytes, fmt_seconds
+from overlapcfg.report.labels import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
 from overlapcfg.report.render import cost_sources_line
 from overlapcfg.results import present
 
@@ -37,7 +37,7 @@ def measurement_table(m: Measurement) -> Group:
     table = Table(title=f"predicted ({m.hardware.name}) vs measured: {m.backend} x {m.world_size} on {m.device}, "
                         f"median of {m.steps} steps", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     columns = ["config", "predicted\nms", "measured\nms", "±\nms", "error", "exposed\npred. ms",
-               "exposed\nmeas. ms", "rank\npred.", "rank\nmeas."]
+               "exposed\nmeas. ms", "rank\npred.", "rank\nmeas.", "tok/s pred.\n/ meas.", "MFU pred.\n/ meas."]
     if profiled:
         columns[5:5] = ["profiled\nms", "error\nprofiled"]
         columns.append("rank\nprof.")
@@ -48,7 +48,9 @@ def measurement_table(m: Measurement) -> Group:
     for c in m.configs:
         row = [escape(c.name), _ms(c.predicted_step_s), _ms(c.measured_step_s), _ms(c.measured_spread_s / 2),
                _pct(c.error), _ms(c.predicted_exposed_s), _ms(c.measured_exposed_s),
-               str(ranks["predicted_step_s"][c.name]), str(ranks["measured_step_s"][c.name])]
+               str(ranks["predicted_step_s"][c.name]), str(ranks["measured_step_s"][c.name]),
+               f"{fmt_rate(c.predicted_tokens_per_second)} / {fmt_rate(c.measured_tokens_per_second)}",
+               f"{fmt_pct(c.predicted_mfu, 2)} / {fmt_pct(c.measured_mfu, 2)}"]
         if profiled:
             row[5:5] = [_ms(c.predicted_profiled_step_s), _pct(c.profiled_error)]
             row.append(str(ranks["predicted_profiled_step_s"].get(c.name, "—")))
@@ -106,6 +108,13 @@ def calibration_table(profile: HardwareProfile) -> Group:
                                                       if fit.issue_bandwidth else "")
             table.add_row(kind, link_name, fmt_seconds(fit.latency) + " /step", f"{fit.bandwidth / 1e9:.2f} GB/s",
                           issue, _residual(residual), sizes)
+    for sk in (cal.skew if cal else ()):
+        fitted = profile.skew
+        table.add_row(f"skew {escape(sk.group)}", f"{sk.ranks} ranks",
+                      f"{fmt_seconds(fitted.absolute) if fitted else '—'} sd",
+                      f"{100 * fitted.relative:.2f}% of compute, {1e3 * (fitted.diffusion ** 0.5):.2g} ms/s^0.5"
+                      if fitted else "", "", _residual(sk.residual),
+                      f"{len(sk.compute_seconds)} lengths")
     for k in (cal.kernels if cal else ()):
         unit = "GFLOP/s" if k.what.startswith("matmul") else "GB/s"
         table.add_row(k.what.split(" (")[0], "", fmt_seconds(k.overhead), f"{k.rate / 1e9:.1f} {unit}", "",

@@ -83,6 +83,18 @@ class MeasuredConfig(_Data):
     profiled_cost_sources: tuple[CostSource, ...] = ()
     """How ``predicted_profiled_step_s`` was priced."""
     collectives: tuple[MeasuredCollective, ...] = ()
+    predicted_skew_s: float = 0.0
+    """Seconds the prediction's collectives waited for their last rank (the profile's skew)."""
+    tokens_per_step: int | None = None
+    """Tokens one rank processes per step (``overlapcfg.cost.throughput``)."""
+    predicted_tokens_per_second: float | None = None
+    """Predicted tokens per second per GPU (per rank), inside the graphs."""
+    predicted_mfu: float | None = None
+    """Predicted ``6 N tokens / (step x dense peak)`` on the profile's peak."""
+    measured_tokens_per_second: float | None = None
+    """``tokens_per_step / measured_step_s``."""
+    measured_mfu: float | None = None
+    """``6 N tokens / (measured step x dense peak)``, on the same peak as the prediction's."""
 
     @property
     def error(self) -> float:
@@ -222,6 +234,8 @@ def profile_header(profile: HardwareProfile) -> str:
             f"{cal.device}, {cal.backend} x {cal.world_size}, {cal.seconds:.0f} s.\n"
             "collectives: per link and kind, the ring model's latency (per step) and bus bandwidth fitted by least "
             "squares\nto the timings under calibration.groups (residual: RMS relative error). mem_bandwidth: a + b "
-            "over sizes beyond the cache;\npeak_flops: the achieved rate at the model's matmuls, per dtype. "
-            "contention: how much compute and\ncollectives slow each other while they overlap. "
+            "at the step's kernel sizes;\npeak_flops: the best rate a timed matmul reached, per dtype; achievable: "
+            "each matmul's share of it by shape,\nthe per-kernel and per-view costs. contention: how much compute "
+            "and collectives slow each other while\nthey overlap. skew: how far apart the ranks arrive at a "
+            "collective. "
             "calibration.rough_fits: what to distrust. Read by overlapcfg\nhardware=<name> / load_hardware.")

@@ -41,6 +41,7 @@ from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.prediction import Simulation
 from overlapcfg.cost.price import collective_bytes
+from overlapcfg.cost.pricing import Pricing, pricing_from
 from overlapcfg.cost.simulator import simulate
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.graph.ops import collective_kind, is_collective_start
@@ -87,7 +88,8 @@ class _RankResult:
 def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: HardwareProfile | str,
             warmup: int = 3, steps: int = 10, profiled_steps: int = 2, node_costs: bool | str = True,
             interleave: bool = True, device: torch.device | str | None = None, config_root: str = "configs",
-            progress: Callable[[MeasureProgress], None] | None = None) -> Measurement:
+            progress: Callable[[MeasureProgress], None] | None = None,
+            pricing: Pricing | Mapping[str, Any] | None = None) -> Measurement:
     """Measure each of ``configs`` (``{name: overlap config}``, a mapping or ``OverlapConfig`` each) with
     ``make_step`` and predict it on ``hardware``; see the module docstring for what is run.
 
@@ -96,7 +98,9 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
     at once and take the timed steps in turns (config 1, 2, ..., then again), so load that drifts during the sweep
     (other jobs, thermal limits) is shared fairly; costs one model per config in memory (False: one at a time).
     ``device``: where the step runs (default: the current CUDA device under NCCL, else the CPU), for the clock.
-    Call on every rank, with the same arguments.
+    ``pricing``: what the predictions assume (``overlapcfg.cost.pricing.Pricing``); by default the graphs as this
+    sweep runs them: one kernel per op (``fusion`` ``auto`` is ``eager`` here), nothing beyond them (no optimizer:
+    the measured time is the graphs'). Call on every rank, with the same arguments.
     """
     if not dist.is_initialized():
         raise OverlapStateError("measure: no process group; run under torchrun (or init_process_group) on every rank")
@@ -104,6 +108,9 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
         raise OverlapConfigError("measure: warmup, steps and profiled_steps must each be at least 1 (warmup compiles)")
     started = time.perf_counter()
     hw = load_hardware(hardware)
+    priced = pricing_from(pricing, path="pricing")
+    if priced.fusion == "auto":  # the sweep runs the graphs as they are: one kernel per op
+        priced = pricing_from({**priced.model_dump(), "fusion": "eager"}, path="pricing")
     loaded = {str(name): load_config(cfg if isinstance(cfg, OverlapConfig) else dict(cfg),
                                      root=f"{config_root}.{name}") for name, cfg in configs.items()}
     if not loaded:
@@ -155,7 +162,7 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
     box: list[Any] = [None]
     if dist.get_rank() == 0:  # rank 0's graphs and prediction; every rank returns the same numbers
         try:
-            rows = [_row(name, given[name], cfg, graphs[name], measured[name], hw, costs)
+            rows = [_row(name, given[name], cfg, graphs[name], measured[name], hw, costs, priced)
                     for name, cfg in loaded.items()]
             box[0] = Measurement(
                 hardware=hw, world_size=dist.get_world_size(), backend=str(dist.get_backend()),
@@ -268,20 +275,28 @@ def _align(clock: Clock) -> None:
 
 
 def _row(name: str, given: Any, cfg: OverlapConfig, graphs: Mapping[str, Any], ranks: Sequence[_RankResult],
-         hw: HardwareProfile, costs: NodeCosts | None) -> MeasuredConfig:
+         hw: HardwareProfile, costs: NodeCosts | None, pricing: Pricing) -> MeasuredConfig:
     ws = dist.get_world_size()
     gms = [graphs[g] for g in DIRECTIONS]
-    sim = simulate(gms, hw, world_size=ws, names=DIRECTIONS)
-    profiled = simulate(gms, hw, world_size=ws, names=DIRECTIONS, node_costs=costs) if costs is not None else None
+    sim = simulate(gms, hw, world_size=ws, names=DIRECTIONS, pricing=pricing)
+    profiled = simulate(gms, hw, world_size=ws, names=DIRECTIONS, node_costs=costs, pricing=pricing) \
+        if costs is not None else None
     per_step = [max(r.graph_seconds[i] for r in ranks) for i in range(len(ranks[0].graph_seconds))]
     walls = [max(r.wall_seconds[i] for r in ranks) for i in range(len(ranks[0].wall_seconds))]
     exposed = [statistics.mean(r.exposed[i] for r in ranks) for i in range(len(ranks[0].exposed))]
     profiled_s = [max(r.profiled_seconds[i] for r in ranks) for i in range(len(ranks[0].profiled_seconds))]
     overrides = cfg.model_dump(mode="json") if isinstance(given, OverlapConfig) else dict(given)
+    measured_step = statistics.median(per_step)
+    tokens, params = sim.tokens_per_step, sim.model_params
     return MeasuredConfig(
+        predicted_skew_s=sim.skew_seconds, tokens_per_step=tokens,
+        predicted_tokens_per_second=sim.tokens_per_second, predicted_mfu=sim.mfu,
+        measured_tokens_per_second=tokens / measured_step if tokens and measured_step > 0 else None,
+        measured_mfu=6 * params * tokens / (measured_step * sim.peak_flops)
+        if tokens and params and measured_step > 0 and sim.peak_flops > 0 else None,
         name=name, overrides=overrides, config=cfg.model_dump(mode="json"),
         predicted_step_s=sim.step_seconds, predicted_exposed_s=sim.exposed_comm_seconds,
-        measured_step_s=statistics.median(per_step), measured_spread_s=_iqr(per_step),
+        measured_step_s=measured_step, measured_spread_s=_iqr(per_step),
         measured_exposed_s=statistics.median(exposed), measured_wall_s=statistics.median(walls),
         measured_profiled_step_s=statistics.median(profiled_s),
         step_seconds=tuple(per_step),

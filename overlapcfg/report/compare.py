@@ -18,6 +18,7 @@ from overlapcfg.config.base import RankCount
 from overlapcfg.config.load import validate_value
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
+from overlapcfg.cost.pricing import Pricing, pricing_from
 from overlapcfg.cost.simulator import GroupPlacement, simulate
 from overlapcfg.errors import OverlapUsageError
 from overlapcfg.kinds import DIRECTIONS
@@ -44,12 +45,15 @@ def default_name(cfg: OverlapConfig) -> str:
 def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, Any]], *,
             hardware: HardwareProfile | str, names: Sequence[str] | None = None,
             world_size: int | None = None, as_dtype: torch.dtype | None = None,
-            node_costs: NodeCosts | None = None) -> Comparison:
+            node_costs: NodeCosts | None = None, pricing: Pricing | Mapping[str, Any] | None = None,
+            pricing_path: str = "pricing") -> Comparison:
     """One row per config (in the given order): the prediction at ``world_size`` (default: the trace's).
 
     Include ``{"strategy": "none"}`` and ``{"strategy": "torch_manual", "plan": ...}`` to get the baselines.
     ``as_dtype=torch.bfloat16`` predicts bf16 mixed precision from an fp32 trace (see ``simulate``).
-    ``node_costs``: measured node durations instead of the roofline (``overlapcfg.cost.node_costs``).
+    ``node_costs``: measured node durations instead of the kernel model (``overlapcfg.cost.node_costs``).
+    ``pricing``: checkpointing, fusion, optimizer, attention backend, tokens (``overlapcfg.cost.pricing.Pricing``);
+    its faults are reported under ``pricing_path``.
     A fault names the config it is in: ``configs[1].plan.buckets[0]`` for one given as a mapping, the place a
     loaded config or a Hydra node says it came from otherwise.
     """
@@ -67,17 +71,20 @@ def compare(step: CapturedStep, configs: Sequence[OverlapConfig | Mapping[str, A
             labels[i] = f"{label} #{seen[label]}"
     reports = [explain(step, cfg) for cfg in loaded]
     return compare_reports(step, reports, hardware=hardware, names=labels, world_size=world_size,
-                           as_dtype=as_dtype, node_costs=node_costs)
+                           as_dtype=as_dtype, node_costs=node_costs, pricing=pricing, pricing_path=pricing_path)
 
 
 def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: HardwareProfile | str,
                     names: Sequence[str], world_size: int | None = None,
                     as_dtype: torch.dtype | None = None,
                     groups: Mapping[str, GroupPlacement] | None = None,
-                    node_costs: NodeCosts | None = None) -> Comparison:
+                    node_costs: NodeCosts | None = None,
+                    pricing: Pricing | Mapping[str, Any] | None = None,
+                    pricing_path: str = "pricing") -> Comparison:
     """``compare`` for reports already made by ``explain`` (re-predict one set of passes on many machines);
     ``groups`` places the process groups by name (HSDP: the replicate group across nodes)."""
     hw = load_hardware(hardware)
+    priced = pricing_from(pricing, path=pricing_path)
     ws = step.world_size if world_size is None else validate_value(RankCount, world_size, path="world_size")
     rows = []
     for name, explained in zip(names, reports, strict=True):
@@ -88,7 +95,8 @@ def compare_reports(step: CapturedStep, reports: Sequence[Report], *, hardware: 
         node_names: dict[str, dict[str, str]] = {g: node_labels(gm, step.module_fqn_fn(g))
                                                  for g, gm in zip(DIRECTIONS, graphs, strict=True)}
         sim = simulate(graphs, hw, world_size=ws, names=DIRECTIONS, labels=node_names,
-                       traced_world_size=step.world_size, as_dtype=as_dtype, groups=groups, node_costs=node_costs)
+                       traced_world_size=step.world_size, as_dtype=as_dtype, groups=groups, node_costs=node_costs,
+                       pricing=priced, pricing_path=pricing_path)
         report = explained.model_copy(update={"simulation": sim}).attach(*graphs)
         rows.append(ComparisonRow(name, report.strategy, report, sim))
     return Comparison(hw.name, ws, tuple(rows))

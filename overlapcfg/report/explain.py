@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from overlapcfg.config import OverlapConfig, load_config
@@ -22,6 +23,7 @@ from overlapcfg.config.load import validate_value
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.price import node_kind
+from overlapcfg.cost.pricing import Pricing, pricing_from
 from overlapcfg.cost.simulator import GroupPlacement, simulate, traced_group_size
 from overlapcfg.errors import OverlapUsageError
 from overlapcfg.graph.attribution import module_fqn
@@ -189,7 +191,8 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
             cfg: OverlapConfig | Mapping[str, Any] | None = None, *,
             hardware: HardwareProfile | str | None = None, world_size: int | None = None,
             graph_kind: GraphKind = "auto", groups: Mapping[str, GroupPlacement] | None = None,
-            node_costs: NodeCosts | None = None) -> Report:
+            node_costs: NodeCosts | None = None, as_dtype: torch.dtype | None = None,
+            pricing: Pricing | Mapping[str, Any] | None = None, pricing_path: str = "pricing") -> Report:
     """Apply ``cfg`` to copies of ``step``'s graphs (``overlapcfg.passes.apply_step``) and report per bucket;
     predict the step if ``hardware`` (and the untransformed step, ``Report.baseline``, where the untransformed
     graphs are at hand).
@@ -200,7 +203,9 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
     (``graph_kind`` as for ``apply``) and the copy is reported. ``world_size``: the size the prediction is made for
     (default: the trace's). ``groups`` places process groups by name for the prediction
     (``overlapcfg.cost.simulator.GroupPlacement``: HSDP's replicate group across nodes); unplaced groups keep
-    their traced size, the whole world scales to ``world_size``.
+    their traced size, the whole world scales to ``world_size``. ``as_dtype`` costs floating tensors as that dtype
+    (bf16 mixed precision from an fp32 trace); ``pricing``: checkpointing, fusion, optimizer, attention backend,
+    tokens (``overlapcfg.cost.pricing.Pricing``), its faults under ``pricing_path``.
     """
     if isinstance(step, AppliedStep):
         if cfg is not None:
@@ -213,7 +218,8 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
     if world_size is not None:  # 0 is a fault, not "the trace's size"
         world_size = validate_value(RankCount, world_size, path="world_size")
     if isinstance(step, AppliedStep):
-        return _report(step, hardware=hardware, world_size=world_size, groups=groups, node_costs=node_costs)
+        return _report(step, hardware=hardware, world_size=world_size, groups=groups, node_costs=node_costs,
+                       as_dtype=as_dtype, pricing=pricing, pricing_path=pricing_path)
     if is_fsdp2_model(step):
         if hardware is not None:
             raise OverlapUsageError(
@@ -234,11 +240,14 @@ def explain(step: CapturedStep | AppliedStep | fx.GraphModule | nn.Module,
     else:
         raise OverlapUsageError(f"explain: expected a CapturedStep, an AppliedStep, a graph module or a model "
                                 f"overlapcfg.fully_shard sharded, got {type(step).__name__}")
-    return _report(applied, hardware=hardware, world_size=world_size, groups=groups, node_costs=node_costs)
+    return _report(applied, hardware=hardware, world_size=world_size, groups=groups, node_costs=node_costs,
+                   as_dtype=as_dtype, pricing=pricing, pricing_path=pricing_path)
 
 
 def _report(applied: AppliedStep, *, hardware: HardwareProfile | str | None, world_size: int | None,
-            groups: Mapping[str, GroupPlacement] | None, node_costs: NodeCosts | None) -> Report:
+            groups: Mapping[str, GroupPlacement] | None, node_costs: NodeCosts | None,
+            as_dtype: torch.dtype | None = None, pricing: Pricing | Mapping[str, Any] | None = None,
+            pricing_path: str = "pricing") -> Report:
     """The report of ``applied``: a function of it (and of the hardware the prediction is for)."""
     config, traced = applied.config, applied.step
     graphs = {a.name: a.graph for a in applied.graphs}
@@ -254,12 +263,15 @@ def _report(applied: AppliedStep, *, hardware: HardwareProfile | str | None, wor
     if hardware is not None:
         hw = load_hardware(hardware)
         ws, traced_ws = world_size or applied.world_size, traced.world_size if traced is not None else None
+        priced = pricing_from(pricing, path=pricing_path)
         simulation = simulate(list(graphs.values()), hw, world_size=ws, names=list(graphs), labels=labels,
-                              traced_world_size=traced_ws, groups=groups, node_costs=node_costs)
+                              traced_world_size=traced_ws, groups=groups, node_costs=node_costs, as_dtype=as_dtype,
+                              pricing=priced, pricing_path=pricing_path)
         untransformed = [a.original for a in applied.graphs if a.original is not None]
         if untransformed:  # the "before" the table shows, kept in the report so report.json says it too
             baseline = simulate(untransformed, hw, world_size=ws, names=list(graphs), traced_world_size=traced_ws,
-                                groups=groups, node_costs=node_costs)
+                                groups=groups, node_costs=node_costs, as_dtype=as_dtype, pricing=priced,
+                                pricing_path=pricing_path)
     report = Report(
         strategy=config.strategy,
         plan_name=config.plan.name if config.plan is not None and contract_of(config.strategy).uses_plan else None,

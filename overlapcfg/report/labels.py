@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["KIND_LABELS", "LEGEND", "ROLE_LABELS", "SHOWN_ORDER", "byte_unit", "fmt_bytes", "fmt_change",
-           "fmt_order", "fmt_seconds", "time_unit"]
+           "fmt_order", "fmt_pct", "fmt_rate", "fmt_seconds", "time_unit"]
 
 KIND_LABELS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A", "wait": "W"}
 """Short names of collective kinds (and of a wait) in compact orders, tables and timeline labels."""
@@ -46,6 +46,20 @@ def fmt_seconds(s: float | None) -> str:
     unit, scale = time_unit(s)
     digits = {"s": 3, "ms": 2}.get(unit, 1)
     return f"{s / scale:.{digits}f} {unit}"
+
+
+def fmt_rate(tokens_per_second: float | None) -> str:
+    """Tokens per second per GPU: ``14.8k tok/s``, ``523 tok/s``."""
+    if tokens_per_second is None:
+        return "—"
+    if tokens_per_second >= 1e4:
+        return f"{tokens_per_second / 1e3:.1f}k tok/s"
+    return f"{tokens_per_second:.0f} tok/s"
+
+
+def fmt_pct(share: float | None, digits: int = 1) -> str:
+    """A share as a percentage (``38.2%``), or a dash where unknown."""
+    return "—" if share is None else f"{100 * share:.{digits}f}%"
 
 
 def fmt_change(value: float, base: float, digits: int = 2) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -18,12 +19,22 @@ from rich.text import Text
 from overlapcfg.cost.prediction import CostSource, Simulation
 from overlapcfg.errors import OverlapStateError
 from overlapcfg.report.bucket_table import bucket_table
-from overlapcfg.report.labels import LEGEND, ROLE_LABELS, fmt_bytes, fmt_change, fmt_order, fmt_seconds
+from overlapcfg.report.labels import (
+    LEGEND,
+    ROLE_LABELS,
+    fmt_bytes,
+    fmt_change,
+    fmt_order,
+    fmt_pct,
+    fmt_rate,
+    fmt_seconds,
+)
 from overlapcfg.report.model import Comparison, Report
 from overlapcfg.report.timeline import write_run_timeline
 from overlapcfg.results import PIPED_WIDTH, plain_text, present
 
-__all__ = ["PIPED_WIDTH", "comparison_table", "cost_sources_line", "groups_table", "plain_text", "report_table"]
+__all__ = ["PIPED_WIDTH", "assumptions_line", "comparison_table", "cost_sources_line", "groups_table", "plain_text",
+           "rate_text", "report_table"]
 
 SHOWN_UNCOVERED = 5
 """Uncovered collectives the graphs table names before it counts the rest (``report.json`` holds them all)."""
@@ -60,14 +71,42 @@ def cost_sources_line(sources: Sequence[CostSource], node_costs: str | None = No
     return text + (f" (measured: {node_costs})" if node_costs else "")
 
 
+def rate_text(rate: Any) -> str:
+    """``14.8k tok/s per GPU, MFU 38.2%`` from anything with ``tokens_per_second`` and ``mfu``; empty where
+    neither is known."""
+    parts = []
+    if getattr(rate, "tokens_per_second", None) is not None:
+        parts.append(f"{fmt_rate(rate.tokens_per_second)} per GPU")
+    if getattr(rate, "mfu", None) is not None:
+        parts.append(f"MFU {fmt_pct(rate.mfu)}")
+    return ", ".join(parts)
+
+
+def assumptions_line(sim: Simulation) -> str:
+    """What the prediction assumed besides the hardware: checkpointing, fusion, optimizer
+    (``Simulation.pricing``), in one line."""
+    pricing = sim.pricing or {}
+    parts = []
+    if sim.recompute:
+        parts.append(f"checkpointing {sim.recompute}")
+    if pricing.get("fusion"):
+        parts.append(f"fusion {pricing['fusion']}")
+    if sim.optimizer and sim.optimizer != "none":
+        parts.append(f"after the backward: {sim.optimizer}")
+    if sim.throughput_note:
+        parts.append(sim.throughput_note)
+    return "assumed: " + "; ".join(parts) if parts else ""
+
+
 def _simulation(report: Report, sim: Simulation, baseline: Simulation | None = None) -> Table:
     """The prediction; with ``baseline`` (the untransformed step), a "before" column and the change of each time.
 
     The lower bound bounds the step time (it sits under it); with several process groups, communication is their
     sum while the bound counts the busiest group alone, so each group's own time is shown under the sum."""
+    caption = f"priced by {cost_sources_line(sim.cost_sources, sim.node_costs)}" if sim.cost_sources else ""
+    assumed = assumptions_line(sim)
     table = Table(title=f"Prediction: {sim.hardware}, {_predicted_at(report, sim)}", show_header=baseline is not None,
-                  caption=f"priced by {cost_sources_line(sim.cost_sources, sim.node_costs)}"
-                  if sim.cost_sources else None)
+                  caption="\n".join(x for x in (caption, assumed) if x) or None)
     table.add_column("metric", style="bold")
     if baseline is not None:
         table.add_column("before (no pass)", justify="right")
@@ -78,6 +117,9 @@ def _simulation(report: Report, sim: Simulation, baseline: Simulation | None = N
         ("step time", lambda s: s.step_seconds, fmt_seconds),
         ("  lower bound: max(compute + unhidable, busiest group)" if several else
          "  lower bound: max(compute + unhidable, communication)", lambda s: s.lower_bound_seconds, fmt_seconds),
+        ("  tokens/s per GPU", lambda s: s.tokens_per_second, fmt_rate),
+        ("  MFU: 6 N tokens / peak", lambda s: s.mfu, fmt_pct),
+        ("  by the graph's FLOPs", lambda s: s.graph_mfu, fmt_pct),
         ("compute", lambda s: s.compute_seconds, fmt_seconds),
     ]
     shown = {p.part for p in (*sim.compute_parts, *(baseline.compute_parts if baseline is not None else ()))}
@@ -102,7 +144,7 @@ def _simulation(report: Report, sim: Simulation, baseline: Simulation | None = N
             table.add_row(escape(label), fmt(value(sim)))
             continue
         after = fmt(value(sim))
-        if fmt is fmt_seconds:
+        if fmt is fmt_seconds and value(baseline) is not None:
             # a seconds row's values are floats (rows formatted with fmt_seconds hold times)
             after += _change(value(baseline), value(sim))  # type: ignore[arg-type]
         table.add_row(escape(label), fmt(value(baseline)), after)
@@ -202,14 +244,15 @@ def comparison_table(comparison: Comparison) -> Table:
                          if first else "")
     # Light rules and no wrapping of names or values (a cut name is unreadable); only the headers wrap.
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-    for col in ("config", "strategy", "step\ntime", "lower\nbound", "exposed\ncomm", "overlap", "peak in\nflight",
-                "peak\nunsharded", "FSDP\ncolls", "pass\ntime"):  # pass time: wall clock, whole ms
+    for col in ("config", "strategy", "step\ntime", "tok/s\nper GPU", "MFU", "lower\nbound", "exposed\ncomm", "overlap",
+                "peak in\nflight", "peak\nunsharded", "FSDP\ncolls", "pass\ntime"):  # pass time: wall clock, whole ms
         table.add_column(col, justify="left" if col in ("config", "strategy") else "right", no_wrap=True)
     best = min((r.simulation.step_seconds for r in comparison.rows), default=None)
     for r in comparison.rows:
         s = r.simulation
         style = "bold green" if best is not None and s.step_seconds == best else None
-        table.add_row(escape(r.name), r.strategy, fmt_seconds(s.step_seconds), fmt_seconds(s.lower_bound_seconds),
+        table.add_row(escape(r.name), r.strategy, fmt_seconds(s.step_seconds), fmt_rate(s.tokens_per_second),
+                      fmt_pct(s.mfu), fmt_seconds(s.lower_bound_seconds),
                       fmt_seconds(s.exposed_comm_seconds), _pct(s.overlap_ratio), fmt_bytes(s.peak_inflight_bytes),
                       fmt_bytes(s.peak_unsharded_param_bytes), str(r.collectives), f"{r.pass_seconds * 1e3:.0f} ms",
                       style=style)

@@ -11,7 +11,8 @@ re-simulated per search.
 ``lower_bound`` is a bound on every config of the step, not only on one grouping: compute as traced (no copy into
 or out of a bucket buffer, which every bucketing adds, no issue cost) against each stream's traffic sent as one
 collective per graph and kind (the ring model is subadditive: one collective of all the bytes is never slower than
-several of parts of them), whichever is larger. Contention only adds to both.
+several of parts of them), whichever is larger, plus nothing for the optimizer phase after the backward beyond its
+compute. Contention and rank skew only add to both.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def competitors(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], 
             left_out.append(f"{name}: {err}")
             continue
         sim = compare_reports(step, [report], hardware=profile.hardware, names=[name], world_size=profile.world_size,
-                              as_dtype=profile.as_dtype, node_costs=profile.node_costs).rows[0].simulation
+                              as_dtype=profile.as_dtype, node_costs=profile.node_costs,
+                              pricing=profile.pricing).rows[0].simulation
         sims[name] = sim
         out.append(Candidate(name, COMPETITOR_ARM, _NO_KNOBS, _score(sim), cfg))
     return out, sims, tuple(left_out)
@@ -97,7 +99,7 @@ def competitors(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], 
 
 def lower_bound(profile: Profile) -> float:
     """max(compute as traced, busiest stream with one collective per graph and kind): see the module docstring."""
-    compute = 0.0
+    compute = profile.optimizer_compute
     traffic: dict[tuple[str, str, str], int] = {}
     for g in profile.graphs:
         compute += g.prefix[-1] + sum(c.raw_issue_cost + c.raw_wait_cost for c in g.collectives)

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 
 import torch
 
+from overlapcfg.cost.achievable import Skew
 from overlapcfg.cost.price import collective_cost
 from overlapcfg.cost.replay import NO_CONTENTION, Slowdown
 from overlapcfg.graph.placement import DelayedStep, GatherStep, SortKey, in_schedule_order
@@ -131,10 +132,17 @@ class Grouped:
     graphs: tuple[GroupedGraph, ...]
     comm_seconds: dict[str, float]
     """Busy time of each stream (process group): the same under every schedule."""
+    skew: Skew | None = None
+    """The profile's rank skew (``overlapcfg.cost.replay``), replayed with the ranks of the search."""
+    ranks: int = 1
+    optimizer_seconds: float = 0.0
+    """The phase after the backward (``Profile.optimizer_seconds``): added to every schedule's step."""
+    optimizer_compute: float = 0.0
+    """Its compute; the rest is the gradient norm's all-reduce, exposed."""
 
     @property
     def compute_seconds(self) -> float:
-        return sum(g.compute_seconds for g in self.graphs)
+        return sum(g.compute_seconds for g in self.graphs) + self.optimizer_compute
 
     @property
     def lower_bound_seconds(self) -> float:
@@ -241,7 +249,8 @@ def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str],
         graphs.append(GroupedGraph(g, gathers, scatters, compute, hidden,
                                    tuple(sorted(m.start for s in scatters for m in s.collectives)),
                                    tuple(s.at for s in gathers), tuple(s.at for s in scatters)))
-    return Grouped(tuple(names), tuple(graphs), busy)
+    return Grouped(tuple(names), tuple(graphs), busy, profile.hardware.skew, profile.world_size,
+                   profile.optimizer_seconds, profile.optimizer_compute)
 
 
 def _unhidable(g: GraphProfile, gathers: Sequence[Step[GatherStep]], scatters: Sequence[Step[DelayedStep]]) -> float:

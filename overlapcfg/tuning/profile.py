@@ -37,11 +37,14 @@ from torch import fx
 
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED
-from overlapcfg.cost.attention import EMPTY, AttentionPlan, attention_plan
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.cost.node_costs import MEASURABLE_KINDS, Footing, NodeCosts
+from overlapcfg.cost.plan import StepPlan, optimizer_step
 from overlapcfg.cost.price import collective_bytes, compute_seconds, iter_tensors, node_kind
-from overlapcfg.cost.simulator import measured_footing, node_seconds, storage_plan, value_bytes
+from overlapcfg.cost.pricer import node_seconds, priced_plan
+from overlapcfg.cost.pricing import Pricing, pricing_from
+from overlapcfg.cost.replay import Streams
+from overlapcfg.cost.simulator import optimizer_phase, storage_plan, value_bytes
 from overlapcfg.errors import UnsupportedGraphError
 from overlapcfg.graph.meta import merged_mark
 from overlapcfg.graph.ops import collective_kind, group_name, is_collective_start, is_compute_node, started_by
@@ -159,7 +162,16 @@ class Profile:
     seconds: float
     """Time taken to build it (the one real ``apply``)."""
     node_costs: NodeCosts | None = None
-    """Measured node durations the costs used where they matched (None: the roofline throughout)."""
+    """Measured node durations the costs used where they matched (None: the kernel model throughout)."""
+    plan: StepPlan | None = None
+    """The step's pricing plan (checkpointing, fusion, throughput facts) the costs were made under."""
+    pricing: Pricing | None = None
+    """What the costs assumed besides the hardware (the full checks simulate with it too)."""
+    optimizer_seconds: float = 0.0
+    """The optimizer phase after the backward (``overlapcfg.cost.simulator.optimizer_phase``), replayed once: it
+    does not depend on the schedule."""
+    optimizer_compute: float = 0.0
+    """Its compute (the rest of it, the norm's all-reduce, is exposed communication)."""
 
 
 def unit_config(owners: Sequence[str]) -> OverlapConfig:
@@ -170,9 +182,11 @@ def unit_config(owners: Sequence[str]) -> OverlapConfig:
 
 
 def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: int,
-                  as_dtype: torch.dtype | None = None, node_costs: NodeCosts | None = None) -> Profile:
+                  as_dtype: torch.dtype | None = None, node_costs: NodeCosts | None = None,
+                  pricing: Pricing | None = None, pricing_path: str = "pricing") -> Profile:
     """Apply the unit plan once to copies of ``step``'s graphs and read the profile off the result;
-    ``node_costs``: measured node durations, used where they match (as ``simulate`` uses them)."""
+    ``node_costs``: measured node durations, used where they match (as ``simulate`` uses them); ``pricing``: what
+    the prediction assumes (``overlapcfg.cost.pricing.Pricing``)."""
     started = time.perf_counter()
     owners = tuple(step.param_owners)
     if not owners or "" in owners:
@@ -180,16 +194,20 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
                                     if not owners else "tune: the root module owns FSDP parameters directly; "
                                     "only submodules can be bucketed, so the tuner cannot group them")
     graphs = {a.name: a.graph for a in apply_step(step, unit_config(owners)).graphs}
-    footing = measured_footing([(name, graphs[name]) for name in DIRECTIONS], hardware, node_costs,
-                               world_size=world_size, traced_world_size=step.world_size, as_dtype=as_dtype) \
-        if node_costs is not None else None
-    costs = _Costs(hardware, world_size, step.world_size, as_dtype, node_costs,
-                   attention_plan([graphs[name] for name in DIRECTIONS]), footing)
+    priced = pricing_from(pricing, path=pricing_path)
+    plan, footing = priced_plan([graphs[name] for name in DIRECTIONS], DIRECTIONS, hardware, priced,
+                                world_size=world_size, traced_world_size=step.world_size, as_dtype=as_dtype,
+                                node_costs=node_costs, path=f"{pricing_path}.activation_checkpointing")
+    costs = _Costs(hardware, world_size, step.world_size, as_dtype, node_costs, plan, footing)
     profiles = tuple(_graph_profile(name, graphs[name], step.graph(name), costs) for name in DIRECTIONS)
+    streams = Streams(hardware.skew)
+    params = plan.facts.params // world_size if plan.facts.params else 0
+    optimizer_phase(streams, optimizer_step(plan, hardware, params, world_size))
     seconds = time.perf_counter() - started
     log.info("tune: profiled %d units on %s at %d ranks in %.2fs", len(owners), hardware.name, world_size, seconds)
     return Profile(units=owners, graphs=profiles, module_fqns=tuple(step.module_fqns), hardware=hardware,
-                   world_size=world_size, as_dtype=as_dtype, seconds=seconds, node_costs=node_costs)
+                   world_size=world_size, as_dtype=as_dtype, seconds=seconds, node_costs=node_costs, plan=plan,
+                   pricing=priced, optimizer_seconds=streams.t, optimizer_compute=streams.compute)
 
 
 def _made_by_merging(start: fx.Node, original: set[str]) -> set[fx.Node]:
@@ -214,23 +232,23 @@ class _Costs:
     (``overlapcfg.cost.simulator.node_seconds``, as ``simulate`` prices it)."""
 
     def __init__(self, hw: HardwareProfile, world_size: int, traced_world_size: int,
-                 as_dtype: torch.dtype | None, node_costs: NodeCosts | None = None,
-                 attention: AttentionPlan = EMPTY, footing: Footing | None = None) -> None:
+                 as_dtype: torch.dtype | None, node_costs: NodeCosts | None, plan: StepPlan,
+                 footing: Footing | None = None) -> None:
         self.world_size, self.traced_world_size = world_size, traced_world_size
         self.hw = hw
         self.as_dtype = as_dtype
         self.node_costs = node_costs
-        self.attention = attention
+        self.plan = plan
         self.footing = footing
 
     def __call__(self, node: fx.Node, graph: str | None = None) -> float:
         if graph is not None and node_kind(node) in MEASURABLE_KINDS:
-            role = self.attention.role(DIRECTIONS.index(graph), node)
             return node_seconds(node, graph, self.hw, self.node_costs, world_size=self.world_size,
-                                traced_world_size=self.traced_world_size, as_dtype=self.as_dtype, attention=role,
-                                footing=self.footing)[0]
+                                traced_world_size=self.traced_world_size, as_dtype=self.as_dtype, plan=self.plan,
+                                graph_index=DIRECTIONS.index(graph), footing=self.footing).seconds
+        # a one-node graph's clone (``copy_of``): a bucket's copy-out, priced by its bytes as chain nodes are
         seconds = compute_seconds(node, self.hw, world_size=self.world_size, traced_world_size=self.traced_world_size,
-                                  as_dtype=self.as_dtype).seconds
+                                  as_dtype=self.as_dtype, eager=self.plan.eager, fixed=False).seconds
         return self.footing.price(node_kind(node), seconds) if self.footing is not None else seconds
 
     def copy_of(self, node: fx.Node) -> float:

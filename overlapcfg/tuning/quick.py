@@ -78,10 +78,12 @@ def score(grouped: Grouped, depths: Mapping[str, Sequence[int]], *, max_inflight
         key = (*asked, max_inflight_bytes, issue_order if g.reduce_scatters else "", memory)
         part = g.cache.get(key) if stalls is None else None
         if part is None:
-            part = _replay(g, grouped.names, *asked, max_inflight_bytes, issue_order, memory, stalls)
+            part = _replay(g, grouped, *asked, max_inflight_bytes, issue_order, memory, stalls)
             g.cache[key] = part
         parts.append(part)
-    return Score(step_seconds=sum(p.seconds for p in parts), exposed_comm_seconds=sum(p.exposed_seconds for p in parts),
+    return Score(step_seconds=sum(p.seconds for p in parts) + grouped.optimizer_seconds,
+                 exposed_comm_seconds=sum(p.exposed_seconds for p in parts)
+                 + grouped.optimizer_seconds - grouped.optimizer_compute,
                  compute_seconds=grouped.compute_seconds, comm_seconds=sum(grouped.comm_seconds.values()),
                  peak_inflight_bytes=max(p.peak_inflight_bytes for p in parts),
                  peak_unsharded_param_bytes=max(p.peak_unsharded_param_bytes for p in parts),
@@ -101,7 +103,7 @@ def _asked(depths: Mapping[str, Sequence[int]], graph: str, kind: str,
     return tuple(values[s.bucket] for s in steps)
 
 
-def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays: Sequence[int], cap: int | None,
+def _replay(g: GroupedGraph, grouped: Grouped, depths: Sequence[int], delays: Sequence[int], cap: int | None,
             issue_order: IssueOrder, memory: bool, stalls: list[Stall] | None) -> GraphScore:
     """One graph's events in key order on the simulator's streams (``overlapcfg.cost.replay``), the fixed
     compute between them run as prefix sums. ``depths`` and ``delays``: per step, in schedule order."""
@@ -109,8 +111,9 @@ def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays
     events.sort(key=lambda e: e[0])
     prefix = g.profile.prefix
     before = g.fixed_before
-    streams, mem = Streams(), Memory()
+    streams, mem = Streams(grouped.skew), Memory()
     run, issue, wait = streams.run, streams.issue, streams.wait
+    names, ranks = grouped.names, grouped.ranks
     done = 0
     for key, code, payload, bucket in events:
         n = before(key)
@@ -121,11 +124,11 @@ def _replay(g: GroupedGraph, names: Sequence[str], depths: Sequence[int], delays
             merged = cast(Merged, payload)  # an _ISSUE event carries its collective
             if merged.kind == "all_gather":
                 issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
-                      inflight_bytes=merged.cost_bytes, slowdown=merged.slowdown)
+                      inflight_bytes=merged.cost_bytes, slowdown=merged.slowdown, ranks=ranks)
                 mem.alloc(merged.buffer_bytes, True)
             else:
                 issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
-                      slowdown=merged.slowdown)
+                      slowdown=merged.slowdown, ranks=ranks)
         elif code == _WAIT:
             merged = cast(Merged, payload)
             at = streams.t

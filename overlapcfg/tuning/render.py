@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from overlapcfg.errors import OverlapStateError
-from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_seconds
+from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_pct, fmt_rate, fmt_seconds
 from overlapcfg.report.timeline import write_run_timeline
 from overlapcfg.results import present
 from overlapcfg.tuning.candidates import Candidate
@@ -35,11 +35,15 @@ def _candidates(title: str, rows: tuple[Candidate, ...], result: TuneResult) -> 
     base = result.best_preset
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("candidate", ratio=1, min_width=16, overflow="fold")
-    for col in ("step", "vs best\npreset", "exposed\ncomm", "peak in\nflight", "peak\nunsharded", "fits"):
+    # MFU only where the step's tokens and parameters are known (a column of dashes would only cost width).
+    with_mfu = any(result.rate(c.step_seconds).mfu is not None for c in rows)
+    for col in ("step", *(("MFU",) if with_mfu else ()), "vs best\npreset", "exposed\ncomm", "peak in\nflight",
+                "peak\nunsharded", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
     for c in rows:
         mark = "[bold green]★[/bold green] " if c is result.best or c.config == result.config else ""
-        table.add_row(mark + escape(c.name), fmt_seconds(c.step_seconds),
+        mfu = (fmt_pct(result.rate(c.step_seconds).mfu),) if with_mfu else ()
+        table.add_row(mark + escape(c.name), fmt_seconds(c.step_seconds), *mfu,
                       _pct(c.step_seconds, base.step_seconds) if base is not None else "—",
                       fmt_seconds(c.score.exposed_comm_seconds), fmt_bytes(c.peak_inflight_bytes),
                       fmt_bytes(c.score.peak_unsharded_param_bytes), "yes" if result.fits(c) else "[red]no[/red]")
@@ -55,6 +59,9 @@ def _summary(result: TuneResult) -> Table:
     table.add_column("note", ratio=1, overflow="fold")
     v = result.verification
     table.add_row("predicted step", fmt_seconds(s.step_seconds), escape(result.best.name))
+    rate = result.rate_text(s.step_seconds)
+    if rate:
+        table.add_row("throughput", fmt_rate(result.rate(s.step_seconds).tokens_per_second), escape(rate))
     tie = result.tie_note()
     if tie is not None:
         table.add_row("fastest found", fmt_seconds(result.fastest.step_seconds), escape(tie))

@@ -13,7 +13,7 @@ module cannot import it).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,10 @@ import torch
 from overlapcfg.config import OverlapConfig
 from overlapcfg.config.load import dump_yaml
 from overlapcfg.cost.prediction import Simulation
+from overlapcfg.cost.throughput import StepFacts, Throughput, throughput
 from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_seconds
 from overlapcfg.report.model import TIMELINE_SUFFIXES, Report
-from overlapcfg.report.render import cost_sources_line
+from overlapcfg.report.render import cost_sources_line, rate_text
 from overlapcfg.results import Result
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.quick import Score, Stall
@@ -94,10 +95,24 @@ class TuneResult(Result):
     """The whole search, profile and verification included."""
     arms: int
     """Distinct groupings searched."""
+    facts: StepFacts = field(default_factory=StepFacts)
+    """Tokens a rank processes per step and the model's parameters (``overlapcfg.cost.throughput``)."""
+    peak_flops: float = 0.0
+    """The device's dense datasheet peak for the costed dtype (MFU's denominator)."""
+    pricing: dict[str, Any] | None = None
+    """What the search assumed besides the hardware (``overlapcfg.cost.pricing.Pricing``, fusion resolved)."""
 
     @property
     def score(self) -> Score:
         return self.best.score
+
+    def rate(self, step_seconds: float) -> Throughput:
+        """Tokens/s per GPU and MFU of a step of ``step_seconds`` (``overlapcfg.cost.throughput``)."""
+        return throughput(self.facts, step_seconds, 0.0, self.peak_flops)
+
+    def rate_text(self, step_seconds: float) -> str:
+        """``14.8k tok/s/GPU, MFU 38.2 %``, or empty where unknown."""
+        return rate_text(self.rate(step_seconds))
 
     def fits(self, c: Candidate) -> bool:
         return self.memory_budget is None or c.peak_inflight_bytes <= self.memory_budget
@@ -131,7 +146,8 @@ class TuneResult(Result):
         if self.verification is not None:
             full = (f" (full apply + verify + simulate: {fmt_seconds(self.verification.simulation.step_seconds)}, "
                     f"{100 * self.verification.agreement:.3f}% apart)")
-        lines += [f"predicted step {fmt_seconds(s.step_seconds)}{full}",
+        rate = self.rate_text(s.step_seconds)
+        lines += [f"predicted step {fmt_seconds(s.step_seconds)}{full}" + (f"; {rate}" if rate else ""),
                   f"exposed communication {fmt_seconds(s.exposed_comm_seconds)}; peak all-gathers in flight "
                   f"{fmt_bytes(s.peak_inflight_bytes)}; peak unsharded parameters "
                   f"{fmt_bytes(s.peak_unsharded_param_bytes)}",
@@ -148,8 +164,9 @@ class TuneResult(Result):
                      "simulated):")
         for p in sorted((*self.presets, *self.competitors), key=lambda c: c.step_seconds):
             over = "" if self.fits(p) else " (over budget)"
-            lines.append(f"  {p.name}: {fmt_seconds(p.step_seconds)}, in flight {fmt_bytes(p.peak_inflight_bytes)}"
-                         f"{over}")
+            rate = self.rate_text(p.step_seconds)
+            lines.append(f"  {p.name}: {fmt_seconds(p.step_seconds)}" + (f" ({rate})" if rate else "") +
+                         f", in flight {fmt_bytes(p.peak_inflight_bytes)}{over}")
         lines.append("load it: overlapcfg.load_config(pathlib.Path('tuned.yaml')), or as an option of your Hydra "
                      "app's overlap group")
         return lines
@@ -171,8 +188,9 @@ class TuneResult(Result):
 
     def to_dict(self) -> dict[str, Any]:
         def row(c: Candidate) -> dict[str, Any]:
-            return {"name": c.name, "score": _score(c.score),
-                    "config": c.config.model_dump(mode="json") if c.config is not None else None}
+            rate = self.rate(c.step_seconds)
+            return {"name": c.name, "score": _score(c.score), "tokens_per_second": rate.tokens_per_second,
+                    "mfu": rate.mfu, "config": c.config.model_dump(mode="json") if c.config is not None else None}
 
         v = self.verification
         return {
@@ -189,6 +207,8 @@ class TuneResult(Result):
             "lower_bound_seconds": self.lower_bound_seconds, "skipped": list(self.skipped),
             "space": self.space.model_dump(mode="json"), "evaluated": self.evaluated, "arms": self.arms,
             "profile_seconds": self.profile_seconds, "seconds": self.seconds,
+            "tokens_per_step": self.facts.tokens, "model_params": self.facts.params, "peak_flops": self.peak_flops,
+            "pricing": self.pricing,
         }
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -37,6 +37,8 @@ from overlapcfg.config.depths import SEARCHED_DEPTHS, Depths, depth_field
 from overlapcfg.config.load import validate_value
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
+from overlapcfg.cost.pricing import Pricing, pricing_from
+from overlapcfg.cost.throughput import StepFacts
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.agreement import decided_on_rank_zero
 from overlapcfg.passes.backend import CapturedStep
@@ -79,7 +81,8 @@ ProgressFn = Callable[[TuneProgress], None]
 def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None = None,
          memory_budget: int | str | None = None, space: TuneSpace | Mapping[str, Any] | None = None,
          as_dtype: torch.dtype | None = None, progress: ProgressFn | None = None, verify: bool = True,
-         config_root: str | None = None, node_costs: NodeCosts | None = None) -> TuneResult:
+         config_root: str | None = None, node_costs: NodeCosts | None = None,
+         pricing: Pricing | Mapping[str, Any] | None = None, pricing_path: str | None = None) -> TuneResult:
     """Search the ``space`` of plans and schedules for ``step`` on ``hardware`` at ``world_size`` ranks (default:
     the trace's) for the fastest predicted step whose peak in-flight all-gather bytes stay within
     ``memory_budget`` (bytes or ``"4GiB"``; None, the default: no memory budget, and the result says so). Steps
@@ -90,7 +93,9 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     ``verify``: re-check the winner by a real apply + verify + simulate (the quick score must agree within 1 %).
     ``config_root``: where the caller's tune settings sit (``tune``), so faults read ``tune.memory_budget``.
     ``node_costs``: measured node durations (``overlapcfg.cost.node_costs``, best of the untransformed step)
-    priced instead of the roofline, by the search and by the winner's full check alike.
+    priced instead of the kernel model, by the search and by the winner's full check alike. ``pricing``:
+    checkpointing, fusion, optimizer, attention backend, tokens (``overlapcfg.cost.pricing.Pricing``), likewise;
+    its faults are reported under ``pricing_path`` (default ``<config_root>.pricing``).
     A budget no candidate fits raises ``OverlapConfigError`` naming the smallest feasible budget.
 
     In a job of several ranks (a real process group), rank 0 searches and every rank returns rank 0's result
@@ -100,13 +105,15 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
     """
     return decided_on_rank_zero("tune", lambda: _search(
         step, hardware=hardware, world_size=world_size, memory_budget=memory_budget, space=space, as_dtype=as_dtype,
-        progress=progress, verify=verify, settings_at=f"{config_root}." if config_root else "", node_costs=node_costs))
+        progress=progress, verify=verify, settings_at=f"{config_root}." if config_root else "", node_costs=node_costs,
+        pricing=pricing, pricing_path=pricing_path))
 
 
 def _search(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None,
             memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | None,
             as_dtype: torch.dtype | None, progress: ProgressFn | None, verify: bool, settings_at: str,
-            node_costs: NodeCosts | None) -> TuneResult:
+            node_costs: NodeCosts | None, pricing: Pricing | Mapping[str, Any] | None = None,
+            pricing_path: str | None = None) -> TuneResult:
     """``tune`` on this rank alone; ``settings_at``: the prefix of the tune settings' paths in faults."""
     started = time.perf_counter()
     prefix = settings_at
@@ -117,7 +124,9 @@ def _search(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: 
     ws = step.world_size if world_size is None else validate_value(RankCount, world_size, path=f"{prefix}world_size")
     report = _Reporter(progress, started)
     report("profile", 0, 1, None)
-    profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype, node_costs=node_costs)
+    where = pricing_path or f"{prefix}pricing"
+    profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype, node_costs=node_costs,
+                            pricing=pricing_from(pricing, path=where), pricing_path=where)
     structure = find_structure(step.module_fqns, step.param_owners, space, root=f"{prefix}space",
                                module_types=step.module_types, facts=_unit_facts(profile))
     if structure.found:
@@ -365,7 +374,10 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
         candidates=tuple(unique), verification=verification, stalls=tuple(stalls), hardware=profile.hardware.name,
         world_size=profile.world_size, memory_budget=budget, as_dtype=as_dtype, space=space,
         evaluated=len(everything), profile_seconds=profile.seconds, seconds=time.perf_counter() - started,
-        arms=len(arms))
+        arms=len(arms), facts=profile.plan.facts if profile.plan is not None else StepFacts(),
+        peak_flops=profile.hardware.dense_peak(profile.plan.facts.dtype if profile.plan is not None else "float32"),
+        pricing=profile.pricing.model_copy(update={"fusion": profile.plan.fusion}).model_dump(mode="json")
+        if profile.pricing is not None and profile.plan is not None else None)
 
 
 def _check_config(best: Candidate, arm: Arm, step: CapturedStep, profile: Profile) -> None:
@@ -386,7 +398,7 @@ def _verify(step: CapturedStep, best: Candidate, profile: Profile) -> Verificati
     config = best.config if best.config.verify else best.config.model_copy(update={"verify": True})
     explained = explain(step, config)
     row = compare_reports(step, [explained], hardware=profile.hardware, names=["tuned"], world_size=profile.world_size,
-                          as_dtype=profile.as_dtype, node_costs=profile.node_costs).rows[0]
+                          as_dtype=profile.as_dtype, node_costs=profile.node_costs, pricing=profile.pricing).rows[0]
     sim = row.simulation
     agreement = abs(best.step_seconds - sim.step_seconds) / sim.step_seconds if sim.step_seconds else 0.0
     if agreement > AGREEMENT:

@@ -52,7 +52,7 @@ def test_an_override_of_the_followed_depth_carries_its_follower_along_but_not_a_
     facts = ModelFacts(("", "layers", "layers.0", "layers.1"), ("layers.0", "layers.1"))
 
     def resolved(cfg: dict[str, object]) -> dict[str, tuple[int, str]]:
-        (first, second) = resolve_config(load_config(cfg), facts, root="overlap").buckets
+        (first, second) = resolve_config(load_config(cfg), facts).buckets
         return {b.name: (b.all_reduce_delay, b.origin("all_reduce_delay")) for b in (first, second)}
 
     plan = {"buckets": ["layers.*"]}

@@ -165,7 +165,7 @@ def test_torch_manual_says_whether_it_left_the_all_reduces_unbucketed() -> None:
 # --- the cost model knows groups ------------------------------------------------------------------------------------
 
 NET = {"peak_flops": {"bf16": 1e12, "fp32": 1e12}, "mem_bandwidth": 1e12, "intra_node_bandwidth": 1e9,
-       "inter_node_bandwidth": 1e8, "latency": 0.0, "gpus_per_node": 8}
+       "inter_node_bandwidth": 1e8, "latency": 1e-9, "gpus_per_node": 8}
 
 
 def test_an_inter_node_group_costs_its_own_links() -> None:
@@ -178,7 +178,10 @@ def test_an_inter_node_group_costs_its_own_links() -> None:
     hw = HardwareProfile(name="net", **NET)  # type: ignore[arg-type]
     inside = simulate(syn.gm, hw, world_size=8, groups={"0": GroupPlacement(8, inter_node=False)})
     across = simulate(syn.gm, hw, world_size=8, groups={"0": GroupPlacement(8, inter_node=True)})
-    assert across.comm_seconds == pytest.approx(10 * inside.comm_seconds)
+    fast = HardwareProfile(name="latency only", **{**NET, "intra_node_bandwidth": 1e15,  # type: ignore[arg-type]
+                                                   "inter_node_bandwidth": 1e15})
+    latency = simulate(syn.gm, fast, world_size=8, groups={"0": GroupPlacement(8, inter_node=False)}).comm_seconds
+    assert across.comm_seconds - latency == pytest.approx(10 * (inside.comm_seconds - latency), rel=1e-6)
     assert across.step_seconds > inside.step_seconds
 
 

@@ -121,7 +121,7 @@ def _matmuls(rate: dict[torch.dtype, float], noise: float = 0.0) -> dict[torch.d
     out = {}
     for dtype, r in rate.items():
         seconds = [2 * m * k * n / r * (1 + (noise if i else -noise)) for i, (_, m, k, n) in enumerate(chosen)]
-        out[dtype] = matmul_samples(shapes, chosen, seconds, dtype)
+        out[dtype] = matmul_samples(shapes, chosen, seconds, dtype)[0]
     return out
 
 

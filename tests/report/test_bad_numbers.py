@@ -97,7 +97,7 @@ def test_a_calibrated_fit_with_an_impossible_number_is_refused() -> None:
 
     from overlapcfg.cost.calibration import CollectiveFit
 
-    CollectiveFit(latency=0.0, bandwidth=5e9, issue_latency=1e-5, issue_bandwidth=None)
+    CollectiveFit(latency=1e-9, bandwidth=5e9, issue_latency=1e-5, issue_bandwidth=None)
     for bad in ({"bandwidth": math.inf}, {"latency": math.nan}, {"issue_bandwidth": 1e300}):
         with pytest.raises(ValidationError):
             CollectiveFit(**{"latency": 1e-5, "bandwidth": 5e9, **bad})

@@ -126,7 +126,7 @@ def test_quick_score_equals_the_full_simulation_with_measured_costs_and_fits() -
         assert full.node_costs is not None and full.node_costs.startswith("made up")
     plain = compare(step, configs[:1], hardware=hw, world_size=8).rows[0].simulation
     assert plain.step_seconds != rows[0].simulation.step_seconds
-    assert {s.source for s in plain.cost_sources if s.part == "compute"} == {"roofline"}
+    assert {s.source for s in plain.cost_sources if s.part == "compute"} == {"achievable"}  # cpu_gloo's rates
 
 
 def _scheduled(policy: dict[str, Any], graph: str = "backward") -> fx.GraphModule:
@@ -400,3 +400,28 @@ def test_overlapcfg_tune_is_the_search_function_after_the_package_is_imported() 
     with pytest.raises(TypeError, match="hardware"):
         overlapcfg.tune(synthetic_step([[1]]))
 
+
+
+@pytest.mark.parametrize("pricing", [
+    {"activation_checkpointing": "selective", "optimizer": "adamw", "grad_clip": True},
+    {"activation_checkpointing": "full", "fusion": "inductor"},
+])
+def test_quick_score_equals_the_full_simulation_with_checkpointing_the_optimizer_and_skew(
+        pricing: dict[str, Any]) -> None:
+    """A chosen checkpointing mode, the optimizer phase, a fused route and the profile's rank skew: the recompute
+    is the model's forward whatever the grouping (bucket copies are not recomputed), so the profile replay still
+    gives the full simulation's step, compute and exposed communication exactly."""
+    step = synthetic_step()
+    hw = overlapcfg.load_hardware("h100_nvlink")
+    profile = build_profile(step, hw, world_size=64, pricing=overlapcfg.cost.pricing.pricing_from(pricing))
+    rng = random.Random(11)
+    configs = [overlapcfg.load_config(_random_config(rng, len(LAYERS))) for _ in range(4)]
+    rows = compare(step, configs, hardware=hw, world_size=64, pricing=pricing).rows
+    for cfg, row in zip(configs, rows, strict=True):
+        quick, full = _quick(step, profile, cfg), row.simulation
+        assert full.recompute.startswith(pricing["activation_checkpointing"])
+        assert quick.step_seconds == pytest.approx(full.step_seconds, rel=1e-8), cfg
+        # a fused group's reads are deduplicated per group, and a merge can add a view between two readers of one
+        # tensor: a few bytes in 10^8 (the step itself agrees exactly)
+        assert quick.compute_seconds == pytest.approx(full.compute_seconds, rel=1e-6), cfg
+        assert quick.exposed_comm_seconds == pytest.approx(full.exposed_comm_seconds, rel=1e-8, abs=1e-15), cfg
