@@ -126,8 +126,9 @@ class DiagnoseResult(Result, RecordModel):
     measured_step_s: float = 0.0
     """Median over steps of the slowest rank's step."""
     noise_s: float = 0.0
-    """Half the interquartile range of the steps' times (slowest rank; half the range below 4 steps): a gain below
-    it cannot be told from noise."""
+    """Half the interquartile range of the steps' times (slowest rank), from 8 profiled steps; half their range
+    below 8 (a note says so); 0 for one step (nothing is then proposed): a gain below it cannot be told from
+    noise."""
     replayed_step_s: float = 0.0
     """The replay of the measured steps unchanged (what every proposal's gain is taken from)."""
     memory_budget: int | None = None
