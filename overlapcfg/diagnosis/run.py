@@ -196,10 +196,10 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
     if divergence:
         verdict = "the ranks issued different collectives: give every rank the same config first"
     elif len(slowest) < 2:
-        best = usable[0][0] if usable else None
+        top = usable[0][0] if usable else None
         verdict = ("one profiled step: no spread to judge a gain against, so nothing is proposed"
-                   + (f" (the best change, {best.name}, would gain {fmt_seconds(max(best.gain_s, 0.0))})"
-                      if best is not None else "")
+                   + (f" (the best change, {top.name}, would gain {fmt_seconds(max(top.gain_s, 0.0))})"
+                      if top is not None else "")
                    + f"; profile {MIN_IQR_STEPS} or more steps (torch.profiler.schedule(active=...))")
     elif usable and usable[0][0].gain_s > max(noise, 0.0):
         chosen = usable[0][0]
