@@ -13,6 +13,8 @@ peak resident memory against the traces' size), and, with ``--large-mb``, on one
 
     python benchmarks/diagnose_routes.py                       # all of it (minutes on 2 loaded cores)
     python benchmarks/diagnose_routes.py --routes fsdp2 --large-mb 2000
+    python benchmarks/diagnose_routes.py --routes compiled --ab-best   # also time the best change where nothing
+                                                                        # is proposed (is its small gain real?)
 
 Prints tables and writes ``benchmarks/results/diagnose_routes.json``.
 """
@@ -29,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,7 +42,8 @@ from tests.support.diagnose_jobs import CONFIGS, route_job
 from tests.support.trace_oracle import exposed_per_step
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SIZES = {"hidden": 128, "layers": 2, "profiled": 5, "timed": 8}
+SIZES = {"hidden": 128, "layers": 2, "profiled": 8, "timed": 8}
+"""8 profiled steps: the least from which ``diagnose`` takes half the interquartile range as its noise."""
 _MEASURE = """
 import json, sys, time
 from overlapcfg.diagnosis import diagnose
@@ -85,13 +89,24 @@ def _load() -> str:
     return os.getloadavg()[0].__format__(".1f") if hasattr(os, "getloadavg") else "?"
 
 
-def routes(route_names: list[str], work: Path) -> list[dict[str, Any]]:
+def _diagnose(path: Path, cfg: Any, best: bool) -> Any:
+    """``diagnose``; with ``best``, a second diagnosis with no noise threshold gives the best change's config even
+    where the first proposes nothing (to time it: is the small gain it predicts real?). Benchmark only: the
+    threshold is patched for that one call and restored."""
+    r = diagnose(path, cfg)
+    if not best or r.config is not None:
+        return r, r
+    with mock.patch("overlapcfg.diagnosis.run._spread", lambda times: (0.0, None)):
+        return r, diagnose(path, cfg)
+
+
+def routes(route_names: list[str], work: Path, ab_best: bool = False) -> list[dict[str, Any]]:
     runs = [(r, f"{r}_{q}", CONFIGS[(r, q)]) for r in route_names for q in ("poor", "good")]
     timed = run_on_gloo(route_job, runs, str(work), SIZES, timeout_s=3000, preload=("tests.support.diagnose_jobs",))[0]
     rows = []
     for route, name, cfg in runs:
         started = time.perf_counter()
-        r = diagnose(work / name, cfg)
+        r, timed_r = _diagnose(work / name, cfg, ab_best)
         took = time.perf_counter() - started
         oracle = [statistics.median(exposed_per_step(work / name / f"rank{k}.json").values()) for k in (0, 1)]
         row: dict[str, Any] = {
@@ -100,10 +115,13 @@ def routes(route_names: list[str], work: Path) -> list[dict[str, Any]]:
             "proposal": r.proposal.name if r.proposal else None, "verdict": r.verdict, "noise_ms": r.noise_s * 1e3,
             "predicted_gain_ms": r.proposal.gain_s * 1e3 if r.proposal else None,
             "measured_ms": statistics.median(timed[name]) * 1e3, "measured_spread_ms": _spread(timed[name]) * 1e3,
+            "best_candidate": r.candidates[0].name if r.candidates else None,
+            "best_gain_ms": r.candidates[0].gain_s * 1e3 if r.candidates else None, "load": _load(),
         }
-        if r.config is not None:  # run the proposal against what it came from, in turns
-            abab = [(route, f"{name}_a", cfg), (route, f"{name}_proposed_a", r.config),
-                    (route, f"{name}_b", cfg), (route, f"{name}_proposed_b", r.config)]
+        if timed_r.config is not None:  # run the proposal against what it came from, in turns
+            row.update(timed_change=timed_r.proposal.name, predicted_gain_ms=timed_r.proposal.gain_s * 1e3)
+            abab = [(route, f"{name}_a", cfg), (route, f"{name}_proposed_a", timed_r.config),
+                    (route, f"{name}_b", cfg), (route, f"{name}_proposed_b", timed_r.config)]
             again = run_on_gloo(route_job, abab, str(work / "again"), SIZES, timeout_s=3000,
                                 preload=("tests.support.diagnose_jobs",))[0]
             before = again[f"{name}_a"] + again[f"{name}_b"]
@@ -111,8 +129,11 @@ def routes(route_names: list[str], work: Path) -> list[dict[str, Any]]:
             row.update(before_ms=statistics.median(before) * 1e3, before_spread_ms=_spread(before) * 1e3,
                        after_ms=statistics.median(after) * 1e3, after_spread_ms=_spread(after) * 1e3,
                        before_steps_ms=[t * 1e3 for t in before], after_steps_ms=[t * 1e3 for t in after])
-            row["faster_beyond_spread"] = (row["before_ms"] - row["after_ms"]) > max(row["before_spread_ms"],
-                                                                                   row["after_spread_ms"])
+            spread = max(row["before_spread_ms"], row["after_spread_ms"])
+            row["measured_gain_ms"] = row["before_ms"] - row["after_ms"]
+            row["faster_beyond_spread"] = row["measured_gain_ms"] > spread
+            row["prediction_within_spread"] = abs(row["measured_gain_ms"] - row["predicted_gain_ms"]) <= spread
+            row["load_after_ab"] = _load()
         rows.append(row)
         print(f"{name:18s} exposed {_ms(r.exposed_s)} ms (independent {row['independent_ms']:.1f}) "
               f"unattributed {r.unattributed} | {r.verdict} | load {_load()}", flush=True)
@@ -148,6 +169,8 @@ def main() -> None:
     parser.add_argument("--large-mb", type=float, default=0, help="size of the generated large trace (0: skip)")
     parser.add_argument("--skip-routes", action="store_true")
     parser.add_argument("--speed-traces", type=Path, help="measure on these traces instead of profiling a job")
+    parser.add_argument("--ab-best", action="store_true",
+                        help="time the best change also where nothing is proposed (the good configs)")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     name = "diagnose_routes.json" if not args.skip_routes else "diagnose_speed.json"
@@ -155,7 +178,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if not args.skip_routes:
-            report["routes"] = routes(args.routes.split(","), work)
+            report["routes"] = routes(args.routes.split(","), work, args.ab_best)
             (RESULTS / name).write_text(json.dumps(report, indent=2))  # kept if a later part fails
         if args.speed_traces is not None:
             size = sum(p.stat().st_size for p in args.speed_traces.iterdir())
@@ -170,14 +193,18 @@ def main() -> None:
             report["large"] = large(work, args.large_mb)
             print("large:", report["large"], flush=True)
     print()
-    print(f"{'run':18s} {'exposed':>8s} {'indep.':>8s} {'unattr':>6s}  {'measured':>14s}  {'before':>14s}  "
-          f"{'after':>14s}  proposal")
+    print(f"{'run':14s} {'exposed':>8s} {'indep.':>7s} {'unattr':>6s} {'measured':>13s} {'best gain±noise':>16s} "
+          f"{'before':>13s} {'after':>13s} {'gain':>6s} {'load':>5s}  proposal")
     for row in report.get("routes", []):
         before = f"{row['before_ms']:.1f}±{row['before_spread_ms']:.1f}" if "before_ms" in row else "—"
         after = f"{row['after_ms']:.1f}±{row['after_spread_ms']:.1f}" if "after_ms" in row else "—"
-        print(f"{row['run']:18s} {row['exposed_ms']:8.1f} {row['independent_ms']:8.1f} {row['unattributed']:6d}  "
-              f"{row['measured_ms']:7.1f}±{row['measured_spread_ms']:<6.1f}  {before:>14s}  {after:>14s}  "
-              f"{row['proposal'] or 'nothing beyond noise'}")
+        gain = f"{row['measured_gain_ms']:.1f}" if "measured_gain_ms" in row else "—"
+        best = f"{row['best_gain_ms'] or 0:.1f}±{row['noise_ms']:.1f}"
+        print(f"{row['run']:14s} {row['exposed_ms']:8.1f} {row['independent_ms']:7.1f} {row['unattributed']:6d} "
+              f"{row['measured_ms']:6.1f}±{row['measured_spread_ms']:<6.1f} {best:>16s} {before:>13s} {after:>13s} "
+              f"{gain:>6s} {row['load']:>5s}  {row['proposal'] or 'nothing beyond noise'}"
+              + (f" (timed: {row['timed_change']}, predicted {row['predicted_gain_ms']:.1f})"
+                 if row.get("timed_change") and not row["proposal"] else ""))
     (RESULTS / name).write_text(json.dumps(report, indent=2))
     print(f"wrote {RESULTS / name}")
 

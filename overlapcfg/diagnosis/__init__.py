@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from overlapcfg._lazy import lazy_exports
-from overlapcfg.diagnosis import render as _render  # registers print(result) / rich.print(result)
 
 _EXPORTS = {
     "diagnose": "overlapcfg.diagnosis.run",
@@ -28,8 +27,6 @@ _EXPORTS = {
 __all__ = ["DiagnoseResult", "diagnose", "trace_files"]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-del _render
 
 if TYPE_CHECKING:
     from overlapcfg.diagnosis.result import DiagnoseResult

@@ -57,6 +57,11 @@ class Unit:
     seconds: float
     issue: float
     need: float
+    lane: str = "comm"
+    """The stream it runs on: the gloo worker thread or GPU stream it ran on (gloo runs two at once)."""
+    waiting: float = 0.0
+    """Of ``seconds``, the time it moved no bytes: from when it could have started (issued, and its lane free) to
+    when it started, and then until the last rank had joined it (``ranks.peer_waits``). The rest is transfer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +75,29 @@ class Program:
     hooks: dict[str, float]
 
 
-def program(step: RankStep) -> Program:
+def program(step: RankStep, peer_waits: dict[tuple[int, int, int], float] | None = None) -> Program:
+    """``step`` as the replay sees it; ``peer_waits``: ``ranks.peer_waits`` of the job (how long each collective
+    waited for the last rank to join it).
+
+    A collective's seconds run from when it could have started (issued, and the one before it on its lane done) to
+    its end, so that replaying the step unchanged gives back when each collective ended: a gloo worker that starts
+    a collective late (its thread not scheduled on a busy machine) is part of what that collective costs."""
     a = step.start
     units = []
     stalls = []
+    waited = peer_waits or {}
+    free: dict[str, float] = {}
+    ready: dict[int, float] = {}
+    for i in sorted(range(len(step.collectives)), key=lambda i: step.collectives[i].start):
+        c = step.collectives[i]
+        ready[i] = min(c.start, max(c.issued, free.get(c.lane, a)))
+        free[c.lane] = max(free.get(c.lane, a), c.end)
     for i, c in enumerate(step.collectives):
         nbytes = c.nbytes or 0
+        peer = min(waited.get((c.rank, c.step, c.index), 0.0), (c.end - c.start) / 1e6)
         units.append(Unit(token=i, kind=c.kind, direction=c.direction, bucket=c.bucket, nbytes=nbytes,
-                          seconds=(c.end - c.start) / 1e6, issue=(c.issued - a) / 1e6, need=(c.need - a) / 1e6))
+                          seconds=(c.end - ready[i]) / 1e6, issue=(c.issued - a) / 1e6, need=(c.need - a) / 1e6,
+                          lane=c.lane or "comm", waiting=(c.start - ready[i]) / 1e6 + peer))
         if c.end > c.need:
             stalls.append(((c.need - a) / 1e6, (c.end - a) / 1e6))
     hooks = {bucket_name(m): seconds for m, seconds in step.hooks.items()}
@@ -98,7 +118,7 @@ def replay(prog: Program, units: Sequence[Unit] | None = None, saved: float = 0.
             streams.run((at - t) - prog.stalls.covered(t, at))
             t = at
         if what == 0:
-            streams.issue(token, "comm", by_token[token].seconds)
+            streams.issue(token, by_token[token].lane, by_token[token].seconds)
         else:
             streams.wait(token)
     if prog.length > t:
@@ -107,9 +127,11 @@ def replay(prog: Program, units: Sequence[Unit] | None = None, saved: float = 0.
 
 
 def fit_durations(programs: Sequence[Program]) -> dict[str, tuple[float, float]]:
-    """Per kind, ``(latency s, s per byte)``: a line through the median duration of each size the trace's own
-    collectives of that kind have (medians: a collective's time includes waiting for the last rank, which varies
-    from step to step). Sizes less than 2x apart cannot tell latency from bandwidth: then no latency, the median
+    """Per kind, ``(latency s, s per byte)`` of the **transfer**: a line through the median transfer time (a
+    collective's time less the time it moved no bytes, ``Unit.waiting``) of each size the trace's own collectives
+    of that kind have. Without the split, the waits for a late rank (milliseconds on a loaded machine, whatever the
+    size) fit as a latency, and a merge seems to save one such latency per collective merged away: the peers arrive
+    no earlier for it. Sizes less than 2x apart cannot tell latency from bandwidth: then no latency, the median
     rate."""
     out: dict[str, tuple[float, float]] = {}
     for kind in sorted({u.kind for p in programs for u in p.units}):
@@ -117,7 +139,7 @@ def fit_durations(programs: Sequence[Program]) -> dict[str, tuple[float, float]]
         for p in programs:
             for u in p.units:
                 if u.kind == kind and u.nbytes > 0:
-                    by_size.setdefault(u.nbytes, []).append(u.seconds)
+                    by_size.setdefault(u.nbytes, []).append(u.seconds - u.waiting)
         if not by_size:
             continue
         sizes = sorted(by_size)
@@ -196,9 +218,12 @@ def _merged(groups: dict[str, str], fits: dict[str, tuple[float, float]], blocki
             first = min(members, key=lambda u: u.issue)
             nbytes = sum(u.nbytes for u in members)
             latency, per_byte = fits.get(kind, (0.0, 0.0))
-            seconds = latency + per_byte * nbytes if kind in fits else sum(u.seconds for u in members)
+            # the merged collective is joined when the first member was: the same wait for the last rank
+            seconds = first.waiting + latency + per_byte * nbytes if kind in fits \
+                else sum(u.seconds for u in members)
             need = first.issue if blocking else min(u.need for u in members)
-            out.append(replace(first, nbytes=nbytes, seconds=seconds, need=need))
+            out.append(replace(first, nbytes=nbytes, seconds=seconds, need=need,
+                               waiting=first.waiting if kind in fits else sum(u.waiting for u in members)))
         return out
     return run
 

@@ -14,7 +14,7 @@ and how long each collective waited for its last rank.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from overlapcfg.diagnosis.names import canonical_dtype
@@ -22,7 +22,7 @@ from overlapcfg.diagnosis.read import RankTrace, trace_error
 from overlapcfg.diagnosis.steps import Collective, RankAnalysis, step_windows
 from overlapcfg.errors import Fault, OverlapConfigError
 
-__all__ = ["Arrival", "Mismatch", "arrivals", "check_together", "first_mismatch", "rank_numbers"]
+__all__ = ["Arrival", "Mismatch", "arrivals", "check_together", "first_mismatch", "peer_waits", "rank_numbers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +140,9 @@ def first_mismatch(analyses: Sequence[RankAnalysis]) -> list[Mismatch]:
     return out
 
 
-def arrivals(analyses: Sequence[RankAnalysis]) -> list[Arrival]:
-    """Arrival skew of every collective of every common step, while the ranks' sequences agree."""
-    if len(analyses) < 2:
-        return []
-    out = []
+def _common(analyses: Sequence[RankAnalysis]) -> Iterator[tuple[int, int, list[Collective]]]:
+    """``(step, index, the n-th collective of every rank)`` of every common step, while the ranks' sequences
+    agree."""
     steps = [{s.step: s for s in a.steps} for a in analyses]
     for n in sorted(set.intersection(*(set(s) for s in steps))):
         lists = [s[n].collectives for s in steps]
@@ -152,8 +150,31 @@ def arrivals(analyses: Sequence[RankAnalysis]) -> list[Arrival]:
             row = [c[i] for c in lists]
             if not all(_same(row[0], c) for c in row[1:]):
                 break
-            times = [c.issued for c in row]
-            last = max(range(len(row)), key=lambda r: times[r])
-            out.append(Arrival(step=n, index=i, kind=row[0].kind, bucket=row[0].bucket,
-                               skew=(max(times) - min(times)) / 1e6, last=analyses[last].rank))
+            yield n, i, row
+
+
+def arrivals(analyses: Sequence[RankAnalysis]) -> list[Arrival]:
+    """Arrival skew of every collective of every common step, while the ranks' sequences agree."""
+    if len(analyses) < 2:
+        return []
+    out = []
+    for n, i, row in _common(analyses):
+        times = [c.issued for c in row]
+        last = max(range(len(row)), key=lambda r: times[r])
+        out.append(Arrival(step=n, index=i, kind=row[0].kind, bucket=row[0].bucket,
+                           skew=(max(times) - min(times)) / 1e6, last=analyses[last].rank))
+    return out
+
+
+def peer_waits(analyses: Sequence[RankAnalysis]) -> dict[tuple[int, int, int], float]:
+    """``(rank, step, index) -> seconds`` a collective ran on that rank before the last rank's started too: time
+    spent waiting for a peer, not moving bytes (a collective moves nothing until every rank is in it). The rest of
+    its time is its transfer. Empty for one rank (no peer to tell the two apart)."""
+    out: dict[tuple[int, int, int], float] = {}
+    if len(analyses) < 2:
+        return out
+    for n, i, row in _common(analyses):
+        last = max(c.start for c in row)
+        for c in row:
+            out[(c.rank, n, i)] = max(0.0, min(last, c.end) - c.start) / 1e6
     return out

@@ -1,20 +1,28 @@
-"""The tables ``overlapcfg mode=diagnose`` prints and ``print(result)`` shows: ranks that disagree first, then per
-rank and step, per bucket, arrival skew, and the proposal with the changes it was chosen from. Rendering only."""
+"""How a ``DiagnoseResult`` is shown (registered with ``overlapcfg.results.present``): the tables
+``overlapcfg mode=diagnose`` prints and ``print(result)`` shows (ranks that disagree first, then per rank and step,
+per bucket, arrival skew, and the proposal with the changes it was chosen from), and ``result.timeline(path)``, the
+pictured step of every rank drawn by the existing timeline renderer. Rendering only."""
 
 from __future__ import annotations
 
-import io
+from collections.abc import Sequence
+from pathlib import Path
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from overlapcfg.diagnosis.result import DiagnoseResult, as_renderable, as_text
+from overlapcfg.cost.prediction import Event, Simulation
+from overlapcfg.diagnosis.result import DiagnoseResult
+from overlapcfg.diagnosis.steps import RankStep
+from overlapcfg.errors import OverlapStateError
 from overlapcfg.report.labels import KIND_LABELS, fmt_bytes
+from overlapcfg.report.timeline import write_run_timeline
+from overlapcfg.results import present
 
-__all__ = ["diagnose_table", "render_text"]
+__all__ = ["diagnose_table", "step_runs"]
 
 SHOWN_SKEWS = 5
 
@@ -30,7 +38,6 @@ def _table(title: str, columns: list[str]) -> Table:
     return table
 
 
-@as_renderable.register
 def diagnose_table(r: DiagnoseResult) -> Group:
     parts: list[object] = []
     if r.divergence:
@@ -81,8 +88,37 @@ def diagnose_table(r: DiagnoseResult) -> Group:
     return Group(*parts)  # type: ignore[arg-type]
 
 
-@as_text.register
-def render_text(r: DiagnoseResult, width: int = 120) -> str:
-    buf = io.StringIO()
-    Console(file=buf, width=width, force_terminal=False, color_system=None).print(diagnose_table(r))
-    return buf.getvalue()
+def step_runs(steps: Sequence[RankStep], world_size: int) -> list[tuple[str, Simulation]]:
+    """Measured steps as timeline runs (one per rank), in the simulator's event vocabulary."""
+    return [(f"rank {s.rank} · step {s.step}", _simulation(s, world_size)) for s in steps]
+
+
+def _simulation(step: RankStep, world_size: int) -> Simulation:
+    """A measured step in the simulator's event vocabulary (times from the step's start)."""
+    a = step.start
+    events: list[Event] = [Event("step", "compute", "compute", "compute", (s - a) / 1e6, (e - a) / 1e6)
+                           for s, e in step.compute_spans]
+    for c in step.collectives:
+        label = c.bucket or "unattributed"
+        events.append(Event("step", f"{c.kind}#{c.index}", f"comm:{c.group or 0}", c.kind, (c.start - a) / 1e6,
+                            (c.end - a) / 1e6, label, c.nbytes or 0))
+        if c.end > c.need:
+            events.append(Event("step", f"wait#{c.index}", "compute", "wait", (max(c.need, c.start) - a) / 1e6,
+                                (c.end - a) / 1e6, label, waits_on=c.kind))
+    return Simulation(hardware="measured", world_size=world_size, step_seconds=step.seconds,
+                      compute_seconds=step.compute, comm_seconds=step.comm, exposed_comm_seconds=step.exposed,
+                      overlap_ratio=max(0.0, 1 - step.exposed / step.comm) if step.comm else None,
+                      lower_bound_seconds=max(step.compute, step.comm), peak_inflight_bytes=0,
+                      peak_unsharded_param_bytes=0, peak_activation_bytes=None).with_events(tuple(events))
+
+
+def _diagnose_timeline(r: DiagnoseResult, path: Path) -> Path:
+    if not r.pictured:
+        raise OverlapStateError("DiagnoseResult.timeline: this result has no measured step to draw (it was read "
+                                "back from JSON); draw it where diagnose ran")
+    runs = step_runs(r.pictured, r.world_size or len(r.ranks))
+    return write_run_timeline(runs, path, title=f"measured step {r.pictured[0].step}: {len(runs)} ranks, exposed "
+                                                "communication hatched, collectives labelled with their bucket")
+
+
+present(DiagnoseResult, draw=diagnose_table, timeline=_diagnose_timeline)

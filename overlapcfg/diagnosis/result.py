@@ -1,45 +1,33 @@
-"""What ``diagnose`` returns: ``DiagnoseResult``, frozen data with the surface every overlapcfg result has.
+"""What ``diagnose`` returns: ``DiagnoseResult``, frozen data and an ``overlapcfg.results.Result`` like every
+other public result (drawn by ``overlapcfg.diagnosis.render``, which registers its tables and timeline).
 
-``print(result)`` / ``rich.print(result)`` show the tables the command prints (``overlapcfg.diagnosis.render``),
-``repr(result)`` is one short line, ``result.to_json()`` is ``diagnose.json`` (``DiagnoseResult.from_json`` reads it
-back), ``result.to_yaml()`` is the proposed config (``proposed.yaml``: ``overlapcfg.load_config`` reads it), and
-``result.timeline(path)`` (also ``result.plot(path)``) draws one step of every rank with the existing timeline
-renderer (``overlapcfg.report.timeline``): compute, each collective labelled with its bucket, and exposed
-communication hatched in the colour of the collective the thread waited for.
+``print(result)`` / ``rich.print(result)`` show the tables the command prints, ``repr(result)`` is one short line
+(``summary``), ``result.to_json()`` is ``diagnose.json`` (``DiagnoseResult.from_json`` reads it back),
+``result.to_yaml()`` is the proposed config (``proposed.yaml``: ``overlapcfg.load_config`` reads it), and
+``result.timeline(path)`` draws one step of every rank with the existing timeline renderer
+(``overlapcfg.report.timeline``): compute, each collective labelled with its bucket, and exposed communication
+hatched in the colour of the collective the thread waited for.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import PrivateAttr
 
 from overlapcfg.config.load import dump_yaml
-from overlapcfg.cost.prediction import Event, Simulation
 from overlapcfg.diagnosis.steps import RankStep
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.report.labels import fmt_seconds
+from overlapcfg.report.model import TIMELINE_SUFFIXES
 from overlapcfg.resolve.resolved import RecordModel
+from overlapcfg.results import Result, counted
 
-__all__ = ["DIAGNOSE_SCHEMA", "BucketRow", "DiagnoseResult", "Divergence", "Proposal", "RankStepRow", "SkewRow",
-           "as_renderable", "as_text"]
+__all__ = ["DIAGNOSE_SCHEMA", "BucketRow", "DiagnoseResult", "Divergence", "Proposal", "RankStepRow", "SkewRow"]
 
 DIAGNOSE_SCHEMA = "overlapcfg.diagnose/1"
-
-
-@functools.singledispatch
-def as_text(data: object) -> str:
-    """``str(result)``: the tables ``overlapcfg.diagnosis.render`` draws (registered there)."""
-    return repr(data)
-
-
-@functools.singledispatch
-def as_renderable(data: object) -> object:
-    """``rich.print(result)``: the same tables in colour (registered there)."""
-    return repr(data)
 
 
 class RankStepRow(RecordModel):
@@ -110,8 +98,10 @@ class Proposal(RecordModel):
     """Why it cannot help or was not taken."""
 
 
-class DiagnoseResult(RecordModel):
+class DiagnoseResult(Result, RecordModel):
     """A diagnosis of one profiling window of one job (see the module docstring)."""
+
+    presented_by: ClassVar[str] = "overlapcfg.diagnosis.render"
 
     files: tuple[str, ...]
     ranks: tuple[int, ...]
@@ -136,8 +126,9 @@ class DiagnoseResult(RecordModel):
     measured_step_s: float = 0.0
     """Median over steps of the slowest rank's step."""
     noise_s: float = 0.0
-    """Half the interquartile range of the steps' times (slowest rank; half the range below 4 steps): a gain below
-    it cannot be told from noise."""
+    """Half the interquartile range of the steps' times (slowest rank), from 8 profiled steps; half their range
+    below 8 (a note says so); 0 for one step (nothing is then proposed): a gain below it cannot be told from
+    noise."""
     replayed_step_s: float = 0.0
     """The replay of the measured steps unchanged (what every proposal's gain is taken from)."""
     memory_budget: int | None = None
@@ -155,19 +146,30 @@ class DiagnoseResult(RecordModel):
         self._pictured = steps
         return self
 
-    # -- the surface every result has ------------------------------------------------------------------------------
-    def __repr__(self) -> str:
+    def __eq__(self, other: object) -> bool:  # the pictured steps are an attachment, not data (JSON drops them)
+        return isinstance(other, DiagnoseResult) and self.model_dump() == other.model_dump()
+
+    # compared by value, not hashable (``config`` is a dict)
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def pictured(self) -> tuple[RankStep, ...]:
+        """Every rank's step that ``timeline`` draws (the one whose slowest rank took the median time); empty for a
+        result read back from JSON."""
+        return self._pictured
+
+    def summary(self) -> str:
         change = self.proposal.name if self.proposal is not None else "nothing beyond noise"
-        diverge = f", DIVERGING at {len(self.divergence)} ranks" if self.divergence else ""
-        return (f"DiagnoseResult(ranks={len(self.ranks)}, steps={len(self.steps)}, device={self.device!r}, "
-                f"step={fmt_seconds(self.measured_step_s)}, exposed={fmt_seconds(self.exposed_s)}, "
-                f"unattributed={self.unattributed}{diverge}, proposal={change!r})")
+        diverge = f", DIVERGING at {counted(len(self.divergence), 'rank')}" if self.divergence else ""
+        return (f"{counted(len(self.ranks), 'rank')}, {counted(len(self.steps), 'step')}, {self.device}, step "
+                f"{fmt_seconds(self.measured_step_s)} ± {fmt_seconds(self.noise_s)}, exposed "
+                f"{fmt_seconds(self.exposed_s)}, {self.unattributed} unattributed{diverge}, proposal {change!r}")
 
-    def __str__(self) -> str:
-        return as_text(self)
-
-    def __rich__(self) -> object:
-        return as_renderable(self)
+    def timeline(self, path: str | Path) -> Path:
+        """Write the pictured step of every rank to ``path``: a Gantt chart (``.png``) or a Chrome trace
+        (``.json``, open it in https://ui.perfetto.dev), as ``overlapcfg mode=diagnose`` writes it. Needs the
+        measured steps (a result read back from JSON has none)."""
+        return self._write("timeline", path, TIMELINE_SUFFIXES)
 
     @property
     def exposed_s(self) -> float:
@@ -208,46 +210,3 @@ class DiagnoseResult(RecordModel):
                      f"replayed {fmt_seconds(self.replayed_step_s)}; with this change "
                      f"{fmt_seconds(self.proposal.predicted_step_s)}")
         return "".join(f"# {line}\n" for line in lines) + dump_yaml(self.config)
-
-    def simulations(self) -> list[tuple[str, Simulation]]:
-        """The pictured step of every rank as timeline runs (``overlapcfg.report.timeline``)."""
-        if not self._pictured:
-            raise OverlapStateError("this DiagnoseResult has no step to draw (read back from JSON): draw it where "
-                                    "diagnose ran")
-        return [(f"rank {s.rank} · step {s.step}", _simulation(s, self.world_size or len(self.ranks)))
-                for s in self._pictured]
-
-    def timeline(self, path: str | Path) -> Path:
-        """A PNG of the pictured step (``.png``), or its Chrome trace (``.json``: open in Perfetto)."""
-        from overlapcfg.report.timeline import write_chrome_trace, write_gantt_png
-
-        path = Path(path)
-        runs = self.simulations()
-        if path.suffix == ".json":
-            return write_chrome_trace(runs, path)
-        step = self._pictured[0].step
-        return write_gantt_png(runs, path, title=f"measured step {step}: {len(runs)} ranks, exposed communication "
-                                                 "hatched, collectives labelled with their bucket")
-
-    def plot(self, path: str | Path) -> Path:
-        """The same as ``timeline``."""
-        return self.timeline(path)
-
-
-def _simulation(step: RankStep, world_size: int) -> Simulation:
-    """A measured step in the simulator's event vocabulary (times from the step's start)."""
-    a = step.start
-    events: list[Event] = [Event("step", "compute", "compute", "compute", (s - a) / 1e6, (e - a) / 1e6)
-                           for s, e in step.compute_spans]
-    for c in step.collectives:
-        label = c.bucket or "unattributed"
-        events.append(Event("step", f"{c.kind}#{c.index}", f"comm:{c.group or 0}", c.kind, (c.start - a) / 1e6,
-                            (c.end - a) / 1e6, label, c.nbytes or 0))
-        if c.end > c.need:
-            events.append(Event("step", f"wait#{c.index}", "compute", "wait", (max(c.need, c.start) - a) / 1e6,
-                                (c.end - a) / 1e6, label, waits_on=c.kind))
-    return Simulation(hardware="measured", world_size=world_size, step_seconds=step.seconds,
-                      compute_seconds=step.compute, comm_seconds=step.comm, exposed_comm_seconds=step.exposed,
-                      overlap_ratio=max(0.0, 1 - step.exposed / step.comm) if step.comm else None,
-                      lower_bound_seconds=max(step.compute, step.comm), peak_inflight_bytes=0,
-                      peak_unsharded_param_bytes=0, peak_activation_bytes=None).with_events(tuple(events))

@@ -19,7 +19,7 @@ from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.diagnosis.attribute import OTHER, attribute, bucket_bytes
 from overlapcfg.diagnosis.propose import Candidate, fit_durations, predicted, program, step_candidates
-from overlapcfg.diagnosis.ranks import arrivals, check_together, first_mismatch, offsets, rank_numbers
+from overlapcfg.diagnosis.ranks import arrivals, check_together, first_mismatch, offsets, peer_waits, rank_numbers
 from overlapcfg.diagnosis.read import HEADER, RankTrace, read_trace, trace_error
 from overlapcfg.diagnosis.result import BucketRow, DiagnoseResult, Divergence, Proposal, RankStepRow, SkewRow
 from overlapcfg.diagnosis.rewrite import proposed_config
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 _SUFFIXES = (".json", ".json.gz")
 SHOWN_SKEWS = 20
+MIN_IQR_STEPS = 8
+"""Profiled steps from which the spread is half their interquartile range; fewer, and a quartile is one step or an
+interpolation between two, so half the range is used, and a note says so."""
 
 
 def trace_files(traces: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -151,9 +154,9 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
             by_step.setdefault(s.step, []).append(s.seconds)
     slowest = [max(v) for _, v in sorted(by_step.items())]
     measured = statistics.median(slowest)
-    noise = _spread(slowest)
-    if len(slowest) == 1:
-        notes.append("one profiled step: no spread to judge a gain against (profile a few steps)")
+    noise, few = _spread(slowest)
+    if few is not None:
+        notes.append(few)
     mismatches = first_mismatch(analyses) if len(analyses) > 1 else []
     by_rank = {a.rank: a for a in analyses}
     divergence = tuple(Divergence(rank=m.rank, reference=m.reference, position=m.position, step=m.step,
@@ -169,7 +172,8 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
     sizes = bucket_bytes(analyses)
     collectives = [c for a in analyses for s in a.steps for c in s.collectives]
     labelled = any(c.source == "fsdp2 label" for c in collectives)
-    programs = [[program(s) for s in a.steps] for a in analyses]
+    waited = peer_waits(analyses) if not divergence else {}
+    programs = [[program(s, waited) for s in a.steps] for a in analyses]
     fits = fit_durations([p for steps in programs for p in steps])
     replayed, _ = predicted(programs, None)
     proposals: list[tuple[Proposal, Candidate]] = []
@@ -191,6 +195,12 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
     chosen, config = None, None
     if divergence:
         verdict = "the ranks issued different collectives: give every rank the same config first"
+    elif len(slowest) < 2:
+        top = usable[0][0] if usable else None
+        verdict = ("one profiled step: no spread to judge a gain against, so nothing is proposed"
+                   + (f" (the best change, {top.name}, would gain {fmt_seconds(max(top.gain_s, 0.0))})"
+                      if top is not None else "")
+                   + f"; profile {MIN_IQR_STEPS} or more steps (torch.profiler.schedule(active=...))")
     elif usable and usable[0][0].gain_s > max(noise, 0.0):
         chosen = usable[0][0]
         made = proposed_config(base, order, modules, usable[0][1])
@@ -229,15 +239,20 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
     ).with_picture(pictured)
 
 
-def _spread(times: Sequence[float]) -> float:
-    """Half the interquartile range of the steps' times (half their range below 4 steps): on a shared machine one
-    step in several can take a multiple of the others, and half the range would be that one step's."""
-    if len(times) < 2:
-        return 0.0
-    if len(times) < 4:
-        return (max(times) - min(times)) / 2
+def _spread(times: Sequence[float]) -> tuple[float, str | None]:
+    """The noise a predicted gain must exceed, from the steps' times (slowest rank), and a note where the steps are
+    too few for a sound one. From ``MIN_IQR_STEPS`` steps: half the interquartile range (on a shared machine one
+    step in several can take a multiple of the others, and half the range would be that one step's); fewer: half
+    the range, the larger and the safer; one step: none (nothing is proposed)."""
+    n = len(times)
+    if n < 2:
+        return 0.0, (f"one profiled step: no spread to judge a gain against; profile {MIN_IQR_STEPS} or more steps")
+    if n < MIN_IQR_STEPS:
+        return (max(times) - min(times)) / 2, (f"{n} profiled steps: the spread is half their range (from "
+                                               f"{MIN_IQR_STEPS} steps, half the interquartile range: profile "
+                                               "more steps for a sounder one)")
     q = statistics.quantiles(times, n=4)
-    return (q[2] - q[0]) / 2
+    return (q[2] - q[0]) / 2, None
 
 
 def _pictured_step(analyses: Sequence[RankAnalysis], by_step: dict[int, list[float]]) -> tuple[Any, ...]:

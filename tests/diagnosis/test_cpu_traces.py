@@ -93,6 +93,6 @@ def test_the_result_prints_round_trips_and_draws(diagnosed: dict[str, DiagnoseRe
     assert again.model_dump() == r.model_dump() and json.loads(r.to_json())["schema"] == "overlapcfg.diagnose/1"
     png = r.timeline(tmp_path / "step.png")
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
-    trace = json.loads(r.plot(tmp_path / "step.json").read_text())
+    trace = json.loads(r.timeline(tmp_path / "step.json").read_text())
     names = {e["name"] for e in trace["traceEvents"]}
     assert any(n.startswith("wait AG[") for n in names) and any("model.layers.0" in n for n in names)

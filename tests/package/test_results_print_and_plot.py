@@ -3,9 +3,10 @@
 ``explain``'s ``Report``, ``compare``'s ``Comparison`` and ``tune``'s ``TuneResult`` come from the public calls on a
 synthetic two-layer step (no tracing: ``tests/support/synthetic.py``); ``measure``'s ``Measurement`` and
 ``calibrate``'s ``CalibratedProfile`` need real ranks, so they are built here from small data (their own slow tests
-run the calls: ``tests/measuring``). Found by trying the library as a new user: ``print(tune_result)`` printed a
-4.8 MB one-line dataclass repr, the tables and pictures the command writes needed undocumented functions, and
-``tune()`` without ``memory_budget`` was a ``TypeError``.
+run the calls: ``tests/measuring``); ``diagnose``'s ``DiagnoseResult`` reads the committed two-rank GPU-format
+traces (``tests/diagnosis/fixtures/gpu_fsdp2``, 14 kB each). Found by trying the library as a new user:
+``print(tune_result)`` printed a 4.8 MB one-line dataclass repr, the tables and pictures the command writes needed
+undocumented functions, and ``tune()`` without ``memory_budget`` was a ``TypeError``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from overlapcfg.results import MAX_REPR, Result, presentation
 from tests.support.synthetic import captured_step
 
 ROOT = Path(overlapcfg.__file__).resolve().parent.parent
+GPU_TRACES = ROOT / "tests" / "diagnosis" / "fixtures" / "gpu_fsdp2"
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY_SPACE = {"split_blocks": [False], "block_parts": [], "layers_per_bucket": [1], "forward_prefetch": [1, 2],
               "backward_prefetch": [1], "reduce_scatter_delay": [1]}
@@ -46,8 +48,9 @@ def results() -> dict[str, Result]:
     comparison = overlapcfg.compare(step, [{"strategy": "none"}, {"plan": {"buckets": ["layers.*"]}}],
                                     hardware="h100_nvlink", world_size=8)
     tuned = overlapcfg.tune(step, hardware="h100_nvlink", world_size=8, space=TINY_SPACE)  # no memory_budget
+    diagnosed = overlapcfg.diagnose(GPU_TRACES)
     return {"explain": report, "compare": comparison, "tune": tuned, "measure": _measurement(),
-            "calibrate": _calibrated()}
+            "calibrate": _calibrated(), "diagnose": diagnosed}
 
 
 def _measurement() -> Measurement:
@@ -81,6 +84,8 @@ HEADERS = {
              "Shipped presets on the same trace", "no memory budget"),
     "measure": ("predicted (cpu_gloo) vs measured: gloo x 2 on cpu", "predicted", "measured", "median |error|"),
     "calibrate": ("calibrated profile 'my_cluster'", "all_gather", "latency", "bandwidth"),
+    "diagnose": ("2 traces, ranks 0, 1 of 2 (cuda", "per rank and step (ms)", "exposed", "per bucket, per step",
+                 "verdict:"),
 }
 
 
@@ -134,14 +139,15 @@ def test_tune_plot_writes_the_commands_front_png(results: dict[str, Result], tmp
         tuned.plot(tmp_path / "tune_front.svg")
 
 
-@pytest.mark.parametrize("name", ["explain", "compare", "tune"])
+@pytest.mark.parametrize("name", ["explain", "compare", "tune", "diagnose"])
 def test_timeline_writes_a_gantt_png_or_a_chrome_trace(results: dict[str, Any], name: str, tmp_path: Path) -> None:
     result = results[name]
     if name == "compare":  # one picture is enough here (a second each on a busy machine); the slow test draws all
         assert result.timeline(tmp_path / "timeline.png").read_bytes().startswith(PNG)
     trace = json.loads(result.timeline(tmp_path / "timeline.json").read_text())
     names = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"]
-    rows = [r.name for r in result.rows] if name == "compare" else [None]
+    rows = [r.name for r in result.rows] if name == "compare" else [None] * (len(result.ranks) if name == "diagnose"
+                                                                              else 1)
     assert len(names) == len(rows) and (name != "compare" or names == rows)
     with pytest.raises(OverlapUsageError, match=r"must end in \.png or \.json"):
         result.timeline(tmp_path / "timeline.txt")
@@ -153,7 +159,17 @@ def test_a_timeline_without_a_prediction_says_how_to_get_one(tmp_path: Path) -> 
         report.timeline(tmp_path / "timeline.png")
 
 
+def test_a_diagnosis_read_back_from_json_says_it_has_no_step_to_draw(results: dict[str, Any],
+                                                                      tmp_path: Path) -> None:
+    again = overlapcfg.DiagnoseResult.from_json(results["diagnose"].to_json())
+    assert again == results["diagnose"] and str(again) == str(results["diagnose"])
+    with pytest.raises(OverlapStateError, match="read back from JSON"):
+        again.timeline(tmp_path / "timeline.png")
+
+
 def test_the_files_the_command_writes_are_methods(results: dict[str, Any], tmp_path: Path) -> None:
+    assert json.loads(results["diagnose"].to_json())["schema"] == "overlapcfg.diagnose/1"
+    assert results["diagnose"].to_yaml().startswith("# overlapcfg diagnose: ")
     assert json.loads(results["explain"].to_json())["schema"] == "overlapcfg.report/5"
     assert json.loads(results["compare"].to_json())["rows"]
     assert overlapcfg.load_config(results["tune"].to_yaml()) == results["tune"].config
@@ -175,7 +191,7 @@ def test_a_calibrated_profile_is_a_hardware_profile_equal_to_its_file(tmp_path: 
 # --- the presenting module is imported by name: check the edge import-linter cannot see ---------------------------
 
 LAYERS = ("config", "resolve", "graph", "strategies|fsdp2", "passes", "cost", "report|capture", "tuning|measuring",
-          "demo|integrations")
+          "diagnosis", "demo|integrations")
 
 
 def _layer(module: str) -> int:
@@ -184,7 +200,8 @@ def _layer(module: str) -> int:
 
 
 def _all_results() -> list[type[Result]]:
-    for name in ("overlapcfg.report", "overlapcfg.tuning.result", "overlapcfg.measuring.result"):
+    for name in ("overlapcfg.report", "overlapcfg.tuning.result", "overlapcfg.measuring.result",
+                 "overlapcfg.diagnosis.result"):
         importlib.import_module(name)
     found, todo = [], list(Result.__subclasses__())
     while todo:
@@ -196,7 +213,7 @@ def _all_results() -> list[type[Result]]:
 
 def test_the_public_results_are_results() -> None:
     names = {c.__name__ for c in _all_results()}
-    assert {"Report", "Comparison", "TuneResult", "Measurement", "CalibratedProfile"} <= names
+    assert {"Report", "Comparison", "TuneResult", "Measurement", "CalibratedProfile", "DiagnoseResult"} <= names
 
 
 @pytest.mark.parametrize("cls", _all_results(), ids=lambda c: c.__name__)
@@ -231,7 +248,7 @@ def _plain_signature(fn: Any) -> str:
     return f"{fn.__name__}({', '.join(parts)})"
 
 
-@pytest.mark.parametrize("name", ["explain", "compare", "tune", "measure", "calibrate"])
+@pytest.mark.parametrize("name", ["explain", "compare", "tune", "measure", "calibrate", "diagnose"])
 def test_the_results_page_gives_each_calls_signature_as_the_code_has_it(name: str) -> None:
     page = " ".join(DOCS.read_text().split())
     assert f"`{_plain_signature(getattr(overlapcfg, name))}`" in page
