@@ -208,7 +208,10 @@ def schedule_ranks(rank: int, world_size: int, end_to_end: bool) -> dict[str, An
     by_costs = _local_tune(step, node_costs=costs)
     out["node_costs"] = _case(lambda: _checked(step, by_costs))
     out["node_costs"]["config"] = by_costs.model_dump(mode="json")
-    by_tie, _ = _with_tie_break(rank, lambda: _local_tune(step))
+    # Every kernel slow on every rank: compute hides every collective, so the search ends in a tie of candidates
+    # that differ only in bytes in flight, and each rank's tie-break picks its own.
+    tied_costs = _costs(step, SLOW_KERNEL_S)
+    by_tie, _ = _with_tie_break(rank, lambda: _local_tune(step, node_costs=tied_costs))
     out["tuner_tie"] = _case(lambda: _checked(step, by_tie))
     out["tuner_tie"]["config"] = by_tie.model_dump(mode="json")
 
