@@ -14,7 +14,13 @@ import os
 # (tests/passes/test_compile.py: 50 -> 36 CPU seconds with one thread). Set before torch is imported, here and so
 # in every process a test starts (the environment is inherited); a value the caller set is kept.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Bytecode is written for this run, whatever PYTHONDONTWRITEBYTECODE says: hundreds of processes the suite starts
+# (gloo ranks, the command, torchrun jobs) would each compile overlapcfg, the tests and their support modules from
+# source again (~0.7 s of each, measured on 2 cores), and pytest would re-rewrite every test module's asserts in
+# every worker. The .pyc files go where Python puts them (__pycache__/, ignored by git).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,8 @@ import torch
 from overlapcfg.demo.tracing import TracedStep
 from tests.support.compat_tier import mark_tier
 from tests.support.traces import ApplyFn, apply_to, traced_step, whole_step_capture
+
+sys.dont_write_bytecode = False  # this process too (see PYTHONDONTWRITEBYTECODE above)
 
 
 def _share_the_cores_between_workers() -> None:
