@@ -47,7 +47,7 @@ SIZES = {"hidden": 128, "layers": 2, "profiled": 8, "timed": 8}
 _MEASURE = """
 import json, sys, time
 from overlapcfg.diagnosis import diagnose
-import overlapcfg.diagnosis.run, overlapcfg.diagnosis.render, overlapcfg.config  # everything diagnose imports
+import overlapcfg.diagnosis.run, overlapcfg.diagnosis.render_diagnosis, overlapcfg.config  # everything diagnose imports
 
 
 def status(key):

@@ -73,7 +73,7 @@ from overlapcfg.capture import shard_module
 from overlapcfg.demo import LLAMA3_8B, Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
 from overlapcfg.measuring.kernels import matmul_mix
-from overlapcfg.measuring.render import calibration_table
+from overlapcfg.measuring.render_measure import calibration_table
 from overlapcfg.passes import apply_step
 from overlapcfg.passes.backend import GraphBackend
 from overlapcfg.passes.compile import INDUCTOR_SETTINGS

@@ -48,7 +48,7 @@ from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.job import compare_configs, demo_spec
 from overlapcfg.measuring.calibration import profile_header
 from overlapcfg.measuring.kernels import MatmulMix, matmul_mix
-from overlapcfg.measuring.render import calibration_table
+from overlapcfg.measuring.render_measure import calibration_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -45,7 +45,7 @@ from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_change, fmt_pct, fmt_rate, fmt_seconds
 from overlapcfg.tuning import tune
-from overlapcfg.tuning.render import write_front_png
+from overlapcfg.tuning.render_tune import write_front_png
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HARDWARE = ("h100_nvlink", "a100_ib")

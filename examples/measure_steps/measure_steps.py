@@ -14,7 +14,7 @@ import overlapcfg
 from overlapcfg import shard_module
 from overlapcfg.demo import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
-from overlapcfg.measuring.render import calibration_table, measurement_table
+from overlapcfg.measuring.render_measure import calibration_table, measurement_table
 
 config = LlamaConfig(n_layers=2)
 world_size = int(os.environ["WORLD_SIZE"])

@@ -1,7 +1,7 @@
 """The cost model: what a step will cost on given hardware, one floor below ``report``, ``tuning`` and ``measuring``
 (which present, search with and check it) and above the graph layer (which it reads).
 
-``hardware`` (profiles: shipped, the user's, calibrated; ``load_hardware``), ``calibration`` (the measured fits a
+``hardware`` (profiles: shipped, the user's, calibrated; ``load_hardware``), ``measured_fits`` (the measured fits a
 calibrated profile holds), ``price`` (what one node or collective costs: roofline, alpha-beta, fitted),
 ``node_costs`` (measured per-node durations, priced instead of the roofline), ``replay`` (the streams' event
 semantics, shared with the tuner's quick model), ``simulator`` (``simulate``: a scheduled graph replayed node by

@@ -23,7 +23,7 @@ each kernel at the rate *its kind and shape* reach:
   execution, a dispatch cost per view (a CPU's interpreter pays it; a GPU's views launch nothing).
 
 ``overlapcfg.cost.price`` applies them; the collectives' achievable rates are the profile's ``collectives`` fits
-(``overlapcfg.cost.calibration.CollectiveFit``), whether calibrated or published; the rank skew is the profile's
+(``overlapcfg.cost.measured_fits.CollectiveFit``), whether calibrated or published; the rank skew is the profile's
 ``skew`` (``Skew``, and ``expected_max_normal``). Every number in a shipped profile says where it comes from in a
 comment next to it. Nothing here imports torch.
 """

@@ -11,7 +11,7 @@ Profiles you make (``overlapcfg mode=calibrate``, or by hand) live in the user d
 there works wherever a shipped name does (``hardware=<name>`` on the command line, whose search path includes the
 directory, and ``load_hardware(name)``); a shipped name always wins, so calibration refuses one. ``load_hardware``
 also takes a path to a YAML file. A calibrated profile adds measured ``collectives`` fits and a ``calibration``
-record (``overlapcfg.cost.calibration``).
+record (``overlapcfg.cost.measured_fits``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.config.safe_yaml import dump_yaml
 from overlapcfg.config.yaml_files import check_path
 from overlapcfg.cost.achievable import Achievable, Fraction, Skew
-from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFits, Contention, LinkContention
+from overlapcfg.cost.measured_fits import Calibration, CollectiveFit, CollectiveFits, Contention, LinkContention
 from overlapcfg.errors import OverlapConfigError, OverlapUsageError, closest_first, natural_key
 from overlapcfg.files import write_atomic
 

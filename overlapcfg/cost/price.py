@@ -18,8 +18,8 @@ import torch
 from torch import fx
 
 from overlapcfg import compat
-from overlapcfg.cost.calibration import Contention
 from overlapcfg.cost.hardware import HardwareProfile
+from overlapcfg.cost.measured_fits import Contention
 from overlapcfg.graph.ops import collective_kind, is_collective_start, is_compute_node, is_free, started_by
 
 __all__ = ["MATMUL_FACTORS", "REDUCTIONS", "CollectiveCost", "NodeKind", "collective_bytes", "collective_cost",

@@ -38,7 +38,7 @@ from overlapcfg.cost.achievable import Skew, expected_max_normal
 __all__ = ["NO_CONTENTION", "Memory", "Slowdown", "Streams"]
 
 Slowdown = tuple[float, float]
-"""``(compute_slowdown, comm_slowdown)`` of one collective's link (``overlapcfg.cost.calibration.Contention``)."""
+"""``(compute_slowdown, comm_slowdown)`` of one collective's link (``overlapcfg.cost.measured_fits.Contention``)."""
 NO_CONTENTION: Slowdown = (0.0, 0.0)
 
 

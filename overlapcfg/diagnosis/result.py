@@ -1,5 +1,5 @@
 """What ``diagnose`` returns: ``DiagnoseResult``, frozen data and an ``overlapcfg.results.Result`` like every
-other public result (drawn by ``overlapcfg.diagnosis.render``, which registers its tables and timeline).
+other public result (drawn by ``overlapcfg.diagnosis.render_diagnosis``, which registers its tables and timeline).
 
 ``print(result)`` / ``rich.print(result)`` show the tables the command prints, ``repr(result)`` is one short line
 (``summary``), ``result.to_json()`` is ``diagnose.json`` (``DiagnoseResult.from_json`` reads it back),
@@ -101,7 +101,7 @@ class Proposal(RecordModel):
 class DiagnoseResult(Result, RecordModel):
     """A diagnosis of one profiling window of one job (see the module docstring)."""
 
-    presented_by: ClassVar[str] = "overlapcfg.diagnosis.render"
+    presented_by: ClassVar[str] = "overlapcfg.diagnosis.render_diagnosis"
 
     files: tuple[str, ...]
     ranks: tuple[int, ...]

@@ -10,7 +10,7 @@ collectives, and the per-node durations (``NodeCosts``) that the simulator and t
 roofline. Underneath: ``clock`` (host clock on CPU, CUDA events on GPU), ``device`` (the device's cache and
 datasheet, and the base profile of its kind), ``fit`` (least squares in the cost model's terms), ``collectives``,
 ``kernels`` and ``contention`` (what calibration times), ``runner`` (the timed compiler),
-``trace`` (reading ``torch.profiler``), ``render`` (tables). Sits beside ``tuning``, above ``cost``, whose
+``trace`` (reading ``torch.profiler``), ``render_measure`` (tables). Sits beside ``tuning``, above ``cost``, whose
 simulator it checks; the demo's ``mode=calibrate`` and ``mode=measure`` use it.
 """
 

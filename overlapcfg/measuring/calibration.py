@@ -43,15 +43,6 @@ from torch import fx
 
 from overlapcfg._version import __version__
 from overlapcfg.cost.achievable import Achievable, MatmulRate, MatmulRates, MemoryRate, Skew, TimedMatmul
-from overlapcfg.cost.calibration import (
-    ROUGH_FIT,
-    Calibration,
-    CollectiveFits,
-    Contention,
-    ContentionSamples,
-    KernelSamples,
-    LinkContention,
-)
 from overlapcfg.cost.hardware import (
     HardwareProfile,
     PeakFlops,
@@ -59,6 +50,15 @@ from overlapcfg.cost.hardware import (
     load_hardware,
     save_hardware,
     shipped_hardware_names,
+)
+from overlapcfg.cost.measured_fits import (
+    ROUGH_FIT,
+    Calibration,
+    CollectiveFits,
+    Contention,
+    ContentionSamples,
+    KernelSamples,
+    LinkContention,
 )
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.measuring.clock import Clock, default_device

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from overlapcfg import compat
-from overlapcfg.cost.calibration import CollectiveFit, CollectiveFits, GroupSamples, KindSamples, LinkFits
+from overlapcfg.cost.measured_fits import CollectiveFit, CollectiveFits, GroupSamples, KindSamples, LinkFits
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.fit import LinearFit, fit_nonnegative, ring_terms
@@ -41,7 +41,7 @@ REPS = 5
 """Timed repetitions per size at least; short collectives get more, up to ``MAX_REPS`` or ``REP_SECONDS``."""
 MAX_REPS = 25
 MIN_LATENCY = 1e-9
-"""The smallest per-step latency a fit keeps (``overlapcfg.cost.calibration.Latency``'s floor)."""
+"""The smallest per-step latency a fit keeps (``overlapcfg.cost.measured_fits.Latency``'s floor)."""
 REP_SECONDS = 0.02
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from overlapcfg import compat
-from overlapcfg.cost.calibration import CollectiveFit, Contention, ContentionSamples
+from overlapcfg.cost.measured_fits import CollectiveFit, Contention, ContentionSamples
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.kernels import MatmulShape
 

@@ -34,7 +34,7 @@ import torch
 from torch import fx
 
 from overlapcfg.cost.achievable import MatmulRate
-from overlapcfg.cost.calibration import KernelSamples
+from overlapcfg.cost.measured_fits import KernelSamples
 from overlapcfg.cost.price import matmul_layout, matmul_shape, node_bytes, node_kind
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock

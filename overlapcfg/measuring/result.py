@@ -6,7 +6,7 @@ versioned by ``MEASURE_SCHEMA``). The per-node durations travel separately (``no
 
 Also what ``calibrate`` returns: a ``CalibratedProfile``, a ``HardwareProfile`` (usable wherever one is, equal to
 the profile read back from its file) that prints as the command's calibration table and writes the command's YAML
-(``to_yaml``). Both are ``overlapcfg.results.Result``s drawn by ``overlapcfg.measuring.render``, which registers
+(``to_yaml``). Both are ``overlapcfg.results.Result``s drawn by ``overlapcfg.measuring.render_measure``, which registers
 them (it imports this module, so this module cannot import it).
 """
 
@@ -28,7 +28,7 @@ from overlapcfg.results import Result, counted
 __all__ = ["MEASURE_SCHEMA", "CalibratedProfile", "Measurement", "MeasuredCollective", "MeasuredConfig",
            "profile_header"]
 
-PRESENTER = "overlapcfg.measuring.render"
+PRESENTER = "overlapcfg.measuring.render_measure"
 
 MEASURE_SCHEMA = "overlapcfg.measure/1"
 

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from overlapcfg.cost.achievable import Skew, expected_max_normal
-from overlapcfg.cost.calibration import SkewSamples
+from overlapcfg.cost.measured_fits import SkewSamples
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.fit import fit_nonnegative
 from overlapcfg.measuring.kernels import MatmulShape

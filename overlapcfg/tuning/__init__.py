@@ -4,9 +4,9 @@
 (``result``): the tuned ``OverlapConfig``, ``tuned.yaml``, the top candidates, the Pareto front and the shipped
 presets on the same trace. Underneath: ``profile`` (one real apply at the finest grouping, read into a compact
 model), ``merged`` (its units merged by a grouping) and ``quick`` (the scheduler and simulator replayed on that,
-about a millisecond a candidate), ``structure`` and ``candidates`` (groupings written as plans), ``presets`` (the
+about a millisecond a candidate), ``structure`` and ``candidates`` (groupings written as plans), ``baselines`` (the
 shipped presets scored as baselines), ``competitors`` (``none`` and torch's ``auto``, applied and simulated; the
-lower bound on every config), ``space`` (what is searched; the command's ``tune/space`` group), ``render`` (tables
+lower bound on every config), ``space`` (what is searched; the command's ``tune/space`` group), ``render_tune`` (tables
 and the Pareto PNG). Sits above ``cost`` (whose model it replays) and ``report``; the demo uses it.
 """
 

@@ -6,7 +6,7 @@ in-flight and unsharded bytes, the two lower bounds, and the shipped presets on 
 
 A ``TuneResult`` is an ``overlapcfg.results.Result``: ``print(result)`` shows the command's tables, ``repr`` one
 line, ``result.plot("tune_front.png")`` the command's Pareto picture and ``result.timeline(path)`` the winner's
-predicted step; all drawn by ``overlapcfg.tuning.render``, which registers them (it imports this module, so this
+predicted step; all drawn by ``overlapcfg.tuning.render_tune``, which registers them (it imports this module, so this
 module cannot import it).
 """
 
@@ -54,7 +54,7 @@ class TuneResult(Result):
     """What ``tune`` found, and the evidence. ``print(result)``: the command's tables; ``result.to_yaml()``:
     ``tuned.yaml``; ``result.to_json()``: ``tune.json``; ``result.plot(path)``: ``tune_front.png``."""
 
-    presented_by = "overlapcfg.tuning.render"  # not annotated: a ClassVar would be listed in __dataclass_fields__
+    presented_by = "overlapcfg.tuning.render_tune"  # not annotated: a ClassVar would be listed in __dataclass_fields__
 
     config: OverlapConfig
     """The tuned config: pass it to ``apply`` / ``backend``, or write it with ``to_yaml``."""

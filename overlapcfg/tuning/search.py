@@ -46,10 +46,10 @@ from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
 from overlapcfg.resolve import resolve_config
+from overlapcfg.tuning.baselines import score_config, score_presets, unit_buckets
 from overlapcfg.tuning.candidates import TIE_TOLERANCE, Arm, Candidate, Knobs, choose, describe, pareto
 from overlapcfg.tuning.competitors import COMPETITORS, competitors, lower_bound
 from overlapcfg.tuning.merged import group
-from overlapcfg.tuning.presets import score_config, score_presets, unit_buckets
 from overlapcfg.tuning.profile import Profile, build_profile
 from overlapcfg.tuning.quick import Stall
 from overlapcfg.tuning.result import AGREEMENT, TuneResult, Verification

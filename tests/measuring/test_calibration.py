@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 import overlapcfg
-from overlapcfg.cost.calibration import CollectiveFit, CollectiveFits, LinkFits
 from overlapcfg.cost.hardware import HardwareProfile, hardware_names, load_hardware, save_hardware
+from overlapcfg.cost.measured_fits import CollectiveFit, CollectiveFits, LinkFits
 from overlapcfg.cost.price import collective_cost
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.collectives import GroupTimings, KindTimings, coverage_order, fit_collectives, log_sizes

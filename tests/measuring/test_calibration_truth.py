@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from overlapcfg.cost.calibration import ROUGH_FIT, Calibration
 from overlapcfg.cost.hardware import load_hardware
+from overlapcfg.cost.measured_fits import ROUGH_FIT, Calibration
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring import calibration as cal
 from overlapcfg.measuring.clock import Clock

@@ -27,7 +27,7 @@ import pytest
 from rich.console import Console
 
 import overlapcfg
-from overlapcfg.cost.calibration import Calibration, CollectiveFit, CollectiveFits, LinkFits
+from overlapcfg.cost.measured_fits import Calibration, CollectiveFit, CollectiveFits, LinkFits
 from overlapcfg.errors import OverlapStateError, OverlapUsageError
 from overlapcfg.measuring.result import CalibratedProfile, MeasuredConfig, Measurement
 from overlapcfg.results import MAX_REPR, Result, presentation

@@ -95,7 +95,7 @@ def test_a_profile_file_with_an_infinite_bandwidth_is_refused(tmp_path: Path) ->
 def test_a_calibrated_fit_with_an_impossible_number_is_refused() -> None:
     from pydantic import ValidationError
 
-    from overlapcfg.cost.calibration import CollectiveFit
+    from overlapcfg.cost.measured_fits import CollectiveFit
 
     CollectiveFit(latency=1e-9, bandwidth=5e9, issue_latency=1e-5, issue_bandwidth=None)
     for bad in ({"bandwidth": math.inf}, {"latency": math.nan}, {"issue_bandwidth": 1e300}):

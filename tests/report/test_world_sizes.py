@@ -68,7 +68,7 @@ def test_a_sweep_says_its_world_size_in_the_title_or_per_row() -> None:
 
 
 def test_tune_tables_say_the_size_they_were_searched_at() -> None:
-    from overlapcfg.tuning.render import tune_tables
+    from overlapcfg.tuning.render_tune import tune_tables
     from tests.tuning.test_tune_report import _result
 
     text = _text(tune_tables(_result()))
