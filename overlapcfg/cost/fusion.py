@@ -18,8 +18,10 @@ Per node the plan gives ``(bytes, kernels, reduces)``; a group's nodes sum to th
 (the copy into a bucket buffer and out of it, a shard's cast before its all-gather, a gradient's cast before its
 reduce-scatter, each chain's views) are left unfused, one kernel each: the bucketing pass creates and moves them,
 and pricing them alike whatever the grouping keeps the tuner's quick model (which sums its units' chains) equal to
-the full simulation. Deliberately not modelled: inductor's limits on fusing reductions with their consumers, and
-kernels it splits; the grouping is an upper bound on fusion, the bytes a lower bound on traffic.
+the full simulation. For that, which of the model's own nodes are in a chain must not depend on the grouping: a
+chain follows one parameter's lane (``chain_nodes``), never a node whose value reaches the collective along two.
+Deliberately not modelled: inductor's limits on fusing reductions with their consumers, and kernels it splits;
+the grouping is an upper bound on fusion, the bytes a lower bound on traffic.
 """
 
 from __future__ import annotations
@@ -37,27 +39,40 @@ __all__ = ["chain_nodes", "fusion_plan"]
 
 
 def chain_nodes(gm: fx.GraphModule) -> set[fx.Node]:
-    """Nodes that belong to a collective's chain: the memory-bound and view nodes that feed only its start, and
-    the waits and everything that reads only them (``overlapcfg.graph.schedule.exclusive_descendants``)."""
+    """Nodes that belong to a collective's chain, each on one parameter's lane: the memory-bound and view nodes
+    that feed only its start along one path (one reader, itself in the chain; the start's own inputs may have
+    several, such as a copy-in the all-gather both slices and writes into), and the waits and the nodes that read
+    one chain node and nothing else (``overlapcfg.graph.schedule.exclusive_descendants``, one input each).
+
+    One lane, because which of the model's own nodes are in a chain must not depend on the grouping: a gradient
+    summed from two uses (an RMSNorm's input gradient, read by its weight's gradient and by the embedding's) feeds
+    two units' reduce-scatters in the finest grouping and one when the two units share a bucket. Were it a chain
+    node there, it would lose its launch and its fusion in one grouping and not the other, and the tuner's quick
+    model (its units' chains summed) would part from the full simulation of the grouping it picked."""
     nodes = list(gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     chain: set[fx.Node] = set()
     for start in nodes:
         if not is_collective_start(start):
             continue
+        direct = set(start.all_input_nodes)
         feeding = {start}
-        stack = list(start.all_input_nodes)
+        stack = list(direct)
         while stack:
             node = stack.pop()
             if node in feeding or node.op != "call_function" or node_kind(node) not in ("memory", "free") \
-                    or not all(u in feeding for u in node.users):
+                    or not all(u in feeding for u in node.users) or (len(node.users) > 1 and node not in direct):
                 continue
             feeding.add(node)
             stack.extend(node.all_input_nodes)
         chain |= feeding - {start}
         waits = [u for u in start.users if started_by(u) is start]
         if waits:
-            chain |= set(exclusive_descendants(waits, index))
+            after = set(waits)
+            for node in exclusive_descendants(waits, index):  # breadth first: a node's input comes before it
+                if node in after or (len(node.all_input_nodes) == 1 and node.all_input_nodes[0] in after):
+                    after.add(node)
+            chain |= after
     return chain
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import fx
 
 from overlapcfg.cost.achievable import AttentionPoint, AttentionRates, MatmulRate
-from overlapcfg.cost.fusion import fusion_plan
+from overlapcfg.cost.fusion import chain_nodes, fusion_plan
 from overlapcfg.cost.hardware import hardware_from
 from overlapcfg.cost.price import compute_seconds, matmul_shape
 from tests.support.synthetic import with_fake_values
@@ -141,3 +141,39 @@ def test_a_kernel_calibration_timed_is_priced_as_timed_in_its_own_layout() -> No
     hw_nn = hardware_from({**BASE, "achievable": {"matmul": {"bf16": other, "fp32": other},
                                                   "memory": {"efficiency": 1.0}}})
     assert compute_seconds(mm, hw_nn).seconds == pytest.approx(2 * 1024 * 64 * 8192 / (1e14 * 0.5))
+
+
+def _gradient_graph(merged: bool) -> fx.GraphModule:
+    """``g = a + b`` read by two parameters' gradients ``u = g * 2`` and ``v = g * 3``, each cast and flattened,
+    then reduce-scattered: one collective per parameter (the finest grouping), or one for both (a merged bucket)."""
+    rs, wait = torch.ops._c10d_functional.reduce_scatter_tensor.default, torch.ops._c10d_functional.wait_tensor.default
+
+    def build(g: fx.Graph):  # type: ignore[no-untyped-def]
+        a, b = g.placeholder("a"), g.placeholder("b")
+        summed = g.call_function(torch.ops.aten.add.Tensor, (a, b))
+        lanes = [g.call_function(torch.ops.aten.view.default, (
+            g.call_function(torch.ops.aten._to_copy.default, (
+                g.call_function(torch.ops.aten.mul.Tensor, (summed, factor)),), {"dtype": torch.bfloat16}), [-1]))
+            for factor in (2.0, 3.0)]
+        inputs = [g.call_function(torch.ops.aten.cat.default, (lanes,))] if merged else lanes
+        g.output([g.call_function(wait, (g.call_function(rs, (x, "sum", 2, "0")),)) for x in inputs])
+        return [(a, (64, 32)), (b, (64, 32))]
+
+    return _graph(build)
+
+
+def test_a_node_on_two_parameters_lanes_is_in_no_chain_whatever_the_grouping() -> None:
+    """Which of the model's nodes are collective-chain nodes (priced by bytes alone, unfused) must not depend on
+    the bucketing, or the tuner's quick model (its units' chains summed) parts from the full simulation: the sum
+    ``g`` feeds two reduce-scatters apart and one merged, and is in neither's chain; each lane's mul, cast and view
+    are in both."""
+    chains = []
+    for merged in (False, True):
+        gm = _gradient_graph(merged)
+        chains.append({n.name for n in chain_nodes(gm)})
+    apart, together = chains
+    lanes = {"mul_tensor", "mul_tensor_1", "_to_copy_default", "_to_copy_default_1", "view_default",
+             "view_default_1"}
+    assert lanes <= apart and lanes <= together
+    assert "add_tensor" not in apart and "add_tensor" not in together
+    assert together - apart == {"cat_default"} and "wait_tensor_default" in apart
