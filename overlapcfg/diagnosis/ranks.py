@@ -132,8 +132,9 @@ def first_mismatch(analyses: Sequence[RankAnalysis]) -> list[Mismatch]:
             b = seq[i] if i < len(seq) else None
             if a is not None and b is not None and _same(a, b):
                 continue
+            either = b if b is not None else a
             out.append(Mismatch(rank=other.rank, reference=ref.rank, position=i,
-                                step=(b or a).step if (b or a) is not None else None,  # type: ignore[union-attr]
+                                step=either.step if either is not None else None,
                                 expected=_describe(a) if a is not None else "nothing (its sequence ended)",
                                 found=_describe(b) if b is not None else "nothing (its sequence ended)"))
             break

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich import box
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -39,7 +39,7 @@ def _table(title: str, columns: list[str]) -> Table:
 
 
 def diagnose_table(r: DiagnoseResult) -> Group:
-    parts: list[object] = []
+    parts: list[RenderableType] = []
     if r.divergence:
         lines = [Text("RANKS DISAGREE: they issued different collectives; this job would hang (or fail) on a real "
                       "cluster", style="bold red")]
@@ -85,7 +85,7 @@ def diagnose_table(r: DiagnoseResult) -> Group:
         parts.append(cands)
     parts.append(Text(f"verdict: {r.verdict}", style="bold"))
     parts += [Text(f"note: {n}", style="dim") for n in r.notes]
-    return Group(*parts)  # type: ignore[arg-type]
+    return Group(*parts)
 
 
 def step_runs(steps: Sequence[RankStep], world_size: int) -> list[tuple[str, Simulation]]:
