@@ -79,7 +79,7 @@ ProgressFn = Callable[[TuneProgress], None]
 
 
 def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None = None,
-         memory_budget: int | str | None = None, space: TuneSpace | Mapping[str, Any] | None = None,
+         memory_budget: int | str | None = None, space: TuneSpace | Mapping[str, Any] | str | None = None,
          as_dtype: torch.dtype | None = None, progress: ProgressFn | None = None, verify: bool = True,
          config_root: str | None = None, node_costs: NodeCosts | None = None,
          pricing: Pricing | Mapping[str, Any] | None = None, pricing_path: str | None = None) -> TuneResult:
@@ -110,7 +110,7 @@ def tune(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int
 
 
 def _search(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None,
-            memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | None,
+            memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | str | None,
             as_dtype: torch.dtype | None, progress: ProgressFn | None, verify: bool, settings_at: str,
             node_costs: NodeCosts | None, pricing: Pricing | Mapping[str, Any] | None = None,
             pricing_path: str | None = None) -> TuneResult:

@@ -14,9 +14,11 @@ from pydantic import Field
 
 from overlapcfg.config.base import ByteCount, ConfigModel, Depth
 from overlapcfg.config.depths import DepthGrid
-from overlapcfg.config.load import validate_config
+from overlapcfg.config.load import config_data, validate_config
 from overlapcfg.config.plan import PatternText
 from overlapcfg.config.policy import IssueOrder
+from overlapcfg.config.presets import command_conf_dir
+from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean
 from overlapcfg.kinds import BucketKind
 
 __all__ = ["TuneSpace", "load_space"]
@@ -93,10 +95,34 @@ class TuneSpace(DepthGrid, _Groupings):
     """Seed of the grid sample; the search is otherwise deterministic."""
 
 
-def load_space(space: TuneSpace | Mapping[str, Any] | None, *, root: str = "space") -> TuneSpace:
-    """A ``TuneSpace`` from a model, a mapping (faults at ``root.<field>``) or None (the defaults)."""
+def load_space(space: TuneSpace | Mapping[str, Any] | str | None, *, root: str = "space") -> TuneSpace:
+    """A ``TuneSpace`` from a model, a mapping (faults at ``root.<field>``), the name of a shipped space (the
+    command's ``tune/space`` options: ``default``, ``quick``, ``wide``) or None (the defaults)."""
     if space is None:
         return TuneSpace()
     if isinstance(space, TuneSpace):
         return space
-    return validate_config(TuneSpace, dict(space), root=root, header="invalid tune space")
+    data = shipped_space(space, root=root) if isinstance(space, str) else dict(space)
+    return validate_config(TuneSpace, data, root=root, header="invalid tune space")
+
+
+def shipped_space_names() -> list[str]:
+    return sorted(p.stem for p in (command_conf_dir() / "tune" / "space").glob("*.yaml"))
+
+
+def shipped_space(name: str, *, root: str = "space") -> dict[str, Any]:
+    """The fields of the shipped space ``name`` as the command composes it: the options its ``defaults`` list
+    names first, its own fields on top. Read with the library's config reader (its limits included); Hydra is not
+    needed. An unknown name is a config error listing the shipped ones, closest first."""
+    names = shipped_space_names()
+    if name not in names:
+        raise OverlapConfigError.single(root, f"no shipped tune space {name!r}{did_you_mean(name, names)}; choose "
+                                              f"one of {', '.join(closest_first(name, names))}, or give a mapping "
+                                              "of its fields")
+    data = config_data(command_conf_dir() / "tune" / "space" / f"{name}.yaml", root, what="tune space") or {}
+    fields: dict[str, Any] = {}
+    for parent in data.pop("defaults", []):
+        if parent != "_self_":
+            fields.update(shipped_space(str(parent), root=root))
+    fields.update(data)
+    return fields

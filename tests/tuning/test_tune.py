@@ -260,6 +260,23 @@ def test_every_shipped_space_composes_and_validates(option: str) -> None:
     assert space.seed == 3 and space.blocks is None and space.block_parts is None  # read off the model
 
 
+@pytest.mark.parametrize("option", sorted(p.stem for p in (command_conf_dir() / "tune" / "space").glob("*.yaml")))
+def test_a_shipped_space_by_name_in_python_is_the_space_the_command_composes(option: str) -> None:
+    """``tune(step, space="quick")``: the name reads the same files, with the same inheritance, as the command's
+    ``tune/space=quick``."""
+    with initialize_config_dir(str(command_conf_dir()), version_base="1.3"):
+        cfg = compose("overlapcfg", overrides=[f"tune/space={option}"])
+    assert load_space(option) == load_space(OmegaConf.to_container(cfg.tune.space, resolve=True))
+
+
+def test_an_unknown_space_name_is_a_config_error_with_the_closest_shipped_names() -> None:
+    with pytest.raises(OverlapConfigError) as err:
+        load_space("quik", root="tune.space")
+    text = str(err.value)
+    assert "tune.space: no shipped tune space 'quik' (did you mean 'quick'?)" in text
+    assert "choose one of quick," in text
+
+
 # --- plans for groupings (torch-free) ---------------------------------------------------------------------------
 
 def _llama(n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
