@@ -21,7 +21,7 @@ from overlapcfg.config.presets import command_conf_dir
 from overlapcfg.errors import OverlapConfigError, closest_first, did_you_mean
 from overlapcfg.kinds import BucketKind
 
-__all__ = ["TuneSpace", "load_space"]
+__all__ = ["TuneSpace", "load_space", "shipped_space", "shipped_space_names"]
 
 
 class _Groupings(ConfigModel):
