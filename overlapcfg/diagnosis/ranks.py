@@ -15,39 +15,14 @@ and how long each collective waited for its last rank.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 from overlapcfg.diagnosis.names import canonical_dtype
 from overlapcfg.diagnosis.read import RankTrace, trace_error
+from overlapcfg.diagnosis.result import Divergence, SkewRow
 from overlapcfg.diagnosis.steps import Collective, RankAnalysis, step_windows
 from overlapcfg.errors import Fault, OverlapConfigError
 
-__all__ = ["Arrival", "Mismatch", "arrivals", "check_together", "first_mismatch", "peer_waits", "rank_numbers"]
-
-
-@dataclass(frozen=True, slots=True)
-class Mismatch:
-    """Where ``rank`` first issued something else than the reference rank."""
-
-    rank: int
-    reference: int
-    position: int
-    """Index in the rank's sequence of collectives (all profiled steps, in issue order)."""
-    step: int | None
-    expected: str
-    found: str
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    step: int
-    index: int
-    kind: str
-    bucket: str | None
-    skew: float
-    """Seconds from the first rank's issue to the last one's."""
-    last: int
-    """The rank that issued last."""
+__all__ = ["arrivals", "check_together", "first_mismatch", "peer_waits", "rank_numbers"]
 
 
 def rank_numbers(traces: Sequence[RankTrace]) -> list[int]:
@@ -118,7 +93,7 @@ def _same(a: Collective, b: Collective) -> bool:
         (da is None or db is None or da == db)
 
 
-def first_mismatch(analyses: Sequence[RankAnalysis]) -> list[Mismatch]:
+def first_mismatch(analyses: Sequence[RankAnalysis]) -> list[Divergence]:
     """Per rank that disagrees with the lowest rank: the first collective that differs (kind, size, dtype), or the
     first one past the shorter of the two sequences."""
     ordered = sorted(analyses, key=lambda a: a.rank)
@@ -133,7 +108,7 @@ def first_mismatch(analyses: Sequence[RankAnalysis]) -> list[Mismatch]:
             if a is not None and b is not None and _same(a, b):
                 continue
             either = b if b is not None else a
-            out.append(Mismatch(rank=other.rank, reference=ref.rank, position=i,
+            out.append(Divergence(rank=other.rank, reference=ref.rank, position=i, file=other.trace.name,
                                 step=either.step if either is not None else None,
                                 expected=_describe(a) if a is not None else "nothing (its sequence ended)",
                                 found=_describe(b) if b is not None else "nothing (its sequence ended)"))
@@ -154,7 +129,7 @@ def _common(analyses: Sequence[RankAnalysis]) -> Iterator[tuple[int, int, list[C
             yield n, i, row
 
 
-def arrivals(analyses: Sequence[RankAnalysis]) -> list[Arrival]:
+def arrivals(analyses: Sequence[RankAnalysis]) -> list[SkewRow]:
     """Arrival skew of every collective of every common step, while the ranks' sequences agree."""
     if len(analyses) < 2:
         return []
@@ -162,8 +137,8 @@ def arrivals(analyses: Sequence[RankAnalysis]) -> list[Arrival]:
     for n, i, row in _common(analyses):
         times = [c.issued for c in row]
         last = max(range(len(row)), key=lambda r: times[r])
-        out.append(Arrival(step=n, index=i, kind=row[0].kind, bucket=row[0].bucket,
-                           skew=(max(times) - min(times)) / 1e6, last=analyses[last].rank))
+        out.append(SkewRow(step=n, index=i, kind=row[0].kind, bucket=row[0].bucket,
+                           skew_s=(max(times) - min(times)) / 1e6, last_rank=analyses[last].rank))
     return out
 
 

@@ -21,7 +21,7 @@ from overlapcfg.diagnosis.attribute import OTHER, attribute, bucket_bytes
 from overlapcfg.diagnosis.propose import Candidate, fit_durations, predicted, program, step_candidates
 from overlapcfg.diagnosis.ranks import arrivals, check_together, first_mismatch, offsets, peer_waits, rank_numbers
 from overlapcfg.diagnosis.read import HEADER, RankTrace, read_trace, trace_error
-from overlapcfg.diagnosis.result import BucketRow, DiagnoseResult, Divergence, Proposal, RankStepRow, SkewRow
+from overlapcfg.diagnosis.result import BucketRow, DiagnoseResult, Proposal, RankStepRow
 from overlapcfg.diagnosis.rewrite import proposed_config
 from overlapcfg.diagnosis.steps import RankAnalysis, analyze_rank
 from overlapcfg.errors import Fault, OverlapConfigError
@@ -157,15 +157,11 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
     noise, few = _spread(slowest)
     if few is not None:
         notes.append(few)
-    mismatches = first_mismatch(analyses) if len(analyses) > 1 else []
-    by_rank = {a.rank: a for a in analyses}
-    divergence = tuple(Divergence(rank=m.rank, reference=m.reference, position=m.position, step=m.step,
-                                  expected=m.expected, found=m.found, file=by_rank[m.rank].trace.name)
-                       for m in mismatches)
-    found = sorted(arrivals(analyses), key=lambda x: -x.skew)
+    divergence = tuple(first_mismatch(analyses)) if len(analyses) > 1 else ()
+    found = sorted(arrivals(analyses), key=lambda x: -x.skew_s)
     late: dict[int, float] = {}
     for x in found:
-        late[x.last] = late.get(x.last, 0.0) + x.skew
+        late[x.last_rank] = late.get(x.last_rank, 0.0) + x.skew_s
     slowest_rank = max(late, key=lambda r: late[r]) if late and max(late.values()) / max(len(steps), 1) > noise \
         else None
     order = _forward_order(analyses)
@@ -231,8 +227,7 @@ def _assemble(files: list[Path], analyses: list[RankAnalysis], steps: list[int],
         buckets=_bucket_rows(analyses, order, modules, sizes), collectives=len(collectives),
         unattributed=sum(1 for c in collectives if c.bucket is None and c.source != OTHER),
         other=sum(1 for c in collectives if c.source == OTHER),
-        skew=tuple(SkewRow(step=x.step, index=x.index, kind=x.kind, bucket=x.bucket, skew_s=x.skew, last_rank=x.last)
-                   for x in found[:SHOWN_SKEWS]),
+        skew=tuple(found[:SHOWN_SKEWS]),
         slowest_rank=slowest_rank, blocking=any(a.blocking for a in analyses), measured_step_s=measured,
         noise_s=noise, replayed_step_s=replayed, memory_budget=memory_budget, proposal=chosen, verdict=verdict,
         candidates=tuple(p for p, _ in proposals), config=config, notes=tuple(notes),
