@@ -9,7 +9,9 @@ status, the first line of the message) and writes JSON.
     python benchmarks/bad_inputs.py [--out bad_inputs.json] [--timeout 90] [--pythonpath /tmp/main-checkout]
 
 ``--pythonpath`` runs another checkout's ``overlapcfg`` (put first on ``PYTHONPATH``), for before/after numbers;
-a route that checkout lacks (``hydra_main`` on main) fails at once and says so. Timings depend on the machine's
+a route that checkout lacks fails at once and says so. The user's app and the memory bound are the tests' own
+(``tests.support.user_app``, ``tests.support.bounded``): the benchmark times what tests/config/test_hydra_files.py
+checks. Timings depend on the machine's
 load: report ``uptime`` with them.
 """
 
@@ -25,44 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-BOUND_BYTES = 512 * 2**20
-LIMITED = [sys.executable, "-c", "import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, "
-           f"({BOUND_BYTES}, {BOUND_BYTES})); os.execvp(sys.argv[1], sys.argv[1:])"]
-"""A prefix running a command with at most ``BOUND_BYTES`` of address space (the limit set, then the command
-exec'd in the same process)."""
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' support modules, from any directory
+
+from tests.support.bounded import LIMITED, alias_bomb
+from tests.support.user_app import user_app
+
 COMMAND = str(Path(sys.executable).with_name("overlapcfg"))
 H100 = Path(__file__).resolve().parents[1] / "conf" / "hardware" / "h100_nvlink.yaml"
-
-APP = """
-import hydra
-import overlapcfg
-
-
-def task(cfg):
-    print("RESULT", overlapcfg.from_hydra(cfg.trainer.overlap).policy)
-
-
-if hasattr(overlapcfg, "hydra_main"):
-    main = overlapcfg.hydra_main(config_path="conf", config_name="train", version_base="1.3",
-                                 mounts=["trainer.overlap"])(task)
-else:  # a checkout before hydra_main: the decorator it had
-    main = overlapcfg.with_hydra_overrides(mounts=["trainer.overlap"])(
-        hydra.main(config_path="conf", config_name="train", version_base="1.3")(task))
-main()
-"""
-COMPOSE = """
-import sys
-from hydra import compose, initialize_config_dir
-import overlapcfg
-
-with initialize_config_dir(sys.argv[1], version_base="1.3"):
-    try:
-        overrides = overlapcfg.hydra_overrides(sys.argv[2:], mounts=["trainer.overlap"])
-    except overlapcfg.OverlapcfgError as err:
-        sys.exit(str(err))
-    cfg = compose("train", overrides=overrides)
-    print("RESULT", overlapcfg.from_hydra(cfg.trainer.overlap).policy)
-"""
 PYTHON = """
 import sys
 from pathlib import Path
@@ -75,12 +46,6 @@ except overlapcfg.OverlapcfgError as err:
 """
 
 
-def _bomb() -> str:
-    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
-    return "\n".join(lines) + "\n"
-
-
 def _fifty_megabytes(path: Path) -> None:
     with path.open("w") as f:  # in chunks: a child started later counts this process's peak memory as its own
         f.write("forward_prefetch: 1\n# ")
@@ -90,7 +55,7 @@ def _fifty_megabytes(path: Path) -> None:
 
 
 YAML = {
-    "alias bomb": lambda path: path.write_text(_bomb()),
+    "alias bomb": lambda path: path.write_text(alias_bomb()),
     "50 MB file": _fifty_megabytes,
     "3,000-deep nesting": lambda path: path.write_text("a: " + "[" * 3000 + "]" * 3000 + "\n"),
     "alias to itself": lambda path: path.write_text("a: &a [1, *a]\n"),
@@ -140,11 +105,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         home, extra, app = root / "home", root / "extra", root / "app"
-        for d in (home / "hardware", extra / "overlap" / "policy", app / "conf" / "overlap" / "policy"):
+        for d in (home / "hardware", extra / "overlap" / "policy"):
             d.mkdir(parents=True)
-        (app / "conf" / "train.yaml").write_text("defaults:\n  - overlap@trainer.overlap: default\n  - _self_\n")
-        (app / "app.py").write_text(APP)
-        (app / "compose.py").write_text(COMPOSE)
+        user_app(app, {})
         (root / "python.py").write_text(PYTHON)
         run = [f"hydra.run.dir={root / 'run'}"]
         cases: list[tuple[str, str, list[str], Path, dict[str, str]]] = []
@@ -157,8 +120,8 @@ def main() -> None:
                 (kind, "command: hardware=<file>", [COMMAND, f"hardware={name}", *run], root, homed),
                 (kind, "command: preset under --config-dir", [COMMAND, "--config-dir", str(extra),
                                                               f"overlap.policy={name}", *run], root, env),
-                (kind, "user app (hydra_main)", [sys.executable, "app.py", f"trainer.overlap.policy={name}", *run],
-                 app, env),
+                (kind, "user app (hydra_main)", [sys.executable, "app.py", "main", f"trainer.overlap.policy={name}",
+                                                 *run], app, env),
                 (kind, "compose API (hydra_overrides)", [sys.executable, "compose.py", str(app / "conf"),
                                                          f"trainer.overlap.policy={name}"], app, env),
                 (kind, "Python (load_hardware)", [sys.executable, str(root / "python.py"),

@@ -15,69 +15,16 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from overlapcfg.config.presets import command_conf_dir
 from tests.support.bounded import bad_yaml_files, run_bounded, script
+from tests.support.user_app import user_app
 
 BAD = bad_yaml_files()
 COMMAND = Path(sys.executable).with_name("overlapcfg")
-
-APP = '''
-import sys
-
-import hydra
-
-import overlapcfg
-
-
-def task(cfg):
-    policy = overlapcfg.from_hydra(cfg.trainer.overlap).policy
-    print("RESULT", policy.forward_prefetch, policy.backward_prefetch)
-
-
-how = sys.argv.pop(1)
-if how == "main":
-    main = overlapcfg.hydra_main(config_path="conf", config_name="train", version_base="1.3",
-                                 mounts=["trainer.overlap"])(task)
-else:
-    main = overlapcfg.with_hydra_overrides(mounts=["trainer.overlap"])(
-        hydra.main(config_path="conf", config_name="train", version_base="1.3")(task))
-main()
-'''
-
-COMPOSE = '''
-import sys
-
-from hydra import compose, initialize_config_dir
-
-import overlapcfg
-
-with initialize_config_dir(sys.argv[1], version_base="1.3"):
-    try:
-        overrides = overlapcfg.hydra_overrides(sys.argv[2:], mounts=["trainer.overlap"])
-    except overlapcfg.OverlapcfgError as err:
-        sys.exit(str(err))
-    cfg = compose("train", overrides=overrides)
-    print("RESULT", overlapcfg.from_hydra(cfg.trainer.overlap).policy.forward_prefetch)
-'''
-
-
-def _app(tmp_path: Path, presets: dict[str, str]) -> Path:
-    """A user's app in ``tmp_path`` (outside the repository): ``conf/train.yaml`` mounting the group at
-    ``trainer.overlap``, policy presets of its own, and ``app.py`` / ``compose.py``."""
-    conf = tmp_path / "conf"
-    (conf / "overlap" / "policy").mkdir(parents=True)
-    (conf / "train.yaml").write_text("defaults:\n  - overlap@trainer.overlap: default\n  - _self_\nlr: 0.1\n")
-    for name, text in presets.items():
-        (conf / "overlap" / "policy" / f"{name}.yaml").write_text(text)
-    (tmp_path / "app.py").write_text(textwrap.dedent(APP))
-    (tmp_path / "compose.py").write_text(textwrap.dedent(COMPOSE))
-    return conf
-
 
 def _refused(out: subprocess.CompletedProcess[str], file: Path, says: str) -> str:
     text = out.stdout + out.stderr
@@ -112,7 +59,7 @@ def test_the_command_refuses_a_bad_hardware_profile_and_a_bad_preset_under_confi
 @pytest.mark.parametrize("kind", list(BAD))
 def test_a_users_app_refuses_a_bad_preset_of_its_own_on_every_route(tmp_path: Path, kind: str) -> None:
     text, says = BAD[kind]
-    conf = _app(tmp_path, {"bad": text})
+    conf = user_app(tmp_path, {"bad": text})
     for args in (script(tmp_path / "app.py", "main"), script(tmp_path / "app.py", "helper"),
                  script(tmp_path / "compose.py", str(conf))):
         out = run_bounded([*args, "trainer.overlap.policy=bad", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
@@ -124,7 +71,7 @@ def test_a_broken_or_invalid_preset_of_a_users_own_is_one_error_naming_the_file(
     """A YAML syntax error, then a value out of range, in the user's preset, chosen by name: one screen naming the
     file on every decorated route (before: a raw ``ParserError`` from ``from_hydra``, a 94-line traceback with
     ``with_hydra_overrides``, and for a bad value the config path only)."""
-    conf = _app(tmp_path, {"broken": "forward_prefetch: [1\n", "minus": "forward_prefetch: -1\n"})
+    conf = user_app(tmp_path, {"broken": "forward_prefetch: [1\n", "minus": "forward_prefetch: -1\n"})
     broken, minus = conf / "overlap" / "policy" / "broken.yaml", conf / "overlap" / "policy" / "minus.yaml"
     for args in (script(tmp_path / "app.py", "main"), script(tmp_path / "app.py", "helper"),
                  script(tmp_path / "compose.py", str(conf))):
@@ -159,7 +106,7 @@ def test_a_name_yaml_reads_as_a_number_or_a_boolean_works_or_is_refused_with_the
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "hardware=1: no option '1' in group hardware (Hydra reads 1 as a number; an option of that name would " \
            "be the file hardware/1.yaml)" in out.stderr
-    _app(tmp_path / "app", {"inf": "forward_prefetch: 3\n"})
+    user_app(tmp_path / "app", {"inf": "forward_prefetch: 3\n"})
     out = run_bounded(script(tmp_path / "app" / "app.py", "main", "trainer.overlap.policy=inf",
                              f"hydra.run.dir={tmp_path / 'run'}"), cwd=tmp_path / "app")
     assert out.returncode == 0 and "RESULT 3 1" in out.stdout, out.stderr
@@ -225,7 +172,7 @@ def test_from_hydra_on_a_name_hydra_left_as_a_value_is_a_config_error_not_a_yaml
 
     from overlapcfg import OverlapConfigError, from_hydra
 
-    conf = _app(tmp_path, {"broken": "forward_prefetch: [1\n"})
+    conf = user_app(tmp_path, {"broken": "forward_prefetch: [1\n"})
     with initialize_config_dir(str(conf), version_base="1.3"):
         node = compose("train", overrides=["trainer.overlap.policy=broken"]).trainer.overlap
         with pytest.raises(OverlapConfigError) as err:

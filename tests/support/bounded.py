@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["BOUND_BYTES", "TIMEOUT_S", "alias_bomb", "bad_yaml_files", "run_bounded", "script"]
+__all__ = ["BOUND_BYTES", "LIMITED", "TIMEOUT_S", "alias_bomb", "bad_yaml_files", "run_bounded", "script"]
 
 BOUND_BYTES = 512 * 2**20
 TIMEOUT_S = 30
