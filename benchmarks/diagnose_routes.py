@@ -47,7 +47,8 @@ SIZES = {"hidden": 128, "layers": 2, "profiled": 8, "timed": 8}
 _MEASURE = """
 import json, sys, time
 from overlapcfg.diagnosis import diagnose
-import overlapcfg.diagnosis.run, overlapcfg.diagnosis.render_diagnosis, overlapcfg.config  # everything diagnose imports
+# everything diagnose imports:
+import overlapcfg.diagnosis.diagnose_run, overlapcfg.diagnosis.render_diagnosis, overlapcfg.config
 
 
 def status(key):
@@ -96,7 +97,7 @@ def _diagnose(path: Path, cfg: Any, best: bool) -> Any:
     r = diagnose(path, cfg)
     if not best or r.config is not None:
         return r, r
-    with mock.patch("overlapcfg.diagnosis.run._spread", lambda times: (0.0, None)):
+    with mock.patch("overlapcfg.diagnosis.diagnose_run._spread", lambda times: (0.0, None)):
         return r, diagnose(path, cfg)
 
 

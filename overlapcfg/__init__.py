@@ -55,8 +55,8 @@ _EXPORTS: dict[str, str] = {
     "apply": "overlapcfg.passes",
     "PassRecord": "overlapcfg.passes",
     "verify": "overlapcfg.graph.verify",
-    "Strategy": "overlapcfg.strategies.base",
-    "PassContext": "overlapcfg.strategies.base",
+    "Strategy": "overlapcfg.strategies.interface",
+    "PassContext": "overlapcfg.strategies.interface",
     "trace_train_step": "overlapcfg.demo.tracing",
     "capture_step": "overlapcfg.capture.trace",
     "CapturedStep": "overlapcfg.passes.step",
@@ -198,6 +198,6 @@ if TYPE_CHECKING:
     from overlapcfg.report.compare import compare
     from overlapcfg.report.explain import explain
     from overlapcfg.resolve import ResolvedBucket, ResolvedPlan, resolve_plan
-    from overlapcfg.strategies.base import PassContext, Strategy
+    from overlapcfg.strategies.interface import PassContext, Strategy
     from overlapcfg.strategies.registry import available_strategies, get_strategy, register_strategy
     from overlapcfg.tuning import TuneResult, TuneSpace, tune

@@ -56,7 +56,7 @@ def _schedule_overlap_bucketing() -> tuple[Callable[..., object], frozenset[str]
 class UnsupportedByThisTorch(OverlapConfigError):
     """A setting the installed torch's upstream pass has no way to honour (``setting``: the policy field; the
     message says what this torch does instead). Strategies turn it into a config error at the setting's path
-    (``overlapcfg.strategies.base.this_torch_supports``); one that escapes is still a config error, without it."""
+    (``overlapcfg.strategies.interface.this_torch_supports``); one that escapes is still a config error, without it."""
 
     def __init__(self, setting: str, message: str) -> None:
         super().__init__(message)

@@ -27,10 +27,10 @@ from torch import fx
 from overlapcfg.cost.attention import FusedAttention, fused_seconds, kept_attention
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.cost.node_costs import Footing, NodeCosts
-from overlapcfg.cost.plan import StepPlan, step_plan
 from overlapcfg.cost.prediction import ComputePart
 from overlapcfg.cost.price import compute_seconds, node_flops, node_kind
 from overlapcfg.cost.pricing import Pricing
+from overlapcfg.cost.pricing_plan import StepPlan, step_plan
 from overlapcfg.cost.recompute import plan_recompute
 
 __all__ = ["NodePrice", "measured_footing", "node_seconds", "priced_plan"]
@@ -112,7 +112,7 @@ def priced_plan(graphs: Sequence[fx.GraphModule], names: Sequence[str], hw: Hard
                 world_size: int | None, traced_world_size: int | None, as_dtype: torch.dtype | None,
                 node_costs: NodeCosts | None = None,
                 path: str = "pricing.activation_checkpointing") -> tuple[StepPlan, Footing | None]:
-    """The step's plan (``overlapcfg.cost.plan.step_plan``) with its recompute priced by ``node_seconds`` under
+    """The step's plan (``overlapcfg.cost.pricing_plan.step_plan``) with its recompute priced by ``node_seconds`` under
     that plan, and the footing of ``node_costs`` under it (None without); a checkpointing mode that cannot be priced
     is an ``OverlapConfigError`` at ``path``."""
     plan = step_plan(graphs, names, hw, pricing, as_dtype=as_dtype)

@@ -35,7 +35,6 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import Footing, NodeCosts
-from overlapcfg.cost.plan import OptimizerStep, optimizer_step
 from overlapcfg.cost.prediction import ComputeShare, CostSource, Event, Simulation, StreamTime
 from overlapcfg.cost.price import (
     collective_bytes,
@@ -47,6 +46,7 @@ from overlapcfg.cost.price import (
 )
 from overlapcfg.cost.pricer import measured_footing, node_seconds, priced_plan
 from overlapcfg.cost.pricing import Pricing, pricing_from
+from overlapcfg.cost.pricing_plan import OptimizerStep, optimizer_step
 from overlapcfg.cost.replay import Memory, Streams
 from overlapcfg.cost.throughput import throughput
 from overlapcfg.graph.collectives import feeds_compute, find_collectives

@@ -10,7 +10,7 @@ profiler traces and proposes a config (``overlapcfg.demo.diagnose_job``).
 The command starts as every Hydra app of overlapcfg's does (``overlapcfg.config.hydra_app.run_app``): its overrides
 checked and presets by name written as group options before Hydra composes, every config file Hydra will read
 (hardware profiles, presets under ``--config-dir``) read first with the library's bounds, and the overrides handed
-to Hydra as data (``sys.argv`` is never rewritten). ``overlapcfg.demo.overrides`` adds its own checks (keys the
+to Hydra as data (``sys.argv`` is never rewritten). ``overlapcfg.demo.command_check`` adds its own checks (keys the
 command does not read, a ``tune.node_costs`` file).
 
 Errors: a fault before composing exits with status 1 and the message; a user error in the task (a bad value, an
@@ -35,7 +35,7 @@ from overlapcfg.compat.omegaconf import set_version_base
 from overlapcfg.config.command_line import as_written
 from overlapcfg.config.hydra_app import run_app
 from overlapcfg.config.presets import command_conf_dir
-from overlapcfg.demo.overrides import (
+from overlapcfg.demo.command_check import (
     CONFIG_NAME,
     SEARCHPATH_ENV,
     STRATEGY,

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 from overlapcfg._lazy import lazy_exports
 
 _EXPORTS = {
-    "diagnose": "overlapcfg.diagnosis.run",
-    "trace_files": "overlapcfg.diagnosis.run",
-    "DiagnoseResult": "overlapcfg.diagnosis.result",
+    "diagnose": "overlapcfg.diagnosis.diagnose_run",
+    "trace_files": "overlapcfg.diagnosis.diagnose_run",
+    "DiagnoseResult": "overlapcfg.diagnosis.diagnosis_result",
 }
 
 __all__ = ["DiagnoseResult", "diagnose", "trace_files"]
@@ -29,5 +29,5 @@ __all__ = ["DiagnoseResult", "diagnose", "trace_files"]
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 if TYPE_CHECKING:
-    from overlapcfg.diagnosis.result import DiagnoseResult
-    from overlapcfg.diagnosis.run import diagnose, trace_files
+    from overlapcfg.diagnosis.diagnose_run import diagnose, trace_files
+    from overlapcfg.diagnosis.diagnosis_result import DiagnoseResult

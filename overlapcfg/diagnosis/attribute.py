@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from overlapcfg.diagnosis.names import dtype_bytes
 from overlapcfg.diagnosis.steps import Collective, RankAnalysis
+from overlapcfg.diagnosis.trace_events import dtype_bytes
 from overlapcfg.resolve.names import bucket_name
 
 __all__ = ["FSDP_KINDS", "OTHER", "BucketModules", "attribute", "bucket_bytes"]

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from overlapcfg.diagnosis.names import canonical_dtype
+from overlapcfg.diagnosis.diagnosis_result import Divergence, SkewRow
 from overlapcfg.diagnosis.read import RankTrace, trace_error
-from overlapcfg.diagnosis.result import Divergence, SkewRow
 from overlapcfg.diagnosis.steps import Collective, RankAnalysis, step_windows
+from overlapcfg.diagnosis.trace_events import canonical_dtype
 from overlapcfg.errors import Fault, OverlapConfigError
 
 __all__ = ["arrivals", "check_together", "first_mismatch", "peer_waits", "rank_numbers"]

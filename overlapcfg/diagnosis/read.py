@@ -28,7 +28,7 @@ from typing import IO, Any, cast
 
 import ijson
 
-from overlapcfg.diagnosis.names import (
+from overlapcfg.diagnosis.trace_events import (
     FSDP_LABEL,
     GRAPH_REGION,
     STEP_MARK,

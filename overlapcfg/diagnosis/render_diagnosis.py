@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from overlapcfg.cost.prediction import Event, Simulation
-from overlapcfg.diagnosis.result import DiagnoseResult
+from overlapcfg.diagnosis.diagnosis_result import DiagnoseResult
 from overlapcfg.diagnosis.steps import RankStep
 from overlapcfg.errors import OverlapStateError
 from overlapcfg.report.labels import KIND_LABELS, fmt_bytes

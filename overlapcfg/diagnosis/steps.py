@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from overlapcfg.diagnosis.intervals import Cover
-from overlapcfg.diagnosis.names import GRAPH_REGION, STEP_MARK, dtype_bytes, fsdp_label
 from overlapcfg.diagnosis.read import OP_COMPUTE, OP_WAIT, Comm, Issue, RankTrace, Span
+from overlapcfg.diagnosis.trace_events import GRAPH_REGION, STEP_MARK, dtype_bytes, fsdp_label
 
 __all__ = ["Collective", "RankAnalysis", "RankStep", "analyze_rank", "step_windows"]
 

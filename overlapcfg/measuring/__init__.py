@@ -21,12 +21,12 @@ from overlapcfg._lazy import lazy_exports
 _EXPORTS = {
     "calibrate": "overlapcfg.measuring.calibration",
     "CalibrationProgress": "overlapcfg.measuring.calibration",
-    "measure": "overlapcfg.measuring.run",
-    "MeasureProgress": "overlapcfg.measuring.run",
-    "StepFactory": "overlapcfg.measuring.run",
-    "Measurement": "overlapcfg.measuring.result",
-    "CalibratedProfile": "overlapcfg.measuring.result",
-    "MeasuredConfig": "overlapcfg.measuring.result",
+    "measure": "overlapcfg.measuring.measure_run",
+    "MeasureProgress": "overlapcfg.measuring.measure_run",
+    "StepFactory": "overlapcfg.measuring.measure_run",
+    "Measurement": "overlapcfg.measuring.measure_result",
+    "CalibratedProfile": "overlapcfg.measuring.measure_result",
+    "MeasuredConfig": "overlapcfg.measuring.measure_result",
     "MatmulMix": "overlapcfg.measuring.kernels",
     "matmul_mix": "overlapcfg.measuring.kernels",
 }

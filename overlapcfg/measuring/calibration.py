@@ -2,7 +2,7 @@
 
 Run on every rank of an initialized default process group (``torchrun``), in this order:
 
-1. collectives (``overlapcfg.measuring.collectives``): each given group (the FSDP group; HSDP's replicate and the
+1. collectives (``overlapcfg.measuring.collective_fits``): each given group (the FSDP group; HSDP's replicate and the
    tensor-parallel group of a mesh) times all-gather, reduce-scatter and all-reduce over log-spaced sizes within
    its share of the budget; fits per kind of link (inside a host or across hosts) and kind;
 2. kernels (``overlapcfg.measuring.kernels``): an elementwise kernel over log-spaced sizes up to well beyond the
@@ -62,7 +62,7 @@ from overlapcfg.cost.measured_fits import (
 )
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.measuring.clock import Clock, default_device
-from overlapcfg.measuring.collectives import (
+from overlapcfg.measuring.collective_fits import (
     KINDS,
     GroupTimings,
     fit_collectives,
@@ -87,7 +87,7 @@ from overlapcfg.measuring.kernels import (
     time_memory,
     time_views,
 )
-from overlapcfg.measuring.result import CalibratedProfile, profile_header
+from overlapcfg.measuring.measure_result import CalibratedProfile, profile_header
 from overlapcfg.measuring.skew import SkewTimings, skew_fit, time_skew
 from overlapcfg.passes.backend import CapturedStep
 

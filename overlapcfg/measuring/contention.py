@@ -9,7 +9,7 @@ Per live group (so per kind of link: inside a host, across hosts), every rank in
 
 1. the compute alone, ``C``: a few *units* of the step's own kernels (its largest matmul in its dtype, then an
    elementwise kernel over the matmul's output), as many as take about ``COMPUTE_SHARE`` of the collective;
-2. the all-gather alone, ``X``: its own time (issue excluded, as ``overlapcfg.measuring.collectives`` times it);
+2. the all-gather alone, ``X``: its own time (issue excluded, as ``overlapcfg.measuring.collective_fits`` times it);
 3. both: issue the all-gather, run the same compute (``C'``), then wait for it (blocked for ``W``).
 
 When the all-gather outlasts the compute (the wait blocks), ``C'`` ran entirely under it and the all-gather moved

@@ -38,7 +38,7 @@ from overlapcfg.cost.measured_fits import KernelSamples
 from overlapcfg.cost.price import matmul_layout, matmul_shape, node_bytes, node_kind
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.measuring.clock import Clock
-from overlapcfg.measuring.collectives import log_sizes
+from overlapcfg.measuring.collective_fits import log_sizes
 from overlapcfg.measuring.fit import fit_line, fit_nonnegative
 
 __all__ = ["ANCHOR_SHAPES", "BEYOND_CACHE", "MATMUL_DTYPES", "MEMORY_CAP", "MatmulMix", "MatmulShape", "beyond_cache",

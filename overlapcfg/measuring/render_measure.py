@@ -14,7 +14,7 @@ from rich.text import Text
 
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.cost.measured_fits import ROUGH_FIT
-from overlapcfg.measuring.result import CalibratedProfile, Measurement
+from overlapcfg.measuring.measure_result import CalibratedProfile, Measurement
 from overlapcfg.report.labels import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
 from overlapcfg.report.render import cost_sources_line
 from overlapcfg.results import present

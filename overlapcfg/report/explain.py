@@ -36,7 +36,7 @@ from overlapcfg.module_paths import is_inside
 from overlapcfg.passes.applied import AppliedStep, applied_graph, apply_graph, apply_step
 from overlapcfg.passes.pipeline import GraphKind
 from overlapcfg.passes.step import CapturedStep
-from overlapcfg.report.fsdp2 import fsdp2_report, is_fsdp2_model
+from overlapcfg.report.eager_report import fsdp2_report, is_fsdp2_model
 from overlapcfg.report.labels import KIND_LABELS
 from overlapcfg.report.model import GraphReport, Report
 

@@ -3,7 +3,7 @@ concrete buckets with effective depths. Below it: ``overlapcfg.config``; above i
 
 from overlapcfg.resolve.config import resolve_config
 from overlapcfg.resolve.names import bucket_name
-from overlapcfg.resolve.plan import entry_text, resolve_plan
+from overlapcfg.resolve.plan_resolution import entry_text, resolve_plan
 from overlapcfg.resolve.resolved import ResolvedBucket, ResolvedPlan
 
 __all__ = ["ResolvedBucket", "ResolvedPlan", "bucket_name", "entry_text", "resolve_config",

@@ -16,7 +16,7 @@ from overlapcfg.config.overlap import OverlapConfig
 from overlapcfg.config.plan import BucketPlan
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.module_paths import ModelFacts
-from overlapcfg.resolve.plan import resolve_plan
+from overlapcfg.resolve.plan_resolution import resolve_plan
 from overlapcfg.resolve.resolved import ResolvedPlan
 
 __all__ = ["resolve_config"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from overlapcfg.strategies.base import PassContext, StrategyResult
+from overlapcfg.strategies.interface import PassContext, StrategyResult
 
 __all__ = ["run"]
 

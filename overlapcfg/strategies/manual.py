@@ -9,7 +9,7 @@ from overlapcfg.config.policy import OverlapPolicy
 from overlapcfg.errors import OverlapUsageError
 from overlapcfg.graph.merge import merge_buckets
 from overlapcfg.graph.schedule import schedule_manual
-from overlapcfg.strategies.base import PassContext, StrategyResult
+from overlapcfg.strategies.interface import PassContext, StrategyResult
 
 __all__ = ["run"]
 

@@ -14,7 +14,7 @@ from overlapcfg.config import contracts
 from overlapcfg.config.contracts import ENTRY_POINT_GROUP, StrategyContract
 from overlapcfg.config.policy import OverlapPolicy, PolicyBase
 from overlapcfg.errors import OverlapUsageError
-from overlapcfg.strategies.base import Strategy, StrategyFn
+from overlapcfg.strategies.interface import Strategy, StrategyFn
 
 __all__ = ["ENTRY_POINT_GROUP", "Strategy", "available_strategies", "get_strategy", "register_strategy"]
 

@@ -13,7 +13,7 @@ from torch import fx, nn
 from overlapcfg import compat
 from overlapcfg.config.policy import TorchManualPolicy
 from overlapcfg.errors import OverlapUsageError
-from overlapcfg.strategies.base import PassContext, StrategyResult, this_torch_supports, torch_pass_failures
+from overlapcfg.strategies.interface import PassContext, StrategyResult, this_torch_supports, torch_pass_failures
 
 __all__ = ["run"]
 

@@ -17,7 +17,7 @@ from overlapcfg._lazy import lazy_exports
 _EXPORTS = {
     "tune": "overlapcfg.tuning.search",
     "TuneProgress": "overlapcfg.tuning.search",
-    "TuneResult": "overlapcfg.tuning.result",
+    "TuneResult": "overlapcfg.tuning.tune_result",
     "TuneSpace": "overlapcfg.tuning.space",
     "load_space": "overlapcfg.tuning.space",
 }

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 from overlapcfg.files import write_atomic
 from overlapcfg.report.labels import byte_unit, fmt_bytes, fmt_seconds, time_unit
 from overlapcfg.tuning.candidates import Candidate
-from overlapcfg.tuning.result import TuneResult
+from overlapcfg.tuning.tune_result import TuneResult
 
 if TYPE_CHECKING:  # drawing imports matplotlib only when it draws
     from matplotlib.axes import Axes

@@ -39,10 +39,10 @@ from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.depths import DEPTH_FIELDS, FOLLOWED
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.cost.node_costs import MEASURABLE_KINDS, Footing, NodeCosts
-from overlapcfg.cost.plan import StepPlan, optimizer_step
 from overlapcfg.cost.price import collective_bytes, compute_seconds, iter_tensors, node_kind
 from overlapcfg.cost.pricer import node_seconds, priced_plan
 from overlapcfg.cost.pricing import Pricing, pricing_from
+from overlapcfg.cost.pricing_plan import StepPlan, optimizer_step
 from overlapcfg.cost.replay import Streams
 from overlapcfg.cost.simulator import optimizer_phase, storage_plan, value_bytes
 from overlapcfg.errors import UnsupportedGraphError

@@ -18,7 +18,7 @@ from overlapcfg.report.timeline import write_run_timeline
 from overlapcfg.results import present
 from overlapcfg.tuning.candidates import Candidate
 from overlapcfg.tuning.front import write_front_png
-from overlapcfg.tuning.result import TuneResult
+from overlapcfg.tuning.tune_result import TuneResult
 
 __all__ = ["tune_tables", "write_front_png"]
 

@@ -52,9 +52,9 @@ from overlapcfg.tuning.competitors import COMPETITORS, competitors, lower_bound
 from overlapcfg.tuning.merged import group
 from overlapcfg.tuning.profile import Profile, build_profile
 from overlapcfg.tuning.quick import Stall
-from overlapcfg.tuning.result import AGREEMENT, TuneResult, Verification
 from overlapcfg.tuning.space import TuneSpace, load_space
 from overlapcfg.tuning.structure import Grouping, Structure, find_structure, plan_for
+from overlapcfg.tuning.tune_result import AGREEMENT, TuneResult, Verification
 
 __all__ = ["TuneProgress", "tune"]
 

@@ -281,7 +281,7 @@ def test_the_command_reads_exactly_its_top_level_keys() -> None:
     from hydra import compose, initialize_config_dir
 
     from overlapcfg.config.presets import command_conf_dir
-    from overlapcfg.demo.overrides import top_level_keys
+    from overlapcfg.demo.command_check import top_level_keys
 
     with initialize_config_dir(str(command_conf_dir()), version_base="1.3"):
         cfg = compose("overlapcfg")

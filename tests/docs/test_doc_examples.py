@@ -68,6 +68,6 @@ def test_the_torchtitan_config_module_example_selects_the_pipeline(tmp_path, mon
 
         config = ConfigManager().parse_args(["--module", "my_configs", "--config", "llama3_8b_overlapcfg"])
     assert config.compile.pass_pipeline == "overlapcfg"
-    assert PASS_PIPELINE_REGISTRY["overlapcfg"].__module__ == "overlapcfg.integrations.torchtitan.pipeline"
+    assert PASS_PIPELINE_REGISTRY["overlapcfg"].__module__ == "overlapcfg.integrations.torchtitan.graph_trainer"
     assert torchtitan_command_args()[:4] == ["--module", "graph_trainer.llama3", "--config",
                                              "graph_trainer_llama3_8b"]

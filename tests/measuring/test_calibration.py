@@ -20,7 +20,7 @@ from overlapcfg.cost.hardware import HardwareProfile, hardware_names, load_hardw
 from overlapcfg.cost.measured_fits import CollectiveFit, CollectiveFits, LinkFits
 from overlapcfg.cost.price import collective_cost
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.measuring.collectives import GroupTimings, KindTimings, coverage_order, fit_collectives, log_sizes
+from overlapcfg.measuring.collective_fits import GroupTimings, KindTimings, coverage_order, fit_collectives, log_sizes
 from overlapcfg.measuring.fit import fit_line, fit_nonnegative
 
 TRUTH = {  # kind -> (latency per ring step, bus bandwidth, issue latency, issue bandwidth or None)

@@ -13,8 +13,8 @@ import pytest
 
 import overlapcfg
 from overlapcfg.cost.node_costs import NodeCosts
-from overlapcfg.measuring.result import Measurement
-from overlapcfg.measuring.trace import uncovered_seconds
+from overlapcfg.measuring.measure_result import Measurement
+from overlapcfg.measuring.measured_trace import uncovered_seconds
 from tests.support.traces import traced_step
 
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -120,3 +120,24 @@ def test_import_contracts_fail_on_an_import_cycle_between_modules(tmp_path: Path
                          check=False)
     assert out.returncode != 0
     assert f"No cycles are allowed in {cycle}." in out.stdout, out.stdout[-3000:]
+
+
+_SHARED_BY_DESIGN = frozenset({"__init__.py", "__main__.py"})
+"""Names Python gives every package (and ``python -m``); every other module name says what that one module holds."""
+
+
+def _repeated_basenames(modules: list[Path]) -> dict[str, list[str]]:
+    """``{file name: [its packages]}`` for every module name used in more than one package."""
+    where: dict[str, list[str]] = {}
+    for path in modules:
+        if path.name not in _SHARED_BY_DESIGN:
+            where.setdefault(path.name, []).append(path.parent.name)
+    return {name: sorted(packages) for name, packages in where.items() if len(packages) > 1}
+
+
+def test_no_two_packages_share_a_module_name() -> None:
+    """Issue 38: ``result.py`` in three packages, ``run.py`` in two ...: a traceback, a profile or a grep for one of
+    them named a file without saying which. The check itself: a tree with a repeated name is reported."""
+    assert _repeated_basenames(sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)) == {}
+    assert _repeated_basenames([Path("a/run.py"), Path("b/run.py"), Path("a/__init__.py"), Path("b/__init__.py"),
+                                Path("b/plan.py")]) == {"run.py": ["a", "b"]}

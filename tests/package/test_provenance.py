@@ -20,7 +20,7 @@ ENTRY_READS = {("passes/pipeline.py", "apply"), ("passes/compile.py", "check_pla
 
 ENTRY_KEYWORDS = {("fsdp2/shard.py", "fully_shard"), ("passes/compile.py", "backend"),
                   ("integrations/accelerate.py", "fully_shard"), ("integrations/lightning.py", "parallelize"),
-                  ("measuring/run.py", "measure"), ("tuning/search.py", "tune")}
+                  ("measuring/measure_run.py", "measure"), ("tuning/search.py", "tune")}
 """Public entry points whose ``config_root=`` keyword tells the loader where the user's settings sit."""
 
 

@@ -29,7 +29,7 @@ from rich.console import Console
 import overlapcfg
 from overlapcfg.cost.measured_fits import Calibration, CollectiveFit, CollectiveFits, LinkFits
 from overlapcfg.errors import OverlapStateError, OverlapUsageError
-from overlapcfg.measuring.result import CalibratedProfile, MeasuredConfig, Measurement
+from overlapcfg.measuring.measure_result import CalibratedProfile, MeasuredConfig, Measurement
 from overlapcfg.results import MAX_REPR, Result, presentation
 from tests.support.synthetic import captured_step
 
@@ -200,8 +200,8 @@ def _layer(module: str) -> int:
 
 
 def _all_results() -> list[type[Result]]:
-    for name in ("overlapcfg.report", "overlapcfg.tuning.result", "overlapcfg.measuring.result",
-                 "overlapcfg.diagnosis.result"):
+    for name in ("overlapcfg.report", "overlapcfg.tuning.tune_result", "overlapcfg.measuring.measure_result",
+                 "overlapcfg.diagnosis.diagnosis_result"):
         importlib.import_module(name)
     found, todo = [], list(Result.__subclasses__())
     while todo:

@@ -15,7 +15,7 @@ from overlapcfg.cost.node_costs import MEASURABLE_KINDS, NodeCosts, fit_footing,
 from overlapcfg.cost.price import node_kind
 from overlapcfg.cost.pricer import node_seconds, priced_plan
 from overlapcfg.cost.pricing import Pricing
-from overlapcfg.measuring.run import _RankResult, on_timed_clock
+from overlapcfg.measuring.measure_run import _RankResult, on_timed_clock
 from overlapcfg.report.compare import compare
 from tests.support.synthetic import captured_step
 

@@ -22,7 +22,7 @@ def llama_fqns(n_layers: int) -> list[str]:
 @pytest.fixture
 def indexes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Every ModuleIndex that resolve_plan builds, to read its ``visited`` counter afterwards."""
-    import overlapcfg.resolve.plan as plan_module
+    import overlapcfg.resolve.plan_resolution as plan_module
     from overlapcfg.config.module_index import ModuleIndex
 
     made: list[ModuleIndex] = []

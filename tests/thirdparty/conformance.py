@@ -351,7 +351,7 @@ def joint_apply(gm: fx.GraphModule, cfg: Mapping[str, Any]) -> fx.GraphModule:
     parity worker (``graph_trainer.whole_step_parity_worker``) runs on each rank; with ``parity_worker`` the only
     use of overlapcfg in this module."""
     import overlapcfg
-    from overlapcfg.integrations.torchtitan.pipeline import overlapcfg_bucketing_pass
+    from overlapcfg.integrations.torchtitan.graph_trainer import overlapcfg_bucketing_pass
 
     return overlapcfg_bucketing_pass(gm, cfg=overlapcfg.load_config(dict(cfg)))
 

@@ -26,7 +26,7 @@ from overlapcfg.tuning.candidates import TIE_TOLERANCE, Candidate, Knobs, choose
 from overlapcfg.tuning.front import front_view, place_labels, write_front_png
 from overlapcfg.tuning.quick import Score
 from overlapcfg.tuning.render_tune import tune_tables
-from overlapcfg.tuning.result import TuneResult
+from overlapcfg.tuning.tune_result import TuneResult
 from tests.support.synthetic import captured_step
 
 MIB = 2**20

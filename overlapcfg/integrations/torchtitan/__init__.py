@@ -35,7 +35,7 @@ except ModuleNotFoundError as _missing:  # say what to install, not only what is
         from _missing
 
 from overlapcfg.errors import OverlapStateError, OverlapUsageError
-from overlapcfg.integrations.torchtitan.pipeline import (
+from overlapcfg.integrations.torchtitan.graph_trainer import (
     PASS_NAME,
     PIPELINE_NAME,
     check_trainer,

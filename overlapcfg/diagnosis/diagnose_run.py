@@ -18,10 +18,10 @@ from typing import Any
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.load import ConfigSource
 from overlapcfg.diagnosis.attribute import OTHER, attribute, bucket_bytes
+from overlapcfg.diagnosis.diagnosis_result import BucketRow, DiagnoseResult, Proposal, RankStepRow
 from overlapcfg.diagnosis.propose import Candidate, fit_durations, predicted, program, step_candidates
 from overlapcfg.diagnosis.ranks import arrivals, check_together, first_mismatch, offsets, peer_waits, rank_numbers
 from overlapcfg.diagnosis.read import HEADER, RankTrace, read_trace, trace_error
-from overlapcfg.diagnosis.result import BucketRow, DiagnoseResult, Proposal, RankStepRow
 from overlapcfg.diagnosis.rewrite import proposed_config
 from overlapcfg.diagnosis.steps import RankAnalysis, analyze_rank
 from overlapcfg.errors import Fault, OverlapConfigError

@@ -11,7 +11,7 @@ Per config, on every rank of the initialized default group:
    the timed steps are taken in turns, one step of each config per round (``interleave``): on a machine whose load
    drifts (other jobs on shared cores, clocks throttling), every config sees the same drift;
 3. ``profiled_steps`` under ``torch.profiler``: exposed communication and each collective's duration
-   (``overlapcfg.measuring.trace``);
+   (``overlapcfg.measuring.measured_trace``);
 4. for the reference config (the first ``strategy: none`` one, else the first), two more steps with every node
    timed: the ``NodeCosts`` the profile-guided prediction uses for every config, put on the clock of the
    reference's timed steps (``on_timed_clock``);
@@ -47,9 +47,9 @@ from overlapcfg.errors import OverlapConfigError, OverlapStateError
 from overlapcfg.graph.ops import collective_kind, is_collective_start
 from overlapcfg.kinds import DIRECTIONS
 from overlapcfg.measuring.clock import Clock, default_device
-from overlapcfg.measuring.result import MeasuredCollective, MeasuredConfig, Measurement
+from overlapcfg.measuring.measure_result import MeasuredCollective, MeasuredConfig, Measurement
+from overlapcfg.measuring.measured_trace import read_trace
 from overlapcfg.measuring.runner import Recorder, merge_node_seconds
-from overlapcfg.measuring.trace import read_trace
 from overlapcfg.passes.backend import GraphBackend
 from overlapcfg.passes.compile import backend as overlap_backend
 
