@@ -23,14 +23,15 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
 
-from overlapcfg.demo.tracing import TracedStep
 from tests.support.compat_tier import mark_tier
-from tests.support.traces import ApplyFn, apply_to, traced_step, whole_step_capture
+
+if TYPE_CHECKING:  # tracing imports dynamo and DTensor: seconds, which only the tests that trace should pay
+    from overlapcfg.demo.tracing import TracedStep
+    from tests.support.traces import ApplyFn
 
 sys.dont_write_bytecode = False  # this process too (see PYTHONDONTWRITEBYTECODE above)
 
@@ -38,9 +39,12 @@ sys.dont_write_bytecode = False  # this process too (see PYTHONDONTWRITEBYTECODE
 def _share_the_cores_between_workers() -> None:
     """Under pytest-xdist (``-n N``) each worker gets its share of the cores for torch's intra-op threads: N
     workers each running as many threads as there are cores oversubscribe the machine and run slower together than
-    one alone. Spawned ranks set their own count (``run_on_gloo(num_threads=)``)."""
+    one alone. Spawned ranks set their own count (``run_on_gloo(num_threads=)``). Without workers, torch is not
+    imported here: a run of torch-free files (``pytest -n 0 tests/config``) starts without it."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
+        import torch
+
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
@@ -91,27 +95,37 @@ def _leave_out_the_docs_runs(config: pytest.Config, items: list[pytest.Item]) ->
 
 @pytest.fixture(scope="session")
 def traced_2l() -> TracedStep:
+    from tests.support.traces import traced_step
+
     return traced_step(2, False)
 
 
 @pytest.fixture(scope="session")
 def traced_2l_reshard() -> TracedStep:
+    from tests.support.traces import traced_step
+
     return traced_step(2, True)
 
 
 @pytest.fixture(scope="session")
 def traced_4l() -> TracedStep:
+    from tests.support.traces import traced_step
+
     return traced_step(4, False)
 
 
 @pytest.fixture(scope="session")
 def traced_4l_reshard() -> TracedStep:
+    from tests.support.traces import traced_step
+
     return traced_step(4, True)
 
 
 @pytest.fixture(scope="session")
 def applied() -> ApplyFn:
     """``applied(step, graph_name, cfg) -> GraphModule``: the pass on a fresh copy, verified (see ``apply_to``)."""
+    from tests.support.traces import apply_to
+
     return apply_to
 
 
@@ -119,6 +133,8 @@ def applied() -> ApplyFn:
 def whole_step() -> Callable[..., Any]:
     """``whole_step(model="llama3", reshard="always", optimizer=False, loss="cross_entropy") -> WholeStep`` (see
     ``tests.support.traces.whole_step_capture``)."""
+    from tests.support.traces import whole_step_capture
+
     return whole_step_capture
 
 

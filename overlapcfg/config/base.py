@@ -59,10 +59,11 @@ class ConfigModel(BaseModel):
             return data
         if TARGET_KEY in data:
             raise PydanticCustomError("target_forbidden", TARGET_MESSAGE)
-        unknown = [k for k in data if k not in cls.model_fields]
+        fields = cls.model_fields  # a computed class property in pydantic 2.11+: read once, not once per key
+        unknown = [k for k in data if k not in fields]
         if not unknown:
             return data
-        valid = tuple(sorted(cls.model_fields))
+        valid = tuple(sorted(fields))
         hints = _unknown_field_hints.get()
         if hints is None:  # a direct model_validate: say it here, with the suggestion pydantic would not give
             parts = [f"{show_value(k)}{did_you_mean(str(k), valid, n=1)}" for k in unknown]

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from overlapcfg import OverlapConfig, OverlapConfigError, from_hydra
 from overlapcfg.config.presets import command_conf_dir, conf_dir
+from tests.support.hydra_memo import memoized_config_files
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _each_config_file_parsed_once() -> Iterator[None]:
+    """Hydra re-parses every file of a composition on each ``compose``; here each distinct text is parsed once
+    (``tests/support/hydra_memo.py``): the same compositions, a quarter less work each."""
+    with memoized_config_files():
+        yield
+
 
 CONF = conf_dir()
 COMMAND_CONF = command_conf_dir()
@@ -175,6 +186,21 @@ def test_a_user_apps_own_hardware_group_and_overlapcfg_yaml_do_not_collide_with_
             compose("overlapcfg")
     assert dict(cfg.hardware) == {"gpus": 8}
     assert from_hydra(cfg.overlap).plan.name == "llama_layers"
+
+
+def test_a_config_file_changed_between_composes_is_read_again(tmp_path):
+    """The memo of parsed files (``_each_config_file_parsed_once``) is keyed by the file's text: an edited preset is
+    composed as it reads now, and the edit back gives the first config again."""
+    (tmp_path / "conf" / "overlap" / "policy").mkdir(parents=True)
+    policy = tmp_path / "conf" / "overlap" / "policy" / "mine.yaml"
+    (tmp_path / "conf" / "config.yaml").write_text(
+        "defaults:\n  - overlap: default\n  - override overlap/policy: mine\n  - _self_\n")
+    depths = []
+    for depth in (2, 3, 2):
+        policy.write_text(f"forward_prefetch: {depth}\n")
+        with initialize_config_dir(str(tmp_path / "conf"), version_base="1.3"):
+            depths.append(from_hydra(compose("config").overlap).policy.forward_prefetch)
+    assert depths == [2, 3, 2]
 
 
 def test_the_command_keeps_its_hardware_group_and_primary_config():

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,15 @@ from omegaconf import DictConfig
 from overlapcfg import OverlapConfig, OverlapConfigError, from_hydra, load_config
 from overlapcfg.config.command_line import hydra_overrides
 from overlapcfg.config.presets import command_conf_dir
+from tests.support.hydra_memo import memoized_config_files
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _each_config_file_parsed_once() -> Iterator[None]:
+    """Hydra re-parses every file of a composition on each ``compose``; here each distinct text is parsed once
+    (``tests/support/hydra_memo.py``): the same compositions, a quarter less work each."""
+    with memoized_config_files():
+        yield
 
 MINE = "# a user's own plan preset, without a name of its own\nbuckets:\n  - tok_embeddings\n  - layers.*\n" \
        "  - [norm, output]\n"

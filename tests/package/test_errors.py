@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import ast
 import inspect
-from pathlib import Path
 
 import pytest
 
 import overlapcfg
 from overlapcfg import errors
-
-PACKAGE = Path(overlapcfg.__file__).parent
+from tests.support.package_source import package_modules
 
 BUILTINS = frozenset({"ValueError", "RuntimeError", "TypeError", "KeyError", "LookupError", "IndexError",
                       "FileNotFoundError", "OSError", "NotImplementedError", "Exception"})
@@ -40,11 +38,11 @@ def test_the_package_raises_only_its_own_errors_or_bug_checks() -> None:
     ours = {name for name, value in vars(errors).items() if isinstance(value, type)
             and issubclass(value, errors.OverlapcfgError)}
     offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for line, name in _raised(ast.parse(path.read_text())):
+    for module in package_modules():
+        for line, name in _raised(module.tree):
             if name in BUILTINS or (name.endswith("Error") and name not in ours and name not in INTERNAL
                                     and name not in ("AssertionError", "PydanticCustomError")):
-                offenders.append(f"{path.relative_to(PACKAGE)}:{line}: raise {name}")
+                offenders.append(f"{module.rel}:{line}: raise {name}")
     assert offenders == []
 
 

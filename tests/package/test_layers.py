@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import overlapcfg
+from tests.support.package_source import package_modules
 
 PACKAGE = Path(overlapcfg.__file__).parent
 REPO = PACKAGE.parent
@@ -54,11 +55,11 @@ def _private_uses(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_private_torch_and_omegaconf_uses_live_in_compat_only() -> None:
     offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE)
-        if rel.parts[0] == "compat" or "_hydra_plugin" in rel.parts:
+    for module in package_modules():
+        parts = module.rel.split("/")
+        if parts[0] == "compat" or "_hydra_plugin" in parts:
             continue
-        offenders += [f"{rel}:{line}: {what}" for line, what in _private_uses(ast.parse(path.read_text()))]
+        offenders += [f"{module.rel}:{line}: {what}" for line, what in _private_uses(module.tree)]
     assert offenders == []
 
 

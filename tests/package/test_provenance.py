@@ -4,11 +4,8 @@ points nothing takes a config's mount path as an argument, holds it, or reads it
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-import overlapcfg
-
-PACKAGE = Path(overlapcfg.__file__).parent
+from tests.support.package_source import modules_under
 
 CORE = ("resolve", "graph", "strategies", "passes", "fsdp2", "report", "capture")
 """Packages that work on an overlap config as a value (their entry points excepted below). Not ``cost``: its
@@ -25,9 +22,7 @@ ENTRY_KEYWORDS = {("fsdp2/shard.py", "fully_shard"), ("passes/compile.py", "back
 
 
 def _modules(*packages: str) -> list[tuple[str, ast.Module]]:
-    files = [p for package in packages for p in sorted((PACKAGE / package).rglob("*.py"))] if packages else \
-        sorted(PACKAGE.rglob("*.py"))
-    return [(p.relative_to(PACKAGE).as_posix(), ast.parse(p.read_text())) for p in files]
+    return [(m.rel, m.tree) for m in modules_under(*packages)]
 
 
 def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:

@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 import overlapcfg
+from tests.support.package_source import package_modules
 
 PACKAGE = Path(overlapcfg.__file__).resolve().parent
 THE_WRITER = PACKAGE / "files.py"
@@ -41,12 +42,12 @@ def _writes(node: ast.Call) -> str | None:
 
 def test_every_writer_in_the_package_uses_the_atomic_write() -> None:
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path == THE_WRITER:
+    for module in package_modules():
+        if module.path == THE_WRITER:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(module.tree):
             if isinstance(node, ast.Call) and (what := _writes(node)) is not None:
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {what}")
+                found.append(f"{module.path.relative_to(PACKAGE.parent)}:{node.lineno}: {what}")
     assert found == [], "write these through overlapcfg.files.write_atomic:\n" + "\n".join(found)
 
 
