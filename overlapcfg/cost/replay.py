@@ -181,11 +181,11 @@ class Streams:
         work = seconds
         heads = self._heads
         while work > 0:
+            stream: str | None
             if len(heads) == 1:  # one stream running (the tuner's case): max and _next_end over one head, inline
-                stream, r = next(iter(heads.items()))
+                only, r = next(iter(heads.items()))
                 slow = r.slowdown[0]
-                if not r.end < _INF:
-                    stream = None
+                stream = only if r.end < _INF else None
                 end = r.end
             else:
                 slow = max((r.slowdown[0] for r in heads.values()), default=0.0)

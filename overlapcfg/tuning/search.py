@@ -23,6 +23,7 @@ Deterministic: the grid is enumerated in a fixed order (sampled with ``space.see
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
 import random
@@ -263,8 +264,8 @@ def _arms(profile: Profile, structure: Structure, groupings: list[Grouping], ste
     seen: set[tuple[frozenset[frozenset[str]], tuple[str, ...]]] = set()
     for g in groupings:
         # A grouping's plan depends on the model alone: resolved once per step, copied before anyone holds it.
-        plan, resolved = cached(step, ("plan", structure, g),
-                                lambda g=g: plan_for(structure, g, step.module_fqns, step.param_owners))
+        plan, resolved = cached(step, ("plan", structure, g), functools.partial(
+            plan_for, structure, g, step.module_fqns, step.param_owners))
         plan = copy.deepcopy(plan)
         key = (frozenset(frozenset(b.modules) for b in resolved.buckets), g.unmerged)
         if key in seen:  # merge_first without a head, say: the same buckets as another grouping
