@@ -57,7 +57,7 @@ from overlapcfg.tuning.profile import Profile, build_profile
 from overlapcfg.tuning.quick import Stall
 from overlapcfg.tuning.result import AGREEMENT, TuneResult, Verification
 from overlapcfg.tuning.space import TuneSpace, load_space
-from overlapcfg.tuning.step_cache import cached
+from overlapcfg.tuning.step_cache import cached, fingerprinted
 from overlapcfg.tuning.structure import Grouping, Structure, find_structure, plan_for
 
 __all__ = ["TuneProgress", "tune"]
@@ -123,8 +123,9 @@ def _search(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: 
     Python's cyclic collector is paused for the search (``overlapcfg.passes.gc_paused``): scoring keeps thousands of
     candidates and replays alive, which makes the collector run full collections, and each walks every object of
     the process (the traced step, and the applied graphs ``overlapcfg.tuning.step_cache`` keeps); reference counting
-    frees the rest as before, and cycles left behind go once it resumes."""
-    with cyclic_gc_paused():
+    frees the rest as before, and cycles left behind go once it resumes. The step's fingerprint, which guards that
+    cache, is taken once for the search (``fingerprinted``)."""
+    with cyclic_gc_paused(), fingerprinted(step):
         return _search_paused(step, hardware=hardware, world_size=world_size, memory_budget=memory_budget,
                               space=space, as_dtype=as_dtype, progress=progress, verify=verify,
                               settings_at=settings_at, node_costs=node_costs, pricing=pricing,
@@ -420,8 +421,7 @@ def _verify(step: CapturedStep, best: Candidate, profile: Profile) -> Verificati
     assert best.config is not None
     started = time.perf_counter()
     config = best.config if best.config.verify else best.config.model_copy(update={"verify": True})
-    # The apply and its verification do not depend on the machine: once per step and config.
-    explained = cached(step, ("verified", config.model_dump_json()), lambda: explain(step, config))
+    explained = explain(step, config)
     row = compare_reports(step, [explained], hardware=profile.hardware, names=["tuned"], world_size=profile.world_size,
                           as_dtype=profile.as_dtype, node_costs=profile.node_costs, pricing=profile.pricing).rows[0]
     sim = row.simulation

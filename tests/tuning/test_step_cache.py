@@ -37,9 +37,9 @@ def _search(step: Any, **kwargs: Any) -> overlapcfg.TuneResult:
 
 def test_a_search_reusing_the_steps_cache_equals_one_on_a_fresh_step_and_applies_nothing_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second search on one step reads the unit graphs, the competitors, the plans, the presets and the winner's
-    verified apply from the cache (the unit plan and each competitor applied once, the winner verified once); every
-    number and decision equals that of a search on a step never seen, which applies them all anew."""
+    """The second search on one step reads the unit graphs, the competitors, the plans and the presets from the
+    cache (the unit plan and each competitor applied once; the winner is verified by each search); every number and
+    decision equals that of a search on a step never seen, which applies them all anew."""
     from overlapcfg.tuning import competitors, profile, search
 
     calls: list[str] = []
@@ -60,12 +60,12 @@ def test_a_search_reusing_the_steps_cache_equals_one_on_a_fresh_step_and_applies
     monkeypatch.setattr(profile, "apply_step", apply_step)
     monkeypatch.setattr(competitors, "explain", explain)
     monkeypatch.setattr(search, "explain", verified)
-    once = ["auto", "auto", "none", "units", "winner"]
+    once = ["auto", "auto", "none", "units"]
     step = captured_step(LAYERS)
     first, again = _search(step), _search(step)
-    assert sorted(calls) == once
+    assert sorted(calls) == sorted([*once, "winner", "winner"])
     fresh = _search(captured_step(LAYERS))
-    assert sorted(calls) == sorted(once * 2)
+    assert sorted(calls) == sorted([*once, *once, "winner", "winner", "winner"])
     assert _outcome(again) == _outcome(first) == _outcome(fresh)
     assert again.to_yaml() == fresh.to_yaml()
 
@@ -102,3 +102,26 @@ def test_an_unfingerprintable_step_is_never_cached(monkeypatch: pytest.MonkeyPat
     assert step_fingerprint(step) is None
     assert cached(step, "k", lambda: next(counter)) == 0
     assert cached(step, "k", lambda: next(counter)) == 1
+
+
+def test_a_search_fingerprints_its_step_once_and_any_other_step_as_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ``fingerprinted(step)`` the cache compares the fingerprint taken as the block opened (a search asks
+    it some fifty times); another step asked inside the block is fingerprinted at each call as outside."""
+    taken: list[object] = []
+    real = step_cache.graph_fingerprint
+
+    def counting(gm: Any) -> int | None:
+        taken.append(gm)
+        return real(gm)
+
+    monkeypatch.setattr(step_cache, "graph_fingerprint", counting)
+    step, other = captured_step(LAYERS), captured_step(LAYERS)
+    with step_cache.fingerprinted(step):
+        for key in range(5):
+            cached(step, key, lambda: None)
+        assert len(taken) == 2  # forward and backward, once
+        cached(other, "k", lambda: None)
+        cached(other, "k", lambda: None)
+    assert len(taken) == 6
+    cached(step, 0, lambda: None)
+    assert len(taken) == 8
