@@ -40,6 +40,7 @@ __all__ = ["NO_CONTENTION", "Memory", "Slowdown", "Streams"]
 Slowdown = tuple[float, float]
 """``(compute_slowdown, comm_slowdown)`` of one collective's link (``overlapcfg.cost.measured_fits.Contention``)."""
 NO_CONTENTION: Slowdown = (0.0, 0.0)
+_INF = float("inf")
 
 
 class _Running:
@@ -148,7 +149,7 @@ class Streams:
         self._start_head(stream, r.end)
 
     def _next_end(self) -> tuple[float, str | None]:
-        end, first = float("inf"), None
+        end, first = _INF, None
         for stream, r in self._heads.items():
             if r.end < end:
                 end, first = r.end, stream
@@ -178,11 +179,19 @@ class Streams:
             self.t += seconds
             return start
         work = seconds
+        heads = self._heads
         while work > 0:
-            slow = max((r.slowdown[0] for r in self._heads.values()), default=0.0)
+            stream: str | None
+            if len(heads) == 1:  # one stream running (the tuner's case): max and _next_end over one head, inline
+                only, r = next(iter(heads.items()))
+                slow = r.slowdown[0]
+                stream = only if r.end < _INF else None
+                end = r.end
+            else:
+                slow = max((r.slowdown[0] for r in heads.values()), default=0.0)
+                end, stream = self._next_end()
             factor = 1.0 + slow
             done_at = self.t + work * factor
-            end, stream = self._next_end()
             if stream is None or end >= done_at:
                 self.contended += work * slow
                 self.t = done_at
@@ -221,7 +230,9 @@ class Streams:
             late = self._late(self.t - self._synced, ranks)
             self.skewed += late
             arrive += late
-        queue = self._queues.setdefault(stream, deque())
+        queue = self._queues.get(stream)
+        if queue is None:
+            queue = self._queues[stream] = deque()
         if not queue:
             start = arrive
         elif not self._slowed_in.get(stream):  # no contention in the queue: its tail is exact

@@ -37,7 +37,7 @@ from overlapcfg.kinds import DIRECTIONS, Direction
 from overlapcfg.passes.pipeline import GraphKind, PassOptions, apply
 from overlapcfg.passes.step import CapturedStep
 
-__all__ = ["AppliedGraph", "AppliedStep", "applied_graph", "apply_graph", "apply_step"]
+__all__ = ["AppliedGraph", "AppliedStep", "applied_graph", "apply_graph", "apply_step", "graph_fingerprint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,7 @@ summaries with them when they go."""
 
 def _summary(gm: fx.GraphModule, direction: Direction) -> GraphSummary:
     """``summarize(gm, direction=...)``, taken once per captured graph (see the module docstring)."""
-    stamp = _fingerprint(gm)
+    stamp = graph_fingerprint(gm)
     cached = _SUMMARIES.get(gm, {}).get(direction)
     if stamp is not None and cached is not None and cached[0] == stamp:
         return cached[1]
@@ -155,9 +155,9 @@ def _summary(gm: fx.GraphModule, direction: Direction) -> GraphSummary:
     return summary
 
 
-def _fingerprint(gm: fx.GraphModule) -> int | None:
+def graph_fingerprint(gm: fx.GraphModule) -> int | None:
     """Every node's name, op, target and arguments, hashed (None where a constant argument is unhashable: then
-    nothing is cached)."""
+    nothing is cached): what caches of a captured graph's derived values compare."""
     try:
         return hash(tuple((n.name, n.op, n.target, n.args, n.kwargs) for n in gm.graph.nodes))
     except TypeError:

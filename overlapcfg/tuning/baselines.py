@@ -16,16 +16,27 @@ from overlapcfg.tuning.candidates import Candidate, Knobs
 from overlapcfg.tuning.merged import group
 from overlapcfg.tuning.profile import Profile
 from overlapcfg.tuning.quick import Stall, score
+from overlapcfg.tuning.step_cache import cached
 
 __all__ = ["score_config", "score_presets", "unit_buckets"]
 
 
 def score_presets(step: CapturedStep, profile: Profile) -> tuple[list[Candidate], tuple[str, ...]]:
     """Every shipped plan x manual policy preset, and ``torch_manual`` per plan, that fits the model."""
-    out: list[Candidate] = []
+    names = (preset_names("plan"), preset_names("policy"))
+    fitting, skipped = cached(step, ("presets", names), lambda: _fitting_presets(step, names))
+    return [score_config(name, cfg, resolved, profile) for name, cfg, resolved in fitting], skipped
+
+
+def _fitting_presets(step: CapturedStep, names: tuple[tuple[str, ...], tuple[str, ...]],
+                     ) -> tuple[tuple[tuple[str, OverlapConfig, ResolvedPlan], ...], tuple[str, ...]]:
+    """The presets that fit the model, resolved, and why each other one is left out: the model's alone, so made
+    once per step (``overlapcfg.tuning.step_cache``)."""
+    out: list[tuple[str, OverlapConfig, ResolvedPlan]] = []
     skipped: list[str] = []
-    for plan in preset_names("plan"):
-        for policy in (*preset_names("policy"), None):
+    plans, policies = names
+    for plan in plans:
+        for policy in (*policies, None):
             name = f"torch_manual {plan}" if policy is None else f"{plan} / {policy}"
             try:
                 cfg = load_config({"strategy": "torch_manual", "plan": plan} if policy is None
@@ -41,8 +52,8 @@ def score_presets(step: CapturedStep, profile: Profile) -> tuple[list[Candidate]
                 skipped.append(f"{name}: leaves {len(resolved.uncovered)} parameter owners unbucketed (their "
                                "collectives stay as traced, which the quick model does not replay)")
                 continue
-            out.append(score_config(name, cfg, resolved, profile))
-    return out, tuple(dict.fromkeys(skipped))
+            out.append((name, cfg, resolved))
+    return tuple(out), tuple(dict.fromkeys(skipped))
 
 
 def score_config(name: str, cfg: OverlapConfig, resolved: ResolvedPlan, profile: Profile,

@@ -17,11 +17,8 @@ compute. Contention and rank skew only add to both.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 from typing import Any
-
-from torch import fx
 
 from overlapcfg.config import OverlapConfig, load_config
 from overlapcfg.config.depths import Depths
@@ -35,6 +32,7 @@ from overlapcfg.report.model import Report
 from overlapcfg.tuning.candidates import Candidate, Knobs
 from overlapcfg.tuning.profile import Profile
 from overlapcfg.tuning.quick import Score
+from overlapcfg.tuning.step_cache import cached
 
 __all__ = ["COMPETITORS", "COMPETITOR_ARM", "competitors", "lower_bound"]
 
@@ -48,24 +46,20 @@ COMPETITOR_ARM = -2
 """``Candidate.arm`` of a competitor (presets are -1, the search's own groupings 0 and up)."""
 _NO_KNOBS = Knobs(Depths(forward_prefetch=0, backward_prefetch=0, reduce_scatter_delay=0), "gather_first", None)
 
-_applied: weakref.WeakKeyDictionary[fx.GraphModule, dict[str, Report | UpstreamPassError]] = \
-    weakref.WeakKeyDictionary()
-"""Per traced step (keyed by its forward graph), each competitor as applied, or torch's pass failing on it: what a
-strategy does to a graph does not depend on the machine predicted."""
-
-
 def _explained(step: CapturedStep, name: str, cfg: OverlapConfig) -> Report:
-    cache = _applied.setdefault(step.forward, {})
-    key = f"{name}:{cfg.model_dump_json()}"
-    if key not in cache:
-        try:
-            cache[key] = explain(step, cfg)
-        except UpstreamPassError as err:
-            cache[key] = err
-    found = cache[key]
+    """``explain(step, cfg)``, once per step (``overlapcfg.tuning.step_cache``), or torch's pass failing on it:
+    what a strategy does to a graph does not depend on the machine predicted."""
+    found = cached(step, ("competitor", name, cfg.model_dump_json()), lambda: _applied(step, cfg))
     if isinstance(found, UpstreamPassError):
         raise found
     return found
+
+
+def _applied(step: CapturedStep, cfg: OverlapConfig) -> Report | UpstreamPassError:
+    try:
+        return explain(step, cfg)
+    except UpstreamPassError as err:
+        return err
 
 
 def _score(sim: Simulation) -> Score:

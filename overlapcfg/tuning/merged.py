@@ -113,7 +113,7 @@ class GroupedGraph:
 
     def fixed_before(self, key: SortKey) -> int:
         """How many fixed nodes run before an event at ``key`` (a fixed node at position p has key (p, 0, 0, 0)),
-        memoized: a grouping's events fall on a few hundred positions."""
+        memoized (``known_before``): a grouping's events fall on a few hundred positions."""
         n = self._before.get(key)
         if n is None:
             fixed = self.profile.fixed
@@ -122,6 +122,11 @@ class GroupedGraph:
                 n += 1
             self._before[key] = n
         return n
+
+    @property
+    def known_before(self) -> dict[SortKey, int]:
+        """``fixed_before``'s answers so far, by key: a replay looks a key up here before calling it."""
+        return self._before
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ from overlapcfg.graph.schedule import exclusive_ancestors, exclusive_descendants
 from overlapcfg.kinds import DIRECTIONS
 from overlapcfg.passes.applied import apply_step
 from overlapcfg.passes.backend import CapturedStep
+from overlapcfg.tuning.step_cache import cached
 
 __all__ = ["GraphProfile", "ParamCopy", "Profile", "UnitCollective", "build_profile", "unit_config"]
 
@@ -184,7 +185,8 @@ def unit_config(owners: Sequence[str]) -> OverlapConfig:
 def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: int,
                   as_dtype: torch.dtype | None = None, node_costs: NodeCosts | None = None,
                   pricing: Pricing | None = None, pricing_path: str = "pricing") -> Profile:
-    """Apply the unit plan once to copies of ``step``'s graphs and read the profile off the result;
+    """Apply the unit plan once to copies of ``step``'s graphs (once per step: ``overlapcfg.tuning.step_cache``)
+    and read the profile off the result;
     ``node_costs``: measured node durations, used where they match (as ``simulate`` uses them); ``pricing``: what
     the prediction assumes (``overlapcfg.cost.pricing.Pricing``)."""
     started = time.perf_counter()
@@ -193,7 +195,9 @@ def build_profile(step: CapturedStep, hardware: HardwareProfile, *, world_size: 
         raise UnsupportedGraphError("tune: the step has no parameter-owning submodules to bucket"
                                     if not owners else "tune: the root module owns FSDP parameters directly; "
                                     "only submodules can be bucketed, so the tuner cannot group them")
-    graphs = {a.name: a.graph for a in apply_step(step, unit_config(owners)).graphs}
+    # The unit plan's rewrite does not depend on the machine: made once per step (only read from here on).
+    graphs = cached(step, "unit graphs",
+                    lambda: {a.name: a.graph for a in apply_step(step, unit_config(owners)).graphs})
     priced = pricing_from(pricing, path=pricing_path)
     plan, footing = priced_plan([graphs[name] for name in DIRECTIONS], DIRECTIONS, hardware, priced,
                                 world_size=world_size, traced_world_size=step.world_size, as_dtype=as_dtype,

@@ -18,6 +18,7 @@ model, against seconds for a real ``apply`` + ``simulate``; the tuner re-checks 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -58,6 +59,8 @@ class Score:
 
 # Event codes, in the order the simulator meets them at one key.
 _ISSUE, _WAIT, _ALLOC, _FREE = range(4)
+_first = operator.itemgetter(0)
+"""An event's sort key."""
 
 
 def score(grouped: Grouped, depths: Mapping[str, Sequence[int]], *, max_inflight_bytes: int | None,
@@ -108,15 +111,17 @@ def _replay(g: GroupedGraph, grouped: Grouped, depths: Sequence[int], delays: Se
     """One graph's events in key order on the simulator's streams (``overlapcfg.cost.replay``), the fixed
     compute between them run as prefix sums. ``depths`` and ``delays``: per step, in schedule order."""
     events = _events(g, depths, delays, cap, issue_order, memory)
-    events.sort(key=lambda e: e[0])
+    events.sort(key=_first)
     prefix = g.profile.prefix
-    before = g.fixed_before
+    before, known = g.fixed_before, g.known_before
     streams, mem = Streams(grouped.skew), Memory()
     run, issue, wait = streams.run, streams.issue, streams.wait
     names, ranks = grouped.names, grouped.ranks
     done = 0
     for key, code, payload, bucket in events:
-        n = before(key)
+        n = known.get(key)
+        if n is None:
+            n = before(key)
         if n > done:
             run(prefix[n] - prefix[done])
             done = n
@@ -125,7 +130,8 @@ def _replay(g: GroupedGraph, grouped: Grouped, depths: Sequence[int], delays: Se
             if merged.kind == "all_gather":
                 issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
                       inflight_bytes=merged.cost_bytes, slowdown=merged.slowdown, ranks=ranks)
-                mem.alloc(merged.buffer_bytes, True)
+                if memory:
+                    mem.alloc(merged.buffer_bytes, True)
             else:
                 issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
                       slowdown=merged.slowdown, ranks=ranks)
@@ -136,7 +142,7 @@ def _replay(g: GroupedGraph, grouped: Grouped, depths: Sequence[int], delays: Se
             if stall > 0 and stalls is not None:
                 stalls.append(Stall(g.profile.name, names[bucket], merged.kind, at, stall))
             run(merged.wait_cost)
-            if merged.kind == "all_gather":
+            if memory and merged.kind == "all_gather":
                 for nbytes, _ in merged.copies:
                     mem.alloc(nbytes, True)
                 if merged.buffer_last < 0:

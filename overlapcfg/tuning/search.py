@@ -22,6 +22,8 @@ Deterministic: the grid is enumerated in a fixed order (sampled with ``space.see
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import logging
 import random
@@ -42,6 +44,7 @@ from overlapcfg.cost.throughput import StepFacts
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.agreement import decided_on_rank_zero
 from overlapcfg.passes.backend import CapturedStep
+from overlapcfg.passes.gc_paused import cyclic_gc_paused
 from overlapcfg.report.compare import compare_reports
 from overlapcfg.report.explain import explain
 from overlapcfg.report.labels import fmt_bytes, fmt_seconds
@@ -53,6 +56,7 @@ from overlapcfg.tuning.merged import group
 from overlapcfg.tuning.profile import Profile, build_profile
 from overlapcfg.tuning.quick import Stall
 from overlapcfg.tuning.space import TuneSpace, load_space
+from overlapcfg.tuning.step_cache import cached, fingerprinted
 from overlapcfg.tuning.structure import Grouping, Structure, find_structure, plan_for
 from overlapcfg.tuning.tune_result import AGREEMENT, TuneResult, Verification
 
@@ -114,7 +118,25 @@ def _search(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: 
             as_dtype: torch.dtype | None, progress: ProgressFn | None, verify: bool, settings_at: str,
             node_costs: NodeCosts | None, pricing: Pricing | Mapping[str, Any] | None = None,
             pricing_path: str | None = None) -> TuneResult:
-    """``tune`` on this rank alone; ``settings_at``: the prefix of the tune settings' paths in faults."""
+    """``tune`` on this rank alone; ``settings_at``: the prefix of the tune settings' paths in faults.
+
+    Python's cyclic collector is paused for the search (``overlapcfg.passes.gc_paused``): scoring keeps thousands of
+    candidates and replays alive, which makes the collector run full collections, and each walks every object of
+    the process (the traced step, and the applied graphs ``overlapcfg.tuning.step_cache`` keeps); reference counting
+    frees the rest as before, and cycles left behind go once it resumes. The step's fingerprint, which guards that
+    cache, is taken once for the search (``fingerprinted``)."""
+    with cyclic_gc_paused(), fingerprinted(step):
+        return _search_paused(step, hardware=hardware, world_size=world_size, memory_budget=memory_budget,
+                              space=space, as_dtype=as_dtype, progress=progress, verify=verify,
+                              settings_at=settings_at, node_costs=node_costs, pricing=pricing,
+                              pricing_path=pricing_path)
+
+
+def _search_paused(step: CapturedStep, *, hardware: HardwareProfile | str, world_size: int | None,
+                   memory_budget: int | str | None, space: TuneSpace | Mapping[str, Any] | str | None,
+                   as_dtype: torch.dtype | None, progress: ProgressFn | None, verify: bool, settings_at: str,
+                   node_costs: NodeCosts | None, pricing: Pricing | Mapping[str, Any] | None,
+                   pricing_path: str | None) -> TuneResult:
     started = time.perf_counter()
     prefix = settings_at
     space = load_space(space, root=f"{prefix}space")
@@ -242,7 +264,10 @@ def _arms(profile: Profile, structure: Structure, groupings: list[Grouping], ste
     arms: list[Arm] = []
     seen: set[tuple[frozenset[frozenset[str]], tuple[str, ...]]] = set()
     for g in groupings:
-        plan, resolved = plan_for(structure, g, step.module_fqns, step.param_owners)
+        # A grouping's plan depends on the model alone: resolved once per step, copied before anyone holds it.
+        plan, resolved = cached(step, ("plan", structure, g), functools.partial(
+            plan_for, structure, g, step.module_fqns, step.param_owners))
+        plan = copy.deepcopy(plan)
         key = (frozenset(frozenset(b.modules) for b in resolved.buckets), g.unmerged)
         if key in seen:  # merge_first without a head, say: the same buckets as another grouping
             continue
