@@ -72,11 +72,6 @@ def _node_costs(path: str | None) -> NodeCosts | None:
 
 def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
     """``mode=tune``: tune the demo step on ``hardware``; returns the path of ``tuned.yaml``."""
-    import torch
-
-    from overlapcfg.report.labels import fmt_seconds
-    from overlapcfg.tuning import TuneProgress, tune
-
     stages = Stages(console)
     with stages.stage("validating config", done="validated config"):
         spec = demo_spec(cfg)
@@ -88,6 +83,12 @@ def run_tune(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
                                                         f"FSDP all-gather or reduce-scatter); {spec.dims.describe()} "
                                                         "adds HSDP or tensor-parallel traffic: drop parallel.*")
         node_costs = _node_costs(settings.node_costs)  # before tracing: a bad file fails in a second
+    # torch and the tuner only now: a fault in the settings above is reported before their import (seconds)
+    import torch
+
+    from overlapcfg.report.labels import fmt_seconds
+    from overlapcfg.tuning import TuneProgress, tune
+
     what = f"{spec.model.n_layers}-layer demo model for {spec.world_size} ranks"
     with stages.stage(f"tracing {what}", done=f"traced {what}"):
         step = traced(spec)

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(sys.executable).with_name("overlapcfg")
-FAST = ["model.n_layers=2"]  # tracing costs about half a second per layer
+FAST = ["model.n_layers=2"]  # where a check reads per-layer structure (layers.0 and layers.1, prefetch lists)
+ONE_LAYER = ["model.n_layers=1"]
+"""Where nothing checked depends on the model's size (sweeps, compare): tracing costs ~2 s per layer on 2 cores,
+over ~3.5 s fixed."""
 
 
 def run_cli(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -74,7 +77,8 @@ def test_bad_override_exits_1_with_a_message_not_a_traceback(tmp_path, kind):
 
 @pytest.mark.slow
 def test_multirun_writes_one_report_per_job(tmp_path):
-    out = run_cli(tmp_path, "-m", "overlap.policy.forward_prefetch=0,2", *FAST, f"hydra.sweep.dir={tmp_path / 'sw'}")
+    out = run_cli(tmp_path, "-m", "overlap.policy.forward_prefetch=0,2", *ONE_LAYER,
+                  f"hydra.sweep.dir={tmp_path / 'sw'}")
     assert out.returncode == 0, out.stderr
     depths = {}
     for job in ("0", "1"):
@@ -83,7 +87,7 @@ def test_multirun_writes_one_report_per_job(tmp_path):
     assert depths == {"0": 0, "1": 2}
     assert "(cached)" in out.stdout  # the second job reuses the first job's trace
     # the sweep ends with one summary table across its jobs (issue 11), after both jobs' reports
-    summary = out.stdout[out.stdout.index("sweep: 2 jobs (all with model.n_layers=2)"):]
+    summary = out.stdout[out.stdout.index("sweep: 2 jobs (all with model.n_layers=1)"):]
     assert out.stdout.count("report: ") == 2 and "report: " not in summary
     rows = [line for line in summary.splitlines() if "overlap.policy.forward_prefetch=" in line]
     assert [row.split()[:2] for row in rows] == [["0", "overlap.policy.forward_prefetch=0"],
@@ -92,14 +96,15 @@ def test_multirun_writes_one_report_per_job(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_with_a_failing_job_still_summarizes_the_jobs_that_finished(tmp_path):
-    out = run_cli(tmp_path, "-m", "overlap.policy.forward_prefetch=0,-1,2", *FAST, f"hydra.sweep.dir={tmp_path / 'sw'}")
+    out = run_cli(tmp_path, "-m", "overlap.policy.forward_prefetch=0,-1,2", *ONE_LAYER,
+                  f"hydra.sweep.dir={tmp_path / 'sw'}")
     assert out.returncode == 1  # Hydra reports the failed job
     assert "overlap.policy.forward_prefetch: expected an integer >= 0, got -1" in out.stderr + out.stdout
-    summary = out.stdout[out.stdout.index("sweep: 2 jobs (all with model.n_layers=2)"):]
+    summary = out.stdout[out.stdout.index("sweep: 2 jobs (all with model.n_layers=1)"):]
     rows = [line.split()[:2] for line in summary.splitlines() if "overlap.policy.forward_prefetch=" in line]
     assert rows[:2] == [["0", "overlap.policy.forward_prefetch=0"], ["2", "overlap.policy.forward_prefetch=2"]]
     assert "failed: 1 of 3 jobs" in summary
-    assert ("job 1 (overlap.policy.forward_prefetch=-1 model.n_layers=2): overlap.policy.forward_prefetch: "
+    assert ("job 1 (overlap.policy.forward_prefetch=-1 model.n_layers=1): overlap.policy.forward_prefetch: "
             "expected an integer >= 0, got -1") in " ".join(summary.split())
 
 
@@ -120,7 +125,7 @@ def test_a_rerun_into_the_same_directory_leaves_no_output_of_the_earlier_run(tmp
 @pytest.mark.slow
 def test_compare_mode_writes_table_json_and_timeline(tmp_path):
     rows = "+compare={none:{strategy:none},deep:{policy:{forward_prefetch:2}}}"
-    out = run_cli(tmp_path, "mode=compare", "~compare", rows, "overlap.policy.backward_prefetch=2", *FAST,
+    out = run_cli(tmp_path, "mode=compare", "~compare", rows, "overlap.policy.backward_prefetch=2", *ONE_LAYER,
                   f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr
     data = json.loads((tmp_path / "run" / "compare.json").read_text())

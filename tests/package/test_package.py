@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,34 +48,73 @@ def _modules() -> list[str]:
     return names
 
 
-@pytest.mark.slow  # one process importing every module and torch: tens of seconds on 2 cores
-def test_every_module_imports_on_its_own_in_a_fresh_interpreter(tmp_path):
-    """Import order must not matter (no cycle hidden by whichever module happened to be imported first), and after
-    importing every submodule the package's exports are still classes and functions, not same-named modules.
+_FRESH_IMPORTS = Path(__file__).parents[1] / "support" / "fresh_imports.py"
+_THIRD_PARTY = ("torch", "torch._dynamo", "hydra", "omegaconf", "pydantic")
+"""What the package's modules import most, for the check's root process to import once (speed only: the script
+finds and imports the rest itself)."""
 
-    One interpreter, but overlapcfg is dropped from ``sys.modules`` before each import: every module is imported
-    first, without paying for torch's import each time. Bytecode is written (into ``tmp_path``, not the checkout)
-    even where the environment says not to: each of the ~200 re-imports would otherwise compile the package's
-    modules from source again."""
-    code = (
-        "import importlib, sys, torch, hydra\n"
-        "failed = []\n"
-        "for name in sys.argv[1:]:\n"
-        "    for loaded in [m for m in sys.modules if m == 'overlapcfg' or m.startswith('overlapcfg.')]:\n"
-        "        del sys.modules[loaded]\n"
-        "    try:\n"
-        "        importlib.import_module(name)\n"
-        "    except Exception as err:\n"
-        "        failed.append(f'{name}: {type(err).__name__}: {err}')\n"
-        "import overlapcfg\n"
-        "bad = [n for n in overlapcfg._EXPORTS if type(getattr(overlapcfg, n)).__name__ == 'module']\n"
-        "print('FAILED', failed, 'SHADOWED', bad) if failed or bad else print('OK')\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-c", code, *_modules()], capture_output=True, text=True, check=True,
-                         env=env)
-    assert out.stdout.strip().splitlines()[-1] == "OK", out.stdout
+
+def _import_each(package: str, modules: list[str], preload: tuple[str, ...] = (),
+                 pythonpath: Path | None = None) -> dict[str, object]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
+    first = [f"--preload={name}" for name in preload]
+    out = subprocess.run([sys.executable, str(_FRESH_IMPORTS), package, *modules, *first], capture_output=True,
+                         text=True, check=False, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.slow  # ~190 module imports in forked processes and torch's import: tens of seconds on 2 cores
+def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
+    """Import order must not matter (no cycle hidden by whichever module happened to be imported first, no module
+    relying on what another one set up), and after importing every submodule the package's exports are still
+    classes and functions, not same-named modules.
+
+    Each module is imported as the first of overlapcfg's modules, as in a new interpreter, by
+    ``tests/support/fresh_imports.py``: one process imports the third-party libraries (never overlapcfg: it checks),
+    then each module is imported in a process forked from the one that imported its parent package and nothing
+    else of overlapcfg. That is the same sequence a new interpreter runs (``import a.b.c`` imports ``a``, then
+    ``a.b``, fully, then ``c``), so the check is the one a fresh interpreter per module makes, without importing
+    torch and the packages' ``__init__`` modules ~190 times. torch being imported first hides nothing a module
+    forgot to import: names bind in the module's own globals (the next test shows the check failing)."""
+    result = _import_each("overlapcfg", _modules(), preload=_THIRD_PARTY)
+    assert result["failed_alone"] == {}, "\n\n".join(f"{k}:\n{v}" for k, v in result["failed_alone"].items())
+    assert result["failed_together"] == [] and result["shadowed"] == [], result
+
+
+_ORDER_DEPENDENT = {
+    "__init__.py": "",
+    "fine.py": "import json\nVALUE = json.dumps(1)\n",
+    "setup.py": "import orderpkg\norderpkg.shared = {}\n",
+    "user.py": "import orderpkg\norderpkg.shared['user'] = 1\n",
+    "cycle_a.py": "A = 1\nfrom orderpkg.cycle_b import B\n",
+    "cycle_b.py": "from orderpkg.cycle_a import A\nB = A\n",
+    "sub/__init__.py": "",
+    "sub/early.py": "import orderpkg.sub\norderpkg.sub.flag = True\n",
+    "sub/late.py": "import orderpkg.sub\nassert orderpkg.sub.flag\n",
+}
+"""A package whose modules all import when imported in file order, and three of which fail when imported first:
+``user`` uses what ``setup`` sets up, ``cycle_b`` enters a cycle from the side that needs the other half done, and
+``sub.late`` (one package down) uses what ``sub.early`` sets."""
+
+
+@pytest.mark.slow  # guards the check above; starts a process tree
+def test_the_fresh_import_check_finds_modules_that_need_another_imported_first(tmp_path):
+    for rel, text in _ORDER_DEPENDENT.items():
+        (tmp_path / "orderpkg" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "orderpkg" / rel).write_text(text)
+    modules = ["orderpkg", "orderpkg.cycle_a", "orderpkg.cycle_b", "orderpkg.fine", "orderpkg.setup",
+               "orderpkg.user", "orderpkg.sub", "orderpkg.sub.early", "orderpkg.sub.late"]
+    result = _import_each("orderpkg", modules, pythonpath=tmp_path)
+    assert result["failed_together"] == []
+    failed = result["failed_alone"]
+    assert isinstance(failed, dict) and sorted(failed) == ["orderpkg.cycle_b", "orderpkg.sub.late", "orderpkg.user"]
+    assert "cannot import name 'B' from partially initialized module 'orderpkg.cycle_b'" in failed["orderpkg.cycle_b"]
+    assert "has no attribute 'shared'" in failed["orderpkg.user"]
+    assert "has no attribute 'flag'" in failed["orderpkg.sub.late"]
 
 
 def test_unknown_attribute_raises_attribute_error():

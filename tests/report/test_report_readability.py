@@ -149,10 +149,9 @@ def test_torchs_bucketing_summary_stays_off_the_console_while_our_strategies_run
 
 @pytest.mark.slow
 def test_an_hsdp_demo_report_names_its_groups_by_mesh_dimension() -> None:
-    from overlapcfg.demo import LlamaConfig
-    from overlapcfg.demo.dims import ParallelDims
+    from tests.support.traces import traced_hsdp_step
 
-    step = overlapcfg.trace_train_step(LlamaConfig(n_layers=2), parallel=ParallelDims(dp_replicate=2, dp_shard=2))
+    step = traced_hsdp_step(2)  # shared with the other HSDP report test in this process (read-only)
     report = overlapcfg.explain(step, {"plan": "llama_layers"}, hardware="h100_nvlink")
     assert {dim for dim, _ in report.mesh} == {"dp_replicate", "dp_shard"}
     text = _text(report, 100)

@@ -80,10 +80,9 @@ def test_tune_tables_say_the_size_they_were_searched_at() -> None:
 
 @pytest.mark.slow  # traces the demo on a 2 x 2 mesh
 def test_an_hsdp_report_says_each_rank_keeps_its_shard_of_the_shard_group() -> None:
-    from overlapcfg.demo import LlamaConfig
-    from overlapcfg.demo.parallel import ParallelDims
+    from tests.support.traces import traced_hsdp_step
 
-    step = overlapcfg.trace_train_step(LlamaConfig(n_layers=2), parallel=ParallelDims(dp_replicate=2, dp_shard=2))
+    step = traced_hsdp_step(2)  # shared with the other HSDP report test in this process (read-only)
     report = overlapcfg.explain(step, {"plan": "llama_layers"}, hardware="h100_nvlink")
     text = _text(report_table(report))
     assert "each rank keeps 1/2 of it, its shard of the 2-rank group that gathers it (traced at world size 4)" in text

@@ -33,6 +33,20 @@ def traced_step(n_layers: int, reshard_after_forward: bool) -> TracedStep:
     return _TRACES[key]
 
 
+_HSDP_TRACES: dict[int, TracedStep] = {}
+
+
+def traced_hsdp_step(n_layers: int) -> TracedStep:
+    """The demo step for ``n_layers`` traced on a 2 x 2 (dp_replicate x dp_shard) mesh, rank 0, memoized for the
+    process (the report tests of HSDP groups read the same one). Do not mutate it."""
+    if n_layers not in _HSDP_TRACES:
+        from overlapcfg.demo.dims import ParallelDims
+
+        _HSDP_TRACES[n_layers] = trace_train_step(LlamaConfig(n_layers=n_layers),
+                                                  parallel=ParallelDims(dp_replicate=2, dp_shard=2))
+    return _HSDP_TRACES[n_layers]
+
+
 def apply_to(step: TracedStep, graph_name: Direction, cfg: Any) -> fx.GraphModule:
     """Run ``overlapcfg.passes.apply`` on a deep copy of ``step``'s ``graph_name`` graph; return the copy.
 
