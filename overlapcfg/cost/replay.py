@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable
-from typing import cast
 
 from overlapcfg.cost.achievable import Skew, expected_max_normal
 
@@ -99,16 +98,6 @@ class Streams:
         """Seconds collectives waited for their last rank to arrive (the skew), summed."""
         self._max_of: dict[int, float] = {}
 
-    def _late(self, since: float, ranks: int) -> float:
-        """``Skew.wait(since, ranks)``, with the expected maximum of ``ranks`` normals looked up once."""
-        skew = cast(Skew, self._skew)
-        factor = self._max_of.get(ranks)
-        if factor is None:
-            factor = self._max_of[ranks] = expected_max_normal(ranks)
-        t = since if since > 0.0 else 0.0
-        rel = skew.relative * t
-        return factor * math.sqrt(skew.absolute * skew.absolute + skew.diffusion * t + rel * rel)
-
     # -- rates ---------------------------------------------------------------------------------------------
     def _rate_factor(self, r: _Running) -> float:
         """Clock seconds per second of ``r``'s work at the moment."""
@@ -125,16 +114,6 @@ class Streams:
                 r.end = self.t + (r.end - self.t) / before * after
         self._compute_running = running
 
-    def _start_head(self, stream: str, at: float) -> None:
-        queue = self._queues[stream]
-        if not queue:
-            self._heads.pop(stream, None)
-            return
-        r = queue[0]
-        r.start = max(at, r.issued)
-        r.end = r.start + r.seconds * self._rate_factor(r)
-        self._heads[stream] = r
-
     def _finish(self, stream: str) -> None:
         """The head of ``stream`` ends at its projected end; the next in its queue starts."""
         r = self._queues[stream].popleft()
@@ -146,7 +125,14 @@ class Streams:
             if not self._slowed_in[stream]:  # the tail projected while it was slowed is stale now
                 self._tail[stream] = self._projected_tail(stream, r.end)
         self._busy_until[stream] = r.end
-        self._start_head(stream, r.end)
+        queue = self._queues[stream]
+        if not queue:  # the next starts when this one ends, or when its last rank arrives
+            del self._heads[stream]  # ``r`` was its head
+            return
+        head = queue[0]
+        head.start = r.end if r.end >= head.issued else head.issued
+        head.end = head.start + head.seconds * (1.0 + head.slowdown[1] if self._compute_running else 1.0)
+        self._heads[stream] = head
 
     def _next_end(self) -> tuple[float, str | None]:
         end, first = _INF, None
@@ -226,8 +212,17 @@ class Streams:
         if issue_seconds:
             self.run(issue_seconds)
         arrive = self.t
-        if ranks > 1 and self._skew is not None:
-            late = self._late(self.t - self._synced, ranks)
+        skew = self._skew
+        if ranks > 1 and skew is not None:
+            # ``Skew.wait(since the last synchronization, ranks)``, the expected maximum of ``ranks`` normals
+            # looked up once per rank count.
+            most = self._max_of.get(ranks)
+            if most is None:
+                most = self._max_of[ranks] = expected_max_normal(ranks)
+            since = self.t - self._synced
+            since = since if since > 0.0 else 0.0
+            rel = skew.relative * since
+            late = most * math.sqrt(skew.absolute * skew.absolute + skew.diffusion * since + rel * rel)
             self.skewed += late
             arrive += late
         queue = self._queues.get(stream)
@@ -243,11 +238,15 @@ class Streams:
         queue.append(r)
         if slowdown != NO_CONTENTION:
             self._slowed += 1
+        # ``_rate_factor(r)``, inline: issue runs for every collective of every quick score.
+        factor = 1.0 + slowdown[1] if self._compute_running else 1.0
         if slowdown[1] > 0:  # only a collective compute slows makes its stream's tail inexact
             self._slowed_in[stream] = self._slowed_in.get(stream, 0) + 1
-        if len(queue) == 1:
-            self._start_head(stream, self.t)
-        self._tail[stream] = start + seconds * self._rate_factor(r)
+        if len(queue) == 1:  # it starts now, or when its last rank arrives
+            r.start = self.t if self.t >= arrive else arrive
+            r.end = r.start + seconds * factor
+            self._heads[stream] = r
+        self._tail[stream] = start + seconds * factor
         self.busy[stream] = self.busy.get(stream, 0.0) + seconds
         self.comm += seconds
         self._inflight_of[token] = inflight_bytes

@@ -21,13 +21,13 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any
 
 from overlapcfg.config.depths import depth_field
 from overlapcfg.config.policy import IssueOrder
 from overlapcfg.cost.replay import Memory, Streams
 from overlapcfg.graph.placement import DelayedStep, GatherStep, SortKey, place_all_gathers, place_delayed
-from overlapcfg.tuning.merged import GraphScore, Grouped, GroupedGraph, Merged
+from overlapcfg.tuning.merged import GraphScore, Grouped, GroupedGraph
 
 __all__ = ["Score", "Stall", "score"]
 
@@ -125,41 +125,42 @@ def _replay(g: GroupedGraph, grouped: Grouped, depths: Sequence[int], delays: Se
         if n > done:
             run(prefix[n] - prefix[done])
             done = n
+        # ``payload`` (typed Any: no ``cast`` call per event, a function call in the hottest loop): an _ISSUE or
+        # _WAIT event carries its collective, a memory event its bytes.
         if code == _ISSUE:
-            merged = cast(Merged, payload)  # an _ISSUE event carries its collective
-            if merged.kind == "all_gather":
-                issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
-                      inflight_bytes=merged.cost_bytes, slowdown=merged.slowdown, ranks=ranks)
+            if payload.kind == "all_gather":
+                issue(id(payload), payload.group, payload.seconds, issue_seconds=payload.issue_cost,
+                      inflight_bytes=payload.cost_bytes, slowdown=payload.slowdown, ranks=ranks)
                 if memory:
-                    mem.alloc(merged.buffer_bytes, True)
+                    mem.alloc(payload.buffer_bytes, True)
             else:
-                issue(id(merged), merged.group, merged.seconds, issue_seconds=merged.issue_cost,
-                      slowdown=merged.slowdown, ranks=ranks)
+                issue(id(payload), payload.group, payload.seconds, issue_seconds=payload.issue_cost,
+                      slowdown=payload.slowdown, ranks=ranks)
         elif code == _WAIT:
-            merged = cast(Merged, payload)
             at = streams.t
-            stall = wait(id(merged))
+            stall = wait(id(payload))
             if stall > 0 and stalls is not None:
-                stalls.append(Stall(g.profile.name, names[bucket], merged.kind, at, stall))
-            run(merged.wait_cost)
-            if memory and merged.kind == "all_gather":
-                for nbytes, _ in merged.copies:
+                stalls.append(Stall(g.profile.name, names[bucket], payload.kind, at, stall))
+            if payload.wait_cost:  # run(0.0) changes nothing: skipped, it is most waits
+                run(payload.wait_cost)
+            if memory and payload.kind == "all_gather":
+                for nbytes, _ in payload.copies:
                     mem.alloc(nbytes, True)
-                if merged.buffer_last < 0:
-                    mem.free(merged.buffer_bytes, True)
+                if payload.buffer_last < 0:
+                    mem.free(payload.buffer_bytes, True)
         elif code == _ALLOC:
-            mem.alloc(cast(int, payload), True)  # memory events carry bytes
+            mem.alloc(payload, True)
         else:
-            mem.free(cast(int, payload), True)
+            mem.free(payload, True)
     run(prefix[-1] - prefix[done])
     return GraphScore(streams.end_graph(), streams.exposed, streams.peak_inflight, mem.peak_param if memory else 0)
 
 
 def _events(g: GroupedGraph, depths: Sequence[int], delays: Sequence[int], cap: int | None, issue_order: IssueOrder,
-            memory: bool) -> list[tuple[SortKey, int, object, int]]:
+            memory: bool) -> list[tuple[SortKey, int, Any, int]]:
     """Every moved chain at the key ``overlapcfg.graph.placement`` gives it, every other event at its own
     position, plus the memory events of fixed positions."""
-    events: list[tuple[SortKey, int, object, int]] = []
+    events: list[tuple[SortKey, int, Any, int]] = []
     placed = place_all_gathers(g.gathers_at, depths, cap, first_compute=g.profile.first_compute,
                                issue_order=issue_order, scatters=g.scatter_starts)
     for step, at, p in zip(g.all_gathers, g.gathers_at, placed, strict=True):
