@@ -11,18 +11,12 @@ shared by the simulator and the tuner's profile (``overlapcfg.cost.simulator.nod
 - the optimizer step and gradient clipping after the backward, over this rank's shard (``OptimizerStep``);
 - the step's model facts for throughput: tokens a rank processes per step and the model's parameters
   (``overlapcfg.cost.throughput``).
-
-What depends on the graphs alone (attention regions, chains, fused groups, model facts) is kept per graph and reused
-by the next plan of the same graphs (``_GraphPlans``): the tuner prices the same applied graphs on every search of a
-step (the unit plan's for its profile, each competitor's), some 1 s of a 32-layer step each time. What depends on
-the machine or the rates (the pricing, the recompute's seconds, the optimizer step) is never kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx
@@ -34,7 +28,6 @@ from overlapcfg.cost.price import collective_cost, memory_rate
 from overlapcfg.cost.pricing import Pricing
 from overlapcfg.cost.recompute import Recompute
 from overlapcfg.cost.throughput import StepFacts, step_facts
-from overlapcfg.passes.applied import graph_fingerprint
 
 __all__ = ["OptimizerStep", "StepPlan", "optimizer_step", "step_plan"]
 
@@ -95,75 +88,13 @@ class StepPlan:
 def step_plan(graphs: Sequence[fx.GraphModule], names: Sequence[str], hw: HardwareProfile, pricing: Pricing, *,
               as_dtype: torch.dtype | None = None) -> StepPlan:
     """The plan of a step (see the module docstring), recompute left to ``with_recompute``: its seconds are the
-    nodes' prices under this plan. The graph-only part is reused from an earlier plan of the same, unchanged graphs
-    (``_GraphPlans``)."""
+    nodes' prices under this plan."""
     fusion = pricing.fusion_for(hw.device_kind)
-    key = (tuple(names), as_dtype, fusion, pricing.tokens, pricing.model_params)
-    stamp = _stamp(graphs)
-    holder = _GraphPlans.of(graphs[0]) if graphs and stamp is not None else None
-    kept = holder.get(key, stamp) if holder is not None else None
-    if kept is None:
-        kept = _graph_plan(graphs, names, fusion, pricing, as_dtype)
-        if holder is not None:
-            holder.put(key, stamp, kept)
-    return replace(kept, pricing=pricing)
-
-
-def _graph_plan(graphs: Sequence[fx.GraphModule], names: Sequence[str], fusion: str, pricing: Pricing,
-                as_dtype: torch.dtype | None) -> StepPlan:
     chains = tuple(frozenset(chain_nodes(g)) for g in graphs)
     fused = tuple(fusion_plan(g, as_dtype, set(c)) for g, c in zip(graphs, chains, strict=True)) \
         if fusion == "inductor" else ()
     return StepPlan(pricing=pricing, fusion=fusion, attention=attention_plan(graphs), fused=fused, chains=chains,
                     facts=step_facts(graphs, names, pricing, as_dtype))
-
-
-def _stamp(graphs: Sequence[fx.GraphModule]) -> tuple[Hashable, ...] | None:
-    """Which graphs, as they are now: each graph's node objects (by identity: a kept plan holds its nodes alive, so
-    another graph's nodes never share their ids) and content (``graph_fingerprint``: a node's arguments edited in
-    place). None where a graph cannot be fingerprinted: then nothing is kept."""
-    stamp: list[Hashable] = []
-    for g in graphs:
-        fingerprint = graph_fingerprint(g)
-        if fingerprint is None:
-            return None
-        stamp.append((fingerprint, tuple(map(id, g.graph.nodes))))
-    return tuple(stamp)
-
-
-class _GraphPlans:
-    """The graph-only plans kept on a step's first graph, an attribute of the graph so that they go with it (a
-    module-wide table keyed weakly by the graph would hold it alive through the plan's nodes). A copy or a pickle
-    of the graph starts empty: its nodes are other objects. Plans are frozen and only read."""
-
-    ATTRIBUTE = "_overlapcfg_graph_plans"
-
-    def __init__(self) -> None:
-        self.plans: dict[Hashable, tuple[Hashable, StepPlan]] = {}
-
-    @classmethod
-    def of(cls, gm: fx.GraphModule) -> _GraphPlans:
-        holder = gm.__dict__.get(cls.ATTRIBUTE)
-        if not isinstance(holder, cls):
-            holder = cls()
-            gm.__dict__[cls.ATTRIBUTE] = holder  # not nn.Module.__setattr__: not a submodule, buffer or parameter
-        return holder
-
-    def get(self, key: Hashable, stamp: Hashable) -> StepPlan | None:
-        entry = self.plans.get(key)
-        return entry[1] if entry is not None and entry[0] == stamp else None
-
-    def put(self, key: Hashable, stamp: Hashable, plan: StepPlan) -> None:
-        self.plans[key] = (stamp, plan)  # replaces a stale one: one entry per key
-
-    def __copy__(self) -> _GraphPlans:
-        return _GraphPlans()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _GraphPlans:
-        return _GraphPlans()
-
-    def __reduce__(self) -> tuple[type[_GraphPlans], tuple[()]]:
-        return _GraphPlans, ()
 
 
 def optimizer_step(plan: StepPlan, hw: HardwareProfile, shard_params: int, shard_ranks: int) -> OptimizerStep:
