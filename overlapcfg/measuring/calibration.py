@@ -86,6 +86,7 @@ from overlapcfg.measuring.kernels import (
     time_matmuls,
     time_memory,
     time_views,
+    timed_until_growing,
 )
 from overlapcfg.measuring.measure_result import CalibratedProfile, profile_header
 from overlapcfg.measuring.skew import SkewTimings, skew_fit, time_skew
@@ -160,7 +161,8 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
         timings.append(time_group(group_name, group, sizes=sizes, dtype=dtype, clock=clock,
                                   inter_node=crosses[group_name], budget_s=COLLECTIVE_SHARE * budget_s / len(live),
                                   progress=ticker.size(sizes)))
-    memory = _slowest(time_memory(mem_sizes, clock, progress=ticker.one), clock)
+    memory, _ = timed_until_growing(
+        mem_sizes, facts.cache_bytes, lambda sizes: _slowest(time_memory(sizes, clock, progress=ticker.one), clock))
     views = _slowest([time_views(clock)], clock)[0]
     matmuls = {dt: _slowest(time_matmuls(chosen, dt, clock, progress=ticker.one, layouts=mix.layouts), clock)
                for dt in MATMUL_DTYPES}

@@ -41,9 +41,10 @@ from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collective_fits import log_sizes
 from overlapcfg.measuring.fit import fit_line, fit_nonnegative
 
-__all__ = ["ANCHOR_SHAPES", "BEYOND_CACHE", "MATMUL_DTYPES", "MEMORY_CAP", "MatmulMix", "MatmulShape", "beyond_cache",
-           "chosen_shapes", "default_shapes", "matmul_mix", "matmul_rate_fit", "matmul_samples", "memory_samples",
-           "memory_sizes", "time_matmuls", "time_memory", "time_views"]
+__all__ = ["ANCHOR_SHAPES", "BEYOND_CACHE", "MATMUL_DTYPES", "MEMORY_ATTEMPTS", "MEMORY_CAP", "MatmulMix",
+           "MatmulShape", "beyond_cache", "chosen_shapes", "default_shapes", "matmul_mix", "matmul_rate_fit",
+           "matmul_samples", "memory_grows", "memory_samples", "memory_sizes", "time_matmuls", "time_memory",
+           "time_views", "timed_until_growing"]
 
 MatmulShape = tuple[int, int, int, int]
 """``(batch, m, k, n)``: ``batch`` products of ``(m x k) @ (k x n)``."""
@@ -208,6 +209,36 @@ def beyond_cache(sizes: Sequence[int], cache_bytes: int) -> list[int]:
     return big if len(big) >= MIN_BEYOND else list(range(max(0, len(sizes) - MIN_BEYOND), len(sizes)))
 
 
+MEMORY_ATTEMPTS = 3
+"""Times the sizes the bandwidth is fitted through are timed at most, until their times grow with size."""
+
+
+def memory_grows(sizes: Sequence[int], seconds: Sequence[float], cache_bytes: int) -> bool:
+    """Whether the line through the sizes beyond the cache (``beyond_cache``) rises: a bandwidth exists. Bytes moved
+    take time, so a line that does not rise says the timings are wrong, not the memory: on a busy machine a rank
+    that the scheduler pauses inside one size's rounds times that size several times too slow."""
+    big = beyond_cache(sizes, cache_bytes)
+    return fit_line([sizes[i] for i in big], [seconds[i] for i in big]).coefficients[1] > 0
+
+
+def timed_until_growing(sizes: Sequence[int], cache_bytes: int, time: Callable[[Sequence[int]], list[float]],
+                        attempts: int = MEMORY_ATTEMPTS) -> tuple[list[float], int]:
+    """``(seconds, attempts used)``: ``time(sizes)``, then the sizes beyond the cache timed again (their new times
+    replacing the old) while their times do not grow with size (``memory_grows``), at most ``attempts`` times in
+    all. A pause of the process is what makes one size slower than a larger one; timing again is the remedy, where
+    fitting through the pause would give a bandwidth that no step sees (or none). ``time`` must decide the same on
+    every rank (calibration passes the slowest rank's times, the same everywhere), since each new timing is
+    collective."""
+    seconds = list(time(sizes))
+    big = beyond_cache(sizes, cache_bytes)
+    used = 1
+    while used < attempts and not memory_grows(sizes, seconds, cache_bytes):
+        for i, again in zip(big, time([sizes[i] for i in big]), strict=True):
+            seconds[i] = again
+        used += 1
+    return seconds, used
+
+
 def memory_samples(sizes: Sequence[int], seconds: Sequence[float], cache_bytes: int,
                    kernels: Counter[int] | None = None) -> KernelSamples:
     """The rate at ``kernels`` (the step's memory-bound kernel sizes, see the module docstring), or the memory's
@@ -218,8 +249,11 @@ def memory_samples(sizes: Sequence[int], seconds: Sequence[float], cache_bytes: 
     fit = fit_line([sizes[i] for i in big], [seconds[i] for i in big])
     per_byte = fit.coefficients[1]
     if per_byte <= 0:
-        raise OverlapConfigError(f"calibrate: elementwise kernel times do not grow with size up to {max(sizes)} bytes; "
-                                 "raise the largest size")
+        timed = ", ".join(f"{sizes[i] / 2**20:.0f} MiB in {seconds[i] * 1e3:.3g} ms" for i in big)
+        raise OverlapConfigError(
+            f"calibrate: elementwise kernel times do not grow with size beyond the {cache_bytes / 2**20:.0f} MiB "
+            f"cache ({timed}; timed {MEMORY_ATTEMPTS} times): the machine was too busy to time its memory; "
+            "calibrate again when fewer jobs share it")
     overhead = statistics.median(seconds[:SMALLEST]) if len(seconds) >= SMALLEST else \
         fit_line(sizes, seconds).coefficients[0]
     within = sizes[big[0]] < 2 * cache_bytes

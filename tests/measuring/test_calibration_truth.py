@@ -22,7 +22,15 @@ from overlapcfg.measuring import calibration as cal
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.contention import ContentionTimings, contention_fit
 from overlapcfg.measuring.device import DEFAULT_CPU_CACHE, DeviceFacts, _cpu_cache_bytes, device_facts
-from overlapcfg.measuring.kernels import BEYOND_CACHE, matmul_samples, memory_samples, memory_sizes
+from overlapcfg.measuring.kernels import (
+    BEYOND_CACHE,
+    MEMORY_ATTEMPTS,
+    beyond_cache,
+    matmul_samples,
+    memory_samples,
+    memory_sizes,
+    timed_until_growing,
+)
 
 MIB = 2**20
 
@@ -90,6 +98,41 @@ def test_memory_bandwidth_is_fitted_beyond_the_cache_not_through_it() -> None:
     capped = memory_sizes(cache, 64 * MIB)  # a cap below the cache: the largest sizes, said to maybe time the cache
     small = memory_samples(capped, _cache_timings(capped, cache, cache_bw=9e12, memory_bw=4.3e12), cache)
     assert "may time the cache" in small.what
+
+
+def test_memory_timings_a_pause_spoiled_are_timed_again_and_a_busy_machine_is_named() -> None:
+    """A rank paused inside one size's rounds times it several times too slow, and the line through the sizes
+    beyond the cache stops rising (seen on a 2-core machine under load 4: "do not grow with size"). Calibration
+    times those sizes again, only those, until the line rises; when it never does, the error blames the busy
+    machine with the timings, not a size the user cannot set."""
+    cache = 50 * MIB
+    sizes = memory_sizes(cache, 2**32)
+    good = _cache_timings(sizes, cache, cache_bw=9e12, memory_bw=4.3e12)
+    big = beyond_cache(sizes, cache)
+    paused = list(good)
+    paused[big[0]], paused[big[1]] = 3 * good[big[-1]], 2 * good[big[-1]]  # both timed through long pauses
+    calls: list[list[int]] = []
+
+    def once_paused(asked: list[int]) -> list[float]:
+        calls.append(list(asked))
+        return paused if len(calls) == 1 else [good[sizes.index(n)] for n in asked]
+
+    seconds, used = timed_until_growing(sizes, cache, once_paused)
+    assert used == 2 and calls[1] == [sizes[i] for i in big]  # timed again: the fitted sizes only
+    assert seconds == good
+    assert memory_samples(sizes, seconds, cache).rate == pytest.approx(4.3e12, rel=0.01)
+
+    calls.clear()
+    seconds, used = timed_until_growing(sizes, cache, lambda asked: calls.append(asked) or [
+        paused[sizes.index(n)] for n in asked])
+    assert used == MEMORY_ATTEMPTS == len(calls)
+    with pytest.raises(OverlapConfigError, match="too busy to time its memory") as err:
+        memory_samples(sizes, seconds, cache)
+    assert f"timed {MEMORY_ATTEMPTS} times" in str(err.value) and "raise the largest size" not in str(err.value)
+
+    calls.clear()
+    assert timed_until_growing(sizes, cache, lambda asked: calls.append(asked) or [
+        good[sizes.index(n)] for n in asked]) == (good, 1) and len(calls) == 1  # a clean timing is taken once
 
 
 def test_the_memory_rate_is_the_rate_at_the_steps_own_kernels() -> None:
