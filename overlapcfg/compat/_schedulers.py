@@ -205,6 +205,14 @@ def upstream_scheduler_scope(*, drop_cyclic_hints: bool = False) -> Iterator[Ups
       logger's one message): ``UpstreamRun.dropped_cyclic_hints`` collects the warnings that logger emits on this
       thread inside the scope. torch 2.11 has neither the setting nor the check: there nothing changes and the list
       stays empty.
+    - **The compute-estimate log nobody reads.** torch 2.13's schedulers build a table of every compute node (its
+      FLOP count by a FLOP counter over the node's fake tensors, both estimates, a summary of its arguments:
+      ``node_runtime_estimation._log_compute_estimations``) whether or not anyone reads it; it only ever reaches
+      torch's structured trace (``TORCH_TRACE`` / ``tlparse``). Where that trace has no reader, the function is
+      replaced by one that does nothing: about 5 CPU seconds of a 32-layer step's ``auto`` +
+      ``collective_bucketing`` apply, 1 of ``auto`` alone (``benchmarks/tune.py``'s first case). With a reader it
+      runs as torch wrote it; the schedule is the same either way (the log is written after the estimates are made
+      and is read by nothing else).
     - **The FSDP pre-bucketing summary.** ``torch/_inductor/fx_passes/fsdp.py`` sets its logger to INFO at import,
       so the automatic scheduler's one-line summary per graph reaches torch's console handler whatever the user
       configured; the overlapcfg command printed two in the middle of its report. Inside the scope, records below
@@ -215,6 +223,8 @@ def upstream_scheduler_scope(*, drop_cyclic_hints: bool = False) -> Iterator[Ups
         run = UpstreamRun()
         if not roofline_estimates_work():
             scope.enter_context(_stand_in_estimates())
+        if not _structured_trace_is_read():
+            scope.enter_context(_unread_estimate_log_skipped())
         scope.enter_context(quiet_logger_records(_fsdp_logger(), below=logging.WARNING,
                                                  only_at_level=logging.INFO))
         if drop_cyclic_hints and _CYCLE_LOG is not None:
@@ -251,6 +261,37 @@ def _stand_in_estimates() -> Iterator[None]:
     finally:
         for mod, name, original in replaced:
             setattr(mod, name, original)
+
+
+def _structured_trace_is_read() -> bool:
+    """Whether torch's structured trace has a reader: a handler on its log other than torch's own lazy one without
+    a directory (``TORCH_TRACE`` unset), which writes nothing outside Meta's infrastructure and removes itself at
+    the first record it gets."""
+    from torch._logging._internal import LazyTraceHandler, trace_log
+
+    return any(not (isinstance(h, LazyTraceHandler) and h.root_dir is None) for h in trace_log.handlers)
+
+
+@contextlib.contextmanager
+def _unread_estimate_log_skipped() -> Iterator[None]:
+    """torch's compute-estimate log table replaced by a no-op (see ``upstream_scheduler_scope``); restored on exit.
+    Only ever entered under ``_SCOPE_LOCK``. torch's schedulers import the function from its module at each call,
+    so the module attribute is what they find. A release without it is left as it is."""
+    from torch._inductor.fx_passes import node_runtime_estimation as estimation
+
+    original = getattr(estimation, "_log_compute_estimations", None)
+    if original is None:
+        yield
+        return
+
+    def unread(*args: object, **kwargs: object) -> None:
+        return None
+
+    estimation._log_compute_estimations = unread
+    try:
+        yield
+    finally:
+        estimation._log_compute_estimations = original
 
 
 def _fsdp_logger() -> logging.Logger:

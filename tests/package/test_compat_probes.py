@@ -94,6 +94,50 @@ def test_the_upstream_scheduler_scope_nests_and_puts_torch_back_on_an_error() ->
     assert after == before
 
 
+def test_the_compute_estimate_log_is_skipped_only_while_nobody_reads_torchs_structured_trace() -> None:
+    """torch's schedulers build a per-node estimate table (a FLOP count of every compute node) that only torch's
+    structured trace can receive. Inside the scope, while that trace has no handler, the table is not built; with
+    one open it is built as torch wrote it; on exit torch's function is back either way. The schedule is the same
+    with and without it: ``auto`` applied both ways gives the same graph."""
+    import logging
+
+    from torch._inductor.fx_passes import node_runtime_estimation as estimation
+    from torch._logging._internal import trace_log
+
+    real = estimation._log_compute_estimations
+    syn = forward_graph(LAYERS)
+    cfg = overlapcfg.load_config({"strategy": "auto", "policy": {"collective_bucketing": True}})
+    built: list[int] = []
+
+    def recording(nodes: list[torch.fx.Node], *rest: object) -> None:
+        built.append(len(nodes))
+        real(nodes, *rest)
+
+    listening = list(trace_log.handlers)  # what this process has attached (pytest's capture may be among them)
+    for handler in listening:
+        trace_log.removeHandler(handler)
+    estimation._log_compute_estimations = recording
+    try:
+        with compat.upstream_scheduler_scope():
+            assert estimation._log_compute_estimations is not recording
+        assert estimation._log_compute_estimations is recording
+        with compat.fake_process_group(2, 0):
+            skipped = apply(syn.gm, cfg, module_fqns=syn.module_fqns, graph_kind="forward")
+        assert built == []
+        trace_log.addHandler(reader := logging.NullHandler())
+        try:
+            with compat.fake_process_group(2, 0):
+                logged = apply(syn.gm, cfg, module_fqns=syn.module_fqns, graph_kind="forward")
+        finally:
+            trace_log.removeHandler(reader)
+        assert built and all(built)  # built for the reader, once per estimate pass
+    finally:
+        estimation._log_compute_estimations = real
+        for handler in listening:
+            trace_log.addHandler(handler)
+    assert skipped.code == logged.code
+
+
 def test_torch_manual_runs_upstream_without_a_gpu_and_buckets() -> None:
     syn = forward_graph(LAYERS)
     cfg = overlapcfg.load_config({"strategy": "torch_manual", "plan": {"buckets": ["layers.*"]}})
