@@ -150,7 +150,7 @@ def main() -> None:
                           fmt_seconds(presets[best_name].step_seconds) if best_name else "—",
                           ("yes" if worst_margin >= -1e-9 else "[red]no[/red]") + f" ({100 * worst_margin:+.2f}%)",
                           fmt_seconds(bound), fmt_change(tuned, bound), "yes" if bound_ok else "[red]no[/red]",
-                          str(r.evaluated), f"{r.seconds:.1f} s")
+                          str(r.evaluated), f"{r.seconds:.1f} s (competitors {r.competitor_seconds:.1f} s)")
             chosen.append(f"{hw} x {ws}: tuned = {r.best.name}; best preset = "
                           f"{best_name.removeprefix('preset ') if best_name else '—'}")
             (args.out.parent / f"tuned_{hw}_{ws}.yaml").write_text(r.to_yaml())
@@ -168,6 +168,7 @@ def main() -> None:
                             "bound_below_everything_printed": bound_ok,
                             "tuned_no_slower_than_every_competitor": worst_margin >= -1e-9,
                             "smallest_margin": worst_margin, "candidates": r.evaluated, "search_seconds": r.seconds,
+                            "competitor_seconds": r.competitor_seconds,
                             "peak_inflight_bytes": r.score.peak_inflight_bytes,
                             "competitors": {n: {"step_seconds": s.step_seconds, "mfu": s.mfu,
                                                 "exposed_comm_seconds": s.exposed_comm_seconds,
@@ -188,6 +189,10 @@ def main() -> None:
     speed = all(x["candidates"] >= 2000 and x["search_seconds"] <= 7.0 for x in results)
     console.print(f"target (>= 2,000 candidates in <= 7 s, every case; time it on a quiet machine): "
                   f"{'met' if speed else 'NOT met'} (load average now {os.getloadavg()[0]:.1f})")
+    ours = sum(x["search_seconds"] - x["competitor_seconds"] <= 7.0 for x in results)
+    console.print(f"  the search less its competitors (torch's own auto pass, applied once per step, the first case "
+                  f"pays it): <= 7 s in {ours} of {len(results)} cases; with them in "
+                  f"{sum(x['search_seconds'] <= 7.0 for x in results)} of {len(results)}")
     ranges = {"h100_nvlink": (0.30, 0.40), "a100_ib": (0.45, 0.60)}
     for x in results:
         low, high = ranges.get(x["hardware"], (0.0, 1.0))

@@ -83,7 +83,8 @@ def _summary(result: TuneResult) -> Table:
         table.add_row("best you could pick instead", fmt_seconds(best.step_seconds),
                       f"{escape(best.name)} (tuned {_pct(s.step_seconds, best.step_seconds)})")
     table.add_row("searched", f"{result.evaluated} candidates",
-                  f"{result.arms} groupings, {result.seconds:.1f} s (profile {result.profile_seconds:.1f} s"
+                  f"{result.arms} groupings, {result.seconds:.1f} s (profile {result.profile_seconds:.1f} s, "
+                  f"competitors {result.competitor_seconds:.1f} s"
                   + (f", check {v.seconds:.1f} s)" if v is not None else ")"))
     return table
 

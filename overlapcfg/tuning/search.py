@@ -29,7 +29,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -167,7 +167,9 @@ def _search_paused(step: CapturedStep, *, hardware: HardwareProfile | str, world
             report("grid", i + 1, len(grid), _best(scored, budget))
     presets, skipped = score_presets(step, profile)
     report("competitors", 0, len(COMPETITORS), _best(scored, budget))
+    competing = time.perf_counter()
     rivals, _, failed = competitors(step, profile)
+    competitor_seconds = time.perf_counter() - competing
     skipped = (*skipped, *failed)
     fits = [c for c in (*scored, *presets, *rivals) if budget is None or c.peak_inflight_bytes <= budget]
     if not fits:
@@ -185,8 +187,9 @@ def _search_paused(step: CapturedStep, *, hardware: HardwareProfile | str, world
     others = [c.step_seconds for c in (*presets, *rivals) if budget is None or c.peak_inflight_bytes <= budget]
     winner = choose(pool, ceiling=min(others, default=None))
     everything = [*scored, *presets, *rivals, *refined]
-    result = _result(step, profile, arms, winner, everything, presets, rivals, skipped, space, budget, as_dtype,
-                     verify, started, report)
+    result = replace(
+        _result(step, profile, arms, winner, everything, presets, rivals, skipped, space, budget, as_dtype, verify,
+                started, report), competitor_seconds=competitor_seconds)
     log.info("tune: %d candidates in %.1fs, best %s (%s)", result.evaluated, result.seconds,
              fmt_seconds(winner.step_seconds), winner.name)
     return result

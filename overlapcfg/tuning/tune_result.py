@@ -99,6 +99,9 @@ class TuneResult(Result):
     """Tokens a rank processes per step and the model's parameters (``overlapcfg.cost.throughput``)."""
     peak_flops: float = 0.0
     """The device's dense datasheet peak for the costed dtype (MFU's denominator)."""
+    competitor_seconds: float = 0.0
+    """Of ``seconds``, what the competitors took (``overlapcfg.tuning.competitors``): mostly torch's own ``auto``
+    pass applied to the step, once per step (cached: a second search of the same step takes a fraction of it)."""
     pricing: dict[str, Any] | None = None
     """What the search assumed besides the hardware (``overlapcfg.cost.pricing.Pricing``, fusion resolved)."""
 
@@ -207,6 +210,7 @@ class TuneResult(Result):
             "lower_bound_seconds": self.lower_bound_seconds, "skipped": list(self.skipped),
             "space": self.space.model_dump(mode="json"), "evaluated": self.evaluated, "arms": self.arms,
             "profile_seconds": self.profile_seconds, "seconds": self.seconds,
+            "competitor_seconds": self.competitor_seconds,
             "tokens_per_step": self.facts.tokens, "model_params": self.facts.params, "peak_flops": self.peak_flops,
             "pricing": self.pricing,
         }

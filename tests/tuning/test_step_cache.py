@@ -24,7 +24,7 @@ SPACE = {"split_blocks": [False], "block_parts": [], "layers_per_bucket": [1, 2]
 def _outcome(r: overlapcfg.TuneResult) -> dict[str, Any]:
     """Everything a search decides and predicts (its timings left out)."""
     out = r.to_dict()
-    for key in ("seconds", "profile_seconds"):
+    for key in ("seconds", "profile_seconds", "competitor_seconds"):
         out.pop(key)
     if out["verification"] is not None:
         out["verification"].pop("seconds")
