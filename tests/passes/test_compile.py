@@ -13,7 +13,7 @@ from overlapcfg import compat, load_config
 from overlapcfg.capture import shard_module
 from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
-from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, trace_train_step, train_step
+from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, train_step
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
 from overlapcfg.passes import PassOptions, apply, apply_step
@@ -229,7 +229,10 @@ def test_apply_leaves_the_code_to_a_caller_that_regenerates_it() -> None:
 @pytest.mark.slow
 def test_graphs_for_inductor_get_one_fake_value_per_node() -> None:
     """Identical buckets share one traced merge; for a compiler each stamped node still gets its own fake tensor."""
-    step = trace_train_step(LlamaConfig(n_layers=3), reshard_after_forward=True)
+    # The session's 2-layer trace (read-only: deep-copied below): layers.0 and layers.1 are two identical buckets in
+    # the backward (both re-gathered and reduce-scattered), which is all the sharing needs; more layers add more of
+    # the same.
+    step = traced_step(MODEL.n_layers, reshard_after_forward=True)
 
     def shared(for_compiler: bool) -> int:
         with compat.fake_process_group(2, 0):
