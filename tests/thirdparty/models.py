@@ -22,6 +22,8 @@ Models (each seeded and deterministic; tiny: 2 layers, hidden 64, vocab 128, bat
   model's own ``parallelize`` (sequence parallel on / off), as graph_trainer's ``parallelize_llama`` does.
 - ``capture_graphs(model, inputs, loss_fn)``: ``torch.compile`` with an ``aot_autograd`` backend (min-cut
   partitioner, boxed eager), one forward + backward under a fake process group; returns the graphs.
+- ``capture_from_dynamo_graph(dynamo_graph, example_inputs)``: the same, from a dynamo graph another compile of
+  the model already traced (a backend's copy of what dynamo handed it): aot only, no second dynamo trace.
 
 Typical use::
 
