@@ -119,6 +119,7 @@ def _collect(results: Any, procs: list[Any], world_size: int, timeout_s: float) 
     out: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     silent_since: float | None = None
+    polled_after_exit = False
     while len(out) < world_size:
         try:
             # Poll in short steps: a rank that died without reporting (a crash in start-up) must fail the run
@@ -130,9 +131,17 @@ def _collect(results: Any, procs: list[Any], world_size: int, timeout_s: float) 
             dead = [p for p in procs if p.exitcode not in (None, 0)]
             if dead and silent_since is None:
                 silent_since = time.monotonic()  # give its own traceback a moment to arrive through the queue
-            if time.monotonic() < deadline and not (silent_since is not None and time.monotonic() - silent_since > 5):
+            # Every rank still owing a result has exited: what it put in the queue reached the pipe before it
+            # exited (the queue's feeder thread is joined at exit). One more poll reads anything that arrived
+            # after the last one began; if that finds nothing, there is nothing left to wait for.
+            all_gone = all(procs[r].exitcode is not None for r in missing)
+            if all_gone and not polled_after_exit:
+                polled_after_exit = True
                 continue
-            why = "exited without a result" if dead else f"timed out after {timeout_s}s"
+            if time.monotonic() < deadline and not all_gone and not (
+                    silent_since is not None and time.monotonic() - silent_since > 5):
+                continue
+            why = "exited without a result" if dead or all_gone else f"timed out after {timeout_s}s"
             raise RankFailedError(f"gloo run {why}; no result from ranks {missing} (exit codes {codes})") from None
         if not ok:
             raise RankFailedError(f"rank {rank} of {world_size} failed:\n{value}")

@@ -127,6 +127,20 @@ def _pre_norm_residual(x: torch.Tensor, norm: nn.Module, sublayer: nn.Module) ->
     return x + sublayer(norm(x))
 
 
+def _embedding(vocab_size: int, dim: int, device: torch.device | str | None) -> nn.Embedding:
+    """``nn.Embedding(vocab_size, dim, device=device)``; on the meta device without its random init.
+
+    An embedding initializes itself with ``normal_``, whose meta kernel is a Python reference that imports
+    ``torch._dynamo`` on its first call (about a CPU second), in a process that only wanted module names: the command
+    resolves a plan against a meta model before it traces, so that a typo in a pattern is an error at once. A meta
+    tensor holds no values, so skipping that init changes nothing but the time. Off the meta device the embedding is
+    built as usual (its init draws from the global RNG, which callers may rely on).
+    """
+    if device is not None and torch.device(device).type == "meta":
+        return nn.Embedding.from_pretrained(torch.empty((vocab_size, dim), device=device), freeze=False)
+    return nn.Embedding(vocab_size, dim, device=device)
+
+
 class Llama(nn.Module):
     """Token ids ``(batch, seq)`` to logits ``(batch, seq, vocab)``.
 
@@ -138,7 +152,7 @@ class Llama(nn.Module):
                  seed: int = 0) -> None:
         super().__init__()
         self.config = cfg = config if config is not None else LlamaConfig()
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, device=device)
+        self.tok_embeddings = _embedding(cfg.vocab_size, cfg.dim, device)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, device) for i in range(cfg.n_layers)})
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps, device=device)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False, device=device)

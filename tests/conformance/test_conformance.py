@@ -135,30 +135,61 @@ def _explain(run: Run) -> None:
             run.untouched[name] = _names(gm) == before and "overlapcfg" not in gm.meta
 
 
-def _backend(run: Run, model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: Callable[[Any], Any]) -> None:
-    be, dynamo = overlapcfg.backend(run.case.config(BACKEND_DEPTH)), []
+def _backend(case: C.Case, model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: Callable[[Any], Any],
+             pre: dict[str, fx.GraphModule], dynamo: list[fx.GraphModule], dynamo_inputs: list[list[Any]]) -> Any:
+    """One compiled forward + backward with ``overlapcfg.backend`` at ``BACKEND_DEPTH``; returns the backend."""
+    be = overlapcfg.backend(case.config(BACKEND_DEPTH))
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=C.spied_backend(be, dynamo, run.backend_pre), fullgraph=True)
+        compiled = torch.compile(model, backend=C.spied_backend(be, dynamo, pre, dynamo_inputs), fullgraph=True)
         loss_fn(compiled(*inputs)).backward()
     finally:
         torch._dynamo.reset()
         model.zero_grad(set_to_none=True)
     assert len(dynamo) == 1, f"{len(dynamo)} dynamo graphs (graph break)"
-    run.backend, run.backend_dynamo = be, dynamo[0]
+    return be
+
+
+def _capture_from(dynamo: list[fx.GraphModule], dynamo_inputs: list[list[Any]], world_size: int) -> \
+        M.CapturedGraphs | None:
+    """The graphs captured without overlapcfg, for a Hugging Face case: aot's (the suite's own compilers) on
+    dynamo's graph of the backend route's compile, copied before the backend saw it. Dynamo's trace does not depend
+    on the backend, so this is the graph ``capture_graphs`` would trace in a second compile (about half of its time);
+    on it aot emits the same forward and backward, node for node (checked for every Hugging Face case when this was
+    written; torchtitan's DTensor inputs are not, so those cases trace afresh). None if dynamo handed the backend no
+    single graph (the backend route then fails; the capture traces afresh)."""
+    if len(dynamo) == 1 and len(dynamo_inputs) == 1:
+        return M.capture_from_dynamo_graph(dynamo[0], dynamo_inputs[0], world_size=world_size)
+    return None
 
 
 def _run(case: C.Case) -> Run:
     ws = case.world_size
     torchtitan = case.needs_group
-    # torchtitan's mesh binds process groups at shard time: one group for build, capture, backend and apply.
+    # torchtitan's mesh binds process groups at shard time: one group for build, backend, capture and apply.
     with M.fake_process_group(ws) if torchtitan else contextlib.nullcontext():
         model, make_batch = C.build(case)
         inputs, loss_fn = make_batch()
-        run = Run(case, M.capture_graphs(model, inputs, loss_fn, world_size=ws), C.param_shapes(model, ws))
+        shapes = C.param_shapes(model, ws)
+        # torchtitan: capture first, in a compile of its own (see ``_capture_from``).
+        captured = None if case.hf else M.capture_graphs(model, inputs, loss_fn, world_size=ws)
         with contextlib.nullcontext() if torchtitan else M.fake_process_group(ws):
-            with run.route("backend"):
-                _backend(run, model, inputs, loss_fn)
+            pre: dict[str, fx.GraphModule] = {}
+            dynamo: list[fx.GraphModule] = []
+            dynamo_inputs: list[list[Any]] = []
+            backend_error: Exception | None = None
+            try:
+                be = _backend(case, model, inputs, loss_fn, pre, dynamo, dynamo_inputs)
+            except Exception as err:  # as ``Run.route``: the backend route's tests re-raise it
+                backend_error = err
+            if captured is None:
+                captured = _capture_from(dynamo, dynamo_inputs, ws) or M.capture_graphs(model, inputs, loss_fn,
+                                                                                         world_size=ws)
+            run = Run(case, captured, shapes, backend_pre=pre)
+            if backend_error is not None:
+                run.errors["backend"] = backend_error
+            else:
+                run.backend, run.backend_dynamo = be, dynamo[0]
             with run.route("apply"):
                 for depth in DEPTHS:
                     cfg = overlapcfg.load_config(case.config(depth))

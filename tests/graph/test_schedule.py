@@ -8,7 +8,7 @@ the invariants every schedule keeps (bucket counts, issue order, compute order),
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -312,15 +312,32 @@ def _order_with_inputs(gm: Any) -> list[tuple[str, str, tuple[str, ...]]]:
     return [(n.name, str(n.target), tuple(a.name for a in n.all_input_nodes)) for n in gm.graph.nodes]
 
 
+@pytest.fixture(scope="module")
+def depth_one_pair(applied: ApplyFn) -> Iterator[Callable[[bool, Direction, str], tuple[Any, Any]]]:
+    """``pair(reshard, graph, plan) -> (ours, upstream's)``: the 2-layer step's graph after ``manual`` at depth 1
+    and after ``torch_manual``, each applied once for the module. The two upstream tests below read both (they
+    never rewrite them); applying again per test would redo the same passes."""
+    cache: dict[tuple[bool, str, str], tuple[Any, Any]] = {}
+
+    def pair(reshard: bool, graph: Direction, plan: str) -> tuple[Any, Any]:
+        if (reshard, graph, plan) not in cache:
+            step = traced_step(2, reshard)
+            cache[(reshard, graph, plan)] = (applied(step, graph, {"plan": plan}),
+                                             applied(step, graph, {"plan": plan, "strategy": "torch_manual"}))
+        return cache[(reshard, graph, plan)]
+
+    yield pair
+    cache.clear()
+
+
 @upstream_is_the_reference
 @pytest.mark.parametrize("plan", UPSTREAM_PLANS)
 @pytest.mark.parametrize(("reshard", "graph"), [(False, "forward"), (False, "backward"), (True, "forward"),
                                                 (True, "backward")])
-def test_depth_one_node_order_equals_upstream_manual_overlap_bucketing(applied: ApplyFn, reshard: bool,
-                                                                       graph: Direction, plan: str) -> None:
-    step = traced_step(2, reshard)
-    ours = applied(step, graph, {"plan": plan})
-    upstream = applied(step, graph, {"plan": plan, "strategy": "torch_manual"})
+def test_depth_one_node_order_equals_upstream_manual_overlap_bucketing(
+        depth_one_pair: Callable[[bool, Direction, str], tuple[Any, Any]], reshard: bool, graph: Direction,
+        plan: str) -> None:
+    ours, upstream = depth_one_pair(reshard, graph, plan)
     assert _order(ours) == _order(upstream)
 
 
@@ -328,10 +345,9 @@ def test_depth_one_node_order_equals_upstream_manual_overlap_bucketing(applied: 
 @pytest.mark.parametrize("plan", UPSTREAM_PLANS)
 @pytest.mark.parametrize(("reshard", "graph"), [(False, "forward"), (False, "backward"), (True, "forward"),
                                                 (True, "backward")])
-def test_depth_one_merged_inputs_are_in_upstream_order(applied: ApplyFn, reshard: bool, graph: Direction,
-                                                       plan: str) -> None:
+def test_depth_one_merged_inputs_are_in_upstream_order(
+        depth_one_pair: Callable[[bool, Direction, str], tuple[Any, Any]], reshard: bool, graph: Direction,
+        plan: str) -> None:
     """Stronger than names and targets: every node reads the same inputs in the same order (buffer layout)."""
-    step = traced_step(2, reshard)
-    ours = applied(step, graph, {"plan": plan})
-    upstream = applied(step, graph, {"plan": plan, "strategy": "torch_manual"})
+    ours, upstream = depth_one_pair(reshard, graph, plan)
     assert _order_with_inputs(ours) == _order_with_inputs(upstream)

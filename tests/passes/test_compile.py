@@ -13,7 +13,7 @@ from overlapcfg import compat, load_config
 from overlapcfg.capture import shard_module
 from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
-from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, trace_train_step, train_step
+from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, train_step
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
 from overlapcfg.passes import PassOptions, apply, apply_step
@@ -144,9 +144,13 @@ def test_verify_still_catches_a_wrapped_wait_moved_before_its_start() -> None:
 # --- inductor --------------------------------------------------------------------------------------------------
 
 def _inductor_worker(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The same step through the untransformed eager route and through ``backend(cfg, compiler="inductor")``."""
+    """The same step eagerly (untransformed) and through ``backend(cfg, compiler="inductor")``.
+
+    The reference runs the sharded model without compiling it: the untransformed aot-eager route is bitwise the eager
+    step on this model (``tests/demo/test_models.py``, parity on gloo), so a compile of its own would only add a
+    dynamo and aot trace per rank."""
     tokens, targets = demo_batch(MODEL.vocab_size, seed=100 + rank)
-    ref_loss, ref_grads = train_step(compile_with_pass(_sharded(rank, world_size)), tokens, targets)
+    ref_loss, ref_grads = train_step(_sharded(rank, world_size), tokens, targets)
     step_backend = backend(cfg, compiler="inductor")
     loss, grads = train_step(compile_with_pass(_sharded(rank, world_size), backend=step_backend), tokens, targets)
     return {"ref_loss": ref_loss, "ref_grads": ref_grads, "loss": loss, "grads": grads,
@@ -225,7 +229,10 @@ def test_apply_leaves_the_code_to_a_caller_that_regenerates_it() -> None:
 @pytest.mark.slow
 def test_graphs_for_inductor_get_one_fake_value_per_node() -> None:
     """Identical buckets share one traced merge; for a compiler each stamped node still gets its own fake tensor."""
-    step = trace_train_step(LlamaConfig(n_layers=3), reshard_after_forward=True)
+    # The session's 2-layer trace (read-only: deep-copied below): layers.0 and layers.1 are two identical buckets in
+    # the backward (both re-gathered and reduce-scattered), which is all the sharing needs; more layers add more of
+    # the same.
+    step = traced_step(MODEL.n_layers, reshard_after_forward=True)
 
     def shared(for_compiler: bool) -> int:
         with compat.fake_process_group(2, 0):

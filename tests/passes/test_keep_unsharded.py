@@ -236,37 +236,45 @@ def test_a_kept_bucket_is_bitwise_identical_on_two_gloo_ranks() -> None:
                 assert got["params"]
 
 
-_SEEDED = """
-import hashlib, sys
-sys.path.insert(0, sys.argv[1])
-from tests.support.synthetic import joint_graph
-from overlapcfg import compat, load_config
-from overlapcfg.passes import apply
+def _kept_result() -> str:
+    """``RESULT <sha256 of the code> <bytes held>`` for layers.0 and layers.2 kept unsharded in a 3-layer joint
+    graph at depth 2 (a hand-built graph: no trace), in whatever process calls it."""
+    import hashlib
 
-built = joint_graph([[2, 1], [1, 3], [2]])
-kept = {"reshard_after_forward": False}
-buckets = [{"modules": ["layers.0"], **kept}, "layers.1", {"modules": ["layers.2"], **kept}]
-cfg = load_config({"plan": {"buckets": buckets},
-                   "policy": {"forward_prefetch": 2, "backward_prefetch": 2, "reduce_scatter_delay": 2}})
-with compat.fake_process_group(2):
-    gm = apply(built.gm, cfg, module_fqns=built.module_fqns, graph_kind="joint")
-print("RESULT", hashlib.sha256(gm.code.encode()).hexdigest(), sum(b.held_bytes for b in gm.meta["overlapcfg"].buckets))
+    built = joint_graph([[2, 1], [1, 3], [2]])
+    kept = {"reshard_after_forward": False}
+    buckets = [{"modules": ["layers.0"], **kept}, "layers.1", {"modules": ["layers.2"], **kept}]
+    cfg = load_config({"plan": {"buckets": buckets},
+                       "policy": {"forward_prefetch": 2, "backward_prefetch": 2, "reduce_scatter_delay": 2}})
+    with compat.fake_process_group(2):
+        gm = apply(built.gm, cfg, module_fqns=built.module_fqns, graph_kind="joint")
+    held = sum(b.held_bytes for b in gm.meta["overlapcfg"].buckets)
+    return f"RESULT {hashlib.sha256(gm.code.encode()).hexdigest()} {held}"
+
+
+_SEEDED = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tests.passes.test_keep_unsharded import _kept_result
+print(_kept_result())
 """
 
 
 @pytest.mark.slow
 def test_keeping_buckets_is_the_same_whatever_the_hash_seed() -> None:
+    """A fresh interpreter with another hash seed than this process's (0, no randomization, unless this process
+    runs with 0) emits this process's code: one interpreter, two seeds."""
     import os
     import subprocess
     import sys
 
     repo = str(Path(__file__).resolve().parents[2])  # on sys.path there: ``tests`` is a package
-    procs = [subprocess.Popen([sys.executable, "-c", _SEEDED, repo], env={**os.environ, "PYTHONHASHSEED": seed},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in ("0", "4242")]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, err[-3000:]
-        results.append(next(line for line in out.splitlines() if line.startswith("RESULT")))
-    assert results[0] == results[1]
-    assert results[0].split()[2] == str(2 * (2 + 1 + 2) * DIM * 4)  # layers.0 and layers.2 held, 2 ranks, fp32
+    seed = "4242" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
+    proc = subprocess.Popen([sys.executable, "-c", _SEEDED, repo], env={**os.environ, "PYTHONHASHSEED": seed},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    here = _kept_result()  # while the other interpreter starts
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    there = next(line for line in out.splitlines() if line.startswith("RESULT"))
+    assert there == here
+    assert here.split()[2] == str(2 * (2 + 1 + 2) * DIM * 4)  # layers.0 and layers.2 held, 2 ranks, fp32

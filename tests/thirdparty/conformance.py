@@ -467,8 +467,10 @@ def bucket_numels(original: fx.GraphModule, dynamo_gm: fx.GraphModule, kind: str
     return {b: sizes[b] for b in sorted(firsts, key=firsts.__getitem__)}
 
 
-def spied_backend(be: Any, dynamo: list[fx.GraphModule], pre: dict[str, fx.GraphModule]) -> Callable[..., Any]:
-    """Wrap a ``GraphBackend``: keep the dynamo graph it receives and copies of aot's graphs before its passes."""
+def spied_backend(be: Any, dynamo: list[fx.GraphModule], pre: dict[str, fx.GraphModule],
+                  example_inputs: list[list[Any]] | None = None) -> Callable[..., Any]:
+    """Wrap a ``GraphBackend``: keep the dynamo graph it receives and copies of aot's graphs before its passes
+    (and, given ``example_inputs``, the inputs dynamo hands it with each graph: ``M.capture_from_dynamo_graph``)."""
     for name, attr in (("forward", "fw_pass"), ("backward", "bw_pass")):
         inner = getattr(be, attr)
 
@@ -478,9 +480,11 @@ def spied_backend(be: Any, dynamo: list[fx.GraphModule], pre: dict[str, fx.Graph
 
         setattr(be, attr, spy)
 
-    def outer(gm: fx.GraphModule, example_inputs: Any) -> Any:
+    def outer(gm: fx.GraphModule, inputs: Any) -> Any:
         dynamo.append(M.copy_graph_module(gm))
-        return be(gm, example_inputs)
+        if example_inputs is not None:
+            example_inputs.append(list(inputs))
+        return be(gm, inputs)
 
     return outer
 
