@@ -269,10 +269,19 @@ def _assert_winner_applied(be: Any, result: overlapcfg.TuneResult) -> None:
                                          for b in be.graphs[n].meta["overlapcfg"].buckets}) == buckets
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread (Mixtral's expert kernels), the process's own count restored for the tests after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
 def test_tune_finds_mixtral_blocks_and_its_winner_compiles() -> None:
     """Sharded by the test suite's own SimpleFSDP (the sharding a user already applied); a user loss_fn."""
-    torch.set_num_threads(1)
     model, make_batch = M.hf_mixtral()
     M.shard_simple_fsdp(model, world_size=2, rank=0, reshard_after_forward=True)
     inputs, loss_fn = make_batch()

@@ -30,6 +30,7 @@ from overlapcfg import compat
 from overlapcfg.demo import LlamaConfig
 from overlapcfg.demo.dims import ParallelDims
 from overlapcfg.passes.step import CapturedStep
+from tests.support.diagnose_jobs import batches, llama
 from tests.thirdparty import models as M
 
 
@@ -78,10 +79,12 @@ def _demo(parallel: ParallelDims) -> Callable[[], CapturedStep]:
 
 
 def _hf() -> CapturedStep:
-    model, make_batch = M.hf_llama()
+    """A one-layer Hugging Face Llama (dynamo's time grows with the layers; the caches at stake do not)."""
+    model = llama({"layers": 1})
     overlapcfg.shard_module(model, world_size=2)
-    inputs, loss_fn = make_batch()
-    return overlapcfg.capture_step(model, inputs, loss_fn=loss_fn)
+    ((tokens, targets),) = batches(0, 1, model.config.vocab_size)
+    return overlapcfg.capture_step(model, (tokens,), loss_fn=lambda out: torch.nn.functional.cross_entropy(
+        out.logits.flatten(0, 1).float(), targets.flatten(0, 1)))
 
 
 def _torchtitan_sequence_parallel() -> CapturedStep:

@@ -20,7 +20,10 @@ from tests.support.trace_oracle import exposed_per_step
 
 ROUTES = ("fsdp2", "lightning", "compiled")
 RUNS = [f"{route}_{quality}" for route in ROUTES for quality in ("poor", "good")]
-SIZES = {"layers": 1, "profiled": 2}
+SIZES = {"layers": 1, "profiled": 2, "timed": 0}
+"""One decoder layer and two profiled steps: what is checked here (attribution, exposed time against interval
+arithmetic, proposals) is per collective and per step, not per layer. No timed steps: their timings are the
+benchmark's, never asserted here."""
 
 
 @pytest.fixture(scope="module")

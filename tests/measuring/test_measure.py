@@ -46,8 +46,8 @@ def test_unreadable_node_costs_are_a_fault_at_tune_node_costs(tmp_path) -> None:
 
 
 def _measure_worker(rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Every config interleaved, with node costs; then two configs one at a time, without (one pair of ranks for
-    both: starting and warming ranks costs as much as a measurement)."""
+    """Every config interleaved, with node costs; then two configs one at a time, without, on a one-layer model (one
+    pair of ranks for both: starting and warming ranks costs as much as a measurement)."""
     from overlapcfg.demo.measure_job import demo_step
     from overlapcfg.demo.settings import demo_settings
 
@@ -55,7 +55,10 @@ def _measure_worker(rank: int, world_size: int) -> tuple[dict[str, Any], dict[st
     result = overlapcfg.measure(make_step, CONFIGS, hardware="cpu_gloo", warmup=1, steps=STEPS, profiled_steps=1)
     assert result.measured_node_costs is not None
     configs = {name: CONFIGS[name] for name in ("none", "d1")}
-    one_at_a_time = overlapcfg.measure(make_step, configs, hardware="cpu_gloo", warmup=1, steps=2, profiled_steps=1,
+    # At one layer: the fields a run one config at a time fills do not depend on the depth, and each config
+    # compiles the model again (dynamo's and aot's time grows with the layers).
+    one_layer = demo_step(demo_settings({"model": {"n_layers": 1}, "batch": 2, "seq_len": 16}))
+    one_at_a_time = overlapcfg.measure(one_layer, configs, hardware="cpu_gloo", warmup=1, steps=2, profiled_steps=1,
                                        interleave=False, node_costs=False)
     return result.to_dict(), result.measured_node_costs.to_dict(), one_at_a_time.to_dict()
 

@@ -16,7 +16,9 @@ import pytest
 from tests.support.exit_watch import finalized_under_gloo
 
 EXIT_WATCH = Path(__file__).resolve().parents[1] / "support" / "exit_watch.py"
-SMALL = ["model.n_layers=2", "model.vocab_size=256", "batch=2", "seq_len=16"]
+SMALL = ["model.n_layers=1", "model.vocab_size=256", "batch=2", "seq_len=16"]
+"""One layer: what is checked (the commands, their files and tables) does not depend on the depth, and every
+measured config compiles the model on every rank (dynamo's and aot's time grows with the layers)."""
 FEWER = ["~measure.configs.d0", "~measure.configs.d2", "~measure.configs.split_d1", "~measure.configs.torch_manual"]
 
 
