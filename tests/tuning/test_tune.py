@@ -241,8 +241,9 @@ def test_a_memory_budget_of_10_to_the_400_is_a_fault_not_an_overflow() -> None:
              config_root="tune")
 
 
-def test_the_search_is_deterministic() -> None:
-    step = synthetic_step()
+def test_the_search_is_deterministic(step: CapturedStep) -> None:
+    """Two searches on one step give the same result (that a search reusing the step's cache equals one on a fresh
+    step is ``test_step_cache``'s; another hash seed, the slow test below)."""
     runs = [tune(step, hardware="h100_nvlink", world_size=8, memory_budget=None, space=SYNTHETIC_SPACE,
                  verify=False) for _ in range(2)]
     assert runs[0].to_yaml() == runs[1].to_yaml()
