@@ -11,7 +11,6 @@ assumption. Nothing here imports ``overlapcfg.graph.schedule``.
 from __future__ import annotations
 
 import copy
-import functools
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -23,7 +22,6 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from overlapcfg import compat, load_config
 from overlapcfg.errors import OverlapConfigError, UpstreamPassError
@@ -31,7 +29,7 @@ from overlapcfg.graph.collectives import group_name
 from overlapcfg.passes import PassOptions, apply
 from overlapcfg.resolve import resolve_plan
 from tests.support.policies import LookaheadPolicy
-from tests.support.synthetic import DIM, Synthetic, backward_graph, forward_graph
+from tests.support.synthetic import DIM, Synthetic, backward_graph, forward_graph, new_capture
 
 _c10d = torch.ops._c10d_functional
 _WAIT = _c10d.wait_tensor.default
@@ -44,13 +42,10 @@ FIELDS = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")
 GRAPH = settings(max_examples=8, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
-
-@functools.cache
-def one_capture() -> FakeTensorMode:
-    """The fake mode of every graph this file draws or builds for the pass: one capture, so a bucket merge of a
-    given signature is traced once for the file (``overlapcfg.graph.traces``), not once per example. Sharing is
-    safe: a trace is a function of its signature (``test_merge_traces``), and the pass rewrites copies."""
-    return FakeTensorMode()
+ONE_CAPTURE = new_capture()
+"""The fake mode of the graphs this file draws or builds for the pass: one capture, so a bucket merge of a given
+signature is traced once for the file (``overlapcfg.graph.traces``), not once per hypothesis example. Safe to
+share: a trace is a function of its signature (``test_merge_traces``), and the pass rewrites copies."""
 
 
 # --- the oracle: expected depths from the spec, achieved depths from the graph ---------------------------------
@@ -212,7 +207,7 @@ def _check_all_gathers(gm: fx.GraphModule, case: Case, syn: Synthetic, placed: l
 @given(case=cases())
 @GRAPH
 def test_forward_schedule_reaches_the_specified_depths_and_is_deterministic(case: Case) -> None:
-    syn = forward_graph(case.layers, descriptors=case.descriptors, fake_mode=one_capture())
+    syn = forward_graph(case.layers, descriptors=case.descriptors, fake_mode=ONE_CAPTURE)
     gm = _apply(syn, case.config())  # verify: on by default, raises on any fault
     assert_well_formed(gm)
     placed = placed_collectives(gm, syn, lambda layer: layer // case.group)
@@ -224,7 +219,7 @@ def test_forward_schedule_reaches_the_specified_depths_and_is_deterministic(case
 @given(case=cases(), regather=st.sampled_from([True, True, False]))
 @GRAPH
 def test_backward_schedule_reaches_the_specified_depths_and_delays(case: Case, regather: bool) -> None:
-    syn = backward_graph(case.layers, descriptors=case.descriptors, regather=regather, fake_mode=one_capture())
+    syn = backward_graph(case.layers, descriptors=case.descriptors, regather=regather, fake_mode=ONE_CAPTURE)
     gm = _apply(syn, case.config())
     assert_well_formed(gm)
     placed = placed_collectives(gm, syn, lambda layer: layer // case.group)
@@ -509,7 +504,7 @@ _VERIFIED: dict[tuple[str, str], fx.GraphModule] = {}
 def _verify_graph(kind: str, stepped: bool = False) -> Synthetic:
     if (kind, stepped) not in _VERIFY_GRAPHS:
         build = forward_graph if kind == "forward" else backward_graph
-        syn = build(VERIFY_LAYERS, fake_mode=one_capture(), **({} if kind == "forward" else {"regather": True}))
+        syn = build(VERIFY_LAYERS, fake_mode=ONE_CAPTURE, **({} if kind == "forward" else {"regather": True}))
         if stepped:
             from tests.support.in_place import with_in_place_updates
 

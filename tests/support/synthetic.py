@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "captured_step", "forward_graph",
-           "joint_graph", "layer_fqns", "with_fake_values"]
+           "joint_graph", "layer_fqns", "new_capture", "with_fake_values"]
 
 DIM = 4
 """Columns of every parameter; a parameter with ``rows`` shard rows gathers to ``world_size * rows`` x ``DIM``."""
@@ -89,6 +89,11 @@ def with_fake_values(gm: fx.GraphModule, inputs: Sequence[tuple[fx.Node, tuple[i
     for (node, _), fake in zip(inputs, fakes, strict=True):
         node.meta["val"] = fake
     return gm
+
+
+def new_capture() -> FakeTensorMode:
+    """A fake mode to build several graphs on (``fake_mode=``): they are then one capture (``with_fake_values``)."""
+    return FakeTensorMode()
 
 
 def layer_fqns(layers: Layers) -> tuple[str, ...]:
@@ -214,13 +219,15 @@ def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = F
     return b.finish((*(grads[k] for k in range(len(params))), gy), "backward", layers)
 
 
-def captured_step(layers: Layers, *, world_size: int = 2) -> CapturedStep:
+def captured_step(layers: Layers, *, world_size: int = 2, fake_mode: FakeTensorMode | None = None) -> CapturedStep:
     """A two-graph step (forward, and backward re-gathering every weight) built without tracing: what
-    ``explain``, ``compare`` and ``tune`` take."""
+    ``explain``, ``compare`` and ``tune`` take. Its graphs share one fake mode (``fake_mode``, else a new one): a
+    traced step is one capture too."""
     from overlapcfg.passes.backend import CapturedStep
 
-    fw, bw = forward_graph(layers, world_size=world_size), backward_graph(layers, world_size=world_size,
-                                                                          regather=True)
+    mode = fake_mode or FakeTensorMode()
+    fw = forward_graph(layers, world_size=world_size, fake_mode=mode)
+    bw = backward_graph(layers, world_size=world_size, regather=True, fake_mode=mode)
     owners = tuple(dict.fromkeys(fw.owners.values()))
     return CapturedStep(forward=fw.gm, backward=bw.gm, module_fqns=fw.module_fqns,
                         param_fqns=tuple(f"{o}.weight" for o in owners), param_owners=owners, collectives=(),
