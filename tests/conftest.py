@@ -20,6 +20,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # every worker. The .pyc files go where Python puts them (__pycache__/, ignored by git).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+import gc
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -79,6 +80,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return next((i for i, prefix in enumerate(_RUN_FIRST) if where.startswith(prefix)), len(_RUN_FIRST))
 
     items.sort(key=rank)  # stable: the order within a file and among equals is pytest's
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Everything alive once the tests are collected (torch, dynamo, the test modules: millions of objects) lives to
+    the end of the run: freezing it keeps the garbage collector's full passes, which run every few thousand
+    allocations of a test, from walking all of it again each time (``gc.freeze``; about 2 % of a worker's CPU).
+    Objects the tests make are collected as always."""
+    gc.collect()
+    gc.freeze()
 
 
 def _leave_out_the_docs_runs(config: pytest.Config, items: list[pytest.Item]) -> None:
