@@ -52,12 +52,15 @@ def _share_the_cores_between_workers() -> None:
 _share_the_cores_between_workers()
 
 _RUN_FIRST = ("multiprocess/", "conformance/", "passes/test_compile.py", "graph/test_mixed_precision.py",
-              "demo/test_cli.py", "docs/", "package/", "tuning/test_tune.py")
+              "demo/test_cli.py", "docs/", "package/", "tuning/test_tune.py",
+              "graph/test_properties.py", "config/test_hydra.py", "config/test_catalog_without_torch.py",
+              "config/test_preset_by_name.py", "config/test_fuzz_config.py", "tuning/", "graph/test_hsdp.py")
 """Files (and folders) that take tens of seconds each: they start processes (gloo ranks, torchrun, the CLI) or
 compile with inductor. ``--dist loadfile`` hands a worker one file at a time in collection order, so these go
 first and the small files fill in at the end, when the workers finish together; otherwise the last file handed out
-can be a minute-long one that one worker runs while the other idles. Order only: a stale entry costs time, never a
-result."""
+can be a minute-long one that one worker runs while the other idles. The entries after ``tuning/test_tune.py`` are
+the fast tier's longest files (3-10 CPU seconds of not-slow tests each), for the same reason in ``-m "not slow"``.
+Order only: a stale entry costs time, never a result."""
 _TESTS = Path(__file__).resolve().parent
 
 
