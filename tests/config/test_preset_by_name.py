@@ -10,6 +10,7 @@ subprocesses) and is held against the group-option spelling of the same command 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -62,8 +63,15 @@ def _env() -> dict[str, str]:
 def _command(overrides: list[str]) -> OverlapConfig:
     """The command's own config, composed from what its ``main`` hands Hydra (``hydra_overrides``, strategy
     ``manual`` as ``conf/overlapcfg.yaml`` composes it)."""
+    return _composed_once(tuple(overrides))
+
+
+@functools.cache
+def _composed_once(overrides: tuple[str, ...]) -> OverlapConfig:
+    """``_command``, composed once per command line: several cases share their group-option spelling, and a
+    composition is a function of the command line and the (unchanging) shipped files; the result is frozen."""
     with initialize_config_dir(str(command_conf_dir()), version_base="1.3"):
-        return from_hydra(compose("overlapcfg", overrides=hydra_overrides(overrides, strategy="manual")).overlap)
+        return from_hydra(compose("overlapcfg", overrides=hydra_overrides(list(overrides), strategy="manual")).overlap)
 
 
 def _at(mount: str, overrides: list[str]) -> list[str]:

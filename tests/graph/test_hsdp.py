@@ -20,14 +20,17 @@ from overlapcfg import compat
 from overlapcfg.graph.attribution import module_fqn
 from overlapcfg.graph.collectives import find_collectives, started_by
 from overlapcfg.passes import apply
-from tests.support.synthetic import backward_graph
+from tests.support.synthetic import backward_graph, new_capture
 
 ORDERS = ("all_reduce_first", "reduce_scatter_first")
 LAYERS = [[2, 1], [1], [3, 2], [1, 1]]
+ONE_CAPTURE = new_capture()
+"""The fake mode of every graph here: one capture, so each bucket merge is traced once for the file
+(``overlapcfg.graph.traces``), not once per test; the pass rewrites the graphs, never the traces."""
 
 
 def _run(order: str, policy: dict[str, object]) -> tuple[fx.GraphModule, fx.GraphModule]:
-    syn = backward_graph(LAYERS, hsdp=order)  # type: ignore[arg-type]
+    syn = backward_graph(LAYERS, hsdp=order, fake_mode=ONE_CAPTURE)  # type: ignore[arg-type]
     original = copy.deepcopy(syn.gm)
     cfg = overlapcfg.load_config({"plan": {"name": "layers", "buckets": ["layers.*"]}, "policy": policy})
     with compat.fake_process_group(2):
@@ -50,7 +53,7 @@ def _delays(gm: fx.GraphModule, kind: str) -> list[int]:
 
 @pytest.mark.parametrize("order", ORDERS)
 def test_each_all_reduce_is_paired_with_its_gradients_reduce_scatter(order: str) -> None:
-    syn = backward_graph(LAYERS, hsdp=order)  # type: ignore[arg-type]
+    syn = backward_graph(LAYERS, hsdp=order, fake_mode=ONE_CAPTURE)  # type: ignore[arg-type]
     found = find_collectives(syn.gm.graph, module_fqn, direction="backward")
     assert Counter(c.role for c in found) == {"fsdp_reduce_scatter": 7, "hsdp_all_reduce": 7}
     for c in found:
@@ -62,7 +65,7 @@ def test_each_all_reduce_is_paired_with_its_gradients_reduce_scatter(order: str)
 def _append_all_reduce(order: str | None, *, into_compute: bool, group: str = "0") -> tuple[fx.GraphModule, fx.Node]:
     """The backward graph (HSDP in ``order``, or plain FSDP for None) plus one all-reduce of the last activation
     gradient on ``group``, read by compute (an activation collective) or only returned (a metric)."""
-    syn = backward_graph(LAYERS, hsdp=order)  # type: ignore[arg-type]
+    syn = backward_graph(LAYERS, hsdp=order, fake_mode=ONE_CAPTURE)  # type: ignore[arg-type]
     graph = syn.gm.graph
     out = next(n for n in graph.nodes if n.op == "output")
     gy = out.args[0][-1]
@@ -127,7 +130,7 @@ def _ancestors(node: fx.Node) -> set[fx.Node]:
 
 def test_per_bucket_override_of_the_all_reduce_delay() -> None:
     cfg = {"reduce_scatter_delay": 1}
-    syn = backward_graph(LAYERS, hsdp="all_reduce_first")
+    syn = backward_graph(LAYERS, hsdp="all_reduce_first", fake_mode=ONE_CAPTURE)
     config = overlapcfg.load_config({"plan": {"name": "layers", "buckets": ["layers.*"]}, "policy": cfg,
                                      "overrides": [{"match": "layers.3", "all_reduce_delay": 0}]})
     with compat.fake_process_group(2):
@@ -142,7 +145,7 @@ def test_the_all_reduce_delay_follows_the_reduce_scatter_delay_unless_set() -> N
     config = overlapcfg.load_config({"plan": {"name": "layers", "buckets": ["layers.*"]},
                                      "policy": {"reduce_scatter_delay": 2},
                                      "overrides": [{"match": "layers.0", "reduce_scatter_delay": 0}]})
-    syn = backward_graph(LAYERS, hsdp="reduce_scatter_first")
+    syn = backward_graph(LAYERS, hsdp="reduce_scatter_first", fake_mode=ONE_CAPTURE)
     with compat.fake_process_group(2):
         final = apply(syn.gm, config, graph_kind="backward", module_fqns=syn.module_fqns)
     buckets = {b.name: b for b in final.meta["overlapcfg"].buckets}
@@ -153,7 +156,7 @@ def test_the_all_reduce_delay_follows_the_reduce_scatter_delay_unless_set() -> N
 def test_torch_manual_says_whether_it_left_the_all_reduces_unbucketed() -> None:
     """Upstream's manual pass skips HSDP all-reduces before torch 2.14 and buckets them from 2.14: the record says
     "left unbucketed" exactly when the graph still has one all-reduce per gradient."""
-    syn = backward_graph(LAYERS, hsdp="all_reduce_first")
+    syn = backward_graph(LAYERS, hsdp="all_reduce_first", fake_mode=ONE_CAPTURE)
     cfg = overlapcfg.load_config({"strategy": "torch_manual", "plan": {"name": "layers", "buckets": ["layers.*"]}})
     with compat.fake_process_group(2):
         final = apply(syn.gm, cfg, graph_kind="backward", module_fqns=syn.module_fqns)
@@ -174,7 +177,7 @@ def test_an_inter_node_group_costs_its_own_links() -> None:
     from overlapcfg.cost import HardwareProfile
     from overlapcfg.cost.simulator import GroupPlacement, simulate
 
-    syn = backward_graph(LAYERS, hsdp="reduce_scatter_first")
+    syn = backward_graph(LAYERS, hsdp="reduce_scatter_first", fake_mode=ONE_CAPTURE)
     hw = HardwareProfile(name="net", **NET)  # type: ignore[arg-type]
     inside = simulate(syn.gm, hw, world_size=8, groups={"0": GroupPlacement(8, inter_node=False)})
     across = simulate(syn.gm, hw, world_size=8, groups={"0": GroupPlacement(8, inter_node=True)})
@@ -231,7 +234,7 @@ def test_the_verifier_catches_a_bucketed_all_reduce_handing_a_gradient_the_wrong
 def test_reduce_scatter_first_issue_order_with_delayed_all_reduces(order: str) -> None:
     """``issue_order: reduce_scatter_first`` ties far prefetches to reduce-scatter starts; with HSDP those can sit
     behind a delayed all-reduce wait. Deep prefetch and long delays together still schedule, verified."""
-    syn = backward_graph(LAYERS, hsdp=order, regather=True)  # type: ignore[arg-type]
+    syn = backward_graph(LAYERS, hsdp=order, regather=True, fake_mode=ONE_CAPTURE)  # type: ignore[arg-type]
     policy = {"backward_prefetch": 3, "reduce_scatter_delay": 2, "all_reduce_delay": 3,
               "issue_order": "reduce_scatter_first"}
     cfg = overlapcfg.load_config({"plan": {"name": "layers", "buckets": ["layers.*"]}, "policy": policy})

@@ -29,7 +29,7 @@ from overlapcfg.graph.collectives import group_name
 from overlapcfg.passes import PassOptions, apply
 from overlapcfg.resolve import resolve_plan
 from tests.support.policies import LookaheadPolicy
-from tests.support.synthetic import DIM, Synthetic, backward_graph, forward_graph
+from tests.support.synthetic import DIM, Synthetic, backward_graph, forward_graph, new_capture
 
 _c10d = torch.ops._c10d_functional
 _WAIT = _c10d.wait_tensor.default
@@ -41,6 +41,11 @@ _STARTS = {
 FIELDS = ("forward_prefetch", "backward_prefetch", "reduce_scatter_delay")
 GRAPH = settings(max_examples=8, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+ONE_CAPTURE = new_capture()
+"""The fake mode of the graphs this file draws or builds for the pass: one capture, so a bucket merge of a given
+signature is traced once for the file (``overlapcfg.graph.traces``), not once per hypothesis example. Safe to
+share: a trace is a function of its signature (``test_merge_traces``), and the pass rewrites copies."""
 
 
 # --- the oracle: expected depths from the spec, achieved depths from the graph ---------------------------------
@@ -202,7 +207,7 @@ def _check_all_gathers(gm: fx.GraphModule, case: Case, syn: Synthetic, placed: l
 @given(case=cases())
 @GRAPH
 def test_forward_schedule_reaches_the_specified_depths_and_is_deterministic(case: Case) -> None:
-    syn = forward_graph(case.layers, descriptors=case.descriptors)
+    syn = forward_graph(case.layers, descriptors=case.descriptors, fake_mode=ONE_CAPTURE)
     gm = _apply(syn, case.config())  # verify: on by default, raises on any fault
     assert_well_formed(gm)
     placed = placed_collectives(gm, syn, lambda layer: layer // case.group)
@@ -214,7 +219,7 @@ def test_forward_schedule_reaches_the_specified_depths_and_is_deterministic(case
 @given(case=cases(), regather=st.sampled_from([True, True, False]))
 @GRAPH
 def test_backward_schedule_reaches_the_specified_depths_and_delays(case: Case, regather: bool) -> None:
-    syn = backward_graph(case.layers, descriptors=case.descriptors, regather=regather)
+    syn = backward_graph(case.layers, descriptors=case.descriptors, regather=regather, fake_mode=ONE_CAPTURE)
     gm = _apply(syn, case.config())
     assert_well_formed(gm)
     placed = placed_collectives(gm, syn, lambda layer: layer // case.group)
@@ -499,7 +504,7 @@ _VERIFIED: dict[tuple[str, str], fx.GraphModule] = {}
 def _verify_graph(kind: str, stepped: bool = False) -> Synthetic:
     if (kind, stepped) not in _VERIFY_GRAPHS:
         build = forward_graph if kind == "forward" else backward_graph
-        syn = build(VERIFY_LAYERS, **({} if kind == "forward" else {"regather": True}))
+        syn = build(VERIFY_LAYERS, fake_mode=ONE_CAPTURE, **({} if kind == "forward" else {"regather": True}))
         if stepped:
             from tests.support.in_place import with_in_place_updates
 

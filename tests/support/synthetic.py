@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["DIM", "GROUP", "PARAM_NAMES", "Synthetic", "backward_graph", "captured_step", "forward_graph",
-           "joint_graph", "layer_fqns", "with_fake_values"]
+           "joint_graph", "layer_fqns", "new_capture", "with_fake_values"]
 
 DIM = 4
 """Columns of every parameter; a parameter with ``rows`` shard rows gathers to ``world_size * rows`` x ``DIM``."""
@@ -77,15 +77,23 @@ class Synthetic:
     world_size: int
 
 
-def with_fake_values(gm: fx.GraphModule, inputs: Sequence[tuple[fx.Node, tuple[int, ...]]]) -> fx.GraphModule:
+def with_fake_values(gm: fx.GraphModule, inputs: Sequence[tuple[fx.Node, tuple[int, ...]]],
+                     fake_mode: FakeTensorMode | None = None) -> fx.GraphModule:
     """``gm`` with ``meta["val"]`` on every node: fake tensors of the inputs' shapes, propagated (what a traced
-    graph carries and the pass reads)."""
-    with FakeTensorMode() as mode:
+    graph carries and the pass reads). Each graph gets a fake mode of its own (a capture of its own, as a traced
+    step has) unless ``fake_mode`` is given: graphs built on one mode are one capture, whose bucket merges are
+    traced once for all of them (``overlapcfg.graph.traces``), as a test drawing many small graphs wants."""
+    with (fake_mode or FakeTensorMode()) as mode:
         fakes = [torch.empty(shape) for _, shape in inputs]
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
     for (node, _), fake in zip(inputs, fakes, strict=True):
         node.meta["val"] = fake
     return gm
+
+
+def new_capture() -> FakeTensorMode:
+    """A fake mode to build several graphs on (``fake_mode=``): they are then one capture (``with_fake_values``)."""
+    return FakeTensorMode()
 
 
 def layer_fqns(layers: Layers) -> tuple[str, ...]:
@@ -102,8 +110,10 @@ def _check(layers: Layers) -> None:
 
 
 class _Builder:
-    def __init__(self, world_size: int, descriptors: bool, *, stamp: bool | None = None) -> None:
+    def __init__(self, world_size: int, descriptors: bool, *, stamp: bool | None = None,
+                 fake_mode: FakeTensorMode | None = None) -> None:
         self.graph = fx.Graph()
+        self.fake_mode = fake_mode
         self.world_size = world_size
         self.descriptors = descriptors
         self.stamp = descriptors if stamp is None else stamp
@@ -144,7 +154,7 @@ class _Builder:
 
     def finish(self, outputs: object, kind: Literal["forward", "backward", "joint"], layers: Layers) -> Synthetic:
         self.graph.output(outputs)
-        gm = with_fake_values(fx.GraphModule(torch.nn.Module(), self.graph), self.inputs)
+        gm = with_fake_values(fx.GraphModule(torch.nn.Module(), self.graph), self.inputs, self.fake_mode)
         nbytes = tuple(sum(self.world_size * r * DIM * 4 for r in params) for params in layers)
         return Synthetic(gm, kind, layer_fqns(layers), dict(self.owners), nbytes, self.world_size)
 
@@ -158,10 +168,11 @@ def _param_name(k: int, descriptors: bool) -> str:
     return f"param_{k}" if descriptors else f"primals_{k + 1}"
 
 
-def forward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = False) -> Synthetic:
-    """The forward graph of ``layers`` (see the module docstring)."""
+def forward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = False,
+                  fake_mode: FakeTensorMode | None = None) -> Synthetic:
+    """The forward graph of ``layers`` (see the module docstring); ``fake_mode``: see ``with_fake_values``."""
     _check(layers)
-    b = _Builder(world_size, descriptors)
+    b = _Builder(world_size, descriptors, fake_mode=fake_mode)
     params = _params(layers)
     shards = [b.placeholder(_param_name(k, descriptors), (rows, DIM), parameter=True)
               for k, (_, _, rows) in enumerate(params)]
@@ -174,14 +185,15 @@ def forward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = Fa
 
 
 def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = False,
-                   regather: bool = False, hsdp: Hsdp = None) -> Synthetic:
-    """The backward graph of ``layers`` (see the module docstring); ``regather``: all-gather the weights again.
+                   regather: bool = False, hsdp: Hsdp = None, fake_mode: FakeTensorMode | None = None) -> Synthetic:
+    """The backward graph of ``layers`` (see the module docstring); ``regather``: all-gather the weights again;
+    ``fake_mode``: see ``with_fake_values``.
 
     ``hsdp``: also all-reduce every gradient (HSDP's replicate half, on the same group here, so one fake process
     group serves): ``"all_reduce_first"`` as torchtitan's DTensor does (``all_reduce -> wait -> reduce_scatter``),
     ``"reduce_scatter_first"`` as FSDP2 does (``reduce_scatter -> wait -> all_reduce -> wait -> output``)."""
     _check(layers)
-    b = _Builder(world_size, descriptors, stamp=True)
+    b = _Builder(world_size, descriptors, stamp=True, fake_mode=fake_mode)
     params = _params(layers)
     weights: list[fx.Node] = []
     for k, (_, _, rows) in enumerate(params):
@@ -207,13 +219,15 @@ def backward_graph(layers: Layers, *, world_size: int = 2, descriptors: bool = F
     return b.finish((*(grads[k] for k in range(len(params))), gy), "backward", layers)
 
 
-def captured_step(layers: Layers, *, world_size: int = 2) -> CapturedStep:
+def captured_step(layers: Layers, *, world_size: int = 2, fake_mode: FakeTensorMode | None = None) -> CapturedStep:
     """A two-graph step (forward, and backward re-gathering every weight) built without tracing: what
-    ``explain``, ``compare`` and ``tune`` take."""
+    ``explain``, ``compare`` and ``tune`` take. Its graphs share one fake mode (``fake_mode``, else a new one): a
+    traced step is one capture too."""
     from overlapcfg.passes.backend import CapturedStep
 
-    fw, bw = forward_graph(layers, world_size=world_size), backward_graph(layers, world_size=world_size,
-                                                                          regather=True)
+    mode = fake_mode or FakeTensorMode()
+    fw = forward_graph(layers, world_size=world_size, fake_mode=mode)
+    bw = backward_graph(layers, world_size=world_size, regather=True, fake_mode=mode)
     owners = tuple(dict.fromkeys(fw.owners.values()))
     return CapturedStep(forward=fw.gm, backward=bw.gm, module_fqns=fw.module_fqns,
                         param_fqns=tuple(f"{o}.weight" for o in owners), param_owners=owners, collectives=(),

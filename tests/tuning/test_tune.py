@@ -50,6 +50,15 @@ def synthetic_step(layers: list[list[int]] = LAYERS) -> CapturedStep:
     return captured_step(layers)
 
 
+@pytest.fixture(scope="module")
+def step() -> CapturedStep:
+    """One ``synthetic_step()`` for the file's tests, which only read it (``apply`` rewrites a copy; tuning leaves
+    the step as it was, as ``test_tuning_leaves_the_step_as_it_was`` checks): each bucket merge is then traced once
+    for the file, not once per test (traces are kept per capture, ``overlapcfg.graph.traces``), and the search's
+    step-only derivations are made once (``overlapcfg.tuning.step_cache``)."""
+    return synthetic_step()
+
+
 def _random_config(rng: random.Random, n_layers: int) -> dict[str, Any]:
     plan = rng.choice([["layers.*"], [{"modules": ["layers.*"], "group_size": 2}], [["layers.0", "layers.1"],
                                                                                        "layers.2:6"], [["*"]]])
@@ -70,10 +79,9 @@ def _quick(step: CapturedStep, profile: Any, cfg: overlapcfg.OverlapConfig) -> A
 
 
 @pytest.mark.parametrize("hardware, seed", [("cpu_gloo", 7), ("h100_nvlink", 8)])
-def test_quick_score_equals_the_full_simulation(hardware: str, seed: int) -> None:
+def test_quick_score_equals_the_full_simulation(step: CapturedStep, hardware: str, seed: int) -> None:
     """Grouping, depths, delays, caps, issue orders and per-bucket overrides: the profile replay gives the step
     time, exposed communication and both memory peaks of a real apply + simulate."""
-    step = synthetic_step()
     profile = build_profile(step, overlapcfg.load_hardware(hardware), world_size=8)
     rng = random.Random(seed)
     configs = [overlapcfg.load_config(_random_config(rng, len(LAYERS))) for _ in range(7)]
@@ -106,11 +114,10 @@ def _calibrated(hardware: str) -> overlapcfg.HardwareProfile:
         "collectives": {"intra_node": {"all_gather": fit, "reduce_scatter": {**fit, "issue_bandwidth": None}}}})
 
 
-def test_quick_score_equals_the_full_simulation_with_measured_costs_and_fits() -> None:
+def test_quick_score_equals_the_full_simulation_with_measured_costs_and_fits(step: CapturedStep) -> None:
     """Profile-guided costs (measured node durations of the untransformed step) and a calibrated profile (fitted
     collectives with issue time): the tuner's quick score still equals a real apply + simulate, and the
     simulation says which nodes were measured."""
-    step = synthetic_step()
     costs, hw = _measured_costs(step, seed=4), _calibrated("cpu_gloo")
     profile = build_profile(step, hw, world_size=8, node_costs=costs)
     rng = random.Random(9)
@@ -172,9 +179,8 @@ def test_torch_manual_refuses_an_issue_order_it_cannot_honour() -> None:
                                 "policy": {"issue_order": "reduce_scatter_first"}})
 
 
-def test_tune_respects_the_budget_and_the_yaml_loads_back(tmp_path: Path) -> None:
-    step = synthetic_step()
-    free = tune(step, hardware="cpu_gloo", memory_budget=None, space=SYNTHETIC_SPACE)
+def test_tune_respects_the_budget_and_the_yaml_loads_back(step: CapturedStep, tmp_path: Path) -> None:
+    free = tune(step, hardware="cpu_gloo", memory_budget=None, space=SYNTHETIC_SPACE, verify=False)  # sets the budget
     budget = (min(c.peak_inflight_bytes for c in free.candidates) + free.score.peak_inflight_bytes) // 2
     result = tune(step, hardware="cpu_gloo", memory_budget=budget, space=SYNTHETIC_SPACE)
     assert result.verification is not None
@@ -191,8 +197,7 @@ def test_tune_respects_the_budget_and_the_yaml_loads_back(tmp_path: Path) -> Non
         assert words in text, words
 
 
-def test_a_budget_below_every_candidate_names_the_smallest_feasible_one() -> None:
-    step = synthetic_step()
+def test_a_budget_below_every_candidate_names_the_smallest_feasible_one(step: CapturedStep) -> None:
     with pytest.raises(OverlapConfigError) as err:
         tune(step, hardware="cpu_gloo", memory_budget=1, space=SYNTHETIC_SPACE, config_root="tune", verify=False)
     (fault,) = err.value.faults
@@ -236,8 +241,9 @@ def test_a_memory_budget_of_10_to_the_400_is_a_fault_not_an_overflow() -> None:
              config_root="tune")
 
 
-def test_the_search_is_deterministic() -> None:
-    step = synthetic_step()
+def test_the_search_is_deterministic(step: CapturedStep) -> None:
+    """Two searches on one step give the same result (that a search reusing the step's cache equals one on a fresh
+    step is ``test_step_cache``'s; another hash seed, the slow test below)."""
     runs = [tune(step, hardware="h100_nvlink", world_size=8, memory_budget=None, space=SYNTHETIC_SPACE,
                  verify=False) for _ in range(2)]
     assert runs[0].to_yaml() == runs[1].to_yaml()
@@ -323,9 +329,8 @@ def test_blocks_without_numbers_fall_back_to_one_list_per_bucket() -> None:
                                                           {"blocks.third", "head"}]
 
 
-def test_split_blocks_that_cannot_be_split_is_an_error_naming_why() -> None:
+def test_split_blocks_that_cannot_be_split_is_an_error_naming_why(step: CapturedStep) -> None:
     fqns, owners = _llama(2)
-    step = synthetic_step()
     with pytest.raises(OverlapConfigError, match=r"tune\.space\.split_blocks: blocks cannot be split"):
         tune(step, hardware="cpu_gloo", memory_budget=None, space={"split_blocks": [True]}, config_root="tune")
     assert find_structure(fqns, owners, TuneSpace(block_parts=(("attention",),))).parts is None
@@ -424,11 +429,10 @@ def test_overlapcfg_tune_is_the_search_function_after_the_package_is_imported() 
     {"activation_checkpointing": "full", "fusion": "inductor"},
 ])
 def test_quick_score_equals_the_full_simulation_with_checkpointing_the_optimizer_and_skew(
-        pricing: dict[str, Any]) -> None:
+        step: CapturedStep, pricing: dict[str, Any]) -> None:
     """A chosen checkpointing mode, the optimizer phase, a fused route and the profile's rank skew: the recompute
     is the model's forward whatever the grouping (bucket copies are not recomputed), so the profile replay still
     gives the full simulation's step, compute and exposed communication exactly."""
-    step = synthetic_step()
     hw = overlapcfg.load_hardware("h100_nvlink")
     profile = build_profile(step, hw, world_size=64, pricing=overlapcfg.cost.pricing.pricing_from(pricing))
     rng = random.Random(11)
