@@ -29,7 +29,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -187,9 +187,8 @@ def _search_paused(step: CapturedStep, *, hardware: HardwareProfile | str, world
     others = [c.step_seconds for c in (*presets, *rivals) if budget is None or c.peak_inflight_bytes <= budget]
     winner = choose(pool, ceiling=min(others, default=None))
     everything = [*scored, *presets, *rivals, *refined]
-    result = replace(
-        _result(step, profile, arms, winner, everything, presets, rivals, skipped, space, budget, as_dtype, verify,
-                started, report), competitor_seconds=competitor_seconds)
+    result = _result(step, profile, arms, winner, everything, presets, rivals, skipped, space, budget, as_dtype,
+                     verify, started, report, competitor_seconds=competitor_seconds)
     log.info("tune: %d candidates in %.1fs, best %s (%s)", result.evaluated, result.seconds,
              fmt_seconds(winner.step_seconds), winner.name)
     return result
@@ -365,7 +364,7 @@ def _refine(arm: Arm, start: Candidate, space: TuneSpace, budget: int | None) ->
 def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candidate, everything: list[Candidate],
             presets: list[Candidate], rivals: list[Candidate], skipped: tuple[str, ...], space: TuneSpace,
             budget: int | None, as_dtype: torch.dtype | None, verify: bool, started: float,
-            report: _Reporter) -> TuneResult:
+            report: _Reporter, *, competitor_seconds: float) -> TuneResult:
     def full(c: Candidate) -> Candidate:
         """With its config and the memory replay (the bulk scores skip both)."""
         if c.arm < 0:
@@ -401,7 +400,8 @@ def _result(step: CapturedStep, profile: Profile, arms: list[Arm], winner: Candi
         presets=tuple(presets), competitors=tuple(rivals), lower_bound_seconds=lower_bound(profile), skipped=skipped,
         candidates=tuple(unique), verification=verification, stalls=tuple(stalls), hardware=profile.hardware.name,
         world_size=profile.world_size, memory_budget=budget, as_dtype=as_dtype, space=space,
-        evaluated=len(everything), profile_seconds=profile.seconds, seconds=time.perf_counter() - started,
+        evaluated=len(everything), profile_seconds=profile.seconds, competitor_seconds=competitor_seconds,
+        seconds=time.perf_counter() - started,
         arms=len(arms), facts=profile.plan.facts if profile.plan is not None else StepFacts(),
         peak_flops=profile.hardware.dense_peak(profile.plan.facts.dtype if profile.plan is not None else "float32"),
         pricing=profile.pricing.model_copy(update={"fusion": profile.plan.fusion}).model_dump(mode="json")

@@ -188,6 +188,9 @@ def test_tune_respects_the_budget_and_the_yaml_loads_back(step: CapturedStep, tm
     assert all(c.peak_inflight_bytes <= budget for c in result.top)
     assert result.verification.agreement <= 1e-9
     assert result.evaluated >= 200
+    # The competitors ran (one for each of tune's), and their time is a part of the whole search's.
+    assert result.competitors and 0 < result.competitor_seconds < result.seconds
+    assert result.to_dict()["competitor_seconds"] == result.competitor_seconds
     path = tmp_path / "tuned.yaml"
     path.write_text(result.to_yaml())
     assert overlapcfg.load_config(path) == result.config
