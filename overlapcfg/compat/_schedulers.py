@@ -205,14 +205,15 @@ def upstream_scheduler_scope(*, drop_cyclic_hints: bool = False) -> Iterator[Ups
       logger's one message): ``UpstreamRun.dropped_cyclic_hints`` collects the warnings that logger emits on this
       thread inside the scope. torch 2.11 has neither the setting nor the check: there nothing changes and the list
       stays empty.
-    - **The compute-estimate log nobody reads.** torch 2.13's schedulers build a table of every compute node (its
-      FLOP count by a FLOP counter over the node's fake tensors, both estimates, a summary of its arguments:
-      ``node_runtime_estimation._log_compute_estimations``) whether or not anyone reads it; it only ever reaches
-      torch's structured trace (``TORCH_TRACE`` / ``tlparse``). Where that trace has no reader, the function is
-      replaced by one that does nothing: about 5 CPU seconds of a 32-layer step's ``auto`` +
-      ``collective_bucketing`` apply, 1 of ``auto`` alone (``benchmarks/tune.py``'s first case). With a reader it
-      runs as torch wrote it; the schedule is the same either way (the log is written after the estimates are made
-      and is read by nothing else).
+    - **The estimate logs nobody reads.** torch 2.13's schedulers build two tables whether or not anyone reads
+      them: one of every compute node (its FLOP count by a FLOP counter over the node's fake tensors, both
+      estimates, a summary of its arguments: ``node_runtime_estimation._log_compute_estimations``) and one of every
+      collective (its key and both of torch's estimates: ``_log_collective_benchmarks``). Each only ever reaches
+      torch's structured trace (``TORCH_TRACE`` / ``tlparse``). Where that trace has no reader, both are replaced by
+      a function that does nothing: about 5 CPU seconds of a 32-layer step's ``auto`` + ``collective_bucketing``
+      apply, 1 of ``auto`` alone, for the compute table, and about 4 % of both for the collective one
+      (``benchmarks/tune.py``'s first case). With a reader they run as torch wrote them; the schedule is the same
+      either way (each table is written after the estimates are made and is read by nothing else).
     - **The FSDP pre-bucketing summary.** ``torch/_inductor/fx_passes/fsdp.py`` sets its logger to INFO at import,
       so the automatic scheduler's one-line summary per graph reaches torch's console handler whatever the user
       configured; the overlapcfg command printed two in the middle of its report. Inside the scope, records below
@@ -272,26 +273,29 @@ def _structured_trace_is_read() -> bool:
     return any(not (isinstance(h, LazyTraceHandler) and h.root_dir is None) for h in trace_log.handlers)
 
 
+_UNREAD_LOGS = ("_log_compute_estimations", "_log_collective_benchmarks")
+"""torch's functions (in ``torch._inductor.fx_passes.node_runtime_estimation``) that only build a table for the
+structured trace."""
+
+
 @contextlib.contextmanager
 def _unread_estimate_log_skipped() -> Iterator[None]:
-    """torch's compute-estimate log table replaced by a no-op (see ``upstream_scheduler_scope``); restored on exit.
-    Only ever entered under ``_SCOPE_LOCK``. torch's schedulers import the function from its module at each call,
-    so the module attribute is what they find. A release without it is left as it is."""
+    """torch's estimate log tables (``_UNREAD_LOGS``) replaced by a no-op (see ``upstream_scheduler_scope``);
+    restored on exit. Only ever entered under ``_SCOPE_LOCK``. torch's schedulers import these functions from their
+    module at each call, so the module attribute is what they find. A release without one leaves it as it is."""
     from torch._inductor.fx_passes import node_runtime_estimation as estimation
-
-    original = getattr(estimation, "_log_compute_estimations", None)
-    if original is None:
-        yield
-        return
 
     def unread(*args: object, **kwargs: object) -> None:
         return None
 
-    estimation._log_compute_estimations = unread
+    replaced = [(name, getattr(estimation, name)) for name in _UNREAD_LOGS if hasattr(estimation, name)]
     try:
+        for name, _ in replaced:
+            setattr(estimation, name, unread)
         yield
     finally:
-        estimation._log_compute_estimations = original
+        for name, original in replaced:
+            setattr(estimation, name, original)
 
 
 def _fsdp_logger() -> logging.Logger:

@@ -94,45 +94,52 @@ def test_the_upstream_scheduler_scope_nests_and_puts_torch_back_on_an_error() ->
     assert after == before
 
 
-def test_the_compute_estimate_log_is_skipped_only_while_nobody_reads_torchs_structured_trace() -> None:
-    """torch's schedulers build a per-node estimate table (a FLOP count of every compute node) that only torch's
-    structured trace can receive. Inside the scope, while that trace has no handler, the table is not built; with
-    one open it is built as torch wrote it; on exit torch's function is back either way. The schedule is the same
-    with and without it: ``auto`` applied both ways gives the same graph."""
+def test_the_estimate_logs_are_skipped_only_while_nobody_reads_torchs_structured_trace() -> None:
+    """torch's schedulers build two estimate tables (a FLOP count of every compute node; both estimates of every
+    collective) that only torch's structured trace can receive. Inside the scope, while that trace has no handler,
+    neither is built; with one open both are built as torch wrote them; on exit torch's functions are back either
+    way. The schedule is the same with and without them: ``auto`` applied both ways gives the same graph."""
     import logging
 
     from torch._inductor.fx_passes import node_runtime_estimation as estimation
     from torch._logging._internal import trace_log
 
-    real = estimation._log_compute_estimations
+    names = ("_log_compute_estimations", "_log_collective_benchmarks")
+    real = {name: getattr(estimation, name) for name in names}
     syn = forward_graph(LAYERS)
     cfg = overlapcfg.load_config({"strategy": "auto", "policy": {"collective_bucketing": True}})
-    built: list[int] = []
+    built: dict[str, list[int]] = {name: [] for name in names}
 
-    def recording(nodes: list[torch.fx.Node], *rest: object) -> None:
-        built.append(len(nodes))
-        real(nodes, *rest)
+    def recording(name: str) -> Any:
+        def record(nodes: list[torch.fx.Node], *rest: object, **named: object) -> None:
+            built[name].append(len(nodes))
+            real[name](nodes, *rest, **named)
+        return record
 
+    recorders = {name: recording(name) for name in names}
     listening = list(trace_log.handlers)  # what this process has attached (pytest's capture may be among them)
     for handler in listening:
         trace_log.removeHandler(handler)
-    estimation._log_compute_estimations = recording
+    for name in names:
+        setattr(estimation, name, recorders[name])
     try:
         with compat.upstream_scheduler_scope():
-            assert estimation._log_compute_estimations is not recording
-        assert estimation._log_compute_estimations is recording
+            assert all(getattr(estimation, name) is not recorders[name] for name in names)
+        assert all(getattr(estimation, name) is recorders[name] for name in names)
         with compat.fake_process_group(2, 0):
             skipped = apply(syn.gm, cfg, module_fqns=syn.module_fqns, graph_kind="forward")
-        assert built == []
+        assert built == {name: [] for name in names}
         trace_log.addHandler(reader := logging.NullHandler())
         try:
             with compat.fake_process_group(2, 0):
                 logged = apply(syn.gm, cfg, module_fqns=syn.module_fqns, graph_kind="forward")
         finally:
             trace_log.removeHandler(reader)
-        assert built and all(built)  # built for the reader, once per estimate pass
+        # built for the reader, once per estimate pass, each over a non-empty set of nodes
+        assert all(built[name] and all(built[name]) for name in names), built
     finally:
-        estimation._log_compute_estimations = real
+        for name in names:
+            setattr(estimation, name, real[name])
         for handler in listening:
             trace_log.addHandler(handler)
     assert skipped.code == logged.code
