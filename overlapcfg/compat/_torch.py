@@ -135,12 +135,30 @@ def is_op_overload(target: object) -> bool:
     return isinstance(target, _OpOverload)
 
 
+_FORMULA_OF: dict[int, tuple[object, int, Callable[..., int] | None]] = {}
+"""Op identity -> (op, FLOP-registry size when looked up, formula): the cost model asks for every node of a step
+many times over, and an op overload hashes in Python. The entry holds the op, so no other object takes its id."""
+
+
+def flop_registry_size() -> int:
+    """How many formulas torch's FLOP registry holds: registering one (``register_flop_formula``) only adds, so a
+    lookup made at another size may be stale."""
+    return len(_flop_counter.flop_registry)
+
+
 def flop_formula(target: object) -> Callable[..., int] | None:
     """torch's FLOP formula for an op (``torch.utils.flop_counter``), CPU attention kernels included; else None."""
+    size = len(_flop_counter.flop_registry)
+    known = _FORMULA_OF.get(id(target))
+    if known is not None and known[0] is target and known[1] == size:
+        return known[2]
     packet = getattr(target, "overloadpacket", None)
     if packet in _EXTRA_FLOPS:
-        return _EXTRA_FLOPS[packet]
-    return _flop_counter.flop_registry.get(packet) or _flop_counter.flop_registry.get(target)
+        formula: Callable[..., int] | None = _EXTRA_FLOPS[packet]
+    else:
+        formula = _flop_counter.flop_registry.get(packet) or _flop_counter.flop_registry.get(target)
+    _FORMULA_OF[id(target)] = (target, size, formula)
+    return formula
 
 
 def is_plain_input_descriptor(desc: object) -> bool:
@@ -195,8 +213,8 @@ def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | N
     return writes, alias
 
 
-__all__ += ["ArgumentRef", "flop_formula", "is_functional_collective", "is_op_overload", "is_plain_input_descriptor",
-            "is_saved_for_backward_descriptor", "op_effects", "op_name"]
+__all__ += ["ArgumentRef", "flop_formula", "flop_registry_size", "is_functional_collective", "is_op_overload",
+            "is_plain_input_descriptor", "is_saved_for_backward_descriptor", "op_effects", "op_name"]
 
 class GraphSnapshot:
     """What a graph is now, kept to rebuild it as an independent copy later, if a pass fails half-way.

@@ -52,12 +52,36 @@ def tensor_bytes(t: torch.Tensor, as_dtype: torch.dtype | None = None) -> int:
     return int(t.numel()) * size
 
 
+_KIND_OF_TARGET: dict[int, tuple[object, int, NodeKind]] = {}
+"""Op identity -> (op, FLOP-registry size when classified, kind), for the ops whose nodes' kind is the op's alone
+(see ``node_kind``). Keyed by ``id`` because an op overload hashes in Python, a cost paid per node otherwise (the
+cost model asks about every node of a step many times over); the entry holds the op, so no other object can take
+its id while it is cached."""
+
+
 def node_kind(node: fx.Node) -> NodeKind:
     """How the cost model treats ``node``: ``collective`` starts, ``wait``s, ``compute`` (has a FLOP formula),
     ``memory`` (other kernels: bandwidth-bound), ``free`` (no kernel: ``overlapcfg.graph.ops.is_free``) and ``io``
-    (placeholders, output)."""
+    (placeholders, output).
+
+    For an op overload other than ``wait_tensor`` the answer depends on the op alone (only a wait, or a
+    ``control_deps`` wrapper, which is no op overload, answers by its arguments), so it is looked up once per op.
+    A FLOP formula (``is_compute_node``) registered after a lookup is seen: the registry's size is part of the key.
+    """
     if node.op != "call_function":
         return "io"
+    target = node.target
+    size = compat.flop_registry_size()
+    known = _KIND_OF_TARGET.get(id(target))
+    if known is not None and known[0] is target and known[1] == size:
+        return known[2]
+    kind = _kind_by_arguments(node)
+    if compat.is_op_overload(target) and target is not compat.WAIT_TENSOR:
+        _KIND_OF_TARGET[id(target)] = (target, size, kind)
+    return kind
+
+
+def _kind_by_arguments(node: fx.Node) -> NodeKind:
     if started_by(node) is not None:  # a wait, also one insert_overlap_deps wrapped in control_deps
         return "wait"
     if is_collective_start(node):
