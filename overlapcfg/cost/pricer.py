@@ -31,7 +31,7 @@ from overlapcfg.cost.prediction import ComputePart
 from overlapcfg.cost.price import compute_seconds, node_flops, node_kind
 from overlapcfg.cost.pricing import Pricing
 from overlapcfg.cost.pricing_plan import StepPlan, step_plan
-from overlapcfg.cost.recompute import plan_recompute
+from overlapcfg.cost.recompute import priced_recompute
 
 __all__ = ["NodePrice", "measured_footing", "node_seconds", "priced_plan"]
 
@@ -115,7 +115,7 @@ def priced_plan(graphs: Sequence[fx.GraphModule], names: Sequence[str], hw: Hard
     """The step's plan (``overlapcfg.cost.pricing_plan.step_plan``) with its recompute priced by ``node_seconds`` under
     that plan, and the footing of ``node_costs`` under it (None without); a checkpointing mode that cannot be priced
     is an ``OverlapConfigError`` at ``path``."""
-    plan = step_plan(graphs, names, hw, pricing, as_dtype=as_dtype)
+    plan = step_plan(graphs, names, hw, pricing, as_dtype=as_dtype, path=path)
     footing = measured_footing(list(zip(names, graphs, strict=True)), hw, node_costs, world_size=world_size,
                                traced_world_size=traced_world_size, as_dtype=as_dtype, plan=plan) \
         if node_costs is not None else None
@@ -125,5 +125,4 @@ def priced_plan(graphs: Sequence[fx.GraphModule], names: Sequence[str], hw: Hard
                             traced_world_size=traced_world_size, as_dtype=as_dtype, plan=plan, graph_index=gi,
                             footing=footing).seconds
 
-    return replace(plan, recompute=plan_recompute(graphs, names, pricing.activation_checkpointing, price,
-                                                  path=path, chains=plan.chains)), footing
+    return replace(plan, recompute=priced_recompute(plan.recompute_nodes, price)), footing

@@ -7,15 +7,21 @@ shared by the simulator and the tuner's profile (``overlapcfg.cost.simulator.nod
 - fusion: on a compiled route, what each memory-bound node moves inside its fused group
   (``overlapcfg.cost.fusion``);
 - recompute: what activation checkpointing recomputes, found in the trace or added by a chosen mode
-  (``overlapcfg.cost.recompute``);
+  (``overlapcfg.cost.recompute``: the nodes here, their seconds by ``overlapcfg.cost.pricer.priced_plan``);
 - the optimizer step and gradient clipping after the backward, over this rank's shard (``OptimizerStep``);
 - the step's model facts for throughput: tokens a rank processes per step and the model's parameters
   (``overlapcfg.cost.throughput``).
+
+None of it depends on the machine beyond its device kind (which picks the fusion), so a caller that prices the same
+unchanged graphs on many machines (the tuner: its profile and the competitors, search after search) can keep the
+plans: ``step_plans_kept(store)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+from collections.abc import Hashable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -26,10 +32,10 @@ from overlapcfg.cost.fusion import chain_nodes, fusion_plan
 from overlapcfg.cost.hardware import HardwareProfile
 from overlapcfg.cost.price import collective_cost, memory_rate
 from overlapcfg.cost.pricing import Pricing
-from overlapcfg.cost.recompute import Recompute
+from overlapcfg.cost.recompute import Recompute, RecomputeShape, recompute_shape
 from overlapcfg.cost.throughput import StepFacts, step_facts
 
-__all__ = ["OptimizerStep", "StepPlan", "optimizer_step", "step_plan"]
+__all__ = ["OptimizerStep", "StepPlan", "optimizer_step", "step_plan", "step_plans_kept"]
 
 OPTIMIZER_BYTES = {"sgd": 12, "adamw": 28}
 """Bytes an optimizer moves per fp32 parameter of the shard: SGD reads the parameter and its gradient and writes
@@ -64,6 +70,9 @@ class StepPlan:
     chains: tuple[frozenset[fx.Node], ...] = ()
     """Per graph, the nodes of collective chains (``overlapcfg.cost.fusion.chain_nodes``): priced by bytes alone."""
     recompute: Recompute = field(default_factory=lambda: Recompute("as traced"))
+    """The recompute priced (``overlapcfg.cost.pricer.priced_plan`` fills it in from ``recompute_nodes``)."""
+    recompute_nodes: RecomputeShape = field(default_factory=lambda: RecomputeShape("as traced"))
+    """What ``pricing.activation_checkpointing`` recomputes, before pricing."""
     facts: StepFacts = field(default_factory=StepFacts)
 
     def role(self, graph: int, node: fx.Node) -> AttentionRole | None:
@@ -85,16 +94,41 @@ class StepPlan:
         return self.fusion == "eager"
 
 
+_KEPT: contextvars.ContextVar[MutableMapping[Hashable, StepPlan] | None] = contextvars.ContextVar(
+    "overlapcfg_kept_step_plans", default=None)
+
+
+@contextlib.contextmanager
+def step_plans_kept(store: MutableMapping[Hashable, StepPlan]) -> Iterator[None]:
+    """Within the block, ``step_plan`` answers from ``store`` for graphs it planned before with the same settings,
+    and keeps what it plans there. For a caller that prices the same graphs, unchanged, on many machines, and owns
+    them as long as ``store`` (the keys hold the graph modules, so no other graph can be mistaken for one)."""
+    token = _KEPT.set(store)
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
 def step_plan(graphs: Sequence[fx.GraphModule], names: Sequence[str], hw: HardwareProfile, pricing: Pricing, *,
-              as_dtype: torch.dtype | None = None) -> StepPlan:
-    """The plan of a step (see the module docstring), recompute left to ``with_recompute``: its seconds are the
-    nodes' prices under this plan."""
+              as_dtype: torch.dtype | None = None, path: str = "pricing.activation_checkpointing") -> StepPlan:
+    """The plan of a step (see the module docstring), the recompute's nodes found but not priced (a mode the model
+    cannot price is an ``OverlapConfigError`` at ``path``); kept where a ``step_plans_kept`` block is open."""
     fusion = pricing.fusion_for(hw.device_kind)
+    store = _KEPT.get()
+    key = (tuple(graphs), tuple(names), pricing, fusion, as_dtype)
+    if store is not None and key in store:
+        return store[key]
     chains = tuple(frozenset(chain_nodes(g)) for g in graphs)
     fused = tuple(fusion_plan(g, as_dtype, set(c)) for g, c in zip(graphs, chains, strict=True)) \
         if fusion == "inductor" else ()
-    return StepPlan(pricing=pricing, fusion=fusion, attention=attention_plan(graphs), fused=fused, chains=chains,
+    plan = StepPlan(pricing=pricing, fusion=fusion, attention=attention_plan(graphs), fused=fused, chains=chains,
+                    recompute_nodes=recompute_shape(graphs, names, pricing.activation_checkpointing, path=path,
+                                                    chains=chains),
                     facts=step_facts(graphs, names, pricing, as_dtype))
+    if store is not None:
+        store[key] = plan
+    return plan
 
 
 def optimizer_step(plan: StepPlan, hw: HardwareProfile, shard_params: int, shard_ranks: int) -> OptimizerStep:

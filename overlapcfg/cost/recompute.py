@@ -36,7 +36,7 @@ from overlapcfg.cost.price import node_flops, node_kind
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.attribution import module_fqn
 
-__all__ = ["Recompute", "block_of", "plan_recompute", "traced_recompute"]
+__all__ = ["Recompute", "RecomputeShape", "block_of", "priced_recompute", "recompute_shape", "traced_recompute"]
 
 _SELECTIVE_MATMULS = ("aten.mm.default", "aten.addmm.default")
 """The matmuls torchtitan's selective policy counts (``aten.mm``; a linear with a bias traces to ``addmm``)."""
@@ -91,19 +91,49 @@ class Recompute:
                 f"{1e3 * self.seconds:.4g} ms, {verb}")
 
 
-def plan_recompute(graphs: Sequence[fx.GraphModule], names: Sequence[str], mode: str,
-                   price: Callable[[int, fx.Node], float], *, path: str = "pricing.activation_checkpointing",
-                   chains: Sequence[frozenset[fx.Node]] = ()) -> Recompute:
-    """What ``mode`` recomputes in the step ``graphs`` (forward then backward, named ``names``): see the module
-    docstring. ``price(graph index, node)`` is a node's seconds as priced. ``chains``: per graph, the nodes of
-    collective chains (a bucket's copies, a shard's cast): not the model's compute, never recomputed by a mode,
-    and what the bucketing pass changes (so the recompute is the same whatever the grouping). A mode the model
-    cannot price here is an ``OverlapConfigError`` at ``path``."""
+@dataclass(frozen=True, slots=True)
+class RecomputeShape:
+    """What a mode recomputes in a step before anything is priced: graph facts only, so a step priced on several
+    machines (the tuner's searches) works them out once (``overlapcfg.cost.pricing_plan.step_plans_kept``)."""
+
+    mode: str
+    """As ``Recompute.mode``."""
+    groups: tuple[tuple[int, tuple[fx.Node, ...], fx.Node | None], ...] = ()
+    """``(graph index, nodes, where)``: nodes priced in that graph, their seconds charged at ``where`` (a block's
+    first backward matmul) or only counted (None: recompute found in the trace, priced where it stands)."""
+    flops: int = 0
+    forward_flops: int = 0
+
+    @property
+    def nodes(self) -> int:
+        return sum(len(nodes) for _, nodes, _ in self.groups)
+
+
+def priced_recompute(shape: RecomputeShape, price: Callable[[int, fx.Node], float]) -> Recompute:
+    """``shape`` with its nodes' seconds: ``price(graph index, node)`` is a node's seconds as priced."""
+    at: dict[fx.Node, float] = {}
+    seconds = 0.0
+    for gi, nodes, where in shape.groups:
+        cost = sum(price(gi, n) for n in nodes)
+        seconds += cost
+        if where is not None:
+            at[where] = at.get(where, 0.0) + cost
+    return Recompute(shape.mode, nodes=shape.nodes, flops=shape.flops, seconds=seconds,
+                     forward_flops=shape.forward_flops, at=at)
+
+
+def recompute_shape(graphs: Sequence[fx.GraphModule], names: Sequence[str], mode: str, *,
+                    path: str = "pricing.activation_checkpointing",
+                    chains: Sequence[frozenset[fx.Node]] = ()) -> RecomputeShape:
+    """What ``mode`` recomputes in the step ``graphs`` (forward then backward, named ``names``), before pricing.
+    ``chains``: per graph, the nodes of collective chains (a bucket's copies, a shard's cast): not the model's
+    compute, never recomputed by a mode, and what the bucketing pass changes (so the recompute is the same
+    whatever the grouping). A mode the model cannot price here is an ``OverlapConfigError`` at ``path``."""
     if "forward" not in names or "backward" not in names:
         if mode in ("selective", "full"):
             raise OverlapConfigError.single(path, f"{mode!r} needs the step's forward and backward graphs (got "
                                                   f"{', '.join(names)}); price a whole step, or as_traced")
-        return Recompute(mode.replace("_", " "))
+        return RecomputeShape(mode.replace("_", " "))
     fi, bi = list(names).index("forward"), list(names).index("backward")
     forward, backward = graphs[fi], graphs[bi]
     found = traced_recompute(forward, backward)
@@ -117,9 +147,8 @@ def plan_recompute(graphs: Sequence[fx.GraphModule], names: Sequence[str], mode:
                 f"'none', but the trace recomputes {len(checkpoints)} FLOP-counted forward nodes in its backward "
                 f"({checkpoints[0].name}, ...): it was traced with activation checkpointing; predict with "
                 "as_traced, or trace the model without checkpointing"))
-        return Recompute("as traced" if mode == "as_traced" else "none", nodes=len(found),
-                         flops=sum(node_flops(n) for n in found), seconds=sum(price(bi, n) for n in found),
-                         forward_flops=forward_flops)
+        return RecomputeShape("as traced" if mode == "as_traced" else "none", groups=((bi, tuple(found), None),),
+                              flops=sum(node_flops(n) for n in found), forward_flops=forward_flops)
     if mode not in ("selective", "full"):
         raise OverlapConfigError.single(path, f"cannot price activation checkpointing {mode!r}; the modes are "
                                               "as_traced, none, selective, full")
@@ -149,17 +178,12 @@ def plan_recompute(graphs: Sequence[fx.GraphModule], names: Sequence[str], mode:
             "index, like layers.3); this model's checkpointing cannot be priced: trace it with checkpointing and "
             "predict as_traced"))
     starts = _block_starts(backward, set(chosen))
-    at: dict[fx.Node, float] = {}
-    seconds = 0.0
+    groups = []
     for block, nodes in chosen.items():
-        cost = sum(price(fi, n) for n in nodes)
-        seconds += cost
         where = starts.get(block) or next((n for n in backward.graph.nodes if node_kind(n) == "compute"), None)
-        if where is not None:
-            at[where] = at.get(where, 0.0) + cost
-    nodes = [n for ns in chosen.values() for n in ns]
-    return Recompute(mode, nodes=len(nodes), flops=sum(node_flops(n) for n in nodes), seconds=seconds,
-                     forward_flops=forward_flops, at=at)
+        groups.append((fi, tuple(nodes), where))
+    return RecomputeShape(mode, groups=tuple(groups), flops=sum(node_flops(n) for ns in chosen.values() for n in ns),
+                          forward_flops=forward_flops)
 
 
 def _block_starts(backward: fx.GraphModule, blocks: set[str]) -> dict[str, fx.Node]:

@@ -28,7 +28,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from overlapcfg.config.load import validate_value
 from overlapcfg.cost.hardware import HardwareProfile, load_hardware
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.cost.pricing import Pricing, pricing_from
+from overlapcfg.cost.pricing_plan import StepPlan, step_plans_kept
 from overlapcfg.cost.throughput import StepFacts
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.graph.agreement import decided_on_rank_zero
@@ -147,8 +148,12 @@ def _search_paused(step: CapturedStep, *, hardware: HardwareProfile | str, world
     report = _Reporter(progress, started)
     report("profile", 0, 1, None)
     where = pricing_path or f"{prefix}pricing"
-    profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype, node_costs=node_costs,
-                            pricing=pricing_from(pricing, path=where), pricing_path=where)
+    # The graphs the profile and the competitors price are the step cache's, unchanged from search to search: their
+    # pricing plans are kept with them (the winner's check prices a new graph each time, and keeps nothing).
+    kept: dict[Hashable, StepPlan] = cached(step, "step plans", dict)
+    with step_plans_kept(kept):
+        profile = build_profile(step, hw, world_size=ws, as_dtype=as_dtype, node_costs=node_costs,
+                                pricing=pricing_from(pricing, path=where), pricing_path=where)
     structure = find_structure(step.module_fqns, step.param_owners, space, root=f"{prefix}space",
                                module_types=step.module_types, facts=_unit_facts(profile))
     if structure.found:
@@ -168,7 +173,8 @@ def _search_paused(step: CapturedStep, *, hardware: HardwareProfile | str, world
     presets, skipped = score_presets(step, profile)
     report("competitors", 0, len(COMPETITORS), _best(scored, budget))
     competing = time.perf_counter()
-    rivals, _, failed = competitors(step, profile)
+    with step_plans_kept(kept):
+        rivals, _, failed = competitors(step, profile)
     competitor_seconds = time.perf_counter() - competing
     skipped = (*skipped, *failed)
     fits = [c for c in (*scored, *presets, *rivals) if budget is None or c.peak_inflight_bytes <= budget]

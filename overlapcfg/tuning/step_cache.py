@@ -2,9 +2,10 @@
 
 ``tune`` is often called on one traced step many times (``benchmarks/tune.py``: 2 machines x 4 world sizes; a
 user trying budgets). Some of what a search derives depends on the step and nothing else: the unit plan applied
-for the profile, the competitors applied by their own rules (``overlapcfg.tuning.competitors``), each grouping's
-plan and resolution, each preset's resolution. Rewriting graphs is machine-independent (the machine only prices
-the result), so these are made once per step and every later search reuses them; what depends on the machine
+for the profile, the competitors applied by their own rules (``overlapcfg.tuning.competitors``), the pricing plans
+of those graphs (``overlapcfg.cost.pricing_plan.step_plans_kept``: what fuses, what checkpointing recomputes), each
+grouping's plan and resolution, each preset's resolution. Rewriting graphs is machine-independent (the machine only
+prices the result), so these are made once per step and every later search reuses them; what depends on the machine
 (prices, scores, simulations) is never kept here. Nor is the winner's verified apply: winners differ from search to
 search, and keeping a graph pair per winner would grow without bound for the rare search that repeats one.
 

@@ -38,8 +38,10 @@ def _search(step: Any, **kwargs: Any) -> overlapcfg.TuneResult:
 def test_a_search_reusing_the_steps_cache_equals_one_on_a_fresh_step_and_applies_nothing_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The second search on one step reads the unit graphs, the competitors, the plans and the presets from the
-    cache (the unit plan and each competitor applied once; the winner is verified by each search); every number and
-    decision equals that of a search on a step never seen, which applies them all anew."""
+    cache (the unit plan and each competitor applied once, their pricing plans made once; the winner is verified,
+    and its new graph planned, by each search); every number and decision equals that of a search on a step never
+    seen, which applies and plans them all anew."""
+    from overlapcfg.cost import pricing_plan
     from overlapcfg.tuning import competitors, profile, search
 
     calls: list[str] = []
@@ -57,15 +59,23 @@ def test_a_search_reusing_the_steps_cache_equals_one_on_a_fresh_step_and_applies
         calls.append("winner")
         return real_explain(step, cfg)
 
+    real_shape = pricing_plan.recompute_shape
+
+    def recompute_shape(*args: Any, **kwargs: Any) -> Any:  # called once per pricing plan made
+        calls.append("plan")
+        return real_shape(*args, **kwargs)
+
     monkeypatch.setattr(profile, "apply_step", apply_step)
+    monkeypatch.setattr(pricing_plan, "recompute_shape", recompute_shape)
     monkeypatch.setattr(competitors, "explain", explain)
     monkeypatch.setattr(search, "explain", verified)
-    once = ["auto", "auto", "none", "units"]
+    once = ["auto", "auto", "none", "units", *["plan"] * 4]  # applied and planned once: the units, 3 competitors
+    each = ["winner", "plan"]  # by every search
     step = captured_step(LAYERS)
     first, again = _search(step), _search(step)
-    assert sorted(calls) == sorted([*once, "winner", "winner"])
+    assert sorted(calls) == sorted([*once, *each, *each])
     fresh = _search(captured_step(LAYERS))
-    assert sorted(calls) == sorted([*once, *once, "winner", "winner", "winner"])
+    assert sorted(calls) == sorted([*once, *once, *each, *each, *each])
     assert _outcome(again) == _outcome(first) == _outcome(fresh)
     assert again.to_yaml() == fresh.to_yaml()
 
