@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -88,8 +89,10 @@ def _hf() -> CapturedStep:
 
 
 def _torchtitan_sequence_parallel() -> CapturedStep:
-    """torchtitan's own FSDP + TP + SP Llama on a 2 x 2 mesh, built and captured in overlapcfg's fake group."""
-    with compat.fake_process_group(4, 0):
+    """torchtitan's own FSDP + TP + SP Llama on a 2 x 2 mesh, built and captured in overlapcfg's fake group, at one
+    layer (``tests/thirdparty/models.LAYERS`` is 2): the meshes and DTensor caches at stake are the model's, not a
+    layer's, and dynamo's time grows with the layers (this capture was half the test's time at two)."""
+    with mock.patch.object(M, "LAYERS", 1), compat.fake_process_group(4, 0):
         model, make_batch = M.torchtitan_llama3("fsdp_tp")
         inputs, loss_fn = make_batch()
         return overlapcfg.capture_step(model, inputs, loss_fn=loss_fn)
