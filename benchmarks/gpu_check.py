@@ -209,7 +209,7 @@ def bitwise(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def one_rank(sizes: Sizes, device: torch.device, compiler: str, steps: int, param_dtype: torch.dtype | None,
-             calibrate_s: float) -> dict[str, Any]:
+             calibrate_s: float, cache_bytes: int | None = None) -> dict[str, Any]:
     """Part 1 (and part 3, which needs the same live group)."""
     runs: dict[str, dict[str, Any]] = {}
     out: dict[str, Any] = {"configs": [], "calibration": None}
@@ -227,7 +227,7 @@ def one_rank(sizes: Sizes, device: torch.device, compiler: str, steps: int, para
                 row.update(bitwise(reference, run))
             out["configs"].append(row)
         graphs = next((r["_graphs"] for r in runs.values() if "_graphs" in r), [])
-        out["calibration"] = calibrate(graphs, device, calibrate_s)
+        out["calibration"] = calibrate(graphs, device, calibrate_s, cache_bytes)
     return out
 
 
@@ -271,11 +271,12 @@ def fake_group_compile(sizes: Sizes, device: torch.device, cfg: dict[str, Any],
 
 # --- part 3: calibrate ---------------------------------------------------------------------------------------------
 
-def calibrate(graphs: list[Any], device: torch.device, budget_s: float) -> dict[str, Any]:
+def calibrate(graphs: list[Any], device: torch.device, budget_s: float,
+              cache_bytes: int | None = None) -> dict[str, Any]:
     """``overlapcfg.calibrate`` in part 1's live group at its graphs' matmul shapes (not saved)."""
     try:
         profile = overlapcfg.calibrate(step=matmul_mix(graphs), name="gpu_check", budget_s=budget_s, save=False,
-                                       device=device)
+                                       device=device, cache_bytes=cache_bytes)
     except Exception as err:
         return {"error": _error(err)}
     return {"profile": profile.model_dump(mode="json", exclude_none=True), "_profile": profile}
@@ -350,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fake-config", choices=tuple(CONFIGS), default="depth 2",
                         help="the config part 2 applies before lowering")
     parser.add_argument("--calibrate-s", type=float, default=None, help="calibration budget (default 30; small 5)")
+    parser.add_argument("--cache-mib", type=int, default=None,
+                        help="the last-level cache calibration times memory beyond (default: what the device reports)")
     parser.add_argument("--nondeterministic", action="store_true",
                         help="leave torch.use_deterministic_algorithms off (on by default, warn-only: a kernel "
                              "without a deterministic version warns instead of failing)")
@@ -379,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
     ok = True
     if "one_rank" not in args.skip:
-        result["one_rank"] = one_rank(sizes, device, compiler, steps, param_dtype, calibrate_s)
+        result["one_rank"] = one_rank(sizes, device, compiler, steps, param_dtype, calibrate_s,
+                                      None if args.cache_mib is None else args.cache_mib * 2**20)
         rows = result["one_rank"]["configs"]
         ok = all("error" not in r and r.get("losses_equal", True) and r.get("grads_equal", True) for r in rows)
         ok = ok and "error" not in (result["one_rank"]["calibration"] or {})

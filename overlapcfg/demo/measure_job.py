@@ -63,6 +63,9 @@ class CalibrateSettings(ConfigModel):
     device (``cpu_gloo`` on CPU, the shipped GPU profile closest to the GPU). Not the ``hardware`` group, whose
     default is the CPU profile: on a GPU its 50 us latency and 5 GB/s links would stand in for what is not
     measured."""
+    cache_bytes: ByteCount | None = None
+    """The last-level cache the memory bandwidth is timed beyond; null: the size the device reports. Give it where
+    a virtual machine reports a cache it does not have (``overlapcfg.calibrate``'s ``cache_bytes``)."""
 
 
 class MeasureSettings(ConfigModel):
@@ -206,7 +209,8 @@ def run_calibrate(cfg: DictConfig, output_dir: Path, console: Console) -> Path:
         with bar:
             task = bar.add_task("calibrate", total=1)
             profile = calibrate(groups, step=step, name=settings.name, base=settings.base, budget_s=settings.budget_s,
-                                max_bytes=settings.max_bytes, device=default_device(), save=False, progress=show)
+                                max_bytes=settings.max_bytes, device=default_device(), save=False, progress=show,
+                                cache_bytes=settings.cache_bytes)
         measured = ", ".join(f"{n} ({dist.get_world_size(g)} ranks)" for n, g in groups.items())
         seconds = profile.calibration.seconds if profile.calibration is not None else 0.0
         console.print(f"[green]✓[/green] calibrated {measured} on {backend} x {world_size} in {seconds:.0f} s")

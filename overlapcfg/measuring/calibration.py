@@ -27,6 +27,7 @@ the compute stream; issuing a collective costs the compute stream nothing there,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import socket
@@ -42,6 +43,8 @@ import torch.distributed as dist
 from torch import fx
 
 from overlapcfg._version import __version__
+from overlapcfg.config.base import ByteCount
+from overlapcfg.config.load import validate_value
 from overlapcfg.cost.achievable import Achievable, MatmulRate, MatmulRates, MemoryRate, Skew, TimedMatmul
 from overlapcfg.cost.hardware import (
     HardwareProfile,
@@ -118,7 +121,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
               base: HardwareProfile | str | None = None, budget_s: float = 60.0, max_bytes: int | None = None,
               dtype: torch.dtype | None = None, device: torch.device | str | None = None,
               save: bool | Path = True, progress: Callable[[CalibrationProgress], None] | None = None,
-              ) -> CalibratedProfile:
+              cache_bytes: int | None = None) -> CalibratedProfile:
     """Measure collectives on ``groups`` (``{name: group}``; default the whole world as ``world``), kernels at
     ``step``'s matmul shapes (a ``CapturedStep``, its graphs, or their ``matmul_mix``) in fp32 and bf16, and the
     contention between the two; return the calibrated profile, the same on every rank (a ``CalibratedProfile``:
@@ -130,13 +133,21 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     few sizes whatever the budget). ``max_bytes``: the largest collective (default 64 MiB on CPU, 1 GiB on CUDA).
     ``dtype``: of collectives and of the contention runs' compute (default: the step's matmuls', else float32).
     ``save``: rank 0 writes the YAML to ``hardware_home()/<name>.yaml`` (True), to a given path, or not at all
-    (False). Every rank of the default group must call it with the same arguments.
+    (False). ``cache_bytes``: the last-level cache the memory bandwidth is timed beyond (default: the size the
+    device reports, ``overlapcfg.measuring.device``); the memory kernels run up to a few times it (capped at 1 GiB
+    on a CPU), which is most of a short calibration on a CPU reporting hundreds of MiB. Give it where a virtual
+    machine reports a cache it does not have; a smaller one times a faster, smaller range (the cache's bandwidth
+    where the real cache is larger, and the profile's notes say which was used). Every rank of the default group
+    must call it with the same arguments.
     """
+    given_cache = None if cache_bytes is None else validate_value(ByteCount, cache_bytes, path="calibrate.cache_bytes")
     if not dist.is_initialized():
         raise OverlapStateError("calibrate: no process group; run under torchrun (or init_process_group) on every rank")
     started = time.perf_counter()
     clock = Clock(device if device is not None else default_device())
     facts = device_facts(clock)
+    if given_cache is not None:
+        facts = dataclasses.replace(facts, cache_bytes=given_cache, cache_reported=facts.cache_bytes)
     base_hw = base_profile(base, facts)
     if isinstance(step, MatmulMix):
         mix = step
@@ -329,6 +340,9 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
                      "or a kernel or link the formula does not describe (one matmul rate for shapes of very "
                      "different efficiency). Predictions inherit it: rerun on an idle machine, with a larger "
                      "calibrate.budget_s, and check with mode=measure")
+    if facts.cache_reported is not None:
+        notes.append(f"mem_bandwidth: timed beyond a {facts.cache_bytes / 2**20:.0f} MiB last-level cache as given "
+                     f"(calibrate.cache_bytes); the device reports {facts.cache_reported / 2**20:.0f} MiB")
     if "may time the cache" in mem.what:
         notes.append(f"mem_bandwidth: the largest buffers timed are within 2x the {facts.cache_bytes / 2**20:.0f} "
                      "MiB last-level cache (capped to spare memory): the memory's own bandwidth may be the cache's")

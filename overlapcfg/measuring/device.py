@@ -69,6 +69,8 @@ class DeviceFacts:
     """Where the ceilings come from, for notes."""
     base: str = "cpu_gloo"
     """The shipped profile of this kind of device that stands in for unmeasured numbers."""
+    cache_reported: int | None = None
+    """What the device reports as ``cache_bytes``, where the caller gave another (``calibrate(cache_bytes=...)``)."""
 
     def peak_for(self, dtype: torch.dtype) -> float | None:
         name = "bfloat16" if dtype in (torch.bfloat16, torch.float16) else str(dtype).removeprefix("torch.")

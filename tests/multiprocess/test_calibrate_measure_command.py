@@ -48,11 +48,12 @@ def test_calibrate_writes_a_profile_that_measure_finds_by_name(tmp_path: Path) -
     # time no growth with size, which calibrate rightly refuses to fit).
     home = tmp_path / "home"
     out = _torchrun(tmp_path, home, "mode=calibrate", *SMALL, "calibrate.name=ci_box", "calibrate.budget_s=3",
-                    "calibrate.max_bytes=16MiB", f"hydra.run.dir={tmp_path / 'cal'}")
+                    "calibrate.max_bytes=16MiB", "calibrate.cache_bytes=4MiB", f"hydra.run.dir={tmp_path / 'cal'}")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     assert "calibrated profile 'ci_box'" in out.stdout and "hardware=ci_box" in out.stdout
     assert (home / "hardware" / "ci_box.yaml").read_text() == (tmp_path / "cal" / "ci_box.yaml").read_text()
+    assert "cache as given (calibrate.cache_bytes)" in (home / "hardware" / "ci_box.yaml").read_text()
 
     out = _torchrun(tmp_path, home, "mode=measure", "hardware=ci_box", *SMALL, *FEWER, "measure.warmup=1",
                     "measure.steps=2", "measure.profiled_steps=1", f"hydra.run.dir={tmp_path / 'meas'}")
