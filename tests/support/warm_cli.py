@@ -1,0 +1,131 @@
+"""The ``overlapcfg`` console script run as its own process, forked from a server that has already imported what
+every run imports (torch, dynamo, Hydra, the command): a test starts one server and runs many commands through it.
+
+Why this is still the command as users run it: each command is a process of its own (its own exit status, its own
+stdout and stderr, its own working directory, nothing of one run seen by the next), running the console script's
+``main`` with ``sys.argv`` set, and leaving the way that script's interpreter leaves (``SystemExit``'s status, an
+uncaught exception's traceback and status 1, exit handlers run). What it skips is the seconds each interpreter spends
+importing torch and the command's modules before reading its arguments: imports bind names in each module's own
+globals, so having them done first hides nothing a run does after. (One thing it cannot show: whether a run imports
+torch at all; a test about that starts a fresh interpreter instead.) The server itself never runs a command, so no
+memo (the per-process trace of ``overlapcfg.demo.job``) carries from one run into another.
+
+Protocol (``python tests/support/warm_cli.py`` with its stdin and stdout as pipes): one JSON request a line,
+``{"argv0": script, "args": [...], "cwd": ..., "stdout": path, "stderr": path}``; the server forks, answers
+``{"pid": N}``, and once the child has ended ``{"rc": status}`` (negative: killed by that signal).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+SCRIPT = Path(sys.executable).with_name("overlapcfg")
+"""The console script, whose path the command sees as ``sys.argv[0]``."""
+PRELOAD = ("torch", "torch._dynamo", "overlapcfg.__main__", "overlapcfg.demo.cli", "overlapcfg.demo.job",
+           "overlapcfg.demo.tracing", "overlapcfg.demo.eager", "overlapcfg.report", "overlapcfg.passes",
+           "overlapcfg.compat")
+"""What a traced run imports first (a warm-up only: the child imports whatever else it needs itself)."""
+
+
+def _child(request: dict[str, object]) -> None:
+    """In the forked child: become ``overlapcfg ARGS`` run in ``cwd``, and leave as that interpreter would."""
+    os.chdir(str(request["cwd"]))
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        out = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the server's requests are not the command's input
+    os.close(devnull)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 (fd 0, owned by the process)
+    sys.argv = [str(request["argv0"]), *map(str, request["args"])]  # type: ignore[call-overload]
+    from overlapcfg.__main__ import main
+
+    main()
+    sys.exit(0)
+
+
+def serve() -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+    gc.freeze()  # the inherited objects: never collected, so the children's collections skip them
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(request)  # leaves the process through SystemExit or an uncaught exception, as ``python`` does
+        sys.stdout.write(json.dumps({"pid": pid}) + "\n")
+        sys.stdout.flush()
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
+        sys.stdout.flush()
+
+
+class WarmCli:
+    """A running server; ``run`` is ``subprocess.run([overlapcfg, *args], cwd=cwd, capture_output=True,
+    text=True, timeout=timeout)`` through it. A context manager: leaving it ends the server."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._outputs = Path(tempfile.mkdtemp(prefix="warm_cli_"))  # not the command's cwd: tests list that
+        self._proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True, env=env)
+
+    def _reply(self, timeout: float | None) -> dict[str, int]:
+        stdout = self._proc.stdout
+        assert stdout is not None
+        if timeout is not None and not select.select([stdout], [], [], timeout)[0]:
+            raise TimeoutError
+        line = stdout.readline()
+        if not line:
+            raise RuntimeError(f"the warm CLI server died (status {self._proc.wait()})")
+        reply: dict[str, int] = json.loads(line)
+        return reply
+
+    def run(self, cwd: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        stdin: IO[str] | None = self._proc.stdin
+        assert stdin is not None
+        out, err = self._outputs / "stdout", self._outputs / "stderr"
+        request = {"argv0": str(SCRIPT), "args": list(args), "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+        stdin.write(json.dumps(request) + "\n")
+        stdin.flush()
+        pid = self._reply(None)["pid"]
+        try:
+            rc = self._reply(timeout)["rc"]
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            self._reply(None)
+            raise subprocess.TimeoutExpired([str(SCRIPT), *args], timeout) from None
+        try:
+            return subprocess.CompletedProcess([str(SCRIPT), *args], rc, out.read_text(), err.read_text())
+        finally:
+            out.unlink()
+            err.unlink()
+
+    def __enter__(self) -> WarmCli:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
+        self._proc.wait(timeout=60)
+        assert self._proc.stdout is not None
+        self._proc.stdout.close()
+        shutil.rmtree(self._outputs, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    serve()
