@@ -30,7 +30,7 @@ _WARM: list[WarmCli] = []
 @pytest.fixture(scope="module", autouse=True)
 def _warm_cli() -> Iterator[None]:
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    with WarmCli(env) as cli:
+    with WarmCli(env=env) as cli:
         _WARM.append(cli)
         yield
         _WARM.clear()
@@ -39,9 +39,9 @@ def _warm_cli() -> Iterator[None]:
 def run_cli(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """``overlapcfg ARGS`` in ``tmp_path``, in a process of its own (forked warm in this module, a fresh
     interpreter where another module borrows this), its output captured."""
-    if _WARM:
-        return _WARM[0].run(tmp_path, *args, timeout=timeout)
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    if _WARM:
+        return _WARM[0].run([str(SCRIPT), *args], cwd=tmp_path, env=env, timeout=timeout)
     return subprocess.run([str(SCRIPT), *args], check=False, cwd=tmp_path, capture_output=True, text=True, env=env,
                           timeout=timeout)
 

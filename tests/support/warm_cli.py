@@ -1,18 +1,20 @@
-"""The ``overlapcfg`` console script run as its own process, forked from a server that has already imported what
-every run imports (torch, dynamo, Hydra, the command): a test starts one server and runs many commands through it.
+"""The ``overlapcfg`` console script (or a user's Python script) run as its own process, forked from a server that
+has already imported what every run imports (torch, dynamo, Hydra, the command; or only the config layer for runs
+refused before anything runs): a test module starts one server and runs many commands through it.
 
 Why this is still the command as users run it: each command is a process of its own (its own exit status, its own
-stdout and stderr, its own working directory, nothing of one run seen by the next), running the console script's
-``main`` with ``sys.argv`` set, and leaving the way that script's interpreter leaves (``SystemExit``'s status, an
-uncaught exception's traceback and status 1, exit handlers run). What it skips is the seconds each interpreter spends
+stdout and stderr, its own working directory, environment and address-space limit, nothing of one run seen by the
+next), running the console script's ``main`` (or the script as ``__main__``) with ``sys.argv`` and ``sys.path[0]`` as
+``python`` sets them, and leaving the way that interpreter leaves (``SystemExit``'s status, an uncaught exception's
+traceback and status 1, exit handlers run). What it skips is the seconds each interpreter spends
 importing torch and the command's modules before reading its arguments: imports bind names in each module's own
 globals, so having them done first hides nothing a run does after. (One thing it cannot show: whether a run imports
 torch at all; a test about that starts a fresh interpreter instead.) The server itself never runs a command, so no
 memo (the per-process trace of ``overlapcfg.demo.job``) carries from one run into another.
 
-Protocol (``python tests/support/warm_cli.py`` with its stdin and stdout as pipes): one JSON request a line,
-``{"argv0": script, "args": [...], "cwd": ..., "stdout": path, "stderr": path}``; the server forks, answers
-``{"pid": N}``, and once the child has ended ``{"rc": status}`` (negative: killed by that signal).
+Protocol (``python tests/support/warm_cli.py MODULE...``, the modules to import first, with its stdin and stdout as
+pipes): one JSON request a line, ``{"argv", "script", "cwd", "env", "limit_as", "stdout", "stderr"}``; the server
+forks, answers ``{"pid": N}``, and once the child has ended ``{"rc": status}`` (negative: killed by that signal).
 """
 
 from __future__ import annotations
@@ -21,44 +23,60 @@ import gc
 import importlib
 import json
 import os
+import resource
+import runpy
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 SCRIPT = Path(sys.executable).with_name("overlapcfg")
 """The console script, whose path the command sees as ``sys.argv[0]``."""
-PRELOAD = ("torch", "torch._dynamo", "overlapcfg.__main__", "overlapcfg.demo.cli", "overlapcfg.demo.job",
-           "overlapcfg.demo.tracing", "overlapcfg.demo.eager", "overlapcfg.report", "overlapcfg.passes",
-           "overlapcfg.compat")
+TRACED = ("torch", "torch._dynamo", "overlapcfg.__main__", "overlapcfg.demo.cli", "overlapcfg.demo.job",
+          "overlapcfg.demo.tracing", "overlapcfg.demo.eager", "overlapcfg.report", "overlapcfg.passes",
+          "overlapcfg.compat")
 """What a traced run imports first (a warm-up only: the child imports whatever else it needs itself)."""
+CONFIG_ONLY = ("hydra", "omegaconf", "pydantic", "yaml", "rich", "overlapcfg", "overlapcfg.__main__",
+               "overlapcfg.config", "overlapcfg.demo.cli")
+"""What a run that stops at the config imports (no torch): for commands and apps refused before anything runs."""
 
 
-def _child(request: dict[str, object]) -> None:
-    """In the forked child: become ``overlapcfg ARGS`` run in ``cwd``, and leave as that interpreter would."""
-    os.chdir(str(request["cwd"]))
+def _child(request: dict[str, Any]) -> None:
+    """In the forked child: become the requested process (``overlapcfg ARGS`` or ``python SCRIPT ARGS``) in
+    ``cwd``, with ``env`` and an address-space limit if asked, and leave as that interpreter would."""
+    if request["limit_as"] is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (request["limit_as"], request["limit_as"]))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        out = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, fd)
         os.close(out)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the server's requests are not the command's input
     os.close(devnull)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 (fd 0, owned by the process)
-    sys.argv = [str(request["argv0"]), *map(str, request["args"])]  # type: ignore[call-overload]
-    from overlapcfg.__main__ import main
+    sys.argv = list(request["argv"])
+    # sys.path[0] as ``python`` sets it: the script's directory (this server's own is not the child's)
+    sys.path[0] = str(Path(sys.argv[0]).resolve().parent)
+    if request["script"]:  # ``python SCRIPT``, run as ``__main__``
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    else:
+        from overlapcfg.__main__ import main
 
-    main()
+        main()
     sys.exit(0)
 
 
-def serve() -> None:
-    for name in PRELOAD:
+def serve(preload: list[str]) -> None:
+    for name in preload:
         importlib.import_module(name)
     gc.freeze()  # the inherited objects: never collected, so the children's collections skip them
     for line in sys.stdin:
@@ -75,13 +93,16 @@ def serve() -> None:
 
 
 class WarmCli:
-    """A running server; ``run`` is ``subprocess.run([overlapcfg, *args], cwd=cwd, capture_output=True,
-    text=True, timeout=timeout)`` through it. A context manager: leaving it ends the server."""
+    """A running server that has imported ``preload``; ``run`` is ``subprocess.run(argv, cwd=cwd, env=env,
+    capture_output=True, text=True, timeout=timeout)`` through it, where ``argv`` is the console script's command
+    line (``[SCRIPT, ...]``) or a Python script's (``[sys.executable, path, ...]``). ``limit_as``: the child's
+    address-space limit in bytes (``RLIMIT_AS``), as ``tests/support/bounded.py`` sets it. A context manager:
+    leaving it ends the server."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, preload: tuple[str, ...] = TRACED, env: dict[str, str] | None = None) -> None:
         self._outputs = Path(tempfile.mkdtemp(prefix="warm_cli_"))  # not the command's cwd: tests list that
-        self._proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      text=True, env=env)
+        self._proc = subprocess.Popen([sys.executable, __file__, *preload], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, env=env)
 
     def _reply(self, timeout: float | None) -> dict[str, int]:
         stdout = self._proc.stdout
@@ -94,22 +115,32 @@ class WarmCli:
         reply: dict[str, int] = json.loads(line)
         return reply
 
-    def run(self, cwd: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: list[str], *, cwd: Path, env: Mapping[str, str] | None = None,
+            limit_as: int | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        if argv[0] == str(SCRIPT):
+            script = False
+        elif argv[0] == sys.executable and len(argv) > 1 and not argv[1].startswith("-"):
+            script, argv = True, argv[1:]
+        else:
+            raise ValueError(f"the warm server runs the console script or a Python script, not {argv}")
         stdin: IO[str] | None = self._proc.stdin
         assert stdin is not None
         out, err = self._outputs / "stdout", self._outputs / "stderr"
-        request = {"argv0": str(SCRIPT), "args": list(args), "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+        request = {"argv": [str(a) for a in argv], "script": script, "cwd": str(cwd),
+                   "env": dict(os.environ if env is None else env), "limit_as": limit_as,
+                   "stdout": str(out), "stderr": str(err)}
         stdin.write(json.dumps(request) + "\n")
         stdin.flush()
         pid = self._reply(None)["pid"]
+        cmd = [sys.executable, *argv] if script else argv
         try:
             rc = self._reply(timeout)["rc"]
         except TimeoutError:
             os.kill(pid, signal.SIGKILL)
             self._reply(None)
-            raise subprocess.TimeoutExpired([str(SCRIPT), *args], timeout) from None
+            raise subprocess.TimeoutExpired(cmd, timeout) from None
         try:
-            return subprocess.CompletedProcess([str(SCRIPT), *args], rc, out.read_text(), err.read_text())
+            return subprocess.CompletedProcess(cmd, rc, out.read_text(), err.read_text())
         finally:
             out.unlink()
             err.unlink()
@@ -128,4 +159,4 @@ class WarmCli:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1:])
