@@ -13,12 +13,13 @@ torch at all; a test about that starts a fresh interpreter instead.) The server 
 memo (the per-process trace of ``overlapcfg.demo.job``) carries from one run into another.
 
 Protocol (``python tests/support/warm_cli.py MODULE...``, the modules to import first, with its stdin and stdout as
-pipes): one JSON request a line, ``{"argv", "script", "cwd", "env", "limit_as", "stdout", "stderr"}``; the server
+pipes): one JSON request a line, ``{"argv", "mode", "cwd", "env", "limit_as", "stdout", "stderr"}``; the server
 forks, answers ``{"pid": N}``, and once the child has ended ``{"rc": status}`` (negative: killed by that signal).
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
 import json
@@ -31,7 +32,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+import types
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -64,9 +68,16 @@ def _child(request: dict[str, Any]) -> None:
     os.close(devnull)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 (fd 0, owned by the process)
     sys.argv = list(request["argv"])
+    if request["mode"] == "code":  # ``python -c CODE ARGS``: sys.argv[0] is "-c", sys.path[0] the working directory
+        code = sys.argv.pop(1)
+        sys.path[0] = ""
+        main_module = types.ModuleType("__main__")
+        sys.modules["__main__"] = main_module
+        exec(compile(code, "<string>", "exec"), main_module.__dict__)
+        sys.exit(0)
     # sys.path[0] as ``python`` sets it: the script's directory (this server's own is not the child's)
     sys.path[0] = str(Path(sys.argv[0]).resolve().parent)
-    if request["script"]:  # ``python SCRIPT``, run as ``__main__``
+    if request["mode"] == "script":  # ``python SCRIPT``, run as ``__main__``
         runpy.run_path(sys.argv[0], run_name="__main__")
     else:
         from overlapcfg.__main__ import main
@@ -100,9 +111,11 @@ class WarmCli:
     leaving it ends the server."""
 
     def __init__(self, preload: tuple[str, ...] = TRACED, env: dict[str, str] | None = None) -> None:
+        self.env = dict(os.environ if env is None else env)
+        """The server's environment, and each child's unless a run gives its own."""
         self._outputs = Path(tempfile.mkdtemp(prefix="warm_cli_"))  # not the command's cwd: tests list that
         self._proc = subprocess.Popen([sys.executable, __file__, *preload], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True, env=env)
+                                      stdout=subprocess.PIPE, text=True, env=self.env)
 
     def _reply(self, timeout: float | None) -> dict[str, int]:
         stdout = self._proc.stdout
@@ -117,45 +130,90 @@ class WarmCli:
 
     def run(self, argv: list[str], *, cwd: Path, env: Mapping[str, str] | None = None,
             limit_as: int | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return self.start(argv, cwd=cwd, env=env, limit_as=limit_as).result(timeout)
+
+    def start(self, argv: list[str], *, cwd: Path, env: Mapping[str, str] | None = None,
+              limit_as: int | None = None) -> Running:
+        """Start ``argv`` (as ``run``) and return at once, even while the server is still importing;
+        ``.result(timeout)`` waits for it. One at a time."""
         if argv[0] == str(SCRIPT):
-            script = False
+            mode, child_argv = "command", argv
+        elif argv[0] == sys.executable and len(argv) > 2 and argv[1] == "-c":
+            mode, child_argv = "code", argv[1:]
         elif argv[0] == sys.executable and len(argv) > 1 and not argv[1].startswith("-"):
-            script, argv = True, argv[1:]
+            mode, child_argv = "script", argv[1:]
         else:
-            raise ValueError(f"the warm server runs the console script or a Python script, not {argv}")
+            raise ValueError(f"the warm server runs the console script, python SCRIPT or python -c, not {argv}")
         stdin: IO[str] | None = self._proc.stdin
         assert stdin is not None
         out, err = self._outputs / "stdout", self._outputs / "stderr"
-        request = {"argv": [str(a) for a in argv], "script": script, "cwd": str(cwd),
-                   "env": dict(os.environ if env is None else env), "limit_as": limit_as,
+        request = {"argv": [str(a) for a in child_argv], "mode": mode, "cwd": str(cwd),
+                   "env": dict(self.env if env is None else env), "limit_as": limit_as,
                    "stdout": str(out), "stderr": str(err)}
         stdin.write(json.dumps(request) + "\n")
         stdin.flush()
-        pid = self._reply(None)["pid"]
-        cmd = [sys.executable, *argv] if script else argv
-        try:
-            rc = self._reply(timeout)["rc"]
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            self._reply(None)
-            raise subprocess.TimeoutExpired(cmd, timeout) from None
-        try:
-            return subprocess.CompletedProcess(cmd, rc, out.read_text(), err.read_text())
-        finally:
-            out.unlink()
-            err.unlink()
+        return Running(self, [str(a) for a in argv], out, err)
+
+    def close(self) -> None:
+        """End the server (it ends by itself too once this process's end closes its input)."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+        shutil.rmtree(self._outputs, ignore_errors=True)
 
     def __enter__(self) -> WarmCli:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.close()
-        self._proc.wait(timeout=60)
-        assert self._proc.stdout is not None
-        self._proc.stdout.close()
-        shutil.rmtree(self._outputs, ignore_errors=True)
+        self.close()
+
+
+@dataclass
+class Running:
+    """A command started by ``WarmCli.start`` (the server answers with its pid once it has forked it)."""
+
+    server: WarmCli
+    argv: list[str]
+    stdout: Path
+    stderr: Path
+
+    def result(self, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        deadline = time.monotonic() + timeout
+        try:
+            pid = self.server._reply(timeout)["pid"]
+        except TimeoutError:  # the server never forked it: end the server
+            self.server._proc.kill()
+            raise subprocess.TimeoutExpired(self.argv, timeout) from None
+        try:
+            rc = self.server._reply(max(0.0, deadline - time.monotonic()))["rc"]
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            self.server._reply(None)
+            raise subprocess.TimeoutExpired(self.argv, timeout) from None
+        try:
+            return subprocess.CompletedProcess(self.argv, rc, self.stdout.read_text(), self.stderr.read_text())
+        finally:
+            self.stdout.unlink()
+            self.stderr.unlink()
+
+
+_OTHER_SEED: list[WarmCli] = []
+
+
+def other_seed() -> WarmCli:
+    """This process's server whose interpreter has another ``PYTHONHASHSEED`` than this one's (started on first
+    use, ended when this process ends), for the tests that check a result is the same under two hash seeds: a
+    forked child keeps its server's hash seed, so each such test forks a child there instead of starting an
+    interpreter of its own. ("1", or "2" where this process runs with "1"; an unset seed here is a random one.)"""
+    if not _OTHER_SEED:
+        seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+        server = WarmCli(env={**os.environ, "PYTHONHASHSEED": seed})
+        atexit.register(server.close)
+        _OTHER_SEED.append(server)
+    return _OTHER_SEED[0]
 
 
 if __name__ == "__main__":
