@@ -27,7 +27,7 @@ from overlapcfg import OverlapConfig, OverlapConfigError, from_hydra, load_confi
 from overlapcfg.config.command_line import hydra_overrides
 from overlapcfg.config.presets import command_conf_dir
 from tests.support.hydra_memo import memoized_config_files
-from tests.support.warm_cli import CONFIG_ONLY, WarmCli
+from tests.support.warm_cli import WarmCli, shared
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -289,12 +289,11 @@ main()
 '''
 
 
-@pytest.fixture(scope="module")
-def warm() -> Iterator[WarmCli]:
-    """Runs of the app forked from one server with Hydra and the config layer imported (``tests/support/warm_cli.py``:
-    each still a process of its own), for the test that runs it seven times."""
-    with WarmCli(CONFIG_ONLY) as server:
-        yield server
+@pytest.fixture
+def warm() -> WarmCli:
+    """Runs of the app forked from this process's warm server (``tests/support/warm_cli.py``: each still a process
+    of its own), for the test that runs it seven times."""
+    return shared()
 
 
 def _run_app(tmp_path: Path, *args: str, warm: WarmCli | None = None) -> subprocess.CompletedProcess[str]:

@@ -34,7 +34,7 @@ from overlapcfg import compat
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.graph.parameters import state_input_names
 from overlapcfg.passes import PassOptions, apply
-from tests.support.warm_cli import other_seed
+from tests.support.warm_cli import shared
 from tests.thirdparty import conformance as C
 from tests.thirdparty import graph_trainer as G
 
@@ -212,9 +212,9 @@ _SEEDED = textwrap.dedent("""
 def test_a_whole_step_schedule_is_the_same_under_two_hash_seeds(joint: Callable[..., fx.GraphModule]) -> None:
     """Capture, recognition and scheduling (in-place write edges included) are functions of the model: a fresh
     interpreter with another ``PYTHONHASHSEED`` than this one's emits this process's code (a process forked from
-    ``tests/support/warm_cli.other_seed``, which keeps that interpreter's hash seed)."""
+    ``tests/support/warm_cli.shared``, which keeps that interpreter's hash seed)."""
     repo = str(Path(__file__).resolve().parents[2])  # on sys.path there: ``tests`` is a package
-    proc = other_seed().run([sys.executable, "-c", _SEEDED, repo], cwd=Path.cwd(), timeout=300)
+    proc = shared().run([sys.executable, "-c", _SEEDED, repo], cwd=Path.cwd(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     digest = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")).removeprefix("RESULT ")
     assert digest == hashlib.sha256(joint("llama3", "always", True, 2).code.encode()).hexdigest()

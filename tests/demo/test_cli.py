@@ -1,6 +1,6 @@
 """The ``overlapcfg`` console script, run as users run it: in a process of its own, from a scratch directory.
 
-Each command is forked from one server per module that has imported torch and the command's modules already
+Each command is forked from one server per test process that has imported torch and the command's modules already
 (``tests/support/warm_cli.py`` says why that is still the command as users run it): every run here would otherwise
 spend seconds importing the same modules before reading its arguments. The test that torch is not imported at all
 starts a fresh interpreter."""
@@ -11,12 +11,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.warm_cli import SCRIPT, WarmCli
+from tests.support.warm_cli import SCRIPT, shared
 
 FAST = ["model.n_layers=2"]  # where a check reads per-layer structure (layers.0 and layers.1, prefetch lists)
 ONE_LAYER = ["model.n_layers=1"]
@@ -24,26 +23,10 @@ ONE_LAYER = ["model.n_layers=1"]
 over ~3.5 s fixed."""
 
 
-_WARM: list[WarmCli] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _warm_cli() -> Iterator[None]:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    with WarmCli(env=env) as cli:
-        _WARM.append(cli)
-        yield
-        _WARM.clear()
-
-
 def run_cli(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """``overlapcfg ARGS`` in ``tmp_path``, in a process of its own (forked warm in this module, a fresh
-    interpreter where another module borrows this), its output captured."""
+    """``overlapcfg ARGS`` in ``tmp_path``, in a process of its own (forked warm), its output captured."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    if _WARM:
-        return _WARM[0].run([str(SCRIPT), *args], cwd=tmp_path, env=env, timeout=timeout)
-    return subprocess.run([str(SCRIPT), *args], check=False, cwd=tmp_path, capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return shared().run([str(SCRIPT), *args], cwd=tmp_path, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 ``PYTHONHASHSEED`` and whichever graph is rewritten first.
 
 A process of an interpreter started with a ``PYTHONHASHSEED`` other than this process's (forked from
-``tests/support/warm_cli.other_seed``, which has imported torch, and keeps its hash seed) traces a 2-layer
+``tests/support/warm_cli.shared``, which has imported torch, and keeps its hash seed) traces a 2-layer
 reshard-after-forward model, applies ``manual`` with k = d = 2 to backward then forward, and prints a hash of each
 ``gm.code`` and the digest of each graph's schedule fingerprint (what the same-schedule check compares across
 ranks); this process applies the same config to forward then backward of its own trace of the same model, and both
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.traces import ApplyFn, traced_step
-from tests.support.warm_cli import Running, other_seed
+from tests.support.warm_cli import Running, shared
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +57,8 @@ def _digest(code: str) -> str:
 
 
 def _spawn(order: list[str]) -> Running:
-    """``python -c SCRIPT`` under another hash seed than this process's, started (``other_seed``)."""
-    return other_seed().start([sys.executable, "-c", SCRIPT, json.dumps(CFG), *order], cwd=Path.cwd())
+    """``python -c SCRIPT`` under another hash seed than this process's, started (``tests/support/warm_cli.shared``)."""
+    return shared().start([sys.executable, "-c", SCRIPT, json.dumps(CFG), *order], cwd=Path.cwd())
 
 
 def _result(proc: Running) -> dict[str, str]:

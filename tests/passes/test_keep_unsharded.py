@@ -262,14 +262,14 @@ print(_kept_result())
 
 @pytest.mark.slow
 def test_keeping_buckets_is_the_same_whatever_the_hash_seed() -> None:
-    """A process of an interpreter with another hash seed than this process's (``tests/support/warm_cli.other_seed``:
+    """A process of an interpreter with another hash seed than this process's (``tests/support/warm_cli.shared``:
     forked, it keeps that interpreter's seed) emits this process's code: one other process, two seeds."""
     import sys
 
-    from tests.support.warm_cli import other_seed
+    from tests.support.warm_cli import shared
 
     repo = str(Path(__file__).resolve().parents[2])  # on sys.path there: ``tests`` is a package
-    proc = other_seed().start([sys.executable, "-c", _SEEDED, repo], cwd=Path.cwd())
+    proc = shared().start([sys.executable, "-c", _SEEDED, repo], cwd=Path.cwd())
     here = _kept_result()  # while the other process runs
     done = proc.result(timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

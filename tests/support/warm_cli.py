@@ -1,6 +1,6 @@
 """The ``overlapcfg`` console script (or a user's Python script) run as its own process, forked from a server that
 has already imported what every run imports (torch, dynamo, Hydra, the command; or only the config layer for runs
-refused before anything runs): a test module starts one server and runs many commands through it.
+refused before anything runs): one server per test process (``shared``) or per test module runs many commands.
 
 Why this is still the command as users run it: each command is a process of its own (its own exit status, its own
 stdout and stderr, its own working directory, environment and address-space limit, nothing of one run seen by the
@@ -68,6 +68,9 @@ def _child(request: dict[str, Any]) -> None:
     os.close(devnull)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 (fd 0, owned by the process)
     sys.argv = list(request["argv"])
+    # PYTHONPATH's entries follow sys.path[0], as ``python`` puts them (the server's were read at its start)
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[1:1] = extra
     if request["mode"] == "code":  # ``python -c CODE ARGS``: sys.argv[0] is "-c", sys.path[0] the working directory
         code = sys.argv.pop(1)
         sys.path[0] = ""
@@ -200,20 +203,23 @@ class Running:
             self.stderr.unlink()
 
 
-_OTHER_SEED: list[WarmCli] = []
+_SHARED: list[WarmCli] = []
 
 
-def other_seed() -> WarmCli:
-    """This process's server whose interpreter has another ``PYTHONHASHSEED`` than this one's (started on first
-    use, ended when this process ends), for the tests that check a result is the same under two hash seeds: a
-    forked child keeps its server's hash seed, so each such test forks a child there instead of starting an
-    interpreter of its own. ("1", or "2" where this process runs with "1"; an unset seed here is a random one.)"""
-    if not _OTHER_SEED:
+def shared() -> WarmCli:
+    """This process's server (started on first use, ended when this process ends) with torch and the command
+    imported, for every test module that runs the command or a script: one interpreter's imports per test process.
+
+    Its interpreter runs with another ``PYTHONHASHSEED`` than this one's ("1", or "2" where this process runs with
+    "1"; an unset seed here is a random one), and a forked child keeps its interpreter's hash seed: the tests that
+    check a result is the same under two hash seeds run their other process here. (Any other run does not care which
+    seed it gets, as a fresh interpreter's is random.)"""
+    if not _SHARED:
         seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
         server = WarmCli(env={**os.environ, "PYTHONHASHSEED": seed})
         atexit.register(server.close)
-        _OTHER_SEED.append(server)
-    return _OTHER_SEED[0]
+        _SHARED.append(server)
+    return _SHARED[0]
 
 
 if __name__ == "__main__":
