@@ -20,6 +20,7 @@ forks, answers ``{"pid": N}``, and once the child has ended ``{"rc": status}`` (
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import importlib
 import json
@@ -116,6 +117,7 @@ class WarmCli:
     def __init__(self, preload: tuple[str, ...] = TRACED, env: dict[str, str] | None = None) -> None:
         self.env = dict(os.environ if env is None else env)
         """The server's environment, and each child's unless a run gives its own."""
+        self._pending: Running | None = None
         self._outputs = Path(tempfile.mkdtemp(prefix="warm_cli_"))  # not the command's cwd: tests list that
         self._proc = subprocess.Popen([sys.executable, __file__, *preload], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, env=self.env)
@@ -147,6 +149,9 @@ class WarmCli:
             mode, child_argv = "script", argv[1:]
         else:
             raise ValueError(f"the warm server runs the console script, python SCRIPT or python -c, not {argv}")
+        if self._pending is not None:  # started by a test that failed before reading it: its replies come first
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._pending.result(timeout=600)
         stdin: IO[str] | None = self._proc.stdin
         assert stdin is not None
         out, err = self._outputs / "stdout", self._outputs / "stderr"
@@ -155,7 +160,8 @@ class WarmCli:
                    "stdout": str(out), "stderr": str(err)}
         stdin.write(json.dumps(request) + "\n")
         stdin.flush()
-        return Running(self, [str(a) for a in argv], out, err)
+        self._pending = Running(self, [str(a) for a in argv], out, err)
+        return self._pending
 
     def close(self) -> None:
         """End the server (it ends by itself too once this process's end closes its input)."""
@@ -184,6 +190,8 @@ class Running:
     stderr: Path
 
     def result(self, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        assert self.server._pending is self, "a run's result is read once, before the server's next run"
+        self.server._pending = None
         deadline = time.monotonic() + timeout
         try:
             pid = self.server._reply(timeout)["pid"]
