@@ -7,24 +7,45 @@ Issue 39: an alias bomb or a 50 MB file hung Hydra (killed at 75-90 s); 3,000-de
 ended in a ``RecursionError`` traceback; a profile named ``nan`` got "Config group override must be a string or a
 list. Got float"; a broken preset chosen by name leaked a raw ``yaml.parser.ParserError`` (``from_hydra``) or a
 94-line Hydra traceback (``with_hydra_overrides``); errors in a user's preset named the config path, not the file.
-Each child runs with 512 MiB of address space and a timeout (``tests.support.bounded``).
+Each child runs with 512 MiB of address space and a timeout (``tests.support.bounded``). The children are forked
+from one server per module that has imported Hydra, pydantic and the config layer (``tests/support/warm_cli.py``:
+still a process per run, with its own bounds, environment and exit; only the imports before the first line are
+shared), not started as fresh interpreters.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from overlapcfg.config.presets import command_conf_dir
-from tests.support.bounded import bad_yaml_files, run_bounded, script
+from tests.support.bounded import BOUND_BYTES, TIMEOUT_S, bad_yaml_files, script
 from tests.support.user_app import user_app
+from tests.support.warm_cli import CONFIG_ONLY, WarmCli
 
 BAD = bad_yaml_files()
 COMMAND = Path(sys.executable).with_name("overlapcfg")
+
+
+@pytest.fixture(scope="module")
+def warm() -> Iterator[WarmCli]:
+    with WarmCli(CONFIG_ONLY) as server:
+        yield server
+
+
+def _bounded(warm: WarmCli, args: list[str], *, cwd: Path,
+             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``tests.support.bounded.run_bounded`` through the warm server: the same bounds, environment and timeout."""
+    full = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full.update(env or {})
+    return warm.run(args, cwd=cwd, env=full, limit_as=BOUND_BYTES, timeout=TIMEOUT_S)
+
 
 def _refused(out: subprocess.CompletedProcess[str], file: Path, says: str) -> str:
     text = out.stdout + out.stderr
@@ -37,37 +58,37 @@ def _refused(out: subprocess.CompletedProcess[str], file: Path, says: str) -> st
 
 @pytest.mark.slow  # four runs of the command (no torch: a few seconds each)
 @pytest.mark.parametrize("kind", list(BAD))
-def test_the_command_refuses_a_bad_hardware_profile_and_a_bad_preset_under_config_dir(tmp_path: Path,
+def test_the_command_refuses_a_bad_hardware_profile_and_a_bad_preset_under_config_dir(warm: WarmCli, tmp_path: Path,
                                                                                       kind: str) -> None:
     text, says = BAD[kind]
     home = tmp_path / "home" / "hardware"
     home.mkdir(parents=True)
     (home / "bad.yaml").write_text(text)
     env = {"OVERLAPCFG_HOME": str(tmp_path / "home")}
-    out = run_bounded([str(COMMAND), "hardware=bad", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env)
+    out = _bounded(warm, [str(COMMAND), "hardware=bad", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env)
     _refused(out, home / "bad.yaml", says)
     extra = tmp_path / "extra" / "overlap" / "policy"
     extra.mkdir(parents=True)
     (extra / "bad.yaml").write_text(text)
     for choice in ("overlap.policy=bad", "overlap/policy=bad"):
-        out = run_bounded([str(COMMAND), "--config-dir", str(tmp_path / "extra"), choice,
+        out = _bounded(warm, [str(COMMAND), "--config-dir", str(tmp_path / "extra"), choice,
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
         _refused(out, extra / "bad.yaml", says)
 
 
 @pytest.mark.slow  # three runs of a user's app (no torch)
 @pytest.mark.parametrize("kind", list(BAD))
-def test_a_users_app_refuses_a_bad_preset_of_its_own_on_every_route(tmp_path: Path, kind: str) -> None:
+def test_a_users_app_refuses_a_bad_preset_of_its_own_on_every_route(warm: WarmCli, tmp_path: Path, kind: str) -> None:
     text, says = BAD[kind]
     conf = user_app(tmp_path, {"bad": text})
     for args in (script(tmp_path / "app.py", "main"), script(tmp_path / "app.py", "helper"),
                  script(tmp_path / "compose.py", str(conf))):
-        out = run_bounded([*args, "trainer.overlap.policy=bad", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+        out = _bounded(warm, [*args, "trainer.overlap.policy=bad", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
         _refused(out, conf / "overlap" / "policy" / "bad.yaml", says)
 
 
 @pytest.mark.slow  # runs of a user's app and the command (no torch)
-def test_a_broken_or_invalid_preset_of_a_users_own_is_one_error_naming_the_file(tmp_path: Path) -> None:
+def test_a_broken_or_invalid_preset_of_a_users_own_is_one_error_naming_the_file(warm: WarmCli, tmp_path: Path) -> None:
     """A YAML syntax error, then a value out of range, in the user's preset, chosen by name: one screen naming the
     file on every decorated route (before: a raw ``ParserError`` from ``from_hydra``, a 94-line traceback with
     ``with_hydra_overrides``, and for a bad value the config path only)."""
@@ -75,23 +96,24 @@ def test_a_broken_or_invalid_preset_of_a_users_own_is_one_error_naming_the_file(
     broken, minus = conf / "overlap" / "policy" / "broken.yaml", conf / "overlap" / "policy" / "minus.yaml"
     for args in (script(tmp_path / "app.py", "main"), script(tmp_path / "app.py", "helper"),
                  script(tmp_path / "compose.py", str(conf))):
-        out = run_bounded([*args, "trainer.overlap.policy=broken", f"hydra.run.dir={tmp_path / 'run'}"],
+        out = _bounded(warm, [*args, "trainer.overlap.policy=broken", f"hydra.run.dir={tmp_path / 'run'}"],
                           cwd=tmp_path)
         _refused(out, broken, "did not find expected ',' or ']' (line 2, column 1)")
     for how in ("main", "helper"):
-        out = run_bounded(script(tmp_path / "app.py", how, "trainer.overlap.policy=minus",
+        out = _bounded(warm, script(tmp_path / "app.py", how, "trainer.overlap.policy=minus",
                                  f"hydra.run.dir={tmp_path / 'run'}"), cwd=tmp_path)
         text = _refused(out, minus, "trainer.overlap.policy.forward_prefetch: expected an integer >= 0, got -1")
         assert f"(trainer.overlap.policy is overlap/policy@trainer.overlap.policy=minus: {minus})" in text
     shutil.copytree(conf / "overlap", tmp_path / "extra" / "overlap")
-    out = run_bounded([str(COMMAND), "--config-dir", str(tmp_path / "extra"), "overlap.policy=minus",
+    out = _bounded(warm, [str(COMMAND), "--config-dir", str(tmp_path / "extra"), "overlap.policy=minus",
                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     _refused(out, tmp_path / "extra" / "overlap" / "policy" / "minus.yaml",
              "overlap.policy.forward_prefetch: expected an integer >= 0, got -1")
 
 
 @pytest.mark.slow  # runs of the command and a user's app (no torch)
-def test_a_name_yaml_reads_as_a_number_or_a_boolean_works_or_is_refused_with_the_reason(tmp_path: Path) -> None:
+def test_a_name_yaml_reads_as_a_number_or_a_boolean_works_or_is_refused_with_the_reason(warm: WarmCli,
+                                                                                        tmp_path: Path) -> None:
     """Issue 39: a profile file named ``nan.yaml`` (or ``inf``, ``true``, ``1``) got Hydra's "Config group override
     must be a string or a list. Got float". Such a name is looked up as the option of that name."""
     home = tmp_path / "home" / "hardware"
@@ -100,14 +122,14 @@ def test_a_name_yaml_reads_as_a_number_or_a_boolean_works_or_is_refused_with_the
         shutil.copy(command_conf_dir() / "hardware" / "h100_nvlink.yaml", home / f"{name}.yaml")
     env = {"OVERLAPCFG_HOME": str(tmp_path / "home")}
     for name in ("nan", "true"):
-        out = run_bounded([str(COMMAND), "--cfg", "job", f"hardware={name}"], cwd=tmp_path, env=env)
+        out = _bounded(warm, [str(COMMAND), "--cfg", "job", f"hardware={name}"], cwd=tmp_path, env=env)
         assert out.returncode == 0 and "mem_bandwidth: 3350000000000.0" in out.stdout, out.stderr
-    out = run_bounded([str(COMMAND), "hardware=1"], cwd=tmp_path, env=env)
+    out = _bounded(warm, [str(COMMAND), "hardware=1"], cwd=tmp_path, env=env)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "hardware=1: no option '1' in group hardware (Hydra reads 1 as a number; an option of that name would " \
            "be the file hardware/1.yaml)" in out.stderr
     user_app(tmp_path / "app", {"inf": "forward_prefetch: 3\n"})
-    out = run_bounded(script(tmp_path / "app" / "app.py", "main", "trainer.overlap.policy=inf",
+    out = _bounded(warm, script(tmp_path / "app" / "app.py", "main", "trainer.overlap.policy=inf",
                              f"hydra.run.dir={tmp_path / 'run'}"), cwd=tmp_path / "app")
     assert out.returncode == 0 and "RESULT 3 1" in out.stdout, out.stderr
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from overlapcfg import OverlapConfigError, OverlapPolicy, load_config
+from tests.support.warm_cli import shared
 
 
 def test_a_policy_can_be_picked_by_name_like_a_plan() -> None:
@@ -43,7 +45,9 @@ def test_tracing_leaves_no_rank_prefix_on_later_uncaught_exceptions() -> None:
     """init_process_group installs a '[rank0]:' excepthook; our fake group must put the old one back."""
     code = ("import sys, overlapcfg.compat as c\nhook = sys.excepthook\n"
             "with c.fake_process_group(2):\n    pass\nprint(sys.excepthook is hook)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # a process of its own, forked warm (tests/support/warm_cli.py): the server never opened a group either
+    out = shared().run([sys.executable, "-c", code], cwd=Path.cwd())
+    assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "True"
 
 

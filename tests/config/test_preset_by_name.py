@@ -27,6 +27,7 @@ from overlapcfg import OverlapConfig, OverlapConfigError, from_hydra, load_confi
 from overlapcfg.config.command_line import hydra_overrides
 from overlapcfg.config.presets import command_conf_dir
 from tests.support.hydra_memo import memoized_config_files
+from tests.support.warm_cli import WarmCli, shared
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -288,11 +289,20 @@ main()
 '''
 
 
-def _run_app(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture
+def warm() -> WarmCli:
+    """Runs of the app forked from this process's warm server (``tests/support/warm_cli.py``: each still a process
+    of its own), for the test that runs it seven times."""
+    return shared()
+
+
+def _run_app(tmp_path: Path, *args: str, warm: WarmCli | None = None) -> subprocess.CompletedProcess[str]:
     _app_conf(tmp_path, "trainer.overlap")
     (tmp_path / "app.py").write_text(textwrap.dedent(USER_APP))
-    return subprocess.run([sys.executable, "app.py", *args, f"hydra.run.dir={tmp_path / 'run'}"], check=False,
-                          cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=120)
+    argv = [sys.executable, "app.py", *args, f"hydra.run.dir={tmp_path / 'run'}"]
+    if warm is not None:
+        return warm.run(argv, cwd=tmp_path, env=_env(), timeout=120)
+    return subprocess.run(argv, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=120)
 
 
 def _result(out: subprocess.CompletedProcess[str]) -> str:
@@ -301,13 +311,14 @@ def _result(out: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.slow  # seven runs of the app, each a process
-def test_a_user_hydra_main_app_with_the_decorator_takes_fields_on_a_preset_by_name(tmp_path: Path) -> None:
+def test_a_user_hydra_main_app_with_the_decorator_takes_fields_on_a_preset_by_name(tmp_path: Path,
+                                                                                   warm: WarmCli) -> None:
     """The user's ``mine`` lists ``buckets`` only: with either decorator a field lands whether a preset lists it or
     not, in both spellings, Hydra's '+' hint included; the app's ``sys.argv`` is the command line as written (issue
     38: ``with_hydra_overrides`` rewrote it)."""
     grouped = _result(_run_app(tmp_path, "main", "overlap/policy@trainer.overlap.policy=aggressive",
                                "trainer.overlap.policy.forward_prefetch=4", "overlap/plan@trainer.overlap.plan=mine",
-                               "trainer.overlap.plan.require_full_coverage=true"))
+                               "trainer.overlap.plan.require_full_coverage=true", warm=warm))
     assert grouped == "RESULT mine True 4 2 2"
     by_name = ["trainer.overlap.policy=aggressive", "trainer.overlap.policy.forward_prefetch=4",
                "trainer.overlap.plan=mine", "trainer.overlap.plan.require_full_coverage=true"]
@@ -315,16 +326,16 @@ def test_a_user_hydra_main_app_with_the_decorator_takes_fields_on_a_preset_by_na
               "trainer.overlap.plan=mine", "+trainer.overlap.plan.require_full_coverage=true"]
     for how in ("main", "helper"):
         for args in (by_name, hinted):
-            out = _run_app(tmp_path, how, *args)
+            out = _run_app(tmp_path, how, *args, warm=warm)
             assert _result(out) == grouped, (how, args)
             written = [*args, f"hydra.run.dir={tmp_path / 'run'}"]
             assert f"ARGV {written}" in out.stdout
-    plain = _run_app(tmp_path, "plain", *by_name)  # Hydra alone cannot: it says so, and suggests '+'
+    plain = _run_app(tmp_path, "plain", *by_name, warm=warm)  # Hydra alone cannot: it says so, and suggests '+'
     assert plain.returncode == 1 and "not in struct" in plain.stderr
     # ... and composes its '+' as the whole policy (OmegaConf.update replaces the name by a new mapping): the
     # documented limit of an app without the decorator, which from_hydra, a function of the node, cannot undo
     alone = _result(_run_app(tmp_path, "plain", "trainer.overlap.policy=aggressive",
-                             "+trainer.overlap.policy.forward_prefetch=4"))
+                             "+trainer.overlap.policy.forward_prefetch=4", warm=warm))
     assert alone == "RESULT llama_layers True 4 1 1"
 
 
@@ -340,7 +351,8 @@ def test_the_command_runs_a_preset_by_name_with_a_field_as_the_group_option(tmp_
     """The console script end to end: the report's config is the group option's with the field on top."""
     from tests.demo.test_cli import run_cli
 
-    out = run_cli(tmp_path, "model.n_layers=2", "overlap.policy=aggressive", "overlap.policy.forward_prefetch=4",
+    # one layer: what is checked is the report's config, which the model's size does not touch
+    out = run_cli(tmp_path, "model.n_layers=1", "overlap.policy=aggressive", "overlap.policy.forward_prefetch=4",
                   "overlap.plan=per_block_split", "+overlap.plan.require_full_coverage=false",
                   f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr

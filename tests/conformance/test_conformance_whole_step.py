@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -36,6 +34,7 @@ from overlapcfg import compat
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.graph.parameters import state_input_names
 from overlapcfg.passes import PassOptions, apply
+from tests.support.warm_cli import shared
 from tests.thirdparty import conformance as C
 from tests.thirdparty import graph_trainer as G
 
@@ -212,11 +211,10 @@ _SEEDED = textwrap.dedent("""
 
 def test_a_whole_step_schedule_is_the_same_under_two_hash_seeds(joint: Callable[..., fx.GraphModule]) -> None:
     """Capture, recognition and scheduling (in-place write edges included) are functions of the model: a fresh
-    interpreter with another ``PYTHONHASHSEED`` than this one's emits this process's code."""
+    interpreter with another ``PYTHONHASHSEED`` than this one's emits this process's code (a process forked from
+    ``tests/support/warm_cli.shared``, which keeps that interpreter's hash seed)."""
     repo = str(Path(__file__).resolve().parents[2])  # on sys.path there: ``tests`` is a package
-    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-    proc = subprocess.run([sys.executable, "-c", _SEEDED, repo], env={**os.environ, "PYTHONHASHSEED": seed},
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = shared().run([sys.executable, "-c", _SEEDED, repo], cwd=Path.cwd(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     digest = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")).removeprefix("RESULT ")
     assert digest == hashlib.sha256(joint("llama3", "always", True, 2).code.encode()).hexdigest()

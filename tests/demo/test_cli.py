@@ -1,4 +1,9 @@
-"""The ``overlapcfg`` console script, run as users run it: in a subprocess, from a scratch directory."""
+"""The ``overlapcfg`` console script, run as users run it: in a process of its own, from a scratch directory.
+
+Each command is forked from one server per test process that has imported torch and the command's modules already
+(``tests/support/warm_cli.py`` says why that is still the command as users run it): every run here would otherwise
+spend seconds importing the same modules before reading its arguments. The test that torch is not imported at all
+starts a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(sys.executable).with_name("overlapcfg")
+from tests.support.warm_cli import SCRIPT, shared
+
 FAST = ["model.n_layers=2"]  # where a check reads per-layer structure (layers.0 and layers.1, prefetch lists)
 ONE_LAYER = ["model.n_layers=1"]
 """Where nothing checked depends on the model's size (sweeps, compare): tracing costs ~2 s per layer on 2 cores,
@@ -18,9 +24,9 @@ over ~3.5 s fixed."""
 
 
 def run_cli(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``overlapcfg ARGS`` in ``tmp_path``, in a process of its own (forked warm), its output captured."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run([str(SCRIPT), *args], check=False, cwd=tmp_path, capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return shared().run([str(SCRIPT), *args], cwd=tmp_path, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 from overlapcfg import load_config
 from overlapcfg.passes import apply_step
 from tests.support.doc_blocks import block_after, torchtitan_command_args
+from tests.support.warm_cli import shared
 
 
 @pytest.mark.slow
@@ -42,9 +43,9 @@ def test_the_hydra_app_example_takes_a_preset_by_name_and_its_fields(tmp_path):
     (tmp_path / "train.py").write_text(block_after("## A preset by name, then its fields", "python"))
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=120, check=False)
+    def run(*args: str) -> subprocess.CompletedProcess[str]:  # a process of its own, forked warm (warm_cli.py)
+        return shared().run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                            env=env, timeout=120)
 
     out = run("trainer.overlap.policy=aggressive", "trainer.overlap.policy.forward_prefetch=4")
     assert out.returncode == 0, out.stderr

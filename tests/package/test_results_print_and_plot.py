@@ -18,7 +18,6 @@ import inspect
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from overlapcfg.errors import OverlapStateError, OverlapUsageError
 from overlapcfg.measuring.measure_result import CalibratedProfile, MeasuredConfig, Measurement
 from overlapcfg.results import MAX_REPR, Result, presentation
 from tests.support.synthetic import captured_step
+from tests.support.warm_cli import shared
 
 ROOT = Path(overlapcfg.__file__).resolve().parent.parent
 GPU_TRACES = ROOT / "tests" / "diagnosis" / "fixtures" / "gpu_fsdp2"
@@ -259,8 +259,9 @@ def test_the_results_page_example_writes_the_front_png_and_timelines_with_one_ca
     code = re.search(r"## One call each\n\n(?:<!--.*?-->\n)?```python\n(.*?)```", DOCS.read_text(), re.S)
     assert code is not None
     (tmp_path / "example.py").write_text(code.group(1))
-    out = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # ``python example.py`` in a process of its own, forked warm (tests/support/warm_cli.py)
+    out = shared().run([sys.executable, "example.py"], cwd=tmp_path, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-3000:]
     for name in ("tune_front.png", "tuned_step.png", "timeline.png"):
         assert (tmp_path / name).read_bytes().startswith(PNG), name

@@ -1,26 +1,28 @@
 """The pass is a function of the graph: the same traced model gives the same code in every process, whatever
 ``PYTHONHASHSEED`` and whichever graph is rewritten first.
 
-A fresh interpreter, with a ``PYTHONHASHSEED`` other than this process's, traces a 2-layer reshard-after-forward
-model, applies ``manual`` with k = d = 2 to backward then forward, and prints a hash of each ``gm.code`` and the
-digest of each graph's schedule fingerprint (what the same-schedule check compares across ranks); this process
-applies the same config to forward then backward of its own trace of the same model, and both must agree. One fresh
-interpreter is enough for both properties: two hash seeds (its and this process's, chosen to differ) and two graph
-orders; a second one with a third seed would trace and import torch again to check nothing more.
+A process of an interpreter started with a ``PYTHONHASHSEED`` other than this process's (forked from
+``tests/support/warm_cli.shared``, which has imported torch, and keeps its hash seed) traces a 2-layer
+reshard-after-forward model, applies ``manual`` with k = d = 2 to backward then forward, and prints a hash of each
+``gm.code`` and the digest of each graph's schedule fingerprint (what the same-schedule check compares across
+ranks); this process applies the same config to forward then backward of its own trace of the same model, and both
+must agree. One other process is enough for both properties: two hash seeds (its and this process's, chosen to
+differ) and two graph orders; a second one with a third seed would trace again to check nothing more.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tests.support.traces import ApplyFn, traced_step
+from tests.support.warm_cli import Running, shared
 
 pytestmark = pytest.mark.slow
 
@@ -54,22 +56,21 @@ def _digest(code: str) -> str:
     return hashlib.sha256(code.encode()).hexdigest()
 
 
-def _spawn(seed: str, order: list[str]) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONHASHSEED": seed}
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, json.dumps(CFG), *order], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _spawn(order: list[str]) -> Running:
+    """``python -c SCRIPT`` under another hash seed than this process's, started (``tests/support/warm_cli.shared``)."""
+    return shared().start([sys.executable, "-c", SCRIPT, json.dumps(CFG), *order], cwd=Path.cwd())
 
 
-def _result(proc: subprocess.Popen[str]) -> dict[str, str]:
-    out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err[-3000:]
-    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+def _result(proc: Running) -> dict[str, str]:
+    done: subprocess.CompletedProcess[str] = proc.result(timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
 
 
 def test_same_code_under_two_hash_seeds_and_graph_orders(applied: ApplyFn) -> None:
     # Another seed than this process's (an unset PYTHONHASHSEED here is a random one, or 0 = no randomization).
-    proc = _spawn("2" if os.environ.get("PYTHONHASHSEED") == "1" else "1", ["backward", "forward"])
+    proc = _spawn(["backward", "forward"])
     step = traced_step(2, True)  # this process (its own hash seed, a session-shared trace), while the other runs
     here = {}
     for name in ("forward", "backward"):

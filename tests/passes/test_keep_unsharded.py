@@ -262,19 +262,17 @@ print(_kept_result())
 
 @pytest.mark.slow
 def test_keeping_buckets_is_the_same_whatever_the_hash_seed() -> None:
-    """A fresh interpreter with another hash seed than this process's (0, no randomization, unless this process
-    runs with 0) emits this process's code: one interpreter, two seeds."""
-    import os
-    import subprocess
+    """A process of an interpreter with another hash seed than this process's (``tests/support/warm_cli.shared``:
+    forked, it keeps that interpreter's seed) emits this process's code: one other process, two seeds."""
     import sys
 
+    from tests.support.warm_cli import shared
+
     repo = str(Path(__file__).resolve().parents[2])  # on sys.path there: ``tests`` is a package
-    seed = "4242" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
-    proc = subprocess.Popen([sys.executable, "-c", _SEEDED, repo], env={**os.environ, "PYTHONHASHSEED": seed},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    here = _kept_result()  # while the other interpreter starts
-    out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err[-3000:]
-    there = next(line for line in out.splitlines() if line.startswith("RESULT"))
+    proc = shared().start([sys.executable, "-c", _SEEDED, repo], cwd=Path.cwd())
+    here = _kept_result()  # while the other process runs
+    done = proc.result(timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    there = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
     assert there == here
     assert here.split()[2] == str(2 * (2 + 1 + 2) * DIM * 4)  # layers.0 and layers.2 held, 2 ranks, fp32

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from overlapcfg.tuning.profile import build_profile
 from overlapcfg.tuning.quick import score
 from overlapcfg.tuning.structure import Grouping, find_structure, plan_for
 from tests.support.synthetic import backward_graph, captured_step, forward_graph
+from tests.support.warm_cli import SCRIPT, shared
 
 LAYERS = [[2, 1], [1], [3, 2], [1, 1], [2], [1, 3]]
 SYNTHETIC_SPACE = {"split_blocks": [False], "block_parts": [], "layers_per_bucket": [1, 2]}
@@ -385,20 +385,19 @@ def test_the_search_is_the_same_under_another_hash_seed() -> None:
             "print(hashlib.sha256(r.to_yaml().encode()).hexdigest())")
     here = tune(synthetic_step(), hardware="h100_nvlink", world_size=8, memory_budget=None, space=SYNTHETIC_SPACE,
                 verify=False)
-    env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                         cwd=Path(__file__).resolve().parents[2], check=True)
+    # a process of an interpreter with another hash seed than this one's (forked: it keeps that seed)
+    out = shared().run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == hashlib.sha256(here.to_yaml().encode()).hexdigest()
 
 
 @pytest.mark.slow
 def test_mode_tune_writes_a_loadable_tuned_yaml_and_the_front(tmp_path: Path) -> None:
-    script = Path(sys.executable).with_name("overlapcfg")
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     run = tmp_path / "run"
-    out = subprocess.run([str(script), "mode=tune", "hardware=h100_nvlink", "model.n_layers=2", "tune/space=quick",
-                          "tune.memory_budget=64MiB", f"hydra.run.dir={run}"], cwd=tmp_path, capture_output=True,
-                         text=True, env=env, timeout=300, check=False)
+    # the command in a process of its own, forked warm (tests/support/warm_cli.py)
+    out = shared().run([str(SCRIPT), "mode=tune", "hardware=h100_nvlink", "model.n_layers=2", "tune/space=quick",
+                        "tune.memory_budget=64MiB", f"hydra.run.dir={run}"], cwd=tmp_path, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     for words in ("Top candidates within the budget", "Pareto front", "Shipped presets on the same trace",
                   "lower bound"):

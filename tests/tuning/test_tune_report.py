@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ from overlapcfg.tuning.quick import Score
 from overlapcfg.tuning.render_tune import tune_tables
 from overlapcfg.tuning.tune_result import TuneResult
 from tests.support.synthetic import captured_step
+from tests.support.warm_cli import SCRIPT, shared
 
 MIB = 2**20
 CONFIG = overlapcfg.load_config({"plan": "llama_layers"})
@@ -177,12 +176,11 @@ def test_the_front_png_is_written(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_trials_tune_command_reads_whole_when_piped_and_takes_the_lighter_of_a_near_tie(tmp_path: Path) -> None:
     """The trial's command as README gives it, piped (the command lays tables out at 120 columns then)."""
-    script = Path(sys.executable).with_name("overlapcfg")
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "COLUMNS")}
     run = tmp_path / "run"
-    out = subprocess.run([str(script), "mode=tune", "hardware=h100_nvlink", "tune.memory_budget=8MiB",
-                          f"hydra.run.dir={run}"], cwd=tmp_path, capture_output=True, text=True, env=env,
-                         timeout=600, check=False)
+    # the command in a process of its own, forked warm (tests/support/warm_cli.py), its output a pipe
+    out = shared().run([str(SCRIPT), "mode=tune", "hardware=h100_nvlink", "tune.memory_budget=8MiB",
+                        f"hydra.run.dir={run}"], cwd=tmp_path, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     table = out.stdout.split("Top candidates within the budget", 1)[1].split("tuned config:", 1)[0]
     assert "…" not in table and max(len(line) for line in table.splitlines()) <= 120
