@@ -107,8 +107,9 @@ def _keep_pytests_log_handlers_off_torchs_structured_trace() -> None:
     has handlers (``trace_structured``), so under pytest it built every one nobody reads: graph dumps and stacks at
     each dynamo, aot and inductor compile, and the per-node FLOP table of every run of torch's overlap schedulers
     (``compat.upstream_scheduler_scope`` skips that table only while the trace has no reader). Here pytest's
-    handlers are kept off that one logger; any other handler (a test's own reader) is attached as usual, and the
-    logger's records never reached pytest's captures anyway (they are DEBUG, and the logger does not propagate)."""
+    handlers are kept off that one logger; any other handler (a test's own reader) is attached as usual. No test
+    reads torch's structured-trace records from ``caplog`` (``tests/package/test_compat_probes.py`` checks the
+    handlers stay off)."""
     trace = sys.modules.get("torch._logging._internal")
     log = getattr(trace, "trace_log", None)
     if log is None or "addHandler" in vars(log):
