@@ -90,8 +90,39 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     the end of the run: freezing it keeps the garbage collector's full passes, which run every few thousand
     allocations of a test, from walking all of it again each time (``gc.freeze``; about 2 % of a worker's CPU).
     Objects the tests make are collected as always."""
+    _keep_pytests_log_handlers_off_torchs_structured_trace()
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _keep_pytests_log_handlers_off_torchs_structured_trace()  # torch may be imported by a test, not at collection
+
+
+def _keep_pytests_log_handlers_off_torchs_structured_trace() -> None:
+    """pytest's logging plugin attaches its handlers (the session's and each test phase's) to every logger that
+    does not propagate, and torch's structured-trace logger (``torch.__trace``, read by ``tlparse`` when
+    ``TORCH_TRACE`` is set) is one. torch decides whether to build a structured-trace record by whether that logger
+    has handlers (``trace_structured``), so under pytest it built every one nobody reads: graph dumps and stacks at
+    each dynamo, aot and inductor compile, and the per-node FLOP table of every run of torch's overlap schedulers
+    (``compat.upstream_scheduler_scope`` skips that table only while the trace has no reader). Here pytest's
+    handlers are kept off that one logger; any other handler (a test's own reader) is attached as usual. No test
+    reads torch's structured-trace records from ``caplog`` (``tests/package/test_compat_probes.py`` checks the
+    handlers stay off)."""
+    trace = sys.modules.get("torch._logging._internal")
+    log = getattr(trace, "trace_log", None)
+    if log is None or "addHandler" in vars(log):
+        return
+    add = log.addHandler
+
+    def add_unless_pytests(handler: Any) -> None:
+        if type(handler).__module__ != "_pytest.logging":
+            add(handler)
+
+    log.addHandler = add_unless_pytests
+    for handler in [h for h in log.handlers if type(h).__module__ == "_pytest.logging"]:
+        log.removeHandler(handler)
 
 
 def _leave_out_the_docs_runs(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -94,6 +94,23 @@ def test_the_upstream_scheduler_scope_nests_and_puts_torch_back_on_an_error() ->
     assert after == before
 
 
+def test_pytests_log_handlers_stay_off_torchs_structured_trace() -> None:
+    """pytest attaches its log handlers to every logger that does not propagate; on torch's structured-trace logger
+    they made torch build every structured-trace record, and ``compat.upstream_scheduler_scope`` build its
+    per-node estimate table, for nobody (``tests/conftest.py`` keeps them off). A test's own reader still
+    attaches."""
+    import logging
+
+    from torch._logging._internal import trace_log
+
+    assert not [h for h in trace_log.handlers if type(h).__module__ == "_pytest.logging"], trace_log.handlers
+    trace_log.addHandler(reader := logging.NullHandler())
+    try:
+        assert reader in trace_log.handlers
+    finally:
+        trace_log.removeHandler(reader)
+
+
 def test_the_estimate_logs_are_skipped_only_while_nobody_reads_torchs_structured_trace() -> None:
     """torch's schedulers build two estimate tables (a FLOP count of every compute node; both estimates of every
     collective) that only torch's structured trace can receive. Inside the scope, while that trace has no handler,

@@ -5,6 +5,7 @@ profiles have none (the clock is the work, as before)."""
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -17,6 +18,9 @@ from overlapcfg.tuning.merged import group
 from overlapcfg.tuning.profile import build_profile
 from overlapcfg.tuning.quick import score
 from tests.support.synthetic import captured_step
+
+if TYPE_CHECKING:
+    from overlapcfg.passes.backend import CapturedStep
 
 LAYERS = ([2, 1], [1], [3, 2], [1, 1])
 
@@ -99,9 +103,15 @@ def _configs(rng: random.Random, n: int) -> list[overlapcfg.OverlapConfig]:
     return out
 
 
+@pytest.fixture(scope="module")
+def step() -> CapturedStep:
+    """One synthetic step for the three contention cases, which only read it (``compare`` and ``build_profile``
+    rewrite copies): its bucket merges are traced once for the file (traces are kept per capture)."""
+    return captured_step(LAYERS)
+
+
 @pytest.mark.parametrize("a, b", [(0.3, 0.0), (0.0, 2.0), (0.8, 1.5)])
-def test_quick_score_equals_the_full_simulation_under_contention(a: float, b: float) -> None:
-    step = captured_step(LAYERS)
+def test_quick_score_equals_the_full_simulation_under_contention(step: CapturedStep, a: float, b: float) -> None:
     hw = _contended("cpu_gloo", a, b)
     profile = build_profile(step, hw, world_size=4)
     configs = _configs(random.Random(int(10 * a + b)), 3)

@@ -7,6 +7,7 @@ and the ``overlapcfg mode=tune`` command.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -38,7 +39,7 @@ from overlapcfg.tuning.merged import group
 from overlapcfg.tuning.profile import build_profile
 from overlapcfg.tuning.quick import score
 from overlapcfg.tuning.structure import Grouping, find_structure, plan_for
-from tests.support.synthetic import backward_graph, captured_step, forward_graph
+from tests.support.synthetic import captured_step
 from tests.support.warm_cli import SCRIPT, shared
 
 LAYERS = [[2, 1], [1], [3, 2], [1, 1], [2], [1, 3]]
@@ -136,11 +137,13 @@ def test_quick_score_equals_the_full_simulation_with_measured_costs_and_fits(ste
     assert {s.source for s in plain.cost_sources if s.part == "compute"} == {"achievable"}  # cpu_gloo's rates
 
 
-def _scheduled(policy: dict[str, Any], graph: str = "backward") -> fx.GraphModule:
-    syn = (backward_graph(LAYERS, regather=True) if graph == "backward" else forward_graph(LAYERS))
+def _scheduled(step: CapturedStep, policy: dict[str, Any], graph: str = "backward") -> fx.GraphModule:
+    """``step``'s graph (``forward_graph(LAYERS)`` or ``backward_graph(LAYERS, regather=True)``), scheduled on a
+    copy: the file's one capture, so the bucket merges are the traces the other tests of the file made."""
     cfg = overlapcfg.load_config({"plan": {"buckets": ["layers.*"]}, "policy": policy})
     with compat.fake_process_group(2):
-        return apply(syn.gm, cfg, graph_kind=graph, module_fqns=syn.module_fqns)  # verified by default
+        return apply(copy.deepcopy(step.graph(graph)), cfg, graph_kind=graph,  # verified by default
+                     module_fqns=step.module_fqns)
 
 
 def _starts(gm: fx.GraphModule) -> list[tuple[str, int]]:
@@ -148,12 +151,12 @@ def _starts(gm: fx.GraphModule) -> list[tuple[str, int]]:
     return [(collective_kind(n), i) for i, n in enumerate(gm.graph.nodes) if is_collective_start(n)]
 
 
-def test_reduce_scatter_first_issues_far_prefetches_after_the_next_reduce_scatter() -> None:
+def test_reduce_scatter_first_issues_far_prefetches_after_the_next_reduce_scatter(step: CapturedStep) -> None:
     """Backward prefetch 2: all-gather k is reached at the wait of bucket k - 2. ``gather_first`` issues it there,
     ahead of the reduce-scatter bucket k - 2 then issues; ``reduce_scatter_first`` issues it after that
     reduce-scatter, still before the wait of bucket k - 1."""
     for order in ("gather_first", "reduce_scatter_first"):
-        gm = _scheduled({"backward_prefetch": 2, "issue_order": order})
+        gm = _scheduled(step, {"backward_prefetch": 2, "issue_order": order})
         pos = {n: i for i, n in enumerate(gm.graph.nodes)}
         waits = [pos[n] for n in gm.graph.nodes
                  if (s := started_by(n)) is not None and collective_kind(s) == "all_gather"]
@@ -167,8 +170,8 @@ def test_reduce_scatter_first_issues_far_prefetches_after_the_next_reduce_scatte
 
 
 @pytest.mark.parametrize("graph", ["forward", "backward"])
-def test_issue_order_leaves_depth_one_graphs_unchanged(graph: str) -> None:
-    names = [[n.name for n in _scheduled({"forward_prefetch": 1, "backward_prefetch": 1, "issue_order": order},
+def test_issue_order_leaves_depth_one_graphs_unchanged(step: CapturedStep, graph: str) -> None:
+    names = [[n.name for n in _scheduled(step, {"forward_prefetch": 1, "backward_prefetch": 1, "issue_order": order},
                                          graph).graph.nodes] for order in ("gather_first", "reduce_scatter_first")]
     assert names[0] == names[1]
 
