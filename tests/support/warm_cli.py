@@ -8,8 +8,10 @@ next), running the console script's ``main`` (or the script as ``__main__``) wit
 ``python`` sets them, and leaving the way that interpreter leaves (``SystemExit``'s status, an uncaught exception's
 traceback and status 1, exit handlers run). What it skips is the seconds each interpreter spends
 importing torch and the command's modules before reading its arguments: imports bind names in each module's own
-globals, so having them done first hides nothing a run does after. (One thing it cannot show: whether a run imports
-torch at all; a test about that starts a fresh interpreter instead.) The server itself never runs a command, so no
+globals, so having them done first hides nothing a run does after. (Two things it cannot show: whether a run imports
+torch at all, and what a run's environment does to settings torch reads once at import, such as ``TORCH_LOGS`` or
+inductor's ``TORCHINDUCTOR_*`` defaults, which keep the server's values; a test about either starts a fresh
+interpreter instead.) The server itself never runs a command, so no
 memo (the per-process trace of ``overlapcfg.demo.job``) carries from one run into another.
 
 Protocol (``python tests/support/warm_cli.py MODULE...``, the modules to import first, with its stdin and stdout as
