@@ -408,3 +408,26 @@ def add_trace_metadata(key: str, value_json: str) -> None:
 
 
 __all__ += ["add_trace_metadata", "profiler_active"]
+
+
+# --- the dispatcher: which operators a call runs -----------------------------------------------------------------
+
+def dispatched_ops(fn: Callable[[], object]) -> tuple[str, ...]:
+    """The aten operators ``fn()`` dispatches to, in order (``aten::_scaled_dot_product_flash_attention_for_cpu``
+    for a CPU SDPA call): what a backend choice resolved to, read from the call itself rather than assumed. A
+    dispatch mode (torch's is private) sees each operator below autograd; it is on only for this call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(str(func._schema.name))
+            return func(*args, **(kwargs or {}))
+
+    with _Record():
+        fn()
+    return tuple(seen)
+
+
+__all__ += ["dispatched_ops"]

@@ -137,6 +137,9 @@ class SkewSamples(ConfigModel):
     """Standard deviation of a rank's arrival per length, from the mean lateness of the last rank."""
     residual: float
     """RMS relative error of the fitted ``Skew`` at these lengths."""
+    unit: str | None = None
+    """The compute the ranks ran between synchronizations (``overlapcfg.measuring.skew.SkewUnit``); null in
+    profiles calibrated before it was recorded."""
 
 
 class KindSamples(ConfigModel):

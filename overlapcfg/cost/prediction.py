@@ -109,6 +109,9 @@ class Simulation(RecordModel):
     skew_seconds: float = 0.0
     """Seconds collectives waited for their last rank (the profile's ``skew``), summed over collectives; what of it
     the compute stream waited is in ``exposed_comm_seconds``."""
+    wake_seconds: float = 0.0
+    """Seconds collectives took beyond their fits to wake a link idle since its last collective (the profile's
+    ``skew.wake``), summed; part of ``comm_seconds``."""
     tokens_per_step: int | None = None
     """Tokens one rank processes per step (``overlapcfg.cost.throughput``); None: unknown (``throughput_note``)."""
     model_params: int | None = None

@@ -22,6 +22,10 @@ expected lateness of the last of its ``p`` ranks. A wait that blocks, and the en
 step's results), synchronize. Overlapped collectives hide the wait in their slack; a collective issued right before
 its wait pays it whole, which is why unoverlapped steps are the ones a skew-free model under-predicts.
 
+Wake-up (``Skew.wake``): a collective that starts on a stream idle for ``g`` seconds (since that stream's last
+collective ended, or since the step began) takes ``Skew.wake_seconds(g)`` longer: on a CPU, the communication
+threads sleep between collectives. A collective queued right behind another pays nothing.
+
 The callers decide only what runs when and what it costs; how the streams answer is written here once, so the
 quick score and the full simulation cannot drift apart.
 """
@@ -57,8 +61,8 @@ class Streams:
     issued and not yet waited, and when each collective ran (``spans``)."""
 
     __slots__ = ("_busy_until", "_compute_running", "_heads", "_inflight_of", "_max_of", "_queues", "_skew", "_slowed",
-                 "_slowed_in", "_synced", "_tail", "busy", "comm", "compute", "contended", "exposed", "inflight",
-                 "peak_inflight", "skewed", "spans", "t")
+                 "_slowed_in", "_synced", "_tail", "_wakes", "busy", "comm", "compute", "contended", "exposed",
+                 "inflight", "peak_inflight", "skewed", "spans", "t", "woken")
 
     def __init__(self, skew: Skew | None = None) -> None:
         self.t = 0.0
@@ -97,6 +101,9 @@ class Streams:
         self.skewed = 0.0
         """Seconds collectives waited for their last rank to arrive (the skew), summed."""
         self._max_of: dict[int, float] = {}
+        self._wakes = skew is not None and bool(skew.wake)
+        self.woken = 0.0
+        """Seconds collectives took to wake their idle streams (``Skew.wake``), summed."""
 
     # -- rates ---------------------------------------------------------------------------------------------
     def _rate_factor(self, r: _Running) -> float:
@@ -234,6 +241,11 @@ class Streams:
             start = max(self._tail[stream], arrive)
         else:
             start = max(self._projected_tail(stream, self.t), arrive)
+        if self._wakes and ranks > 1 and skew is not None:
+            idle = start - (self._busy_until.get(stream, 0.0) if not queue else self._tail[stream])
+            extra = skew.wake_seconds(idle if idle > 0.0 else 0.0)
+            self.woken += extra
+            seconds += extra
         r = _Running(token, seconds, slowdown, arrive)
         queue.append(r)
         if slowdown != NO_CONTENTION:

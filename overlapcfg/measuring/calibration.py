@@ -64,6 +64,7 @@ from overlapcfg.cost.measured_fits import (
     LinkContention,
 )
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
+from overlapcfg.measuring.attention_timing import AttentionShape, AttentionTiming, attention_rates, time_attention
 from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.collective_fits import (
     KINDS,
@@ -92,7 +93,7 @@ from overlapcfg.measuring.kernels import (
     timed_until_growing,
 )
 from overlapcfg.measuring.measure_result import CalibratedProfile, profile_header
-from overlapcfg.measuring.skew import SkewTimings, skew_fit, time_skew
+from overlapcfg.measuring.skew import SkewTimings, skew_fit, skew_unit, time_skew
 from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header"]
@@ -177,6 +178,10 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     views = _slowest([time_views(clock)], clock)[0]
     matmuls = {dt: _slowest(time_matmuls(chosen, dt, clock, progress=ticker.one, layouts=mix.layouts), clock)
                for dt in MATMUL_DTYPES}
+    calls = sorted(mix.attention)
+    backend, attention = time_attention(calls, dtype, clock)
+    slowest = _slowest([t for pair in attention for t in pair], clock)
+    attention = [(slowest[2 * i], slowest[2 * i + 1]) for i in range(len(calls))]
     fits = fit_collectives(timings, measured_issue=not clock.cuda)[0] if timings else None
     contended = []
     for group_name, group in live.items():
@@ -188,14 +193,17 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
         dist.all_gather_object(every, mine)
         contended.append([t for t in every if t is not None])
         ticker.one("contention", 0)
-    skews = [time_skew(group_name, group, dtype=dtype, clock=clock) for group_name, group in live.items()]
+    unit = skew_unit(mix)
+    skews = [time_skew(group_name, group, dtype=dtype, clock=clock, unit_spec=unit)
+             for group_name, group in live.items()]
     ticker("done", final=True)
 
     box: list[object] = [None]
     if dist.get_rank() == 0:
         try:
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
-                                                     hosts, contended, mix.memory, views, skews, mix.layouts),
+                                                     hosts, contended, mix.memory, views, skews, mix.layouts,
+                                                     (backend, calls, attention)),
                             clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
@@ -246,6 +254,9 @@ class _Measured:
     """Per group, every rank's arrival waits."""
     layouts: Mapping[MatmulShape, str] | None = None
     """The layout each timed shape was timed in (the step's)."""
+    attention: tuple[str, Sequence[AttentionShape], Sequence[AttentionTiming]] = ("math", (), ())
+    """The backend SDPA used, the step's attention call shapes and their forward and backward seconds (slowest
+    rank)."""
 
 
 def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: DeviceFacts, budget_s: float,
@@ -270,7 +281,7 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
     rates = {dt: (MatmulRate.model_validate({**f[1].model_dump(), "timed": timed[dt]}), f[2])
              for dt, f in fitted.items()}
     built = _profile(name, base, fits, mem, mms, contention, facts, clock, m.hosts, record, rates=rates,
-                     views=m.views, skews=skews)
+                     views=m.views, skews=skews, attention=m.attention, dtype=m.dtype)
     return built.model_dump(mode="json", exclude_none=True)
 
 
@@ -328,7 +339,9 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
              mms: Mapping[torch.dtype, KernelSamples], contention: Sequence[tuple[Contention, ContentionSamples]],
              facts: DeviceFacts, clock: Clock, hosts: Sequence[str], record: Calibration, *,
              rates: Mapping[torch.dtype, tuple[MatmulRate, float]] | None = None, views: float = 0.0,
-             skews: Sequence[tuple[Skew, object]] = ()) -> HardwareProfile:
+             skews: Sequence[tuple[Skew, object]] = (),
+             attention: tuple[str, Sequence[AttentionShape], Sequence[AttentionTiming]] = ("math", (), ()),
+             dtype: torch.dtype = torch.float32) -> HardwareProfile:
     notes: list[str] = []
     rough = [f"{k.kind} on {g.name} {100 * k.residual:.0f}%" for g in record.groups for k in g.collectives
              if k.residual > ROUGH_FIT]
@@ -359,14 +372,23 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
     peak = PeakFlops(bf16=peaks[torch.bfloat16], fp32=peaks[torch.float32])
     achievable = None
     if rates and torch.bfloat16 in rates and torch.float32 in rates:
+        backend, calls, seconds = attention
+        attention_rated = attention_rates(backend, calls, seconds, peaks.get(dtype, peaks[torch.float32]))
+        if attention_rated is not None:
+            notes.append(f"attention: the step's {len(calls)} call shape(s) timed with SDPA's {backend} backend in "
+                         f"{str(dtype).removeprefix('torch.')}; shares of the matmul peak per (length, head dim): "
+                         + ", ".join(f"{p.seq_len}/{p.head_dim} forward {p.forward:.3g} backward {p.backward:.3g}"
+                                     for p in attention_rated.backends[backend]))
         achievable = Achievable(
             matmul=MatmulRates(bf16=rates[torch.bfloat16][0], fp32=rates[torch.float32][0]),
-            memory=MemoryRate(efficiency=1.0, launch_seconds=min(mem.overhead, 0.1), view_seconds=min(views, 0.1)))
+            memory=MemoryRate(efficiency=1.0, launch_seconds=min(mem.overhead, 0.1), view_seconds=min(views, 0.1)),
+            attention=attention_rated)
     skew = None
-    for fitted_skew, _ in skews:  # several groups: the largest of each term
-        skew = fitted_skew if skew is None else Skew(relative=max(skew.relative, fitted_skew.relative),
-                                                     absolute=max(skew.absolute, fitted_skew.absolute),
-                                                     diffusion=max(skew.diffusion, fitted_skew.diffusion))
+    for fitted_skew, _ in skews:  # several groups: the largest of each term (the wake-up: the group waking slowest)
+        skew = fitted_skew if skew is None else Skew(
+            relative=max(skew.relative, fitted_skew.relative), absolute=max(skew.absolute, fitted_skew.absolute),
+            diffusion=max(skew.diffusion, fitted_skew.diffusion),
+            wake=max(skew.wake, fitted_skew.wake, key=lambda w: w[-1].extra if w else 0.0))
     if rough:
         log.warning("calibrate: %s", "; ".join(rough))
     intra = fits.intra_node if fits is not None else None

@@ -115,10 +115,19 @@ def calibration_table(profile: HardwareProfile) -> Group:
                       f"{100 * fitted.relative:.2f}% of compute, {1e3 * (fitted.diffusion ** 0.5):.2g} ms/s^0.5"
                       if fitted else "", "", _residual(sk.residual),
                       f"{len(sk.compute_seconds)} lengths")
+        if fitted is not None and fitted.wake:
+            last = fitted.wake[-1]
+            table.add_row(f"wake-up {escape(sk.group)}", f"{sk.ranks} ranks", f"+{fmt_seconds(last.extra)}",
+                          f"after {fmt_seconds(last.idle)} idle", "", "", f"{len(fitted.wake)} points")
     for k in (cal.kernels if cal else ()):
         unit = "GFLOP/s" if k.what.startswith("matmul") else "GB/s"
         table.add_row(k.what.split(" (")[0], "", fmt_seconds(k.overhead), f"{k.rate / 1e9:.1f} {unit}", "",
                       _residual(k.residual), f"{len(k.shapes)} kernels")
+    attention = profile.achievable.attention if profile.achievable is not None and cal is not None else None
+    for backend, points in (attention.backends.items() if attention is not None else ()):
+        for p in points:
+            table.add_row(f"attention {escape(backend)}", f"{p.seq_len} x {p.head_dim}", "",
+                          f"{100 * p.forward:.0f}% / {100 * p.backward:.0f}% of peak", "", "", "fwd / bwd")
     for c in (cal.contention if cal else ()):
         fit = profile.contention_for(c.inter_node)
         if fit is None:

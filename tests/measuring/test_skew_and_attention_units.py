@@ -1,0 +1,90 @@
+"""What calibration times to measure the skew, the wake-up and attention, pinned on hand computations: the skew's
+compute unit is the step's own mix of kernels (its most frequent matmul and its typical memory-bound kernels); the
+wake-up is the last rank's own wait after compute less right after the alignment, never decreasing; attention's
+shares count FLOPs as the cost model does, from the step's call shapes, and the backend is the operator that ran.
+
+Fast tier: made-up mixes and waits, a tiny SDPA call, a graph traced with make_fx.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from overlapcfg.measuring.attention_timing import attention_rates, attention_shapes, attention_work, time_attention
+from overlapcfg.measuring.clock import Clock
+from overlapcfg.measuring.kernels import MatmulMix
+from overlapcfg.measuring.skew import UNIT_SHAPE, SkewTimings, SkewUnit, skew_fit, skew_unit, wake_points
+
+
+def test_the_skew_unit_is_the_steps_most_frequent_matmul_and_its_memory_kernels_per_matmul() -> None:
+    mix = MatmulMix(Counter({(1, 1024, 64, 64): 32, (1, 64, 1024, 64): 16, (1, 8, 8, 8): 2}), torch.float32,
+                    Counter({100: 20, 200: 70, 300: 10}))
+    # 100 memory kernels over 50 matmuls: 2 a matmul; their median size by count: the 50th of 100 is a 200
+    assert skew_unit(mix) == SkewUnit((1, 1024, 64, 64), 2, 200)
+
+
+def test_a_tie_between_matmul_shapes_goes_to_the_smaller_and_few_memory_kernels_still_give_one() -> None:
+    mix = MatmulMix(Counter({(1, 1024, 64, 64): 8, (1, 8, 8, 8): 8}), torch.float32, Counter({64: 1}))
+    assert skew_unit(mix) == SkewUnit((1, 8, 8, 8), 1, 64)
+
+
+def test_without_a_step_the_unit_is_the_default_matmul_and_one_addition_over_its_output() -> None:
+    assert skew_unit(None) == SkewUnit(UNIT_SHAPE, 1, 0)
+    assert skew_unit(MatmulMix(Counter(), None)) == SkewUnit()
+    assert skew_unit(MatmulMix(Counter({(1, 4, 4, 4): 3}), None)) == SkewUnit((1, 4, 4, 4), 1, 0)
+
+
+def test_the_wake_up_is_the_last_ranks_own_wait_less_right_after_the_alignment_and_never_decreases() -> None:
+    # per length, trials of (rank 0, rank 1) waits: the shorter of each trial is the collective alone
+    waits = (((1e-4, 3e-4), (1.2e-4, 2e-4), (1e-4, 1e-4)),  # no compute: alone 1e-4 (median of 1e-4, 1.2e-4, 1e-4)
+             ((4e-4, 2e-4), (9e-4, 3e-4), (2.5e-4, 5e-4)),  # alone: median of 2e-4, 3e-4, 2.5e-4 = 2.5e-4
+             ((2e-4, 9e-4), (2e-4, 7e-4), (2.2e-4, 2e-4)))  # 2e-4: a dip below the shorter length's, held at it
+    points = wake_points(SkewTimings("world", 2, (0.0, 0.002, 0.008), waits))
+    assert [p.idle for p in points] == [0.0, 0.002, 0.008]
+    assert [p.extra for p in points] == pytest.approx([0.0, 1.5e-4, 1.5e-4])
+    assert skew_fit(SkewTimings("world", 2, (0.0, 0.002, 0.008), waits))[0].wake == points
+
+
+def test_a_repeated_length_keeps_one_point() -> None:
+    waits = (((1e-4, 1e-4),), ((3e-4, 3e-4),), ((4e-4, 4e-4),))
+    points = wake_points(SkewTimings("world", 2, (0.0, 0.0, 0.01), waits))
+    assert [p.idle for p in points] == [0.0, 0.01]
+    assert [p.extra for p in points] == pytest.approx([0.0, 3e-4])
+
+
+def test_attention_work_counts_flops_as_the_cost_model_does() -> None:
+    # 4 x batch_heads x seq^2 x head_dim forward; the backward 2.5x; a causal call half
+    assert attention_work((2, 128, 16, False), backward=False) == 4 * 2 * 128 * 128 * 16
+    assert attention_work((2, 128, 16, False), backward=True) == 2.5 * 4 * 2 * 128 * 128 * 16
+    assert attention_work((2, 128, 16, True), backward=False) == 2 * 2 * 128 * 128 * 16
+
+
+def test_attention_shares_of_the_peak_per_length_and_head_dimension() -> None:
+    rates = attention_rates("flash", [(2, 128, 16, False), (2, 128, 16, True)],
+                            [(1e-3, 4e-3), (1e-3, 4e-3)], peak=1e10)
+    assert rates is not None and rates.backend == "flash"
+    (point,) = rates.backends["flash"]
+    assert (point.seq_len, point.head_dim) == (128, 16)
+    assert point.forward == pytest.approx(2_097_152 / 1e7) and point.backward == pytest.approx(5_242_880 / 4e7)
+    assert point.forward_causal == pytest.approx(point.forward / 2)
+    assert point.backward_causal == pytest.approx(point.backward / 2)
+    assert attention_rates("flash", [], [], peak=1e10) is None
+    held = attention_rates("flash", [(2, 128, 16, False)], [(1e-9, 1e-9)], peak=1e10)
+    assert held is not None and held.backends["flash"][0].forward == 1.0  # faster than the peak: held at 1
+
+
+def test_a_fused_sdpa_call_is_found_by_its_operator_and_timed_on_the_backend_that_ran() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q = torch.randn(2, 3, 32, 8)
+    gm = make_fx(call)(q, q, q)
+    assert attention_shapes([gm]) == Counter({(6, 32, 8, True): 1})
+    backend, timings = time_attention([(6, 32, 8, True)], torch.float32, Clock("cpu"))
+    assert backend == "flash"  # a CPU's SDPA dispatches to its flash kernel for these inputs
+    assert len(timings) == 1 and all(t > 0 for t in timings[0])
