@@ -17,6 +17,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch as _torch
 import torch.fx as _fx
@@ -421,7 +422,8 @@ def dispatched_ops(fn: Callable[[], object]) -> tuple[str, ...]:
     seen: list[str] = []
 
     class _Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
             seen.append(str(func._schema.name))
             return func(*args, **(kwargs or {}))
 
