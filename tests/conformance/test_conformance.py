@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -179,8 +180,8 @@ def _backend(case: C.Case, model: torch.nn.Module, inputs: tuple[Any, ...], loss
     return be
 
 
-def _captured(dynamo: list[fx.GraphModule], plain: dict[str, list[fx.GraphModule]], world_size: int) -> \
-        M.CapturedGraphs | None:
+def _captured(dynamo: list[fx.GraphModule], plain: dict[str, list[fx.GraphModule]], world_size: int,
+              seconds: float) -> M.CapturedGraphs | None:
     """The graphs captured without overlapcfg: the backend route's dynamo graph and the forward and backward graphs
     aot_autograd made from it, copied as aot handed them to the backend's compilers, before overlapcfg read or
     stamped anything. The backend runs aot_autograd exactly as ``M.capture_graphs`` does (min-cut partitioner; the
@@ -189,8 +190,9 @@ def _captured(dynamo: list[fx.GraphModule], plain: dict[str, list[fx.GraphModule
     process-wide counters: ``seq_nr``, ``from_node``'s graph ids) for every case when this was written. None if
     the backend route did not get that far (it then fails its own tests; the capture traces afresh)."""
     if len(dynamo) == 1 and len(plain["forward"]) == 1 and len(plain["backward"]) == 1:
+        inputs = len(dynamo[0].graph.find_nodes(op="placeholder"))  # what dynamo handed the backend, aot's inputs
         return M.CapturedGraphs(dynamo_graph=M.copy_graph_module(dynamo[0]), forward=plain["forward"][0],
-                                backward=plain["backward"][0], joint_inputs=-1, seconds=0.0,
+                                backward=plain["backward"][0], joint_inputs=inputs, seconds=seconds,
                                 world_size=world_size, rank=0)
     return None
 
@@ -208,11 +210,13 @@ def _run(case: C.Case) -> Run:
             dynamo: list[fx.GraphModule] = []
             plain: dict[str, list[fx.GraphModule]] = {"forward": [], "backward": []}
             backend_error: Exception | None = None
+            started = time.perf_counter()
             try:
                 be = _backend(case, model, inputs, loss_fn, pre, dynamo, plain)
             except Exception as err:  # as ``Run.route``: the backend route's tests re-raise it
                 backend_error = err
-            captured = _captured(dynamo, plain, ws) or M.capture_graphs(model, inputs, loss_fn, world_size=ws)
+            seconds = time.perf_counter() - started  # the compile, forward and backward both routes share
+            captured = _captured(dynamo, plain, ws, seconds) or M.capture_graphs(model, inputs, loss_fn, world_size=ws)
             run = Run(case, captured, shapes, backend_pre=pre)
             if backend_error is not None:
                 run.errors["backend"] = backend_error
