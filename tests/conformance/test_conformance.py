@@ -4,8 +4,10 @@ SimpleFSDP-style by ``tests/thirdparty/models.py``) and torchtitan's Llama3 shar
 
 For each model, three routes into overlapcfg:
 
-- ``apply``: graphs captured WITHOUT overlapcfg (``capture_graphs``), no ``module_fqn_fn``: attribution comes from
-  the graphs' own metadata (module stacks with HF's ``L['args'][0]`` root, torchtitan's ``meta["custom"]``);
+- ``apply``: graphs captured WITHOUT overlapcfg, no ``module_fqn_fn``: attribution comes from the graphs' own
+  metadata (module stacks with HF's ``L['args'][0]`` root, torchtitan's ``meta["custom"]``). They are aot's graphs
+  of the backend route's compile, copied as aot hands them over, before overlapcfg reads or stamps them
+  (``_captured``): node for node what ``capture_graphs`` traces in a compile of its own, for half the tracing;
 - ``backend``: ``torch.compile(model, backend=overlapcfg.backend(cfg), fullgraph=True)``, one forward + backward;
 - ``explain``: on an untransformed captured graph (it applies the config to a copy).
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -135,14 +138,41 @@ def _explain(run: Run) -> None:
             run.untouched[name] = _names(gm) == before and "overlapcfg" not in gm.meta
 
 
+@contextlib.contextmanager
+def _aot_graphs_handed_to_the_backend(into: dict[str, list[fx.GraphModule]]) -> Iterator[None]:
+    """While active, ``into["forward"]`` / ``into["backward"]`` receive copies of the graphs aot_autograd hands the
+    overlapcfg backend's compilers, taken before the backend reads or stamps them: aot_autograd as
+    ``overlapcfg.passes.backend`` calls it (through ``overlapcfg.compat``) gets compilers that copy first."""
+    real = compat.aot_autograd
+
+    def keep(kind: str, compiler: Callable[..., Any]) -> Callable[..., Any]:
+        def compile_graph(gm: fx.GraphModule, example_inputs: Any) -> Any:
+            into[kind].append(M.copy_graph_module(gm))
+            return compiler(gm, example_inputs)
+
+        return compile_graph
+
+    def aot_autograd(*, fw_compiler: Callable[..., Any], bw_compiler: Callable[..., Any], **kwargs: Any) -> Any:
+        return real(fw_compiler=keep("forward", fw_compiler), bw_compiler=keep("backward", bw_compiler), **kwargs)
+
+    compat.aot_autograd = aot_autograd
+    try:
+        yield
+    finally:
+        compat.aot_autograd = real
+
+
 def _backend(case: C.Case, model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: Callable[[Any], Any],
-             pre: dict[str, fx.GraphModule], dynamo: list[fx.GraphModule], dynamo_inputs: list[list[Any]]) -> Any:
-    """One compiled forward + backward with ``overlapcfg.backend`` at ``BACKEND_DEPTH``; returns the backend."""
+             pre: dict[str, fx.GraphModule], dynamo: list[fx.GraphModule],
+             plain: dict[str, list[fx.GraphModule]]) -> Any:
+    """One compiled forward + backward with ``overlapcfg.backend`` at ``BACKEND_DEPTH``; returns the backend.
+    ``plain`` receives aot's graphs before the backend touched them (``_aot_graphs_handed_to_the_backend``)."""
     be = overlapcfg.backend(case.config(BACKEND_DEPTH))
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=C.spied_backend(be, dynamo, pre, dynamo_inputs), fullgraph=True)
-        loss_fn(compiled(*inputs)).backward()
+        with _aot_graphs_handed_to_the_backend(plain):
+            compiled = torch.compile(model, backend=C.spied_backend(be, dynamo, pre), fullgraph=True)
+            loss_fn(compiled(*inputs)).backward()
     finally:
         torch._dynamo.reset()
         model.zero_grad(set_to_none=True)
@@ -150,16 +180,20 @@ def _backend(case: C.Case, model: torch.nn.Module, inputs: tuple[Any, ...], loss
     return be
 
 
-def _capture_from(dynamo: list[fx.GraphModule], dynamo_inputs: list[list[Any]], world_size: int) -> \
-        M.CapturedGraphs | None:
-    """The graphs captured without overlapcfg, for a Hugging Face case: aot's (the suite's own compilers) on
-    dynamo's graph of the backend route's compile, copied before the backend saw it. Dynamo's trace does not depend
-    on the backend, so this is the graph ``capture_graphs`` would trace in a second compile (about half of its time);
-    on it aot emits the same forward and backward, node for node (checked for every Hugging Face case when this was
-    written; torchtitan's DTensor inputs are not, so those cases trace afresh). None if dynamo handed the backend no
-    single graph (the backend route then fails; the capture traces afresh)."""
-    if len(dynamo) == 1 and len(dynamo_inputs) == 1:
-        return M.capture_from_dynamo_graph(dynamo[0], dynamo_inputs[0], world_size=world_size)
+def _captured(dynamo: list[fx.GraphModule], plain: dict[str, list[fx.GraphModule]], world_size: int,
+              seconds: float) -> M.CapturedGraphs | None:
+    """The graphs captured without overlapcfg: the backend route's dynamo graph and the forward and backward graphs
+    aot_autograd made from it, copied as aot handed them to the backend's compilers, before overlapcfg read or
+    stamped anything. The backend runs aot_autograd exactly as ``M.capture_graphs`` does (min-cut partitioner; the
+    compilers see aot's graphs as they are), so these are the graphs a second compile with ``M.capture_graphs``
+    would trace again (twice the tracing time): compared node for node (names, targets, arguments, ``meta`` but for
+    process-wide counters: ``seq_nr``, ``from_node``'s graph ids) for every case when this was written. None if
+    the backend route did not get that far (it then fails its own tests; the capture traces afresh)."""
+    if len(dynamo) == 1 and len(plain["forward"]) == 1 and len(plain["backward"]) == 1:
+        inputs = len(dynamo[0].graph.find_nodes(op="placeholder"))  # what dynamo handed the backend, aot's inputs
+        return M.CapturedGraphs(dynamo_graph=M.copy_graph_module(dynamo[0]), forward=plain["forward"][0],
+                                backward=plain["backward"][0], joint_inputs=inputs, seconds=seconds,
+                                world_size=world_size, rank=0)
     return None
 
 
@@ -171,20 +205,18 @@ def _run(case: C.Case) -> Run:
         model, make_batch = C.build(case)
         inputs, loss_fn = make_batch()
         shapes = C.param_shapes(model, ws)
-        # torchtitan: capture first, in a compile of its own (see ``_capture_from``).
-        captured = None if case.hf else M.capture_graphs(model, inputs, loss_fn, world_size=ws)
         with contextlib.nullcontext() if torchtitan else M.fake_process_group(ws):
             pre: dict[str, fx.GraphModule] = {}
             dynamo: list[fx.GraphModule] = []
-            dynamo_inputs: list[list[Any]] = []
+            plain: dict[str, list[fx.GraphModule]] = {"forward": [], "backward": []}
             backend_error: Exception | None = None
+            started = time.perf_counter()
             try:
-                be = _backend(case, model, inputs, loss_fn, pre, dynamo, dynamo_inputs)
+                be = _backend(case, model, inputs, loss_fn, pre, dynamo, plain)
             except Exception as err:  # as ``Run.route``: the backend route's tests re-raise it
                 backend_error = err
-            if captured is None:
-                captured = _capture_from(dynamo, dynamo_inputs, ws) or M.capture_graphs(model, inputs, loss_fn,
-                                                                                         world_size=ws)
+            seconds = time.perf_counter() - started  # the compile, forward and backward both routes share
+            captured = _captured(dynamo, plain, ws, seconds) or M.capture_graphs(model, inputs, loss_fn, world_size=ws)
             run = Run(case, captured, shapes, backend_pre=pre)
             if backend_error is not None:
                 run.errors["backend"] = backend_error
@@ -289,6 +321,8 @@ def test_apply_on_captured_graphs_merges_every_fsdp_collective_and_leaves_the_re
     run = runs(case).require("apply")
     for graph in GRAPHS:
         assert C.counts(run.original(graph)) == EXPECTED[case][graph][0]
+        # captured without overlapcfg: nothing of its own on any node (``_captured`` copies before the backend)
+        assert not [n.name for n in run.original(graph).graph.nodes if "overlapcfg" in n.meta], graph
         for depth in DEPTHS:
             final = run.applied[depth][graph]
             _assert_counts("apply", case, graph, final)

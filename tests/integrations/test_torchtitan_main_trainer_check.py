@@ -9,7 +9,10 @@ trainer will, every ``OVERLAPCFG_CONFIG=...`` the example and README suggest for
 preset names the nearest one the driver runs, and the presets it runs are listed wherever presets are.
 
 The subprocesses run with triton blocked (a CPU-only machine) and tensorboard and datasets stubbed (installed by
-``overlapcfg[torchtitan]``, not by README's test environment), as ``test_torchtitan_entry_point.py`` does.
+``overlapcfg[torchtitan]``, not by README's test environment), as ``test_torchtitan_entry_point.py`` does. The
+``--check`` runs on that set-up are forked from one server (``tests/support/warm_cli.py``) started with it, which has
+imported torch and overlapcfg's torchtitan integration first (about four of each run's eight seconds); the two runs
+about what is importable at all start fresh interpreters of their own.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from torch import nn
 
 from overlapcfg import OverlapConfigError
 from tests.support.paths import README
+from tests.support.warm_cli import WarmCli
 
 ROOT = README.parent
 EXAMPLE = ROOT / "examples" / "torchtitan" / "overlap_configs.py"
@@ -57,17 +62,48 @@ INSTALLED = {"torch.utils.tensorboard": ("SummaryWriter",), "datasets": ("Datase
 """What ``overlapcfg[torchtitan]`` installs and torchtitan's config registry imports, stubbed."""
 
 
-def _run(tmp_path: Path, args: list[str], *, env: dict[str, str] | None = None, blocked: tuple[str, ...] = ("triton",),
-         stubbed: dict[str, tuple[str, ...]] | None = None) -> subprocess.CompletedProcess[str]:
-    site = tmp_path / "site"
+def _site(where: Path, blocked: tuple[str, ...], stubbed: dict[str, tuple[str, ...]] | None) -> Path:
+    site = where / "site"
     site.mkdir(exist_ok=True)
     stubs = INSTALLED if stubbed is None else stubbed
     (site / "sitecustomize.py").write_text(textwrap.dedent(SITE.format(blocked=blocked, stubbed=stubs)))
+    return site
+
+
+def _environ(site: Path, env: dict[str, str] | None = None) -> dict[str, str]:
     path = os.pathsep.join([str(site), str(ROOT), str(EXAMPLE.parent)])
     environ = {k: v for k, v in os.environ.items() if k != "OVERLAPCFG_CONFIG"}
     environ.update({"PYTHONPATH": path, **(env or {})})
+    return environ
+
+
+def _run(tmp_path: Path, args: list[str], *, env: dict[str, str] | None = None, blocked: tuple[str, ...] = ("triton",),
+         stubbed: dict[str, tuple[str, ...]] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = _environ(_site(tmp_path, blocked, stubbed), env)
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=environ, capture_output=True, text=True,
                           timeout=300, check=False)
+
+
+RUN_AS_MAIN = "import runpy, sys; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+"""``python -m MODULE ARGS`` as ``python -c`` runs it (``alter_sys``: ``sys.argv[0]`` becomes the module's file)."""
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    """``check(config, env=...)``: ``python -m overlapcfg.integrations.torchtitan --check --module overlap_configs
+    --config CONFIG`` with triton blocked and the trainer's packages stubbed (``_run``'s defaults), each run a
+    process of its own forked from a server started with the same ``sitecustomize``, ``PYTHONPATH`` and environment
+    (``OVERLAPCFG_CONFIG`` is read when the check runs, not at import)."""
+    site = _site(tmp_path_factory.mktemp("check"), ("triton",), None)
+    # Not torchtitan's model registry: the check imports it inside ``without_triton``, as it must be.
+    with WarmCli(preload=("torch", "overlapcfg.integrations.torchtitan"), env=_environ(site)) as server:
+
+        def run(config: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+            argv = [sys.executable, "-c", RUN_AS_MAIN, "overlapcfg.integrations.torchtitan", "--check", "--module",
+                    "overlap_configs", "--config", config]
+            return server.run(argv, cwd=ROOT, env=_environ(site, env), timeout=300)
+
+        yield run
 
 
 def _docstrings() -> str:
@@ -109,19 +145,19 @@ def test_the_examples_and_readme_suggest_values_for_this_path() -> None:
     assert "aggressive" not in values and "auto" not in values
 
 
-@pytest.mark.slow  # one process per value, each building the 8B model on the meta device
+@pytest.mark.slow  # one process per value (forked from the warm server), each building the 8B model on the meta device
 @pytest.mark.parametrize("value", suggested_values())
-def test_every_suggested_value_passes_check_against_the_model_without_a_gpu(tmp_path: Path, value: str) -> None:
-    out = _run(tmp_path, ["-m", "overlapcfg.integrations.torchtitan", "--check", "--module", "overlap_configs",
-                          "--config", "llama3_8b_overlapcfg"], env={"OVERLAPCFG_CONFIG": value})
+def test_every_suggested_value_passes_check_against_the_model_without_a_gpu(
+        check: Callable[..., subprocess.CompletedProcess[str]], value: str) -> None:
+    out = check("llama3_8b_overlapcfg", env={"OVERLAPCFG_CONFIG": value})
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert out.stdout.startswith(f"OVERLAPCFG_CONFIG={value}: fits Llama3Model (34 FSDP2 groups: tok_embeddings,")
 
 
 @pytest.mark.slow
-def test_check_refuses_aggressive_naming_the_nearest_preset_and_the_file_that_keeps_its_depth(tmp_path: Path) -> None:
-    out = _run(tmp_path, ["-m", "overlapcfg.integrations.torchtitan", "--check", "--module", "overlap_configs",
-                          "--config", "llama3_debugmodel_overlapcfg"], env={"OVERLAPCFG_CONFIG": "aggressive"})
+def test_check_refuses_aggressive_naming_the_nearest_preset_and_the_file_that_keeps_its_depth(
+        check: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    out = check("llama3_debugmodel_overlapcfg", env={"OVERLAPCFG_CONFIG": "aggressive"})
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     text = " ".join(out.stderr.split())
     assert "OVERLAPCFG_CONFIG=aggressive.policy.reduce_scatter_delay: FSDP2 has no per-bucket reduce-scatter" in text

@@ -467,10 +467,8 @@ def bucket_numels(original: fx.GraphModule, dynamo_gm: fx.GraphModule, kind: str
     return {b: sizes[b] for b in sorted(firsts, key=firsts.__getitem__)}
 
 
-def spied_backend(be: Any, dynamo: list[fx.GraphModule], pre: dict[str, fx.GraphModule],
-                  example_inputs: list[list[Any]] | None = None) -> Callable[..., Any]:
-    """Wrap a ``GraphBackend``: keep the dynamo graph it receives and copies of aot's graphs before its passes
-    (and, given ``example_inputs``, the inputs dynamo hands it with each graph: ``M.capture_from_dynamo_graph``)."""
+def spied_backend(be: Any, dynamo: list[fx.GraphModule], pre: dict[str, fx.GraphModule]) -> Callable[..., Any]:
+    """Wrap a ``GraphBackend``: keep the dynamo graph it receives and copies of aot's graphs before its passes."""
     for name, attr in (("forward", "fw_pass"), ("backward", "bw_pass")):
         inner = getattr(be, attr)
 
@@ -482,8 +480,6 @@ def spied_backend(be: Any, dynamo: list[fx.GraphModule], pre: dict[str, fx.Graph
 
     def outer(gm: fx.GraphModule, inputs: Any) -> Any:
         dynamo.append(M.copy_graph_module(gm))
-        if example_inputs is not None:
-            example_inputs.append(list(inputs))
         return be(gm, inputs)
 
     return outer

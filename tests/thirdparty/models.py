@@ -22,8 +22,6 @@ Models (each seeded and deterministic; tiny: 2 layers, hidden 64, vocab 128, bat
   model's own ``parallelize`` (sequence parallel on / off), as graph_trainer's ``parallelize_llama`` does.
 - ``capture_graphs(model, inputs, loss_fn)``: ``torch.compile`` with an ``aot_autograd`` backend (min-cut
   partitioner, boxed eager), one forward + backward under a fake process group; returns the graphs.
-- ``capture_from_dynamo_graph(dynamo_graph, example_inputs)``: the same, from a dynamo graph another compile of
-  the model already traced (a backend's copy of what dynamo handed it): aot only, no second dynamo trace.
 
 Typical use::
 
@@ -666,54 +664,6 @@ def _aot_capture_backend(captured: dict[str, list[fx.GraphModule]]) -> Callable[
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                         partition_fn=min_cut_rematerialization_partition)
-
-
-def capture_from_dynamo_graph(dynamo_graph: fx.GraphModule, example_inputs: Sequence[Any], *, world_size: int = 2,
-                              rank: int = 0) -> CapturedGraphs:
-    """What ``capture_graphs`` returns, from a dynamo graph already traced: aot_autograd (the same compilers and
-    partitioner) on a copy of ``dynamo_graph`` and the ``example_inputs`` dynamo handed its backend with it, then one
-    forward and a backward through every output that needs a gradient (aot compiles the backward at the first one).
-
-    For a second route through the same model: ``torch.compile(model, backend=b)`` traces with dynamo whatever ``b``
-    is, and dynamo's graph is made before ``b`` sees it, so a copy taken as ``b`` receives it is the graph
-    ``capture_graphs`` would trace again. On it, aot emits ``capture_graphs``'s forward and backward graphs node for
-    node (names, targets, arguments; ``meta`` but for process-wide counters: ``seq_nr``, ``ac_graph_id``,
-    ``from_node``'s graph ids), as compared for every Hugging Face case of the conformance suite when this was
-    written. Not for tensor-subclass inputs (torchtitan's DTensor parameters): outside dynamo aot unwraps them into
-    other graphs (a node more or fewer), so they are refused. The dynamo trace is about half of a capture.
-
-    Runs under ``fake_process_group(world_size, rank)`` unless a default group is open (as ``capture_graphs``).
-    Gradients it accumulates on leaf inputs (parameters) are cleared afterwards.
-    """
-    subclasses = sorted({type(v).__name__ for v in example_inputs
-                         if isinstance(v, torch.Tensor) and type(v) not in (torch.Tensor, nn.Parameter)})
-    if subclasses:
-        raise ValueError(f"capture_from_dynamo_graph: tensor-subclass inputs ({', '.join(subclasses)}) are captured "
-                         f"otherwise outside dynamo; use capture_graphs")
-    captured: dict[str, list[fx.GraphModule]] = {"forward": [], "backward": []}
-    gm = copy_graph_module(dynamo_graph)
-    pg: contextlib.AbstractContextManager[Any] = (contextlib.nullcontext() if dist.is_initialized()
-                                                  else fake_process_group(world_size, rank))
-    start = time.perf_counter()
-    try:
-        with pg:
-            outputs = _aot_capture_backend(captured)(gm, list(example_inputs))(*example_inputs)
-            flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]  # aot returns the graph's flat outputs
-            needs_grad = [o for o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
-            if not needs_grad:
-                raise AssertionError("capture_from_dynamo_graph: no output needs a gradient")
-            torch.autograd.backward(needs_grad, [torch.ones_like(o) for o in needs_grad])
-    finally:
-        seconds = time.perf_counter() - start
-        for value in example_inputs:
-            if isinstance(value, torch.Tensor) and value.is_leaf:
-                value.grad = None
-    if not captured["forward"] or not captured["backward"]:
-        raise AssertionError(f"capture_from_dynamo_graph: missing graphs, got "
-                             f"{ {k: len(v) for k, v in captured.items()} }")
-    return CapturedGraphs(dynamo_graph=copy_graph_module(dynamo_graph), forward=captured["forward"][0],
-                          backward=captured["backward"][0], joint_inputs=len(example_inputs), seconds=seconds,
-                          world_size=world_size, rank=rank)
 
 
 def capture_graphs(model: nn.Module, inputs: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor], *,
