@@ -98,10 +98,17 @@ def test_the_docs_show_the_measure_example_as_it_is() -> None:
     assert f"```python\n{EXAMPLE.read_text()}```" in page
 
 
+EXAMPLE_SMALL = ["--layers", "1", "--budget-s", "2", "--steps", "2"]
+"""The example's own options at their smallest useful values: what is checked (it calibrates, measures its three
+configs and writes its files) does not depend on the depth, the calibration budget (each kind still times the ends
+of its size range) or the number of timed steps, and each config compiles the model on every rank (dynamo's and
+aot's time grows with the layers); its defaults are a user's first run, not this check's."""
+
+
 @pytest.mark.slow
 def test_the_measure_example_runs_under_torchrun(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(EXIT_WATCH), str(tmp_path / "exit"), str(EXAMPLE)]
+           str(EXIT_WATCH), str(tmp_path / "exit"), str(EXAMPLE), *EXAMPLE_SMALL]
     out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "home"),
                          timeout=280)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
@@ -109,4 +116,5 @@ def test_the_measure_example_runs_under_torchrun(tmp_path: Path) -> None:
     assert "predicted (my_cluster) vs measured" in out.stdout
     data = json.loads((tmp_path / "measure.json").read_text())
     assert [c["name"] for c in data["configs"]] == ["none", "depth 1", "depth 2"]
+    assert data["steps"] == 2 and data["hardware"]["calibration"]["budget_seconds"] == 2  # the options were read
     assert (tmp_path / "home" / "hardware" / "my_cluster.yaml").is_file()
