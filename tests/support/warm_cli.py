@@ -240,5 +240,15 @@ def shared() -> WarmCli:
     return _SHARED[0]
 
 
+_TORCHRUN = "import runpy; runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)"
+
+
+def torchrun(*args: str) -> list[str]:
+    """The command line of ``python -m torch.distributed.run ARGS`` as this server runs it (``python -c``; the server
+    has imported torch, which the launcher would spend seconds of CPU on importing again). Only the launcher is
+    forked warm: the ranks it starts are fresh interpreters, as under any torchrun."""
+    return [sys.executable, "-c", _TORCHRUN, *args]
+
+
 if __name__ == "__main__":
     serve(sys.argv[1:])
