@@ -1,8 +1,9 @@
 """Calibrate this cluster, then measure a training step under three configs against the prediction.
 
-    torchrun --nproc-per-node 2 examples/measure_steps/measure_steps.py
+    torchrun --nproc-per-node 2 examples/measure_steps/measure_steps.py [--layers 2] [--budget-s 10] [--steps 5]
 """
 
+import argparse
 import os
 from pathlib import Path
 
@@ -16,7 +17,13 @@ from overlapcfg.demo import Llama, LlamaConfig, cross_entropy_loss
 from overlapcfg.demo.tracing import demo_batch
 from overlapcfg.measuring.render_measure import calibration_table, measurement_table
 
-config = LlamaConfig(n_layers=2)
+parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+parser.add_argument("--layers", type=int, default=2, help="decoder layers of the demo model")
+parser.add_argument("--budget-s", type=float, default=10.0, help="seconds calibration aims for (more: closer fits)")
+parser.add_argument("--steps", type=int, default=5, help="timed steps per config (the median is reported)")
+args = parser.parse_args()
+
+config = LlamaConfig(n_layers=args.layers)
 world_size = int(os.environ["WORLD_SIZE"])
 # The step's matmul shapes for calibration, traced in this process before the real group exists.
 traced = overlapcfg.trace_train_step(config, world_size=world_size, reshard_after_forward=True)
@@ -41,13 +48,13 @@ def make_step(backend):
 
 
 # Rank 0 writes ~/.config/overlapcfg/hardware/my_cluster.yaml ($OVERLAPCFG_HOME/hardware if set).
-profile = overlapcfg.calibrate(step=traced, name="my_cluster", budget_s=10)
+profile = overlapcfg.calibrate(step=traced, name="my_cluster", budget_s=args.budget_s)
 configs = {
     "none": {"strategy": "none"},
     "depth 1": {"plan": "llama_layers", "policy": "default"},
     "depth 2": {"plan": "llama_layers", "policy": "aggressive"},
 }
-result = overlapcfg.measure(make_step, configs, hardware=profile, steps=5)
+result = overlapcfg.measure(make_step, configs, hardware=profile, steps=args.steps)
 if rank == 0:
     Console(width=120).print(calibration_table(profile), measurement_table(result))
     Path("measure.json").write_text(result.to_json())

@@ -166,29 +166,40 @@ main()
 def test_ctrl_c_during_a_command_write_exits_130_with_one_line_and_leaves_no_half_file(tmp_path: Path) -> None:
     """Issue 39: Ctrl-C while the command wrote an output removed the temporary file but printed a Python
     traceback and ended with status -2 (killed by SIGINT). A real SIGINT to the command mid-write: status 130,
-    one line, the run's earlier outputs (its ``.hydra`` config) whole, no half report, no temporary."""
+    one line, the run's earlier outputs (its ``.hydra`` config) whole, no half report, no temporary.
+
+    The command is a process of its own forked warm (``tests/support/warm_cli.py``: torch and the command already
+    imported, which the interrupt, arriving mid-write, does not depend on); its output is a file, read as it
+    grows."""
     import signal
-    import subprocess
-    import sys
+    import time
+
+    from tests.support.warm_cli import shared
 
     run = tmp_path / "run"
     (tmp_path / "cli.py").write_text(CLI_INTERRUPTED)
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    child = subprocess.Popen([sys.executable, str(tmp_path / "cli.py"), "model.n_layers=1", f"hydra.run.dir={run}"],
-                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    running = shared().start([sys.executable, str(tmp_path / "cli.py"), "model.n_layers=1", f"hydra.run.dir={run}"],
+                             cwd=tmp_path, env=env)
+    pid, deadline, alive = running.pid(), time.monotonic() + 180, True
     try:
-        assert child.stdout is not None
-        for line in child.stdout:
-            if line == "half written\n":
-                break
-        else:
-            pytest.fail(f"the command ended before writing its report: {child.wait()} {child.stderr.read()}")
+        while "half written\n" not in (running.stdout.read_text() if running.stdout.exists() else ""):
+            try:
+                os.kill(pid, 0)  # still running (the server reaps it as soon as it ends)
+            except ProcessLookupError:
+                alive = False
+                pytest.fail(f"the command ended before writing its report: {running.result(timeout=60)}")
+            assert time.monotonic() < deadline, "the command wrote no report within 180 s"
+            time.sleep(0.05)
         config = (run / ".hydra" / "config.yaml").read_text()
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=60)
+        os.kill(pid, signal.SIGINT)
+        alive = False  # from here its end is waited for (and a run past the timeout killed) by ``result``
+        done = running.result(timeout=60)
     finally:
-        child.kill()
-    assert child.returncode == 130, err
+        if alive:  # a failed wait for the half-written report: end the run, which the server then reaps
+            os.kill(pid, signal.SIGKILL)
+    err = done.stderr
+    assert done.returncode == 130, err
     assert [line for line in err.splitlines() if line.strip()] == [
         "overlapcfg: interrupted (Ctrl-C); every file written so far is whole"]
     assert (run / ".hydra" / "config.yaml").read_text() == config

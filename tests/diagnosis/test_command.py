@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.warm_cli import SCRIPT, shared
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "overlapcfg", "mode=diagnose", f"hydra.run.dir={tmp_path}", *args],
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path, check=False)
+    """``overlapcfg mode=diagnose ARGS`` in a process of its own, forked warm (``tests/support/warm_cli.py``: the
+    interpreter has imported the command already; the diagnosis it runs is the run's own)."""
+    return shared().run([str(SCRIPT), "mode=diagnose", f"hydra.run.dir={tmp_path}", *args], cwd=tmp_path,
+                        timeout=240)
 
 
 @pytest.mark.slow

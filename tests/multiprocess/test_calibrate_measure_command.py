@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.exit_watch import finalized_under_gloo
+from tests.support.warm_cli import shared, torchrun
 
 EXIT_WATCH = Path(__file__).resolve().parents[1] / "support" / "exit_watch.py"
 SMALL = ["model.n_layers=1", "model.vocab_size=256", "batch=2", "seq_len=16"]
@@ -31,12 +32,12 @@ def _env(home: Path) -> dict[str, str]:
 
 def _torchrun(tmp_path: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``torchrun -m overlapcfg *args``, watched at its exit: a rank that finalized Python under gloo's threads is
-    a failure, certain here where the abort it risks is rare (``tests/support/exit_watch.py``)."""
+    a failure, certain here where the abort it risks is rare (``tests/support/exit_watch.py``). torchrun's launcher
+    is forked warm (``tests/support/warm_cli.py``: it skips importing torch); the ranks are fresh interpreters."""
     watch = tmp_path / "exit"
     shutil.rmtree(watch, ignore_errors=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(EXIT_WATCH), str(watch), "-m", "overlapcfg", *args]
-    done = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(home), timeout=280)
+    cmd = torchrun("--nproc-per-node", "2", "--standalone", str(EXIT_WATCH), str(watch), "-m", "overlapcfg", *args)
+    done = shared().run(cmd, cwd=tmp_path, env=_env(home), timeout=280)
     if done.returncode == 0:
         assert finalized_under_gloo(watch) == {}, args
     return done
@@ -98,15 +99,22 @@ def test_the_docs_show_the_measure_example_as_it_is() -> None:
     assert f"```python\n{EXAMPLE.read_text()}```" in page
 
 
+EXAMPLE_SMALL = ["--layers", "1", "--budget-s", "2", "--steps", "2"]
+"""The example's own options at their smallest useful values: what is checked (it calibrates, measures its three
+configs and writes its files) does not depend on the depth, the calibration budget (each kind still times the ends
+of its size range) or the number of timed steps, and each config compiles the model on every rank (dynamo's and
+aot's time grows with the layers); its defaults are a user's first run, not this check's."""
+
+
 @pytest.mark.slow
 def test_the_measure_example_runs_under_torchrun(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(EXIT_WATCH), str(tmp_path / "exit"), str(EXAMPLE)]
-    out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "home"),
-                         timeout=280)
+    cmd = torchrun("--nproc-per-node", "2", "--standalone", str(EXIT_WATCH), str(tmp_path / "exit"), str(EXAMPLE),
+                   *EXAMPLE_SMALL)
+    out = shared().run(cmd, cwd=tmp_path, env=_env(tmp_path / "home"), timeout=280)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert finalized_under_gloo(tmp_path / "exit") == {}  # it ends with overlapcfg.exit_process
     assert "predicted (my_cluster) vs measured" in out.stdout
     data = json.loads((tmp_path / "measure.json").read_text())
     assert [c["name"] for c in data["configs"]] == ["none", "depth 1", "depth 2"]
+    assert data["steps"] == 2 and data["hardware"]["calibration"]["budget_seconds"] == 2  # the options were read
     assert (tmp_path / "home" / "hardware" / "my_cluster.yaml").is_file()

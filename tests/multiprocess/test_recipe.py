@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.warm_cli import shared, torchrun
 
 EXIT_WATCH = Path(__file__).resolve().parents[1] / "support" / "exit_watch.py"
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "train_llama" / "train.py"
@@ -26,10 +26,10 @@ def train(tmp_path: Path, name: str, *overrides: str, env: dict[str, str] | None
     losses = tmp_path / f"{name}.json"
     env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "HYDRA_FULL_ERROR"}
     env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU even on a GPU machine: the test compares bits, not speed
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(EXIT_WATCH), str(tmp_path / name), str(RECIPE), f"hydra.run.dir={tmp_path / name}", "steps=3",
-           f"losses_file={losses}", *overrides]
-    out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=240)
+    # torchrun's launcher forked warm (tests/support/warm_cli.py: it skips importing torch); the ranks are fresh
+    cmd = torchrun("--nproc-per-node", "2", "--standalone", str(EXIT_WATCH), str(tmp_path / name), str(RECIPE),
+                   f"hydra.run.dir={tmp_path / name}", "steps=3", f"losses_file={losses}", *overrides)
+    out = shared().run(cmd, cwd=tmp_path, env=env, timeout=240)
     LAST_OUTPUT[name] = out.stdout + out.stderr
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "step 2 loss" in out.stdout + out.stderr

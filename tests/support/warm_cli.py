@@ -190,16 +190,24 @@ class Running:
     argv: list[str]
     stdout: Path
     stderr: Path
+    _pid: int | None = None
+
+    def pid(self, timeout: float = 180) -> int:
+        """The command's process id, once the server has forked it (for a test that signals the run mid-way; its
+        output so far is in the files ``stdout`` and ``stderr``)."""
+        if self._pid is None:
+            try:
+                self._pid = self.server._reply(timeout)["pid"]
+            except TimeoutError:  # the server never forked it: end the server
+                self.server._proc.kill()
+                raise subprocess.TimeoutExpired(self.argv, timeout) from None
+        return self._pid
 
     def result(self, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         assert self.server._pending is self, "a run's result is read once, before the server's next run"
-        self.server._pending = None
         deadline = time.monotonic() + timeout
-        try:
-            pid = self.server._reply(timeout)["pid"]
-        except TimeoutError:  # the server never forked it: end the server
-            self.server._proc.kill()
-            raise subprocess.TimeoutExpired(self.argv, timeout) from None
+        pid = self.pid(timeout)
+        self.server._pending = None
         try:
             rc = self.server._reply(max(0.0, deadline - time.monotonic()))["rc"]
         except TimeoutError:
@@ -230,6 +238,16 @@ def shared() -> WarmCli:
         atexit.register(server.close)
         _SHARED.append(server)
     return _SHARED[0]
+
+
+_TORCHRUN = "import runpy; runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)"
+
+
+def torchrun(*args: str) -> list[str]:
+    """The command line of ``python -m torch.distributed.run ARGS`` as this server runs it (``python -c``; the server
+    has imported torch, which the launcher would spend seconds of CPU on importing again). Only the launcher is
+    forked warm: the ranks it starts are fresh interpreters, as under any torchrun."""
+    return [sys.executable, "-c", _TORCHRUN, *args]
 
 
 if __name__ == "__main__":
