@@ -185,8 +185,13 @@ def cases(draw: st.DrawFn) -> Case:
 
 
 def _apply(syn: Synthetic, cfg: dict[str, Any]) -> fx.GraphModule:
+    """The pass on a copy of ``syn``'s graph. The copy is lazy (``compat.lazy_graph_module_copy``, what the backend
+    and ``explain`` give the pass): its Python code, and the pass's closing ``recompile``, are written only where a
+    test reads ``.code``; ``copy.deepcopy`` would generate and compile it twice for each of the hundreds of applies
+    here, which read the graph only."""
     with compat.fake_process_group(syn.world_size, 0):
-        return apply(copy.deepcopy(syn.gm), load_config(cfg), module_fqns=syn.module_fqns, graph_kind=syn.kind)
+        return apply(compat.lazy_graph_module_copy(syn.gm), load_config(cfg), module_fqns=syn.module_fqns,
+                     graph_kind=syn.kind)
 
 
 def _check_all_gathers(gm: fx.GraphModule, case: Case, syn: Synthetic, placed: list[Placed], field: str,
@@ -518,7 +523,7 @@ def _good(kind: str, config: str) -> tuple[fx.GraphModule, fx.GraphModule]:
     syn = _verify_graph(kind, stepped=config == "stepped")
     if (kind, config) not in _VERIFIED:
         _VERIFIED[(kind, config)] = _apply(syn, VERIFY_CONFIGS[config])
-    return syn.gm, copy.deepcopy(_VERIFIED[(kind, config)])
+    return syn.gm, compat.lazy_graph_module_copy(_VERIFIED[(kind, config)])  # breakers edit the graph only
 
 
 def _breakages() -> list[Any]:
