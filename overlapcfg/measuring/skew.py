@@ -10,7 +10,7 @@ measures the two terms on the live group, without comparing clocks across hosts:
 2. the rank that arrived first waits longest: per trial, a rank's wait less the shortest wait of that trial is how
    much later than it the last rank arrived (the collective's own time cancels); its mean over ranks and trials is
    ``expected_max_normal(p) x sigma(T)`` (each rank averages the lateness of the last one);
-3. at a few lengths ``T`` (none, then longer and longer compute, in units of a small matmul), ``TRIALS`` trials
+3. at a few lengths ``T`` (none, then longer and longer compute, in whole units), ``TRIALS`` trials
    each, taken in turns so a drifting load hits every length alike; ``sigma(T)^2 = absolute^2 + diffusion T +
    relative^2 T^2`` is fitted by non-negative least squares on ``(1, T, T^2)``;
 4. the last rank's own wait (the shortest of a trial: it found the others there) is the collective alone; after
