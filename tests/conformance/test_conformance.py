@@ -689,3 +689,20 @@ def test_depth_checker_counts_other_gathers_in_flight_at_each_wait(order: str, d
     gm = _hand_built(order)
     assert C.prefetch_depths(gm, C.collectives(gm)) == depths
     assert C.expected_depths(2, 3) == [2, 1, 0] and C.expected_depths(1, 4) == [1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("case", ["hf_llama", "hf_qwen2", "tt_fully_shard"])
+def test_calibration_finds_one_attention_call_per_layer_at_the_models_own_shape(runs: Callable[[str], Run],
+                                                                               case: str) -> None:
+    """What calibration times for attention, read from graphs nobody here wrote: one call per decoder layer, at
+    the batch x query heads, sequence length and head dimension the tiny configs give (KV heads grouped or not,
+    the FLOPs are the query heads'). Causal as the pricing reads the call: torchtitan's attention passes
+    ``is_causal=True`` (a kernel that skips the masked half); Hugging Face's builds its mask from the positions and
+    passes it as a tensor, so the kernel computes every score, and it is priced and timed as a full call."""
+    from overlapcfg.measuring.attention_timing import attention_shapes
+
+    run = runs(case)
+    shapes = attention_shapes([run.original("forward"), run.original("backward")])
+    heads = 4  # tests.thirdparty.models: 4 query heads (2 KV heads) in every one of these configs
+    causal = case.startswith("tt_")
+    assert shapes == Counter({(M.BATCH * heads, M.SEQ_LEN, M.HIDDEN // heads, causal): M.LAYERS}), shapes
