@@ -24,10 +24,11 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.cost.achievable import AttentionPoint, AttentionRates
 from overlapcfg.cost.attention import FusedAttention, attention_plan, kept_attention
+from overlapcfg.cost.hardware import PeakFlops
 from overlapcfg.measuring.clock import Clock
 
 __all__ = ["AttentionShape", "AttentionTiming", "attention_rates", "attention_shapes", "attention_work",
-           "time_attention"]
+           "share_peak", "time_attention"]
 
 AttentionShape = tuple[int, int, int, bool]
 """``(batch x heads, query length, head dimension, causal)`` of one call (keys and queries of the same length)."""
@@ -111,6 +112,12 @@ def time_attention(shapes: Sequence[AttentionShape], dtype: torch.dtype, clock: 
         total = clock.per_call(both, min_seconds=KERNEL_SECONDS)
         out.append((fwd, max(total - fwd, fwd * 1e-3)))
     return backend, out
+
+
+def share_peak(peak: PeakFlops, dtype: torch.dtype) -> float:
+    """The peak a share timed in ``dtype`` is taken of: the one pricing multiplies it by
+    (``HardwareProfile.flops_for``, where fp16 is costed as bf16)."""
+    return peak.bf16 if dtype in (torch.bfloat16, torch.float16) else peak.fp32
 
 
 def attention_rates(backend: str, shapes: Sequence[AttentionShape], timings: Sequence[AttentionTiming],

@@ -64,7 +64,13 @@ from overlapcfg.cost.measured_fits import (
     LinkContention,
 )
 from overlapcfg.errors import OverlapConfigError, OverlapStateError
-from overlapcfg.measuring.attention_timing import AttentionShape, AttentionTiming, attention_rates, time_attention
+from overlapcfg.measuring.attention_timing import (
+    AttentionShape,
+    AttentionTiming,
+    attention_rates,
+    share_peak,
+    time_attention,
+)
 from overlapcfg.measuring.clock import Clock, default_device
 from overlapcfg.measuring.collective_fits import (
     KINDS,
@@ -373,7 +379,7 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
     achievable = None
     if rates and torch.bfloat16 in rates and torch.float32 in rates:
         backend, calls, seconds = attention
-        attention_rated = attention_rates(backend, calls, seconds, peaks.get(dtype, peaks[torch.float32]))
+        attention_rated = attention_rates(backend, calls, seconds, share_peak(peak, dtype))
         if attention_rated is not None:
             notes.append(f"attention: the step's {len(calls)} call shape(s) timed with SDPA's {backend} backend in "
                          f"{str(dtype).removeprefix('torch.')}; shares of the matmul peak per (length, head dim): "

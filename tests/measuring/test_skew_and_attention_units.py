@@ -13,7 +13,14 @@ from collections import Counter
 import pytest
 import torch
 
-from overlapcfg.measuring.attention_timing import attention_rates, attention_shapes, attention_work, time_attention
+from overlapcfg.cost.hardware import load_hardware
+from overlapcfg.measuring.attention_timing import (
+    attention_rates,
+    attention_shapes,
+    attention_work,
+    share_peak,
+    time_attention,
+)
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.kernels import MatmulMix
 from overlapcfg.measuring.skew import UNIT_SHAPE, SkewTimings, SkewUnit, skew_fit, skew_unit, wake_points
@@ -88,3 +95,9 @@ def test_a_fused_sdpa_call_is_found_by_its_operator_and_timed_on_the_backend_tha
     backend, timings = time_attention([(6, 32, 8, True)], torch.float32, Clock("cpu"))
     assert backend == "flash"  # a CPU's SDPA dispatches to its flash kernel for these inputs
     assert len(timings) == 1 and all(t > 0 for t in timings[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_share_is_taken_of_the_peak_pricing_multiplies_it_by(dtype: torch.dtype) -> None:
+    hw = load_hardware("h100_nvlink")  # bf16 and fp32 peaks 15x apart: a wrong pick is no rounding error
+    assert share_peak(hw.peak_flops, dtype) == hw.flops_for(str(dtype).removeprefix("torch.")) / hw.compute_efficiency
