@@ -97,6 +97,14 @@ class Contention(ConfigModel):
     (``overlapcfg.cost.price.collective_cost``: its ``slowdown``)."""
     comm_slowdown: Slowdown
     """Extra collective time per second of collective under compute (all transfer; scaled the same way)."""
+    start_delay: Seconds = 0.0
+    """Seconds a collective that starts while compute runs (on a link with nothing else in flight) waits before it
+    moves: on a CPU, the communication thread waits for the scheduler to give it a core the compute threads hold;
+    the wait ends at once when compute blocks (``overlapcfg.cost.replay``). The expected wait: on a CPU it is next
+    to nothing or a scheduler slice, by chance, and the mean over calibration's runs is what a step of many
+    collectives pays on average. Measured with a small collective, so it is the wait alone, not a rate
+    (``overlapcfg.measuring.contention.time_start_delay``). 0: none (a GPU's NCCL kernels start on their own
+    stream; the datasheet profiles)."""
 
 
 class LinkContention(ConfigModel):
@@ -124,6 +132,10 @@ class ContentionSamples(ConfigModel):
     """Per run: issue to the wait returning."""
     residual: float
     """RMS relative error of the fitted slowdowns at these runs (compute and total times)."""
+    start_delay_bytes: int | None = None
+    """Full size of the small all-gather the start delay was timed with (None: not timed, as on a GPU)."""
+    start_delay_seconds: tuple[float, ...] = ()
+    """Per run: that all-gather's time in flight under compute less its time alone (the slowest rank's runs)."""
 
 
 class SkewSamples(ConfigModel):

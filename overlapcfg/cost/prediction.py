@@ -112,6 +112,9 @@ class Simulation(RecordModel):
     wake_seconds: float = 0.0
     """Seconds collectives took beyond their fits to wake a link idle since its last collective (the profile's
     ``skew.wake``), summed; part of ``comm_seconds``."""
+    start_delay_seconds: float = 0.0
+    """Seconds collectives that started on an idle link under compute sat before they moved
+    (``Contention.start_delay``), summed; 0 where the profile has no start delay."""
     tokens_per_step: int | None = None
     """Tokens one rank processes per step (``overlapcfg.cost.throughput``); None: unknown (``throughput_note``)."""
     model_params: int | None = None

@@ -267,9 +267,10 @@ class CollectiveCost:
     seconds: float
     issue_seconds: float
     source: Literal["fitted", "datasheet"]
-    slowdown: tuple[float, float] = (0.0, 0.0)
-    """``(compute_slowdown, comm_slowdown)`` while it overlaps compute: the profile's measured contention on its
-    link (``HardwareProfile.contention``), scaled by the share of its time spent moving bytes; none without."""
+    slowdown: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """``(compute_slowdown, comm_slowdown, start_delay)`` while it overlaps compute: the profile's measured
+    contention on its link (``HardwareProfile.contention``), the two slowdowns scaled by the share of its time spent
+    moving bytes; none without."""
 
 
 def collective_cost(kind: str, nbytes: int, hw: HardwareProfile, world_size: int, *,
@@ -330,13 +331,15 @@ def _ring_steps(kind: str, p: int) -> int:
     return 2 * (p - 1) if kind in ("all_reduce", "other") else p - 1
 
 
-def _slowdown(contention: Contention | None, seconds: float, latency: float) -> tuple[float, float]:
-    """``(compute_slowdown, comm_slowdown)`` of a collective taking ``seconds``, ``latency`` of them its ring
-    steps' latency: the link's measured contention, else none. Both slowdowns are the measured ones times the share
-    of the collective's time spent moving bytes: calibration measures them with a collective that is nearly all
-    transfer, and what contends is the data moving (gloo copying through sockets, NCCL's copy kernels) against
-    compute's cores or SMs, not a ring step's latency, in which the collective mostly waits on its peers."""
+def _slowdown(contention: Contention | None, seconds: float, latency: float) -> tuple[float, float, float]:
+    """``(compute_slowdown, comm_slowdown, start_delay)`` of a collective taking ``seconds``, ``latency`` of them
+    its ring steps' latency: the link's measured contention, else none. Both slowdowns are the measured ones times
+    the share of the collective's time spent moving bytes: calibration measures them with a collective that is
+    nearly all transfer, and what contends is the data moving (gloo copying through sockets, NCCL's copy kernels)
+    against compute's cores or SMs, not a ring step's latency, in which the collective mostly waits on its peers.
+    The start delay is the link's whole: it was measured on a small collective, and it is the wait for a core, not
+    a rate, so it does not grow or shrink with the bytes."""
     if contention is None:
-        return (0.0, 0.0)
+        return (0.0, 0.0, 0.0)
     share = max(0.0, seconds - latency) / seconds if seconds > 0 else 0.0
-    return (contention.compute_slowdown * share, contention.comm_slowdown * share)
+    return (contention.compute_slowdown * share, contention.comm_slowdown * share, contention.start_delay)

@@ -26,6 +26,13 @@ Wake-up (``Skew.wake``): a collective that starts on a stream idle for ``g`` sec
 collective ended, or since the step began) takes ``Skew.wake_seconds(g)`` longer: on a CPU, the communication
 threads sleep between collectives. A collective queued right behind another pays nothing.
 
+Start delay (``Contention.start_delay``, the third number of a collective's ``Slowdown``): a collective that
+starts on an idle stream while compute runs does not move for that many seconds of compute. On a CPU the
+compute threads hold every core and the communication thread waits for the scheduler to give it one (measured on
+2 gloo ranks sharing 2 cores: 3-4 ms, whatever the size from 16 KB to 1 MB); the moment the compute stream
+blocks, the core is free and the collective moves at once, so a delay not yet over when compute waits ends there.
+A collective queued behind another starts with the communication thread already running and pays none.
+
 The callers decide only what runs when and what it costs; how the streams answer is written here once, so the
 quick score and the full simulation cannot drift apart.
 """
@@ -40,29 +47,31 @@ from overlapcfg.cost.achievable import Skew, expected_max_normal
 
 __all__ = ["NO_CONTENTION", "Memory", "Slowdown", "Streams"]
 
-Slowdown = tuple[float, float]
-"""``(compute_slowdown, comm_slowdown)`` of one collective's link (``overlapcfg.cost.measured_fits.Contention``)."""
-NO_CONTENTION: Slowdown = (0.0, 0.0)
+Slowdown = tuple[float, float, float]
+"""``(compute_slowdown, comm_slowdown, start_delay)`` of one collective's link
+(``overlapcfg.cost.measured_fits.Contention``)."""
+NO_CONTENTION: Slowdown = (0.0, 0.0, 0.0)
 _INF = float("inf")
 
 
 class _Running:
-    """A collective on its stream: its token, slowdowns, start, and projected end at the current rate."""
+    """A collective on its stream: its token, slowdowns, start, when it begins to move (after its start delay),
+    and projected end at the current rate."""
 
-    __slots__ = ("end", "issued", "seconds", "slowdown", "start", "token")
+    __slots__ = ("end", "issued", "moves", "seconds", "slowdown", "start", "token")
 
     def __init__(self, token: Hashable, seconds: float, slowdown: Slowdown, issued: float) -> None:
         self.token, self.seconds, self.slowdown, self.issued = token, seconds, slowdown, issued
-        self.start = self.end = 0.0
+        self.start = self.end = self.moves = 0.0
 
 
 class Streams:
     """The clock of one step: the compute stream's time ``t``, each communication stream's queue, the collectives
     issued and not yet waited, and when each collective ran (``spans``)."""
 
-    __slots__ = ("_busy_until", "_compute_running", "_heads", "_inflight_of", "_max_of", "_queues", "_skew", "_slowed",
-                 "_slowed_in", "_synced", "_tail", "_wakes", "busy", "comm", "compute", "contended", "exposed",
-                 "inflight", "peak_inflight", "skewed", "spans", "t", "woken")
+    __slots__ = ("_busy_until", "_compute_running", "_delays", "_heads", "_inflight_of", "_max_of", "_queues",
+                 "_skew", "_slowed", "_slowed_in", "_synced", "_tail", "_wakes", "busy", "comm", "compute",
+                 "contended", "delayed", "exposed", "inflight", "peak_inflight", "skewed", "spans", "t", "woken")
 
     def __init__(self, skew: Skew | None = None) -> None:
         self.t = 0.0
@@ -104,6 +113,10 @@ class Streams:
         self._wakes = skew is not None and bool(skew.wake)
         self.woken = 0.0
         """Seconds collectives took to wake their idle streams (``Skew.wake``), summed."""
+        self.delayed = 0.0
+        """Seconds collectives started under compute waited before they moved (``Contention.start_delay``)."""
+        self._delays = False
+        """Whether any collective has had a start delay (without, compute's path is the one without delays)."""
 
     # -- rates ---------------------------------------------------------------------------------------------
     def _rate_factor(self, r: _Running) -> float:
@@ -111,11 +124,16 @@ class Streams:
         return 1.0 + r.slowdown[1] if self._compute_running else 1.0
 
     def _set_compute(self, running: bool) -> None:
-        """The compute stream starts or stops running: re-project the ends of collectives it slows."""
+        """The compute stream starts or stops running: re-project the ends of collectives it slows; a collective
+        still in its start delay when compute stops moves from now, at full speed."""
         if running == self._compute_running:
             return
         for r in self._heads.values():
-            if r.slowdown[1] > 0:
+            if not running and r.moves > self.t:
+                self.delayed -= r.moves - max(r.start, self.t)
+                r.moves = max(r.start, self.t)
+                r.end = r.moves + r.seconds
+            elif r.slowdown[1] > 0:
                 before = 1.0 + r.slowdown[1] if self._compute_running else 1.0
                 after = 1.0 + r.slowdown[1] if running else 1.0
                 r.end = self.t + (r.end - self.t) / before * after
@@ -127,7 +145,7 @@ class Streams:
         self.spans[r.token] = (r.start, r.end)
         if r.slowdown != NO_CONTENTION:
             self._slowed -= 1
-        if r.slowdown[1] > 0:
+        if r.slowdown[1] > 0 or r.slowdown[2] > 0:
             self._slowed_in[stream] -= 1
             if not self._slowed_in[stream]:  # the tail projected while it was slowed is stale now
                 self._tail[stream] = self._projected_tail(stream, r.end)
@@ -137,7 +155,7 @@ class Streams:
             del self._heads[stream]  # ``r`` was its head
             return
         head = queue[0]
-        head.start = r.end if r.end >= head.issued else head.issued
+        head.start = head.moves = r.end if r.end >= head.issued else head.issued
         head.end = head.start + head.seconds * (1.0 + head.slowdown[1] if self._compute_running else 1.0)
         self._heads[stream] = head
 
@@ -177,15 +195,26 @@ class Streams:
             stream: str | None
             if len(heads) == 1:  # one stream running (the tuner's case): max and _next_end over one head, inline
                 only, r = next(iter(heads.items()))
-                slow = r.slowdown[0]
                 stream = only if r.end < _INF else None
                 end = r.end
-            else:
+                if r.moves > self.t and r.moves > r.start:  # in its start delay: no slowing until it moves
+                    slow, end, stream = 0.0, r.moves, None
+                else:
+                    slow = r.slowdown[0]
+            elif not self._delays:
                 slow = max((r.slowdown[0] for r in heads.values()), default=0.0)
                 end, stream = self._next_end()
+            else:
+                slow = max((r.slowdown[0] for r in heads.values() if r.moves <= self.t or r.moves == r.start),
+                           default=0.0)
+                end, stream = self._next_end()
+                moves = min((r.moves for r in heads.values() if self.t < r.moves and r.start < r.moves),
+                            default=_INF)
+                if moves < end:
+                    end, stream = moves, None
             factor = 1.0 + slow
             done_at = self.t + work * factor
-            if stream is None or end >= done_at:
+            if end >= done_at:
                 self.contended += work * slow
                 self.t = done_at
                 break
@@ -194,7 +223,8 @@ class Streams:
                 work -= elapsed / factor
                 self.contended += elapsed - elapsed / factor
                 self.t = end
-            self._finish(stream)
+            if stream is not None:
+                self._finish(stream)
         return start
 
     def _projected_tail(self, stream: str, at: float) -> float:
@@ -252,13 +282,19 @@ class Streams:
             self._slowed += 1
         # ``_rate_factor(r)``, inline: issue runs for every collective of every quick score.
         factor = 1.0 + slowdown[1] if self._compute_running else 1.0
-        if slowdown[1] > 0:  # only a collective compute slows makes its stream's tail inexact
+        # only a collective compute slows or delays makes its stream's tail inexact
+        if slowdown[1] > 0 or slowdown[2] > 0:
             self._slowed_in[stream] = self._slowed_in.get(stream, 0) + 1
-        if len(queue) == 1:  # it starts now, or when its last rank arrives
+        delay = 0.0
+        if len(queue) == 1:  # it starts now, or when its last rank arrives; on an idle stream, after its delay
+            delay = slowdown[2] if self._compute_running else 0.0
+            self._delays = self._delays or delay > 0
             r.start = self.t if self.t >= arrive else arrive
-            r.end = r.start + seconds * factor
+            r.moves = r.start + delay
+            r.end = r.moves + seconds * factor
             self._heads[stream] = r
-        self._tail[stream] = start + seconds * factor
+            self.delayed += delay
+        self._tail[stream] = start + delay + seconds * factor
         self.busy[stream] = self.busy.get(stream, 0.0) + seconds
         self.comm += seconds
         self._inflight_of[token] = inflight_bytes

@@ -308,7 +308,7 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
     return Simulation(
         hardware=hw.name, world_size=world_size, step_seconds=streams.t, compute_seconds=compute, comm_seconds=comm,
         exposed_comm_seconds=exposed, contention_seconds=streams.contended, skew_seconds=streams.skewed,
-        wake_seconds=streams.woken,
+        wake_seconds=streams.woken, start_delay_seconds=streams.delayed,
         overlap_ratio=max(0.0, 1.0 - exposed / comm) if comm > 0 else None,
         lower_bound_seconds=max(compute + blocking_comm, comm_bound), peak_inflight_bytes=streams.peak_inflight,
         peak_unsharded_param_bytes=peak_param, peak_activation_bytes=peak_act,

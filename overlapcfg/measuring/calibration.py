@@ -80,7 +80,7 @@ from overlapcfg.measuring.collective_fits import (
     log_sizes,
     time_group,
 )
-from overlapcfg.measuring.contention import ContentionTimings, contention_fit, time_contention
+from overlapcfg.measuring.contention import ContentionTimings, contention_fit, time_contention, time_start_delay
 from overlapcfg.measuring.device import DeviceFacts, device_facts
 from overlapcfg.measuring.kernels import (
     MATMUL_DTYPES,
@@ -99,7 +99,7 @@ from overlapcfg.measuring.kernels import (
     timed_until_growing,
 )
 from overlapcfg.measuring.measure_result import CalibratedProfile, profile_header
-from overlapcfg.measuring.skew import SkewTimings, skew_fit, skew_unit, time_skew
+from overlapcfg.measuring.skew import SkewTimings, skew_fit, skew_unit, time_skew, unit_runner
 from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header"]
@@ -190,16 +190,18 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     attention = [(slowest[2 * i], slowest[2 * i + 1]) for i in range(len(calls))]
     fits = fit_collectives(timings, measured_issue=not clock.cuda)[0] if timings else None
     contended = []
+    unit = skew_unit(mix)
     for group_name, group in live.items():
         link = (fits.inter_node if crosses[group_name] else fits.intra_node) if fits is not None else None
         mine = time_contention(group_name, group, inter_node=crosses[group_name],
                                fit=link.all_gather if link is not None else None, shape=chosen[0], dtype=dtype,
                                clock=clock, max_bytes=max_bytes)
+        delay_bytes, delays = time_start_delay(group, unit=unit_runner(unit, dtype, clock), dtype=dtype, clock=clock)
+        mine = dataclasses.replace(mine, delay_bytes=delay_bytes, delays=delays)
         every: list[ContentionTimings | None] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         contended.append([t for t in every if t is not None])
         ticker.one("contention", 0)
-    unit = skew_unit(mix)
     skews = [time_skew(group_name, group, dtype=dtype, clock=clock, unit_spec=unit)
              for group_name, group in live.items()]
     ticker("done", final=True)
@@ -408,7 +410,8 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
         have = links.get(samples.inter_node)
         links[samples.inter_node] = fitted if have is None else Contention(
             compute_slowdown=max(have.compute_slowdown, fitted.compute_slowdown),
-            comm_slowdown=max(have.comm_slowdown, fitted.comm_slowdown))
+            comm_slowdown=max(have.comm_slowdown, fitted.comm_slowdown),
+            start_delay=max(have.start_delay, fitted.start_delay))
     if not contention:
         notes.append("contention: not measured (no group of two or more ranks); compute and communication are "
                      "priced as if each ran alone")

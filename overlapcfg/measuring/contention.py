@@ -17,6 +17,18 @@ When the all-gather outlasts the compute (the wait blocks), ``C'`` ran entirely 
 
     a = C' / C - 1            1 / (1 + b) = (X - W) / C'
 
+The start delay (``Contention.start_delay``; on a CPU only, ``time_start_delay``): after some compute since the
+ranks aligned (``DELAY_LEADS``, in turns), a small all-gather (mostly latency, so the rates above hardly enter) is
+issued, then the step's own kind of compute runs unit after unit, asking the collective after each whether it is
+done; its time in flight less its time waited on at once, less half a unit (it is seen done at the end of the unit
+it ended in), is how long it sat before it moved. Measured on 2 gloo ranks sharing 2 cores, the delay is either
+next to nothing or 3-4 ms (the communication thread waits for the scheduler to give it a core the compute threads
+hold), the same for every size from 16 KB to 1 MB, in a quarter to three quarters of the runs whatever the compute
+before it; a 1 MB reduce-scatter waited on after 2 ms of compute had not moved at all. A rate cannot say that, and
+the large all-gather above hides it in ``b``. The profile keeps the mean over runs: a step pays the expected delay
+once per collective that starts on an idle link. On CUDA the compute is queued, not run, by the host, so polling
+between units times nothing; NCCL's kernel starts on its own stream, and no delay is recorded.
+
 A run in which the wait did not block says nothing about ``b`` (the all-gather finished under the compute): the
 compute is halved for the next runs. ``a`` and ``b`` are the medians over the usable runs, the largest of any
 rank's (a step waits for its slowest rank), and the residual is how far the fitted pair puts ``C'`` and ``C' + W``
@@ -39,7 +51,8 @@ from overlapcfg.cost.measured_fits import CollectiveFit, Contention, ContentionS
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.kernels import MatmulShape
 
-__all__ = ["COMPUTE_SHARE", "MAX_SLOWDOWN", "RUNS", "ContentionTimings", "contention_fit", "time_contention"]
+__all__ = ["COMPUTE_SHARE", "MAX_SLOWDOWN", "RUNS", "START_DELAY_BYTES", "ContentionTimings", "contention_fit",
+           "time_contention", "time_start_delay"]
 
 RUNS = 7
 """Overlapped runs per group (each with its own compute-alone and collective-alone timing, taken in turns so a
@@ -65,6 +78,10 @@ class ContentionTimings:
     compute: tuple[float, ...]
     compute_under: tuple[float, ...]
     blocked: tuple[float, ...]
+    delay_bytes: int = 0
+    """Full size of the small all-gather of the start-delay runs (0: not timed)."""
+    delays: tuple[float, ...] = ()
+    """Per start-delay run: its time in flight under compute less its time alone, less half a unit."""
 
 
 def _units(shape: MatmulShape, dtype: torch.dtype, clock: Clock) -> Callable[[], object]:
@@ -158,6 +175,57 @@ def time_contention(name: str, group: dist.ProcessGroup, *, inter_node: bool, fi
                              tuple(blocked))
 
 
+START_DELAY_BYTES = 65536
+"""Full size of the all-gather the start delay is timed with: small, so that its own time is mostly latency."""
+START_DELAY_RUNS = 20
+DELAY_LEADS = (0.0, 0.0005, 0.001, 0.002, 0.003)
+"""Compute run after the alignment before the all-gather is issued, in turns over the runs (seconds): a step issues
+collectives at every distance from its last blocking wait."""
+MAX_POLL_SECONDS = 0.25
+"""Compute run at most while polling: a collective that has not moved by then is waited on (and reads as a
+quarter-second delay: a machine too busy to calibrate, which the residuals will say)."""
+
+
+def time_start_delay(group: dist.ProcessGroup, *, unit: Callable[[], None], dtype: torch.dtype, clock: Clock,
+                     nbytes: int = START_DELAY_BYTES, runs: int = START_DELAY_RUNS) -> tuple[int, tuple[float, ...]]:
+    """This rank's start-delay runs on ``group`` (see the module docstring): the all-gather's full size and, per
+    run, its time in flight under ``unit`` after unit less its time alone, less half a unit (the fit takes the mean
+    of the rank whose mean is largest). Every rank of the
+    world must call it with the same arguments; on CUDA it times nothing and returns ``(0, ())``."""
+    if clock.cuda:
+        return 0, ()
+    p = dist.get_world_size(group)
+    numel = max(p, nbytes // dtype.itemsize // p * p)
+    shard = torch.ones(numel // p, dtype=dtype, device=clock.device)
+    out = torch.empty(numel, dtype=dtype, device=clock.device)
+    token = torch.zeros(1, device=clock.device)
+    unit()
+    began = time.perf_counter()
+    for _ in range(10):
+        unit()
+    half_unit = (time.perf_counter() - began) / 20
+    dist.all_gather_into_tensor(out, shard, group=group)  # warm-up: buffers, connections
+    delays = []
+    for run in range(runs):
+        dist.all_reduce(token, group=group)
+        began = time.perf_counter()
+        dist.all_gather_into_tensor(out, shard, group=group)
+        alone = time.perf_counter() - began
+        dist.all_reduce(token, group=group)
+        lead = time.perf_counter() + DELAY_LEADS[run % len(DELAY_LEADS)]
+        while time.perf_counter() < lead:
+            unit()
+        began = time.perf_counter()
+        work = dist.all_gather_into_tensor(out, shard, group=group, async_op=True)
+        assert work is not None  # async_op=True returns the collective's handle
+        until = began + MAX_POLL_SECONDS
+        while not work.is_completed() and time.perf_counter() < until:
+            unit()
+        work.wait()
+        delays.append(max(0.0, time.perf_counter() - began - alone - half_unit))
+    return numel * dtype.itemsize, tuple(delays)
+
+
 def _agreed(value: int, clock: Clock) -> int:
     """The largest of every rank's ``value``: every rank runs the same number of kernels and collectives."""
     t = torch.tensor([value], dtype=torch.int64, device=clock.device)
@@ -194,6 +262,9 @@ def contention_fit(per_rank: Sequence[ContentionTimings]) -> tuple[Contention, C
     measured_b = [f[1] for f in fits if f[1] is not None]
     b = max(measured_b) if measured_b else 0.0
     worst = max(fits, key=lambda f: f[0])[2]
+    delayed = [t for t in per_rank if t.delays]
+    latest = max(delayed, key=lambda t: statistics.fmean(t.delays)) if delayed else None
+    delay = statistics.fmean(latest.delays) if latest is not None else 0.0
     errors = []
     for comm, compute, under, wait in zip(worst.comm, worst.compute, worst.compute_under, worst.blocked, strict=True):
         predicted_under = compute * (1 + a)
@@ -205,5 +276,7 @@ def contention_fit(per_rank: Sequence[ContentionTimings]) -> tuple[Contention, C
                                 compute_under_comm=worst.compute_under,
                                 total_seconds=tuple(u + w for u, w in zip(worst.compute_under, worst.blocked,
                                                                           strict=True)),
-                                residual=residual)
-    return Contention(compute_slowdown=a, comm_slowdown=b), samples
+                                residual=residual,
+                                start_delay_bytes=latest.delay_bytes if latest is not None else None,
+                                start_delay_seconds=latest.delays if latest is not None else ())
+    return Contention(compute_slowdown=a, comm_slowdown=b, start_delay=min(delay, 1.0)), samples

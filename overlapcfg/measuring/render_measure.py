@@ -135,6 +135,10 @@ def calibration_table(profile: HardwareProfile) -> Group:
         table.add_row(f"contention {escape(c.group)}", "inter" if c.inter_node else "intra",
                       f"compute +{100 * fit.compute_slowdown:.0f}%", f"comm +{100 * fit.comm_slowdown:.0f}%", "",
                       _residual(c.residual), f"{len(c.compute_seconds)} runs, {fmt_bytes(c.collective_bytes)}")
+        if c.start_delay_seconds and c.start_delay_bytes is not None:
+            table.add_row(f"start delay {escape(c.group)}", "inter" if c.inter_node else "intra",
+                          f"+{fmt_seconds(fit.start_delay)}", "under compute, on an idle link", "", "",
+                          f"mean of {len(c.start_delay_seconds)} runs, {fmt_bytes(c.start_delay_bytes)}")
     notes = [Text(f"  • {n}", style="dim") for n in (cal.notes if cal else ())]
     if cal is not None and cal.rough_fits:
         notes.insert(0, Text(f"  ! rough: {', '.join(cal.rough_fits)}", style="bold yellow"))

@@ -43,7 +43,8 @@ from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.fit import fit_nonnegative
 from overlapcfg.measuring.kernels import MatmulMix, MatmulShape
 
-__all__ = ["LENGTHS", "TRIALS", "UNIT_SHAPE", "SkewTimings", "SkewUnit", "skew_fit", "skew_unit", "time_skew"]
+__all__ = ["LENGTHS", "TRIALS", "UNIT_SHAPE", "SkewTimings", "SkewUnit", "skew_fit", "skew_unit", "time_skew",
+           "unit_runner"]
 
 LENGTHS = {"cpu": (0.0, 0.0005, 0.002, 0.008, 0.03, 0.1), "gpu": (0.0, 0.0005, 0.002, 0.008, 0.03)}
 """Compute between synchronizations to measure at, seconds (about; the unit's own time rounds them). On a CPU
@@ -107,7 +108,8 @@ def skew_unit(mix: MatmulMix | None) -> SkewUnit:
     return SkewUnit(matmul, per_matmul, median)
 
 
-def _unit(spec: SkewUnit, dtype: torch.dtype, clock: Clock) -> Callable[[], None]:
+def unit_runner(spec: SkewUnit, dtype: torch.dtype, clock: Clock) -> Callable[[], None]:
+    """One unit of ``spec`` as a function to call: its tensors made once, each call running its kernels."""
     batch, m, k, n = spec.matmul
     a = torch.randn(batch, m, k, dtype=dtype, device=clock.device)
     b = torch.randn(batch, k, n, dtype=dtype, device=clock.device)
@@ -129,7 +131,7 @@ def time_skew(name: str, group: dist.ProcessGroup, *, dtype: torch.dtype, clock:
     """Waits at a one-number all-reduce after each length of compute (see the module docstring); every rank of the
     world returns the same gathered timings."""
     unit_spec = unit_spec or SkewUnit()
-    unit = _unit(unit_spec, dtype, clock)
+    unit = unit_runner(unit_spec, dtype, clock)
     token = torch.zeros(1, device=clock.device)
     unit()
     clock.sync()

@@ -10,6 +10,7 @@ import itertools
 import math
 import os
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,9 @@ def test_calibrate_on_two_gloo_ranks_gives_every_rank_one_profile(tmp_path: Path
     assert first.device_kind == "cpu" and cal.base == "cpu_gloo"
     assert first.contention is not None and first.contention.intra_node is not None  # measured on the world group
     assert [c.group for c in cal.contention] == ["world"] and len(cal.contention[0].compute_seconds) >= 3
+    runs = cal.contention[0].start_delay_seconds  # the start delay: timed on CPU, its mean kept
+    assert cal.contention[0].start_delay_bytes == 65536 and len(runs) == 20 and min(runs) >= 0.0
+    assert first.contention.intra_node.start_delay == pytest.approx(statistics.fmean(runs))
     assert any("inter-node links: not measured" in n for n in cal.notes)
     assert any("4 MiB last-level cache as given (calibrate.cache_bytes)" in n for n in cal.notes)
     written = tmp_path / "hardware" / "ci_gloo.yaml"

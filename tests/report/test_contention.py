@@ -39,7 +39,7 @@ def test_without_contention_a_collective_ends_its_cost_after_it_starts() -> None
 
 def test_compute_under_a_collective_runs_slower_by_the_compute_slowdown() -> None:
     s = Streams()
-    s.issue("a", "comm:0", 10.0, slowdown=(0.5, 0.0))
+    s.issue("a", "comm:0", 10.0, slowdown=(0.5, 0.0, 0.0))
     s.run(2.0)  # entirely under the collective: 2 x 1.5
     assert s.t == pytest.approx(3.0) and s.contended == pytest.approx(1.0) and s.compute == 2.0
     assert s.wait("a") == pytest.approx(7.0)
@@ -49,7 +49,7 @@ def test_compute_under_a_collective_runs_slower_by_the_compute_slowdown() -> Non
 
 def test_a_collective_under_compute_moves_slower_and_at_full_speed_once_waited_for() -> None:
     s = Streams()
-    s.issue("a", "comm:0", 4.0, slowdown=(0.0, 1.0))  # half speed while compute runs
+    s.issue("a", "comm:0", 4.0, slowdown=(0.0, 1.0, 0.0))  # half speed while compute runs
     s.run(2.0)  # 1 second of the collective's work done
     assert s.wait("a") == pytest.approx(3.0)  # the other 3, at full speed while the compute stream waits
     assert s.spans["a"] == pytest.approx((0.0, 5.0))
@@ -59,7 +59,7 @@ def test_both_slowdowns_together_by_hand() -> None:
     """Compute of 2 s under a collective of 4 s, a = 0.5, b = 1: compute ends at 3; by then the collective did
     3 / 2 = 1.5 s of work; the remaining 2.5 s run alone: the wait blocks until 5.5."""
     s = Streams()
-    s.issue("a", "comm:0", 4.0, slowdown=(0.5, 1.0))
+    s.issue("a", "comm:0", 4.0, slowdown=(0.5, 1.0, 0.0))
     s.run(2.0)
     assert s.t == pytest.approx(3.0)
     assert s.wait("a") == pytest.approx(2.5)
@@ -68,7 +68,7 @@ def test_both_slowdowns_together_by_hand() -> None:
 
 def test_compute_speeds_up_again_when_the_collective_ends_under_it() -> None:
     s = Streams()
-    s.issue("a", "comm:0", 1.0, slowdown=(1.0, 0.0))
+    s.issue("a", "comm:0", 1.0, slowdown=(1.0, 0.0, 0.0))
     s.run(3.0)  # 1 s of clock does 0.5 s of work under the collective, the other 2.5 s run alone
     assert s.t == pytest.approx(3.5) and s.contended == pytest.approx(0.5)
     assert s.spans["a"] == pytest.approx((0.0, 1.0))
@@ -76,7 +76,7 @@ def test_compute_speeds_up_again_when_the_collective_ends_under_it() -> None:
 
 def test_the_end_of_a_graph_drains_collectives_at_full_speed() -> None:
     s = Streams()
-    s.issue("a", "comm:0", 4.0, slowdown=(0.0, 3.0))
+    s.issue("a", "comm:0", 4.0, slowdown=(0.0, 3.0, 0.0))
     s.run(4.0)  # a quarter of a second of the collective's work per second
     assert s.end_graph() == pytest.approx(7.0)
 
@@ -151,4 +151,4 @@ def test_contention_scales_with_the_bytes_a_collective_moves_not_with_its_latenc
     huge = collective_cost("all_gather", 2**34, hw, 2).slowdown
     assert tiny[0] == pytest.approx(0.0, abs=1e-3) and huge[0] == pytest.approx(0.8, rel=1e-3)
     assert tiny[1] == pytest.approx(0.0, abs=1e-2) and huge[1] == pytest.approx(3.0, rel=1e-3)
-    assert collective_cost("all_gather", 2**20, overlapcfg.load_hardware("cpu_gloo"), 2).slowdown == (0.0, 0.0)
+    assert collective_cost("all_gather", 2**20, overlapcfg.load_hardware("cpu_gloo"), 2).slowdown == (0.0, 0.0, 0.0)
