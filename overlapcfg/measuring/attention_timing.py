@@ -27,8 +27,8 @@ from overlapcfg.cost.attention import FusedAttention, attention_plan, kept_atten
 from overlapcfg.cost.hardware import PeakFlops
 from overlapcfg.measuring.clock import Clock
 
-__all__ = ["AttentionShape", "AttentionTiming", "attention_rates", "attention_shapes", "attention_work",
-           "share_peak", "time_attention"]
+__all__ = ["AttentionShape", "AttentionTiming", "attention_census", "attention_rates", "attention_shapes",
+           "attention_work", "share_peak", "time_attention"]
 
 AttentionShape = tuple[int, int, int, bool]
 """``(batch x heads, query length, head dimension, causal)`` of one call (keys and queries of the same length)."""
@@ -54,19 +54,31 @@ def _shape_of(fused: FusedAttention) -> AttentionShape | None:
     return (batch_heads, fused.seq_len, fused.head_dim, fused.causal) if batch_heads >= 1 and not rest else None
 
 
-def attention_shapes(graphs: Sequence[fx.GraphModule]) -> Counter[AttentionShape]:
-    """How many forward attention calls of each shape the graphs run (decomposed or already fused)."""
+def attention_census(graphs: Sequence[fx.GraphModule]) -> tuple[Counter[AttentionShape], int]:
+    """How many forward attention calls of each shape the graphs run (decomposed or already fused), and how many
+    forward calls have no one shape to time at (their FLOPs do not divide into ``batch x heads``: queries and keys
+    of different lengths), which calibration names in the profile's notes rather than dropping in silence."""
     shapes: Counter[AttentionShape] = Counter()
+    untimed = 0
     plan = attention_plan(graphs)
     for gi, gm in enumerate(graphs):
         for node in gm.graph.nodes:
             role = plan.role(gi, node)  # a decomposed call's carrier; else a fused operator, by its schema
             fused = role if isinstance(role, FusedAttention) else kept_attention(node) if node.op == "call_function" \
                 else None
-            shape = _shape_of(fused) if fused is not None else None
-            if shape is not None:
+            if fused is None or fused.backward:
+                continue
+            shape = _shape_of(fused)
+            if shape is None:
+                untimed += 1
+            else:
                 shapes[shape] += 1
-    return shapes
+    return shapes, untimed
+
+
+def attention_shapes(graphs: Sequence[fx.GraphModule]) -> Counter[AttentionShape]:
+    """How many forward attention calls of each shape the graphs run (``attention_census``'s first half)."""
+    return attention_census(graphs)[0]
 
 
 def attention_work(shape: AttentionShape, *, backward: bool) -> float:

@@ -211,7 +211,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
         try:
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
                                                      hosts, contended, mix.memory, views, skews, mix.layouts,
-                                                     (backend, calls, attention)),
+                                                     (backend, calls, attention), mix.attention_untimed),
                             clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
@@ -265,6 +265,8 @@ class _Measured:
     attention: tuple[str, Sequence[AttentionShape], Sequence[AttentionTiming]] = ("math", (), ())
     """The backend SDPA used, the step's attention call shapes and their forward and backward seconds (slowest
     rank)."""
+    attention_untimed: int = 0
+    """The step's forward attention calls with no one shape to time at (``MatmulMix.attention_untimed``)."""
 
 
 def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: DeviceFacts, budget_s: float,
@@ -289,7 +291,8 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
     rates = {dt: (MatmulRate.model_validate({**f[1].model_dump(), "timed": timed[dt]}), f[2])
              for dt, f in fitted.items()}
     built = _profile(name, base, fits, mem, mms, contention, facts, clock, m.hosts, record, rates=rates,
-                     views=m.views, skews=skews, attention=m.attention, dtype=m.dtype)
+                     views=m.views, skews=skews, attention=m.attention, dtype=m.dtype,
+                     attention_untimed=m.attention_untimed)
     return built.model_dump(mode="json", exclude_none=True)
 
 
@@ -349,7 +352,7 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
              rates: Mapping[torch.dtype, tuple[MatmulRate, float]] | None = None, views: float = 0.0,
              skews: Sequence[tuple[Skew, object]] = (),
              attention: tuple[str, Sequence[AttentionShape], Sequence[AttentionTiming]] = ("math", (), ()),
-             dtype: torch.dtype = torch.float32) -> HardwareProfile:
+             dtype: torch.dtype = torch.float32, attention_untimed: int = 0) -> HardwareProfile:
     notes: list[str] = []
     rough = [f"{k.kind} on {g.name} {100 * k.residual:.0f}%" for g in record.groups for k in g.collectives
              if k.residual > ROUGH_FIT]
@@ -391,6 +394,12 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
             matmul=MatmulRates(bf16=rates[torch.bfloat16][0], fp32=rates[torch.float32][0]),
             memory=MemoryRate(efficiency=1.0, launch_seconds=min(mem.overhead, 0.1), view_seconds=min(views, 0.1)),
             attention=attention_rated)
+    if attention_untimed:
+        priced = "the share measured nearest their length and head dimension" \
+            if achievable is not None and achievable.attention is not None else "the matmul rate"
+        notes.append(f"attention: {attention_untimed} forward call(s) of the step not timed: their FLOPs do not "
+                     "divide into one (batch x heads, length, head dim) shape (queries and keys of different "
+                     f"lengths, say); priced at {priced}")
     skew = None
     for fitted_skew, _ in skews:  # several groups: the largest of each term (the wake-up: the group waking slowest)
         skew = fitted_skew if skew is None else Skew(

@@ -37,7 +37,7 @@ from overlapcfg.cost.achievable import MatmulRate
 from overlapcfg.cost.measured_fits import KernelSamples
 from overlapcfg.cost.price import matmul_layout, matmul_shape, node_bytes, node_kind
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.measuring.attention_timing import AttentionShape, attention_shapes
+from overlapcfg.measuring.attention_timing import AttentionShape, attention_census
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collective_fits import log_sizes
 from overlapcfg.measuring.fit import fit_line, fit_nonnegative
@@ -83,6 +83,8 @@ class MatmulMix:
     """The operand layout each shape mostly runs in (``overlapcfg.cost.price.matmul_layout``): timed that way."""
     attention: Counter[AttentionShape] = field(default_factory=Counter)
     """How many attention calls of each shape (``overlapcfg.measuring.attention_timing``)."""
+    attention_untimed: int = 0
+    """Forward attention calls with no one shape to time at (``attention_census``): named in the profile's notes."""
 
 
 def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
@@ -103,8 +105,9 @@ def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
             layouts.setdefault(shape, Counter())[matmul_layout(node)] += 1
             first = node.all_input_nodes[0].meta.get("val") if node.all_input_nodes else None
             dtype = dtype or (first.dtype if isinstance(first, torch.Tensor) else None)
-    return MatmulMix(shapes, dtype, memory, {s: c.most_common(1)[0][0] for s, c in layouts.items()},
-                     attention_shapes(graphs))
+    attention, untimed = attention_census(graphs)
+    return MatmulMix(shapes, dtype, memory, {s: c.most_common(1)[0][0] for s, c in layouts.items()}, attention,
+                     untimed)
 
 
 def _flops(shape: MatmulShape) -> int:

@@ -691,6 +691,7 @@ def test_depth_checker_counts_other_gathers_in_flight_at_each_wait(order: str, d
     assert C.expected_depths(2, 3) == [2, 1, 0] and C.expected_depths(1, 4) == [1, 1, 1, 0]
 
 
+@pytest.mark.slow  # traces the third-party models (the module's shared captures)
 @pytest.mark.parametrize("case", ["hf_llama", "hf_qwen2", "tt_fully_shard"])
 def test_calibration_finds_one_attention_call_per_layer_at_the_models_own_shape(runs: Callable[[str], Run],
                                                                                case: str) -> None:

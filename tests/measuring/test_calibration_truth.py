@@ -201,6 +201,22 @@ def test_every_fit_with_a_large_residual_is_flagged_matmuls_included(caplog: pyt
     assert "matmul float32" in caplog.text
 
 
+def test_attention_calls_calibration_could_not_time_are_counted_in_the_notes() -> None:
+    facts = DeviceFacts(name="cpu (2 threads)", kind="cpu", cache_bytes=4 * MIB, mem_bandwidth=None)
+    sizes = memory_sizes(facts.cache_bytes, 2**28)
+    mem = memory_samples(sizes, [1e-6 + n / 1e10 for n in sizes], facts.cache_bytes)
+    mms = _matmuls({torch.float32: 5e10, torch.bfloat16: 1e11})
+
+    def notes(untimed: int) -> str:
+        profile = cal._profile("cpu", load_hardware("cpu_gloo"), None, mem, mms, (), facts, Clock("cpu"), ["host"],
+                               _record(kernels=(mem, *mms.values())), attention_untimed=untimed)
+        return " ".join(profile.calibration.notes)  # type: ignore[union-attr]
+
+    assert "attention: 2 forward call(s) of the step not timed" in notes(2)
+    assert "priced at the matmul rate" in notes(2)  # no attention timed at all here
+    assert "not timed" not in notes(0)
+
+
 def _runs(a: float, b: float, comm: float, compute: float, runs: int = 5) -> ContentionTimings:
     under = compute * (1 + a)
     wait = comm - under / (1 + b)

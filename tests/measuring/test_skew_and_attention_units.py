@@ -15,6 +15,7 @@ import torch
 
 from overlapcfg.cost.hardware import load_hardware
 from overlapcfg.measuring.attention_timing import (
+    attention_census,
     attention_rates,
     attention_shapes,
     attention_work,
@@ -22,7 +23,7 @@ from overlapcfg.measuring.attention_timing import (
     time_attention,
 )
 from overlapcfg.measuring.clock import Clock
-from overlapcfg.measuring.kernels import MatmulMix
+from overlapcfg.measuring.kernels import MatmulMix, matmul_mix
 from overlapcfg.measuring.skew import UNIT_SHAPE, SkewTimings, SkewUnit, skew_fit, skew_unit, wake_points
 
 
@@ -101,3 +102,18 @@ def test_a_fused_sdpa_call_is_found_by_its_operator_and_timed_on_the_backend_tha
 def test_a_share_is_taken_of_the_peak_pricing_multiplies_it_by(dtype: torch.dtype) -> None:
     hw = load_hardware("h100_nvlink")  # bf16 and fp32 peaks 15x apart: a wrong pick is no rounding error
     assert share_peak(hw.peak_flops, dtype) == hw.flops_for(str(dtype).removeprefix("torch.")) / hw.compute_efficiency
+
+
+def test_a_call_whose_queries_and_keys_differ_in_length_is_counted_as_untimed_not_dropped() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    # 1 x 3 heads, 8 queries against 12 keys: 4 x 3 x 8 x 12 x 8 FLOPs are 4.5 calls of 8 x 8 -- no one shape
+    q, kv = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 12, 8)
+    gm = make_fx(call)(q, kv, kv)
+    assert attention_census([gm]) == (Counter(), 1)
+    same = make_fx(call)(q, q, q)
+    assert attention_census([gm, same]) == (Counter({(3, 8, 8, False): 1}), 1)
+    assert matmul_mix([gm, same]).attention_untimed == 1
