@@ -129,7 +129,7 @@ class Streams:
         if running == self._compute_running:
             return
         for r in self._heads.values():
-            if not running and r.moves > self.t:
+            if not running and r.moves > self.t and r.moves > r.start:  # still in its start delay
                 self.delayed -= r.moves - max(r.start, self.t)
                 r.moves = max(r.start, self.t)
                 r.end = r.moves + r.seconds
