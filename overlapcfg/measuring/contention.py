@@ -190,8 +190,8 @@ def time_start_delay(group: dist.ProcessGroup, *, unit: Callable[[], None], dtyp
                      nbytes: int = START_DELAY_BYTES, runs: int = START_DELAY_RUNS) -> tuple[int, tuple[float, ...]]:
     """This rank's start-delay runs on ``group`` (see the module docstring): the all-gather's full size and, per
     run, its time in flight under ``unit`` after unit less its time alone, less half a unit (the fit takes the mean
-    of the rank whose mean is largest). Every rank of the
-    world must call it with the same arguments; on CUDA it times nothing and returns ``(0, ())``."""
+    of the rank whose mean is largest). Every rank of the world must call it with the same arguments; on CUDA it
+    times nothing and returns ``(0, ())``."""
     if clock.cuda:
         return 0, ()
     p = dist.get_world_size(group)
@@ -204,19 +204,19 @@ def time_start_delay(group: dist.ProcessGroup, *, unit: Callable[[], None], dtyp
     for _ in range(10):
         unit()
     half_unit = (time.perf_counter() - began) / 20
-    dist.all_gather_into_tensor(out, shard, group=group)  # warm-up: buffers, connections
+    compat.c10d_all_gather(out, shard, group=group)  # warm-up: buffers, connections
     delays = []
     for run in range(runs):
         dist.all_reduce(token, group=group)
         began = time.perf_counter()
-        dist.all_gather_into_tensor(out, shard, group=group)
+        compat.c10d_all_gather(out, shard, group=group)
         alone = time.perf_counter() - began
         dist.all_reduce(token, group=group)
         lead = time.perf_counter() + DELAY_LEADS[run % len(DELAY_LEADS)]
         while time.perf_counter() < lead:
             unit()
         began = time.perf_counter()
-        work = dist.all_gather_into_tensor(out, shard, group=group, async_op=True)
+        work = compat.c10d_all_gather(out, shard, group=group, async_op=True)  # the eager all-gather FSDP2 calls
         assert work is not None  # async_op=True returns the collective's handle
         until = began + MAX_POLL_SECONDS
         while not work.is_completed() and time.perf_counter() < until:
