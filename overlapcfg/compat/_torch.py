@@ -127,6 +127,26 @@ def op_name(target: object) -> str:
     return getattr(target, "__name__", str(target))
 
 
+def op_overload_name(target: object) -> str | None:
+    """``namespace.name.overload`` of an op overload (``aten.mm.default``), which ``op_overload_named`` turns back
+    into the op in another process; None for anything else (a Python function, a higher-order op)."""
+    if isinstance(target, _OpOverload):
+        return f"{target.namespace}.{target._opname}.{target._overloadname}"
+    return None
+
+
+def op_overload_named(name: str) -> Callable[..., object] | None:
+    """The op overload ``op_overload_name`` named, looked up in ``torch.ops``; None where this process has no such
+    op (a custom op whose library is not loaded here)."""
+    namespace, _, rest = name.partition(".")
+    opname, _, overload = rest.rpartition(".")
+    try:
+        op = getattr(getattr(getattr(_torch.ops, namespace), opname), overload)
+    except (AttributeError, RuntimeError):
+        return None
+    return op if isinstance(op, _OpOverload) else None
+
+
 def is_functional_collective(target: object) -> bool:
     """An op of the ``_c10d_functional`` namespace (collectives and ``wait_tensor``)."""
     return isinstance(target, _OpOverload) and target.namespace == "_c10d_functional"
@@ -215,7 +235,8 @@ def op_effects(target: object) -> tuple[tuple[ArgumentRef, ...], ArgumentRef | N
 
 
 __all__ += ["ArgumentRef", "flop_formula", "flop_registry_size", "is_functional_collective", "is_op_overload",
-            "is_plain_input_descriptor", "is_saved_for_backward_descriptor", "op_effects", "op_name"]
+            "is_plain_input_descriptor", "is_saved_for_backward_descriptor", "op_effects", "op_name",
+            "op_overload_name", "op_overload_named"]
 
 class GraphSnapshot:
     """What a graph is now, kept to rebuild it as an independent copy later, if a pass fails half-way.

@@ -100,6 +100,7 @@ from overlapcfg.measuring.kernels import (
 )
 from overlapcfg.measuring.measure_result import CalibratedProfile, profile_header
 from overlapcfg.measuring.skew import SkewTimings, skew_fit, skew_unit, time_skew, unit_runner
+from overlapcfg.measuring.step_kernels import MAX_CALLS, KernelCall, launch_beyond_bytes, time_in_turn
 from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header"]
@@ -188,6 +189,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     backend, attention = time_attention(calls, dtype, clock)
     slowest = _slowest([t for pair in attention for t in pair], clock)
     attention = [(slowest[2 * i], slowest[2 * i + 1]) for i in range(len(calls))]
+    in_turn = _in_turn(mix, clock)
     fits = fit_collectives(timings, measured_issue=not clock.cuda)[0] if timings else None
     contended = []
     unit = skew_unit(mix)
@@ -211,7 +213,8 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
         try:
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
                                                      hosts, contended, mix.memory, views, skews, mix.layouts,
-                                                     (backend, calls, attention), mix.attention_untimed),
+                                                     (backend, calls, attention), mix.attention_untimed,
+                                                     in_turn, mix.calls_unreplayable),
                             clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
@@ -267,6 +270,48 @@ class _Measured:
     rank)."""
     attention_untimed: int = 0
     """The step's forward attention calls with no one shape to time at (``MatmulMix.attention_untimed``)."""
+    in_turn: InTurn = ((), (), ())
+    """The step's kernel calls timed in turn (slowest rank), with how often the step makes each."""
+    unreplayable: int = 0
+    """The step's kernel calls that could not be replayed (``MatmulMix.calls_unreplayable``)."""
+
+
+InTurn = tuple[Sequence[KernelCall], Sequence[int], Sequence["float | None"]]
+"""``(calls, how often the step makes each, seconds in turn or None)`` (``overlapcfg.measuring.step_kernels``)."""
+
+
+def _in_turn(mix: MatmulMix, clock: Clock) -> InTurn:
+    """The step's ``MAX_CALLS`` most frequent kernel calls, in the order the step first makes them, timed in turn
+    on every rank (the slowest rank's time of each); nothing on a GPU (see ``overlapcfg.measuring.step_kernels``)."""
+    if clock.cuda or not mix.calls:
+        return (), (), ()
+    kept = {c for c, _ in mix.calls.most_common(MAX_CALLS)}
+    calls = [c for c in mix.calls if c in kept]
+    seconds = _slowest([-1.0 if s is None else s for s in time_in_turn(calls, clock.device)], clock)
+    return calls, [mix.calls[c] for c in calls], [s if s >= 0 else None for s in seconds]
+
+
+def _matmuls_in_turn(m: _Measured) -> Mapping[torch.dtype, Sequence[float]]:
+    """The step dtype's timed matmul shapes, each at its time in turn (count-weighted over the step's calls of that
+    shape and layout) where the replay timed it; the other dtype as timed back to back."""
+    calls, counts, seconds = m.in_turn
+    out = {dt: list(ts) for dt, ts in m.matmuls.items()}
+    if m.dtype not in out:
+        return out
+    for i, shape in enumerate(m.chosen):
+        layout = (m.layouts or {}).get(shape, "nn")
+        timed = [(n, s) for c, n, s in zip(calls, counts, seconds, strict=True)
+                 if s is not None and c.matmul == (shape, layout)]
+        if timed:
+            out[m.dtype][i] = sum(n * s for n, s in timed) / sum(n for n, _ in timed)
+    return out
+
+
+def _views_in_turn(m: _Measured) -> float | None:
+    """The mean time of the step's views in turn (count-weighted); None where none was timed."""
+    calls, counts, seconds = m.in_turn
+    timed = [(n, s) for c, n, s in zip(calls, counts, seconds, strict=True) if c.kind == "view" and s is not None]
+    return sum(n * s for n, s in timed) / sum(n for n, _ in timed) if timed else None
 
 
 def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: DeviceFacts, budget_s: float,
@@ -274,7 +319,8 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
     """Rank 0: fit everything and assemble the profile (JSON form, for the broadcast)."""
     fits, samples = fit_collectives(m.collectives, measured_issue=not clock.cuda) if m.collectives else (None, ())
     mem = memory_samples(m.memory_sizes, m.memory, facts.cache_bytes, m.kernels)
-    fitted = {dt: matmul_samples(m.shapes, m.chosen, seconds, dt) for dt, seconds in m.matmuls.items()}
+    matmuls = _matmuls_in_turn(m)
+    fitted = {dt: matmul_samples(m.shapes, m.chosen, seconds, dt) for dt, seconds in matmuls.items()}
     mms = {dt: f[0] for dt, f in fitted.items()}
     contention = [contention_fit(runs) for runs in m.contention]
     skews = [skew_fit(t) for t in m.skews]
@@ -285,15 +331,40 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
         budget_seconds=budget_s, seconds=time.perf_counter() - started, groups=samples,
         kernels=(mem, *mms.values()), contention=tuple(c[1] for c in contention), skew=tuple(s[1] for s in skews))
     timed = {dt: tuple(TimedMatmul(shape=s, layout=(m.layouts or {}).get(s, "nn"), seconds=t)
-                       for s, t in zip(m.chosen, m.matmuls[dt], strict=True) if s in m.shapes)
-             for dt in m.matmuls}
+                       for s, t in zip(m.chosen, matmuls[dt], strict=True) if s in m.shapes)
+             for dt in matmuls}
     # validated, not model_copy: the lookup of timed kernels is built when the model is
     rates = {dt: (MatmulRate.model_validate({**f[1].model_dump(), "timed": timed[dt]}), f[2])
              for dt, f in fitted.items()}
+    views = _views_in_turn(m)
+    launch = launch_beyond_bytes(*m.in_turn, bandwidth=mem.rate)
     built = _profile(name, base, fits, mem, mms, contention, facts, clock, m.hosts, record, rates=rates,
-                     views=m.views, skews=skews, attention=m.attention, dtype=m.dtype,
-                     attention_untimed=m.attention_untimed)
+                     views=m.views if views is None else views, skews=skews, attention=m.attention, dtype=m.dtype,
+                     attention_untimed=m.attention_untimed, launch=launch,
+                     in_turn_note=_in_turn_note(m, views, launch, mem.overhead))
     return built.model_dump(mode="json", exclude_none=True)
+
+
+def _in_turn_note(m: _Measured, views: float | None, launch: float | None, back_to_back_launch: float) -> str | None:
+    """The profile's note on the step's kernels timed in turn (None where none were)."""
+    calls, _, seconds = m.in_turn
+    if not calls:
+        return None
+    timed: Counter[str] = Counter(c.kind for c, s in zip(calls, seconds, strict=True) if s is not None)
+    left = len(calls) - sum(timed.values())
+    said = [f"{timed[k]} {what}" for k, what in (("view", "views"), ("memory", "memory-bound"),
+                                                 ("compute", "matmul and other compute")) if timed[k]]
+    parts = [f"the step's distinct kernel calls timed in turn, as the step runs them ({', '.join(said) or 'none'})"]
+    if views is not None:
+        parts.append(f"view_seconds {views * 1e6:.3g} us (back to back {m.views * 1e6:.3g} us)")
+    if launch is not None:
+        parts.append(f"launch_seconds {launch * 1e6:.3g} us beyond the bytes at mem_bandwidth (back to back "
+                     f"{back_to_back_launch * 1e6:.3g} us)")
+    parts.append(f"the {str(m.dtype).removeprefix('torch.')} matmuls' timed shapes in turn")
+    unreplayed = left + m.unreplayable
+    if unreplayed:
+        parts.append(f"{unreplayed} call(s) could not be replayed and keep the back-to-back figures")
+    return "kernels: " + "; ".join(parts)
 
 
 def _slowest(seconds: Sequence[float], clock: Clock) -> list[float]:
@@ -352,8 +423,9 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
              rates: Mapping[torch.dtype, tuple[MatmulRate, float]] | None = None, views: float = 0.0,
              skews: Sequence[tuple[Skew, object]] = (),
              attention: tuple[str, Sequence[AttentionShape], Sequence[AttentionTiming]] = ("math", (), ()),
-             dtype: torch.dtype = torch.float32, attention_untimed: int = 0) -> HardwareProfile:
-    notes: list[str] = []
+             dtype: torch.dtype = torch.float32, attention_untimed: int = 0, launch: float | None = None,
+             in_turn_note: str | None = None) -> HardwareProfile:
+    notes: list[str] = [in_turn_note] if in_turn_note else []
     rough = [f"{k.kind} on {g.name} {100 * k.residual:.0f}%" for g in record.groups for k in g.collectives
              if k.residual > ROUGH_FIT]
     rough += [f"{k.what.split(' (')[0].replace('memory', 'memory kernel')} {100 * k.residual:.0f}%"
@@ -392,7 +464,8 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
                                      for p in attention_rated.backends[backend]))
         achievable = Achievable(
             matmul=MatmulRates(bf16=rates[torch.bfloat16][0], fp32=rates[torch.float32][0]),
-            memory=MemoryRate(efficiency=1.0, launch_seconds=min(mem.overhead, 0.1), view_seconds=min(views, 0.1)),
+            memory=MemoryRate(efficiency=1.0, launch_seconds=min(mem.overhead if launch is None else launch, 0.1),
+                              view_seconds=min(views, 0.1)),
             attention=attention_rated)
     if attention_untimed:
         priced = "the share measured nearest their length and head dimension" \

@@ -41,6 +41,7 @@ from overlapcfg.measuring.attention_timing import AttentionShape, attention_cens
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collective_fits import log_sizes
 from overlapcfg.measuring.fit import fit_line, fit_nonnegative
+from overlapcfg.measuring.step_kernels import KernelCall, kernel_census
 
 __all__ = ["ANCHOR_SHAPES", "BEYOND_CACHE", "MATMUL_DTYPES", "MEMORY_ATTEMPTS", "MEMORY_CAP", "MatmulMix",
            "MatmulShape", "beyond_cache", "chosen_shapes", "default_shapes", "matmul_mix", "matmul_rate_fit",
@@ -85,6 +86,11 @@ class MatmulMix:
     """How many attention calls of each shape (``overlapcfg.measuring.attention_timing``)."""
     attention_untimed: int = 0
     """Forward attention calls with no one shape to time at (``attention_census``): named in the profile's notes."""
+    calls: Counter[KernelCall] = field(default_factory=Counter)
+    """Every distinct kernel call of the step and how often it runs, in the order the graphs first run them
+    (``overlapcfg.measuring.step_kernels``: timed in turn on a CPU)."""
+    calls_unreplayable: int = 0
+    """The step's kernel calls that cannot be replayed (``kernel_census``): counted in the profile's notes."""
 
 
 def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
@@ -106,8 +112,9 @@ def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
             first = node.all_input_nodes[0].meta.get("val") if node.all_input_nodes else None
             dtype = dtype or (first.dtype if isinstance(first, torch.Tensor) else None)
     attention, untimed = attention_census(graphs)
+    calls, unreplayable = kernel_census(graphs)
     return MatmulMix(shapes, dtype, memory, {s: c.most_common(1)[0][0] for s, c in layouts.items()}, attention,
-                     untimed)
+                     untimed, calls, unreplayable)
 
 
 def _flops(shape: MatmulShape) -> int:

@@ -1,0 +1,117 @@
+"""The step's kernels timed in turn (``overlapcfg.measuring.step_kernels``): which calls the census finds on a traced
+graph, that a replay runs every call once a round on tensors of the traced layout, and the figures calibration takes
+from the timings, each against a hand computation. Fast tier: a tiny make_fx graph and numbers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from overlapcfg.measuring import calibration as cal
+from overlapcfg.measuring.kernels import matmul_mix
+from overlapcfg.measuring.step_kernels import (
+    KernelCall,
+    TensorSpec,
+    kernel_census,
+    launch_beyond_bytes,
+    time_in_turn,
+)
+
+
+def _step(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = torch.mm(x, w.t())  # a transposed view, then a matmul reading it
+    h = torch.nn.functional.silu(h)  # memory-bound
+    h = h.view(4, 2, 8).sum(1)  # a view, then a reduction
+    return torch.index_select(h, 0, idx), torch.mm(x, w.t())  # integer indices; the same matmul again
+
+
+def _graph() -> torch.fx.GraphModule:
+    return make_fx(_step)(torch.randn(4, 16), torch.randn(16, 16), torch.tensor([0, 3]))
+
+
+def test_the_census_counts_each_distinct_call_in_the_order_the_graph_first_makes_it() -> None:
+    calls, unreplayable = kernel_census([_graph()])
+    assert unreplayable == 0
+    ops = [(c.op, c.kind, n) for c, n in calls.items()]
+    assert ops == [("aten.t.default", "view", 2), ("aten.mm.default", "compute", 2),
+                   ("aten.silu.default", "memory", 1), ("aten.view.default", "view", 1),
+                   ("aten.sum.dim_IntList", "memory", 1), ("aten.index_select.default", "memory", 1)]
+    mm = next(c for c in calls if c.op == "aten.mm.default")
+    assert mm.matmul == ((1, 4, 16, 16), "nt")  # w.t() is read column-major
+    assert mm.args[1] == TensorSpec((16, 16), (1, 16), 0, torch.float32)
+    silu = next(c for c in calls if c.op == "aten.silu.default")
+    assert silu.nbytes == 2 * 4 * 16 * 4  # reads and writes 4 x 16 floats
+    assert matmul_mix([_graph()]).calls == calls  # the mix carries them to the ranks
+
+
+def test_a_call_on_a_symbolic_size_is_counted_as_unreplayable() -> None:
+    gm = make_fx(lambda x: torch.nn.functional.silu(x) * 2, tracing_mode="symbolic")(torch.randn(4, 8))
+    calls, unreplayable = kernel_census([gm])
+    assert unreplayable == 2 and not calls
+
+
+def test_each_call_runs_once_a_round_in_order_and_a_refused_one_is_none() -> None:
+    ran: list[str] = []
+    lib = torch.library.Library("overlapcfg_test_turns", "DEF")  # the ops live as long as it does
+    lib.define("first(Tensor x) -> Tensor")
+    lib.define("second(Tensor x) -> Tensor")
+    lib.define("refuses(Tensor x) -> Tensor")
+    lib.impl("first", lambda x: ran.append("first") or x.clone(), "CPU")
+    lib.impl("second", lambda x: ran.append("second") or x.clone(), "CPU")
+
+    def refuse(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("made-up values")
+
+    lib.impl("refuses", refuse, "CPU")
+    arg = (TensorSpec((3,), (1,), 0, torch.float32),)
+    calls = [KernelCall(f"overlapcfg_test_turns.{name}.default", arg, (), "memory", 24)
+             for name in ("first", "refuses", "second")]
+    seconds = time_in_turn(calls, torch.device("cpu"), rounds=4)
+    assert seconds[1] is None and seconds[0] is not None and seconds[2] is not None
+    assert ran == ["first", "second"] + ["first", "second"] * 4  # a try each, then 4 rounds in turn
+
+
+def test_integer_arguments_are_zero_so_every_index_is_in_range() -> None:
+    calls, _ = kernel_census([_graph()])
+    seconds = time_in_turn(list(calls), torch.device("cpu"), rounds=3)
+    assert all(s is not None and s > 0 for s in seconds)  # index_select ran on zero indices
+
+
+def test_the_launch_cost_makes_the_memory_kernels_sum_to_their_time_in_turn() -> None:
+    # 10 calls of 1 MB at 40 us each, 2 calls of 4 MB at 100 us, a view and a matmul ignored, one untimed call.
+    # At 1e11 B/s the bytes take 10 and 40 us: (10 x 30 + 2 x 60) / 12 = 35 us beyond the bytes per kernel.
+    calls = [KernelCall("a", (), (), "memory", 10**6), KernelCall("b", (), (), "memory", 4 * 10**6),
+             KernelCall("v", (), (), "view", 0), KernelCall("m", (), (), "compute", 10**9),
+             KernelCall("c", (), (), "memory", 10**6)]
+    launch = launch_beyond_bytes(calls, [10, 2, 50, 3, 7], [40e-6, 100e-6, 1e-6, 1.0, None], bandwidth=1e11)
+    assert launch == pytest.approx(35e-6)
+    assert launch_beyond_bytes(calls[2:4], [1, 1], [1e-6, 1.0], bandwidth=1e11) is None
+    assert launch_beyond_bytes(calls[:1], [1], [5e-6], bandwidth=1e11) == 0.0  # never below zero
+
+
+def test_calibration_takes_views_and_the_step_dtypes_matmuls_from_the_turns() -> None:
+    mm_nt = KernelCall("aten.mm.default", (), (), "compute", 0, ((1, 8, 8, 8), "nt"))
+    mm_nn = KernelCall("aten.mm.default", ("x",), (), "compute", 0, ((1, 8, 8, 8), "nn"))
+    view_a, view_b = KernelCall("aten.view.default", (), (), "view", 0), KernelCall("aten.t.default", (), (), "view", 0)
+    shape, other = (1, 8, 8, 8), (1, 4, 4, 4)
+    measured = SimpleNamespace(
+        in_turn=([mm_nt, mm_nn, view_a, view_b], [3, 1, 30, 10], [30e-6, 99e-6, 2e-6, 6e-6]),
+        matmuls={torch.float32: [10e-6, 5e-6], torch.bfloat16: [20e-6, 7e-6]}, dtype=torch.float32,
+        chosen=[shape, other], layouts={shape: "nt"}, views=1e-6)
+    matmuls = cal._matmuls_in_turn(measured)  # type: ignore[arg-type]
+    # the step's dtype, the shape in its own layout only (the nn call is another kernel); the other shape and dtype
+    # keep their back-to-back times
+    assert matmuls[torch.float32] == [30e-6, 5e-6] and matmuls[torch.bfloat16] == [20e-6, 7e-6]
+    assert cal._views_in_turn(measured) == pytest.approx((30 * 2e-6 + 10 * 6e-6) / 40)  # type: ignore[arg-type]
+    nothing = SimpleNamespace(in_turn=((), (), ()))
+    assert cal._views_in_turn(nothing) is None  # type: ignore[arg-type]
+
+
+def test_a_gpu_replays_nothing() -> None:
+    mix = matmul_mix([_graph()])
+    assert cal._in_turn(mix, SimpleNamespace(cuda=True)) == ((), (), ())  # type: ignore[arg-type]
+    assert Counter(c.kind for c in mix.calls) == Counter({"memory": 3, "view": 2, "compute": 1})
