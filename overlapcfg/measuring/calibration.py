@@ -100,7 +100,7 @@ from overlapcfg.measuring.kernels import (
 )
 from overlapcfg.measuring.measure_result import CalibratedProfile, profile_header
 from overlapcfg.measuring.skew import SkewTimings, skew_fit, skew_unit, time_skew, unit_runner
-from overlapcfg.measuring.step_kernels import MAX_CALLS, KernelCall, launch_beyond_bytes, time_in_turn
+from overlapcfg.measuring.step_kernels import KernelCall, launch_beyond_bytes, replayed, time_in_turn
 from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header"]
@@ -214,7 +214,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
                                                      hosts, contended, mix.memory, views, skews, mix.layouts,
                                                      (backend, calls, attention), mix.attention_untimed,
-                                                     in_turn, mix.calls_unreplayable),
+                                                     in_turn, _left_out(mix, in_turn)),
                             clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
@@ -273,7 +273,8 @@ class _Measured:
     in_turn: InTurn = ((), (), ())
     """The step's kernel calls timed in turn (slowest rank), with how often the step makes each."""
     unreplayable: int = 0
-    """The step's kernel calls that could not be replayed (``MatmulMix.calls_unreplayable``)."""
+    """The step's kernel calls (nodes) not replayed: unreplayable (``MatmulMix.calls_unreplayable``) or past the
+    replay's caps (``overlapcfg.measuring.step_kernels.replayed``)."""
 
 
 InTurn = tuple[Sequence[KernelCall], Sequence[int], Sequence["float | None"]]
@@ -281,14 +282,20 @@ InTurn = tuple[Sequence[KernelCall], Sequence[int], Sequence["float | None"]]
 
 
 def _in_turn(mix: MatmulMix, clock: Clock) -> InTurn:
-    """The step's ``MAX_CALLS`` most frequent kernel calls, in the order the step first makes them, timed in turn
-    on every rank (the slowest rank's time of each); nothing on a GPU (see ``overlapcfg.measuring.step_kernels``)."""
+    """The step's most frequent kernel calls (``replayed``: within a count and a memory cap), in the order the step
+    first makes them, timed in turn on every rank (the slowest rank's time of each); nothing on a GPU (see
+    ``overlapcfg.measuring.step_kernels``)."""
     if clock.cuda or not mix.calls:
         return (), (), ()
-    kept = {c for c, _ in mix.calls.most_common(MAX_CALLS)}
-    calls = [c for c in mix.calls if c in kept]
+    calls = replayed(mix.calls)
     seconds = _slowest([-1.0 if s is None else s for s in time_in_turn(calls, clock.device)], clock)
     return calls, [mix.calls[c] for c in calls], [s if s >= 0 else None for s in seconds]
+
+
+def _left_out(mix: MatmulMix, in_turn: InTurn) -> int:
+    """The step's kernel calls (nodes) not replayed: unreplayable ones and those past the replay's caps."""
+    replayed_calls = set(in_turn[0])
+    return mix.calls_unreplayable + sum(n for c, n in mix.calls.items() if c not in replayed_calls)
 
 
 def _matmuls_in_turn(m: _Measured) -> Mapping[torch.dtype, Sequence[float]]:
@@ -347,11 +354,11 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
 
 def _in_turn_note(m: _Measured, views: float | None, launch: float | None, back_to_back_launch: float) -> str | None:
     """The profile's note on the step's kernels timed in turn (None where none were)."""
-    calls, _, seconds = m.in_turn
+    calls, counts, seconds = m.in_turn
     if not calls:
         return None
     timed: Counter[str] = Counter(c.kind for c, s in zip(calls, seconds, strict=True) if s is not None)
-    left = len(calls) - sum(timed.values())
+    refused = sum(n for n, s in zip(counts, seconds, strict=True) if s is None)
     said = [f"{timed[k]} {what}" for k, what in (("view", "views"), ("memory", "memory-bound"),
                                                  ("compute", "matmul and other compute")) if timed[k]]
     parts = [f"the step's distinct kernel calls timed in turn, as the step runs them ({', '.join(said) or 'none'})"]
@@ -361,9 +368,9 @@ def _in_turn_note(m: _Measured, views: float | None, launch: float | None, back_
         parts.append(f"launch_seconds {launch * 1e6:.3g} us beyond the bytes at mem_bandwidth (back to back "
                      f"{back_to_back_launch * 1e6:.3g} us)")
     parts.append(f"the {str(m.dtype).removeprefix('torch.')} matmuls' timed shapes in turn")
-    unreplayed = left + m.unreplayable
-    if unreplayed:
-        parts.append(f"{unreplayed} call(s) could not be replayed and keep the back-to-back figures")
+    if refused + m.unreplayable:
+        parts.append(f"{refused + m.unreplayable} of the step's kernel calls were not replayed (a symbolic size, an op "
+                     "refusing made-up values, or past the replay's caps) and are priced by the other figures")
     return "kernels: " + "; ".join(parts)
 
 

@@ -44,13 +44,17 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.cost.price import matmul_layout, matmul_shape, node_bytes, node_kind
 
-__all__ = ["IN_TURN_ROUNDS", "KernelCall", "MAX_CALLS", "TensorSpec", "kernel_census", "launch_beyond_bytes",
-           "time_in_turn"]
+__all__ = ["IN_TURN_ROUNDS", "KernelCall", "MAX_CALLS", "MAX_REPLAY_BYTES", "TensorSpec", "kernel_census",
+           "launch_beyond_bytes", "replayed", "time_in_turn"]
 
 IN_TURN_ROUNDS = 15
 """Rounds of the step's calls; each call's time is its median over them."""
 MAX_CALLS = 512
 """Distinct calls replayed at most (those the step makes most often): a round stays a fraction of a second."""
+MAX_REPLAY_BYTES = 2**30
+"""Bytes of made-up inputs held at once at most (every replayed call keeps its own for the whole replay): calls past
+it, the least frequent first, are left to the back-to-back figures, so a large model calibrating on a CPU does not
+need its step's activations many times over."""
 MAX_ROUND_SECONDS = 0.5
 """Rounds stop at ``IN_TURN_ROUNDS`` or once they have taken ``IN_TURN_ROUNDS x`` this (at least 3 rounds)."""
 
@@ -81,6 +85,25 @@ class KernelCall:
     """Bytes read and written (``overlapcfg.cost.price.node_bytes``)."""
     matmul: tuple[tuple[int, int, int, int], str] | None = None
     """``(shape, layout)`` of a matmul (``matmul_shape``, ``matmul_layout``)."""
+
+    def input_bytes(self) -> int:
+        """Bytes of the tensors a replay makes for it (each argument's whole extent)."""
+        return sum(_extent(t) * t.dtype.itemsize for t in _tensor_specs((self.args, tuple(v for _, v in self.kwargs))))
+
+
+def _tensor_specs(spec: object) -> list[TensorSpec]:
+    if isinstance(spec, TensorSpec):
+        return [spec]
+    if isinstance(spec, tuple):
+        return [t for inner in spec for t in _tensor_specs(inner)]
+    return []
+
+
+def _extent(spec: TensorSpec) -> int:
+    """Elements of storage the layout reaches (at least one)."""
+    if not all(spec.shape):
+        return 1
+    return spec.offset + sum((n - 1) * s for n, s in zip(spec.shape, spec.stride, strict=True)) + 1
 
 
 class _Unreplayable(Exception):
@@ -139,10 +162,26 @@ def kernel_census(graphs: Sequence[fx.GraphModule]) -> tuple[Counter[KernelCall]
     return calls, unreplayable
 
 
+def replayed(calls: Counter[KernelCall], *, max_calls: int = MAX_CALLS,
+             max_bytes: int = MAX_REPLAY_BYTES) -> list[KernelCall]:
+    """The calls to replay, in the order the step first makes them: the most frequent first, up to ``max_calls`` of
+    them and ``max_bytes`` of made-up inputs in all."""
+    kept: set[KernelCall] = set()
+    held = 0
+    for call, _ in calls.most_common():
+        if len(kept) >= max_calls:
+            break
+        need = call.input_bytes()
+        if held + need > max_bytes:
+            continue
+        kept.add(call)
+        held += need
+    return [c for c in calls if c in kept]
+
+
 def _made(spec: object, device: torch.device, generator: torch.Generator) -> object:
     if isinstance(spec, TensorSpec):
-        extent = spec.offset + sum((n - 1) * s for n, s in zip(spec.shape, spec.stride, strict=True)) + 1 \
-            if all(spec.shape) else 1
+        extent = _extent(spec)
         if spec.dtype.is_floating_point or spec.dtype.is_complex:
             base = torch.randn(extent, generator=generator).to(device=device, dtype=spec.dtype)
         else:

@@ -18,6 +18,7 @@ from overlapcfg.measuring.step_kernels import (
     TensorSpec,
     kernel_census,
     launch_beyond_bytes,
+    replayed,
     time_in_turn,
 )
 
@@ -115,3 +116,31 @@ def test_a_gpu_replays_nothing() -> None:
     mix = matmul_mix([_graph()])
     assert cal._in_turn(mix, SimpleNamespace(cuda=True)) == ((), (), ())  # type: ignore[arg-type]
     assert Counter(c.kind for c in mix.calls) == Counter({"memory": 3, "view": 2, "compute": 1})
+
+
+def _sized(name: str, elements: int) -> KernelCall:
+    return KernelCall(name, (TensorSpec((elements,), (1,), 0, torch.float32),), (), "memory", 8 * elements)
+
+
+def test_the_replay_keeps_the_most_frequent_calls_within_its_caps_in_the_steps_order() -> None:
+    a, b, c, d = _sized("a", 100), _sized("b", 1000), _sized("c", 10), _sized("d", 50)
+    assert b.input_bytes() == 4000  # one float32 argument of 1000 elements
+    strided = KernelCall("t", (TensorSpec((4, 3), (1, 8), 2, torch.bfloat16),), (), "view", 0)
+    assert strided.input_bytes() == (2 + 3 * 1 + 2 * 8 + 1) * 2  # offset + the last element reached, 2 bytes each
+    calls = Counter({a: 5, b: 1, c: 9, d: 2})
+    assert replayed(calls) == [a, b, c, d]
+    assert replayed(calls, max_calls=2) == [a, c]  # the two most frequent, in the step's order
+    # 400 + 40 + 200 bytes fit in 700; b's 4000 do not, and is left out, not the calls after it
+    assert replayed(calls, max_bytes=700) == [a, c, d]
+
+
+def test_the_profiles_note_says_what_was_replayed_and_counts_what_was_not() -> None:
+    mm = KernelCall("aten.mm.default", (), (), "compute", 0, ((1, 8, 8, 8), "nn"))
+    view, mem = KernelCall("aten.view.default", (), (), "view", 0), _sized("aten.silu.default", 4)
+    measured = SimpleNamespace(in_turn=([mm, view, mem], [2, 5, 3], [1e-5, 2e-6, None]), views=1e-6,
+                               dtype=torch.float32, unreplayable=4)
+    note = cal._in_turn_note(measured, 2e-6, 3e-5, 1e-6)  # type: ignore[arg-type]
+    assert note is not None and "(1 views, 1 matmul and other compute)" in note
+    assert "view_seconds 2 us (back to back 1 us)" in note and "launch_seconds 30 us" in note
+    assert "7 of the step's kernel calls were not replayed" in note  # the 3 silu calls refused, 4 unreplayable
+    assert cal._in_turn_note(SimpleNamespace(in_turn=((), (), ())), None, None, 0.0) is None  # type: ignore[arg-type]
