@@ -100,7 +100,16 @@ from overlapcfg.measuring.kernels import (
 )
 from overlapcfg.measuring.measure_result import CalibratedProfile, profile_header
 from overlapcfg.measuring.skew import SkewTimings, skew_fit, skew_unit, time_skew, unit_runner
-from overlapcfg.measuring.step_kernels import KernelCall, launch_beyond_bytes, replayed, time_in_turn
+from overlapcfg.measuring.step_kernels import (
+    InTurn,
+    in_turn_note,
+    launch_beyond_bytes,
+    matmul_layouts_in_turn,
+    matmuls_in_turn,
+    replayed,
+    time_in_turn,
+    views_in_turn,
+)
 from overlapcfg.passes.backend import CapturedStep
 
 __all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header"]
@@ -110,6 +119,8 @@ log = logging.getLogger(__name__)
 MIN_BYTES = 4096
 COLLECTIVE_SHARE = 0.75
 """Of the budget, what the collectives get (the kernels take the rest, and at least their few sizes)."""
+IN_TURN_SHARE = 0.1
+"""Of the budget, what the in-turn replay of the step's kernels may take (at least one round of them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +200,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     backend, attention = time_attention(calls, dtype, clock)
     slowest = _slowest([t for pair in attention for t in pair], clock)
     attention = [(slowest[2 * i], slowest[2 * i + 1]) for i in range(len(calls))]
-    in_turn = _in_turn(mix, clock)
+    in_turn = _in_turn(mix, clock, IN_TURN_SHARE * budget_s)
     fits = fit_collectives(timings, measured_issue=not clock.cuda)[0] if timings else None
     contended = []
     unit = skew_unit(mix)
@@ -214,7 +225,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
                                                      hosts, contended, mix.memory, views, skews, mix.layouts,
                                                      (backend, calls, attention), mix.attention_untimed,
-                                                     in_turn, _left_out(mix, in_turn)),
+                                                     in_turn, _left_out(mix, in_turn, clock)),
                             clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
@@ -277,48 +288,30 @@ class _Measured:
     replay's caps (``overlapcfg.measuring.step_kernels.replayed``)."""
 
 
-InTurn = tuple[Sequence[KernelCall], Sequence[int], Sequence["float | None"]]
-"""``(calls, how often the step makes each, seconds in turn or None)`` (``overlapcfg.measuring.step_kernels``)."""
-
-
-def _in_turn(mix: MatmulMix, clock: Clock) -> InTurn:
+def _in_turn(mix: MatmulMix, clock: Clock, budget_s: float) -> InTurn:
     """The step's most frequent kernel calls (``replayed``: within a count and a memory cap), in the order the step
     first makes them, timed in turn on every rank (the slowest rank's time of each); nothing on a GPU (see
-    ``overlapcfg.measuring.step_kernels``)."""
+    ``overlapcfg.measuring.step_kernels``). A rank whose replay fails reports nothing timed, and still takes part
+    in the reduction: every rank makes the same collective calls whatever happened on it."""
     if clock.cuda or not mix.calls:
         return (), (), ()
     calls = replayed(mix.calls)
-    seconds = _slowest([-1.0 if s is None else s for s in time_in_turn(calls, clock.device)], clock)
+    try:
+        mine = time_in_turn(calls, clock.device, budget_s=budget_s)
+    except Exception:  # kept to the back-to-back figures, never a hang of the other ranks
+        log.warning("calibrate: the in-turn replay of the step's kernels failed on this rank", exc_info=True)
+        mine = [None] * len(calls)
+    seconds = _slowest([-1.0 if s is None else s for s in mine], clock)
     return calls, [mix.calls[c] for c in calls], [s if s >= 0 else None for s in seconds]
 
 
-def _left_out(mix: MatmulMix, in_turn: InTurn) -> int:
-    """The step's kernel calls (nodes) not replayed: unreplayable ones and those past the replay's caps."""
+def _left_out(mix: MatmulMix, in_turn: InTurn, clock: Clock) -> int:
+    """The step's kernel calls (nodes) not replayed on a CPU: unreplayable ones and those past the replay's caps
+    (none on a GPU, which replays nothing by design)."""
+    if clock.cuda:
+        return 0
     replayed_calls = set(in_turn[0])
     return mix.calls_unreplayable + sum(n for c, n in mix.calls.items() if c not in replayed_calls)
-
-
-def _matmuls_in_turn(m: _Measured) -> Mapping[torch.dtype, Sequence[float]]:
-    """The step dtype's timed matmul shapes, each at its time in turn (count-weighted over the step's calls of that
-    shape and layout) where the replay timed it; the other dtype as timed back to back."""
-    calls, counts, seconds = m.in_turn
-    out = {dt: list(ts) for dt, ts in m.matmuls.items()}
-    if m.dtype not in out:
-        return out
-    for i, shape in enumerate(m.chosen):
-        layout = (m.layouts or {}).get(shape, "nn")
-        timed = [(n, s) for c, n, s in zip(calls, counts, seconds, strict=True)
-                 if s is not None and c.matmul == (shape, layout)]
-        if timed:
-            out[m.dtype][i] = sum(n * s for n, s in timed) / sum(n for n, _ in timed)
-    return out
-
-
-def _views_in_turn(m: _Measured) -> float | None:
-    """The mean time of the step's views in turn (count-weighted); None where none was timed."""
-    calls, counts, seconds = m.in_turn
-    timed = [(n, s) for c, n, s in zip(calls, counts, seconds, strict=True) if c.kind == "view" and s is not None]
-    return sum(n * s for n, s in timed) / sum(n for n, _ in timed) if timed else None
 
 
 def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: DeviceFacts, budget_s: float,
@@ -326,7 +319,7 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
     """Rank 0: fit everything and assemble the profile (JSON form, for the broadcast)."""
     fits, samples = fit_collectives(m.collectives, measured_issue=not clock.cuda) if m.collectives else (None, ())
     mem = memory_samples(m.memory_sizes, m.memory, facts.cache_bytes, m.kernels)
-    matmuls = _matmuls_in_turn(m)
+    matmuls, replaced = matmuls_in_turn(m.in_turn, m.chosen, dict(m.layouts or {}), dict(m.matmuls))
     fitted = {dt: matmul_samples(m.shapes, m.chosen, seconds, dt) for dt, seconds in matmuls.items()}
     mms = {dt: f[0] for dt, f in fitted.items()}
     contention = [contention_fit(runs) for runs in m.contention]
@@ -340,38 +333,24 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
     timed = {dt: tuple(TimedMatmul(shape=s, layout=(m.layouts or {}).get(s, "nn"), seconds=t)
                        for s, t in zip(m.chosen, matmuls[dt], strict=True) if s in m.shapes)
              for dt in matmuls}
+    for dt, by_kernel in matmul_layouts_in_turn(m.in_turn).items():  # the step's other layouts, as timed in turn
+        if dt in timed:
+            known = {(t.shape, t.layout) for t in timed[dt]}
+            timed[dt] += tuple(TimedMatmul.model_validate({"shape": shape, "layout": layout, "seconds": sec})
+                               for (shape, layout), sec in by_kernel.items() if (shape, layout) not in known)
     # validated, not model_copy: the lookup of timed kernels is built when the model is
     rates = {dt: (MatmulRate.model_validate({**f[1].model_dump(), "timed": timed[dt]}), f[2])
              for dt, f in fitted.items()}
-    views = _views_in_turn(m)
-    launch = launch_beyond_bytes(*m.in_turn, bandwidth=mem.rate)
+    views = views_in_turn(m.in_turn)
+    # the bytes are priced at the profile's bandwidth, the measured one capped at the datasheet (``_capped``)
+    bandwidth = mem.rate if facts.mem_bandwidth is None else min(mem.rate, facts.mem_bandwidth)
+    launch = launch_beyond_bytes(*m.in_turn, bandwidth=bandwidth)
+    note = in_turn_note(m.in_turn, left_out=m.unreplayable, views=views, back_to_back_views=m.views, launch=launch,
+                        back_to_back_launch=mem.overhead, matmuls=replaced)
     built = _profile(name, base, fits, mem, mms, contention, facts, clock, m.hosts, record, rates=rates,
                      views=m.views if views is None else views, skews=skews, attention=m.attention, dtype=m.dtype,
-                     attention_untimed=m.attention_untimed, launch=launch,
-                     in_turn_note=_in_turn_note(m, views, launch, mem.overhead))
+                     attention_untimed=m.attention_untimed, launch=launch, in_turn_note=note)
     return built.model_dump(mode="json", exclude_none=True)
-
-
-def _in_turn_note(m: _Measured, views: float | None, launch: float | None, back_to_back_launch: float) -> str | None:
-    """The profile's note on the step's kernels timed in turn (None where none were)."""
-    calls, counts, seconds = m.in_turn
-    if not calls:
-        return None
-    timed: Counter[str] = Counter(c.kind for c, s in zip(calls, seconds, strict=True) if s is not None)
-    refused = sum(n for n, s in zip(counts, seconds, strict=True) if s is None)
-    said = [f"{timed[k]} {what}" for k, what in (("view", "views"), ("memory", "memory-bound"),
-                                                 ("compute", "matmul and other compute")) if timed[k]]
-    parts = [f"the step's distinct kernel calls timed in turn, as the step runs them ({', '.join(said) or 'none'})"]
-    if views is not None:
-        parts.append(f"view_seconds {views * 1e6:.3g} us (back to back {m.views * 1e6:.3g} us)")
-    if launch is not None:
-        parts.append(f"launch_seconds {launch * 1e6:.3g} us beyond the bytes at mem_bandwidth (back to back "
-                     f"{back_to_back_launch * 1e6:.3g} us)")
-    parts.append(f"the {str(m.dtype).removeprefix('torch.')} matmuls' timed shapes in turn")
-    if refused + m.unreplayable:
-        parts.append(f"{refused + m.unreplayable} of the step's kernel calls were not replayed (a symbolic size, an op "
-                     "refusing made-up values, or past the replay's caps) and are priced by the other figures")
-    return "kernels: " + "; ".join(parts)
 
 
 def _slowest(seconds: Sequence[float], clock: Clock) -> list[float]:

@@ -175,15 +175,16 @@ def time_skew(name: str, group: dist.ProcessGroup, *, dtype: torch.dtype, clock:
 
 def wake_points(timings: SkewTimings) -> tuple[WakePoint, ...]:
     """Per length, the mean over trials of the last rank's wait, less its median right after the alignment (the
-    first length, no compute; what the collective fits price): ``Skew.wake`` (see the module docstring). Made
-    non-decreasing in idle time (a longer sleep does not wake faster; a dip is noise) and kept only at strictly
-    increasing lengths."""
+    first length, no compute; what the collective fits price): ``Skew.wake`` (see the module docstring). That first
+    point is the reference, 0 (a collective queued behind another pays no wake-up). Made non-decreasing in idle
+    time (a longer sleep does not wake faster; a dip is noise) and kept only at strictly increasing lengths."""
     alone = [statistics.fmean(min(ranks) for ranks in trials) for trials in timings.waits]
     typical = statistics.median(min(ranks) for ranks in timings.waits[0])
     points: list[WakePoint] = []
     extra = 0.0
     for idle, wait in sorted(zip(timings.compute, alone, strict=True)):
-        extra = max(extra, wait - typical, 0.0)
+        # right after the alignment is the reference: a collective queued behind another pays no wake-up
+        extra = max(extra, wait - typical, 0.0) if points else 0.0
         if not points or idle > points[-1].idle:
             points.append(WakePoint(idle=idle, extra=min(extra, 1.0)))
     return tuple(points)

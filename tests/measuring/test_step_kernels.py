@@ -16,10 +16,14 @@ from overlapcfg.measuring.kernels import matmul_mix
 from overlapcfg.measuring.step_kernels import (
     KernelCall,
     TensorSpec,
+    in_turn_note,
     kernel_census,
     launch_beyond_bytes,
+    matmul_layouts_in_turn,
+    matmuls_in_turn,
     replayed,
     time_in_turn,
+    views_in_turn,
 )
 
 
@@ -42,7 +46,7 @@ def test_the_census_counts_each_distinct_call_in_the_order_the_graph_first_makes
                    ("aten.silu.default", "memory", 1), ("aten.view.default", "view", 1),
                    ("aten.sum.dim_IntList", "memory", 1), ("aten.index_select.default", "memory", 1)]
     mm = next(c for c in calls if c.op == "aten.mm.default")
-    assert mm.matmul == ((1, 4, 16, 16), "nt")  # w.t() is read column-major
+    assert mm.matmul == ((1, 4, 16, 16), "nt") and mm.dtype == torch.float32  # w.t() is read column-major
     assert mm.args[1] == TensorSpec((16, 16), (1, 16), 0, torch.float32)
     silu = next(c for c in calls if c.op == "aten.silu.default")
     assert silu.nbytes == 2 * 4 * 16 * 4  # reads and writes 4 x 16 floats
@@ -94,27 +98,27 @@ def test_the_launch_cost_makes_the_memory_kernels_sum_to_their_time_in_turn() ->
     assert launch_beyond_bytes(calls[:1], [1], [5e-6], bandwidth=1e11) == 0.0  # never below zero
 
 
-def test_calibration_takes_views_and_the_step_dtypes_matmuls_from_the_turns() -> None:
-    mm_nt = KernelCall("aten.mm.default", (), (), "compute", 0, ((1, 8, 8, 8), "nt"))
-    mm_nn = KernelCall("aten.mm.default", ("x",), (), "compute", 0, ((1, 8, 8, 8), "nn"))
+def test_views_and_each_dtypes_matmuls_come_from_the_turns() -> None:
+    mm_nt = KernelCall("aten.mm.default", (), (), "compute", 0, ((1, 8, 8, 8), "nt"), torch.float32)
+    mm_nn = KernelCall("aten.mm.default", ("x",), (), "compute", 0, ((1, 8, 8, 8), "nn"), torch.float32)  # type: ignore[arg-type]
+    mm_bf16 = KernelCall("aten.mm.default", ("y",), (), "compute", 0, ((1, 8, 8, 8), "nt"), torch.bfloat16)  # type: ignore[arg-type]
     view_a, view_b = KernelCall("aten.view.default", (), (), "view", 0), KernelCall("aten.t.default", (), (), "view", 0)
     shape, other = (1, 8, 8, 8), (1, 4, 4, 4)
-    measured = SimpleNamespace(
-        in_turn=([mm_nt, mm_nn, view_a, view_b], [3, 1, 30, 10], [30e-6, 99e-6, 2e-6, 6e-6]),
-        matmuls={torch.float32: [10e-6, 5e-6], torch.bfloat16: [20e-6, 7e-6]}, dtype=torch.float32,
-        chosen=[shape, other], layouts={shape: "nt"}, views=1e-6)
-    matmuls = cal._matmuls_in_turn(measured)  # type: ignore[arg-type]
-    # the step's dtype, the shape in its own layout only (the nn call is another kernel); the other shape and dtype
-    # keep their back-to-back times
-    assert matmuls[torch.float32] == [30e-6, 5e-6] and matmuls[torch.bfloat16] == [20e-6, 7e-6]
-    assert cal._views_in_turn(measured) == pytest.approx((30 * 2e-6 + 10 * 6e-6) / 40)  # type: ignore[arg-type]
-    nothing = SimpleNamespace(in_turn=((), (), ()))
-    assert cal._views_in_turn(nothing) is None  # type: ignore[arg-type]
+    in_turn = ([mm_nt, mm_nn, mm_bf16, view_a, view_b], [3, 1, 2, 30, 10], [30e-6, 99e-6, 50e-6, 2e-6, 6e-6])
+    matmuls, replaced = matmuls_in_turn(in_turn, [shape, other], {shape: "nt"},
+                                        {torch.float32: [10e-6, 5e-6], torch.bfloat16: [20e-6, 7e-6]})
+    # each dtype takes its own calls of the shape in the layout it was timed in (the nn call is another kernel);
+    # the other shape keeps its back-to-back times
+    assert matmuls == {torch.float32: [30e-6, 5e-6], torch.bfloat16: [50e-6, 7e-6]} and replaced == 2
+    assert views_in_turn(in_turn) == pytest.approx((30 * 2e-6 + 10 * 6e-6) / 40)
+    assert views_in_turn(((), (), ())) is None
 
 
-def test_a_gpu_replays_nothing() -> None:
+def test_a_gpu_replays_nothing_and_counts_nothing_as_left_out() -> None:
     mix = matmul_mix([_graph()])
-    assert cal._in_turn(mix, SimpleNamespace(cuda=True)) == ((), (), ())  # type: ignore[arg-type]
+    gpu = SimpleNamespace(cuda=True)
+    assert cal._in_turn(mix, gpu, 1.0) == ((), (), ())  # type: ignore[arg-type]
+    assert cal._left_out(mix, ((), (), ()), gpu) == 0  # type: ignore[arg-type]
     assert Counter(c.kind for c in mix.calls) == Counter({"memory": 3, "view": 2, "compute": 1})
 
 
@@ -137,10 +141,76 @@ def test_the_replay_keeps_the_most_frequent_calls_within_its_caps_in_the_steps_o
 def test_the_profiles_note_says_what_was_replayed_and_counts_what_was_not() -> None:
     mm = KernelCall("aten.mm.default", (), (), "compute", 0, ((1, 8, 8, 8), "nn"))
     view, mem = KernelCall("aten.view.default", (), (), "view", 0), _sized("aten.silu.default", 4)
-    measured = SimpleNamespace(in_turn=([mm, view, mem], [2, 5, 3], [1e-5, 2e-6, None]), views=1e-6,
-                               dtype=torch.float32, unreplayable=4)
-    note = cal._in_turn_note(measured, 2e-6, 3e-5, 1e-6)  # type: ignore[arg-type]
+    in_turn = ([mm, view, mem], [2, 5, 3], [1e-5, 2e-6, None])
+    note = in_turn_note(in_turn, left_out=4, views=2e-6, back_to_back_views=1e-6, launch=3e-5,
+                        back_to_back_launch=1e-6, matmuls=1)
     assert note is not None and "(1 views, 1 matmul and other compute)" in note
     assert "view_seconds 2 us (back to back 1 us)" in note and "launch_seconds 30 us" in note
-    assert "7 of the step's kernel calls were not replayed" in note  # the 3 silu calls refused, 4 unreplayable
-    assert cal._in_turn_note(SimpleNamespace(in_turn=((), (), ())), None, None, 0.0) is None  # type: ignore[arg-type]
+    assert "1 timed matmul shape(s) at their times in turn" in note
+    assert "7 of the step's kernel calls were not replayed" in note  # the 3 silu calls refused, 4 left out
+    no_matmul = in_turn_note(in_turn, left_out=0, views=None, back_to_back_views=0.0, launch=None,
+                             back_to_back_launch=0.0, matmuls=0)
+    assert no_matmul is not None and "matmul shape" not in no_matmul  # said only where one was replaced
+    everything_left_out = in_turn_note(((), (), ()), left_out=12, views=None, back_to_back_views=0.0, launch=None,
+                                       back_to_back_launch=0.0, matmuls=0)
+    assert everything_left_out is not None and "12 of the step's kernel calls were not replayed" in everything_left_out
+    assert in_turn_note(((), (), ()), left_out=0, views=None, back_to_back_views=0.0, launch=None,
+                        back_to_back_launch=0.0, matmuls=0) is None
+
+
+def test_in_place_collective_and_random_ops_are_not_replayed() -> None:
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        y.copy_(x)  # writes an argument
+        return torch.nn.functional.dropout(x, 0.5, training=True) + y  # a random op
+
+    gm = make_fx(step)(torch.randn(4), torch.randn(4))
+    calls, unreplayable = kernel_census([gm])
+    ops = {c.op for c in calls}
+    assert "aten.copy_.default" not in ops and not any("bernoulli" in o or "dropout" in o for o in ops)
+    assert unreplayable >= 2
+
+
+def test_a_replay_leaves_the_random_state_as_it_was_and_a_later_failure_drops_the_call() -> None:
+    lib = torch.library.Library("overlapcfg_test_later", "DEF")  # the ops live as long as it does
+    lib.define("flaky(Tensor x) -> Tensor")
+    calls_made = [0]
+
+    def flaky(x: torch.Tensor) -> torch.Tensor:
+        calls_made[0] += 1
+        if calls_made[0] == 3:
+            raise RuntimeError("fails on its third call")
+        return x.clone()
+
+    lib.impl("flaky", flaky, "CPU")
+    arg = (TensorSpec((3,), (1,), 0, torch.float32),)
+    good = _sized("aten.silu.default", 8)
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    seconds = time_in_turn([KernelCall("overlapcfg_test_later.flaky.default", arg, (), "memory", 24), good],
+                           torch.device("cpu"), rounds=5)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert seconds[0] is None and seconds[1] is not None  # failed in round 2: dropped, its samples too
+    assert calls_made[0] == 3
+
+
+def test_the_replay_stops_at_its_budget_after_at_least_one_round() -> None:
+    lib = torch.library.Library("overlapcfg_test_budget", "DEF")  # the ops live as long as it does
+    lib.define("counted(Tensor x) -> Tensor")
+    rounds = [0]
+    lib.impl("counted", lambda x: rounds.__setitem__(0, rounds[0] + 1) or x.clone(), "CPU")
+    arg = (TensorSpec((3,), (1,), 0, torch.float32),)
+    seconds = time_in_turn([KernelCall("overlapcfg_test_budget.counted.default", arg, (), "memory", 24)],
+                           torch.device("cpu"), rounds=10, budget_s=0.0)
+    assert seconds[0] is not None and rounds[0] == 2  # the first call (a try), then one round
+
+
+def test_every_layout_the_step_runs_a_shape_in_is_its_own_timed_kernel() -> None:
+    shape = (1, 8, 8, 8)
+    nt_a = KernelCall("aten.mm.default", (), (), "compute", 0, (shape, "nt"), torch.float32)
+    nt_b = KernelCall("aten.mm.default", ("b",), (), "compute", 0, (shape, "nt"), torch.float32)  # type: ignore[arg-type]
+    tn = KernelCall("aten.mm.default", ("c",), (), "compute", 0, (shape, "tn"), torch.float32)  # type: ignore[arg-type]
+    untimed = KernelCall("aten.mm.default", ("d",), (), "compute", 0, ((1, 2, 2, 2), "nn"), torch.float32)  # type: ignore[arg-type]
+    view = KernelCall("aten.view.default", (), (), "view", 0)
+    found = matmul_layouts_in_turn(([nt_a, nt_b, tn, untimed, view], [1, 3, 2, 5, 9], [10e-6, 30e-6, 7e-6, None, 1e-6]))
+    # two signatures of one (shape, layout): count-weighted, (1 x 10 + 3 x 30) / 4 = 25 us
+    assert found == {torch.float32: {(shape, "nt"): pytest.approx(25e-6), (shape, "tn"): 7e-6}}
