@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -707,3 +708,26 @@ def test_calibration_finds_one_attention_call_per_layer_at_the_models_own_shape(
     heads = 4  # tests.thirdparty.models: 4 query heads (2 KV heads) in every one of these configs
     causal = case.startswith("tt_")
     assert shapes == Counter({(M.BATCH * heads, M.SEQ_LEN, M.HIDDEN // heads, causal): M.LAYERS}), shapes
+
+
+@pytest.mark.slow  # traces the third-party models (the module's shared captures)
+@pytest.mark.parametrize("case", ["hf_llama", "hf_mixtral", "tt_fully_shard"])
+def test_calibration_replays_the_kernels_of_graphs_nobody_here_wrote(runs: Callable[[str], Run], case: str) -> None:
+    """The in-turn replay (``overlapcfg.measuring.step_kernels``) on Hugging Face's and torchtitan's captured
+    steps: every kind of kernel is found, every node is either a replayed call or counted as left out, and the
+    replay runs each call it keeps on made-up tensors of the traced layout."""
+    from overlapcfg.cost.price import node_kind
+    from overlapcfg.measuring.step_kernels import kernel_census, replayed, time_in_turn
+
+    run = runs(case)
+    graphs = [run.original("forward"), run.original("backward")]
+    calls, left_out = kernel_census(graphs)
+    assert {c.kind for c in calls} == {"compute", "memory", "view"}, calls
+    kernel_nodes = sum(1 for gm in graphs for n in gm.graph.nodes if n.op == "call_function"
+                       and node_kind(n) in ("compute", "memory", "free") and n.target is not operator.getitem
+                       and getattr(n.target, "__module__", None) not in ("_operator", "builtins", "math"))
+    assert sum(calls.values()) + left_out == kernel_nodes  # nothing dropped without being counted
+    kept = replayed(calls)
+    seconds = time_in_turn(kept, torch.device("cpu"), rounds=2)
+    refused = sorted({c.op for c, s in zip(kept, seconds, strict=True) if s is None})
+    assert refused == [], refused
