@@ -12,7 +12,7 @@ largest error left in the calibrated prediction:
 
 Timed *in turn* instead (each distinct call of the step once per round, in the order the graphs first run them,
 every call timed on its own), the same kernels took 5.8, 14.1 and 66 ms: within 25 % of the step for each kind,
-where back-to-back timing was 3 to 14 times under. No number from the step's own run goes into it: only which
+where back-to-back timing was 1.6 to 14 times under. No number from the step's own run goes into it: only which
 kernels the step calls, at which shapes, which its traced graphs say.
 
 So calibration (on a CPU; a GPU runs its kernels from a queue, and its launch costs overlap) replays the step's
@@ -22,7 +22,8 @@ random, integers and booleans zero: every index is then in range), and the profi
 - ``MemoryRate.view_seconds``: the mean over the step's views;
 - ``MemoryRate.launch_seconds``: what the step's memory-bound kernels take beyond their bytes at the calibrated
   bandwidth, on average (so the sum over the step is what was timed);
-- the timed matmuls (``MatmulRate.timed``): each shape's time in turn, in the dtype the step runs it in.
+- the timed matmuls (``MatmulRate.timed``): each shape's time in turn, in every layout and dtype the step runs it
+  in.
 
 What is not replayed, and why: an op that writes one of its arguments (``copy_``, a resize: it would change what
 the replay holds), a collective (it would talk to the other ranks), a random op (it would move the random state),
