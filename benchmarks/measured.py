@@ -19,7 +19,7 @@ communication within 2x of measured for every config, and the measured best conf
 the predicted best. The machine's load average before and after each run is printed and stored: other processes
 on a 2-core machine move every number, so rerun when it was high.
 
-    python benchmarks/measured.py [--quick] [--runs 3] [--steps 10] [--budget 60] [--with-load]
+    python benchmarks/measured.py [--quick] [--runs 3] [--steps 10] [--profiled-steps 8] [--budget 60] [--with-load]
 
 Writes ``benchmarks/results/measured.json``.
 """
@@ -83,13 +83,14 @@ def _load_job(rank: int, world_size: int, settings: dict[str, Any], seconds: flo
 
 
 def _measure(rank: int, world_size: int, settings: dict[str, Any], configs: dict[str, dict[str, Any]],
-             hardware: dict[str, Any], steps: int, warmup: int) -> tuple[dict[str, Any], dict[str, Any]]:
+             hardware: dict[str, Any], steps: int, warmup: int,
+             profiled_steps: int) -> tuple[dict[str, Any], dict[str, Any]]:
     from overlapcfg.demo.measure_job import demo_step
     from overlapcfg.demo.settings import demo_settings
 
     result = overlapcfg.measure(demo_step(demo_settings(settings)), configs,
                                 hardware=HardwareProfile.model_validate(hardware), steps=steps, warmup=warmup,
-                                profiled_steps=2)
+                                profiled_steps=profiled_steps)
     costs = result.measured_node_costs
     return result.to_dict(), costs.to_dict() if costs is not None else {}
 
@@ -104,10 +105,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None, help="consecutive measure runs (default 3; quick 1)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per config (default 10; quick 5)")
     parser.add_argument("--budget", type=float, default=None, help="calibration seconds (default 60; quick 20)")
+    parser.add_argument("--profiled-steps", type=int, default=None,
+                        help="steps under the profiler per config, whose median is the measured exposed "
+                             "communication (default 8; quick 2)")
     parser.add_argument("--with-load", action="store_true", help="another 2-rank gloo job runs throughout")
     parser.add_argument("--out", type=Path, default=RESULTS / "measured.json")
     args = parser.parse_args()
     steps = args.steps or (5 if args.quick else 10)
+    profiled_steps = args.profiled_steps or (2 if args.quick else 8)
     runs = args.runs or (1 if args.quick else 3)
     budget = args.budget or (20.0 if args.quick else 60.0)
     console = Console(width=150)
@@ -155,7 +160,8 @@ def main() -> None:
         for run in range(runs):
             before = os.getloadavg()
             measured_dict, costs_dict = run_on_gloo(_measure, settings, configs, calibrated.model_dump(mode="json"),
-                                                    steps, 2 if args.quick else 3, world_size=2, timeout_s=1800)[0]
+                                                    steps, 2 if args.quick else 3, profiled_steps, world_size=2,
+                                                    timeout_s=1800)[0]
             measurement = overlapcfg.Measurement.from_json(measured_dict)
             costs = NodeCosts.from_json(costs_dict)
             rows = _predictions(step, configs, calibrated, costs, measurement)
@@ -184,7 +190,8 @@ def main() -> None:
     console.print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; "
                   f"total {time.perf_counter() - started:.0f} s")
     args.out.write_text(json.dumps({"schema": "overlapcfg.benchmark.measured/2", "load_before": load_before,
-                                    "load_after": load_after, "steps": steps, "runs": runs,
+                                    "load_after": load_after, "steps": steps, "profiled_steps": profiled_steps,
+                                    "runs": runs,
                                     "with_load": args.with_load, "calibration_budget_s": budget,
                                     "calibrated": calibrated.model_dump(mode="json", exclude_none=True),
                                     "tuned": {"name": tuned.best.name, "config": configs["tuned"]},

@@ -99,7 +99,7 @@ from overlapcfg.measuring.kernels import (
     timed_until_growing,
 )
 from overlapcfg.measuring.measure_result import CalibratedProfile, profile_header
-from overlapcfg.measuring.skew import SkewTimings, skew_fit, skew_unit, time_skew, unit_runner
+from overlapcfg.measuring.skew import TRIALS, SkewTimings, skew_fit, skew_unit, time_skew, unit_runner
 from overlapcfg.measuring.step_kernels import (
     InTurn,
     in_turn_note,
@@ -112,7 +112,7 @@ from overlapcfg.measuring.step_kernels import (
 )
 from overlapcfg.passes.backend import CapturedStep
 
-__all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header"]
+__all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header", "timing_effort"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,14 @@ COLLECTIVE_SHARE = 0.75
 """Of the budget, what the collectives get (the kernels take the rest, and at least their few sizes)."""
 IN_TURN_SHARE = 0.1
 """Of the budget, what the in-turn replay of the step's kernels may take (at least one round of them)."""
+FULL_EFFORT_BUDGET_S = 20.0
+"""From this budget up, every kernel is timed for as long as its kind asks and the skew takes all its trials. Below
+it both shrink in proportion to the budget (``timing_effort``): the kernels and the skew are timed whatever the
+budget, and at their full length they alone took 10-25 s on 2 CPU cores, so a 3 s budget was not kept."""
+MIN_EFFORT = 0.2
+"""The least share of the full timing a short budget gets: each timing round at least a fifth of its length."""
+MIN_SKEW_TRIALS = 4
+"""The fewest skew trials per length, whatever the budget."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +171,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     if not dist.is_initialized():
         raise OverlapStateError("calibrate: no process group; run under torchrun (or init_process_group) on every rank")
     started = time.perf_counter()
-    clock = Clock(device if device is not None else default_device())
+    clock = Clock(device if device is not None else default_device(), effort=timing_effort(budget_s))
     facts = device_facts(clock)
     if given_cache is not None:
         facts = dataclasses.replace(facts, cache_bytes=given_cache, cache_reported=facts.cache_bytes)
@@ -215,7 +223,8 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
         dist.all_gather_object(every, mine)
         contended.append([t for t in every if t is not None])
         ticker.one("contention", 0)
-    skews = [time_skew(group_name, group, dtype=dtype, clock=clock, unit_spec=unit)
+    trials = max(MIN_SKEW_TRIALS, round(TRIALS * clock.effort))
+    skews = [time_skew(group_name, group, dtype=dtype, clock=clock, unit_spec=unit, trials=trials)
              for group_name, group in live.items()]
     ticker("done", final=True)
 
@@ -286,6 +295,12 @@ class _Measured:
     unreplayable: int = 0
     """The step's kernel calls (nodes) not replayed: unreplayable (``MatmulMix.calls_unreplayable``) or past the
     replay's caps (``overlapcfg.measuring.step_kernels.replayed``)."""
+
+
+def timing_effort(budget_s: float) -> float:
+    """The share of the full kernel and skew timing a calibration of ``budget_s`` runs: 1 from
+    ``FULL_EFFORT_BUDGET_S`` up, in proportion below it, never under ``MIN_EFFORT``."""
+    return max(MIN_EFFORT, min(1.0, budget_s / FULL_EFFORT_BUDGET_S))
 
 
 def _in_turn(mix: MatmulMix, clock: Clock, budget_s: float) -> InTurn:
@@ -412,6 +427,11 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
              dtype: torch.dtype = torch.float32, attention_untimed: int = 0, launch: float | None = None,
              in_turn_note: str | None = None) -> HardwareProfile:
     notes: list[str] = [in_turn_note] if in_turn_note else []
+    if clock.effort < 1.0:
+        notes.append(f"budget: calibrate.budget_s {record.budget_seconds:g} s is under {FULL_EFFORT_BUDGET_S:g} s, so "
+                     f"each kernel was timed for {100 * clock.effort:.0f} % of its usual length and the skew for "
+                     f"{max(MIN_SKEW_TRIALS, round(TRIALS * clock.effort))} of {TRIALS} trials: a quicker, "
+                     "noisier profile")
     rough = [f"{k.kind} on {g.name} {100 * k.residual:.0f}%" for g in record.groups for k in g.collectives
              if k.residual > ROUGH_FIT]
     rough += [f"{k.what.split(' (')[0].replace('memory', 'memory kernel')} {100 * k.residual:.0f}%"

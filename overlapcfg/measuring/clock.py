@@ -16,6 +16,8 @@ from typing import TypeAlias, cast
 
 import torch
 
+from overlapcfg.errors import OverlapConfigError
+
 __all__ = ["Clock", "Mark", "default_device"]
 
 Mark: TypeAlias = "float | torch.cuda.Event"
@@ -33,9 +35,15 @@ def default_device() -> torch.device:
 class Clock:
     """Marks on one device's timeline and the seconds between them."""
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, *, effort: float = 1.0) -> None:
+        """``effort``: the share of each timing round's asked-for length that ``per_call`` runs (1: all of it). A
+        calibration on a short budget lowers it (``overlapcfg.measuring.calibration.timing_effort``): each kernel's
+        time less precise, the budget the user gave kept."""
+        if not 0.0 < effort <= 1.0:
+            raise OverlapConfigError(f"Clock: effort: expected a share in (0, 1], got {effort}")
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.effort = effort
 
     def sync(self) -> None:
         """Wait until the device has done everything enqueued so far (nothing to wait for on CPU)."""
@@ -60,16 +68,17 @@ class Clock:
     def per_call(self, fn: Callable[[], object], *, min_seconds: float = 0.02, min_reps: int = 3,
                  max_reps: int = 10_000, rounds: int = 3) -> float:
         """Mean seconds per call of ``fn`` run back to back (as a training step runs kernels) over ``rounds`` rounds,
-        each at least ``min_reps`` calls and about ``min_seconds`` long; one call first, untimed, to warm caches and
-        allocators. The mean, not the median of the rounds: on a shared machine a short round can fall inside one
-        time slice the scheduler gave this process and time the machine as if it were idle, while a step lasting
-        far longer than a slice runs at its average share, which the mean over every round measures."""
+        each at least ``min_reps`` calls and about ``min_seconds`` (times the clock's ``effort``) long; one call first,
+        untimed, to warm caches and allocators. The mean, not the median of the rounds: on a shared machine a short
+        round can fall inside one time slice the scheduler gave this process and time the machine as if it were idle,
+        while a step lasting far longer than a slice runs at its average share, which the mean over every round
+        measures."""
         fn()
         self.sync()
         start = self.mark()
         fn()
         once = max(self.seconds(start, self.mark()), 1e-7)
-        reps = int(min(max_reps, max(min_reps, min_seconds / once)))
+        reps = int(min(max_reps, max(min_reps, self.effort * min_seconds / once)))
         means = []
         for _ in range(rounds):
             self.sync()

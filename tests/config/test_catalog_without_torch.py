@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from overlapcfg.config import contracts
 
 _PROBE = textwrap.dedent("""
@@ -24,6 +26,7 @@ _PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch, dynamo and the strategies: 3-4 CPU seconds
 def test_every_builtin_strategy_is_runnable_after_importing_only_the_config_layer() -> None:
     done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -42,6 +42,7 @@ from overlapcfg import compat
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.passes import apply
 from overlapcfg.report.explain import explain
+from tests.support.rank_warmup import preloaded
 from tests.support.releases import TORCH_RELEASE
 from tests.thirdparty import conformance as C
 from tests.thirdparty import models as M
@@ -616,7 +617,7 @@ def _parity_in_background(request: pytest.FixtureRequest) -> Iterator[dict[str, 
             for case in PARITY if case in selected]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="conformance-gloo") as pool:
         futures["parity"] = pool.submit(run_on_gloo, C.parity_worker, jobs, world_size=2,
-                                        timeout_s=PARITY_TIMEOUT_S, preload=[C.__name__])
+                                        timeout_s=PARITY_TIMEOUT_S, preload=preloaded(C.__name__))
         yield futures
 
 

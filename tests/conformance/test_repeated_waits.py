@@ -20,6 +20,7 @@ from torch import fx
 import overlapcfg
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.passes import apply
+from tests.support.rank_warmup import preloaded
 from tests.thirdparty import conformance as C
 from tests.thirdparty import models as M
 
@@ -78,7 +79,7 @@ def test_explain_runs_on_it(step: overlapcfg.CapturedStep) -> None:
 @pytest.mark.slow
 def test_one_step_on_gloo_is_bitwise_identical_to_the_untransformed_compile() -> None:
     results = run_on_gloo(C.parity_worker, [("hf_gpt_neox", CASE.config(1))], world_size=2, timeout_s=300,
-                          preload=[C.__name__])  # ranks fork with torch, transformers and the checker imported
+                          preload=preloaded(C.__name__))  # ranks fork with torch, transformers and the checker imported
     for rank, res in enumerate(r["hf_gpt_neox"] for r in results):
         got, ref = res["transformed"], res["reference"]
         assert got["uncovered"] == 0, rank

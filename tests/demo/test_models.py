@@ -15,6 +15,7 @@ from overlapcfg.demo.gloo import RankFailedError, run_on_gloo
 from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
 from overlapcfg.errors import OverlapConfigError
 from overlapcfg.module_paths import user_fqn
+from tests.support.rank_warmup import preloaded
 
 SMALL = LlamaConfig()
 
@@ -127,7 +128,7 @@ def _exit_without_reporting(rank: int, world_size: int, code: int) -> None:
 def test_sharded_model_matches_unsharded_bit_for_bit_on_two_gloo_ranks() -> None:
     """Same weights and batch per rank: loss is bitwise the unsharded loss; the reduce-scatter SUMS, so the full
     gradient is bitwise ``g_rank0 + g_rank1`` of the unsharded model (one fp addition, commutative)."""
-    r0, r1 = run_on_gloo(_parity_worker, SMALL, world_size=2, preload=[__name__])
+    r0, r1 = run_on_gloo(_parity_worker, SMALL, world_size=2, preload=preloaded(__name__))
     expected = {name: r0["ref_grads"][name] + r1["ref_grads"][name] for name in r0["ref_grads"]}
     for res in (r0, r1):
         for reshard in (False, True):
@@ -145,7 +146,7 @@ def test_sharded_model_matches_unsharded_bit_for_bit_on_two_gloo_ranks() -> None
 @pytest.mark.slow
 def test_run_on_gloo_reports_the_failing_ranks_traceback() -> None:
     with pytest.raises(RankFailedError, match=r"rank 1 of 2 failed:(.|\n)*ValueError: boom on purpose"):
-        run_on_gloo(_failing_worker, world_size=2, timeout_s=60, preload=[__name__])
+        run_on_gloo(_failing_worker, world_size=2, timeout_s=60, preload=preloaded(__name__))
 
 
 @pytest.mark.slow
@@ -155,5 +156,5 @@ def test_run_on_gloo_reports_a_rank_that_died_without_waiting_for_the_timeout() 
     # No clock in the assertion: a time-out long enough that a loaded machine never reaches it, so only a harness
     # that waits for it (the bug) reports "timed out"; a working one names the dead rank's exit code at once.
     with pytest.raises(RankFailedError) as failed:
-        run_on_gloo(_exit_without_reporting, 3, world_size=2, timeout_s=600, preload=[__name__])
+        run_on_gloo(_exit_without_reporting, 3, world_size=2, timeout_s=600, preload=preloaded(__name__))
     assert "timed out" not in str(failed.value) and "3" in str(failed.value)

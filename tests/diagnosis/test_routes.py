@@ -16,6 +16,7 @@ from overlapcfg.diagnosis import DiagnoseResult, diagnose
 from overlapcfg.module_paths import ModelFacts
 from overlapcfg.resolve import resolve_config
 from tests.support.diagnose_jobs import CONFIGS, GOOD_EAGER, POOR, diverging_job, llama, route_job
+from tests.support.rank_warmup import preloaded
 from tests.support.trace_oracle import exposed_per_step
 
 ROUTES = ("fsdp2", "lightning", "compiled")
@@ -30,9 +31,9 @@ benchmark's, never asserted here."""
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("routes")
     runs = [(name.split("_")[0], name, CONFIGS[tuple(name.split("_"))]) for name in RUNS]  # type: ignore[index]
-    run_on_gloo(route_job, runs, str(out), SIZES, timeout_s=280, preload=("tests.support.diagnose_jobs",))
+    run_on_gloo(route_job, runs, str(out), SIZES, timeout_s=280, preload=preloaded("tests.support.diagnose_jobs"))
     run_on_gloo(diverging_job, [GOOD_EAGER, POOR], str(out / "diverging"), world_size=4, timeout_s=200,
-                preload=("tests.support.diagnose_jobs",))
+                preload=preloaded("tests.support.diagnose_jobs"))
     return out
 
 

@@ -31,6 +31,7 @@ from overlapcfg.errors import OverlapConfigError
 from overlapcfg.fsdp2 import RECORD_ATTR, read_record
 from overlapcfg.fsdp2.prefetch import plan_direction
 from tests.support.fsdp2_ranks import ROOT, STEPS, Event, train_models
+from tests.support.rank_warmup import preloaded
 from tests.thirdparty import models as M
 
 # --- the prefetch rule (pure) ---------------------------------------------------------------------------------------
@@ -435,7 +436,7 @@ def gloo_runs() -> list[dict[str, dict[str, dict[str, Any]]]]:
     """Every model, every variant, 2 ranks, one spawn: ``runs[rank][model][variant]``."""
     jobs = {"demo": (DEMO_VARIANTS, DEMO_BUCKETS), "hf": (HF_VARIANTS, HF_BUCKETS),
             "gpt2": (TIED_VARIANTS["gpt2"], GPT2_BUCKETS), "gemma2": (TIED_VARIANTS["gemma2"], GEMMA2_BUCKETS)}
-    return run_on_gloo(train_models, jobs, world_size=2, timeout_s=300, preload=[__name__])
+    return run_on_gloo(train_models, jobs, world_size=2, timeout_s=300, preload=preloaded(__name__))
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ from tests.support.checker import (
     merged_collectives,
     original_order,
 )
+from tests.support.rank_warmup import preloaded
 from tests.support.releases import upstream_is_the_reference
 from tests.support.traces import apply_to
 from tests.support.variants import REFERENCE, REFERENCE_AGAIN, TAMPERED, Variants, assert_harness_ran_what_it_selected
@@ -290,7 +291,7 @@ def _parity_worker(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def parity() -> list[dict[str, Any]]:
-    return run_on_gloo(_parity_worker, world_size=2, timeout_s=240, preload=[__name__])
+    return run_on_gloo(_parity_worker, world_size=2, timeout_s=240, preload=preloaded(__name__))
 
 
 @pytest.mark.parametrize(("reshard", "reduce_dtype", "names"), PARITY_CASES,

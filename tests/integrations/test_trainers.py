@@ -31,6 +31,7 @@ from overlapcfg.compat import fake_process_group
 from overlapcfg.demo.llama import Llama, LlamaConfig
 from overlapcfg.integrations.trainer_checks import release_series, version_fault
 from tests.support.fsdp2_readback import ROOT, windows
+from tests.support.rank_warmup import preloaded
 
 DEPTH = 2
 TORCHTITAN_PLAN = ("plan: {buckets: [tok_embeddings, layers.*, {modules: [norm, lm_head], "
@@ -56,7 +57,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         "accelerate": ({"plan": {"buckets": ["model.embed", "model.layers.*"]}},),
     }
     return run_on_gloo(all_trainers, jobs, timeout_s=280,
-                       preload=("tests.support.trainer_ranks", "lightning.pytorch", "accelerate", "transformers"))
+                       preload=preloaded("tests.support.trainer_ranks", "lightning.pytorch", "accelerate",
+                                         "transformers"))
 
 
 # trainer -> (its own variant, the forward order of the groups the plan makes)

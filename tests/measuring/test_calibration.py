@@ -21,8 +21,11 @@ from overlapcfg.cost.hardware import HardwareProfile, hardware_names, load_hardw
 from overlapcfg.cost.measured_fits import CollectiveFit, CollectiveFits, LinkFits
 from overlapcfg.cost.price import collective_cost
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.measuring.calibration import timing_effort
+from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collective_fits import GroupTimings, KindTimings, coverage_order, fit_collectives, log_sizes
 from overlapcfg.measuring.fit import fit_line, fit_nonnegative
+from tests.support.rank_warmup import preloaded
 
 TRUTH = {  # kind -> (latency per ring step, bus bandwidth, issue latency, issue bandwidth or None)
     "all_gather": (30e-6, 2.0e9, 20e-6, None),
@@ -179,6 +182,37 @@ def test_log_sizes_are_log_spaced_multiples() -> None:
     assert all(abs(r - math.sqrt(2)) < 0.05 for r in ratios)
 
 
+@pytest.mark.parametrize("budget_s, effort", [(60.0, 1.0), (20.0, 1.0), (10.0, 0.5), (3.0, 0.2), (0.5, 0.2)])
+def test_a_budget_under_twenty_seconds_shortens_the_timing_in_proportion_to_a_fifth_at_least(
+        budget_s: float, effort: float) -> None:
+    assert timing_effort(budget_s) == pytest.approx(effort)
+
+
+@pytest.mark.parametrize("effort, calls", [(1.0, 2 + 3 * 100), (0.25, 2 + 3 * 25), (0.01, 2 + 3 * 3)])
+def test_the_clock_runs_each_round_for_its_effort_share_of_the_asked_length(effort: float, calls: int) -> None:
+    """A call that takes 1 ms on the clock: a 0.1 s round is 100 calls at full effort, 25 at a quarter, and never
+    under min_reps (3); two calls first (warm-up, then the one the repetitions are sized on)."""
+    now = [0.0]
+
+    class SteppedClock(Clock):
+        def mark(self) -> float:
+            return now[0]
+
+    def one_millisecond() -> None:
+        made.append(1)
+        now[0] += 1e-3
+
+    made: list[int] = []
+    assert SteppedClock("cpu", effort=effort).per_call(one_millisecond, min_seconds=0.1) == pytest.approx(1e-3)
+    assert len(made) == calls
+
+
+@pytest.mark.parametrize("effort", [0.0, -0.5, 1.5])
+def test_an_effort_outside_zero_to_one_is_refused(effort: float) -> None:
+    with pytest.raises(OverlapConfigError, match=r"effort: expected a share in \(0, 1\]"):
+        Clock("cpu", effort=effort)
+
+
 @pytest.mark.parametrize("given", [0, -4, "lots", "4 parsecs"])
 def test_a_cache_size_that_is_no_byte_count_is_refused_before_anything_is_timed(given: object) -> None:
     with pytest.raises(OverlapConfigError, match=r"calibrate\.cache_bytes"):
@@ -190,7 +224,7 @@ def test_calibrate_on_two_gloo_ranks_gives_every_rank_one_profile(tmp_path: Path
     from overlapcfg.demo.gloo import run_on_gloo
 
     results = run_on_gloo(_calibrate_worker, str(tmp_path), world_size=2, timeout_s=300,
-                          preload=[__name__])
+                          preload=preloaded(__name__))
     first, second = (HardwareProfile.model_validate(r) for r in results)
     assert first == second
     cal = first.calibration
@@ -210,6 +244,9 @@ def test_calibrate_on_two_gloo_ranks_gives_every_rank_one_profile(tmp_path: Path
     assert first.contention.intra_node.start_delay == pytest.approx(statistics.fmean(runs))
     assert any("inter-node links: not measured" in n for n in cal.notes)
     assert any("4 MiB last-level cache as given (calibrate.cache_bytes)" in n for n in cal.notes)
+    # a 3 s budget: 3 / 20 = 15 % is under the floor, so a fifth of each timing round and 4 of 12 skew trials
+    assert any(n.startswith("budget: calibrate.budget_s 3 s is under 20 s") and "for 20 % of its usual length"
+               in n and "4 of 12 trials" in n for n in cal.notes), cal.notes
     written = tmp_path / "hardware" / "ci_gloo.yaml"
     assert load_hardware(written) == first  # rank 0 wrote it, once
     assert sorted(p.name for p in (tmp_path / "hardware").iterdir()) == ["ci_gloo.yaml"]

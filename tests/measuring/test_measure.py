@@ -15,6 +15,7 @@ import overlapcfg
 from overlapcfg.cost.node_costs import NodeCosts
 from overlapcfg.measuring.measure_result import Measurement
 from overlapcfg.measuring.measured_trace import uncovered_seconds
+from tests.support.rank_warmup import preloaded
 from tests.support.traces import traced_step
 
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -67,7 +68,7 @@ def _measure_worker(rank: int, world_size: int) -> tuple[dict[str, Any], dict[st
 def ranks() -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
     from overlapcfg.demo.gloo import run_on_gloo
 
-    return run_on_gloo(_measure_worker, world_size=2, timeout_s=280, preload=[__name__])
+    return run_on_gloo(_measure_worker, world_size=2, timeout_s=280, preload=preloaded(__name__))
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.parallel import build_mesh, parallelize
 from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
 from tests.support.mesh import counts_by_dim, group_signature
+from tests.support.rank_warmup import preloaded
 from tests.support.variants import REFERENCE, REFERENCE_AGAIN, TAMPERED, Variants, assert_harness_ran_what_it_selected
 
 pytestmark = pytest.mark.slow
@@ -81,7 +82,7 @@ def _mesh_worker(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def results() -> list[dict[str, Any]]:
-    return run_on_gloo(_mesh_worker, world_size=4, timeout_s=300, preload=[__name__])
+    return run_on_gloo(_mesh_worker, world_size=4, timeout_s=300, preload=preloaded(__name__))
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

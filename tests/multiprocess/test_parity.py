@@ -21,6 +21,7 @@ from overlapcfg.capture import shard_module
 from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import compile_with_pass, demo_batch, train_step
+from tests.support.rank_warmup import preloaded
 from tests.support.variants import REFERENCE, REFERENCE_AGAIN, TAMPERED, Variants, assert_harness_ran_what_it_selected
 
 pytestmark = pytest.mark.slow
@@ -124,7 +125,7 @@ def _parity_worker(rank: int, world_size: int, configs: dict[str, dict[str, Any]
 
 @pytest.fixture(scope="module")
 def both_settings() -> list[dict[str, dict[str, Any]]]:
-    return run_on_gloo(_parity_worker, CONFIGS, world_size=2, timeout_s=360, preload=[__name__])
+    return run_on_gloo(_parity_worker, CONFIGS, world_size=2, timeout_s=360, preload=preloaded(__name__))
 
 
 @pytest.fixture(scope="module", params=list(RESHARD))

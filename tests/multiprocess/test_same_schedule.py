@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from overlapcfg.demo.gloo import run_on_gloo
+from tests.support.rank_warmup import preloaded
 from tests.support.schedule_ranks import MISSING_TIMEOUT_S, schedule_ranks
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,7 @@ def ranks(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     """The 2-rank job also compiles the environment case end to end through ``overlapcfg.backend``; the 4-rank job
     checks it on the graphs it captured (a second trace on 4 ranks would double its time)."""
     return run_on_gloo(schedule_ranks, request.param == 2, world_size=request.param, timeout_s=900,
-                       preload=["tests.support.schedule_ranks"])
+                       preload=preloaded("tests.support.schedule_ranks"))
 
 
 def _odd(results: list[dict[str, Any]]) -> list[int]:

@@ -18,6 +18,7 @@ from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
 from overlapcfg.graph.verify import summarize, verify
 from overlapcfg.passes import PassOptions, apply, apply_step
 from overlapcfg.passes.compile import INDUCTOR_SETTINGS, OverlapGraphPass, backend, inductor_pass
+from tests.support.rank_warmup import preloaded
 from tests.support.traces import traced_step
 
 MODEL = LlamaConfig(n_layers=2)
@@ -163,7 +164,7 @@ def _inductor_worker(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[st
 def test_inductor_backend_matches_eager_within_tolerance_on_two_gloo_ranks() -> None:
     """Each graph's schedule is also checked the same on both ranks, silently, before inductor lowers it."""
     for rank, res in enumerate(run_on_gloo(_inductor_worker, INDUCTOR_CFG, world_size=2, timeout_s=280,
-                                                preload=[__name__])):
+                                                preload=preloaded(__name__))):
         torch.testing.assert_close(res["loss"], res["ref_loss"], rtol=RTOL, atol=ATOL)
         assert list(res["grads"]) == list(res["ref_grads"])
         for name, grad in res["grads"].items():

@@ -24,6 +24,7 @@ from overlapcfg import OverlapVerificationError, compat, load_config
 from overlapcfg.graph.verify import summarize, verify
 from overlapcfg.passes import apply
 from overlapcfg.report.bucket_table import bucket_table
+from tests.support.rank_warmup import preloaded
 from tests.support.synthetic import DIM, joint_graph
 
 _AG = compat.ALL_GATHER_INTO_TENSOR
@@ -221,7 +222,7 @@ def test_a_kept_bucket_is_bitwise_identical_on_two_gloo_ranks() -> None:
     cfg = {"plan": KEPT_PLAN, "policy": "aggressive"}
     jobs = [("llama3", "always", False, cfg), ("llama3", "always", True, cfg)]
     results = run_on_gloo(G.whole_step_parity_worker, jobs, kept_transform, world_size=2, timeout_s=420,
-                          preload=[__name__])
+                          preload=preloaded(__name__))
     for rank, per_job in enumerate(results):
         for name, res in per_job.items():
             ref, got = res["reference"], res["transformed"]

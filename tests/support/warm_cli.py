@@ -47,8 +47,9 @@ SCRIPT = Path(sys.executable).with_name("overlapcfg")
 """The console script, whose path the command sees as ``sys.argv[0]``."""
 TRACED = ("torch", "torch._dynamo", "overlapcfg.__main__", "overlapcfg.demo.cli", "overlapcfg.demo.job",
           "overlapcfg.demo.tracing", "overlapcfg.demo.eager", "overlapcfg.report", "overlapcfg.passes",
-          "overlapcfg.compat")
-"""What a traced run imports first (a warm-up only: the child imports whatever else it needs itself)."""
+          "overlapcfg.compat", "torch._inductor.pattern_matcher")
+"""What a traced run imports first (a warm-up only: the child imports whatever else it needs itself). The last is
+what aot's partitioner imports on a process's first compile (``tests/support/rank_warmup.py``)."""
 CONFIG_ONLY = ("hydra", "omegaconf", "pydantic", "yaml", "rich", "overlapcfg", "overlapcfg.__main__",
                "overlapcfg.config", "overlapcfg.demo.cli")
 """What a run that stops at the config imports (no torch): for commands and apps refused before anything runs."""
