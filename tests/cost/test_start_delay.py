@@ -1,6 +1,7 @@
 """A collective that starts on an idle link while compute runs sits for the calibrated start delay
 (``Contention.start_delay``) before it moves, pinned on hand computations: the delay elapses only while compute
-runs and ends the moment the compute stream blocks; a collective queued behind another pays none; compute is not
+runs and ends the moment the compute stream blocks; a collective queued behind another pays it again if it starts
+while compute runs, and none if it starts while compute waits; compute is not
 slowed by a collective that has not moved yet; pricing carries the link's delay whole, whatever the size; the
 calibration keeps the mean of the rank whose runs sat longest; a delay above a second names the file and field.
 
@@ -43,20 +44,34 @@ def test_the_delay_ends_when_compute_blocks_on_the_collective() -> None:
     assert s.delayed == pytest.approx(2 * MS)  # only the part that elapsed is charged
 
 
-def test_a_collective_queued_behind_another_pays_no_delay() -> None:
+def test_a_collective_queued_behind_another_waits_for_a_core_again_when_it_starts_under_compute() -> None:
+    """``b`` starts at 4 ms, when ``a`` ends, with compute running: its delay runs until compute blocks at 4.5 ms
+    (half a millisecond of it), then it moves at full speed and ends at 5.5 ms."""
     s = Streams()
     s.issue("a", "comm:0", 1 * MS, slowdown=DELAY, ranks=2)
     s.issue("b", "comm:0", 1 * MS, slowdown=DELAY, ranks=2)
     s.run(4.5 * MS)
     assert s.wait("a") == 0.0
-    assert s.wait("b") == pytest.approx(0.5 * MS)
-    assert s.spans["a"] == pytest.approx((0.0, 4 * MS)) and s.spans["b"] == pytest.approx((4 * MS, 5 * MS))
-    assert s.delayed == pytest.approx(3 * MS)
+    assert s.wait("b") == pytest.approx(1 * MS)
+    assert s.spans["a"] == pytest.approx((0.0, 4 * MS)) and s.spans["b"] == pytest.approx((4 * MS, 5.5 * MS))
+    assert s.delayed == pytest.approx(3.5 * MS)
     s.run(1 * MS)  # the link is idle again: the next collective waits anew
     s.issue("c", "comm:0", 1 * MS, slowdown=DELAY, ranks=2)
     s.run(5 * MS)
     s.wait("c")
-    assert s.spans["c"] == pytest.approx((6 * MS, 10 * MS)) and s.delayed == pytest.approx(6 * MS)
+    assert s.spans["c"] == pytest.approx((6.5 * MS, 10.5 * MS)) and s.delayed == pytest.approx(6.5 * MS)
+
+
+def test_a_collective_queued_behind_another_that_starts_while_compute_waits_pays_no_delay() -> None:
+    """Compute blocks on ``a`` at 2 ms (``a`` moves then, ends at 3 ms); ``b`` starts at 3 ms, inside that wait, with
+    the cores free: it moves at once."""
+    s = Streams()
+    s.issue("a", "comm:0", 1 * MS, slowdown=DELAY, ranks=2)
+    s.issue("b", "comm:0", 1 * MS, slowdown=DELAY, ranks=2)
+    s.run(2 * MS)
+    assert s.wait("a") == pytest.approx(1 * MS)
+    assert s.wait("b") == pytest.approx(1 * MS)
+    assert s.spans["b"] == pytest.approx((3 * MS, 4 * MS)) and s.delayed == pytest.approx(2 * MS)
 
 
 def test_compute_is_slowed_only_once_the_collective_moves() -> None:
