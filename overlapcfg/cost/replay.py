@@ -235,14 +235,16 @@ class Streams:
         return start
 
     def _projected_tail(self, stream: str, at: float) -> float:
-        """Where ``stream``'s queue ends at the current rates, its head running from ``at`` (or as projected)."""
+        """Where ``stream``'s queue ends at the current rates and start delays, its head running from ``at`` (or as
+        projected)."""
         queue = self._queues[stream]
         if not queue:
             return at
         head = queue[0]
         end = head.end if head is self._heads.get(stream) else max(at, head.issued) + head.seconds
+        delayed = self._compute_running  # a queued collective starting under compute waits for a core first
         for r in list(queue)[1:]:
-            end = max(end, r.issued) + r.seconds * self._rate_factor(r)
+            end = max(end, r.issued) + (r.slowdown[2] if delayed else 0.0) + r.seconds * self._rate_factor(r)
         return end
 
     def issue(self, token: Hashable, stream: str, seconds: float, *, issue_seconds: float = 0.0,

@@ -36,10 +36,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Annotated, cast
 
 import torch
 import torch.distributed as dist
+from pydantic import Field
 from torch import fx
 
 from overlapcfg._version import __version__
@@ -112,7 +113,7 @@ from overlapcfg.measuring.step_kernels import (
 )
 from overlapcfg.passes.backend import CapturedStep
 
-__all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header", "timing_effort"]
+__all__ = ["CalibrationProgress", "base_profile", "calibrate", "profile_header", "skew_trials", "timing_effort"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ MIN_EFFORT = 0.2
 """The least share of the full timing a short budget gets: each timing round at least a fifth of its length."""
 MIN_SKEW_TRIALS = 4
 """The fewest skew trials per length, whatever the budget."""
+BudgetSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""``calibrate.budget_s``: a finite number of seconds above 0."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +171,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     must call it with the same arguments.
     """
     given_cache = None if cache_bytes is None else validate_value(ByteCount, cache_bytes, path="calibrate.cache_bytes")
+    budget_s = validate_value(BudgetSeconds, budget_s, path="calibrate.budget_s")
     if not dist.is_initialized():
         raise OverlapStateError("calibrate: no process group; run under torchrun (or init_process_group) on every rank")
     started = time.perf_counter()
@@ -223,8 +227,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
         dist.all_gather_object(every, mine)
         contended.append([t for t in every if t is not None])
         ticker.one("contention", 0)
-    trials = max(MIN_SKEW_TRIALS, round(TRIALS * clock.effort))
-    skews = [time_skew(group_name, group, dtype=dtype, clock=clock, unit_spec=unit, trials=trials)
+    skews = [time_skew(group_name, group, dtype=dtype, clock=clock, unit_spec=unit, trials=skew_trials(clock.effort))
              for group_name, group in live.items()]
     ticker("done", final=True)
 
@@ -301,6 +304,11 @@ def timing_effort(budget_s: float) -> float:
     """The share of the full kernel and skew timing a calibration of ``budget_s`` runs: 1 from
     ``FULL_EFFORT_BUDGET_S`` up, in proportion below it, never under ``MIN_EFFORT``."""
     return max(MIN_EFFORT, min(1.0, budget_s / FULL_EFFORT_BUDGET_S))
+
+
+def skew_trials(effort: float) -> int:
+    """Skew trials per length at ``effort``: that share of ``TRIALS``, never under ``MIN_SKEW_TRIALS``."""
+    return max(MIN_SKEW_TRIALS, round(TRIALS * effort))
 
 
 def _in_turn(mix: MatmulMix, clock: Clock, budget_s: float) -> InTurn:
@@ -430,7 +438,7 @@ def _profile(name: str, base: HardwareProfile, fits: CollectiveFits | None, mem:
     if clock.effort < 1.0:
         notes.append(f"budget: calibrate.budget_s {record.budget_seconds:g} s is under {FULL_EFFORT_BUDGET_S:g} s, so "
                      f"each kernel was timed for {100 * clock.effort:.0f} % of its usual length and the skew for "
-                     f"{max(MIN_SKEW_TRIALS, round(TRIALS * clock.effort))} of {TRIALS} trials: a quicker, "
+                     f"{skew_trials(clock.effort)} of {TRIALS} trials: a quicker, "
                      "noisier profile")
     rough = [f"{k.kind} on {g.name} {100 * k.residual:.0f}%" for g in record.groups for k in g.collectives
              if k.residual > ROUGH_FIT]

@@ -62,6 +62,19 @@ def test_a_collective_queued_behind_another_waits_for_a_core_again_when_it_start
     assert s.spans["c"] == pytest.approx((6.5 * MS, 10.5 * MS)) and s.delayed == pytest.approx(6.5 * MS)
 
 
+def test_where_a_queued_collective_starts_is_projected_with_the_delays_of_those_ahead() -> None:
+    """Under compute: ``a`` moves at 3 ms and ends at 4; ``b`` starts at 4, waits 3 ms, ends at 8; ``c`` is issued
+    to start at 8, and does (then waits 3 ms and ends at 12)."""
+    s = Streams()
+    s.issue("a", "comm:0", 1 * MS, slowdown=DELAY, ranks=2)
+    s.issue("b", "comm:0", 1 * MS, slowdown=DELAY, ranks=2)
+    assert s.issue("c", "comm:0", 1 * MS, slowdown=DELAY, ranks=2) == pytest.approx(8 * MS)
+    s.run(20 * MS)
+    assert [s.wait(t) for t in "abc"] == [0.0, 0.0, 0.0]
+    assert s.spans["b"] == pytest.approx((4 * MS, 8 * MS)) and s.spans["c"] == pytest.approx((8 * MS, 12 * MS))
+    assert s.delayed == pytest.approx(9 * MS)
+
+
 def test_a_collective_queued_behind_another_that_starts_while_compute_waits_pays_no_delay() -> None:
     """Compute blocks on ``a`` at 2 ms (``a`` moves then, ends at 3 ms); ``b`` starts at 3 ms, inside that wait, with
     the cores free: it moves at once."""

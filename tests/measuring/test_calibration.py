@@ -12,6 +12,7 @@ import os
 import random
 import statistics
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -21,7 +22,7 @@ from overlapcfg.cost.hardware import HardwareProfile, hardware_names, load_hardw
 from overlapcfg.cost.measured_fits import CollectiveFit, CollectiveFits, LinkFits
 from overlapcfg.cost.price import collective_cost
 from overlapcfg.errors import OverlapConfigError
-from overlapcfg.measuring.calibration import timing_effort
+from overlapcfg.measuring.calibration import skew_trials, timing_effort
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collective_fits import GroupTimings, KindTimings, coverage_order, fit_collectives, log_sizes
 from overlapcfg.measuring.fit import fit_line, fit_nonnegative
@@ -211,6 +212,18 @@ def test_the_clock_runs_each_round_for_its_effort_share_of_the_asked_length(effo
 def test_an_effort_outside_zero_to_one_is_refused(effort: float) -> None:
     with pytest.raises(OverlapConfigError, match=r"effort: expected a share in \(0, 1\]"):
         Clock("cpu", effort=effort)
+
+
+@pytest.mark.parametrize("given", [0, -3.0, float("nan"), float("inf"), "soon"])
+def test_a_budget_that_is_no_positive_finite_number_of_seconds_is_refused_before_anything_is_timed(
+        given: object) -> None:
+    with pytest.raises(OverlapConfigError, match=r"calibrate\.budget_s"):
+        overlapcfg.calibrate(budget_s=cast(float, given))  # what a config may hold: not only floats
+
+
+@pytest.mark.parametrize("effort, trials", [(1.0, 12), (0.5, 6), (0.2, 4), (0.01, 4)])
+def test_the_skew_takes_its_effort_share_of_twelve_trials_and_at_least_four(effort: float, trials: int) -> None:
+    assert skew_trials(effort) == trials
 
 
 @pytest.mark.parametrize("given", [0, -4, "lots", "4 parsecs"])
