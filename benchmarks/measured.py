@@ -60,7 +60,9 @@ def _calibrate(rank: int, world_size: int, mix: MatmulMix, budget: float) -> dic
 
 def _load_job(rank: int, world_size: int, settings: dict[str, Any], seconds: float, stop_file: str) -> int:
     """A neighbour: the demo's training step (no pass) in a loop on its own 2-rank gloo group, until ``stop_file``
-    exists or ``seconds`` have passed; ``<stop_file>.ready`` says it is running (compiled, first step done)."""
+    exists or ``seconds`` have passed; ``<stop_file>.ready`` says it is running (compiled, first step done), and
+    rank 0 rewrites ``<stop_file>.steps`` after every step (steps done, ``time.time()``): how hard the neighbour
+    ran during each phase (``_NeighbourRate``)."""
     import torch.distributed as dist
 
     from overlapcfg.config import load_config
@@ -70,8 +72,14 @@ def _load_job(rank: int, world_size: int, settings: dict[str, Any], seconds: flo
 
     step = demo_step(demo_settings(settings))(backend(load_config({"strategy": "none"})))
     steps, stop = 0, time.perf_counter() + seconds
+
+    def beat() -> None:  # replaced whole, so a reader never sees a half-written file
+        Path(f"{stop_file}.steps.tmp").write_text(f"{steps} {time.time()}")
+        os.replace(f"{stop_file}.steps.tmp", f"{stop_file}.steps")
+
     step()
     if rank == 0:
+        beat()
         Path(f"{stop_file}.ready").touch()
     while True:
         flag = torch.tensor([time.perf_counter() < stop and not os.path.exists(stop_file)], dtype=torch.int64)
@@ -80,6 +88,30 @@ def _load_job(rank: int, world_size: int, settings: dict[str, Any], seconds: flo
             return steps
         step()
         steps += 1
+        if rank == 0:
+            beat()
+
+
+class _NeighbourRate:
+    """The neighbour's steps per second over a phase, from its heartbeat file (None without a neighbour): a phase
+    with the neighbour running slower loaded the cores less, and its predictions were made from a calibration
+    under another load."""
+
+    def __init__(self, heartbeat: Path | None) -> None:
+        self._heartbeat = heartbeat
+        self._start = self._read()
+
+    def _read(self) -> tuple[int, float] | None:
+        if self._heartbeat is None or not self._heartbeat.exists():
+            return None
+        steps, at = self._heartbeat.read_text().split()
+        return int(steps), float(at)
+
+    def per_second(self) -> float | None:
+        end = self._read()
+        if self._start is None or end is None or end[1] <= self._start[1]:
+            return None
+        return (end[0] - self._start[0]) / (end[1] - self._start[1])
 
 
 def _measure(rank: int, world_size: int, settings: dict[str, Any], configs: dict[str, dict[str, Any]],
@@ -135,6 +167,9 @@ def main() -> None:
     ready = Path(f"{stop_file}.ready")
     ready.unlink(missing_ok=True)
     neighbour = _start_load(settings, runs * 900 + budget * 4 + 300, stop_file) if args.with_load else None
+    heartbeat = Path(f"{stop_file}.steps") if args.with_load else None
+    neighbour_rates: dict[str, float | None] = {}
+    lost_neighbour = 0
     if neighbour is not None:  # calibrate, tune and measure with the neighbour running, as it would be
         deadline = time.perf_counter() + 600
         while not ready.exists() and neighbour.is_alive() and time.perf_counter() < deadline:
@@ -145,8 +180,10 @@ def main() -> None:
         console.print("another 2-rank job (the demo's step in a loop) is running alongside")
     try:
         mix = matmul_mix([step.forward, step.backward])
+        rate = _NeighbourRate(heartbeat)
         calibrated = HardwareProfile.model_validate(
             run_on_gloo(_calibrate, mix, budget, world_size=2, timeout_s=budget * 4 + 180)[0])
+        neighbour_rates["calibration"] = rate.per_second()
         args.out.parent.mkdir(parents=True, exist_ok=True)
         save_hardware(calibrated, args.out.parent / "calibrated.yaml", header=profile_header(calibrated))
         console.print(calibration_table(calibrated))
@@ -159,6 +196,7 @@ def main() -> None:
         results = []
         for run in range(runs):
             before = os.getloadavg()
+            rate = _NeighbourRate(heartbeat)
             measured_dict, costs_dict = run_on_gloo(_measure, settings, configs, calibrated.model_dump(mode="json"),
                                                     steps, 2 if args.quick else 3, profiled_steps, world_size=2,
                                                     timeout_s=1800)[0]
@@ -167,6 +205,12 @@ def main() -> None:
             rows = _predictions(step, configs, calibrated, costs, measurement)
             summary = _summary(rows)
             after = os.getloadavg()
+            neighbour_rates[f"run {run + 1}"] = rate.per_second()
+            if neighbour is not None and not neighbour.is_alive():
+                console.print(f"[bold red]the neighbouring 2-rank job is gone (exit code {neighbour.exitcode}): "
+                              f"run {run + 1} was not beside another job all along, nor is any later run; "
+                              "its with-load numbers do not count[/bold red]")
+                lost_neighbour = lost_neighbour or run + 1
             _print_run(console, run, runs, steps, rows, summary, before, after)
             parts = _breakdown(step, calibrated, costs)
             console.print("  compute of the untransformed step by kind, measured node by node (on the timed "
@@ -174,7 +218,9 @@ def main() -> None:
                               f"{k} {v['measured'] * 1e3:.1f} vs {v['model'] * 1e3:.1f} ms ({v['nodes']} nodes)"
                               for k, v in parts.items()))
             (args.out.parent / f"node_costs_run{run + 1}.json").write_text(costs.to_json())
-            results.append({"load_before": before, "load_after": after, "summary": summary, "rows": rows,
+            results.append({"load_before": before, "load_after": after,
+                            "neighbour_steps_per_second": neighbour_rates[f"run {run + 1}"],
+                            "summary": summary, "rows": rows,
                             "compute_by_kind": parts, "measurement": measured_dict})
     finally:
         if neighbour is not None:
@@ -182,17 +228,28 @@ def main() -> None:
             stop_file.touch()
             neighbour.join(timeout=300)
             stop_file.unlink(missing_ok=True)
+            if heartbeat is not None:
+                heartbeat.unlink(missing_ok=True)
     load_after = os.getloadavg()
     targets = _targets(results, with_load=args.with_load)
+    if lost_neighbour:
+        targets["met"] = False
+        targets["neighbour"] = (f"gone during run {lost_neighbour}: runs from there on were not beside another job, "
+                                "so the with-load targets are not measured")
     console.print("[bold]targets[/bold] (issue 31)" + (" with another 2-rank job running" if args.with_load else ""))
     for key, value in targets.items():
         console.print(f"  {key}: {value}")
+    if args.with_load:
+        console.print("the neighbour's steps per second (calibration, then each run): " + ", ".join(
+            f"{phase} {r:.2f}" if r is not None else f"{phase} unknown" for phase, r in neighbour_rates.items()))
     console.print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; "
                   f"total {time.perf_counter() - started:.0f} s")
     args.out.write_text(json.dumps({"schema": "overlapcfg.benchmark.measured/2", "load_before": load_before,
                                     "load_after": load_after, "steps": steps, "profiled_steps": profiled_steps,
                                     "runs": runs,
                                     "with_load": args.with_load, "calibration_budget_s": budget,
+                                    "neighbour_steps_per_second": neighbour_rates,
+                                    "neighbour_lost_in_run": lost_neighbour or None,
                                     "calibrated": calibrated.model_dump(mode="json", exclude_none=True),
                                     "tuned": {"name": tuned.best.name, "config": configs["tuned"]},
                                     "targets": targets, "results": results}, indent=2))

@@ -9,6 +9,7 @@ timeout for the whole run, and a failing rank's traceback in the parent's error.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import logging
 import multiprocessing.context
@@ -47,6 +48,11 @@ class _RunSpec:
 
 
 def _worker(rank: int, world_size: int, spec: _RunSpec, results: Any) -> None:
+    # A rank that dies in native code (a segfault, glibc's abort on a corrupted heap) reports nothing through the
+    # queue; its Python stack on stderr at least says which op it was running. The process is the rank's own.
+    # Without a usable stderr there is nothing to print to.
+    with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
+        faulthandler.enable()
     # A fixed intra-op thread count per rank: ranks share the machine's cores, and a fixed count keeps CPU
     # kernels' reduction order (and so bits) the same from run to run.
     torch.set_num_threads(spec.num_threads)

@@ -124,6 +124,12 @@ def _exit_without_reporting(rank: int, world_size: int, code: int) -> None:
     os._exit(code)
 
 
+def _abort_in_native_code(rank: int, world_size: int) -> None:
+    """glibc's reaction to a corrupted heap (``malloc(): unaligned tcache chunk detected``) is ``abort()``."""
+    if rank == 1:
+        os.abort()
+
+
 @pytest.mark.slow
 def test_sharded_model_matches_unsharded_bit_for_bit_on_two_gloo_ranks() -> None:
     """Same weights and batch per rank: loss is bitwise the unsharded loss; the reduce-scatter SUMS, so the full
@@ -158,3 +164,15 @@ def test_run_on_gloo_reports_a_rank_that_died_without_waiting_for_the_timeout() 
     with pytest.raises(RankFailedError) as failed:
         run_on_gloo(_exit_without_reporting, 3, world_size=2, timeout_s=600, preload=preloaded(__name__))
     assert "timed out" not in str(failed.value) and "3" in str(failed.value)
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_in_native_code_prints_where_it_was(capfd: pytest.CaptureFixture[str]) -> None:
+    """A native crash reports nothing through the results queue; the rank's Python stack on stderr
+    (``faulthandler``, which the ranks enable) is what says which call it died in. Spawned ranks (no preload): a
+    rank forked from a fork server writes to the stderr the server was started with, which a test's fd capture
+    after the first cannot see."""
+    with pytest.raises(RankFailedError):
+        run_on_gloo(_abort_in_native_code, world_size=2, timeout_s=600)
+    err = capfd.readouterr().err
+    assert "Fatal Python error: Aborted" in err and "_abort_in_native_code" in err, err[-2000:]
