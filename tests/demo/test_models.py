@@ -4,6 +4,7 @@ sharded model with the unsharded one on two real gloo ranks."""
 from __future__ import annotations
 
 import os
+import resource
 
 import pytest
 import torch
@@ -125,8 +126,10 @@ def _exit_without_reporting(rank: int, world_size: int, code: int) -> None:
 
 
 def _abort_in_native_code(rank: int, world_size: int) -> None:
-    """glibc's reaction to a corrupted heap (``malloc(): unaligned tcache chunk detected``) is ``abort()``."""
+    """glibc's reaction to a corrupted heap (``malloc(): unaligned tcache chunk detected``) is ``abort()``; no core
+    file is written (where core dumps are on, the checkout would get one)."""
     if rank == 1:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         os.abort()
 
 
