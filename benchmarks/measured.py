@@ -184,6 +184,11 @@ def main() -> None:
         calibrated = HardwareProfile.model_validate(
             run_on_gloo(_calibrate, mix, budget, world_size=2, timeout_s=budget * 4 + 180)[0])
         neighbour_rates["calibration"] = rate.per_second()
+        if neighbour is not None and not neighbour.is_alive():  # a calibration half under load fits neither case
+            console.print(f"[bold red]the neighbouring 2-rank job is gone (exit code {neighbour.exitcode}) since "
+                          "the calibration began: no run is beside another job; the with-load numbers do not "
+                          "count[/bold red]")
+            lost_neighbour = 1
         args.out.parent.mkdir(parents=True, exist_ok=True)
         save_hardware(calibrated, args.out.parent / "calibrated.yaml", header=profile_header(calibrated))
         console.print(calibration_table(calibrated))
@@ -206,11 +211,11 @@ def main() -> None:
             summary = _summary(rows)
             after = os.getloadavg()
             neighbour_rates[f"run {run + 1}"] = rate.per_second()
-            if neighbour is not None and not neighbour.is_alive():
+            if neighbour is not None and not neighbour.is_alive() and not lost_neighbour:
                 console.print(f"[bold red]the neighbouring 2-rank job is gone (exit code {neighbour.exitcode}): "
                               f"run {run + 1} was not beside another job all along, nor is any later run; "
                               "its with-load numbers do not count[/bold red]")
-                lost_neighbour = lost_neighbour or run + 1
+                lost_neighbour = run + 1
             _print_run(console, run, runs, steps, rows, summary, before, after)
             parts = _breakdown(step, calibrated, costs)
             console.print("  compute of the untransformed step by kind, measured node by node (on the timed "
