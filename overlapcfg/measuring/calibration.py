@@ -212,7 +212,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
     backend, attention = time_attention(calls, dtype, clock)
     slowest = _slowest([t for pair in attention for t in pair], clock)
     attention = [(slowest[2 * i], slowest[2 * i + 1]) for i in range(len(calls))]
-    in_turn = _in_turn(mix, clock, IN_TURN_SHARE * budget_s)
+    in_turn, cpu_share = _in_turn(mix, clock, IN_TURN_SHARE * budget_s)
     fits = fit_collectives(timings, measured_issue=not clock.cuda)[0] if timings else None
     contended = []
     unit = skew_unit(mix)
@@ -237,7 +237,7 @@ def calibrate(groups: Mapping[str, dist.ProcessGroup] | None = None, *,
             box[0] = _build(name, base_hw, _Measured(timings, mem_sizes, memory, shapes, chosen, matmuls, dtype,
                                                      hosts, contended, mix.memory, views, skews, mix.layouts,
                                                      (backend, calls, attention), mix.attention_untimed,
-                                                     in_turn, _left_out(mix, in_turn, clock)),
+                                                     in_turn, _left_out(mix, in_turn, clock), cpu_share),
                             clock, facts, budget_s, started)
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
@@ -298,6 +298,8 @@ class _Measured:
     unreplayable: int = 0
     """The step's kernel calls (nodes) not replayed: unreplayable (``MatmulMix.calls_unreplayable``) or past the
     replay's caps (``overlapcfg.measuring.step_kernels.replayed``)."""
+    cpu_share: float = 1.0
+    """The replay's wall time over its CPU time (``TurnTimes.cpu_share``; the largest of any rank)."""
 
 
 def timing_effort(budget_s: float) -> float:
@@ -311,21 +313,23 @@ def skew_trials(effort: float) -> int:
     return max(MIN_SKEW_TRIALS, round(TRIALS * effort))
 
 
-def _in_turn(mix: MatmulMix, clock: Clock, budget_s: float) -> InTurn:
+def _in_turn(mix: MatmulMix, clock: Clock, budget_s: float) -> tuple[InTurn, float]:
     """The step's most frequent kernel calls (``replayed``: within a count and a memory cap), in the order the step
-    first makes them, timed in turn on every rank (the slowest rank's time of each); nothing on a GPU (see
-    ``overlapcfg.measuring.step_kernels``). A rank whose replay fails reports nothing timed, and still takes part
-    in the reduction: every rank makes the same collective calls whatever happened on it."""
+    first makes them, timed in turn on every rank (the slowest rank's time of each), and the largest CPU share any
+    rank's replay ran at (``TurnTimes.cpu_share``); nothing on a GPU (see ``overlapcfg.measuring.step_kernels``).
+    A rank whose replay fails reports nothing timed, and still takes part in the reductions: every rank makes the
+    same collective calls whatever happened on it."""
     if clock.cuda or not mix.calls:
-        return (), (), ()
+        return ((), (), ()), 1.0
     calls = replayed(mix.calls)
     try:
-        mine = time_in_turn(calls, clock.device, budget_s=budget_s)
+        turns = time_in_turn(calls, clock.device, budget_s=budget_s)
+        mine, share = turns.seconds, turns.cpu_share
     except Exception:  # kept to the back-to-back figures, never a hang of the other ranks
         log.warning("calibrate: the in-turn replay of the step's kernels failed on this rank", exc_info=True)
-        mine = [None] * len(calls)
-    seconds = _slowest([-1.0 if s is None else s for s in mine], clock)
-    return calls, [mix.calls[c] for c in calls], [s if s >= 0 else None for s in seconds]
+        mine, share = [None] * len(calls), 1.0
+    *seconds, share = _slowest([-1.0 if s is None else s for s in mine] + [share], clock)
+    return (calls, [mix.calls[c] for c in calls], [s if s >= 0 else None for s in seconds]), share
 
 
 def _left_out(mix: MatmulMix, in_turn: InTurn, clock: Clock) -> int:
@@ -369,7 +373,7 @@ def _build(name: str, base: HardwareProfile, m: _Measured, clock: Clock, facts: 
     bandwidth = mem.rate if facts.mem_bandwidth is None else min(mem.rate, facts.mem_bandwidth)
     launch = launch_beyond_bytes(*m.in_turn, bandwidth=bandwidth)
     note = in_turn_note(m.in_turn, left_out=m.unreplayable, views=views, back_to_back_views=m.views, launch=launch,
-                        back_to_back_launch=mem.overhead, matmuls=replaced)
+                        back_to_back_launch=mem.overhead, matmuls=replaced, cpu_share=m.cpu_share)
     built = _profile(name, base, fits, mem, mms, contention, facts, clock, m.hosts, record, rates=rates,
                      views=m.views if views is None else views, skews=skews, attention=m.attention, dtype=m.dtype,
                      attention_untimed=m.attention_untimed, launch=launch, in_turn_note=note)

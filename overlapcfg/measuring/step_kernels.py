@@ -25,6 +25,17 @@ random, integers and booleans zero: every index is then in range), and the profi
 - the timed matmuls (``MatmulRate.timed``): each shape's time in turn, in every layout and dtype the step runs it
   in.
 
+On a machine other jobs share, each call is priced at the replay's *share of the CPU*, not at its own median:
+``time_in_turn`` also reads the thread's CPU clock around every call, and a call's time is its median CPU time times
+the replay's wall time over its CPU time (``TurnTimes.cpu_share``, 1 on an idle core). A median of wall times does
+not do it: a scheduler takes its time slices from whichever call is running when the slice starts, so the long calls
+absorb them and a call shorter than a slice almost never does (its median is its idle-core time), while the step
+runs its short calls hundreds of times. Measured on this project's 2-core CPU beside another 2-rank job: the replay
+ran at 52 % of a core (62 ms of CPU a round, 117 ms of wall), the step's main thread at 53 % (164 ms of CPU, 307 ms
+running or waiting to run); the calls' count-weighted wall medians were 1.6x their idle-core times, their CPU times
+times the share 1.9x, as the step. Only with one intra-op thread (the thread's CPU clock then counts all of a call's
+work; with more, the wall medians are kept and the share is 1).
+
 What is not replayed, and why: an op that writes one of its arguments (``copy_``, a resize: it would change what
 the replay holds), a collective (it would talk to the other ranks), a random op (it would move the random state),
 a call on a symbolic size or a tensor that is not strided, an op that is not an ``OpOverload``, and an op that
@@ -49,7 +60,8 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.cost.price import matmul_layout, matmul_shape, node_bytes, node_kind
 
-__all__ = ["IN_TURN_ROUNDS", "InTurn", "KernelCall", "MAX_CALLS", "MAX_REPLAY_BYTES", "TensorSpec", "in_turn_note",
+__all__ = ["IN_TURN_ROUNDS", "InTurn", "KernelCall", "MAX_CALLS", "MAX_REPLAY_BYTES", "TensorSpec", "TurnTimes",
+           "in_turn_note",
            "kernel_census", "launch_beyond_bytes", "matmul_layouts_in_turn", "matmuls_in_turn", "replayed",
            "time_in_turn", "views_in_turn"]
 
@@ -243,33 +255,60 @@ def _replay(call: KernelCall, device: torch.device, generator: torch.Generator) 
     return run
 
 
+@dataclass(frozen=True, slots=True)
+class TurnTimes:
+    """What ``time_in_turn`` measured on this rank."""
+
+    seconds: list[float | None]
+    """Each call's time in turn at the replay's share of the CPU; None for a call that could not be replayed."""
+    cpu_share: float
+    """The replay's wall time over its CPU time (>= 1; 1 on an idle core, about 2 beside one other busy job per
+    core), the factor each call's CPU time is priced at; 1 where the calls were priced at their wall medians."""
+
+
 def time_in_turn(calls: Sequence[KernelCall], device: torch.device, *, rounds: int = IN_TURN_ROUNDS,
-                 budget_s: float = 5.0) -> list[float | None]:
-    """Seconds of each call (its median over the rounds), running every call once a round in the order given, each
-    timed on its own; None for a call that could not be replayed (or failed in a later round). Rounds stop after
-    ``rounds``, or once ``budget_s`` has passed at the end of a round (at least one round). Runs inside
-    ``torch.random.fork_rng``: the caller's random state is as it was. CPU only: the host clock around one call is
-    its duration there (``overlapcfg.measuring.clock``)."""
+                 budget_s: float = 5.0) -> TurnTimes:
+    """Time each call in turn: every call once a round in the order given, each timed on its own by the wall clock
+    and the thread's CPU clock. With one intra-op thread a call's seconds are its median CPU time times the
+    replay's CPU share (see the module's docstring), else its median wall time. Rounds stop after ``rounds``, or
+    once ``budget_s`` has passed at the end of a round (at least one round). A call that cannot be replayed (or
+    fails in a later round) is None. Runs inside ``torch.random.fork_rng``: the caller's random state is as it was.
+    CPU only: the host clock around one call is its duration there (``overlapcfg.measuring.clock``)."""
     with torch.random.fork_rng(devices=[]):
         generator = torch.Generator().manual_seed(0)
         runs = [_replay(c, device, generator) for c in calls]
-        samples: list[list[float]] = [[] for _ in calls]
-        clock = time.perf_counter
+        walls: list[list[float]] = [[] for _ in calls]
+        cpus: list[list[float]] = [[] for _ in calls]
+        clock, cpu_clock = time.perf_counter, time.thread_time
         started = clock()
         for _ in range(rounds):
             for i, run in enumerate(runs):
                 if run is None:
                     continue
-                t0 = clock()
+                c0, t0 = cpu_clock(), clock()
                 try:
                     run()
                 except Exception:  # failed on a later call (a value it changed in place): left out from here on
-                    runs[i], samples[i] = None, []
+                    runs[i], walls[i], cpus[i] = None, [], []
                     continue
-                samples[i].append(clock() - t0)
+                walls[i].append(clock() - t0)
+                cpus[i].append(cpu_clock() - c0)
             if clock() - started > budget_s:
                 break
-    return [statistics.median(s) if s else None for s in samples]
+    return priced_in_turn(walls, cpus, single_thread=torch.get_num_threads() == 1)
+
+
+def priced_in_turn(walls: Sequence[Sequence[float]], cpus: Sequence[Sequence[float]], *,
+                   single_thread: bool) -> TurnTimes:
+    """Each call's price from its wall and CPU samples (an empty list: not timed): with ``single_thread``, its
+    median CPU time times the replay's share (its summed wall over its summed CPU, never below 1); otherwise its
+    median wall time, at a share of 1."""
+    wall_total = sum(sum(w) for w in walls)
+    cpu_total = sum(sum(c) for c in cpus)
+    if not single_thread or cpu_total <= 0.0:
+        return TurnTimes([statistics.median(w) if w else None for w in walls], 1.0)
+    share = max(1.0, wall_total / cpu_total)
+    return TurnTimes([statistics.median(c) * share if c else None for c in cpus], share)
 
 
 def launch_beyond_bytes(calls: Sequence[KernelCall], counts: Sequence[int], seconds: Sequence[float | None],
@@ -323,7 +362,7 @@ def matmul_layouts_in_turn(in_turn: InTurn) -> dict[torch.dtype, dict[tuple[tupl
 
 
 def in_turn_note(in_turn: InTurn, *, left_out: int, views: float | None, back_to_back_views: float,
-                 launch: float | None, back_to_back_launch: float, matmuls: int) -> str | None:
+                 launch: float | None, back_to_back_launch: float, matmuls: int, cpu_share: float = 1.0) -> str | None:
     """The profile's note on the replay: what it timed and set, and how many of the step's calls it left to the
     back-to-back figures; None where the step had no kernel calls to speak of."""
     calls, counts, seconds = in_turn
@@ -334,6 +373,9 @@ def in_turn_note(in_turn: InTurn, *, left_out: int, views: float | None, back_to
     said = [f"{timed[k]} {what}" for k, what in (("view", "views"), ("memory", "memory-bound"),
                                                  ("compute", "matmul and other compute")) if timed[k]]
     parts = [f"the step's distinct kernel calls timed in turn, as the step runs them ({', '.join(said) or 'none'})"]
+    if cpu_share > 1.0:
+        parts.append(f"each at its CPU time x {cpu_share:.2f} (the replay's wall over CPU time: 1 on an idle core, "
+                     "more where other jobs share its cores)")
     if views is not None:
         parts.append(f"view_seconds {views * 1e6:.3g} us (back to back {back_to_back_views * 1e6:.3g} us)")
     if launch is not None:

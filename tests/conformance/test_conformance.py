@@ -729,6 +729,6 @@ def test_calibration_replays_the_kernels_of_graphs_nobody_here_wrote(runs: Calla
                        and getattr(n.target, "__module__", None) not in ("_operator", "builtins", "math"))
     assert sum(calls.values()) + left_out == kernel_nodes  # nothing dropped without being counted
     kept = replayed(calls)
-    seconds = time_in_turn(kept, torch.device("cpu"), rounds=2)
+    seconds = time_in_turn(kept, torch.device("cpu"), rounds=2).seconds
     refused = sorted({c.op for c, s in zip(kept, seconds, strict=True) if s is None})
     assert refused == [], refused

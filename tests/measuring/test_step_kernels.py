@@ -22,6 +22,7 @@ from overlapcfg.measuring.step_kernels import (
     launch_beyond_bytes,
     matmul_layouts_in_turn,
     matmuls_in_turn,
+    priced_in_turn,
     replayed,
     time_in_turn,
     views_in_turn,
@@ -84,14 +85,14 @@ def test_each_call_runs_once_a_round_in_order_and_a_refused_one_is_none() -> Non
     arg = (TensorSpec((3,), (1,), 0, torch.float32),)
     calls = [KernelCall(f"overlapcfg_test_turns.{name}.default", arg, (), "memory", 24)
              for name in ("first", "refuses", "second")]
-    seconds = time_in_turn(calls, torch.device("cpu"), rounds=4)
+    seconds = time_in_turn(calls, torch.device("cpu"), rounds=4).seconds
     assert seconds[1] is None and seconds[0] is not None and seconds[2] is not None
     assert ran == ["first", "second"] + ["first", "second"] * 4  # a try each, then 4 rounds in turn
 
 
 def test_integer_arguments_are_zero_so_every_index_is_in_range() -> None:
     calls, _ = kernel_census([_graph()])
-    seconds = time_in_turn(list(calls), torch.device("cpu"), rounds=3)
+    seconds = time_in_turn(list(calls), torch.device("cpu"), rounds=3).seconds
     assert all(s is not None and s > 0 for s in seconds)  # index_select ran on zero indices
 
 
@@ -126,7 +127,7 @@ def test_views_and_each_dtypes_matmuls_come_from_the_turns() -> None:
 def test_a_gpu_replays_nothing_and_counts_nothing_as_left_out() -> None:
     mix = matmul_mix([_graph()])
     gpu = SimpleNamespace(cuda=True)
-    assert cal._in_turn(mix, gpu, 1.0) == ((), (), ())  # type: ignore[arg-type]
+    assert cal._in_turn(mix, gpu, 1.0) == (((), (), ()), 1.0)  # type: ignore[arg-type]
     assert cal._left_out(mix, ((), (), ()), gpu) == 0  # type: ignore[arg-type]
     assert Counter(c.kind for c in mix.calls) == Counter({"memory": 3, "view": 2, "compute": 1})
 
@@ -170,6 +171,29 @@ def test_the_profiles_note_says_what_was_replayed_and_counts_what_was_not() -> N
     assert everything_left_out is not None and "12 of the step's kernel calls were not replayed" in everything_left_out
     assert in_turn_note(((), (), ()), left_out=0, views=None, back_to_back_views=0.0, launch=None,
                         back_to_back_launch=0.0, matmuls=0) is None
+    assert "CPU time" not in note  # an idle core: no share to speak of
+    shared = in_turn_note(in_turn, left_out=0, views=None, back_to_back_views=0.0, launch=None,
+                          back_to_back_launch=0.0, matmuls=0, cpu_share=1.9)
+    assert shared is not None and "each at its CPU time x 1.90 (the replay's wall over CPU time" in shared
+
+
+def test_beside_another_job_each_call_is_priced_at_the_replays_share_of_the_core() -> None:
+    # A 4 ms call absorbs a 4 ms slice another job took in one of its three rounds; a 10 us call, run as often,
+    # never does: its wall median is its idle-core time. Summed: 12 + 0.03 ms of CPU in 16 + 0.03 ms of wall, a
+    # share of 16.03 / 12.03; the short call is priced at 10 us x that share, the long one at 4 ms x it.
+    walls = [[4e-3, 8e-3, 4e-3], [10e-6, 10e-6, 10e-6], []]
+    cpus = [[4e-3, 4e-3, 4e-3], [10e-6, 10e-6, 10e-6], []]
+    share = 16.03e-3 / 12.03e-3
+    priced = priced_in_turn(walls, cpus, single_thread=True)
+    assert priced.cpu_share == pytest.approx(share)
+    assert priced.seconds[0] == pytest.approx(4e-3 * share) and priced.seconds[1] == pytest.approx(10e-6 * share)
+    assert priced.seconds[2] is None  # not timed
+    # with more intra-op threads the calling thread's CPU clock misses the others' work: the wall medians are kept
+    threaded = priced_in_turn(walls, [[1e-3] * 3, [5e-6] * 3, []], single_thread=False)
+    assert threaded.cpu_share == 1.0 and threaded.seconds[:2] == [4e-3, 10e-6]
+    # an idle core: CPU and wall agree (the CPU clock's own rounding never makes the share drop below 1)
+    idle = priced_in_turn([[1e-3]], [[1.00001e-3]], single_thread=True)
+    assert idle.cpu_share == 1.0 and idle.seconds[0] == pytest.approx(1.00001e-3)
 
 
 def test_in_place_collective_and_random_ops_are_not_replayed() -> None:
@@ -201,7 +225,7 @@ def test_a_replay_leaves_the_random_state_as_it_was_and_a_later_failure_drops_th
     torch.manual_seed(123)
     state = torch.random.get_rng_state()
     seconds = time_in_turn([KernelCall("overlapcfg_test_later.flaky.default", arg, (), "memory", 24), good],
-                           torch.device("cpu"), rounds=5)
+                           torch.device("cpu"), rounds=5).seconds
     assert torch.equal(torch.random.get_rng_state(), state)
     assert seconds[0] is None and seconds[1] is not None  # failed in round 2: dropped, its samples too
     assert calls_made[0] == 3
@@ -214,7 +238,7 @@ def test_the_replay_stops_at_its_budget_after_at_least_one_round() -> None:
     lib.impl("counted", lambda x: rounds.__setitem__(0, rounds[0] + 1) or x.clone(), "CPU")
     arg = (TensorSpec((3,), (1,), 0, torch.float32),)
     seconds = time_in_turn([KernelCall("overlapcfg_test_budget.counted.default", arg, (), "memory", 24)],
-                           torch.device("cpu"), rounds=10, budget_s=0.0)
+                           torch.device("cpu"), rounds=10, budget_s=0.0).seconds
     assert seconds[0] is not None and rounds[0] == 2  # the first call (a try), then one round
 
 
