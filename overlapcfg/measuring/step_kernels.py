@@ -61,9 +61,8 @@ from overlapcfg import compat
 from overlapcfg.cost.price import matmul_layout, matmul_shape, node_bytes, node_kind
 
 __all__ = ["IN_TURN_ROUNDS", "InTurn", "KernelCall", "MAX_CALLS", "MAX_REPLAY_BYTES", "TensorSpec", "TurnTimes",
-           "in_turn_note",
-           "kernel_census", "launch_beyond_bytes", "matmul_layouts_in_turn", "matmuls_in_turn", "replayed",
-           "time_in_turn", "views_in_turn"]
+           "in_turn_note", "kernel_census", "launch_beyond_bytes", "matmul_layouts_in_turn", "matmuls_in_turn",
+           "priced_in_turn", "replayed", "time_in_turn", "views_in_turn"]
 
 IN_TURN_ROUNDS = 15
 """Rounds of the step's calls; each call's time is its median over them."""
