@@ -13,6 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from overlapcfg.measuring import calibration as cal
+from overlapcfg.measuring import step_kernels
 from overlapcfg.measuring.kernels import matmul_mix
 from overlapcfg.measuring.step_kernels import (
     KernelCall,
@@ -194,6 +195,60 @@ def test_beside_another_job_each_call_is_priced_at_the_replays_share_of_the_core
     # an idle core: CPU and wall agree (the CPU clock's own rounding never makes the share drop below 1)
     idle = priced_in_turn([[1e-3]], [[1.00001e-3]], single_thread=True)
     assert idle.cpu_share == 1.0 and idle.seconds[0] == pytest.approx(1.00001e-3)
+
+
+class _ScriptedClocks:
+    """A wall clock and a CPU clock that move only when a test op says so: a replay's prices by hand."""
+
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.cpu = 0.0
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_replay_reads_the_cpu_clock_around_each_call_and_prices_it_at_the_share(
+        threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "busy" runs 1 ms on the core; "descheduled" is 3 ms of wall with no CPU (the core went to another job). Each
+    # round is then 4 ms of wall for 1 ms of CPU: a share of 4, the busy call priced at 1 ms x 4 and the other at
+    # its 0 ms of CPU. With two intra-op threads the wall medians stand (1 and 3 ms) at a share of 1.
+    clocks = _ScriptedClocks()
+    monkeypatch.setattr(step_kernels, "time", clocks)
+    lib = torch.library.Library("overlapcfg_test_share", "DEF")  # the ops live as long as it does
+    lib.define("busy(Tensor x) -> Tensor")
+    lib.define("descheduled(Tensor x) -> Tensor")
+
+    def busy(x: torch.Tensor) -> torch.Tensor:
+        clocks.wall += 1e-3
+        clocks.cpu += 1e-3
+        return x.clone()
+
+    def descheduled(x: torch.Tensor) -> torch.Tensor:
+        clocks.wall += 3e-3
+        return x.clone()
+
+    lib.impl("busy", busy, "CPU")
+    lib.impl("descheduled", descheduled, "CPU")
+    arg = (TensorSpec((3,), (1,), 0, torch.float32),)
+    calls = [KernelCall(f"overlapcfg_test_share.{name}.default", arg, (), "memory", 24)
+             for name in ("busy", "descheduled")]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        turns = time_in_turn(calls, torch.device("cpu"), rounds=3)
+    finally:
+        torch.set_num_threads(before)
+    if threads == 1:
+        assert turns.cpu_share == pytest.approx(4.0)
+        assert turns.seconds == [pytest.approx(4e-3), pytest.approx(0.0)]
+    else:
+        assert turns.cpu_share == 1.0
+        assert turns.seconds == [pytest.approx(1e-3), pytest.approx(3e-3)]
 
 
 def test_in_place_collective_and_random_ops_are_not_replayed() -> None:
