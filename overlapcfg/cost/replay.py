@@ -24,7 +24,10 @@ its wait pays it whole, which is why unoverlapped steps are the ones a skew-free
 
 Wake-up (``Skew.wake``): a collective that starts on a stream idle for ``g`` seconds (since that stream's last
 collective ended, or since the step began) takes ``Skew.wake_seconds(g)`` longer: on a CPU, the communication
-threads sleep between collectives. A collective queued right behind another pays nothing.
+threads sleep between collectives. A collective queued right behind another pays nothing. One that pays a start
+delay (below) pays no wake-up on top: the delay was measured after idling, so it holds the wake-up; if compute
+blocks before the delay is over, the collective still moves no earlier than its wake-up after its start (what
+the calibration's blocking probe measures).
 
 Start delay (``Contention.start_delay``, the third number of a collective's ``Slowdown``): a collective that
 starts on an idle stream while compute runs does not move for that many seconds of compute. On a CPU the
@@ -61,11 +64,14 @@ class _Running:
     """A collective on its stream: its token, slowdowns, start, when it begins to move (after its start delay),
     and projected end at the current rate."""
 
-    __slots__ = ("end", "issued", "moves", "seconds", "slowdown", "start", "token")
+    __slots__ = ("end", "issued", "moves", "seconds", "slowdown", "start", "token", "wake")
 
     def __init__(self, token: Hashable, seconds: float, slowdown: Slowdown, issued: float) -> None:
         self.token, self.seconds, self.slowdown, self.issued = token, seconds, slowdown, issued
         self.start = self.end = self.moves = 0.0
+        self.wake = 0.0
+        """The wake-up its start delay stands for (``Skew.wake``): if compute stops before the delay is over, it
+        moves no earlier than ``start + wake``."""
 
 
 class Streams:
@@ -128,18 +134,23 @@ class Streams:
 
     def _set_compute(self, running: bool) -> None:
         """The compute stream starts or stops running: re-project the ends of collectives it slows; a collective
-        still in its start delay when compute stops moves from now, at full speed."""
+        still in its start delay when compute stops moves from now at full speed, once it has woken (``wake``
+        seconds from its start)."""
         if running == self._compute_running:
             return
         for r in self._heads.values():
             if not running and r.moves > self.t and r.moves > r.start:  # still in its start delay
-                self.delayed -= r.moves - max(r.start, self.t)
-                r.moves = max(r.start, self.t)
+                now = max(r.start, self.t)
+                moves = max(r.start + r.wake, now)
+                self.delayed -= r.moves - now  # delayed while compute ran; then, what is left of its wake-up
+                self.woken += moves - now
+                r.moves = moves
                 r.end = r.moves + r.seconds
             elif r.slowdown[1] > 0:
                 before = 1.0 + r.slowdown[1] if self._compute_running else 1.0
                 after = 1.0 + r.slowdown[1] if running else 1.0
-                r.end = self.t + (r.end - self.t) / before * after
+                moving = r.moves if r.moves > self.t else self.t  # still waking: slowed only once it moves
+                r.end = moving + (r.end - moving) / before * after
         self._compute_running = running
 
     def _finish(self, stream: str) -> None:
@@ -280,12 +291,18 @@ class Streams:
             start = max(self._tail[stream], arrive)
         else:
             start = max(self._projected_tail(stream, self.t), arrive)
+        extra = 0.0
         if self._wakes and ranks > 1 and skew is not None:
             idle = start - (self._busy_until.get(stream, 0.0) if not queue else self._tail[stream])
             extra = skew.wake_seconds(idle if idle > 0.0 else 0.0)
+        # on an idle stream under compute, the start delay stands for the wake-up (it was measured after idling)
+        deferred = not queue and self._compute_running and slowdown[2] > 0
+        if extra and not deferred:
             self.woken += extra
             seconds += extra
         r = _Running(token, seconds, slowdown, arrive)
+        if deferred:
+            r.wake = extra
         queue.append(r)
         if slowdown != NO_CONTENTION:
             self._slowed += 1

@@ -35,8 +35,9 @@ from torch import fx
 
 from overlapcfg.cost.achievable import MatmulRate
 from overlapcfg.cost.measured_fits import KernelSamples
-from overlapcfg.cost.price import matmul_layout, matmul_shape, node_bytes, node_kind
+from overlapcfg.cost.price import collective_bytes, matmul_layout, matmul_shape, node_bytes, node_kind
 from overlapcfg.errors import OverlapConfigError
+from overlapcfg.graph.ops import collective_kind
 from overlapcfg.measuring.attention_timing import AttentionShape, attention_census
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.collective_fits import log_sizes
@@ -91,19 +92,27 @@ class MatmulMix:
     (``overlapcfg.measuring.step_kernels``: timed in turn on a CPU)."""
     calls_unreplayable: int = 0
     """The step's kernel calls that cannot be replayed (``kernel_census``): counted in the profile's notes."""
+    gathers: Counter[int] = field(default_factory=Counter)
+    """Full-size bytes (``overlapcfg.cost.price.collective_bytes``) -> how many of the step's all-gathers gather
+    that many: the rank-skew probe is one of them (``overlapcfg.measuring.skew.skew_unit``)."""
 
 
 def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
     """How many times the graphs run each matmul shape (``overlapcfg.cost.price.matmul_shape``), their (first)
-    dtype, and the sizes of their memory-bound kernels (``overlapcfg.cost.price.node_kind``)."""
+    dtype, the sizes of their memory-bound kernels (``overlapcfg.cost.price.node_kind``) and of their
+    all-gathers."""
     shapes: Counter[MatmulShape] = Counter()
     memory: Counter[int] = Counter()
     layouts: dict[MatmulShape, Counter[str]] = {}
+    gathers: Counter[int] = Counter()
     dtype = None
     for gm in graphs:
         for node in gm.graph.nodes:
-            if node.op == "call_function" and node_kind(node) == "memory":
+            kind = node_kind(node)
+            if kind == "memory":
                 memory[node_bytes(node)] += 1
+            elif kind == "collective" and collective_kind(node) == "all_gather":
+                gathers[collective_bytes(node)] += 1
             shape = matmul_shape(node)
             if shape is None:
                 continue
@@ -114,7 +123,7 @@ def matmul_mix(graphs: Sequence[fx.GraphModule]) -> MatmulMix:
     attention, untimed = attention_census(graphs)
     calls, unreplayable = kernel_census(graphs)
     return MatmulMix(shapes, dtype, memory, {s: c.most_common(1)[0][0] for s, c in layouts.items()}, attention,
-                     untimed, calls, unreplayable)
+                     untimed, calls, unreplayable, gathers)
 
 
 def _flops(shape: MatmulShape) -> int:

@@ -712,6 +712,27 @@ def test_calibration_finds_one_attention_call_per_layer_at_the_models_own_shape(
 
 
 @pytest.mark.slow  # traces the third-party models (the module's shared captures)
+@pytest.mark.parametrize("case", ["hf_llama", "hf_t5", "tt_fully_shard"])
+def test_calibration_probes_the_skew_with_one_of_the_models_own_all_gathers(runs: Callable[[str], Run],
+                                                                           case: str) -> None:
+    """The skew's probe (``overlapcfg.measuring.skew.skew_unit``) is an all-gather of the step's median all-gather
+    size: every all-gather of graphs nobody here wrote is counted at its gathered size, checked against the
+    conformance reader's own count and sizes (``tests/thirdparty/conformance.py``)."""
+    from overlapcfg.measuring.kernels import matmul_mix
+    from overlapcfg.measuring.skew import skew_unit
+
+    run = runs(case)
+    graphs = [run.original("forward"), run.original("backward")]
+    gathers = [c for gm in graphs for c in C.collectives(gm) if c.kind == "all_gather"]
+    expected = Counter(c.numel * c.start.meta["val"].dtype.itemsize for c in gathers)
+    mix = matmul_mix(graphs)
+    assert mix.gathers == expected
+    assert sum(expected.values()) == sum(EXPECTED[case][g][0].get("all_gather", 0) for g in GRAPHS)
+    sizes = sorted(expected.elements())
+    assert skew_unit(mix).probe_bytes == sizes[(len(sizes) - 1) // 2]  # the lower median by count
+
+
+@pytest.mark.slow  # traces the third-party models (the module's shared captures)
 @pytest.mark.parametrize("case", ["hf_llama", "hf_mixtral", "tt_fully_shard"])
 def test_calibration_replays_the_kernels_of_graphs_nobody_here_wrote(runs: Callable[[str], Run], case: str) -> None:
     """The in-turn replay (``overlapcfg.measuring.step_kernels``) on Hugging Face's and torchtitan's captured

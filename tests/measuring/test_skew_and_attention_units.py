@@ -1,6 +1,7 @@
 """What calibration times to measure the skew, the wake-up and attention, pinned on hand computations: the skew's
 compute unit is the step's own mix of kernels (its most frequent matmul and its typical memory-bound kernels); the
-wake-up is the last rank's own wait after compute less right after the alignment, never decreasing; attention's
+wake-up is the last rank's own wait after compute less with none before it, never decreasing; the probe is
+the step's median all-gather, and short lengths repeat within a round; attention's
 shares count FLOPs as the cost model does, from the step's call shapes, and the backend is the operator that ran.
 
 Fast tier: made-up mixes and waits, a tiny SDPA call, a graph traced with make_fx.
@@ -24,7 +25,18 @@ from overlapcfg.measuring.attention_timing import (
 )
 from overlapcfg.measuring.clock import Clock
 from overlapcfg.measuring.kernels import MatmulMix, matmul_mix
-from overlapcfg.measuring.skew import UNIT_SHAPE, SkewTimings, SkewUnit, skew_fit, skew_unit, wake_points
+from overlapcfg.measuring.skew import (
+    MAX_REPEATS,
+    PROBE_BYTES,
+    ROUND_SECONDS,
+    UNIT_SHAPE,
+    SkewTimings,
+    SkewUnit,
+    repeats,
+    skew_fit,
+    skew_unit,
+    wake_points,
+)
 
 
 def test_the_skew_unit_is_the_steps_most_frequent_matmul_and_its_memory_kernels_per_matmul() -> None:
@@ -43,6 +55,24 @@ def test_without_a_step_the_unit_is_the_default_matmul_and_one_addition_over_its
     assert skew_unit(None) == SkewUnit(UNIT_SHAPE, 1, 0)
     assert skew_unit(MatmulMix(Counter(), None)) == SkewUnit()
     assert skew_unit(MatmulMix(Counter({(1, 4, 4, 4): 3}), None)) == SkewUnit((1, 4, 4, 4), 1, 0)
+
+
+def test_the_skew_probe_is_an_all_gather_of_the_steps_median_all_gather_size() -> None:
+    # the demo's unbucketed step: 18 of 128 B, 32 of 8 KB, 24 of 16 KB, 3 of 1 MB; the 39th of 77 is an 8 KB one
+    gathers = Counter({128: 18, 8192: 32, 16384: 24, 1048576: 3})
+    mix = MatmulMix(Counter({(1, 1024, 64, 64): 4}), torch.float32, Counter({100: 8}), gathers=gathers)
+    assert skew_unit(mix) == SkewUnit((1, 1024, 64, 64), 2, 100, 8192)
+    assert skew_unit(MatmulMix(Counter(), None, gathers=Counter({64: 1, 4096: 1}))).probe_bytes == 64  # lower median
+    assert skew_unit(MatmulMix(Counter({(1, 4, 4, 4): 3}), None)).probe_bytes == PROBE_BYTES  # none known
+    assert skew_unit(mix).describe() == ("matmul 1024x64x64 + 2 elementwise kernel(s) of 100 bytes, "
+                                         "then a 8192-byte all-gather")
+
+
+def test_short_lengths_repeat_within_a_round_up_to_the_cap() -> None:
+    # a 0.25 ms unit: 0, 2, 8, 32 and 120 units; 10 ms of compute a round (ROUND_SECONDS) at most 16 times
+    assert ROUND_SECONDS == 0.01 and MAX_REPEATS == 16
+    # 0 units: the cap; 0.5 ms: 20, capped; 2 ms: 5; 8 ms: 1; 30 ms: still once
+    assert repeats([0, 2, 8, 32, 120], 0.00025) == [16, 16, 5, 1, 1]
 
 
 def test_the_wake_up_is_the_last_ranks_own_wait_less_right_after_the_alignment_and_never_decreases() -> None:
