@@ -732,6 +732,31 @@ def test_calibration_probes_the_skew_with_one_of_the_models_own_all_gathers(runs
     assert skew_unit(mix).probe_bytes == sizes[(len(sizes) - 1) // 2]  # the lower median by count
 
 
+@pytest.mark.slow  # a 2-rank gloo run (forked warm) beside the module's shared captures
+def test_the_skew_probe_runs_on_two_gloo_ranks_at_a_third_party_models_own_sizes(runs: Callable[[str], Run]) -> None:
+    """Calibration's skew and wake-up timing (``time_skew``) with the compute and the probe all-gather read from
+    Hugging Face Llama's captured step, on 2 real gloo ranks: both ranks run the same cycles (the repeats are agreed,
+    else the ranks would issue different numbers of all-gathers and hang) and return the same gathered waits; the
+    no-compute reference repeats most, the longest length once a round; the fit takes the waits."""
+    from overlapcfg.measuring.kernels import matmul_mix
+    from overlapcfg.measuring.skew import LENGTHS, MAX_REPEATS, skew_fit, skew_unit
+
+    run = runs("hf_llama")
+    mix = matmul_mix([run.original("forward"), run.original("backward")])
+    rounds = 2
+    first, second = run_on_gloo(C.skew_worker, mix, rounds, world_size=2, timeout_s=180,
+                                preload=preloaded(C.__name__))
+    assert first == second
+    unit = skew_unit(mix)
+    assert first.unit == unit.describe() and unit.probe_bytes in mix.gathers  # one of the model's own sizes
+    cycles = [len(length) for length in first.waits]
+    assert len(cycles) == len(LENGTHS["cpu"]) and cycles[0] == rounds * MAX_REPEATS and cycles[-1] == rounds
+    assert all(len(cycle) == 2 and min(cycle) > 0 for length in first.waits for cycle in length)
+    assert list(first.compute) == sorted(first.compute) and first.compute[-1] > 0.05  # about 0.1 s, the longest
+    skew, samples = skew_fit(first)
+    assert len(samples.sigma_seconds) == len(cycles) and len(skew.wake) >= 2
+
+
 @pytest.mark.slow  # traces the third-party models (the module's shared captures)
 @pytest.mark.parametrize("case", ["hf_llama", "hf_mixtral", "tt_fully_shard"])
 def test_calibration_replays_the_kernels_of_graphs_nobody_here_wrote(runs: Callable[[str], Run], case: str) -> None:

@@ -542,3 +542,15 @@ def parity_worker(rank: int, world_size: int, jobs: Sequence[tuple[str, Mapping[
         out[case_name] = res
     return out
 
+
+
+def skew_worker(rank: int, world_size: int, mix: Any, trials: int) -> Any:
+    """``time_skew`` on the default group, at the compute and the probe all-gather ``mix`` (a ``MatmulMix`` read
+    from a model's captured graphs) asks for: every rank returns the same gathered ``SkewTimings``."""
+    import torch.distributed as dist
+
+    from overlapcfg.measuring.clock import Clock
+    from overlapcfg.measuring.skew import skew_unit, time_skew
+
+    return time_skew("world", dist.group.WORLD, dtype=torch.float32, clock=Clock("cpu"), trials=trials,
+                     unit_spec=skew_unit(mix))
