@@ -543,7 +543,6 @@ def parity_worker(rank: int, world_size: int, jobs: Sequence[tuple[str, Mapping[
     return out
 
 
-
 def skew_worker(rank: int, world_size: int, mix: Any, trials: int) -> Any:
     """``time_skew`` on the default group, at the compute and the probe all-gather ``mix`` (a ``MatmulMix`` read
     from a model's captured graphs) asks for: every rank returns the same gathered ``SkewTimings``."""
