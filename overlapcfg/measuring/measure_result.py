@@ -25,12 +25,19 @@ from overlapcfg.errors import OverlapConfigError, OverlapLookupError
 from overlapcfg.report.labels import fmt_seconds
 from overlapcfg.results import Result, counted
 
-__all__ = ["MEASURE_SCHEMA", "CalibratedProfile", "Measurement", "MeasuredCollective", "MeasuredConfig",
-           "profile_header"]
+__all__ = ["MEASURE_SCHEMA", "UNEVEN_EXPOSED", "CalibratedProfile", "Measurement", "MeasuredCollective",
+           "MeasuredConfig", "profile_header"]
 
 PRESENTER = "overlapcfg.measuring.render_measure"
 
 MEASURE_SCHEMA = "overlapcfg.measure/1"
+
+UNEVEN_EXPOSED = 1.5
+"""How many times longer one rank's exposed communication must be than another's for ``measure`` to say the ranks
+waited unequally. Measured on 2 gloo ranks (2026-12-07), 6 profiled steps of the demo: every collective waited for at
+once (``none``), the ranks waited 148 and 154 ms a step (159 and 184 beside another 2-rank job); with one layer of
+prefetch (``d1``) 17 and 12 ms quiet, **44 and 25 ms** beside the other job, rank 1 issuing each collective 13 ms
+after rank 0 on average."""
 
 
 class _Data(BaseModel):
@@ -68,6 +75,10 @@ class MeasuredConfig(_Data):
     """Interquartile range of the timed steps' graph times: how much one step differs from the next."""
     measured_exposed_s: float
     """Median over profiled steps of the communication the compute thread or stream waited for (mean of ranks)."""
+    measured_exposed_by_rank_s: tuple[float, ...] = ()
+    """Per rank, the median over profiled steps of what that rank waited for. Ranks that run at the same speed wait
+    about as long; a rank that waits much longer than another is mostly waiting for a slower one to issue its
+    collectives (``uneven_exposed``)."""
     measured_wall_s: float
     """Median wall time of the whole step function."""
     measured_profiled_step_s: float
@@ -95,6 +106,15 @@ class MeasuredConfig(_Data):
     """``tokens_per_step / measured_step_s``."""
     measured_mfu: float | None = None
     """``6 N tokens / (measured step x dense peak)``, on the same peak as the prediction's."""
+
+    def uneven_exposed(self) -> bool:
+        """Whether one rank waited for communication at least ``UNEVEN_EXPOSED`` times as long as another, and at
+        least a millisecond longer: the ranks ran at different speeds, and the faster waited for the slower."""
+        by_rank = self.measured_exposed_by_rank_s
+        if len(by_rank) < 2:
+            return False
+        most, least = max(by_rank), min(by_rank)
+        return most - least >= 1e-3 and most >= UNEVEN_EXPOSED * least
 
     @property
     def error(self) -> float:

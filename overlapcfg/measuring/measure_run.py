@@ -298,6 +298,7 @@ def _row(name: str, given: Any, cfg: OverlapConfig, graphs: Mapping[str, Any], r
         predicted_step_s=sim.step_seconds, predicted_exposed_s=sim.exposed_comm_seconds,
         measured_step_s=measured_step, measured_spread_s=_iqr(per_step),
         measured_exposed_s=statistics.median(exposed), measured_wall_s=statistics.median(walls),
+        measured_exposed_by_rank_s=tuple(statistics.median(r.exposed) for r in ranks),
         measured_profiled_step_s=statistics.median(profiled_s),
         step_seconds=tuple(per_step),
         predicted_profiled_step_s=profiled.step_seconds if profiled is not None else None,

@@ -75,6 +75,14 @@ def measurement_table(m: Measurement) -> Group:
     if ratios:
         each = ", ".join(f"{kind} x{statistics.median(r):.2f}" for kind, r in ratios.items())
         lines.append(f"collectives in the steps against the profile (median measured / predicted duration): {each}")
+    uneven = [c for c in m.configs if c.uneven_exposed()]
+    if uneven:
+        each = ", ".join(f"{c.name} " + " / ".join(_ms(x) for x in c.measured_exposed_by_rank_s) + " ms"
+                         for c in uneven)
+        lines.append(f"! the ranks waited unequally (exposed communication of rank 0 / rank 1 / ...): {each}. The "
+                     "rank that waits longer is mostly waiting for a slower one to issue its collectives (ranks "
+                     "running at different speeds, as beside another job on shared cores); the prediction is for "
+                     "ranks at one speed, and the measured exposed column is the mean of the ranks.")
     walls = [c.measured_wall_s - c.measured_step_s for c in m.configs]
     lines.append(f"measured: time inside the compiled graphs (what is predicted); the step spends another "
                  f"{fmt_seconds(min(walls))}–{fmt_seconds(max(walls))} outside them (loss, optimizer, Python). "

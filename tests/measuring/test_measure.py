@@ -96,6 +96,9 @@ def test_each_config_has_a_complete_sane_record(measured) -> None:
         assert c.measured_step_s == sorted(c.step_seconds)[STEPS // 2]
         assert c.measured_spread_s >= 0 and c.measured_wall_s >= c.measured_step_s, c.name
         assert 0 <= c.measured_exposed_s <= c.measured_profiled_step_s, c.name  # the same (profiled) steps
+        # one profiled step: each rank's median is its one value, and the mean of the ranks is the column's
+        assert len(c.measured_exposed_by_rank_s) == 2 and min(c.measured_exposed_by_rank_s) >= 0, c.name
+        assert c.measured_exposed_s == pytest.approx(sum(c.measured_exposed_by_rank_s) / 2, rel=1e-9), c.name
         assert c.predicted_step_s > 0 and 0 <= c.predicted_exposed_s <= c.predicted_step_s
         assert c.predicted_profiled_step_s is not None and c.predicted_profiled_step_s > 0
         # cpu_gloo carries achievable kernel rates (docs/cost-model.md): the model's label for them
