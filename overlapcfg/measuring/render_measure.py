@@ -81,8 +81,8 @@ def measurement_table(m: Measurement) -> Group:
                          for c in uneven)
         lines.append(f"! the ranks waited unequally (exposed communication of rank 0 / rank 1 / ...): {each}. The "
                      "rank that waits longer is mostly waiting for a slower one to issue its collectives (ranks "
-                     "running at different speeds, as beside another job on shared cores); the prediction is for "
-                     "ranks at one speed, and the measured exposed column is the mean of the ranks.")
+                     "running at different speeds: a straggler, or another job on the same cores); the prediction "
+                     "is for ranks at one speed, and the measured exposed column is the mean of the ranks.")
     walls = [c.measured_wall_s - c.measured_step_s for c in m.configs]
     lines.append(f"measured: time inside the compiled graphs (what is predicted); the step spends another "
                  f"{fmt_seconds(min(walls))}–{fmt_seconds(max(walls))} outside them (loss, optimizer, Python). "
