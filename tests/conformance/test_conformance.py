@@ -757,6 +757,30 @@ def test_the_skew_probe_runs_on_two_gloo_ranks_at_a_third_party_models_own_sizes
     assert len(samples.sigma_seconds) == len(cycles) and len(skew.wake) >= 2
 
 
+@pytest.mark.slow  # a 2-rank gloo run (forked warm) compiling the model once per config
+def test_measure_on_two_gloo_ranks_reads_a_third_party_models_collectives_and_each_ranks_exposed_time() -> None:
+    """``overlapcfg.measure`` on Hugging Face Llama sharded by SimpleFSDP, unbucketed and one bucket per decoder
+    layer: every rank returns the same measurement; every collective of the graphs it ran (found in the profiler's
+    trace by issue order) has a measured duration; each rank's exposed communication is kept, their mean is the
+    column (one profiled step), and the bucketed graphs issued fewer collectives."""
+    from overlapcfg.measuring.measure_result import Measurement
+
+    configs = {"none": {"strategy": "none"}, "layers": {"plan": "hf_decoder_layers"}}
+    first, second = run_on_gloo(C.measure_worker, "hf_llama", configs, world_size=2, timeout_s=240,
+                                preload=preloaded(C.__name__))
+    assert first == second
+    m = Measurement.from_json(first)
+    assert [c.name for c in m.configs] == list(configs) and m.world_size == 2
+    for c in m.configs:
+        assert c.collectives and all(k.measured_s is not None and k.measured_s > 0 for k in c.collectives), (
+            c.name, [k.node for k in c.collectives if not k.measured_s])
+        assert len(c.measured_exposed_by_rank_s) == 2 and min(c.measured_exposed_by_rank_s) >= 0, c.name
+        assert c.measured_exposed_s == pytest.approx(sum(c.measured_exposed_by_rank_s) / 2, rel=1e-9), c.name
+        assert 0 <= c.measured_exposed_s <= c.measured_profiled_step_s and c.predicted_step_s > 0, c.name
+    none, layers = m.configs
+    assert len(layers.collectives) < len(none.collectives)  # the pass merged them
+
+
 @pytest.mark.slow  # traces the third-party models (the module's shared captures)
 @pytest.mark.parametrize("case", ["hf_llama", "hf_mixtral", "tt_fully_shard"])
 def test_calibration_replays_the_kernels_of_graphs_nobody_here_wrote(runs: Callable[[str], Run], case: str) -> None:

@@ -553,3 +553,27 @@ def skew_worker(rank: int, world_size: int, mix: Any, trials: int) -> Any:
 
     return time_skew("world", dist.group.WORLD, dtype=torch.float32, clock=Clock("cpu"), trials=trials,
                      unit_spec=skew_unit(mix))
+
+
+def measure_worker(rank: int, world_size: int, case_name: str, configs: Mapping[str, Mapping[str, Any]]) -> Any:
+    """``overlapcfg.measure`` of ``configs`` on the case's model, freshly built and sharded for this rank for each
+    config (the step ``measure`` is handed: zeroed gradients, forward, loss, backward), at the smallest useful
+    sizes: one warm-up step, two timed, one profiled, no node costs. Every rank returns the same measurement."""
+    import overlapcfg
+
+    case = CASES[case_name]
+
+    def make_step(backend: Any) -> Callable[[], object]:
+        model, make_batch = build(case, rank)
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        inputs, loss_fn = make_batch()
+
+        def step() -> None:
+            model.zero_grad(set_to_none=True)
+            loss_fn(compiled(*inputs)).backward()
+
+        return step
+
+    result = overlapcfg.measure(make_step, {k: dict(v) for k, v in configs.items()}, hardware="cpu_gloo", warmup=1,
+                                steps=2, profiled_steps=1, node_costs=False, interleave=False)
+    return result.to_dict()
