@@ -4,8 +4,9 @@ Each group of collectives is replaced by the trace of its merge function (``over
 one collective, its wait, copy-out), spliced in where ``manual_overlap_bucketing`` places upstream's merge
 (``overlapcfg.graph.stamp``): at depth 1 the graph is, on torch 2.13, upstream's node for node, and on every
 supported release it is the graph torch 2.13's bucketing emits (``tests/graph/test_merge_across_releases.py``).
-Traces are kept by signature and fake mode: identical layers trace once per capture, for every graph and config of
-it. Written by overlapcfg; upstream's pass is the reference its output is compared with, not its source.
+Traces are kept by signature: identical layers trace once, for every graph, config and capture of the same shapes
+(another capture's stamps get fake values of its own mode). Written by overlapcfg; upstream's pass is the
+reference its output is compared with, not its source.
 
 Before (one bucket, two parameters)::
 

@@ -7,10 +7,11 @@ first sit at an offset of the flat buffer, so a view of one has another storage 
 
 Three things keep it linear in graph size, where a generic splice is quadratic or slow per bucket:
 
-- **One trace per signature and capture.** Buckets of identical layers have identical signatures (shapes, strides,
-  offsets, dtypes, group, rank); their trace is made once and kept for the capture (``overlapcfg.graph.traces``),
-  so later buckets, the backward that re-gathers the forward's buckets, and a second config on the same step
-  stamp it again. Graphs of another capture have another fake mode and never see these traces.
+- **One trace per signature.** Buckets of identical layers have identical signatures (shapes, strides,
+  offsets, dtypes, group, rank); their trace is made once and kept (``overlapcfg.graph.traces``), so later
+  buckets, the backward that re-gathers the forward's buckets, a second config on the same step and another
+  capture of the same shapes stamp it again. A graph of another capture (another fake mode) never sees the trace's
+  fake values: its stamps get values of its own mode.
 - **Fresh fake values without re-running ops.** Stamped nodes of identical buckets would share the trace's fake
   tensors; that is harmless where the graph runs as it is, but inductor tells buffers apart by storage, so with
   ``fresh=True`` each stamp gets fake tensors of its own, the trace's layouts laid on new storages
@@ -53,7 +54,10 @@ def splice(g: fx.Graph, fn: Callable[..., object], inps: Sequence[object], inser
     trace was made for another bucket."""
     trace, made_now = trace_of(fn, inps)
     fn_g = trace.gm.graph
-    values = fresh_values(trace.gm, trace.recipe(), g_fn_inps) if fresh and not made_now else None
+    # The trace's own fake values serve the stamp that made it, and later stamps of its own capture unless the
+    # caller wants fresh ones; a trace made in another capture is always stamped with values of this one's mode.
+    own = trace.mode is compat.detect_fake_mode(inps)
+    values = fresh_values(trace.gm, trace.recipe(), g_fn_inps) if not made_now and (fresh or not own) else None
     env: dict[fx.Node, fx.Node] = dict(zip(trace.placeholders, g_fn_inps, strict=False))
     new_outs: list[fx.Node] = []
     new_nodes: list[fx.Node] = []

@@ -1,12 +1,19 @@
-"""The merge's traces, kept per capture: a bucket merge function traced once per signature is stamped again for
-every later bucket, graph and config of the same capture (``overlapcfg.graph.stamp``).
+"""The merge's traces, kept: a bucket merge function traced once per signature is stamped again for every later
+bucket, graph, config and capture with the same signature (``overlapcfg.graph.stamp``).
 
-A capture is its fake mode: the traces' fake values belong to it, and a graph of another capture (another mode)
-must never see them. The traces are kept in overlapcfg's own table, not on torch's mode object. A table keyed
-*weakly* by the mode would never free anything, since the traces' fake values refer to their mode (a weak key
-kept alive by its own value); so the table holds the traces of the ``KEPT_CAPTURES`` captures merged most recently
-and drops the oldest beyond that. A capture dropped and merged again is traced afresh: that costs time, never a
-different graph (a trace is a function of its signature). ``forget_traces`` drops them all.
+A trace is a function of its signature (the merge function, its tensors' shapes, strides, offsets, dtypes, devices
+and whether they require grad, its other arguments by value: group name and size, reduce op), so the nodes it
+stamps are the same whoever traced it. Its fake values are not: they belong to the fake mode of the capture that
+traced it (``Trace.mode``), and a graph of another capture must never see them. So a trace stamped into another
+capture's graph always gets fake values of that graph's own mode, laid from the trace's layouts
+(``overlapcfg.graph.fresh_values``; ~10 us a tensor, where tracing again costs tens of milliseconds a bucket). Only
+traces whose layouts can be laid so are shared between captures: static sizes, and a recipe
+(``fresh_values.recipe_of``: no value that requires grad, no two inputs on one storage). Any other trace is kept
+for its own capture only, as all of them were before.
+
+The table is overlapcfg's own, not an attribute of torch's mode objects, bounded to the ``KEPT_TRACES`` traces used
+most recently (a trace holds its fake values, so its capture's mode, alive). A trace dropped and needed again is
+traced afresh: that costs time, never a different graph. ``forget_traces`` drops them all.
 
 Safe with threads: the table is behind a lock, and ``traces_used`` collects per thread.
 """
@@ -17,7 +24,7 @@ import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import fx
@@ -25,22 +32,25 @@ from torch import fx
 from overlapcfg import compat
 from overlapcfg.graph.fresh_values import Recipe, recipe_of
 
-__all__ = ["KEPT_CAPTURES", "Trace", "forget_traces", "trace_of", "traces_used"]
+__all__ = ["KEPT_TRACES", "Trace", "forget_traces", "trace_of", "traces_used"]
 
-KEPT_CAPTURES = 4
-"""How many captures' traces are kept (the most recently merged). A tuner or a benchmark alternates between a
-step's forward and backward graph, which share one capture; a handful covers interleaving a few steps."""
+KEPT_TRACES = 256
+"""How many traces are kept (the most recently used). A model's buckets have a handful of signatures (identical
+layers share one); a tuner's search over bucket sizes, or a test session over many models, needs tens to a few
+hundred."""
 
 Signature = tuple[object, ...]
 
 
 @dataclass(slots=True)
 class Trace:
-    """One traced merge function: its graph, its placeholders in input order, and how to lay its fake values on
-    new storages (``overlapcfg.graph.fresh_values``), worked out on first need and kept with it."""
+    """One traced merge function: its graph, its placeholders in input order, the fake mode its values belong to,
+    and how to lay them on new storages (``overlapcfg.graph.fresh_values``), worked out on first need."""
 
     gm: fx.GraphModule
     placeholders: tuple[fx.Node, ...]
+    mode: object
+    """The fake mode of the capture that traced it: its values may be stamped into that capture's graphs only."""
     _recipe: Recipe | None = None
     _recipe_known: bool = False
 
@@ -50,27 +60,31 @@ class Trace:
         return self._recipe
 
 
-@dataclass(slots=True)
-class _Capture:
-    mode: object
-    """Held so that the key, its id, stays this mode's while the entry lives."""
-    traces: dict[Signature, Trace] = field(default_factory=dict)
-
-
 _LOCK = threading.Lock()
-_CAPTURES: OrderedDict[int, _Capture] = OrderedDict()
+_TRACES: OrderedDict[tuple[object, ...], Trace] = OrderedDict()
+"""``(None, signature)`` for a trace any capture may stamp; ``(id(mode), signature)`` for one only its own capture
+may (the mode is held by the trace, so the id stays its own while the entry lives)."""
 _LOCAL = threading.local()
 
 
-def _signature(fn: object, inps: Sequence[object]) -> Signature:
+def _signature(fn: object, inps: Sequence[object]) -> tuple[Signature, bool]:
+    """The signature of ``fn(*inps)``, and whether every size in it is a plain integer (a trace other captures may
+    share; a symbolic size belongs to its capture's shape environment)."""
+    static = True
+
     def key(x: object) -> object:
+        nonlocal static
         if isinstance(x, torch.Tensor):
-            return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device), x.storage_offset())
+            numbers = (*x.shape, *x.stride(), x.storage_offset())
+            static = static and all(type(n) is int for n in numbers)
+            return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device), x.storage_offset(),
+                    x.requires_grad)
         if isinstance(x, (list, tuple)):
             return tuple(key(y) for y in x)
         return x
 
-    return (fn, key(inps))
+    keyed = key(inps)
+    return (fn, keyed), static
 
 
 def _used_stack() -> list[set[Signature]]:
@@ -81,31 +95,31 @@ def _used_stack() -> list[set[Signature]]:
 
 
 def trace_of(fn: Callable[..., object], inps: Sequence[object]) -> tuple[Trace, bool]:
-    """The trace of ``fn`` on ``inps`` and whether it was made now (else kept from an earlier bucket)."""
-    signature = _signature(fn, inps)
+    """The trace of ``fn`` on ``inps`` and whether it was made now (else kept from an earlier bucket, perhaps of
+    another capture: ``Trace.mode`` says whose its fake values are)."""
+    signature, static = _signature(fn, inps)
     used = _used_stack()
     if used:
         used[-1].add(signature)
     mode = compat.detect_fake_mode(inps)
     if mode is None:
         raise AssertionError("overlapcfg merge: the collectives' inputs carry no fake values (meta['val'])")
+    keys = [(None, signature), (id(mode), signature)] if static else [(id(mode), signature)]
     with _LOCK:
-        capture = _CAPTURES.get(id(mode))
-        if capture is not None:
-            _CAPTURES.move_to_end(id(mode))
-            kept = capture.traces.get(signature)
+        for key in keys:
+            kept = _TRACES.get(key)
             if kept is not None:
+                _TRACES.move_to_end(key)
                 return kept, False
     gm = compat.trace_with_fake_mode(fn, inps, mode)  # outside the lock: tracing is the slow part
-    made = Trace(gm, tuple(gm.graph.find_nodes(op="placeholder")))
+    made = Trace(gm, tuple(gm.graph.find_nodes(op="placeholder")), mode)
+    shared = static and made.recipe() is not None
+    key = (None, signature) if shared else (id(mode), signature)
     with _LOCK:
-        capture = _CAPTURES.get(id(mode))
-        if capture is None:
-            capture = _CAPTURES[id(mode)] = _Capture(mode)
-            while len(_CAPTURES) > KEPT_CAPTURES:
-                _CAPTURES.popitem(last=False)
-        _CAPTURES.move_to_end(id(mode))
-        kept = capture.traces.setdefault(signature, made)  # another thread may have traced it meanwhile
+        kept = _TRACES.setdefault(key, made)  # another thread may have traced it meanwhile
+        _TRACES.move_to_end(key)
+        while len(_TRACES) > KEPT_TRACES:
+            _TRACES.popitem(last=False)
     return kept, kept is made
 
 
@@ -113,7 +127,7 @@ def forget_traces() -> None:
     """Drop every kept trace: the next merge traces as the first did (``benchmarks/pass_speed.py`` times each run
     cold, as upstream's pass always runs)."""
     with _LOCK:
-        _CAPTURES.clear()
+        _TRACES.clear()
 
 
 @contextlib.contextmanager

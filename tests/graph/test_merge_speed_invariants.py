@@ -81,10 +81,11 @@ def _manual(gm: fx.GraphModule, syn: Synthetic) -> fx.GraphModule:
         return apply(gm, cfg, module_fqns=syn.module_fqns, graph_kind="forward")
 
 
-def test_merge_traces_are_reused_within_a_capture_and_never_across_captures() -> None:
+def test_merge_traces_are_reused_within_a_capture_and_across_captures_with_values_of_each_captures_own() -> None:
     """A second config on the same capture stamps the traces the first made (its merged nodes carry the very same
     fake values) and gives the same graph; ``forget_traces`` makes it trace afresh; a graph of another
-    capture (another fake mode) gets traces of its own, whose fake values belong to its own mode."""
+    capture (another fake mode) is stamped from the same traces, with fake values of its own mode."""
+    forget_traces()  # this capture makes the traces (another test's capture of the same shapes may have)
     syn = forward_graph(LAYERS)
     first = _new_values(syn.gm, _manual(copy.deepcopy(syn.gm), syn))
     again = _new_values(syn.gm, _manual(copy.deepcopy(syn.gm), syn))

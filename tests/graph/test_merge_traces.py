@@ -2,8 +2,9 @@
 give way to the hooks a ``GraphModule`` may carry.
 
 - No attribute is set on the capture's ``FakeTensorMode`` (traces used to hang on it).
-- Traces of at most ``KEPT_CAPTURES`` captures are kept: a capture merged again after more than that many others is
-  traced afresh (same graph), the most recent one is stamped from its kept traces.
+- A trace is shared by every capture of the same shapes: another capture is stamped from it without tracing, every
+  fake value of its graph belongs to its own mode on storages of its own, and its graph is the one a fresh trace
+  gives. At most ``KEPT_TRACES`` traces are kept: one dropped is traced afresh (same graph).
 - A module with node-creation hooks sees every node the merge creates, with its arguments; one with replace hooks
   sees every rewrite of a reader, the output node's included.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import fx
 
@@ -49,17 +51,66 @@ def test_no_attribute_is_set_on_the_captures_fake_mode() -> None:
     assert vars(mode).keys() == before.keys()
 
 
-def test_traces_of_the_most_recent_captures_are_kept_and_older_ones_dropped() -> None:
+class _CountedTraces:
+    """``compat.trace_with_fake_mode`` counted: how many merge functions were traced."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = compat.trace_with_fake_mode
+
+        def counted(*args: object) -> object:
+            self.calls += 1
+            return real(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(compat, "trace_with_fake_mode", counted)
+
+
+def _shape_of_graph(gm: fx.GraphModule) -> list[tuple[str, object, object, object]]:
+    """Each node's name, op, target, arguments (by name) and value layout: the graph as a compiler reads it."""
+    def layout(v: object) -> object:
+        return (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype) if isinstance(v, torch.Tensor) else None
+
+    return [(n.name, n.target, str(n.args), layout(n.meta.get("val"))) for n in gm.graph.nodes]
+
+
+def test_another_capture_of_the_same_shapes_is_stamped_from_the_kept_trace_with_values_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     traces.forget_traces()
-    captures = [forward_graph(LAYERS) for _ in range(traces.KEPT_CAPTURES + 1)]
-    first = _merge_values(captures[0])
-    for other in captures[1:]:
-        _merge_values(other)
-    again = _merge_values(captures[0])  # dropped (the oldest of KEPT_CAPTURES + 1): traced afresh
-    assert list(again) == list(first)
-    assert not any(again[name] is first[name] for name in first)
-    latest = _merge_values(captures[-2])  # still among the most recent: stamped from its kept traces
-    assert all(_merge_values(captures[-2])[name] is latest[name] for name in latest)
+    counted = _CountedTraces(monkeypatch)
+    first, second = forward_graph(LAYERS), forward_graph(LAYERS)
+    assert _mode(first) is not _mode(second)
+    merged_first = _merged(first)
+    traced = counted.calls
+    assert traced >= 1
+    merged_second = _merged(second)
+    assert counted.calls == traced  # nothing traced for the second capture
+    traces.forget_traces()
+    cold = _merged(forward_graph(LAYERS))  # a third capture, traced afresh
+    assert counted.calls == 2 * traced
+    assert _shape_of_graph(merged_second) == _shape_of_graph(merged_first) == _shape_of_graph(cold)
+    new = {n.name for n in merged_second.graph.nodes} - {n.name for n in second.gm.graph.nodes}
+    values = [n.meta["val"] for n in merged_second.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    assert new and all(v.fake_mode is _mode(second) for v in values)  # no value of the first capture's mode
+    theirs = {compat.storage_id(n.meta["val"]) for n in merged_first.graph.nodes
+              if isinstance(n.meta.get("val"), torch.Tensor)}
+    assert not theirs & {compat.storage_id(v) for v in values}
+
+
+def test_at_most_kept_traces_are_kept_and_one_dropped_is_traced_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    traces.forget_traces()
+    monkeypatch.setattr(traces, "KEPT_TRACES", 1)
+    counted = _CountedTraces(monkeypatch)
+    small = [[1], [1]]  # one signature: both layers gather one 1-row shard
+    _merged(forward_graph(small))
+    assert counted.calls == 1
+    _merged(forward_graph(small))
+    assert counted.calls == 1  # kept
+    _merged(forward_graph([[2], [2]]))  # another signature: the first is dropped (one kept)
+    assert counted.calls == 2
+    again = _merged(forward_graph(small))
+    assert counted.calls == 3  # traced afresh
+    assert _shape_of_graph(again) == _shape_of_graph(_merged(forward_graph(small)))
+    assert counted.calls == 3
 
 
 def test_node_creation_hooks_see_every_merged_node_with_its_arguments() -> None:

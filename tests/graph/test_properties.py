@@ -26,6 +26,7 @@ from torch import fx
 from overlapcfg import compat, load_config
 from overlapcfg.errors import OverlapConfigError, UpstreamPassError
 from overlapcfg.graph.collectives import group_name
+from overlapcfg.graph.stamp import forget_traces
 from overlapcfg.passes import PassOptions, apply
 from overlapcfg.resolve import resolve_plan
 from tests.support.policies import LookaheadPolicy
@@ -696,6 +697,7 @@ def test_verify_still_catches_a_wrapped_wait_moved_before_its_start_on_a_synthet
 def test_graphs_for_a_compiler_get_one_fake_value_per_node_on_a_synthetic_graph() -> None:
     """Identical buckets share one traced merge; for a compiler each stamped node still gets its own fake tensor."""
     syn = backward_graph([[2, 2], [2, 2], [2, 2]], regather=True)
+    forget_traces()  # this capture makes the traces: stamps of another capture's never share their values
 
     def shared(for_compiler: bool) -> int:
         with compat.fake_process_group(syn.world_size, 0):

@@ -15,6 +15,7 @@ from overlapcfg.demo import Llama, LlamaConfig
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.demo.tracing import StepBackend, compile_with_pass, demo_batch, train_step
 from overlapcfg.errors import OverlapConfigError, OverlapVerificationError
+from overlapcfg.graph.stamp import forget_traces
 from overlapcfg.graph.verify import summarize, verify
 from overlapcfg.passes import PassOptions, apply, apply_step
 from overlapcfg.passes.compile import INDUCTOR_SETTINGS, OverlapGraphPass, backend, inductor_pass
@@ -234,6 +235,7 @@ def test_graphs_for_inductor_get_one_fake_value_per_node() -> None:
     # the backward (both re-gathered and reduce-scattered), which is all the sharing needs; more layers add more of
     # the same.
     step = traced_step(MODEL.n_layers, reshard_after_forward=True)
+    forget_traces()  # this capture makes the traces: stamps of another capture's never share their values
 
     def shared(for_compiler: bool) -> int:
         with compat.fake_process_group(2, 0):
