@@ -34,6 +34,7 @@ from overlapcfg import compat
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.graph.parameters import state_input_names
 from overlapcfg.passes import PassOptions, apply
+from tests.support.rank_warmup import preloaded
 from tests.support.warm_cli import shared
 from tests.thirdparty import conformance as C
 from tests.thirdparty import graph_trainer as G
@@ -342,7 +343,8 @@ def _parity_in_background(request: pytest.FixtureRequest) -> Iterator[dict[str, 
     jobs = [(m, r, o, _config(PARITY_DEPTH), loss) for m, r, o, loss in PARITY]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="whole-step-gloo") as pool:
         futures["parity"] = pool.submit(run_on_gloo, G.whole_step_parity_worker, jobs, C.joint_apply,
-                                        world_size=2, timeout_s=PARITY_TIMEOUT_S)
+                                        world_size=2, timeout_s=PARITY_TIMEOUT_S,
+                                        preload=preloaded(G.__name__, C.__name__))
         yield futures
 
 

@@ -124,15 +124,26 @@ class WarmCli:
         self._outputs = Path(tempfile.mkdtemp(prefix="warm_cli_"))  # not the command's cwd: tests list that
         self._proc = subprocess.Popen([sys.executable, __file__, *preload], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, env=self.env)
+        self._unread = b""
+        """Replies read from the server's pipe and not yet returned (it may send two lines before we read one)."""
 
     def _reply(self, timeout: float | None) -> dict[str, int]:
+        """The server's next reply line. Read from the pipe's descriptor with a buffer of our own: ``select`` on
+        the text stream would miss a line its buffer already holds (the pid and the status of a run that ended
+        before we asked, read in one chunk), and wait out the whole timeout for a reply that had arrived."""
         stdout = self._proc.stdout
         assert stdout is not None
-        if timeout is not None and not select.select([stdout], [], [], timeout)[0]:
-            raise TimeoutError
-        line = stdout.readline()
-        if not line:
-            raise RuntimeError(f"the warm CLI server died (status {self._proc.wait()})")
+        fd = stdout.fileno()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._unread:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left is not None and not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"the warm CLI server died (status {self._proc.wait()})")
+            self._unread += chunk
+        line, _, self._unread = self._unread.partition(b"\n")
         reply: dict[str, int] = json.loads(line)
         return reply
 
