@@ -12,9 +12,9 @@ imports:
 ``preloaded(*modules)`` puts ``tests.support.rank_imports`` first in a preload (it does the importing; this module
 imports nothing, so a test module importing ``preloaded`` stays cheap to collect): whichever run starts the server,
 the server has imported them. It puts ``tests.support.rank_settle`` last: the collector of every rank set as the
-test workers' is (everything preloaded frozen, a larger threshold: about a tenth less CPU in a capture). A model library that does not import (the compat tier's torch releases, where a test
-skips it) is left to the rank, which then fails or skips as it would have without this module: the warm-up is an
-optimisation, never a condition.
+test workers' is (everything preloaded frozen, a larger threshold: about a tenth less CPU in a capture). A model
+library that does not import (the compat tier's torch releases, where a test skips it) is left to the rank, which
+then fails or skips as it would have without this module: the warm-up is an optimisation, never a condition.
 """
 
 from __future__ import annotations
