@@ -66,7 +66,7 @@ class _CountedTraces:
 
 
 def _shape_of_graph(gm: fx.GraphModule) -> list[tuple[str, object, object, object]]:
-    """Each node's name, op, target, arguments (by name) and value layout: the graph as a compiler reads it."""
+    """Each node's name, target, arguments (by name) and value layout: the graph as a compiler reads it."""
     def layout(v: object) -> object:
         return (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype) if isinstance(v, torch.Tensor) else None
 
