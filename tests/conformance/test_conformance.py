@@ -42,6 +42,7 @@ from overlapcfg import compat
 from overlapcfg.demo.gloo import run_on_gloo
 from overlapcfg.passes import apply
 from overlapcfg.report.explain import explain
+from tests.support.merge_traces import CountedTraces, fake_mode_of, graph_layout, tensor_values
 from tests.support.rank_warmup import preloaded
 from tests.support.releases import TORCH_RELEASE
 from tests.thirdparty import conformance as C
@@ -408,19 +409,6 @@ def test_mixtral_dense_and_experts_are_separate_buckets_gathered_in_compute_orde
         assert C.compute_order_numels(final, ags) == [sizes[b] for b in order]
 
 
-def _layouts(gm: fx.GraphModule) -> list[tuple[str, object, str, object]]:
-    """Each node's name, target, arguments (by name) and value layout: the graph as a compiler reads it."""
-    def layout(v: object) -> object:
-        return (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype) if isinstance(v, torch.Tensor) else None
-
-    return [(n.name, n.target, str(n.args), layout(n.meta.get("val"))) for n in gm.graph.nodes]
-
-
-def _fake_mode(gm: fx.GraphModule) -> object:
-    return next(n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")
-                if isinstance(n.meta.get("val"), torch.Tensor)).fake_mode
-
-
 @pytest.mark.slow
 def test_a_second_capture_of_a_third_party_model_is_merged_from_the_kept_traces_with_values_of_its_own(
         runs: Callable[[str], Run], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -430,30 +418,22 @@ def test_a_second_capture_of_a_third_party_model_is_merged_from_the_kept_traces_
     of the second capture's mode, on storages the first capture's merged graph does not use."""
     run = runs("hf_llama").require("apply")
     cfg = overlapcfg.load_config(run.case.config(1))
-    traced: list[int] = [0]
-    real_trace = compat.trace_with_fake_mode
-
-    def counted(*args: Any) -> Any:
-        traced[0] += 1
-        return real_trace(*args)
-
     with M.fake_process_group(run.case.world_size):
         # the first capture merged again: its traces are the most recently used, whatever ran in this process since
         first = {name: apply(M.copy_graph_module(run.original(name)), cfg, graph_kind=name) for name in GRAPHS}
-        monkeypatch.setattr(compat, "trace_with_fake_mode", counted)
+        counted = CountedTraces(monkeypatch)
         model, make_batch = C.build(run.case)
         inputs, loss_fn = make_batch()
         again = M.capture_graphs(model, inputs, loss_fn, world_size=run.case.world_size)
         second = {name: apply(M.copy_graph_module(getattr(again, name)), cfg, graph_kind=name) for name in GRAPHS}
-    assert traced[0] == 0  # every bucket stamped from a kept trace
+    assert counted.calls == 0  # every bucket stamped from a kept trace
     for name in GRAPHS:
-        mode = _fake_mode(getattr(again, name))
-        assert mode is not _fake_mode(run.original(name))
-        assert _layouts(second[name]) == _layouts(first[name]), name
-        values = [n.meta["val"] for n in second[name].graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+        mode = fake_mode_of(getattr(again, name))
+        assert mode is not fake_mode_of(run.original(name))
+        assert graph_layout(second[name]) == graph_layout(first[name]), name
+        values = tensor_values(second[name])
         assert all(v.fake_mode is mode for v in values), name
-        theirs = {compat.storage_id(n.meta["val"]) for n in first[name].graph.nodes
-                  if isinstance(n.meta.get("val"), torch.Tensor)}
+        theirs = {compat.storage_id(v) for v in tensor_values(first[name])}
         assert not theirs & {compat.storage_id(v) for v in values}, name
     assert C.counts(second["forward"]) == EXPECTED["hf_llama"]["forward"][1]
 

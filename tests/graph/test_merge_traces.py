@@ -20,6 +20,7 @@ from torch import fx
 from overlapcfg import compat, load_config
 from overlapcfg.graph import traces
 from overlapcfg.passes import apply
+from tests.support.merge_traces import CountedTraces, graph_layout, tensor_values
 from tests.support.synthetic import Synthetic, backward_graph, forward_graph
 
 LAYERS = [[1, 2], [1, 2]]
@@ -51,32 +52,10 @@ def test_no_attribute_is_set_on_the_captures_fake_mode() -> None:
     assert vars(mode).keys() == before.keys()
 
 
-class _CountedTraces:
-    """``compat.trace_with_fake_mode`` counted: how many merge functions were traced."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls = 0
-        real = compat.trace_with_fake_mode
-
-        def counted(*args: object) -> object:
-            self.calls += 1
-            return real(*args)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(compat, "trace_with_fake_mode", counted)
-
-
-def _shape_of_graph(gm: fx.GraphModule) -> list[tuple[str, object, object, object]]:
-    """Each node's name, target, arguments (by name) and value layout: the graph as a compiler reads it."""
-    def layout(v: object) -> object:
-        return (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype) if isinstance(v, torch.Tensor) else None
-
-    return [(n.name, n.target, str(n.args), layout(n.meta.get("val"))) for n in gm.graph.nodes]
-
-
 def test_another_capture_of_the_same_shapes_is_stamped_from_the_kept_trace_with_values_of_its_own(
         monkeypatch: pytest.MonkeyPatch) -> None:
     traces.forget_traces()
-    counted = _CountedTraces(monkeypatch)
+    counted = CountedTraces(monkeypatch)
     first, second = forward_graph(LAYERS), forward_graph(LAYERS)
     assert _mode(first) is not _mode(second)
     merged_first = _merged(first)
@@ -87,19 +66,18 @@ def test_another_capture_of_the_same_shapes_is_stamped_from_the_kept_trace_with_
     traces.forget_traces()
     cold = _merged(forward_graph(LAYERS))  # a third capture, traced afresh
     assert counted.calls == 2 * traced
-    assert _shape_of_graph(merged_second) == _shape_of_graph(merged_first) == _shape_of_graph(cold)
+    assert graph_layout(merged_second) == graph_layout(merged_first) == graph_layout(cold)
     new = {n.name for n in merged_second.graph.nodes} - {n.name for n in second.gm.graph.nodes}
-    values = [n.meta["val"] for n in merged_second.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    values = tensor_values(merged_second)
     assert new and all(v.fake_mode is _mode(second) for v in values)  # no value of the first capture's mode
-    theirs = {compat.storage_id(n.meta["val"]) for n in merged_first.graph.nodes
-              if isinstance(n.meta.get("val"), torch.Tensor)}
+    theirs = {compat.storage_id(v) for v in tensor_values(merged_first)}
     assert not theirs & {compat.storage_id(v) for v in values}
 
 
 def test_at_most_kept_traces_are_kept_and_one_dropped_is_traced_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
     traces.forget_traces()
     monkeypatch.setattr(traces, "KEPT_TRACES", 1)
-    counted = _CountedTraces(monkeypatch)
+    counted = CountedTraces(monkeypatch)
     small = [[1], [1]]  # one signature: both layers gather one 1-row shard
     _merged(forward_graph(small))
     assert counted.calls == 1
@@ -109,7 +87,7 @@ def test_at_most_kept_traces_are_kept_and_one_dropped_is_traced_afresh(monkeypat
     assert counted.calls == 2
     again = _merged(forward_graph(small))
     assert counted.calls == 3  # traced afresh
-    assert _shape_of_graph(again) == _shape_of_graph(_merged(forward_graph(small)))
+    assert graph_layout(again) == graph_layout(_merged(forward_graph(small)))
     assert counted.calls == 3
 
 
