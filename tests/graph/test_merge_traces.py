@@ -20,7 +20,7 @@ from torch import fx
 from overlapcfg import compat, load_config
 from overlapcfg.graph import traces
 from overlapcfg.passes import apply
-from tests.support.merge_traces import CountedTraces, graph_layout, tensor_values
+from tests.support.merge_traces import CountedTraces, fake_mode_of, graph_layout, tensor_values
 from tests.support.synthetic import Synthetic, backward_graph, forward_graph
 
 LAYERS = [[1, 2], [1, 2]]
@@ -40,13 +40,9 @@ def _merge_values(syn: Synthetic) -> dict[str, torch.Tensor]:
             if n.name not in old and isinstance(n.meta.get("val"), torch.Tensor)}
 
 
-def _mode(syn: Synthetic) -> object:
-    return next(n.meta["val"] for n in syn.gm.graph.nodes if n.op == "placeholder").fake_mode
-
-
 def test_no_attribute_is_set_on_the_captures_fake_mode() -> None:
     syn = forward_graph(LAYERS)
-    mode = _mode(syn)
+    mode = fake_mode_of(syn.gm)
     before = dict(vars(mode))
     _merged(syn)
     assert vars(mode).keys() == before.keys()
@@ -57,7 +53,7 @@ def test_another_capture_of_the_same_shapes_is_stamped_from_the_kept_trace_with_
     traces.forget_traces()
     counted = CountedTraces(monkeypatch)
     first, second = forward_graph(LAYERS), forward_graph(LAYERS)
-    assert _mode(first) is not _mode(second)
+    assert fake_mode_of(first.gm) is not fake_mode_of(second.gm)
     merged_first = _merged(first)
     traced = counted.calls
     assert traced >= 1
@@ -69,7 +65,7 @@ def test_another_capture_of_the_same_shapes_is_stamped_from_the_kept_trace_with_
     assert graph_layout(merged_second) == graph_layout(merged_first) == graph_layout(cold)
     new = {n.name for n in merged_second.graph.nodes} - {n.name for n in second.gm.graph.nodes}
     values = tensor_values(merged_second)
-    assert new and all(v.fake_mode is _mode(second) for v in values)  # no value of the first capture's mode
+    assert new and all(v.fake_mode is fake_mode_of(second.gm) for v in values)  # no value of the first capture's mode
     theirs = {compat.storage_id(v) for v in tensor_values(merged_first)}
     assert not theirs & {compat.storage_id(v) for v in values}
 
