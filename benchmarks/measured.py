@@ -294,11 +294,13 @@ def _predictions(step: Any, configs: dict[str, dict[str, Any]], calibrated: Hard
     """Each config predicted on cpu_gloo, calibrated, and calibrated with measured node costs, from the traced
     graphs (the graphs the ranks ran: the same names and shapes), next to what was measured."""
     rows = []
+    # the step's eager loss between its graphs, as the sweep measured it: the ranks drift across it
+    pricing = {"between_graphs_seconds": measurement.between_graphs_s}
     for name, cfg in configs.items():
         m = measurement.config(name)
-        datasheet = overlapcfg.explain(step, cfg, hardware="cpu_gloo").simulation
-        fitted = overlapcfg.explain(step, cfg, hardware=calibrated).simulation
-        profiled = overlapcfg.explain(step, cfg, hardware=calibrated, node_costs=costs).simulation
+        datasheet = overlapcfg.explain(step, cfg, hardware="cpu_gloo", pricing=pricing).simulation
+        fitted = overlapcfg.explain(step, cfg, hardware=calibrated, pricing=pricing).simulation
+        profiled = overlapcfg.explain(step, cfg, hardware=calibrated, node_costs=costs, pricing=pricing).simulation
         row = {"name": name, "measured": m.measured_step_s, "spread": m.measured_spread_s,
                "measured_exposed": m.measured_exposed_s, "measured_wall": m.measured_wall_s,
                "measured_exposed_by_rank": list(m.measured_exposed_by_rank_s),

@@ -23,6 +23,14 @@ says what it assumed.
   null: the profile's default.
 - ``tokens`` and ``model_params``: tokens one rank processes per step and the model's parameters, for tokens/s and
   MFU (``overlapcfg.cost.throughput``); null: read off the step's graphs.
+- ``between_graphs_seconds``: the step's own work between two of its graphs that neither graph holds (a loss
+  computed eagerly after a compiled forward, autograd's start of the backward). It is not on the predicted clock
+  (a prediction is the graphs' time), but no collective brings the ranks together across it: they drift apart
+  there, and the next graph's first blocking collective waits for the last of them (``Skew``). Measured on 2 gloo
+  ranks here (2026-12-07, the demo's eager cross-entropy over 1,024 x 8,192 logits, forward and backward): 55-75 ms
+  between the forward and the backward graphs on a quiet machine, against 107-253 ms inside them; 102-128 ms
+  beside another 2-rank job. null: none (``overlapcfg.measure`` fills it in from the timed steps of its reference
+  config, the same code in every config).
 """
 
 from __future__ import annotations
@@ -63,6 +71,9 @@ class Pricing(ConfigModel):
     model_params: int | None = Field(None, ge=1)
     """The model's parameters as one rank computes with them (MFU's ``N``); null: read off the forward's FSDP
     all-gathers."""
+    between_graphs_seconds: float | None = Field(None, ge=0)
+    """Seconds of the step's own work between consecutive graphs, outside both (the ranks drift apart across it);
+    null: none."""
 
     def fusion_for(self, device_kind: str) -> Literal["inductor", "eager"]:
         """The fusion priced on a device of ``device_kind`` (``auto`` resolved)."""

@@ -20,7 +20,10 @@ last rank has issued it. Ranks drift apart while they compute and come together 
 compute-stream time after the last synchronization starts no earlier than ``issue + Skew.wait(T, p)``: the
 expected lateness of the last of its ``p`` ranks. A wait that blocks, and the end of a graph (every stream idle: the
 step's results), synchronize. Overlapped collectives hide the wait in their slack; a collective issued right before
-its wait pays it whole, which is why unoverlapped steps are the ones a skew-free model under-predicts.
+its wait pays it whole, which is why unoverlapped steps are the ones a skew-free model under-predicts. Work the step
+runs between two graphs outside both (``between_graphs``: an eager loss between a compiled forward and its
+backward) is not on the clock, but the ranks drift across it too: the next graph's first blocking collective is
+where they meet again.
 
 Wake-up (``Skew.wake``): a collective that starts on a stream idle for ``g`` seconds (since that stream's last
 collective ended, or since the step began) takes ``Skew.wake_seconds(g)`` longer: on a CPU, the communication
@@ -78,8 +81,8 @@ class Streams:
     """The clock of one step: the compute stream's time ``t``, each communication stream's queue, the collectives
     issued and not yet waited, and when each collective ran (``spans``)."""
 
-    __slots__ = ("_busy_until", "_compute_running", "_delays", "_heads", "_inflight_of", "_max_of", "_queues",
-                 "_skew", "_slowed", "_slowed_in", "_synced", "_tail", "_wakes", "busy", "comm", "compute",
+    __slots__ = ("_busy_until", "_compute_running", "_delays", "_heads", "_idle_from", "_inflight_of", "_max_of",
+                 "_queues", "_skew", "_slowed", "_slowed_in", "_synced", "_tail", "_wakes", "busy", "comm", "compute",
                  "contended", "delayed", "exposed", "inflight", "peak_inflight", "skewed", "spans", "t", "woken")
 
     def __init__(self, skew: Skew | None = None) -> None:
@@ -104,6 +107,9 @@ class Streams:
         self._inflight_of: dict[Hashable, int] = {}
         self._busy_until: dict[str, float] = {}
         """Where each stream's last collective ended (a graph ends when every stream is idle)."""
+        self._idle_from = 0.0
+        """Since when a stream with no collective yet has been idle: the step's start (``between_graphs`` moves it
+        back by the work before this graph)."""
         self._compute_running = True
         self._slowed = 0
         """Collectives queued or running with a nonzero slowdown: none, and the compute stream's clock is its
@@ -293,7 +299,7 @@ class Streams:
             start = max(self._projected_tail(stream, self.t), arrive)
         extra = 0.0
         if self._wakes and ranks > 1 and skew is not None:
-            idle = start - (self._busy_until.get(stream, 0.0) if not queue else self._tail[stream])
+            idle = start - (self._busy_until.get(stream, self._idle_from) if not queue else self._tail[stream])
             extra = skew.wake_seconds(idle if idle > 0.0 else 0.0)
         # on an idle stream under compute, the start delay stands for the wake-up (it was measured after idling)
         deferred = not queue and self._compute_running and slowdown[2] > 0
@@ -356,6 +362,17 @@ class Streams:
             self.t = max(self.t, *self._busy_until.values())
         self._synced = self.t
         return self.t
+
+    def between_graphs(self, seconds: float) -> None:
+        """The step runs ``seconds`` of work outside the graphs before the next one (after ``end_graph``): not on
+        this clock, but the ranks drift apart across it and every stream idles through it, so the next graph's
+        collectives are issued that much longer after the ranks last met, on links idle that much longer."""
+        if seconds <= 0.0:
+            return
+        self._synced -= seconds
+        self._idle_from -= seconds
+        for stream, until in self._busy_until.items():
+            self._busy_until[stream] = until - seconds
 
 
 class Memory:

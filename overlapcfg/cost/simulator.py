@@ -282,6 +282,8 @@ def simulate(gm: fx.GraphModule | Sequence[fx.GraphModule], hardware: HardwarePr
                     mem.free(r.name)
         peak_param, peak_act = max(peak_param, mem.memory.peak_param), max(peak_act, mem.memory.peak_act)
         streams.end_graph()  # the next graph starts when this one's collectives are done (the step's results)
+        if gi + 1 < len(graphs) and priced.between_graphs_seconds:
+            streams.between_graphs(priced.between_graphs_seconds)
         for at_index, node in running:
             start, end = streams.spans[node]
             events[at_index] = replace(events[at_index], start=start, end=end)

@@ -146,6 +146,9 @@ class Measurement(Result, _Data):
     profiled_steps: int
     node_costs: str | None = None
     """What the measured node durations were taken from (``NodeCosts.source``); None: not measured."""
+    between_graphs_s: float | None = None
+    """Seconds each step ran between its forward and backward graphs, outside both (the median over the reference
+    config's timed steps and ranks), and priced as ``Pricing.between_graphs_seconds`` unless the caller set it."""
     configs: tuple[MeasuredConfig, ...]
 
     _costs: NodeCosts | None = PrivateAttr(None)

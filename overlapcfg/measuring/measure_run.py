@@ -16,6 +16,9 @@ Per config, on every rank of the initialized default group:
    timed: the ``NodeCosts`` the profile-guided prediction uses for every config, put on the clock of the
    reference's timed steps (``on_timed_clock``);
 5. the prediction: ``simulate`` of the graphs this rank compiled, on ``hardware``; and again with the node costs.
+   Both price the ranks' drift across the step's work between its graphs (``Pricing.between_graphs_seconds``:
+   an eager loss between the compiled forward and backward) at what the reference config's timed steps measured
+   there, unless ``pricing`` sets it.
 
 The slowest rank's graph time counts for each step (a step waits for its slowest rank); rank 0 assembles the
 ``Measurement`` and every rank returns it. Dynamo keeps one compiled version per config (the same model code under
@@ -79,6 +82,7 @@ class _RankResult:
 
     graph_seconds: tuple[float, ...]
     wall_seconds: tuple[float, ...]
+    between_seconds: tuple[float, ...]
     exposed: tuple[float, ...]
     profiled_seconds: tuple[float, ...]
     collectives: tuple[dict[str, tuple[float, ...]], ...]
@@ -159,6 +163,10 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
                                    f"{reference} on {dist.get_backend()} x {dist.get_world_size()}, median of "
                                    f"{NODE_RUNS} node-timed steps")
         costs = on_timed_clock(costs, measured[reference])
+    between = statistics.median(s for r in measured[_reference(loaded, True) or next(iter(loaded))]
+                                for s in r.between_seconds)
+    if priced.between_graphs_seconds is None:  # the step's own work outside its graphs, the same in every config
+        priced = priced.model_copy(update={"between_graphs_seconds": between})
     box: list[Any] = [None]
     if dist.get_rank() == 0:  # rank 0's graphs and prediction; every rank returns the same numbers
         try:
@@ -168,7 +176,8 @@ def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: Har
                 hardware=hw, world_size=dist.get_world_size(), backend=str(dist.get_backend()),
                 device=clock.describe(), date=_now(),
                 torch_version=torch.__version__, warmup=warmup, steps=steps, profiled_steps=profiled_steps,
-                node_costs=costs.source if costs is not None else None, configs=tuple(rows)).to_dict()
+                node_costs=costs.source if costs is not None else None, between_graphs_s=between,
+                configs=tuple(rows)).to_dict()
         except Exception as err:  # every rank must hear of it, or the others wait in the broadcast forever
             box[0] = err
     dist.broadcast_object_list(box, src=0)
@@ -221,6 +230,7 @@ class _Prepared:
     graphs: dict[str, Any]
     graph_s: list[float] = field(default_factory=list)
     wall_s: list[float] = field(default_factory=list)
+    between_s: list[float] = field(default_factory=list)
 
 
 def _prepare(make_step: StepFactory, name: str, cfg: OverlapConfig, clock: Clock, warmup: int) -> _Prepared:
@@ -243,6 +253,7 @@ def _timed_step(p: _Prepared, clock: Clock) -> None:
     start = clock.mark()
     p.step()
     p.wall_s.append(clock.seconds(start, clock.mark()))
+    p.between_s.append(p.recorder.between_regions())
     p.graph_s.append(sum(p.recorder.take_regions().values()))
     p.recorder.mode = "plain"
 
@@ -264,8 +275,8 @@ def _profiled(p: _Prepared, clock: Clock, profiled_steps: int, nodes: bool) -> _
             p.step()
         p.recorder.mode = "plain"
         node_seconds = p.recorder.node_seconds()
-    return _RankResult(tuple(p.graph_s), tuple(p.wall_s), trace.exposed, trace.graph_seconds, trace.collectives,
-                       node_seconds)
+    return _RankResult(tuple(p.graph_s), tuple(p.wall_s), tuple(p.between_s), trace.exposed, trace.graph_seconds,
+                       trace.collectives, node_seconds)
 
 
 def _align(clock: Clock) -> None:

@@ -85,7 +85,9 @@ def measurement_table(m: Measurement) -> Group:
                      "is for ranks at one speed, and the measured exposed column is the mean of the ranks.")
     walls = [c.measured_wall_s - c.measured_step_s for c in m.configs]
     lines.append(f"measured: time inside the compiled graphs (what is predicted); the step spends another "
-                 f"{fmt_seconds(min(walls))}–{fmt_seconds(max(walls))} outside them (loss, optimizer, Python). "
+                 f"{fmt_seconds(min(walls))}–{fmt_seconds(max(walls))} outside them (loss, optimizer, Python)"
+                 + (f", {fmt_seconds(m.between_graphs_s)} of it between the forward and the backward graphs, across "
+                    "which the ranks drift apart" if m.between_graphs_s else "") + ". "
                  "±: half the interquartile range of the steps. profiled: the prediction with measured node "
                  "durations. exposed: collective time the compute thread or stream waited for.")
     return Group(table, *(Text(line, style="dim" if i else "bold") for i, line in enumerate(lines)))

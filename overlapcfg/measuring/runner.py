@@ -5,7 +5,8 @@ module as it is (the kernels an untransformed eager run has, in the pass's order
 
 - always inside a ``torch.profiler.record_function`` range named ``overlapcfg::<graph>`` (a profiler sees where
   each graph ran; free when no profiler is on);
-- in mode ``timed``, between two ``Clock`` marks: the seconds each graph took, step by step;
+- in mode ``timed``, between two ``Clock`` marks: the seconds each graph took, step by step, and the seconds
+  between them (``between_regions``);
 - in mode ``nodes``, through an ``fx.Interpreter`` with a ``Clock`` mark around every compute-stream node (the
   kinds ``NodeCosts`` holds): per-node seconds under the node's name, which is how a profile maps to fx nodes.
   This run is slower (one Python dispatch per node) and is used for node durations only, never for step times.
@@ -80,6 +81,12 @@ class Recorder:
                 self._regions.append((graph, start, self.clock.mark()))
                 return out
             return gm(*args)
+
+    def between_regions(self) -> float:
+        """Seconds between the graphs recorded since the last ``take_regions``, summed: from each graph's end to the
+        next one's start (the step's own work outside them: an eager loss, autograd's start)."""
+        regions = self._regions
+        return sum(self.clock.seconds(regions[i - 1][2], regions[i][1]) for i in range(1, len(regions)))
 
     def take_regions(self) -> dict[str, float]:
         """Seconds per graph since the last call (summed if a graph ran more than once), then forget them."""

@@ -17,11 +17,12 @@ measures the two terms on the live group, without comparing clocks across hosts:
    (``repeats``); ``sigma(T)^2 = absolute^2 + diffusion T + relative^2 T^2`` is fitted by non-negative least squares
    on ``(1, T, T^2)``;
 4. the last rank's own wait (the shortest of a cycle: it found the others there) is the collective alone; after
-   ``T`` of compute, it gives the wake-up cost of a link idle that long (``Skew.wake``): the mean over cycles per
-   length less the median with no compute before it (collectives queued back to back), made non-decreasing. The
-   collective fits price a collective's median time alone (``collective_fits``); most cycles wake in a tenth of a
-   millisecond and a few take milliseconds (gloo's threads waiting for a core), and a step pays the expected value
-   over its many collectives, so the wake-up adds the mean's excess over that median.
+   the shortest length with compute (the spacing of an unbucketed step's collectives), it gives the wake-up cost
+   of an idle link (``Skew.wake``, ``wake_points``): the mean over those cycles less the median with no compute
+   before it (collectives queued back to back). The collective fits price a collective's median time alone
+   (``collective_fits``); most cycles wake in a tenth of a millisecond and a few take milliseconds (gloo's threads
+   waiting for a core), and a step pays the expected value over its many collectives, so the wake-up adds the
+   mean's excess over that median. The longer lengths measure the skew only (``wake_points`` says why).
 
 Why the step's own collective, back to back, and many cycles at the short lengths (measured on 2 gloo ranks here,
 2026-12-07, 192 cycles at about 0.5 ms of the demo's compute): the wake-up there came to 0.67-0.86 ms with a 16 KB
@@ -226,21 +227,28 @@ def time_skew(name: str, group: dist.ProcessGroup, *, dtype: torch.dtype, clock:
 
 
 def wake_points(timings: SkewTimings) -> tuple[WakePoint, ...]:
-    """Per length, the mean over cycles of the last rank's wait, less its median with no compute before it (the
-    first length: collectives back to back, as the collective fits time them): ``Skew.wake`` (see the module
-    docstring). That first point is the reference, 0 (a collective queued behind another pays no wake-up). Made
-    non-decreasing in idle time (a longer sleep does not wake faster; a dip is noise) and kept only at strictly
-    increasing lengths."""
+    """The wake-up of a link idle through the step's typical spacing of collectives: the mean over cycles of the
+    last rank's wait at the shortest length with compute, less its median with no compute before it (the first
+    length: collectives back to back, as the collective fits time them). Two points: that reference, at 0 (a
+    collective queued behind another pays no wake-up), and the shortest length with compute, at least 0; ``Skew``
+    holds the last point for every longer idle.
+
+    Why not the longer lengths (they are timed for the skew; see the module docstring): beside another 2-rank job
+    here (2026-12-07), the probe's last rank waited 1.2 ms on average after 0.5 ms of compute, 1.7-2.2 ms after 2 ms
+    and 2.1-2.8 ms after 13 ms, while the demo step's own collectives, profiled in turns with the probe on the same
+    two ranks, waited 0.5-0.9 ms (the last rank's mean) after gaps of 0.3-1 ms, 0.6-0.7 ms after 1-3 ms and 0.3-0.6
+    ms after 3-10 ms: the step does not pay the growth the probe shows under load, and with it the unbucketed
+    step's exposed communication was predicted at 1.4-2.1x its measurement (1.2-1.8x with this rule). On a quiet
+    machine the probe's wake-up was 0.62 ms after 0.5 ms of compute and no more up to 8 ms (0.85 ms from 30 ms):
+    three quiet runs re-predicted with this rule gave the same exposed communication to 1 %."""
     alone = [statistics.fmean(min(ranks) for ranks in trials) for trials in timings.waits]
     typical = statistics.median(min(ranks) for ranks in timings.waits[0])
-    points: list[WakePoint] = []
-    extra = 0.0
-    for idle, wait in sorted(zip(timings.compute, alone, strict=True)):
-        # no compute before it is the reference: a collective queued behind another pays no wake-up
-        extra = max(extra, wait - typical, 0.0) if points else 0.0
-        if not points or idle > points[-1].idle:
-            points.append(WakePoint(idle=idle, extra=min(extra, 1.0)))
-    return tuple(points)
+    reference = timings.compute[0]
+    later = [(idle, wait) for idle, wait in zip(timings.compute, alone, strict=True) if idle > reference]
+    if not later:
+        return (WakePoint(idle=reference, extra=0.0),)
+    idle, wait = min(later)
+    return WakePoint(idle=reference, extra=0.0), WakePoint(idle=idle, extra=min(max(wait - typical, 0.0), 1.0))
 
 
 def skew_fit(timings: SkewTimings) -> tuple[Skew, SkewSamples]:

@@ -144,6 +144,9 @@ class Grouped:
     """The phase after the backward (``Profile.optimizer_seconds``): added to every schedule's step."""
     optimizer_compute: float = 0.0
     """Its compute; the rest is the gradient norm's all-reduce, exposed."""
+    between_graphs_seconds: float = 0.0
+    """The step's work between consecutive graphs, outside them (``Pricing.between_graphs_seconds``): every graph
+    after the first starts with the ranks that much further apart."""
 
     @property
     def compute_seconds(self) -> float:
@@ -254,8 +257,9 @@ def group(profile: Profile, unit_bucket: Sequence[int], names: Sequence[str],
         graphs.append(GroupedGraph(g, gathers, scatters, compute, hidden,
                                    tuple(sorted(m.start for s in scatters for m in s.collectives)),
                                    tuple(s.at for s in gathers), tuple(s.at for s in scatters)))
+    between = profile.pricing.between_graphs_seconds if profile.pricing is not None else None
     return Grouped(tuple(names), tuple(graphs), busy, profile.hardware.skew, profile.world_size,
-                   profile.optimizer_seconds, profile.optimizer_compute)
+                   profile.optimizer_seconds, profile.optimizer_compute, between or 0.0)
 
 
 def _unhidable(g: GraphProfile, gathers: Sequence[Step[GatherStep]], scatters: Sequence[Step[DelayedStep]]) -> float:

@@ -115,6 +115,8 @@ def _replay(g: GroupedGraph, grouped: Grouped, depths: Sequence[int], delays: Se
     prefix = g.profile.prefix
     before, known = g.fixed_before, g.known_before
     streams, mem = Streams(grouped.skew), Memory()
+    if g is not grouped.graphs[0]:  # as ``simulate``: the ranks drifted across the work before this graph
+        streams.between_graphs(grouped.between_graphs_seconds)
     run, issue, wait = streams.run, streams.issue, streams.wait
     names, ranks = grouped.names, grouped.ranks
     done = 0

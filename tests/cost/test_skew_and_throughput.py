@@ -38,6 +38,48 @@ def test_a_collective_waits_for_its_last_rank_and_a_blocking_wait_resynchronizes
     assert second - s.t == pytest.approx(1.4236 * math.hypot(1e-3, 0.1 * 0.01), rel=1e-4)
 
 
+def test_work_between_graphs_is_off_the_clock_but_the_ranks_drift_across_it() -> None:
+    """An eager loss of 50 ms between the forward and the backward: the backward's first collective, issued after
+    10 ms of its compute, waits for ranks 60 ms apart from their last meeting, not 10 ms; the clock does not move."""
+    skew = Skew(relative=0.1, absolute=1e-3)
+    s = Streams(skew)
+    s.run(0.02)
+    s.end_graph()  # the forward ends: every stream idle, the ranks together
+    s.between_graphs(0.05)
+    assert s.t == pytest.approx(0.02)
+    s.run(0.01)
+    late = expected_max_normal(2) * math.hypot(1e-3, 0.1 * 0.06)  # 60 ms since the ranks met: 3.4 ms
+    assert s.issue("a", "comm:0", 0.005, ranks=2) == pytest.approx(0.03 + late, rel=1e-9)
+    assert s.wait("a") == pytest.approx(late + 0.005, rel=1e-9)
+    s.end_graph()
+    s.between_graphs(0.0)  # nothing between: the next graph starts from the meeting
+    s.run(0.01)
+    assert s.issue("b", "comm:0", 0.001, ranks=2) - s.t == pytest.approx(
+        expected_max_normal(2) * math.hypot(1e-3, 0.1 * 0.01), rel=1e-9)
+
+
+def test_the_work_between_graphs_moves_only_what_waits_for_skew() -> None:
+    """``Pricing.between_graphs_seconds`` prices no time of its own (the prediction is the graphs' time): without
+    skew the step is the same to the last bit; with it the backward's collectives wait longer. A negative value is
+    refused at its field."""
+    from overlapcfg.errors import OverlapConfigError
+
+    step = captured_step([[2, 1], [1]])
+    plain = hardware_from({**load_hardware("cpu_gloo").model_dump(), "skew": None})
+    skewed = hardware_from({**load_hardware("cpu_gloo").model_dump(),
+                            "skew": {"relative": 0.1, "absolute": 1e-4}})
+
+    def predict(hw, between):
+        return compare(step, [{"strategy": "none"}], hardware=hw, world_size=2,
+                       pricing={"between_graphs_seconds": between}).rows[0].simulation
+
+    assert predict(plain, 0.05).step_seconds == predict(plain, None).step_seconds
+    before, after = predict(skewed, None), predict(skewed, 0.05)
+    assert after.skew_seconds > before.skew_seconds and after.step_seconds > before.step_seconds
+    with pytest.raises(OverlapConfigError, match="between_graphs_seconds"):
+        predict(plain, -1.0)
+
+
 def test_the_skew_fit_recovers_known_spreads() -> None:
     """Two ranks, the later one ``d`` behind: the earlier waits ``d`` longer. With ``|d|`` at its mean
     ``sigma x 2 / sqrt(pi)`` for two normals of deviation sigma, the mean lateness over both ranks is

@@ -1,6 +1,6 @@
 """What calibration times to measure the skew, the wake-up and attention, pinned on hand computations: the skew's
 compute unit is the step's own mix of kernels (its most frequent matmul and its typical memory-bound kernels); the
-wake-up is the last rank's own wait after compute less with none before it, never decreasing; the probe is
+wake-up is the last rank's own mean wait after the shortest compute less its median with none before it; the probe is
 the step's median all-gather, and short lengths repeat within a round; attention's
 shares count FLOPs as the cost model does, from the step's call shapes, and the backend is the operator that ran.
 
@@ -75,17 +75,19 @@ def test_short_lengths_repeat_within_a_round_up_to_the_cap() -> None:
     assert repeats([0, 2, 8, 32, 120], 0.00025) == [16, 16, 5, 1, 1]
 
 
-def test_the_wake_up_is_the_last_ranks_own_wait_less_right_after_the_alignment_and_never_decreases() -> None:
+def test_the_wake_up_is_the_last_ranks_own_mean_wait_after_the_shortest_compute_less_the_median_without() -> None:
     # per length, trials of (rank 0, rank 1) waits: the shorter of each trial is the collective alone
     # The collective fits price the median alone: no compute, median 1e-4 of (1e-4, 1.3e-4, 1e-4), mean 1.1e-4.
     waits = (((1e-4, 3e-4), (1.3e-4, 2e-4), (1e-4, 1e-4)),  # the reference: no wake-up
              ((4e-4, 2e-4), (2e-3, 3e-3), (2.5e-4, 5e-4)),  # mean of 2e-4, 2e-3, 2.5e-4 = 8.167e-4 (the one slow
              # trial counts: a median, 2.5e-4, would drop it)
-             ((2e-4, 9e-4), (2e-4, 7e-4), (2.2e-4, 2e-4)))  # 2.067e-4: a dip below the shorter length's, held at it
+             ((3e-3, 9e-3), (2e-3, 7e-3), (2.2e-3, 2e-3)))  # 2.4e-3 after 8 ms: the skew's, not the wake-up's
     points = wake_points(SkewTimings("world", 2, (0.0, 0.002, 0.008), waits))
-    assert [p.idle for p in points] == [0.0, 0.002, 0.008]
-    assert [p.extra for p in points] == pytest.approx([0.0, 7.1667e-4, 7.1667e-4], rel=1e-4)
+    assert [p.idle for p in points] == [0.0, 0.002]  # held beyond 2 ms (``Skew``: flat beyond the last point)
+    assert [p.extra for p in points] == pytest.approx([0.0, 7.1667e-4], rel=1e-4)
     assert skew_fit(SkewTimings("world", 2, (0.0, 0.002, 0.008), waits))[0].wake == points
+    faster = (waits[0], ((5e-5, 9e-5),) * 3, waits[2])  # quicker than back to back: no negative wake-up
+    assert [p.extra for p in wake_points(SkewTimings("world", 2, (0.0, 0.002, 0.008), faster))] == [0.0, 0.0]
 
 
 def test_a_repeated_length_keeps_one_point() -> None:
