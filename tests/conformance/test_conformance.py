@@ -792,7 +792,8 @@ def test_measure_on_two_gloo_ranks_reads_a_third_party_models_collectives_and_ea
     """``overlapcfg.measure`` on Hugging Face Llama sharded by SimpleFSDP, unbucketed and one bucket per decoder
     layer: every rank returns the same measurement; every collective of the graphs it ran (found in the profiler's
     trace by issue order) has a measured duration; each rank's exposed communication is kept, their mean is the
-    column (one profiled step), and the bucketed graphs issued fewer collectives."""
+    column (one profiled step), the bucketed graphs issued fewer collectives, and the eager loss's stretch between
+    the graphs is measured."""
     from overlapcfg.measuring.measure_result import Measurement
 
     configs = {"none": {"strategy": "none"}, "layers": {"plan": "hf_decoder_layers"}}
@@ -809,6 +810,8 @@ def test_measure_on_two_gloo_ranks_reads_a_third_party_models_collectives_and_ea
         assert 0 <= c.measured_exposed_s <= c.measured_profiled_step_s and c.predicted_step_s > 0, c.name
     none, layers = m.configs
     assert len(layers.collectives) < len(none.collectives)  # the pass merged them
+    # the loss runs eagerly between the compiled forward and backward: the gap the ranks drift across is measured
+    assert m.between_graphs_s is not None and 0 < m.between_graphs_s < min(c.measured_wall_s for c in m.configs)
 
 
 @pytest.mark.slow  # traces the third-party models (the module's shared captures)
