@@ -36,11 +36,11 @@ says what it assumed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import Field
 
-from overlapcfg.config.base import ConfigModel
+from overlapcfg.config.base import ConfigModel, measured
 from overlapcfg.config.load import validate_config
 
 __all__ = ["ACMode", "Fusion", "Optimizer", "Pricing", "pricing_from"]
@@ -71,7 +71,7 @@ class Pricing(ConfigModel):
     model_params: int | None = Field(None, ge=1)
     """The model's parameters as one rank computes with them (MFU's ``N``); null: read off the forward's FSDP
     all-gathers."""
-    between_graphs_seconds: float | None = Field(None, ge=0)
+    between_graphs_seconds: Annotated[float, measured("seconds", 0.0, 3600.0, example="up to an hour")] | None = None
     """Seconds of the step's own work between consecutive graphs, outside both (the ranks drift apart across it);
     null: none."""
 

@@ -61,7 +61,7 @@ def test_work_between_graphs_is_off_the_clock_but_the_ranks_drift_across_it() ->
 def test_the_work_between_graphs_moves_only_what_waits_for_skew() -> None:
     """``Pricing.between_graphs_seconds`` prices no time of its own (the prediction is the graphs' time): without
     skew the step is the same to the last bit; with it the backward's collectives wait longer. A negative value is
-    refused at its field."""
+    refused at its path, and so is an infinite one."""
     from overlapcfg.errors import OverlapConfigError
 
     step = captured_step([[2, 1], [1]])
@@ -76,8 +76,9 @@ def test_the_work_between_graphs_moves_only_what_waits_for_skew() -> None:
     assert predict(plain, 0.05).step_seconds == predict(plain, None).step_seconds
     before, after = predict(skewed, None), predict(skewed, 0.05)
     assert after.skew_seconds > before.skew_seconds and after.step_seconds > before.step_seconds
-    with pytest.raises(OverlapConfigError, match="between_graphs_seconds"):
-        predict(plain, -1.0)
+    for bad in (-1.0, float("inf")):  # no drift is negative, none is endless: refused at the setting's path
+        with pytest.raises(OverlapConfigError, match=r"pricing\.between_graphs_seconds: expected seconds, a finite"):
+            predict(plain, bad)
 
 
 def test_the_skew_fit_recovers_known_spreads() -> None:

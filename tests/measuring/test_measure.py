@@ -91,7 +91,7 @@ def test_each_config_has_a_complete_sane_record(measured) -> None:
     assert (m.world_size, m.backend, m.steps, m.profiled_steps) == (2, "gloo", STEPS, 1)
     assert m.hardware.name == "cpu_gloo" and m.node_costs is not None and m.node_costs.startswith("none on gloo")
     # the eager loss between the graphs: measured, and less than a whole step
-    assert m.between_graphs_s is not None and 0 < m.between_graphs_s < by_name_wall(m, "none")
+    assert m.between_graphs_s is not None and 0 < m.between_graphs_s < m.config("none").measured_wall_s
     for c in m.configs:
         assert c.overrides == CONFIGS[c.name]
         assert len(c.step_seconds) == STEPS and all(s > 0 for s in c.step_seconds), c.name
@@ -114,10 +114,6 @@ def test_each_config_has_a_complete_sane_record(measured) -> None:
     for key in ("predicted_step_s", "measured_step_s", "predicted_profiled_step_s"):
         assert sorted(m.ranking(key)) == sorted(CONFIGS)
     assert data["summary"]["median_abs_error"] == m.median_abs_error()
-
-
-def by_name_wall(m: Measurement, name: str) -> float:
-    return m.config(name).measured_wall_s
 
 
 @pytest.mark.slow
