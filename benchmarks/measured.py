@@ -304,6 +304,8 @@ def _predictions(step: Any, configs: dict[str, dict[str, Any]], calibrated: Hard
         row = {"name": name, "measured": m.measured_step_s, "spread": m.measured_spread_s,
                "measured_exposed": m.measured_exposed_s, "measured_wall": m.measured_wall_s,
                "measured_exposed_by_rank": list(m.measured_exposed_by_rank_s),
+               "measured_exposed_in": m.measured_exposed_in,
+               "measured_profiled_exposed": m.measured_profiled_exposed_s,
                "cpu_gloo": datasheet.step_seconds, "calibrated": fitted.step_seconds,
                "profiled": profiled.step_seconds, "calibrated_exposed": fitted.exposed_comm_seconds,
                "profiled_exposed": profiled.exposed_comm_seconds,

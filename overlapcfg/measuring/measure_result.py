@@ -74,16 +74,22 @@ class MeasuredConfig(_Data):
     measured_spread_s: float
     """Interquartile range of the timed steps' graph times: how much one step differs from the next."""
     measured_exposed_s: float
-    """Median over profiled steps of the communication the compute thread or stream waited for (mean of ranks)."""
+    """Median over steps of the communication the compute thread or stream waited for (mean of ranks): over the
+    timed steps where their waits were timed (a CPU: ``overlapcfg.measuring.runner``), else over the profiled
+    steps (``measured_exposed_in`` says which)."""
     measured_exposed_by_rank_s: tuple[float, ...] = ()
-    """Per rank, the median over profiled steps of what that rank waited for. Ranks that run at the same speed wait
+    """Per rank, the median over the same steps of what that rank waited for. Ranks that run at the same speed wait
     about as long; a rank that waits much longer than another is mostly waiting for a slower one to issue its
     collectives (``uneven_exposed``)."""
     measured_wall_s: float
     """Median wall time of the whole step function."""
     measured_profiled_step_s: float
-    """Median graph time of the profiled steps (under ``torch.profiler``, which slows them a little): the steps
-    ``measured_exposed_s`` was measured in, and a part of."""
+    """Median graph time of the profiled steps (under ``torch.profiler``, which slows them a little)."""
+    measured_exposed_in: str = "profiled steps"
+    """Where ``measured_exposed_s`` was measured: ``timed steps`` (their waits timed, no profiler on) or
+    ``profiled steps`` (the profiler's trace)."""
+    measured_profiled_exposed_s: float | None = None
+    """Median over the profiled steps of the exposed communication the profiler's trace shows (mean of ranks)."""
     step_seconds: tuple[float, ...]
     """Every timed step's graph time (the slowest rank's), in order."""
     predicted_profiled_step_s: float | None = None

@@ -10,8 +10,9 @@ Per config, on every rank of the initialized default group:
    time inside the graphs per step, and the whole step's wall time. By default every config is compiled first and
    the timed steps are taken in turns, one step of each config per round (``interleave``): on a machine whose load
    drifts (other jobs on shared cores, clocks throttling), every config sees the same drift;
-3. ``profiled_steps`` under ``torch.profiler``: exposed communication and each collective's duration
-   (``overlapcfg.measuring.measured_trace``);
+3. ``profiled_steps`` under ``torch.profiler``: each collective's duration, and on a GPU the exposed
+   communication (``overlapcfg.measuring.measured_trace``); on a CPU the exposed communication is the timed steps'
+   own, their collective waits timed (``overlapcfg.measuring.runner``), the profiler's figure kept beside it;
 4. for the reference config (the first ``strategy: none`` one, else the first), two more steps with every node
    timed: the ``NodeCosts`` the profile-guided prediction uses for every config, put on the clock of the
    reference's timed steps (``on_timed_clock``);
@@ -87,6 +88,8 @@ class _RankResult:
     profiled_seconds: tuple[float, ...]
     collectives: tuple[dict[str, tuple[float, ...]], ...]
     nodes: dict[str, dict[str, tuple[str, float]]]
+    waited: tuple[float, ...] | None
+    """Per timed step, seconds the collective waits blocked (None where they were not timed: a GPU)."""
 
 
 def measure(make_step: StepFactory, configs: Mapping[str, Any], *, hardware: HardwareProfile | str,
@@ -231,6 +234,7 @@ class _Prepared:
     graph_s: list[float] = field(default_factory=list)
     wall_s: list[float] = field(default_factory=list)
     between_s: list[float] = field(default_factory=list)
+    waited_s: list[float] = field(default_factory=list)
 
 
 def _prepare(make_step: StepFactory, name: str, cfg: OverlapConfig, clock: Clock, warmup: int) -> _Prepared:
@@ -255,6 +259,7 @@ def _timed_step(p: _Prepared, clock: Clock) -> None:
     p.wall_s.append(clock.seconds(start, clock.mark()))
     p.between_s.append(p.recorder.between_regions())
     p.graph_s.append(sum(p.recorder.take_regions().values()))
+    p.waited_s.append(p.recorder.take_waited())
     p.recorder.mode = "plain"
 
 
@@ -276,7 +281,8 @@ def _profiled(p: _Prepared, clock: Clock, profiled_steps: int, nodes: bool) -> _
         p.recorder.mode = "plain"
         node_seconds = p.recorder.node_seconds()
     return _RankResult(tuple(p.graph_s), tuple(p.wall_s), tuple(p.between_s), trace.exposed, trace.graph_seconds,
-                       trace.collectives, node_seconds)
+                       trace.collectives, node_seconds,
+                       tuple(p.waited_s) if p.recorder.waits_timed else None)
 
 
 def _align(clock: Clock) -> None:
@@ -294,7 +300,11 @@ def _row(name: str, given: Any, cfg: OverlapConfig, graphs: Mapping[str, Any], r
         if costs is not None else None
     per_step = [max(r.graph_seconds[i] for r in ranks) for i in range(len(ranks[0].graph_seconds))]
     walls = [max(r.wall_seconds[i] for r in ranks) for i in range(len(ranks[0].wall_seconds))]
-    exposed = [statistics.mean(r.exposed[i] for r in ranks) for i in range(len(ranks[0].exposed))]
+    profiled_exposed = [statistics.mean(r.exposed[i] for r in ranks) for i in range(len(ranks[0].exposed))]
+    # the timed steps' own waits where every rank timed them (CPU), else the profiler's (see ``Recorder``)
+    timed = all(r.waited is not None for r in ranks)
+    per_rank = [r.waited if timed and r.waited is not None else r.exposed for r in ranks]
+    exposed = [statistics.mean(w[i] for w in per_rank) for i in range(len(per_rank[0]))]
     profiled_s = [max(r.profiled_seconds[i] for r in ranks) for i in range(len(ranks[0].profiled_seconds))]
     overrides = cfg.model_dump(mode="json") if isinstance(given, OverlapConfig) else dict(given)
     measured_step = statistics.median(per_step)
@@ -309,7 +319,9 @@ def _row(name: str, given: Any, cfg: OverlapConfig, graphs: Mapping[str, Any], r
         predicted_step_s=sim.step_seconds, predicted_exposed_s=sim.exposed_comm_seconds,
         measured_step_s=measured_step, measured_spread_s=_iqr(per_step),
         measured_exposed_s=statistics.median(exposed), measured_wall_s=statistics.median(walls),
-        measured_exposed_by_rank_s=tuple(statistics.median(r.exposed) for r in ranks),
+        measured_exposed_by_rank_s=tuple(statistics.median(w) for w in per_rank),
+        measured_exposed_in="timed steps" if timed else "profiled steps",
+        measured_profiled_exposed_s=statistics.median(profiled_exposed),
         measured_profiled_step_s=statistics.median(profiled_s),
         step_seconds=tuple(per_step),
         predicted_profiled_step_s=profiled.step_seconds if profiled is not None else None,

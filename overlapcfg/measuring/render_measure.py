@@ -89,7 +89,8 @@ def measurement_table(m: Measurement) -> Group:
                  + (f", {fmt_seconds(m.between_graphs_s)} of it between the forward and the backward graphs, across "
                     "which the ranks drift apart" if m.between_graphs_s else "") + ". "
                  "±: half the interquartile range of the steps. profiled: the prediction with measured node "
-                 "durations. exposed: collective time the compute thread or stream waited for.")
+                 "durations. exposed: collective time the compute thread or stream waited for, in the "
+                 f"{m.configs[0].measured_exposed_in if m.configs else 'profiled steps'}.")
     return Group(table, *(Text(line, style="dim" if i else "bold") for i, line in enumerate(lines)))
 
 

@@ -97,10 +97,13 @@ def test_each_config_has_a_complete_sane_record(measured) -> None:
         assert len(c.step_seconds) == STEPS and all(s > 0 for s in c.step_seconds), c.name
         assert c.measured_step_s == sorted(c.step_seconds)[STEPS // 2]
         assert c.measured_spread_s >= 0 and c.measured_wall_s >= c.measured_step_s, c.name
-        assert 0 <= c.measured_exposed_s <= c.measured_profiled_step_s, c.name  # the same (profiled) steps
-        # one profiled step: each rank's median is its one value, and the mean of the ranks is the column's
+        # on a CPU the exposed communication is the timed steps' own waits (no profiler on), a part of them
+        assert c.measured_exposed_in == "timed steps", c.name
+        assert 0 <= c.measured_exposed_s <= max(c.step_seconds), c.name
         assert len(c.measured_exposed_by_rank_s) == 2 and min(c.measured_exposed_by_rank_s) >= 0, c.name
-        assert c.measured_exposed_s == pytest.approx(sum(c.measured_exposed_by_rank_s) / 2, rel=1e-9), c.name
+        # the profiler's figure is kept beside it, a part of the profiled step it was measured in
+        assert c.measured_profiled_exposed_s is not None, c.name
+        assert 0 <= c.measured_profiled_exposed_s <= c.measured_profiled_step_s, c.name
         assert c.predicted_step_s > 0 and 0 <= c.predicted_exposed_s <= c.predicted_step_s
         assert c.predicted_profiled_step_s is not None and c.predicted_profiled_step_s > 0
         # cpu_gloo carries achievable kernel rates (docs/cost-model.md): the model's label for them
@@ -117,6 +120,14 @@ def test_each_config_has_a_complete_sane_record(measured) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_the_unbucketed_step_waits_in_its_timed_steps(measured) -> None:
+    """Every collective of ``none`` is waited for right after it is issued, on gloo's thread: its timed steps block
+    on each (0 here would mean the timed copies of the graphs did not run)."""
+    m = Measurement.from_json(measured[0][0])
+    assert m.config("none").measured_exposed_s > 0 and min(m.config("none").measured_exposed_by_rank_s) > 0
+
+
 def test_the_measurement_round_trips_through_json(measured) -> None:
     data, costs = measured[0]
     m = Measurement.from_json(data)
