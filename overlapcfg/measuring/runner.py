@@ -67,8 +67,6 @@ class Recorder:
         self._regions: list[tuple[str, Mark, Mark]] = []
         self._nodes: dict[str, dict[str, tuple[str, list[float]]]] = {}
         self._waited = 0.0
-        self._timed: dict[str, fx.GraphModule] = {}
-        """Per graph, the copy the ``timed`` mode runs (its waits timed; CPU only)."""
         self.waits_timed = not clock.cuda
         """Whether every graph's waits are timed in the ``timed`` runs (else ``take_waited`` is not the whole
         exposure: the profiler's trace is the measure)."""
@@ -76,11 +74,9 @@ class Recorder:
     def compiler(self, graph: str) -> GraphCompiler:
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
             timed = self._with_timed_waits(gm) if not self.clock.cuda else None
-            if timed is not None:
-                self._timed[graph] = timed
-            else:
+            if timed is None:
                 self.waits_timed = False
-            return compat.make_boxed_func(lambda *args: self._run(graph, gm, args))
+            return compat.make_boxed_func(lambda *args: self._run(graph, gm, timed or gm, args))
 
         return compile_graph
 
@@ -114,7 +110,9 @@ class Recorder:
         out, self._waited = self._waited, 0.0
         return out
 
-    def _run(self, graph: str, gm: fx.GraphModule, args: tuple[object, ...]) -> object:
+    def _run(self, graph: str, gm: fx.GraphModule, timed: fx.GraphModule, args: tuple[object, ...]) -> object:
+        """``gm`` on ``args`` in the current mode; ``timed``: its copy with timed waits (``gm`` itself where its waits
+        are not timed), which the ``timed`` mode runs."""
         with record_function(f"{REGION}{graph}"):
             if self.mode == "nodes":
                 marks: list[tuple[fx.Node, Mark, Mark]] = []
@@ -125,7 +123,7 @@ class Recorder:
                 return out
             if self.mode == "timed":
                 start = self.clock.mark()
-                out = self._timed.get(graph, gm)(*args)
+                out = timed(*args)
                 self._regions.append((graph, start, self.clock.mark()))
                 return out
             return gm(*args)
