@@ -73,7 +73,7 @@ def test_nodes_the_pass_creates_are_priced_on_the_measurements_footing() -> None
 
 def _rank(graph_s: float, profiled_s: float, exposed_s: float) -> _RankResult:
     return _RankResult((graph_s,) * 3, (graph_s * 1.2,) * 3, (0.0,) * 3, (exposed_s,) * 2, (profiled_s,) * 2,
-                       ({}, {}), {})
+                       ({}, {}), {}, None)
 
 
 def test_node_durations_are_put_on_the_timed_steps_clock_and_round_trip() -> None:
