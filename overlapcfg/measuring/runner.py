@@ -76,7 +76,7 @@ class Recorder:
             timed = self._with_timed_waits(gm) if not self.clock.cuda else None
             if timed is None:
                 self.waits_timed = False
-            return compat.make_boxed_func(lambda *args: self._run(graph, gm, timed or gm, args))
+            return compat.make_boxed_func(lambda *args: self._run(graph, gm, gm if timed is None else timed, args))
 
         return compile_graph
 
