@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
@@ -85,7 +85,7 @@ class MeasuredConfig(_Data):
     """Median wall time of the whole step function."""
     measured_profiled_step_s: float
     """Median graph time of the profiled steps (under ``torch.profiler``, which slows them a little)."""
-    measured_exposed_in: str = "profiled steps"
+    measured_exposed_in: Literal["timed steps", "profiled steps"] = "profiled steps"
     """Where ``measured_exposed_s`` was measured: ``timed steps`` (their waits timed, no profiler on) or
     ``profiled steps`` (the profiler's trace)."""
     measured_profiled_exposed_s: float | None = None

@@ -89,8 +89,8 @@ def measurement_table(m: Measurement) -> Group:
                  + (f", {fmt_seconds(m.between_graphs_s)} of it between the forward and the backward graphs, across "
                     "which the ranks drift apart" if m.between_graphs_s else "") + ". "
                  "±: half the interquartile range of the steps. profiled: the prediction with measured node "
-                 "durations. exposed: collective time the compute thread or stream waited for, in the "
-                 f"{m.configs[0].measured_exposed_in if m.configs else 'profiled steps'}.")
+                 "durations. exposed: collective time the compute thread or stream waited for, "
+                 + _exposed_in(m) + ".")
     return Group(table, *(Text(line, style="dim" if i else "bold") for i, line in enumerate(lines)))
 
 
@@ -164,3 +164,14 @@ def _residual(x: float) -> str:
 
 present(Measurement, draw=measurement_table)
 present(CalibratedProfile, draw=calibration_table)
+
+
+def _exposed_in(m: Measurement) -> str:
+    """Where the exposed column was measured: one place for every config, or each place with its configs (a config
+    whose waits could not be timed is measured in the profiled steps, the rest in the timed ones)."""
+    where: dict[str, list[str]] = {}
+    for c in m.configs:
+        where.setdefault(c.measured_exposed_in, []).append(c.name)
+    if len(where) <= 1:
+        return f"in the {next(iter(where), 'profiled steps')}"
+    return "; ".join(f"in the {place} for {', '.join(names)}" for place, names in where.items())

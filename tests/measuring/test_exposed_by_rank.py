@@ -56,3 +56,14 @@ def test_even_ranks_print_no_such_line_and_the_json_keeps_each_rank() -> None:
     assert "waited unequally" not in str(m)
     back = Measurement.from_json(m.to_json())
     assert back.configs[0].measured_exposed_by_rank_s == (0.0174, 0.0124)
+
+
+def test_the_table_says_where_each_configs_exposed_communication_was_measured() -> None:
+    timed = _config("d1", (0.0174, 0.0124)).model_copy(update={"measured_exposed_in": "timed steps"})
+    wrapped = _config("deps", (0.0174, 0.0124))  # waits wrapped by insert_overlap_deps: the profiler's figure
+    one = " ".join(str(_measurement(timed)).split())
+    assert "exposed: collective time the compute thread or stream waited for, in the timed steps." in one
+    both = " ".join(str(_measurement(timed, wrapped)).split())
+    assert "waited for, in the timed steps for d1; in the profiled steps for deps." in both
+    with pytest.raises(ValueError, match="measured_exposed_in"):  # only the two places it can come from
+        MeasuredConfig.model_validate({**timed.model_dump(), "measured_exposed_in": "somewhere"})
