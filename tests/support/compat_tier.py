@@ -88,6 +88,9 @@ TIER: tuple[Entry, ...] = (
     Entry("the GPU check, on CPU", (
         "tests/benchmarks/test_gpu_check.py",
     )),
+    Entry("measure's timed copy of a graph: its collective waits timed, wrapped waits refused", (
+        "tests/measuring/test_timed_waits.py",
+    )),
 )
 """What the compat tier runs. Keep it to minutes per release: a capability once, on the demo and one third-party
 model, not every parametrization (the full suite on 2.13 covers those)."""
